@@ -1,0 +1,160 @@
+//! Admission decisions (DESIGN §4, seed 000 §18.11): every outcome is a value with a reason.
+
+use std::fmt;
+
+use serde::Serialize;
+
+use crate::cost::{CostError, ResourceClass};
+use crate::ids::{Band, Lane, TaskId, TenantId};
+use crate::ledger::LimitKey;
+use crate::time::Time;
+use crate::units::Units;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Decision {
+    Accepted,
+    AcceptedBestEffort,
+    RejectUserRateLimit,
+    RejectTenantQueueFull,
+    RejectExpectedWaitTooLong,
+    RejectCostBudget,
+    RejectResourceClassDisabled,
+    RejectPlatformOverloaded,
+}
+
+impl Decision {
+    pub const ALL: [Decision; 8] = [
+        Decision::Accepted,
+        Decision::AcceptedBestEffort,
+        Decision::RejectUserRateLimit,
+        Decision::RejectTenantQueueFull,
+        Decision::RejectExpectedWaitTooLong,
+        Decision::RejectCostBudget,
+        Decision::RejectResourceClassDisabled,
+        Decision::RejectPlatformOverloaded,
+    ];
+
+    pub fn is_accepted(self) -> bool {
+        matches!(self, Decision::Accepted | Decision::AcceptedBestEffort)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Decision::Accepted => "ACCEPTED",
+            Decision::AcceptedBestEffort => "ACCEPTED_BEST_EFFORT",
+            Decision::RejectUserRateLimit => "REJECT_USER_RATE_LIMIT",
+            Decision::RejectTenantQueueFull => "REJECT_TENANT_QUEUE_FULL",
+            Decision::RejectExpectedWaitTooLong => "REJECT_EXPECTED_WAIT_TOO_LONG",
+            Decision::RejectCostBudget => "REJECT_COST_BUDGET",
+            Decision::RejectResourceClassDisabled => "REJECT_RESOURCE_CLASS_DISABLED",
+            Decision::RejectPlatformOverloaded => "REJECT_PLATFORM_OVERLOADED",
+        }
+    }
+}
+
+impl fmt::Display for Decision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Why a rejection happened, precise enough to act on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum RejectReason {
+    /// A limit was full (rate bucket empty, queue gate full).
+    Limit(LimitKey),
+    ExpectedWait {
+        wait_ms: u64,
+        max_ms: u64,
+    },
+    LaneClosed(Lane),
+    ClassNotAllowed(ResourceClass),
+    CostQuota {
+        needed_milli: u64,
+        remaining_milli: u64,
+    },
+    /// The shard holds `TASKS_MAX` tasks.
+    ShardFull,
+}
+
+impl fmt::Display for RejectReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RejectReason::Limit(key) => write!(f, "limit {key} is full"),
+            RejectReason::ExpectedWait { wait_ms, max_ms } => {
+                write!(
+                    f,
+                    "expected wait {wait_ms} ms exceeds the tenant's maximum {max_ms} ms"
+                )
+            }
+            RejectReason::LaneClosed(lane) => write!(f, "lane {lane} is closed to new work"),
+            RejectReason::ClassNotAllowed(class) => {
+                write!(f, "resource class {class:?} is not enabled for this tenant")
+            }
+            RejectReason::CostQuota {
+                needed_milli,
+                remaining_milli,
+            } => write!(
+                f,
+                "cost quota: task needs {needed_milli} milli-cost, {remaining_milli} remain"
+            ),
+            RejectReason::ShardFull => write!(f, "the shard holds its maximum number of tasks"),
+        }
+    }
+}
+
+/// A coarse position: exact positions are unstable under fair scheduling (seed 000 §18.11.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum QueueLevel {
+    Immediate,
+    Short,
+    Medium,
+    Long,
+}
+
+impl QueueLevel {
+    pub fn from_wait_ms(wait_ms: u64) -> QueueLevel {
+        match wait_ms {
+            0..=999 => QueueLevel::Immediate,
+            1_000..=59_999 => QueueLevel::Short,
+            60_000..=599_999 => QueueLevel::Medium,
+            _ => QueueLevel::Long,
+        }
+    }
+}
+
+/// The answer to a submit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Admission {
+    pub task: TaskId,
+    pub decision: Decision,
+    pub reason: Option<RejectReason>,
+    pub lane: Lane,
+    pub band: Band,
+    pub fairness: Units,
+    /// Set when accepted.
+    pub estimated_start_at: Option<Time>,
+    pub queue_level: Option<QueueLevel>,
+}
+
+/// A submit the core cannot even decide on: the request itself is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SubmitError {
+    UnknownTenant(TenantId),
+    DuplicateTask(TaskId),
+    InvalidSpec(CostError),
+}
+
+impl fmt::Display for SubmitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SubmitError::UnknownTenant(t) => write!(f, "tenant {t} has no policy"),
+            SubmitError::DuplicateTask(t) => write!(f, "task {t} is already known to this shard"),
+            SubmitError::InvalidSpec(e) => write!(f, "invalid task spec: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for SubmitError {}

@@ -1,0 +1,529 @@
+//! Every limit of DESIGN §4 as a non-blocking, all-or-nothing try-acquire in a fixed order.
+//!
+//! A [`Ledger`] holds semaphores (concurrency, running units, queued counts) and token buckets
+//! (submit rates, RPM, cost per minute), each behind a dense [`LimitId`]. A [`Demand`] lists the
+//! ids a step needs, sorted by id: that sort is the one global acquisition order. `try_acquire`
+//! checks every entry and changes nothing unless all fit; it never waits.
+
+use std::fmt;
+
+use serde::Serialize;
+
+use crate::ids::{Lane, ModelId, ProviderId, TenantId, UserId};
+use crate::limits::DEMAND_KEYS_MAX;
+use crate::policy::RateSpec;
+use crate::time::{Time, NANOS_PER_S};
+
+/// Dense index into a ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct LimitId(pub u32);
+
+/// What a limit guards: used in rejection reasons, reports and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub enum LimitKey {
+    UserSubmitRate(UserId),
+    TenantSubmitRate(TenantId),
+    UserQueuedTasks(UserId),
+    UserQueuedUnits(UserId),
+    TenantQueuedTasks(TenantId),
+    TenantQueuedUnits(TenantId),
+    LaneQueuedTasks(Lane),
+    LaneQueuedUnits(Lane),
+    GlobalQueuedTasks,
+    GlobalQueuedUnits,
+    UserRunningTasks(UserId),
+    UserRunningUnits(UserId),
+    TenantRunningTasks(TenantId),
+    TenantRunningUnits(TenantId),
+    LaneUnits(Lane),
+    EnterpriseBorrowed,
+    ModelRunning(ModelId),
+    ProviderConcurrency(ProviderId),
+    ProviderRpm(ProviderId),
+    HighCostConcurrency,
+    TenantCostPerMinute(TenantId),
+    PlatformCostPerMinute,
+    GpuUnits,
+    GpuMemMb,
+    CpuUnits,
+    TempDiskMb,
+}
+
+/// Who a limit is shared by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Owned by one shard (its tenants and users live only there).
+    Shard,
+    /// Node-wide: shards hold a share set by the split rule.
+    Node,
+}
+
+/// Whether a limit bounds running work (must never be exceeded) or gates new admissions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Runtime,
+    /// Queue gates refuse new work when full; work already accepted that comes back to the queue
+    /// (a retry) re-enters even past the gate, because dropping an accepted task would be loss.
+    AdmissionGate,
+}
+
+impl LimitKey {
+    pub fn scope(self) -> Scope {
+        match self {
+            LimitKey::UserSubmitRate(_)
+            | LimitKey::TenantSubmitRate(_)
+            | LimitKey::UserQueuedTasks(_)
+            | LimitKey::UserQueuedUnits(_)
+            | LimitKey::TenantQueuedTasks(_)
+            | LimitKey::TenantQueuedUnits(_)
+            | LimitKey::UserRunningTasks(_)
+            | LimitKey::UserRunningUnits(_)
+            | LimitKey::TenantRunningTasks(_)
+            | LimitKey::TenantRunningUnits(_)
+            | LimitKey::TenantCostPerMinute(_) => Scope::Shard,
+            _ => Scope::Node,
+        }
+    }
+
+    pub fn role(self) -> Role {
+        match self {
+            LimitKey::UserQueuedTasks(_)
+            | LimitKey::UserQueuedUnits(_)
+            | LimitKey::TenantQueuedTasks(_)
+            | LimitKey::TenantQueuedUnits(_)
+            | LimitKey::LaneQueuedTasks(_)
+            | LimitKey::LaneQueuedUnits(_)
+            | LimitKey::GlobalQueuedTasks
+            | LimitKey::GlobalQueuedUnits => Role::AdmissionGate,
+            _ => Role::Runtime,
+        }
+    }
+}
+
+impl fmt::Display for LimitKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LimitKey::UserSubmitRate(u) => write!(f, "user:{u}:submit_rate"),
+            LimitKey::TenantSubmitRate(t) => write!(f, "tenant:{t}:submit_rate"),
+            LimitKey::UserQueuedTasks(u) => write!(f, "user:{u}:queued_tasks"),
+            LimitKey::UserQueuedUnits(u) => write!(f, "user:{u}:queued_units"),
+            LimitKey::TenantQueuedTasks(t) => write!(f, "tenant:{t}:queued_tasks"),
+            LimitKey::TenantQueuedUnits(t) => write!(f, "tenant:{t}:queued_units"),
+            LimitKey::LaneQueuedTasks(l) => write!(f, "lane:{l}:queued_tasks"),
+            LimitKey::LaneQueuedUnits(l) => write!(f, "lane:{l}:queued_units"),
+            LimitKey::GlobalQueuedTasks => write!(f, "global:queued_tasks"),
+            LimitKey::GlobalQueuedUnits => write!(f, "global:queued_units"),
+            LimitKey::UserRunningTasks(u) => write!(f, "user:{u}:running_tasks"),
+            LimitKey::UserRunningUnits(u) => write!(f, "user:{u}:running_units"),
+            LimitKey::TenantRunningTasks(t) => write!(f, "tenant:{t}:running_tasks"),
+            LimitKey::TenantRunningUnits(t) => write!(f, "tenant:{t}:running_units"),
+            LimitKey::LaneUnits(l) => write!(f, "lane:{l}:running_units"),
+            LimitKey::EnterpriseBorrowed => write!(f, "lane:ENTERPRISE_RESERVED:borrowed_units"),
+            LimitKey::ModelRunning(m) => write!(f, "model:{m}:running"),
+            LimitKey::ProviderConcurrency(p) => write!(f, "provider:{p}:concurrency"),
+            LimitKey::ProviderRpm(p) => write!(f, "provider:{p}:rpm"),
+            LimitKey::HighCostConcurrency => write!(f, "high_cost:concurrency"),
+            LimitKey::TenantCostPerMinute(t) => write!(f, "tenant:{t}:cost_per_minute"),
+            LimitKey::PlatformCostPerMinute => write!(f, "platform:cost_per_minute"),
+            LimitKey::GpuUnits => write!(f, "media:gpu_units"),
+            LimitKey::GpuMemMb => write!(f, "media:gpu_mem_mb"),
+            LimitKey::CpuUnits => write!(f, "media:cpu_units"),
+            LimitKey::TempDiskMb => write!(f, "media:temp_disk_mb"),
+        }
+    }
+}
+
+/// Nanoseconds in a rate window: RPM and cost budgets are per minute.
+pub const WINDOW_NS: u64 = 60 * NANOS_PER_S;
+/// A rate-limit signal halves the bucket's rate for this many windows (seed 003).
+pub const PENALTY_WINDOWS: u64 = 2;
+
+/// A token bucket kept in exact integer arithmetic. `level` is tokens × `WINDOW_NS`, so a refill
+/// of `elapsed_ns × per_minute` is exact.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenBucket {
+    rate: RateSpec,
+    level: u128,
+    refilled_at: Time,
+    penalty_until: Time,
+}
+
+impl TokenBucket {
+    pub fn new(rate: RateSpec, now: Time) -> TokenBucket {
+        TokenBucket {
+            rate,
+            level: u128::from(rate.burst) * u128::from(WINDOW_NS),
+            refilled_at: now,
+            penalty_until: Time::ZERO,
+        }
+    }
+
+    fn cap(&self) -> u128 {
+        u128::from(self.rate.burst) * u128::from(WINDOW_NS)
+    }
+
+    pub fn refill(&mut self, now: Time) {
+        if now <= self.refilled_at {
+            return;
+        }
+        // Split the elapsed time at the end of a penalty: half rate before, full rate after.
+        let penalized_until = self.penalty_until.max(self.refilled_at).min(now);
+        let slow_ns = penalized_until.since(self.refilled_at);
+        let fast_ns = now.since(penalized_until);
+        let gained = u128::from(slow_ns) * u128::from(self.rate.per_minute / 2)
+            + u128::from(fast_ns) * u128::from(self.rate.per_minute);
+        self.level = (self.level + gained).min(self.cap());
+        self.refilled_at = now;
+    }
+
+    pub fn tokens(&self) -> u64 {
+        (self.level / u128::from(WINDOW_NS)) as u64
+    }
+
+    fn fits(&self, tokens: u64) -> bool {
+        u128::from(tokens) * u128::from(WINDOW_NS) <= self.level
+    }
+
+    fn take(&mut self, tokens: u64) {
+        let need = u128::from(tokens) * u128::from(WINDOW_NS);
+        assert!(
+            need <= self.level,
+            "taking {tokens} tokens from a bucket without them"
+        );
+        self.level -= need;
+    }
+
+    fn refund(&mut self, tokens: u64) {
+        self.level = (self.level + u128::from(tokens) * u128::from(WINDOW_NS)).min(self.cap());
+    }
+
+    pub fn penalize(&mut self, now: Time) {
+        self.refill(now);
+        self.penalty_until = now.plus_ns(PENALTY_WINDOWS * WINDOW_NS);
+    }
+
+    pub fn is_penalized(&self, now: Time) -> bool {
+        now < self.penalty_until
+    }
+
+    pub fn rate(&self) -> RateSpec {
+        self.rate
+    }
+
+    /// Changes rate and burst (a new share of a node-wide budget); stored tokens above the new
+    /// burst are dropped, never created.
+    pub fn set_rate(&mut self, rate: RateSpec, now: Time) {
+        self.refill(now);
+        self.rate = rate;
+        self.level = self.level.min(self.cap());
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Limit {
+    Semaphore { capacity: u64, used: u64 },
+    Bucket(TokenBucket),
+}
+
+/// One entry of a demand: the limit and how much of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Need {
+    pub id: LimitId,
+    pub amount: u64,
+}
+
+/// The limits one step needs, sorted by id (the global acquisition order), at most
+/// [`DEMAND_KEYS_MAX`] of them, each id once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Demand {
+    needs: [Need; DEMAND_KEYS_MAX],
+    len: u8,
+}
+
+impl Default for Demand {
+    fn default() -> Self {
+        Demand {
+            needs: [Need {
+                id: LimitId(0),
+                amount: 0,
+            }; DEMAND_KEYS_MAX],
+            len: 0,
+        }
+    }
+}
+
+impl Demand {
+    /// Adds `amount` of `id`; zero amounts are skipped, a repeated id adds up.
+    pub fn add(&mut self, id: LimitId, amount: u64) {
+        if amount == 0 {
+            return;
+        }
+        let len = usize::from(self.len);
+        let pos = self.needs[..len].partition_point(|n| n.id < id);
+        if pos < len && self.needs[pos].id == id {
+            self.needs[pos].amount += amount;
+            return;
+        }
+        assert!(
+            len < DEMAND_KEYS_MAX,
+            "a demand holds at most {DEMAND_KEYS_MAX} limits"
+        );
+        self.needs.copy_within(pos..len, pos + 1);
+        self.needs[pos] = Need { id, amount };
+        self.len += 1;
+    }
+
+    pub fn needs(&self) -> &[Need] {
+        &self.needs[..usize::from(self.len)]
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// All limits of one shard.
+#[derive(Debug, Clone, Default)]
+pub struct Ledger {
+    limits: Vec<Limit>,
+    keys: Vec<LimitKey>,
+}
+
+impl Ledger {
+    pub fn new() -> Ledger {
+        Ledger::default()
+    }
+
+    pub fn len(&self) -> usize {
+        self.limits.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.limits.is_empty()
+    }
+
+    pub fn add_semaphore(&mut self, key: LimitKey, capacity: u64) -> LimitId {
+        self.push(key, Limit::Semaphore { capacity, used: 0 })
+    }
+
+    pub fn add_bucket(&mut self, key: LimitKey, rate: RateSpec, now: Time) -> LimitId {
+        self.push(key, Limit::Bucket(TokenBucket::new(rate, now)))
+    }
+
+    fn push(&mut self, key: LimitKey, limit: Limit) -> LimitId {
+        let id = LimitId(u32::try_from(self.limits.len()).expect("ledger holds < 2^32 limits"));
+        self.limits.push(limit);
+        self.keys.push(key);
+        id
+    }
+
+    pub fn key(&self, id: LimitId) -> LimitKey {
+        self.keys[id.0 as usize]
+    }
+
+    pub fn limit(&self, id: LimitId) -> &Limit {
+        &self.limits[id.0 as usize]
+    }
+
+    pub fn ids(&self) -> impl Iterator<Item = (LimitId, LimitKey)> + '_ {
+        self.keys
+            .iter()
+            .enumerate()
+            .map(|(i, &k)| (LimitId(i as u32), k))
+    }
+
+    /// Semaphore usage; bucket ids report 0.
+    pub fn used(&self, id: LimitId) -> u64 {
+        match &self.limits[id.0 as usize] {
+            Limit::Semaphore { used, .. } => *used,
+            Limit::Bucket(_) => 0,
+        }
+    }
+
+    pub fn capacity(&self, id: LimitId) -> u64 {
+        match &self.limits[id.0 as usize] {
+            Limit::Semaphore { capacity, .. } => *capacity,
+            Limit::Bucket(b) => b.rate.burst,
+        }
+    }
+
+    /// Free semaphore units (zero when over capacity after a share shrank).
+    pub fn free(&self, id: LimitId) -> u64 {
+        match &self.limits[id.0 as usize] {
+            Limit::Semaphore { capacity, used } => capacity.saturating_sub(*used),
+            Limit::Bucket(b) => b.tokens(),
+        }
+    }
+
+    fn fits(&mut self, need: Need, now: Time) -> bool {
+        match &mut self.limits[need.id.0 as usize] {
+            Limit::Semaphore { capacity, used } => used
+                .checked_add(need.amount)
+                .is_some_and(|after| after <= *capacity),
+            Limit::Bucket(bucket) => {
+                bucket.refill(now);
+                bucket.fits(need.amount)
+            }
+        }
+    }
+
+    /// Acquires every need of `demand` or none. On refusal returns the first limit, in the fixed
+    /// order, that did not fit.
+    pub fn try_acquire(&mut self, demand: &Demand, now: Time) -> Result<(), LimitId> {
+        for &need in demand.needs() {
+            if !self.fits(need, now) {
+                return Err(need.id);
+            }
+        }
+        for &need in demand.needs() {
+            match &mut self.limits[need.id.0 as usize] {
+                Limit::Semaphore { used, .. } => *used += need.amount,
+                Limit::Bucket(bucket) => bucket.take(need.amount),
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes semaphore units past capacity: only for admission gates re-entered by work that was
+    /// already accepted (see [`Role::AdmissionGate`]). Buckets in the demand are not touched.
+    pub fn force_acquire_gates(&mut self, demand: &Demand) {
+        for &need in demand.needs() {
+            assert_eq!(
+                self.key(need.id).role(),
+                Role::AdmissionGate,
+                "only gates may be forced"
+            );
+            if let Limit::Semaphore { used, .. } = &mut self.limits[need.id.0 as usize] {
+                *used += need.amount;
+            }
+        }
+    }
+
+    /// Gives back the semaphore units of `demand`. Bucket tokens were spent and stay spent.
+    pub fn release(&mut self, demand: &Demand) {
+        for &need in demand.needs() {
+            if let Limit::Semaphore { used, .. } = &mut self.limits[need.id.0 as usize] {
+                *used = used.checked_sub(need.amount).unwrap_or_else(|| {
+                    panic!(
+                        "release of {} below zero on {}: double release",
+                        need.amount, self.keys[need.id.0 as usize]
+                    )
+                });
+            }
+        }
+    }
+
+    /// Puts tokens back into a bucket (a request provably not accepted is not billed).
+    pub fn refund(&mut self, id: LimitId, tokens: u64) {
+        if let Limit::Bucket(bucket) = &mut self.limits[id.0 as usize] {
+            bucket.refund(tokens);
+        }
+    }
+
+    pub fn penalize(&mut self, id: LimitId, now: Time) {
+        if let Limit::Bucket(bucket) = &mut self.limits[id.0 as usize] {
+            bucket.penalize(now);
+        }
+    }
+
+    pub fn is_penalized(&self, id: LimitId, now: Time) -> bool {
+        matches!(&self.limits[id.0 as usize], Limit::Bucket(b) if b.is_penalized(now))
+    }
+
+    /// Sets a semaphore's capacity (this shard's share of a node-wide limit).
+    pub fn set_capacity(&mut self, id: LimitId, new_capacity: u64) {
+        if let Limit::Semaphore { capacity, .. } = &mut self.limits[id.0 as usize] {
+            *capacity = new_capacity;
+        }
+    }
+
+    pub fn set_rate(&mut self, id: LimitId, rate: RateSpec, now: Time) {
+        if let Limit::Bucket(bucket) = &mut self.limits[id.0 as usize] {
+            bucket.set_rate(rate, now);
+        }
+    }
+
+    /// Runtime semaphores never exceed capacity; gates only through forced re-entry.
+    pub fn check_invariants(&self) {
+        for (i, limit) in self.limits.iter().enumerate() {
+            if let Limit::Semaphore { capacity, used } = limit {
+                if self.keys[i].role() == Role::Runtime {
+                    assert!(
+                        used <= capacity,
+                        "{} used {used} above capacity {capacity}",
+                        self.keys[i]
+                    );
+                }
+            }
+            if let Limit::Bucket(b) = limit {
+                assert!(
+                    b.level <= b.cap(),
+                    "{} bucket above its burst",
+                    self.keys[i]
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn all_or_nothing_reports_first_refusal_in_order() {
+        let mut ledger = Ledger::new();
+        let a = ledger.add_semaphore(LimitKey::GpuUnits, 2);
+        let b = ledger.add_semaphore(LimitKey::CpuUnits, 1);
+        let mut demand = Demand::default();
+        demand.add(b, 2);
+        demand.add(a, 1);
+        assert_eq!(ledger.try_acquire(&demand, Time::ZERO), Err(b));
+        assert_eq!(ledger.used(a), 0, "a refused demand takes nothing");
+        let mut small = Demand::default();
+        small.add(a, 2);
+        small.add(b, 1);
+        ledger.try_acquire(&small, Time::ZERO).unwrap();
+        ledger.release(&small);
+        assert_eq!((ledger.used(a), ledger.used(b)), (0, 0));
+    }
+
+    #[test]
+    fn bucket_refills_exactly_and_penalty_halves_rate() {
+        let mut ledger = Ledger::new();
+        let rpm = ledger.add_bucket(
+            LimitKey::ProviderRpm(ProviderId(0)),
+            RateSpec {
+                per_minute: 60,
+                burst: 2,
+            },
+            Time::ZERO,
+        );
+        let mut one = Demand::default();
+        one.add(rpm, 1);
+        ledger.try_acquire(&one, Time::ZERO).unwrap();
+        ledger.try_acquire(&one, Time::ZERO).unwrap();
+        assert_eq!(ledger.try_acquire(&one, Time::ZERO), Err(rpm));
+        // One token a second at 60/min.
+        assert_eq!(ledger.try_acquire(&one, Time::from_ms(999)), Err(rpm));
+        ledger.try_acquire(&one, Time::from_ms(1000)).unwrap();
+        ledger.penalize(rpm, Time::from_ms(1000));
+        // Penalized: 30/min, so one token takes two seconds.
+        assert_eq!(ledger.try_acquire(&one, Time::from_ms(2999)), Err(rpm));
+        ledger.try_acquire(&one, Time::from_ms(3000)).unwrap();
+        assert!(ledger.is_penalized(rpm, Time::from_secs(120)));
+        assert!(!ledger.is_penalized(rpm, Time::from_secs(121)));
+    }
+
+    #[test]
+    #[should_panic(expected = "double release")]
+    fn double_release_panics() {
+        let mut ledger = Ledger::new();
+        let a = ledger.add_semaphore(LimitKey::GpuUnits, 2);
+        let mut demand = Demand::default();
+        demand.add(a, 1);
+        ledger.try_acquire(&demand, Time::ZERO).unwrap();
+        ledger.release(&demand);
+        ledger.release(&demand);
+    }
+}

@@ -1,0 +1,334 @@
+//! Scheduling policy: lanes, tenants, DRR and aging parameters, providers, the capability matrix and
+//! node capacities. Plain data, validated once; the shard reads it and never mutates it.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cost::{CostBases, ModelCapability, ResourceClass};
+use crate::ids::{Band, Lane, ModelId, PolicyVersion, ProviderId, TenantId};
+use crate::limits::{
+    BURST_ROUNDS_MAX, FIT_SCAN_MAX, MODELS_MAX, PROVIDERS_MAX, PROVIDERS_PER_MODEL_MAX, SKIPS_MAX,
+    WEIGHT_MAX,
+};
+use crate::units::Units;
+
+/// A token bucket: `per_minute` tokens refill continuously, at most `burst` stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RateSpec {
+    pub per_minute: u64,
+    pub burst: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LanePolicy {
+    pub open: bool,
+    /// Weight in the weighted lane choice.
+    pub weight: u32,
+    /// Running fairness units the lane may hold on this node (its own pool).
+    pub capacity: Units,
+    pub queued_tasks_max: u64,
+    pub queued_units_max: Units,
+    /// Retries after retryable failures.
+    pub retries_max: u32,
+    /// Requeues after provider rate-limit answers (provably not accepted).
+    pub rate_limit_retries_max: u32,
+    /// Service rate assumed before the first completion is measured (milli-units per second).
+    pub initial_rate_milli_per_s: u64,
+}
+
+/// The enterprise reserve: other lanes may borrow it up to `borrow_limit` while at least
+/// `minimum_reserved_headroom` stays free, and only while enterprise work is not waiting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReservePolicy {
+    pub borrow_limit: Units,
+    pub minimum_reserved_headroom: Units,
+}
+
+/// What to do with a task whose expected wait exceeds the tenant's `max_wait_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WaitOverflow {
+    Reject,
+    BestEffort,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserPolicy {
+    pub submit_rate: RateSpec,
+    pub queued_tasks_max: u64,
+    pub queued_units_max: Units,
+    pub running_tasks_max: u64,
+    pub running_units_max: Units,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantPolicy {
+    pub lane: Lane,
+    pub weight: u32,
+    /// The band the tenant's tasks start in; a client may only ask for a lower one.
+    pub base_band: Band,
+    pub submit_rate: RateSpec,
+    pub queued_tasks_max: u64,
+    pub queued_units_max: Units,
+    pub running_tasks_max: u64,
+    pub running_units_max: Units,
+    /// Cost per minute (milli cost units) this tenant may start.
+    pub cost_per_minute: RateSpec,
+    /// Total cost (milli) the tenant may have reserved by admitted, unfinished work.
+    pub cost_quota_milli: u64,
+    pub max_wait_ms: u64,
+    pub wait_overflow: WaitOverflow,
+    pub allowed_classes: Vec<ResourceClass>,
+    pub user: UserPolicy,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrrPolicy {
+    /// Quantum of a weight-1 tenant; should be at least the largest task's cost.
+    pub base_quantum: Units,
+    pub burst_rounds: u32,
+    pub initial_burst_credit: Units,
+    /// Largest correction one task's actual-vs-estimate error may add to the tenant's debt.
+    pub debt_cap_per_task: Units,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgingPolicy {
+    /// Waiting this long promotes a task one band (never above P1).
+    pub aging_step_ms: u64,
+    pub fit_scan_max: usize,
+    pub skips_max: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetryPolicy {
+    pub backoff_base_ms: u64,
+    pub backoff_max_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProviderPolicy {
+    pub id: ProviderId,
+    /// provider:account:region:model
+    pub name: String,
+    pub concurrency: u64,
+    pub rpm: RateSpec,
+}
+
+/// Node-wide capacities. Shards share them through the split rule of [`crate::share`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodePolicy {
+    pub global_queued_tasks_max: u64,
+    pub global_queued_units_max: Units,
+    pub high_cost_concurrency: u64,
+    pub model_running_max: u64,
+    pub platform_cost_per_minute: RateSpec,
+    pub gpu_units: u64,
+    pub gpu_mem_mb: u64,
+    pub cpu_units: u64,
+    pub temp_disk_mb: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Policy {
+    pub version: PolicyVersion,
+    /// Indexed by [`Lane::index`].
+    pub lanes: Vec<LanePolicy>,
+    pub reserve: ReservePolicy,
+    pub drr: DrrPolicy,
+    pub aging: AgingPolicy,
+    pub retry: RetryPolicy,
+    pub node: NodePolicy,
+    pub cost_bases: CostBases,
+    /// Indexed by `ProviderId.0`.
+    pub providers: Vec<ProviderPolicy>,
+    /// Indexed by `ModelId.0`.
+    pub models: Vec<ModelCapability>,
+    pub tenants: HashMap<TenantId, TenantPolicy>,
+}
+
+/// A policy the core refuses to run with; each names the field.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PolicyError {
+    LaneCount(usize),
+    Range {
+        field: String,
+        value: u64,
+        min: u64,
+        max: u64,
+    },
+    IdMismatch {
+        field: &'static str,
+        index: usize,
+        id: u64,
+    },
+    UnknownProvider {
+        model: ModelId,
+        provider: ProviderId,
+    },
+    NoTiers(ModelId),
+}
+
+impl fmt::Display for PolicyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PolicyError::LaneCount(n) => {
+                write!(f, "lanes: expected {} entries, got {n}", Lane::COUNT)
+            }
+            PolicyError::Range {
+                field,
+                value,
+                min,
+                max,
+            } => {
+                write!(f, "{field}: {value} is outside {min}..={max}")
+            }
+            PolicyError::IdMismatch { field, index, id } => {
+                write!(
+                    f,
+                    "{field}[{index}] has id {id}; ids must equal their index"
+                )
+            }
+            PolicyError::UnknownProvider { model, provider } => {
+                write!(
+                    f,
+                    "model {model} names provider {provider}, which is not configured"
+                )
+            }
+            PolicyError::NoTiers(model) => write!(f, "model {model} has no resolution tiers"),
+        }
+    }
+}
+
+impl std::error::Error for PolicyError {}
+
+fn range(field: impl Into<String>, value: u64, min: u64, max: u64) -> Result<(), PolicyError> {
+    if value < min || value > max {
+        return Err(PolicyError::Range {
+            field: field.into(),
+            value,
+            min,
+            max,
+        });
+    }
+    Ok(())
+}
+
+impl Policy {
+    pub fn lane(&self, lane: Lane) -> &LanePolicy {
+        &self.lanes[lane.index()]
+    }
+
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        if self.lanes.len() != Lane::COUNT {
+            return Err(PolicyError::LaneCount(self.lanes.len()));
+        }
+        for lane in Lane::ALL {
+            range(
+                format!("lanes.{lane}.weight"),
+                self.lane(lane).weight.into(),
+                1,
+                WEIGHT_MAX.into(),
+            )?;
+        }
+        range(
+            "drr.base_quantum",
+            self.drr.base_quantum.milli(),
+            1,
+            u64::from(u32::MAX),
+        )?;
+        range(
+            "drr.burst_rounds",
+            self.drr.burst_rounds.into(),
+            1,
+            BURST_ROUNDS_MAX.into(),
+        )?;
+        range("aging.aging_step_ms", self.aging.aging_step_ms, 1, u64::MAX)?;
+        range(
+            "aging.fit_scan_max",
+            self.aging.fit_scan_max as u64,
+            0,
+            FIT_SCAN_MAX as u64,
+        )?;
+        range(
+            "aging.skips_max",
+            self.aging.skips_max.into(),
+            0,
+            SKIPS_MAX.into(),
+        )?;
+        range(
+            "cost_bases.provider_ms",
+            self.cost_bases.provider_ms,
+            1,
+            u64::MAX,
+        )?;
+        range(
+            "cost_bases.cost_milli",
+            self.cost_bases.cost_milli,
+            1,
+            u64::MAX,
+        )?;
+        range("cost_bases.gpu_ms", self.cost_bases.gpu_ms, 1, u64::MAX)?;
+        range(
+            "providers",
+            self.providers.len() as u64,
+            0,
+            PROVIDERS_MAX as u64,
+        )?;
+        range("models", self.models.len() as u64, 0, MODELS_MAX as u64)?;
+        for (index, p) in self.providers.iter().enumerate() {
+            if p.id.0 as usize != index {
+                return Err(PolicyError::IdMismatch {
+                    field: "providers",
+                    index,
+                    id: p.id.0.into(),
+                });
+            }
+        }
+        for (index, m) in self.models.iter().enumerate() {
+            if m.id.0 as usize != index {
+                return Err(PolicyError::IdMismatch {
+                    field: "models",
+                    index,
+                    id: m.id.0.into(),
+                });
+            }
+            if m.tiers.is_empty() {
+                return Err(PolicyError::NoTiers(m.id));
+            }
+            range(
+                format!("models[{index}].fps_base"),
+                m.fps_base.into(),
+                1,
+                u64::from(u32::MAX),
+            )?;
+            range(
+                format!("models[{index}].providers"),
+                m.providers.len() as u64,
+                1,
+                PROVIDERS_PER_MODEL_MAX as u64,
+            )?;
+            if let Some(&provider) = m
+                .providers
+                .iter()
+                .find(|p| p.0 as usize >= self.providers.len())
+            {
+                return Err(PolicyError::UnknownProvider {
+                    model: m.id,
+                    provider,
+                });
+            }
+        }
+        for (tenant, t) in &self.tenants {
+            range(
+                format!("tenants.{tenant}.weight"),
+                t.weight.into(),
+                1,
+                WEIGHT_MAX.into(),
+            )?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,1752 @@
+//! One shard's scheduler: admission, lanes, per-lane DRR over active tenants, bands with aging,
+//! the fit-scan, multi-dimensional try-acquire, retries and the media stage queue.
+//!
+//! The shard owns its tenants' queues and its share of node-wide limits. It never blocks: a task
+//! that cannot acquire is skipped and the scan goes on (003 "tryTake must not block"), and every
+//! `poll_dispatch` does a bounded amount of work.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::fmt;
+
+use crate::admission::{Admission, Decision, QueueLevel, RejectReason, SubmitError};
+use crate::cost::{estimate, CostEstimate, ResourceClass, TaskSpec};
+use crate::hash::IdMap;
+use crate::ids::{
+    Band, FencingToken, Lane, ModelId, PolicyVersion, ProviderId, TaskId, TenantId, UserId,
+};
+use crate::ledger::{Demand, Ledger, Limit, LimitId, LimitKey, Scope};
+use crate::limits::{
+    ATTEMPTS_MAX, DELAYED_MAX, FIT_SCAN_MAX, MEDIA_QUEUE_MAX, TASKS_MAX, TENANTS_MAX,
+    TENANT_VISITS_PER_POLL_MAX, USERS_MAX,
+};
+use crate::policy::{Policy, RateSpec, TenantPolicy, WaitOverflow};
+use crate::queue::{QueuedRef, TenantQueue};
+use crate::state::{Actor, TaskState, TransitionError, Versioned};
+use crate::time::{Time, NANOS_PER_MS, NANOS_PER_S};
+use crate::units::Units;
+
+/// A lane whose every tenant was blocked is not rescanned until something is released, capacity
+/// changes, work arrives, or this much time passes (token buckets refill on their own).
+pub const STALL_RETRY_NS: u64 = 50 * NANOS_PER_MS;
+/// Service-rate measurement: completions are summed per bucket, then folded into an EWMA.
+const RATE_BUCKET_NS: u64 = 5 * NANOS_PER_S;
+/// EWMA weight of the newest bucket, as 1/RATE_EWMA_DIV.
+const RATE_EWMA_DIV: u64 = 4;
+
+/// How a dispatched task holds lane capacity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum CapacityMode {
+    Normal,
+    /// Runs on another lane's idle capacity; never pre-empted, but no new borrowing once that
+    /// lane's own work returns.
+    Borrowed(Lane),
+}
+
+/// A task picked to run: reservations are held in the shard; the shell claims it in PostgreSQL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dispatch {
+    pub task: TaskId,
+    pub tenant: TenantId,
+    pub user: UserId,
+    pub lane: Lane,
+    pub band: Band,
+    pub provider: ProviderId,
+    pub mode: CapacityMode,
+    pub attempt_no: u32,
+    pub estimate: CostEstimate,
+    pub policy_version: PolicyVersion,
+}
+
+/// A task that may start its media stage: media slots are held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MediaStart {
+    pub task: TaskId,
+    pub tenant: TenantId,
+    pub estimate: CostEstimate,
+}
+
+/// The next output of `poll_dispatch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Poll {
+    Dispatch(Dispatch),
+    /// A queued task passed its deadline and is now EXPIRED.
+    Expired(TaskId),
+    /// The per-call work bound was reached; call again.
+    Yield,
+    /// Nothing can be dispatched until an input arrives or `poll_timeout` passes.
+    Idle,
+}
+
+/// How a provider attempt ended without success.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// A rate-limit answer: the request was provably not accepted.
+    RateLimited,
+    /// A transient failure that a later attempt may fix.
+    Retryable,
+    /// Auth, balance, invalid parameters, moderation: never retried.
+    NonRetryable,
+}
+
+/// What happened to a task after a failure report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailOutcome {
+    Requeued {
+        eligible_at: Time,
+    },
+    Failed,
+    /// The task had been canceled; its reservations are now released.
+    Canceled,
+}
+
+/// What the shell does after a granted claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// Submit the attempt to the provider.
+    Submit,
+    /// The task was canceled meanwhile; its reservation is released; submit nothing.
+    Canceled,
+}
+
+/// What a cancel did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelOutcome {
+    /// The task was waiting and is gone.
+    Canceled,
+    /// The task is CANCELED but holds reservations until its running step reports back.
+    CanceledPendingRelease,
+}
+
+/// What a completion report did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CompleteOutcome {
+    /// Provider stage done; queued for a media slot.
+    AwaitingMedia,
+    Succeeded,
+    Failed,
+    Canceled,
+}
+
+/// An input the shard refuses: the caller is out of date or wrong.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShardError {
+    UnknownTask(TaskId),
+    /// The fencing token is not the task's current one: a stale writer; nothing changed.
+    StaleFencing {
+        task: TaskId,
+        presented: FencingToken,
+        current: Option<FencingToken>,
+    },
+    Transition {
+        task: TaskId,
+        error: TransitionError,
+    },
+}
+
+impl fmt::Display for ShardError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ShardError::UnknownTask(t) => write!(f, "task {t} is not held by this shard"),
+            ShardError::StaleFencing { task, presented, current } => write!(
+                f,
+                "task {task}: fencing token {presented} is stale (current {current:?}); nothing changed"
+            ),
+            ShardError::Transition { task, error } => write!(f, "task {task}: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for ShardError {}
+
+/// A submit as the shell hands it over (already authenticated and parsed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SubmitRequest {
+    pub task: TaskId,
+    pub tenant: TenantId,
+    pub user: UserId,
+    pub spec: TaskSpec,
+    /// A client may ask for a *lower* band than its tenant's base; never a higher one.
+    pub band_hint: Option<Band>,
+    pub deadline: Option<Time>,
+}
+
+/// Limit ids of node-wide keys; identical on every shard built from the same policy.
+#[derive(Debug, Clone)]
+struct NodeIds {
+    lane_queued_tasks: [LimitId; Lane::COUNT],
+    lane_queued_units: [LimitId; Lane::COUNT],
+    global_queued_tasks: LimitId,
+    global_queued_units: LimitId,
+    lane_units: [LimitId; Lane::COUNT],
+    enterprise_borrowed: LimitId,
+    model_running: Vec<LimitId>,
+    provider_concurrency: Vec<LimitId>,
+    provider_rpm: Vec<LimitId>,
+    high_cost: LimitId,
+    platform_cost: LimitId,
+    gpu_units: LimitId,
+    gpu_mem_mb: LimitId,
+    cpu_units: LimitId,
+    temp_disk_mb: LimitId,
+}
+
+#[derive(Debug, Clone)]
+struct TenantRt {
+    id: TenantId,
+    policy: TenantPolicy,
+    submit_rate: LimitId,
+    queued_tasks: LimitId,
+    queued_units: LimitId,
+    running_tasks: LimitId,
+    running_units: LimitId,
+    cost_per_minute: LimitId,
+    cost_reserved_milli: u64,
+    queues: [Option<Box<TenantQueue>>; Lane::COUNT],
+}
+
+#[derive(Debug, Clone, Copy)]
+struct UserRt {
+    submit_rate: LimitId,
+    queued_tasks: LimitId,
+    queued_units: LimitId,
+    running_tasks: LimitId,
+    running_units: LimitId,
+}
+
+/// Where a task is, besides its state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// In its band deque; holds queue gates.
+    Band,
+    /// Waiting for `eligible_at` in the delay heap; holds nothing.
+    Delayed,
+    /// Holds the provider-stage reservation.
+    Provider,
+    /// Waiting in the media queue; holds nothing.
+    MediaQueue,
+    /// Holds media slots.
+    Media,
+}
+
+#[derive(Debug, Clone)]
+struct TaskEntry {
+    tenant_slot: u32,
+    user: UserId,
+    lane: Lane,
+    band: Band,
+    model: ModelId,
+    estimate: CostEstimate,
+    state: Versioned,
+    place: Place,
+    enqueued_at: Time,
+    deadline: Option<Time>,
+    attempt_no: u32,
+    retries: u32,
+    rate_limit_retries: u32,
+    provider: Option<ProviderId>,
+    lane_hold: Option<(LimitId, CapacityMode)>,
+    fencing: Option<FencingToken>,
+    policy_version: PolicyVersion,
+}
+
+#[derive(Debug, Clone, Default)]
+struct LaneRt {
+    ring: VecDeque<u32>,
+    backlog_weight: u64,
+    queued_tasks: u64,
+    queued_units_milli: u64,
+    running_tasks: u64,
+    swrr_current: i64,
+    blocked_streak: usize,
+    stalled_until: Option<Time>,
+    rate_milli_per_s: u64,
+    rate_bucket_start: Time,
+    rate_bucket_milli: u64,
+}
+
+enum TurnResult {
+    Dispatched(Dispatch),
+    Expired(TaskId),
+    OutOfCredit,
+    Blocked,
+}
+
+/// Counters a shell exports as metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShardStats {
+    pub admitted: u64,
+    pub rejected: u64,
+    pub dispatched: u64,
+    pub borrowed_dispatches: u64,
+    pub fit_scan_skips: u64,
+    pub requeued: u64,
+    pub failed: u64,
+    pub succeeded: u64,
+    pub canceled: u64,
+    pub expired: u64,
+}
+
+/// One shard of the scheduling core.
+#[derive(Debug, Clone)]
+pub struct Shard {
+    policy: Policy,
+    ledger: Ledger,
+    node: NodeIds,
+    node_limit_ids: Vec<LimitId>,
+    tenants: Vec<TenantRt>,
+    tenant_slots: IdMap<TenantId, u32>,
+    users: IdMap<UserId, UserRt>,
+    tasks: IdMap<TaskId, TaskEntry>,
+    lanes: [LaneRt; Lane::COUNT],
+    delayed: BinaryHeap<Reverse<(Time, TaskId)>>,
+    media_queue: VecDeque<TaskId>,
+    media_head_skips: u32,
+    stats: ShardStats,
+}
+
+/// A node-wide limit's full capacity, before it is split among shards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeCapacity {
+    Slots(u64),
+    Rate(RateSpec),
+}
+
+/// The node-wide capacity `policy` gives `key`; `None` for shard-scoped keys.
+pub fn node_capacity(policy: &Policy, key: LimitKey) -> Option<NodeCapacity> {
+    let n = &policy.node;
+    let slots = |v: u64| Some(NodeCapacity::Slots(v));
+    match key {
+        LimitKey::LaneQueuedTasks(l) => slots(policy.lane(l).queued_tasks_max),
+        LimitKey::LaneQueuedUnits(l) => slots(policy.lane(l).queued_units_max.milli()),
+        LimitKey::GlobalQueuedTasks => slots(n.global_queued_tasks_max),
+        LimitKey::GlobalQueuedUnits => slots(n.global_queued_units_max.milli()),
+        LimitKey::LaneUnits(l) => slots(policy.lane(l).capacity.milli()),
+        LimitKey::EnterpriseBorrowed => slots(policy.reserve.borrow_limit.milli()),
+        LimitKey::ModelRunning(_) => slots(n.model_running_max),
+        LimitKey::ProviderConcurrency(p) => slots(policy.providers[p.0 as usize].concurrency),
+        LimitKey::ProviderRpm(p) => Some(NodeCapacity::Rate(policy.providers[p.0 as usize].rpm)),
+        LimitKey::HighCostConcurrency => slots(n.high_cost_concurrency),
+        LimitKey::PlatformCostPerMinute => Some(NodeCapacity::Rate(n.platform_cost_per_minute)),
+        LimitKey::GpuUnits => slots(n.gpu_units),
+        LimitKey::GpuMemMb => slots(n.gpu_mem_mb),
+        LimitKey::CpuUnits => slots(n.cpu_units),
+        LimitKey::TempDiskMb => slots(n.temp_disk_mb),
+        _ => None,
+    }
+}
+
+/// `1/shards` of a node capacity: the starting share before the first split.
+fn even_share(capacity: NodeCapacity, shards: u32) -> NodeCapacity {
+    let shards = u64::from(shards.max(1));
+    match capacity {
+        NodeCapacity::Slots(v) => NodeCapacity::Slots(v / shards),
+        NodeCapacity::Rate(r) => NodeCapacity::Rate(RateSpec {
+            per_minute: r.per_minute / shards,
+            burst: r.burst / shards,
+        }),
+    }
+}
+
+impl Shard {
+    /// A shard of a node with `shards` shards, starting with an even share of node-wide limits.
+    /// `policy` must have passed [`Policy::validate`].
+    pub fn new(policy: Policy, shards: u32, now: Time) -> Shard {
+        policy
+            .validate()
+            .expect("the shell validates the policy before building shards");
+        let mut ledger = Ledger::new();
+        let add = |ledger: &mut Ledger, key: LimitKey| {
+            let capacity = node_capacity(&policy, key).expect("node key");
+            match even_share(capacity, shards) {
+                NodeCapacity::Slots(v) => ledger.add_semaphore(key, v),
+                NodeCapacity::Rate(r) => ledger.add_bucket(key, r, now),
+            }
+        };
+        let lanes =
+            |ledger: &mut Ledger, f: fn(Lane) -> LimitKey| Lane::ALL.map(|l| add(ledger, f(l)));
+        let lane_queued_tasks = lanes(&mut ledger, LimitKey::LaneQueuedTasks);
+        let lane_queued_units = lanes(&mut ledger, LimitKey::LaneQueuedUnits);
+        let global_queued_tasks = add(&mut ledger, LimitKey::GlobalQueuedTasks);
+        let global_queued_units = add(&mut ledger, LimitKey::GlobalQueuedUnits);
+        let lane_units = lanes(&mut ledger, LimitKey::LaneUnits);
+        let enterprise_borrowed = add(&mut ledger, LimitKey::EnterpriseBorrowed);
+        let model_running = policy
+            .models
+            .iter()
+            .map(|m| add(&mut ledger, LimitKey::ModelRunning(m.id)))
+            .collect();
+        let provider_concurrency = policy
+            .providers
+            .iter()
+            .map(|p| add(&mut ledger, LimitKey::ProviderConcurrency(p.id)))
+            .collect();
+        let provider_rpm = policy
+            .providers
+            .iter()
+            .map(|p| add(&mut ledger, LimitKey::ProviderRpm(p.id)))
+            .collect();
+        let node = NodeIds {
+            lane_queued_tasks,
+            lane_queued_units,
+            global_queued_tasks,
+            global_queued_units,
+            lane_units,
+            enterprise_borrowed,
+            model_running,
+            provider_concurrency,
+            provider_rpm,
+            high_cost: add(&mut ledger, LimitKey::HighCostConcurrency),
+            platform_cost: add(&mut ledger, LimitKey::PlatformCostPerMinute),
+            gpu_units: add(&mut ledger, LimitKey::GpuUnits),
+            gpu_mem_mb: add(&mut ledger, LimitKey::GpuMemMb),
+            cpu_units: add(&mut ledger, LimitKey::CpuUnits),
+            temp_disk_mb: add(&mut ledger, LimitKey::TempDiskMb),
+        };
+        let node_limit_ids = ledger.ids().map(|(id, _)| id).collect();
+        let mut lanes: [LaneRt; Lane::COUNT] = Default::default();
+        for lane in Lane::ALL {
+            let rt = &mut lanes[lane.index()];
+            rt.rate_milli_per_s = policy.lane(lane).initial_rate_milli_per_s;
+            rt.rate_bucket_start = now;
+        }
+        Shard {
+            policy,
+            ledger,
+            node,
+            node_limit_ids,
+            tenants: Vec::new(),
+            tenant_slots: IdMap::default(),
+            users: IdMap::default(),
+            tasks: IdMap::default(),
+            lanes,
+            delayed: BinaryHeap::new(),
+            media_queue: VecDeque::new(),
+            media_head_skips: 0,
+            stats: ShardStats::default(),
+        }
+    }
+
+    // ---------------------------------------------------------------- getters
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    pub fn stats(&self) -> &ShardStats {
+        &self.stats
+    }
+
+    pub fn task_count(&self) -> usize {
+        self.tasks.len()
+    }
+
+    pub fn task_state(&self, task: TaskId) -> Option<TaskState> {
+        self.tasks.get(&task).map(|e| e.state.state)
+    }
+
+    pub fn queued_tasks(&self, lane: Lane) -> u64 {
+        self.lanes[lane.index()].queued_tasks
+    }
+
+    pub fn queued_units(&self, lane: Lane) -> Units {
+        Units(self.lanes[lane.index()].queued_units_milli)
+    }
+
+    /// Summed weight of tenants with queued work in `lane`.
+    pub fn backlog_weight(&self, lane: Lane) -> u64 {
+        self.lanes[lane.index()].backlog_weight
+    }
+
+    /// Queued tasks of one tenant in one lane (0 for an unknown tenant).
+    pub fn tenant_queued(&self, tenant: TenantId, lane: Lane) -> u64 {
+        self.tenant_slots
+            .get(&tenant)
+            .and_then(|&s| self.tenants[s as usize].queues[lane.index()].as_ref())
+            .map_or(0, |q| q.tasks())
+    }
+
+    /// Measured service rate of a lane, milli-units per second.
+    pub fn service_rate_milli_per_s(&self, lane: Lane) -> u64 {
+        self.lanes[lane.index()].rate_milli_per_s
+    }
+
+    /// Node-wide limits this shard holds a share of.
+    pub fn node_limits(&self) -> &[LimitId] {
+        &self.node_limit_ids
+    }
+
+    /// The weight this shard brings to the split of node limit `id`: the summed weight of its
+    /// backlogged tenants that could use it. Queue gates split evenly.
+    pub fn split_weight(&self, id: LimitId) -> u64 {
+        let lane_w = |l: Lane| self.lanes[l.index()].backlog_weight;
+        match self.ledger.key(id) {
+            LimitKey::LaneQueuedTasks(_)
+            | LimitKey::LaneQueuedUnits(_)
+            | LimitKey::GlobalQueuedTasks
+            | LimitKey::GlobalQueuedUnits => 1,
+            LimitKey::LaneUnits(Lane::PaidShared) | LimitKey::LaneUnits(Lane::Standard) => {
+                // Best-effort work borrows these lanes' leftovers.
+                lane_w(Lane::PaidShared) + lane_w(Lane::Standard) + lane_w(Lane::BestEffort)
+            }
+            LimitKey::LaneUnits(Lane::EnterpriseReserved) => Lane::ALL
+                .iter()
+                .filter(|&&l| l != Lane::Recovery)
+                .map(|&l| lane_w(l))
+                .sum(),
+            LimitKey::LaneUnits(l) => lane_w(l),
+            LimitKey::EnterpriseBorrowed => {
+                lane_w(Lane::PaidShared) + lane_w(Lane::Standard) + lane_w(Lane::Expensive)
+            }
+            _ => Lane::ALL.iter().map(|&l| lane_w(l)).sum(),
+        }
+    }
+
+    /// Sets this shard's share of node limit `id` and wakes stalled lanes.
+    pub fn set_share(&mut self, id: LimitId, share: NodeCapacity, now: Time) {
+        assert_eq!(
+            self.ledger.key(id).scope(),
+            Scope::Node,
+            "only node limits are split"
+        );
+        match share {
+            NodeCapacity::Slots(v) => self.ledger.set_capacity(id, v),
+            NodeCapacity::Rate(r) => self.ledger.set_rate(id, r, now),
+        }
+        self.unstall_all();
+    }
+
+    /// The earliest time at which `poll_dispatch` may have something new without any input.
+    pub fn poll_timeout(&self) -> Option<Time> {
+        let delayed = self.delayed.peek().map(|Reverse((t, _))| *t);
+        let stalled = self.lanes.iter().filter_map(|l| l.stalled_until).min();
+        match (delayed, stalled) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    // ---------------------------------------------------------------- admission
+
+    /// Decides on a submit. `Ok` carries every decision, accept or reject; `Err` is a request the
+    /// core cannot decide on.
+    pub fn handle_submit(
+        &mut self,
+        now: Time,
+        req: SubmitRequest,
+    ) -> Result<Admission, SubmitError> {
+        let slot = self.ensure_tenant(req.tenant)?;
+        let model =
+            self.policy
+                .models
+                .get(req.spec.model.0 as usize)
+                .ok_or(SubmitError::InvalidSpec(
+                    crate::cost::CostError::UnknownModel(req.spec.model),
+                ))?;
+        let est = estimate(&req.spec, model, &self.policy.cost_bases)
+            .map_err(SubmitError::InvalidSpec)?;
+        if self.tasks.contains_key(&req.task) {
+            return Err(SubmitError::DuplicateTask(req.task));
+        }
+        let tenant = &self.tenants[slot as usize];
+        let base_band = tenant.policy.base_band;
+        let band = req.band_hint.map_or(base_band, |hint| hint.max(base_band));
+        let mut lane = match est.class {
+            ResourceClass::Expensive => Lane::Expensive,
+            ResourceClass::Standard => tenant.policy.lane,
+        };
+        let reject = |decision, reason, lane| Admission {
+            task: req.task,
+            decision,
+            reason: Some(reason),
+            lane,
+            band,
+            fairness: est.fairness,
+            estimated_start_at: None,
+            queue_level: None,
+        };
+        if self.tasks.len() >= TASKS_MAX || self.users.len() >= USERS_MAX {
+            self.stats.rejected += 1;
+            return Ok(reject(
+                Decision::RejectPlatformOverloaded,
+                RejectReason::ShardFull,
+                lane,
+            ));
+        }
+        if !tenant.policy.allowed_classes.contains(&est.class) {
+            self.stats.rejected += 1;
+            let reason = RejectReason::ClassNotAllowed(est.class);
+            return Ok(reject(Decision::RejectResourceClassDisabled, reason, lane));
+        }
+        if !self.policy.lane(lane).open {
+            self.stats.rejected += 1;
+            return Ok(reject(
+                Decision::RejectResourceClassDisabled,
+                RejectReason::LaneClosed(lane),
+                lane,
+            ));
+        }
+        let user = self.ensure_user(req.user, slot);
+        // Rate buckets first: a flood of requests spends tokens even when rejected later.
+        let mut rate = Demand::default();
+        rate.add(user.submit_rate, 1);
+        rate.add(self.tenants[slot as usize].submit_rate, 1);
+        if let Err(id) = self.ledger.try_acquire(&rate, now) {
+            self.stats.rejected += 1;
+            let reason = RejectReason::Limit(self.ledger.key(id));
+            return Ok(reject(Decision::RejectUserRateLimit, reason, lane));
+        }
+        let tenant = &self.tenants[slot as usize];
+        let remaining = tenant
+            .policy
+            .cost_quota_milli
+            .saturating_sub(tenant.cost_reserved_milli);
+        if est.cost_milli > remaining || est.cost_milli > tenant.policy.cost_per_minute.burst {
+            self.stats.rejected += 1;
+            let reason = RejectReason::CostQuota {
+                needed_milli: est.cost_milli,
+                remaining_milli: remaining,
+            };
+            return Ok(reject(Decision::RejectCostBudget, reason, lane));
+        }
+        let max_wait_ms = tenant.policy.max_wait_ms;
+        let overflow = tenant.policy.wait_overflow;
+        let mut wait_ms = self.expected_wait_ms(lane, now);
+        if wait_ms > max_wait_ms {
+            let overflow_to_be = overflow == WaitOverflow::BestEffort
+                && self.policy.lane(Lane::BestEffort).open
+                && lane != Lane::BestEffort;
+            if !overflow_to_be {
+                self.stats.rejected += 1;
+                let reason = RejectReason::ExpectedWait {
+                    wait_ms,
+                    max_ms: max_wait_ms,
+                };
+                return Ok(reject(Decision::RejectExpectedWaitTooLong, reason, lane));
+            }
+            lane = Lane::BestEffort;
+            wait_ms = self.expected_wait_ms(lane, now);
+        }
+        let entry = TaskEntry {
+            tenant_slot: slot,
+            user: req.user,
+            lane,
+            band,
+            model: req.spec.model,
+            estimate: est,
+            state: Versioned::new(TaskState::Created),
+            place: Place::Band,
+            enqueued_at: now,
+            deadline: req.deadline,
+            attempt_no: 0,
+            retries: 0,
+            rate_limit_retries: 0,
+            provider: None,
+            lane_hold: None,
+            fencing: None,
+            policy_version: self.policy.version,
+        };
+        let gates = self.queue_gates(&entry);
+        if let Err(id) = self.ledger.try_acquire(&gates, now) {
+            self.stats.rejected += 1;
+            let key = self.ledger.key(id);
+            let decision = match key.scope() {
+                Scope::Shard => Decision::RejectTenantQueueFull,
+                Scope::Node => Decision::RejectPlatformOverloaded,
+            };
+            return Ok(reject(decision, RejectReason::Limit(key), lane));
+        }
+        let mut entry = entry;
+        entry
+            .state
+            .transition(TaskState::Queued, Actor::System)
+            .expect("CREATED → QUEUED");
+        self.tenants[slot as usize].cost_reserved_milli += est.cost_milli;
+        let item = QueuedRef {
+            task: req.task,
+            enqueued_at: now,
+            cost_milli: est.fairness.milli(),
+        };
+        self.tasks.insert(req.task, entry);
+        self.enqueue(slot, lane, band, item, End::Back);
+        self.stats.admitted += 1;
+        let decision = if lane == Lane::BestEffort {
+            Decision::AcceptedBestEffort
+        } else {
+            Decision::Accepted
+        };
+        Ok(Admission {
+            task: req.task,
+            decision,
+            reason: None,
+            lane,
+            band,
+            fairness: est.fairness,
+            estimated_start_at: Some(now.plus_ns(wait_ms * NANOS_PER_MS)),
+            queue_level: Some(QueueLevel::from_wait_ms(wait_ms)),
+        })
+    }
+
+    /// Queued units ahead in the lane over its measured service rate (seed 000 §18.11.3).
+    fn expected_wait_ms(&mut self, lane: Lane, now: Time) -> u64 {
+        self.roll_rate(lane, now);
+        let rt = &self.lanes[lane.index()];
+        let rate = rt.rate_milli_per_s.max(1);
+        rt.queued_units_milli.saturating_mul(1000) / rate
+    }
+
+    fn roll_rate(&mut self, lane: Lane, now: Time) {
+        let rt = &mut self.lanes[lane.index()];
+        let elapsed = now.since(rt.rate_bucket_start);
+        if elapsed < RATE_BUCKET_NS {
+            return;
+        }
+        let buckets = elapsed / RATE_BUCKET_NS;
+        // Idle lanes keep their rate: no work running is not a slow lane.
+        if rt.running_tasks > 0 || rt.rate_bucket_milli > 0 {
+            let sample = rt.rate_bucket_milli * NANOS_PER_S / RATE_BUCKET_NS;
+            rt.rate_milli_per_s =
+                rt.rate_milli_per_s - rt.rate_milli_per_s / RATE_EWMA_DIV + sample / RATE_EWMA_DIV;
+            for _ in 1..buckets.min(16) {
+                if rt.running_tasks == 0 {
+                    break;
+                }
+                rt.rate_milli_per_s -= rt.rate_milli_per_s / RATE_EWMA_DIV;
+            }
+        }
+        rt.rate_bucket_milli = 0;
+        rt.rate_bucket_start = rt.rate_bucket_start.plus_ns(buckets * RATE_BUCKET_NS);
+    }
+
+    fn ensure_tenant(&mut self, tenant: TenantId) -> Result<u32, SubmitError> {
+        if let Some(&slot) = self.tenant_slots.get(&tenant) {
+            return Ok(slot);
+        }
+        let policy = self
+            .policy
+            .tenants
+            .get(&tenant)
+            .ok_or(SubmitError::UnknownTenant(tenant))?
+            .clone();
+        assert!(
+            self.tenants.len() < TENANTS_MAX,
+            "more tenants than TENANTS_MAX in one shard"
+        );
+        let now = Time::ZERO;
+        let l = &mut self.ledger;
+        let rt = TenantRt {
+            id: tenant,
+            submit_rate: l.add_bucket(LimitKey::TenantSubmitRate(tenant), policy.submit_rate, now),
+            queued_tasks: l
+                .add_semaphore(LimitKey::TenantQueuedTasks(tenant), policy.queued_tasks_max),
+            queued_units: l.add_semaphore(
+                LimitKey::TenantQueuedUnits(tenant),
+                policy.queued_units_max.milli(),
+            ),
+            running_tasks: l.add_semaphore(
+                LimitKey::TenantRunningTasks(tenant),
+                policy.running_tasks_max,
+            ),
+            running_units: l.add_semaphore(
+                LimitKey::TenantRunningUnits(tenant),
+                policy.running_units_max.milli(),
+            ),
+            cost_per_minute: l.add_bucket(
+                LimitKey::TenantCostPerMinute(tenant),
+                policy.cost_per_minute,
+                now,
+            ),
+            cost_reserved_milli: 0,
+            queues: Default::default(),
+            policy,
+        };
+        let slot = self.tenants.len() as u32;
+        self.tenants.push(rt);
+        self.tenant_slots.insert(tenant, slot);
+        Ok(slot)
+    }
+
+    fn ensure_user(&mut self, user: UserId, tenant_slot: u32) -> UserRt {
+        if let Some(&rt) = self.users.get(&user) {
+            return rt;
+        }
+        let p = self.tenants[tenant_slot as usize].policy.user.clone();
+        let l = &mut self.ledger;
+        let rt = UserRt {
+            submit_rate: l.add_bucket(LimitKey::UserSubmitRate(user), p.submit_rate, Time::ZERO),
+            queued_tasks: l.add_semaphore(LimitKey::UserQueuedTasks(user), p.queued_tasks_max),
+            queued_units: l
+                .add_semaphore(LimitKey::UserQueuedUnits(user), p.queued_units_max.milli()),
+            running_tasks: l.add_semaphore(LimitKey::UserRunningTasks(user), p.running_tasks_max),
+            running_units: l.add_semaphore(
+                LimitKey::UserRunningUnits(user),
+                p.running_units_max.milli(),
+            ),
+        };
+        self.users.insert(user, rt);
+        rt
+    }
+
+    // ---------------------------------------------------------------- demands
+
+    fn queue_gates(&self, e: &TaskEntry) -> Demand {
+        let user = self.users[&e.user];
+        let tenant = &self.tenants[e.tenant_slot as usize];
+        let units = e.estimate.fairness.milli();
+        let mut d = Demand::default();
+        d.add(user.queued_tasks, 1);
+        d.add(user.queued_units, units);
+        d.add(tenant.queued_tasks, 1);
+        d.add(tenant.queued_units, units);
+        d.add(self.node.lane_queued_tasks[e.lane.index()], 1);
+        d.add(self.node.lane_queued_units[e.lane.index()], units);
+        d.add(self.node.global_queued_tasks, 1);
+        d.add(self.node.global_queued_units, units);
+        d
+    }
+
+    /// Everything the provider stage holds: running counts and units per user, tenant, lane,
+    /// model, provider, high-cost class, plus RPM and cost-per-minute tokens.
+    fn provider_demand(
+        &self,
+        e: &TaskEntry,
+        provider: ProviderId,
+        lane_key: LimitId,
+        mode: CapacityMode,
+    ) -> Demand {
+        let user = self.users[&e.user];
+        let tenant = &self.tenants[e.tenant_slot as usize];
+        let units = e.estimate.fairness.milli();
+        let cost = e.estimate.cost_milli;
+        let mut d = Demand::default();
+        d.add(user.running_tasks, 1);
+        d.add(user.running_units, units);
+        d.add(tenant.running_tasks, 1);
+        d.add(tenant.running_units, units);
+        d.add(lane_key, units);
+        if mode == CapacityMode::Borrowed(Lane::EnterpriseReserved) {
+            d.add(self.node.enterprise_borrowed, units);
+        }
+        d.add(self.node.model_running[e.model.0 as usize], 1);
+        d.add(self.node.provider_concurrency[provider.0 as usize], 1);
+        d.add(self.node.provider_rpm[provider.0 as usize], 1);
+        if e.estimate.class == ResourceClass::Expensive {
+            d.add(self.node.high_cost, 1);
+        }
+        d.add(tenant.cost_per_minute, cost);
+        d.add(self.node.platform_cost, cost);
+        d
+    }
+
+    fn media_demand(&self, e: &TaskEntry) -> Demand {
+        let m = e.estimate.media;
+        let mut d = Demand::default();
+        d.add(self.node.gpu_units, m.gpu_units.into());
+        d.add(self.node.gpu_mem_mb, m.gpu_mem_mb.into());
+        d.add(self.node.cpu_units, m.cpu_units.into());
+        d.add(self.node.temp_disk_mb, m.temp_disk_mb.into());
+        d
+    }
+
+    /// Lane capacity a task of `lane` may use, in preference order: its own pool, then what it
+    /// may borrow (DESIGN §4: enterprise reserve with headroom; best effort on leftovers only).
+    fn lane_options(&self, lane: Lane, units: u64) -> ([(LimitId, CapacityMode); 3], usize) {
+        let own = (self.node.lane_units[lane.index()], CapacityMode::Normal);
+        let mut options = [own; 3];
+        let mut n = 1;
+        let idle = |l: Lane| self.lanes[l.index()].queued_tasks == 0;
+        match lane {
+            Lane::PaidShared | Lane::Standard | Lane::Expensive => {
+                let ent = Lane::EnterpriseReserved;
+                let id = self.node.lane_units[ent.index()];
+                if idle(ent) && self.ledger.free(id) >= units + self.headroom_share(id) {
+                    options[n] = (id, CapacityMode::Borrowed(ent));
+                    n += 1;
+                }
+            }
+            Lane::BestEffort => {
+                for donor in [Lane::Standard, Lane::PaidShared] {
+                    if idle(donor) {
+                        options[n] = (
+                            self.node.lane_units[donor.index()],
+                            CapacityMode::Borrowed(donor),
+                        );
+                        n += 1;
+                    }
+                }
+            }
+            Lane::EnterpriseReserved | Lane::Recovery => {}
+        }
+        (options, n)
+    }
+
+    /// This shard's part of the enterprise headroom that must stay unborrowed, in proportion to
+    /// its share of the enterprise pool.
+    fn headroom_share(&self, ent_id: LimitId) -> u64 {
+        let node_cap = self.policy.lane(Lane::EnterpriseReserved).capacity.milli();
+        if node_cap == 0 {
+            return 0;
+        }
+        let headroom = self.policy.reserve.minimum_reserved_headroom.milli();
+        let share = self.ledger.capacity(ent_id);
+        (u128::from(headroom) * u128::from(share)).div_ceil(u128::from(node_cap)) as u64
+    }
+
+    // ---------------------------------------------------------------- queues
+
+    fn enqueue(&mut self, slot: u32, lane: Lane, band: Band, item: QueuedRef, end: End) {
+        let weight = u64::from(self.tenants[slot as usize].policy.weight);
+        let initial_credit = self.policy.drr.initial_burst_credit.milli() as i64;
+        let q =
+            self.tenants[slot as usize].queues[lane.index()].get_or_insert_with(Default::default);
+        match end {
+            End::Back => q.push_back(band, item),
+            End::Front => q.push_front(band, item),
+        }
+        let rt = &mut self.lanes[lane.index()];
+        rt.queued_tasks += 1;
+        rt.queued_units_milli += item.cost_milli;
+        if !q.in_ring {
+            // A tenant becoming active again starts from min(previous, initial burst credit).
+            q.in_ring = true;
+            q.deficit = q.deficit.min(initial_credit);
+            q.needs_quantum = true;
+            rt.ring.push_back(slot);
+            rt.backlog_weight += weight;
+        }
+        rt.stalled_until = None;
+        rt.blocked_streak = 0;
+    }
+
+    /// Bookkeeping after `item` left tenant `slot`'s queue in `lane`.
+    fn dequeued(&mut self, slot: u32, lane: Lane, item: QueuedRef) {
+        let rt = &mut self.lanes[lane.index()];
+        rt.queued_tasks -= 1;
+        rt.queued_units_milli -= item.cost_milli;
+        let q = self.tenants[slot as usize].queues[lane.index()]
+            .as_mut()
+            .expect("queue exists");
+        if q.skipped_head == Some(item.task) {
+            q.skipped_head = None;
+            q.skips = 0;
+        }
+        if q.is_empty() && q.in_ring {
+            q.in_ring = false;
+            let pos = rt
+                .ring
+                .iter()
+                .position(|&s| s == slot)
+                .expect("active tenant is in the ring");
+            rt.ring.remove(pos);
+            rt.backlog_weight -= u64::from(self.tenants[slot as usize].policy.weight);
+        }
+    }
+
+    fn unstall_all(&mut self) {
+        for rt in &mut self.lanes {
+            rt.stalled_until = None;
+            rt.blocked_streak = 0;
+        }
+    }
+
+    fn promote_delayed(&mut self, now: Time) {
+        while let Some(&Reverse((at, task))) = self.delayed.peek() {
+            if at > now {
+                break;
+            }
+            self.delayed.pop();
+            let Some(e) = self.tasks.get_mut(&task) else {
+                continue;
+            };
+            if e.place != Place::Delayed || e.state.state != TaskState::Queued {
+                continue;
+            }
+            e.place = Place::Band;
+            let (slot, lane, band) = (e.tenant_slot, e.lane, e.band);
+            let item = QueuedRef {
+                task,
+                enqueued_at: e.enqueued_at,
+                cost_milli: e.estimate.fairness.milli(),
+            };
+            let gates = self.queue_gates(&self.tasks[&task]);
+            self.ledger.force_acquire_gates(&gates);
+            self.enqueue(slot, lane, band, item, End::Front);
+        }
+    }
+
+    // ---------------------------------------------------------------- dispatch
+
+    /// Picks the next task to run, if any: weighted lane choice, then DRR over the lane's active
+    /// tenants, then bands with aging and a bounded fit-scan inside the tenant.
+    pub fn poll_dispatch(&mut self, now: Time) -> Poll {
+        self.promote_delayed(now);
+        let mut visits = 0usize;
+        let mut tried = [false; Lane::COUNT];
+        loop {
+            let Some(lane) = self.next_lane(now, &tried) else {
+                return Poll::Idle;
+            };
+            tried[lane.index()] = true;
+            loop {
+                if visits >= TENANT_VISITS_PER_POLL_MAX {
+                    return Poll::Yield;
+                }
+                visits += 1;
+                match self.serve_lane_once(lane, now) {
+                    Some(TurnResult::Dispatched(d)) => {
+                        self.charge_lane_choice(lane);
+                        self.stats.dispatched += 1;
+                        if matches!(d.mode, CapacityMode::Borrowed(_)) {
+                            self.stats.borrowed_dispatches += 1;
+                        }
+                        return Poll::Dispatch(d);
+                    }
+                    Some(TurnResult::Expired(task)) => {
+                        self.stats.expired += 1;
+                        return Poll::Expired(task);
+                    }
+                    Some(TurnResult::OutOfCredit | TurnResult::Blocked) => continue,
+                    None => break,
+                }
+            }
+        }
+    }
+
+    /// Smooth weighted round robin among lanes with work that are not stalled.
+    fn next_lane(&mut self, now: Time, tried: &[bool; Lane::COUNT]) -> Option<Lane> {
+        let mut best: Option<(Lane, i64)> = None;
+        for lane in Lane::ALL {
+            let rt = &mut self.lanes[lane.index()];
+            if tried[lane.index()] || rt.ring.is_empty() {
+                continue;
+            }
+            if let Some(until) = rt.stalled_until {
+                if now < until {
+                    continue;
+                }
+                rt.stalled_until = None;
+                rt.blocked_streak = 0;
+            }
+            let current = rt.swrr_current;
+            if best.is_none_or(|(_, c)| current > c) {
+                best = Some((lane, current));
+            }
+        }
+        best.map(|(lane, _)| lane)
+    }
+
+    fn charge_lane_choice(&mut self, chosen: Lane) {
+        let mut total = 0i64;
+        for lane in Lane::ALL {
+            if !self.lanes[lane.index()].ring.is_empty() || lane == chosen {
+                let w = i64::from(self.policy.lane(lane).weight);
+                self.lanes[lane.index()].swrr_current += w;
+                total += w;
+            }
+        }
+        self.lanes[chosen.index()].swrr_current -= total;
+    }
+
+    /// One DRR visit to the tenant at the front of `lane`'s ring. `None` when the lane has no
+    /// tenant or every tenant in it is blocked (the lane is then stalled).
+    fn serve_lane_once(&mut self, lane: Lane, now: Time) -> Option<TurnResult> {
+        let rt = &self.lanes[lane.index()];
+        let &slot = rt.ring.front()?;
+        if rt.blocked_streak >= rt.ring.len() {
+            let rt = &mut self.lanes[lane.index()];
+            rt.stalled_until = Some(now.plus_ns(STALL_RETRY_NS));
+            return None;
+        }
+        let drr = self.policy.drr;
+        let weight = i64::from(self.tenants[slot as usize].policy.weight);
+        let quantum = drr.base_quantum.milli() as i64 * weight;
+        let cap = quantum * i64::from(drr.burst_rounds);
+        let q = self.tenants[slot as usize].queues[lane.index()]
+            .as_mut()
+            .expect("ringed tenant has a queue");
+        if q.needs_quantum {
+            q.needs_quantum = false;
+            // Fairness debt is paid out of the quantum (a refund adds to it), at most one quantum.
+            let pay = q.debt.clamp(-quantum, quantum);
+            q.debt -= pay;
+            q.deficit = (q.deficit + quantum - pay).min(cap);
+        }
+        let result = self.tenant_turn(slot, lane, now, cap);
+        let rt = &mut self.lanes[lane.index()];
+        match &result {
+            TurnResult::Dispatched(_) | TurnResult::Expired(_) => rt.blocked_streak = 0,
+            TurnResult::OutOfCredit => {
+                rt.blocked_streak = 0;
+                rt.ring.rotate_left(1);
+                let q = self.tenants[slot as usize].queues[lane.index()]
+                    .as_mut()
+                    .expect("queue");
+                q.needs_quantum = true;
+            }
+            TurnResult::Blocked => {
+                rt.blocked_streak += 1;
+                rt.ring.rotate_left(1);
+            }
+        }
+        Some(result)
+    }
+
+    /// The tenant's turn: the head of its best band after aging, then up to `fit_scan_max` tasks
+    /// behind it if the head does not fit, unless the head was skipped `skips_max` times already.
+    fn tenant_turn(&mut self, slot: u32, lane: Lane, now: Time, cap: i64) -> TurnResult {
+        let aging_ns = self.policy.aging.aging_step_ms * NANOS_PER_MS;
+        let fit_scan = self.policy.aging.fit_scan_max.min(FIT_SCAN_MAX);
+        let skips_max = self.policy.aging.skips_max;
+        let q = self.tenants[slot as usize].queues[lane.index()]
+            .as_ref()
+            .expect("queue");
+        let band = q
+            .best_band(now, aging_ns)
+            .expect("a ringed tenant has queued work");
+        let head = *q.band(band).front().expect("best band has a head");
+        if let Some(deadline) = self.tasks[&head.task].deadline {
+            if deadline <= now {
+                self.expire_head(slot, lane, band, head);
+                return TurnResult::Expired(head.task);
+            }
+        }
+        let may_skip = !(q.skipped_head == Some(head.task) && q.skips >= skips_max);
+        let scan = if may_skip {
+            (fit_scan + 1).min(q.band(band).len())
+        } else {
+            1
+        };
+        let deficit = q.deficit;
+        let mut first_failure = TurnResult::Blocked;
+        for pos in 0..scan {
+            let q = self.tenants[slot as usize].queues[lane.index()]
+                .as_ref()
+                .expect("queue");
+            let cand = q.band(band)[pos];
+            let credit_ok = cand.cost_milli as i64 <= deficit || deficit >= cap;
+            if !credit_ok {
+                if pos == 0 {
+                    first_failure = TurnResult::OutOfCredit;
+                }
+                continue;
+            }
+            if let Some(d) = self.try_start(cand.task, now) {
+                let q = self.tenants[slot as usize].queues[lane.index()]
+                    .as_mut()
+                    .expect("queue");
+                q.deficit -= cand.cost_milli as i64;
+                if pos > 0 {
+                    if q.skipped_head != Some(head.task) {
+                        q.skipped_head = Some(head.task);
+                        q.skips = 0;
+                    }
+                    q.skips += 1;
+                    self.stats.fit_scan_skips += 1;
+                }
+                let item = q.remove_at(band, pos);
+                self.dequeued(slot, lane, item);
+                return TurnResult::Dispatched(d);
+            }
+        }
+        first_failure
+    }
+
+    fn expire_head(&mut self, slot: u32, lane: Lane, band: Band, head: QueuedRef) {
+        let q = self.tenants[slot as usize].queues[lane.index()]
+            .as_mut()
+            .expect("queue");
+        let item = q.remove_at(band, 0);
+        self.dequeued(slot, lane, item);
+        let e = self
+            .tasks
+            .remove(&head.task)
+            .expect("queued task has an entry");
+        let gates = self.queue_gates(&e);
+        self.ledger.release(&gates);
+        self.tenants[slot as usize].cost_reserved_milli -= e.estimate.cost_milli;
+        let mut state = e.state;
+        state
+            .transition(TaskState::Expired, Actor::System)
+            .expect("QUEUED → EXPIRED");
+    }
+
+    /// Tries every provider of the task's model with every lane option; on the first complete
+    /// acquisition moves the task QUEUED → DISPATCHING. Changes nothing otherwise.
+    fn try_start(&mut self, task: TaskId, now: Time) -> Option<Dispatch> {
+        let e = &self.tasks[&task];
+        let units = e.estimate.fairness.milli();
+        let (lane_opts, n_opts) = self.lane_options(e.lane, units);
+        let providers = &self.policy.models[e.model.0 as usize].providers;
+        for &(lane_key, mode) in &lane_opts[..n_opts] {
+            for &provider in providers {
+                let demand = self.provider_demand(e, provider, lane_key, mode);
+                if self.ledger.try_acquire(&demand, now).is_err() {
+                    continue;
+                }
+                let gates = self.queue_gates(e);
+                self.ledger.release(&gates);
+                let e = self.tasks.get_mut(&task).expect("entry");
+                e.state
+                    .transition(TaskState::Dispatching, Actor::System)
+                    .expect("QUEUED → DISPATCHING");
+                e.place = Place::Provider;
+                e.provider = Some(provider);
+                e.lane_hold = Some((lane_key, mode));
+                e.attempt_no += 1;
+                e.fencing = None;
+                assert!(
+                    e.attempt_no <= ATTEMPTS_MAX,
+                    "attempts bounded by retry limits"
+                );
+                self.lanes[e.lane.index()].running_tasks += 1;
+                let tenant = self.tenants[e.tenant_slot as usize].id;
+                return Some(Dispatch {
+                    task,
+                    tenant,
+                    user: e.user,
+                    lane: e.lane,
+                    band: e.band,
+                    provider,
+                    mode,
+                    attempt_no: e.attempt_no,
+                    estimate: e.estimate,
+                    policy_version: e.policy_version,
+                });
+            }
+        }
+        None
+    }
+
+    fn release_provider_hold(&mut self, task: TaskId) {
+        let e = &self.tasks[&task];
+        assert_eq!(
+            e.place,
+            Place::Provider,
+            "task {task} holds no provider reservation"
+        );
+        let (lane_key, mode) = e.lane_hold.expect("provider hold has a lane key");
+        let provider = e.provider.expect("provider hold has a provider");
+        let demand = self.provider_demand(e, provider, lane_key, mode);
+        self.ledger.release(&demand);
+        let lane = e.lane;
+        self.lanes[lane.index()].running_tasks -= 1;
+        let e = self.tasks.get_mut(&task).expect("entry");
+        e.lane_hold = None;
+        self.unstall_all();
+    }
+
+    // ---------------------------------------------------------------- provider reports
+
+    fn fenced(&mut self, task: TaskId, token: FencingToken) -> Result<&mut TaskEntry, ShardError> {
+        let e = self
+            .tasks
+            .get_mut(&task)
+            .ok_or(ShardError::UnknownTask(task))?;
+        if e.fencing != Some(token) {
+            return Err(ShardError::StaleFencing {
+                task,
+                presented: token,
+                current: e.fencing,
+            });
+        }
+        Ok(e)
+    }
+
+    fn transition(&mut self, task: TaskId, to: TaskState) -> Result<(), ShardError> {
+        let e = self
+            .tasks
+            .get_mut(&task)
+            .ok_or(ShardError::UnknownTask(task))?;
+        e.state
+            .transition(to, Actor::System)
+            .map(|_| ())
+            .map_err(|error| ShardError::Transition { task, error })
+    }
+
+    /// The control plane committed the claim and issued `token` for this attempt. Returns
+    /// `Canceled` when a cancel won the race: the shell must then not submit anything.
+    pub fn handle_claim_granted(
+        &mut self,
+        task: TaskId,
+        token: FencingToken,
+    ) -> Result<ClaimOutcome, ShardError> {
+        let e = self
+            .tasks
+            .get_mut(&task)
+            .ok_or(ShardError::UnknownTask(task))?;
+        if e.place != Place::Provider || e.fencing.is_some() {
+            return Err(ShardError::Transition {
+                task,
+                error: TransitionError::Illegal {
+                    from: e.state.state,
+                    to: TaskState::Dispatching,
+                },
+            });
+        }
+        e.fencing = Some(token);
+        if e.state.state == TaskState::Canceled {
+            self.release_provider_hold(task);
+            self.finish(task);
+            return Ok(ClaimOutcome::Canceled);
+        }
+        Ok(ClaimOutcome::Submit)
+    }
+
+    /// The control plane refused the claim (the task moved, or a global pool key was full): undo
+    /// the local reservation and put the task back at the front of its band.
+    pub fn handle_claim_refused(&mut self, now: Time, task: TaskId) -> Result<(), ShardError> {
+        let e = self.tasks.get(&task).ok_or(ShardError::UnknownTask(task))?;
+        if e.place != Place::Provider || e.fencing.is_some() {
+            return Err(ShardError::Transition {
+                task,
+                error: TransitionError::Illegal {
+                    from: e.state.state,
+                    to: TaskState::Queued,
+                },
+            });
+        }
+        if e.state.state == TaskState::Canceled {
+            self.release_provider_hold(task);
+            self.finish(task);
+            return Ok(());
+        }
+        self.release_provider_hold(task);
+        self.transition(task, TaskState::Queued)?;
+        let e = self.tasks.get_mut(&task).expect("entry");
+        e.attempt_no -= 1;
+        self.requeue_at(task, now);
+        Ok(())
+    }
+
+    /// The provider accepted the request (or a query found it after SUBMIT_UNKNOWN).
+    pub fn handle_provider_accepted(
+        &mut self,
+        task: TaskId,
+        token: FencingToken,
+    ) -> Result<(), ShardError> {
+        let e = self.fenced(task, token)?;
+        if e.state.state == TaskState::Canceled {
+            return Ok(());
+        }
+        self.transition(task, TaskState::Running)
+    }
+
+    /// The submit timed out: the provider may have accepted. Keep every reservation.
+    pub fn handle_submit_unknown(
+        &mut self,
+        task: TaskId,
+        token: FencingToken,
+    ) -> Result<(), ShardError> {
+        let e = self.fenced(task, token)?;
+        if e.state.state == TaskState::Canceled {
+            return Ok(());
+        }
+        self.transition(task, TaskState::SubmitUnknown)
+    }
+
+    /// A query by request key says the provider never saw the attempt: release and requeue at
+    /// once (no penalty, it was our loss).
+    pub fn handle_provider_not_found(
+        &mut self,
+        now: Time,
+        task: TaskId,
+        token: FencingToken,
+    ) -> Result<FailOutcome, ShardError> {
+        let e = self.fenced(task, token)?;
+        if e.state.state == TaskState::Canceled {
+            self.release_provider_hold(task);
+            self.finish(task);
+            return Ok(FailOutcome::Canceled);
+        }
+        self.transition(task, TaskState::Queued)?;
+        self.release_provider_hold(task);
+        self.requeue_at(task, now);
+        Ok(FailOutcome::Requeued { eligible_at: now })
+    }
+
+    /// A provider attempt failed. `jitter_milli` (700..=1300) comes from the shell's RNG so the
+    /// core stays deterministic.
+    pub fn handle_provider_failed(
+        &mut self,
+        now: Time,
+        task: TaskId,
+        token: FencingToken,
+        failure: Failure,
+        jitter_milli: u64,
+    ) -> Result<FailOutcome, ShardError> {
+        assert!((700..=1300).contains(&jitter_milli), "jitter is 0.7–1.3");
+        let e = self.fenced(task, token)?;
+        let (state, lane) = (e.state.state, e.lane);
+        if state == TaskState::Canceled {
+            self.release_provider_hold(task);
+            self.finish(task);
+            return Ok(FailOutcome::Canceled);
+        }
+        if failure == Failure::RateLimited && state != TaskState::Dispatching {
+            // Only an answer to our submit proves the request was not accepted.
+            return Err(ShardError::Transition {
+                task,
+                error: TransitionError::Illegal {
+                    from: state,
+                    to: TaskState::Queued,
+                },
+            });
+        }
+        let (retries_max, rate_limit_retries_max) = (
+            self.policy.lane(lane).retries_max,
+            self.policy.lane(lane).rate_limit_retries_max,
+        );
+        let e = self.tasks.get_mut(&task).expect("entry");
+        let (retry_no, limit) = match failure {
+            Failure::RateLimited => {
+                e.rate_limit_retries += 1;
+                (e.rate_limit_retries, rate_limit_retries_max)
+            }
+            Failure::Retryable => {
+                e.retries += 1;
+                (e.retries, retries_max)
+            }
+            Failure::NonRetryable => (u32::MAX, 0),
+        };
+        let provider = e.provider.expect("a failed attempt had a provider");
+        let tenant_slot = e.tenant_slot;
+        let cost = e.estimate.cost_milli;
+        if failure == Failure::RateLimited {
+            // Not accepted, so not billed: refund cost tokens; slow the provider's bucket down.
+            let rpm = self.node.provider_rpm[provider.0 as usize];
+            self.ledger.penalize(rpm, now);
+            self.ledger
+                .refund(self.tenants[tenant_slot as usize].cost_per_minute, cost);
+            self.ledger.refund(self.node.platform_cost, cost);
+        }
+        let exhausted = retry_no > limit || self.tasks[&task].attempt_no >= ATTEMPTS_MAX;
+        if exhausted {
+            self.transition(task, TaskState::Failed)?;
+            self.release_provider_hold(task);
+            self.stats.failed += 1;
+            self.finish(task);
+            return Ok(FailOutcome::Failed);
+        }
+        self.transition(task, TaskState::Queued)?;
+        self.release_provider_hold(task);
+        let eligible_at = now.plus_ns(self.backoff_ns(retry_no, jitter_milli));
+        self.requeue_at(task, eligible_at);
+        self.stats.requeued += 1;
+        Ok(FailOutcome::Requeued { eligible_at })
+    }
+
+    /// Exponential backoff × jitter, capped.
+    fn backoff_ns(&self, retry_no: u32, jitter_milli: u64) -> u64 {
+        let r = self.policy.retry;
+        let exp = r
+            .backoff_base_ms
+            .saturating_mul(1u64 << (retry_no.saturating_sub(1)).min(30));
+        exp.min(r.backoff_max_ms) * jitter_milli / 1000 * NANOS_PER_MS
+    }
+
+    fn requeue_at(&mut self, task: TaskId, eligible_at: Time) {
+        let e = self.tasks.get_mut(&task).expect("entry");
+        e.fencing = None;
+        e.provider = None;
+        e.place = Place::Delayed;
+        assert!(
+            self.delayed.len() < DELAYED_MAX,
+            "delay heap bounded by TASKS_MAX"
+        );
+        self.delayed.push(Reverse((eligible_at, task)));
+    }
+
+    /// The provider finished the work. `actual` is the measured fairness cost; the difference to
+    /// the estimate becomes fairness debt (capped per task). The task waits for a media slot.
+    pub fn handle_provider_succeeded(
+        &mut self,
+        now: Time,
+        task: TaskId,
+        token: FencingToken,
+        actual: Units,
+    ) -> Result<CompleteOutcome, ShardError> {
+        let e = self.fenced(task, token)?;
+        if e.state.state == TaskState::Canceled {
+            self.release_provider_hold(task);
+            self.finish(task);
+            return Ok(CompleteOutcome::Canceled);
+        }
+        self.transition(task, TaskState::ProviderSucceeded)?;
+        self.release_provider_hold(task);
+        let e = &self.tasks[&task];
+        let (slot, lane, estimated) = (e.tenant_slot, e.lane, e.estimate.fairness.milli() as i64);
+        let cap = self.policy.drr.debt_cap_per_task.milli() as i64;
+        let delta = (actual.milli() as i64 - estimated).clamp(-cap, cap);
+        if let Some(q) = self.tenants[slot as usize].queues[lane.index()].as_mut() {
+            q.debt += delta;
+        }
+        self.roll_rate(lane, now);
+        self.lanes[lane.index()].rate_bucket_milli += actual.milli();
+        let e = self.tasks.get_mut(&task).expect("entry");
+        e.place = Place::MediaQueue;
+        assert!(
+            self.media_queue.len() < MEDIA_QUEUE_MAX,
+            "media queue bounded by TASKS_MAX"
+        );
+        self.media_queue.push_back(task);
+        Ok(CompleteOutcome::AwaitingMedia)
+    }
+
+    /// Starts the next media job whose slots fit, FIFO with a bounded fit-scan.
+    pub fn poll_media(&mut self, now: Time) -> Option<MediaStart> {
+        let skips_max = self.policy.aging.skips_max;
+        let scan = if self.media_head_skips >= skips_max {
+            1
+        } else {
+            FIT_SCAN_MAX + 1
+        };
+        for pos in 0..scan.min(self.media_queue.len()) {
+            let task = self.media_queue[pos];
+            let demand = self.media_demand(&self.tasks[&task]);
+            if self.ledger.try_acquire(&demand, now).is_err() {
+                continue;
+            }
+            self.media_queue.remove(pos);
+            self.media_head_skips = if pos == 0 {
+                0
+            } else {
+                self.media_head_skips + 1
+            };
+            self.transition(task, TaskState::MediaProcessing)
+                .expect("PROVIDER_SUCCEEDED → MEDIA_PROCESSING");
+            let e = self.tasks.get_mut(&task).expect("entry");
+            e.place = Place::Media;
+            let tenant = self.tenants[e.tenant_slot as usize].id;
+            return Some(MediaStart {
+                task,
+                tenant,
+                estimate: e.estimate,
+            });
+        }
+        None
+    }
+
+    /// The media stage ended: release its slots; the task is SUCCEEDED or FAILED.
+    pub fn handle_media_done(
+        &mut self,
+        task: TaskId,
+        token: FencingToken,
+        ok: bool,
+    ) -> Result<CompleteOutcome, ShardError> {
+        let e = self.fenced(task, token)?;
+        if e.place != Place::Media {
+            return Err(ShardError::Transition {
+                task,
+                error: TransitionError::Illegal {
+                    from: e.state.state,
+                    to: TaskState::Succeeded,
+                },
+            });
+        }
+        let canceled = e.state.state == TaskState::Canceled;
+        let demand = self.media_demand(&self.tasks[&task]);
+        if !canceled {
+            let to = if ok {
+                TaskState::Succeeded
+            } else {
+                TaskState::Failed
+            };
+            self.transition(task, to)?;
+        }
+        self.ledger.release(&demand);
+        self.unstall_all();
+        self.finish(task);
+        Ok(match (canceled, ok) {
+            (true, _) => CompleteOutcome::Canceled,
+            (false, true) => {
+                self.stats.succeeded += 1;
+                CompleteOutcome::Succeeded
+            }
+            (false, false) => {
+                self.stats.failed += 1;
+                CompleteOutcome::Failed
+            }
+        })
+    }
+
+    /// Cancels a task: at once if it waits; otherwise it becomes CANCELED and keeps its
+    /// reservations until its running step reports (a canceled task is never submitted again).
+    pub fn handle_cancel(&mut self, task: TaskId) -> Result<CancelOutcome, ShardError> {
+        let e = self.tasks.get(&task).ok_or(ShardError::UnknownTask(task))?;
+        let (place, slot, lane, band) = (e.place, e.tenant_slot, e.lane, e.band);
+        self.transition(task, TaskState::Canceled)?;
+        self.stats.canceled += 1;
+        match place {
+            Place::Band => {
+                let q = self.tenants[slot as usize].queues[lane.index()]
+                    .as_mut()
+                    .expect("queue");
+                let item = q
+                    .remove_task(band, task)
+                    .expect("a queued task is in its band");
+                self.dequeued(slot, lane, item);
+                let gates = self.queue_gates(&self.tasks[&task]);
+                self.ledger.release(&gates);
+                self.finish(task);
+                Ok(CancelOutcome::Canceled)
+            }
+            Place::Delayed => {
+                // Its heap entry is skipped when it comes due.
+                self.finish(task);
+                Ok(CancelOutcome::Canceled)
+            }
+            Place::MediaQueue => {
+                let pos = self
+                    .media_queue
+                    .iter()
+                    .position(|&t| t == task)
+                    .expect("in media queue");
+                self.media_queue.remove(pos);
+                self.finish(task);
+                Ok(CancelOutcome::Canceled)
+            }
+            Place::Provider | Place::Media => Ok(CancelOutcome::CanceledPendingRelease),
+        }
+    }
+
+    /// Drops a task that left the shard for good, settling its cost reservation.
+    fn finish(&mut self, task: TaskId) {
+        let e = self.tasks.remove(&task).expect("entry");
+        assert!(
+            e.state.state.is_terminal(),
+            "finishing a task in {}",
+            e.state.state
+        );
+        self.tenants[e.tenant_slot as usize].cost_reserved_milli -= e.estimate.cost_milli;
+    }
+
+    // ---------------------------------------------------------------- invariants
+
+    /// Recomputes every counter from the tasks and compares: the in-memory form of "counters are
+    /// derived" (DESIGN §2.5). O(tasks + limits): for tests and the simulator.
+    pub fn check_invariants(&self) {
+        self.ledger.check_invariants();
+        let mut expected = vec![0u64; self.ledger.len()];
+        let mut add = |d: &Demand| {
+            for n in d.needs() {
+                expected[n.id.0 as usize] += n.amount;
+            }
+        };
+        let mut lane_tasks = [0u64; Lane::COUNT];
+        let mut lane_units = [0u64; Lane::COUNT];
+        let mut lane_running = [0u64; Lane::COUNT];
+        let mut reserved = vec![0u64; self.tenants.len()];
+        for (&task, e) in &self.tasks {
+            reserved[e.tenant_slot as usize] += e.estimate.cost_milli;
+            match e.place {
+                Place::Band => {
+                    assert_eq!(e.state.state, TaskState::Queued, "task {task} in a band");
+                    add(&self.queue_gates(e));
+                    lane_tasks[e.lane.index()] += 1;
+                    lane_units[e.lane.index()] += e.estimate.fairness.milli();
+                }
+                Place::Delayed => {
+                    assert_eq!(e.state.state, TaskState::Queued, "task {task} delayed")
+                }
+                Place::Provider => {
+                    let (key, mode) = e.lane_hold.expect("provider hold");
+                    add(&self.provider_demand(e, e.provider.expect("provider"), key, mode));
+                    lane_running[e.lane.index()] += 1;
+                    assert!(
+                        matches!(
+                            e.state.state,
+                            TaskState::Dispatching
+                                | TaskState::SubmitUnknown
+                                | TaskState::Running
+                                | TaskState::Canceled
+                        ),
+                        "task {task} holding a provider slot in {}",
+                        e.state.state
+                    );
+                }
+                Place::MediaQueue => {
+                    assert_eq!(
+                        e.state.state,
+                        TaskState::ProviderSucceeded,
+                        "task {task} in media queue"
+                    )
+                }
+                Place::Media => add(&self.media_demand(e)),
+            }
+        }
+        for (i, limit) in (0..self.ledger.len()).map(|i| (i, self.ledger.limit(LimitId(i as u32))))
+        {
+            if let Limit::Semaphore { used, .. } = limit {
+                assert_eq!(
+                    *used,
+                    expected[i],
+                    "{} counter {used} differs from its reservations {}",
+                    self.ledger.key(LimitId(i as u32)),
+                    expected[i]
+                );
+            }
+        }
+        for (slot, t) in self.tenants.iter().enumerate() {
+            assert_eq!(
+                t.cost_reserved_milli, reserved[slot],
+                "tenant {} cost reservation drifted",
+                t.id
+            );
+        }
+        for lane in Lane::ALL {
+            let rt = &self.lanes[lane.index()];
+            assert_eq!(
+                rt.queued_tasks,
+                lane_tasks[lane.index()],
+                "{lane} queued tasks drifted"
+            );
+            assert_eq!(
+                rt.queued_units_milli,
+                lane_units[lane.index()],
+                "{lane} queued units drifted"
+            );
+            assert_eq!(
+                rt.running_tasks,
+                lane_running[lane.index()],
+                "{lane} running tasks drifted"
+            );
+            let mut weight = 0;
+            for &slot in &rt.ring {
+                let q = self.tenants[slot as usize].queues[lane.index()]
+                    .as_ref()
+                    .expect("ringed queue");
+                assert!(q.in_ring && !q.is_empty(), "ring holds an idle tenant");
+                weight += u64::from(self.tenants[slot as usize].policy.weight);
+            }
+            assert_eq!(weight, rt.backlog_weight, "{lane} backlog weight drifted");
+            let cap = self.policy.drr.base_quantum.milli() as i64
+                * i64::from(self.policy.drr.burst_rounds);
+            for t in &self.tenants {
+                if let Some(q) = &t.queues[lane.index()] {
+                    q.check_invariants();
+                    assert_eq!(q.in_ring, !q.is_empty(), "tenant {} ring flag", t.id);
+                    assert!(
+                        q.deficit <= cap * i64::from(t.policy.weight),
+                        "deficit above its cap"
+                    );
+                }
+            }
+            let ringed: usize = self
+                .tenants
+                .iter()
+                .filter(|t| t.queues[lane.index()].as_ref().is_some_and(|q| q.in_ring))
+                .count();
+            assert_eq!(ringed, rt.ring.len(), "{lane} ring length");
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum End {
+    Back,
+    Front,
+}
