@@ -16,6 +16,7 @@ pub mod ids;
 pub mod ledger;
 pub mod limits;
 pub mod policy;
+pub mod presets;
 pub mod queue;
 pub mod shard;
 pub mod share;

@@ -1,0 +1,562 @@
+//! Tiny scenario tests of one shard through one `check` helper with the expected trace inline
+//! (rust-analyzer style). Every step is followed by `check_invariants`.
+//!
+//! Script lines:
+//!   tenant ID [weight=W] [lane=LANE] [running=N] [queued=N] [rate=PER_MIN/BURST] [classes=std|all] [overflow=be]
+//!   lane LANE capacity=U | lane LANE closed
+//!   provider ID concurrency=N
+//!   aging step_ms=N skips=N fit_scan=N
+//!   build                      (freezes the policy; implicit before the first other command)
+//!   submit TASK tenant=T [user=U] [res=720p|1080p|4k] [dur=S] [band=Pn] [audio] [deadline=MS]
+//!   tick MS                    (advance the clock)
+//!   dispatch                   (drain poll_dispatch; grants claims; providers accept)
+//!   done TASK [actual=U]       (provider succeeded, media runs and finishes)
+//!   fail TASK ratelimited|retryable|fatal
+//!   unknown TASK / notfound TASK / stale TASK / cancel TASK
+
+use std::collections::HashMap;
+use std::fmt::Write;
+
+use expect_test::{expect, Expect};
+use spindle_core::presets::{self, tenant};
+use spindle_core::shard::{Failure, Poll, SubmitRequest};
+use spindle_core::{
+    Band, FencingToken, Lane, ModelId, Policy, Shard, TaskId, TaskSpec, TenantId, Time, Units,
+    UserId,
+};
+
+struct Harness {
+    policy: Policy,
+    shard: Option<Shard>,
+    now: Time,
+    tokens: HashMap<TaskId, FencingToken>,
+    next_token: u64,
+    out: String,
+}
+
+fn lane_of(name: &str) -> Lane {
+    Lane::ALL.into_iter().find(|l| l.name() == name).unwrap_or_else(|| panic!("lane {name}"))
+}
+
+fn kv<'a>(args: &'a [&'a str], key: &str) -> Option<&'a str> {
+    args.iter().find_map(|a| a.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+}
+
+impl Harness {
+    fn shard(&mut self) -> &mut Shard {
+        if self.shard.is_none() {
+            self.shard = Some(Shard::new(self.policy.clone(), 1, Time::ZERO));
+        }
+        self.shard.as_mut().unwrap()
+    }
+
+    fn configure(&mut self, cmd: &str, args: &[&str]) {
+        assert!(self.shard.is_none(), "configuration after the shard was built");
+        match cmd {
+            "tenant" => {
+                let id = TenantId(args[0].parse().unwrap());
+                let lane = kv(args, "lane").map_or(Lane::Standard, lane_of);
+                let weight = kv(args, "weight").map_or(1, |w| w.parse().unwrap());
+                let mut t = tenant(lane, weight);
+                if let Some(n) = kv(args, "running") {
+                    t.running_tasks_max = n.parse().unwrap();
+                }
+                if let Some(n) = kv(args, "queued") {
+                    t.queued_tasks_max = n.parse().unwrap();
+                }
+                if let Some(r) = kv(args, "rate") {
+                    let (per_minute, burst) = r.split_once('/').unwrap();
+                    t.submit_rate.per_minute = per_minute.parse().unwrap();
+                    t.submit_rate.burst = burst.parse().unwrap();
+                }
+                if kv(args, "classes") == Some("std") {
+                    t.allowed_classes = vec![spindle_core::ResourceClass::Standard];
+                }
+                if kv(args, "overflow") == Some("be") {
+                    t.wait_overflow = spindle_core::policy::WaitOverflow::BestEffort;
+                    t.max_wait_ms = 1_000;
+                }
+                self.policy.tenants.insert(id, t);
+            }
+            "lane" => {
+                let l = &mut self.policy.lanes[lane_of(args[0]).index()];
+                if args[1] == "closed" {
+                    l.open = false;
+                } else {
+                    l.capacity = Units::whole(kv(args, "capacity").unwrap().parse().unwrap());
+                }
+            }
+            "provider" => {
+                let p = &mut self.policy.providers[args[0].parse::<usize>().unwrap()];
+                p.concurrency = kv(args, "concurrency").unwrap().parse().unwrap();
+            }
+            "aging" => {
+                let a = &mut self.policy.aging;
+                a.aging_step_ms = kv(args, "step_ms").map_or(a.aging_step_ms, |v| v.parse().unwrap());
+                a.skips_max = kv(args, "skips").map_or(a.skips_max, |v| v.parse().unwrap());
+                a.fit_scan_max = kv(args, "fit_scan").map_or(a.fit_scan_max, |v| v.parse().unwrap());
+            }
+            _ => unreachable!(),
+        }
+    }
+
+    fn submit(&mut self, args: &[&str]) {
+        let task = TaskId(args[0].trim_start_matches('t').parse().unwrap());
+        let tenant = TenantId(kv(args, "tenant").unwrap().parse().unwrap());
+        let user = UserId(kv(args, "user").map_or(tenant.0 * 100, |u| u.parse().unwrap()));
+        let (width, height) = match kv(args, "res").unwrap_or("720p") {
+            "720p" => (1280, 720),
+            "1080p" => (1920, 1080),
+            "4k" => (3840, 2160),
+            other => panic!("res {other}"),
+        };
+        let duration_ms = kv(args, "dur").map_or(5, |d| d.parse::<u32>().unwrap()) * 1000;
+        let spec = TaskSpec {
+            model: ModelId(0),
+            width,
+            height,
+            duration_ms,
+            fps: 24,
+            audio: args.contains(&"audio"),
+            references: 0,
+        };
+        let band_hint = kv(args, "band").map(|b| Band::from_index(b[1..].parse().unwrap()));
+        let deadline = kv(args, "deadline").map(|ms| Time::from_ms(ms.parse().unwrap()));
+        let now = self.now;
+        let req = SubmitRequest { task, tenant, user, spec, band_hint, deadline };
+        let line = match self.shard().handle_submit(now, req) {
+            Ok(a) if a.decision.is_accepted() => format!(
+                "{task}: {} lane={} band={} fairness={} level={:?}",
+                a.decision,
+                a.lane,
+                a.band,
+                a.fairness,
+                a.queue_level.unwrap()
+            ),
+            Ok(a) => format!("{task}: {} ({})", a.decision, a.reason.unwrap()),
+            Err(e) => format!("{task}: error: {e}"),
+        };
+        writeln!(self.out, "{line}").unwrap();
+    }
+
+    fn dispatch(&mut self) {
+        let now = self.now;
+        loop {
+            match self.shard().poll_dispatch(now) {
+                Poll::Dispatch(d) => {
+                    self.next_token += 1;
+                    let token = FencingToken(self.next_token);
+                    self.tokens.insert(d.task, token);
+                    let outcome = self.shard().handle_claim_granted(d.task, token).unwrap();
+                    if outcome == spindle_core::ClaimOutcome::Submit {
+                        self.shard().handle_provider_accepted(d.task, token).unwrap();
+                    }
+                    writeln!(
+                        self.out,
+                        "dispatch {} tenant={} lane={} provider={} mode={:?} attempt={}",
+                        d.task, d.tenant, d.lane, d.provider, d.mode, d.attempt_no
+                    )
+                    .unwrap();
+                }
+                Poll::Expired(t) => writeln!(self.out, "expired {t}").unwrap(),
+                Poll::Yield => continue,
+                Poll::Idle => break,
+            }
+            self.shard().check_invariants();
+        }
+    }
+
+    fn task_arg(arg: &str) -> TaskId {
+        TaskId(arg.trim_start_matches('t').parse().unwrap())
+    }
+
+    fn run(&mut self, line: &str) {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let Some((&cmd, args)) = words.split_first() else { return };
+        let now = self.now;
+        match cmd {
+            "tenant" | "lane" | "provider" | "aging" => return self.configure(cmd, args),
+            "build" => {
+                self.shard();
+            }
+            "submit" => self.submit(args),
+            "tick" => self.now = self.now.plus_ns(args[0].parse::<u64>().unwrap() * 1_000_000),
+            "dispatch" => self.dispatch(),
+            "done" => {
+                let task = Self::task_arg(args[0]);
+                let token = self.tokens[&task];
+                let actual = kv(args, "actual").map(|u| Units::whole(u.parse().unwrap()));
+                let est = self.shard().task_state(task);
+                let actual = actual.unwrap_or(Units::whole(1));
+                let r = self.shard().handle_provider_succeeded(now, task, token, actual);
+                let mut line = format!("done {task} (was {est:?}): {r:?}");
+                if r.is_ok() {
+                    while let Some(m) = self.shard().poll_media(now) {
+                        let t = self.tokens[&m.task];
+                        let outcome = self.shard().handle_media_done(m.task, t, true).unwrap();
+                        write!(line, "; media {} {outcome:?}", m.task).unwrap();
+                    }
+                }
+                writeln!(self.out, "{line}").unwrap();
+            }
+            "fail" => {
+                let task = Self::task_arg(args[0]);
+                let failure = match args[1] {
+                    "ratelimited" => Failure::RateLimited,
+                    "retryable" => Failure::Retryable,
+                    "fatal" => Failure::NonRetryable,
+                    other => panic!("failure {other}"),
+                };
+                let token = self.tokens[&task];
+                let r = self.shard().handle_provider_failed(now, task, token, failure, 1000);
+                writeln!(self.out, "fail {task}: {r:?}").unwrap();
+            }
+            "unknown" => {
+                let task = Self::task_arg(args[0]);
+                let token = self.tokens[&task];
+                let r = self.shard().handle_submit_unknown(task, token);
+                let state = self.shard().task_state(task);
+                writeln!(self.out, "unknown {task}: {r:?} state={state:?}").unwrap();
+            }
+            "notfound" => {
+                let task = Self::task_arg(args[0]);
+                let token = self.tokens[&task];
+                let r = self.shard().handle_provider_not_found(now, task, token);
+                writeln!(self.out, "notfound {task}: {r:?}").unwrap();
+            }
+            "stale" => {
+                let task = Self::task_arg(args[0]);
+                let r = self.shard().handle_provider_succeeded(now, task, FencingToken(0), Units(1));
+                writeln!(self.out, "stale {task}: {}", r.unwrap_err()).unwrap();
+            }
+            "cancel" => {
+                let task = Self::task_arg(args[0]);
+                let r = self.shard().handle_cancel(task);
+                writeln!(self.out, "cancel {task}: {r:?}").unwrap();
+            }
+            other => panic!("unknown command {other}"),
+        }
+        self.shard().check_invariants();
+    }
+}
+
+fn check(script: &str, expected: Expect) {
+    let mut h = Harness {
+        policy: presets::small_node(),
+        shard: None,
+        now: Time::ZERO,
+        tokens: HashMap::new(),
+        next_token: 0,
+        out: String::new(),
+    };
+    for line in script.lines() {
+        h.run(line.trim());
+    }
+    expected.assert_eq(&h.out);
+}
+
+#[test]
+fn submit_dispatch_complete() {
+    check(
+        "
+        tenant 1
+        submit t1 tenant=1
+        dispatch
+        done t1
+        ",
+        expect![[r#"
+            t1: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            dispatch 1 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+            done 1 (was Some(Running)): Ok(AwaitingMedia); media 1 Succeeded
+        "#]],
+    );
+}
+
+#[test]
+fn drr_alternates_equal_tenants_by_cost_not_count() {
+    // Lane capacity 8 units. Tenant 1 sends 4-unit tasks (1080p, 16 s → 4.8u), tenant 2 1-unit
+    // tasks; with equal weights the units served stay level, not the task counts.
+    check(
+        "
+        lane STANDARD capacity=12
+        tenant 1
+        tenant 2
+        submit t1 tenant=1 res=1080p dur=16
+        submit t2 tenant=1 res=1080p dur=16
+        submit t3 tenant=1 res=1080p dur=16
+        submit t11 tenant=2
+        submit t12 tenant=2
+        submit t13 tenant=2
+        submit t14 tenant=2
+        submit t15 tenant=2
+        submit t16 tenant=2
+        dispatch
+        ",
+        expect![[r#"
+            t1: ACCEPTED lane=STANDARD band=P3 fairness=4.800u level=Short
+            t2: ACCEPTED lane=STANDARD band=P3 fairness=4.800u level=Short
+            t3: ACCEPTED lane=STANDARD band=P3 fairness=4.800u level=Short
+            t11: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Medium
+            t12: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Medium
+            t13: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Medium
+            t14: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Medium
+            t15: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Medium
+            t16: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Medium
+            dispatch 1 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 2 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 11 tenant=2 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 12 tenant=2 lane=STANDARD provider=0 mode=Normal attempt=1
+        "#]],
+    );
+}
+
+#[test]
+fn rejections_name_their_reason() {
+    check(
+        "
+        tenant 1 queued=1
+        tenant 2 rate=60/1
+        tenant 3 classes=std
+        lane PAID_SHARED closed
+        tenant 4 lane=PAID_SHARED
+        submit t1 tenant=1
+        submit t2 tenant=1
+        submit t3 tenant=2
+        submit t4 tenant=2
+        submit t5 tenant=3 res=4k
+        submit t6 tenant=4
+        submit t7 tenant=9
+        submit t8 tenant=1 res=720p dur=0
+        submit t1 tenant=1
+        ",
+        expect![[r#"
+            t1: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            t2: REJECT_TENANT_QUEUE_FULL (limit tenant:1:queued_tasks is full)
+            t3: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            t4: REJECT_USER_RATE_LIMIT (limit tenant:2:submit_rate is full)
+            t5: REJECT_RESOURCE_CLASS_DISABLED (resource class Expensive is not enabled for this tenant)
+            t6: REJECT_RESOURCE_CLASS_DISABLED (lane PAID_SHARED is closed to new work)
+            t7: error: tenant 9 has no policy
+            t8: error: invalid task spec: field `duration_ms` must be greater than zero
+            t1: error: task 1 is already known to this shard
+        "#]],
+    );
+}
+
+#[test]
+fn expected_wait_overflows_to_best_effort() {
+    // The lane's initial service rate is 1 unit/s; 3 queued units mean a 3 s wait > 1 s max.
+    check(
+        "
+        lane BEST_EFFORT capacity=2
+        tenant 1 overflow=be
+        submit t1 tenant=1
+        submit t2 tenant=1
+        submit t3 tenant=1
+        submit t4 tenant=1
+        dispatch
+        ",
+        expect![[r#"
+            t1: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Immediate
+            t2: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            t3: ACCEPTED_BEST_EFFORT lane=BEST_EFFORT band=P3 fairness=1.000u level=Immediate
+            t4: ACCEPTED_BEST_EFFORT lane=BEST_EFFORT band=P3 fairness=1.000u level=Short
+            dispatch 1 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 2 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 3 tenant=1 lane=BEST_EFFORT provider=0 mode=Normal attempt=1
+            dispatch 4 tenant=1 lane=BEST_EFFORT provider=0 mode=Normal attempt=1
+        "#]],
+    );
+}
+
+#[test]
+fn enterprise_reserve_is_borrowed_with_headroom_and_borrowing_stops_when_demand_returns() {
+    // Standard has 2 units; enterprise 10 with 5 headroom and a 10-unit borrow limit: standard
+    // may borrow 5. When enterprise work queues, no new borrowing, nothing pre-empted.
+    check(
+        "
+        lane STANDARD capacity=2
+        lane ENTERPRISE_RESERVED capacity=10
+        tenant 1
+        tenant 2 lane=ENTERPRISE_RESERVED
+        submit t1 tenant=1
+        submit t2 tenant=1
+        submit t3 tenant=1
+        submit t4 tenant=1
+        submit t5 tenant=1
+        submit t6 tenant=1
+        submit t7 tenant=1
+        submit t8 tenant=1
+        submit t9 tenant=1
+        dispatch
+        submit t20 tenant=2 dur=20
+        submit t21 tenant=2 dur=20
+        submit t10 tenant=1
+        done t3
+        dispatch
+        ",
+        expect![[r#"
+            t1: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            t2: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            t3: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            t4: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            t5: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            t6: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            t7: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            t8: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            t9: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            dispatch 1 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 2 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 3 tenant=1 lane=STANDARD provider=0 mode=Borrowed(EnterpriseReserved) attempt=1
+            dispatch 4 tenant=1 lane=STANDARD provider=0 mode=Borrowed(EnterpriseReserved) attempt=1
+            dispatch 5 tenant=1 lane=STANDARD provider=0 mode=Borrowed(EnterpriseReserved) attempt=1
+            dispatch 6 tenant=1 lane=STANDARD provider=0 mode=Borrowed(EnterpriseReserved) attempt=1
+            dispatch 7 tenant=1 lane=STANDARD provider=0 mode=Borrowed(EnterpriseReserved) attempt=1
+            t20: ACCEPTED lane=ENTERPRISE_RESERVED band=P1 fairness=4.000u level=Immediate
+            t21: ACCEPTED lane=ENTERPRISE_RESERVED band=P1 fairness=4.000u level=Short
+            t10: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            done 3 (was Some(Running)): Ok(AwaitingMedia); media 3 Succeeded
+            dispatch 20 tenant=2 lane=ENTERPRISE_RESERVED provider=0 mode=Normal attempt=1
+        "#]],
+    );
+}
+
+#[test]
+fn big_head_is_skipped_at_most_skips_max_times() {
+    // Capacity 6 units: the 4.8-unit head does not fit while small tasks run; the fit-scan
+    // runs small ones past it twice, then the tenant stops skipping and the head waits.
+    check(
+        "
+        lane STANDARD capacity=6
+        aging skips=2
+        tenant 1
+        submit t1 tenant=1
+        submit t2 tenant=1
+        submit t3 tenant=1 res=1080p dur=16
+        submit t4 tenant=1
+        submit t5 tenant=1
+        submit t6 tenant=1
+        dispatch
+        done t1
+        done t2
+        dispatch
+        ",
+        expect![[r#"
+            t1: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            t2: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            t3: ACCEPTED lane=STANDARD band=P3 fairness=4.800u level=Short
+            t4: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            t5: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            t6: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            dispatch 1 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 2 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 4 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 5 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+            done 1 (was Some(Running)): Ok(AwaitingMedia); media 1 Succeeded
+            done 2 (was Some(Running)): Ok(AwaitingMedia); media 2 Succeeded
+            dispatch 3 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+        "#]],
+    );
+}
+
+#[test]
+fn aging_lifts_a_low_band_task_to_p1_but_never_p0() {
+    check(
+        "
+        lane STANDARD capacity=1
+        aging step_ms=1000
+        tenant 1
+        submit t1 tenant=1
+        dispatch
+        submit t2 tenant=1 band=P4
+        tick 500
+        submit t3 tenant=1
+        submit t4 tenant=1
+        tick 3000
+        submit t5 tenant=1
+        done t1
+        dispatch
+        ",
+        expect![[r#"
+            t1: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            dispatch 1 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+            t2: ACCEPTED lane=STANDARD band=P4 fairness=1.000u level=Immediate
+            t3: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            t4: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            t5: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            done 1 (was Some(Running)): Ok(AwaitingMedia); media 1 Succeeded
+            dispatch 2 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+        "#]],
+    );
+}
+
+#[test]
+fn rate_limit_releases_and_requeues_with_backoff_timeout_keeps_reservation() {
+    check(
+        "
+        lane STANDARD capacity=1
+        tenant 1
+        submit t1 tenant=1
+        submit t2 tenant=1
+        dispatch
+        fail t1 ratelimited
+        fail t1 retryable
+        dispatch
+        unknown t2
+        dispatch
+        notfound t2
+        dispatch
+        tick 1000
+        dispatch
+        stale t1
+        fail t1 fatal
+        cancel t2
+        done t2
+        ",
+        expect![[r#"
+            t1: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            t2: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            dispatch 1 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+            fail 1: Err(Transition { task: TaskId(1), error: Illegal { from: Running, to: Queued } })
+            fail 1: Ok(Requeued { eligible_at: Time(1000000000) })
+            dispatch 2 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+            unknown 2: Ok(()) state=Some(SubmitUnknown)
+            notfound 2: Ok(Requeued { eligible_at: Time(0) })
+            dispatch 2 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=2
+            dispatch 1 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=2
+            stale 1: task 1: fencing token 0 is stale (current Some(FencingToken(4))); nothing changed
+            fail 1: Ok(Failed)
+            cancel 2: Ok(CanceledPendingRelease)
+            done 2 (was Some(Canceled)): Ok(Canceled)
+        "#]],
+    );
+}
+
+#[test]
+fn cancel_of_queued_and_deadline_expiry() {
+    check(
+        "
+        lane STANDARD capacity=1
+        tenant 1
+        submit t1 tenant=1
+        submit t2 tenant=1 deadline=100
+        submit t3 tenant=1
+        cancel t3
+        dispatch
+        tick 200
+        done t1
+        dispatch
+        cancel t3
+        ",
+        expect![[r#"
+            t1: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            t2: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            t3: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            cancel 3: Ok(Canceled)
+            dispatch 1 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+            done 1 (was Some(Running)): Ok(AwaitingMedia); media 1 Succeeded
+            expired 2
+            cancel 3: Err(UnknownTask(TaskId(3)))
+        "#]],
+    );
+}
