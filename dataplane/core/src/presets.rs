@@ -12,7 +12,10 @@ use crate::policy::{
 use crate::units::Units;
 
 /// A bucket that never binds in practice.
-pub const UNLIMITED_RATE: RateSpec = RateSpec { per_minute: 1 << 40, burst: 1 << 40 };
+pub const UNLIMITED_RATE: RateSpec = RateSpec {
+    per_minute: 1 << 40,
+    burst: 1 << 40,
+};
 
 fn lane(capacity_units: u64, weight: u32) -> LanePolicy {
     LanePolicy {
@@ -61,7 +64,14 @@ pub fn tenant(lane: Lane, weight: u32) -> TenantPolicy {
 /// Lane capacities in whole units: enterprise 20, paid 40, standard 40, best effort 0,
 /// expensive 40, recovery 4; two providers of 100 concurrency; one model.
 pub fn small_node() -> Policy {
-    let lanes = vec![lane(20, 4), lane(40, 3), lane(40, 2), lane(0, 1), lane(40, 1), lane(4, 8)];
+    let lanes = vec![
+        lane(20, 4),
+        lane(40, 3),
+        lane(40, 2),
+        lane(0, 1),
+        lane(40, 1),
+        lane(4, 8),
+    ];
     Policy {
         version: PolicyVersion(1),
         lanes,
@@ -75,8 +85,15 @@ pub fn small_node() -> Policy {
             initial_burst_credit: Units::whole(40),
             debt_cap_per_task: Units::whole(10),
         },
-        aging: AgingPolicy { aging_step_ms: 300_000, fit_scan_max: 8, skips_max: 4 },
-        retry: RetryPolicy { backoff_base_ms: 1_000, backoff_max_ms: 60_000 },
+        aging: AgingPolicy {
+            aging_step_ms: 300_000,
+            fit_scan_max: 8,
+            skips_max: 4,
+        },
+        retry: RetryPolicy {
+            backoff_base_ms: 1_000,
+            backoff_max_ms: 60_000,
+        },
         node: NodePolicy {
             global_queued_tasks_max: 1 << 30,
             global_queued_units_max: Units::whole(1 << 30),
@@ -94,10 +111,16 @@ pub fn small_node() -> Policy {
                 id: ProviderId(i),
                 name: format!("vendor-{i}:acct-1:us:video-model-0"),
                 concurrency: 100,
-                rpm: RateSpec { per_minute: 6_000, burst: 100 },
+                rpm: RateSpec {
+                    per_minute: 6_000,
+                    burst: 100,
+                },
             })
             .collect(),
-        models: vec![example_model(ModelId(0), vec![ProviderId(0), ProviderId(1)])],
+        models: vec![example_model(
+            ModelId(0),
+            vec![ProviderId(0), ProviderId(1)],
+        )],
         tenants: HashMap::new(),
     }
 }
@@ -105,7 +128,9 @@ pub fn small_node() -> Policy {
 /// `small_node` with tenants `1..=n` in STANDARD at weight 1.
 pub fn with_tenants(mut policy: Policy, n: u32) -> Policy {
     for t in 1..=n {
-        policy.tenants.insert(TenantId(t), tenant(Lane::Standard, 1));
+        policy
+            .tenants
+            .insert(TenantId(t), tenant(Lane::Standard, 1));
     }
     policy
 }

@@ -142,7 +142,7 @@ mod tests {
         q.push_back(Band::P4, item(1, 0));
         q.push_back(Band::P2, item(2, 250_000));
         let step = 100_000 * 1_000_000; // 100 s
-        // At 250 s the P4 head has aged 2 steps, to P2, and ties with the fresh P2 head on band.
+                                        // At 250 s the P4 head has aged 2 steps, to P2, and ties with the fresh P2 head on band.
                                         // At 260 s the P4 head has aged 2 steps (P2) and is older than the P2 head.
         assert_eq!(q.best_band(Time::from_ms(260_000), step), Some(Band::P4));
         // At 255 s, 2 steps: the P4 head is P2 now, older than the P2 head, so it wins the tie.

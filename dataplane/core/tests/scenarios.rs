@@ -6,10 +6,13 @@
 //!   lane LANE capacity=U | lane LANE closed
 //!   provider ID concurrency=N
 //!   aging step_ms=N skips=N fit_scan=N
+//!   reserve borrow=U headroom=U (enterprise borrowing is off unless given)
+//!   drr quantum=U
 //!   build                      (freezes the policy; implicit before the first other command)
 //!   submit TASK tenant=T [user=U] [res=720p|1080p|4k] [dur=S] [band=Pn] [audio] [deadline=MS]
 //!   tick MS                    (advance the clock)
-//!   dispatch                   (drain poll_dispatch; grants claims; providers accept)
+//!   dispatch [noaccept]        (drain poll_dispatch; grants claims; providers accept)
+//!   accept TASK
 //!   done TASK [actual=U]       (provider succeeded, media runs and finishes)
 //!   fail TASK ratelimited|retryable|fatal
 //!   unknown TASK / notfound TASK / stale TASK / cancel TASK
@@ -35,11 +38,15 @@ struct Harness {
 }
 
 fn lane_of(name: &str) -> Lane {
-    Lane::ALL.into_iter().find(|l| l.name() == name).unwrap_or_else(|| panic!("lane {name}"))
+    Lane::ALL
+        .into_iter()
+        .find(|l| l.name() == name)
+        .unwrap_or_else(|| panic!("lane {name}"))
 }
 
 fn kv<'a>(args: &'a [&'a str], key: &str) -> Option<&'a str> {
-    args.iter().find_map(|a| a.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+    args.iter()
+        .find_map(|a| a.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
 }
 
 impl Harness {
@@ -51,7 +58,10 @@ impl Harness {
     }
 
     fn configure(&mut self, cmd: &str, args: &[&str]) {
-        assert!(self.shard.is_none(), "configuration after the shard was built");
+        assert!(
+            self.shard.is_none(),
+            "configuration after the shard was built"
+        );
         match cmd {
             "tenant" => {
                 let id = TenantId(args[0].parse().unwrap());
@@ -92,9 +102,21 @@ impl Harness {
             }
             "aging" => {
                 let a = &mut self.policy.aging;
-                a.aging_step_ms = kv(args, "step_ms").map_or(a.aging_step_ms, |v| v.parse().unwrap());
+                a.aging_step_ms =
+                    kv(args, "step_ms").map_or(a.aging_step_ms, |v| v.parse().unwrap());
                 a.skips_max = kv(args, "skips").map_or(a.skips_max, |v| v.parse().unwrap());
-                a.fit_scan_max = kv(args, "fit_scan").map_or(a.fit_scan_max, |v| v.parse().unwrap());
+                a.fit_scan_max =
+                    kv(args, "fit_scan").map_or(a.fit_scan_max, |v| v.parse().unwrap());
+            }
+            "reserve" => {
+                let r = &mut self.policy.reserve;
+                r.borrow_limit = Units::whole(kv(args, "borrow").unwrap().parse().unwrap());
+                r.minimum_reserved_headroom =
+                    Units::whole(kv(args, "headroom").unwrap().parse().unwrap());
+            }
+            "drr" => {
+                self.policy.drr.base_quantum =
+                    Units::whole(kv(args, "quantum").unwrap().parse().unwrap());
             }
             _ => unreachable!(),
         }
@@ -123,7 +145,14 @@ impl Harness {
         let band_hint = kv(args, "band").map(|b| Band::from_index(b[1..].parse().unwrap()));
         let deadline = kv(args, "deadline").map(|ms| Time::from_ms(ms.parse().unwrap()));
         let now = self.now;
-        let req = SubmitRequest { task, tenant, user, spec, band_hint, deadline };
+        let req = SubmitRequest {
+            task,
+            tenant,
+            user,
+            spec,
+            band_hint,
+            deadline,
+        };
         let line = match self.shard().handle_submit(now, req) {
             Ok(a) if a.decision.is_accepted() => format!(
                 "{task}: {} lane={} band={} fairness={} level={:?}",
@@ -139,7 +168,7 @@ impl Harness {
         writeln!(self.out, "{line}").unwrap();
     }
 
-    fn dispatch(&mut self) {
+    fn dispatch(&mut self, accept: bool) {
         let now = self.now;
         loop {
             match self.shard().poll_dispatch(now) {
@@ -148,8 +177,10 @@ impl Harness {
                     let token = FencingToken(self.next_token);
                     self.tokens.insert(d.task, token);
                     let outcome = self.shard().handle_claim_granted(d.task, token).unwrap();
-                    if outcome == spindle_core::ClaimOutcome::Submit {
-                        self.shard().handle_provider_accepted(d.task, token).unwrap();
+                    if accept && outcome == spindle_core::ClaimOutcome::Submit {
+                        self.shard()
+                            .handle_provider_accepted(d.task, token)
+                            .unwrap();
                     }
                     writeln!(
                         self.out,
@@ -172,23 +203,39 @@ impl Harness {
 
     fn run(&mut self, line: &str) {
         let words: Vec<&str> = line.split_whitespace().collect();
-        let Some((&cmd, args)) = words.split_first() else { return };
+        let Some((&cmd, args)) = words.split_first() else {
+            return;
+        };
         let now = self.now;
         match cmd {
-            "tenant" | "lane" | "provider" | "aging" => return self.configure(cmd, args),
+            "tenant" | "lane" | "provider" | "aging" | "reserve" | "drr" => {
+                return self.configure(cmd, args)
+            }
             "build" => {
                 self.shard();
             }
             "submit" => self.submit(args),
-            "tick" => self.now = self.now.plus_ns(args[0].parse::<u64>().unwrap() * 1_000_000),
-            "dispatch" => self.dispatch(),
+            "tick" => {
+                self.now = self
+                    .now
+                    .plus_ns(args[0].parse::<u64>().unwrap() * 1_000_000)
+            }
+            "dispatch" => self.dispatch(args.first() != Some(&"noaccept")),
+            "accept" => {
+                let task = Self::task_arg(args[0]);
+                let token = self.tokens[&task];
+                let r = self.shard().handle_provider_accepted(task, token);
+                writeln!(self.out, "accept {task}: {r:?}").unwrap();
+            }
             "done" => {
                 let task = Self::task_arg(args[0]);
                 let token = self.tokens[&task];
                 let actual = kv(args, "actual").map(|u| Units::whole(u.parse().unwrap()));
                 let est = self.shard().task_state(task);
                 let actual = actual.unwrap_or(Units::whole(1));
-                let r = self.shard().handle_provider_succeeded(now, task, token, actual);
+                let r = self
+                    .shard()
+                    .handle_provider_succeeded(now, task, token, actual);
                 let mut line = format!("done {task} (was {est:?}): {r:?}");
                 if r.is_ok() {
                     while let Some(m) = self.shard().poll_media(now) {
@@ -208,7 +255,9 @@ impl Harness {
                     other => panic!("failure {other}"),
                 };
                 let token = self.tokens[&task];
-                let r = self.shard().handle_provider_failed(now, task, token, failure, 1000);
+                let r = self
+                    .shard()
+                    .handle_provider_failed(now, task, token, failure, 1000);
                 writeln!(self.out, "fail {task}: {r:?}").unwrap();
             }
             "unknown" => {
@@ -226,7 +275,9 @@ impl Harness {
             }
             "stale" => {
                 let task = Self::task_arg(args[0]);
-                let r = self.shard().handle_provider_succeeded(now, task, FencingToken(0), Units(1));
+                let r =
+                    self.shard()
+                        .handle_provider_succeeded(now, task, FencingToken(0), Units(1));
                 writeln!(self.out, "stale {task}: {}", r.unwrap_err()).unwrap();
             }
             "cancel" => {
@@ -241,8 +292,10 @@ impl Harness {
 }
 
 fn check(script: &str, expected: Expect) {
+    let mut policy = presets::small_node();
+    policy.reserve.borrow_limit = Units::ZERO;
     let mut h = Harness {
-        policy: presets::small_node(),
+        policy,
         shard: None,
         now: Time::ZERO,
         tokens: HashMap::new(),
@@ -265,7 +318,7 @@ fn submit_dispatch_complete() {
         done t1
         ",
         expect![[r#"
-            t1: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            1: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Immediate
             dispatch 1 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
             done 1 (was Some(Running)): Ok(AwaitingMedia); media 1 Succeeded
         "#]],
@@ -274,11 +327,11 @@ fn submit_dispatch_complete() {
 
 #[test]
 fn drr_alternates_equal_tenants_by_cost_not_count() {
-    // Lane capacity 8 units. Tenant 1 sends 4-unit tasks (1080p, 16 s → 4.8u), tenant 2 1-unit
-    // tasks; with equal weights the units served stay level, not the task counts.
+    // Quantum 5 units. Tenant 1 sends 4.8-unit tasks (1080p, 16 s), tenant 2 1-unit tasks: with
+    // equal weights one big task alternates with about five small ones.
     check(
         "
-        lane STANDARD capacity=12
+        drr quantum=5
         tenant 1
         tenant 2
         submit t1 tenant=1 res=1080p dur=16
@@ -290,22 +343,39 @@ fn drr_alternates_equal_tenants_by_cost_not_count() {
         submit t14 tenant=2
         submit t15 tenant=2
         submit t16 tenant=2
+        submit t17 tenant=2
+        submit t18 tenant=2
+        submit t19 tenant=2
+        submit t20 tenant=2
         dispatch
         ",
         expect![[r#"
-            t1: ACCEPTED lane=STANDARD band=P3 fairness=4.800u level=Short
-            t2: ACCEPTED lane=STANDARD band=P3 fairness=4.800u level=Short
-            t3: ACCEPTED lane=STANDARD band=P3 fairness=4.800u level=Short
-            t11: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Medium
-            t12: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Medium
-            t13: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Medium
-            t14: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Medium
-            t15: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Medium
-            t16: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Medium
+            1: ACCEPTED lane=STANDARD band=P3 fairness=4.800u level=Immediate
+            2: ACCEPTED lane=STANDARD band=P3 fairness=4.800u level=Short
+            3: ACCEPTED lane=STANDARD band=P3 fairness=4.800u level=Short
+            11: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            12: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            13: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            14: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            15: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            16: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            17: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            18: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            19: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            20: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
             dispatch 1 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
-            dispatch 2 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
             dispatch 11 tenant=2 lane=STANDARD provider=0 mode=Normal attempt=1
             dispatch 12 tenant=2 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 13 tenant=2 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 14 tenant=2 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 15 tenant=2 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 2 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 16 tenant=2 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 17 tenant=2 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 18 tenant=2 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 19 tenant=2 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 20 tenant=2 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 3 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
         "#]],
     );
 }
@@ -330,15 +400,15 @@ fn rejections_name_their_reason() {
         submit t1 tenant=1
         ",
         expect![[r#"
-            t1: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
-            t2: REJECT_TENANT_QUEUE_FULL (limit tenant:1:queued_tasks is full)
-            t3: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
-            t4: REJECT_USER_RATE_LIMIT (limit tenant:2:submit_rate is full)
-            t5: REJECT_RESOURCE_CLASS_DISABLED (resource class Expensive is not enabled for this tenant)
-            t6: REJECT_RESOURCE_CLASS_DISABLED (lane PAID_SHARED is closed to new work)
-            t7: error: tenant 9 has no policy
-            t8: error: invalid task spec: field `duration_ms` must be greater than zero
-            t1: error: task 1 is already known to this shard
+            1: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Immediate
+            2: REJECT_TENANT_QUEUE_FULL (limit tenant:1:queued_tasks is full)
+            3: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            4: REJECT_USER_RATE_LIMIT (limit tenant:2:submit_rate is full)
+            5: REJECT_RESOURCE_CLASS_DISABLED (resource class Expensive is not enabled for this tenant)
+            6: REJECT_RESOURCE_CLASS_DISABLED (lane PAID_SHARED is closed to new work)
+            7: error: tenant 9 has no policy
+            8: error: invalid task spec: field `duration_ms` must be greater than zero
+            1: error: task 1 is already known to this shard
         "#]],
     );
 }
@@ -357,13 +427,13 @@ fn expected_wait_overflows_to_best_effort() {
         dispatch
         ",
         expect![[r#"
-            t1: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Immediate
-            t2: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
-            t3: ACCEPTED_BEST_EFFORT lane=BEST_EFFORT band=P3 fairness=1.000u level=Immediate
-            t4: ACCEPTED_BEST_EFFORT lane=BEST_EFFORT band=P3 fairness=1.000u level=Short
+            1: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Immediate
+            2: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            3: ACCEPTED_BEST_EFFORT lane=BEST_EFFORT band=P3 fairness=1.000u level=Immediate
+            4: ACCEPTED_BEST_EFFORT lane=BEST_EFFORT band=P3 fairness=1.000u level=Short
             dispatch 1 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
-            dispatch 2 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
             dispatch 3 tenant=1 lane=BEST_EFFORT provider=0 mode=Normal attempt=1
+            dispatch 2 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
             dispatch 4 tenant=1 lane=BEST_EFFORT provider=0 mode=Normal attempt=1
         "#]],
     );
@@ -377,6 +447,7 @@ fn enterprise_reserve_is_borrowed_with_headroom_and_borrowing_stops_when_demand_
         "
         lane STANDARD capacity=2
         lane ENTERPRISE_RESERVED capacity=10
+        reserve borrow=10 headroom=5
         tenant 1
         tenant 2 lane=ENTERPRISE_RESERVED
         submit t1 tenant=1
@@ -396,15 +467,15 @@ fn enterprise_reserve_is_borrowed_with_headroom_and_borrowing_stops_when_demand_
         dispatch
         ",
         expect![[r#"
-            t1: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
-            t2: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
-            t3: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
-            t4: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
-            t5: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
-            t6: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
-            t7: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
-            t8: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
-            t9: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            1: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Immediate
+            2: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            3: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            4: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            5: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            6: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            7: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            8: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            9: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
             dispatch 1 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
             dispatch 2 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
             dispatch 3 tenant=1 lane=STANDARD provider=0 mode=Borrowed(EnterpriseReserved) attempt=1
@@ -412,9 +483,9 @@ fn enterprise_reserve_is_borrowed_with_headroom_and_borrowing_stops_when_demand_
             dispatch 5 tenant=1 lane=STANDARD provider=0 mode=Borrowed(EnterpriseReserved) attempt=1
             dispatch 6 tenant=1 lane=STANDARD provider=0 mode=Borrowed(EnterpriseReserved) attempt=1
             dispatch 7 tenant=1 lane=STANDARD provider=0 mode=Borrowed(EnterpriseReserved) attempt=1
-            t20: ACCEPTED lane=ENTERPRISE_RESERVED band=P1 fairness=4.000u level=Immediate
-            t21: ACCEPTED lane=ENTERPRISE_RESERVED band=P1 fairness=4.000u level=Short
-            t10: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            20: ACCEPTED lane=ENTERPRISE_RESERVED band=P1 fairness=4.000u level=Immediate
+            21: ACCEPTED lane=ENTERPRISE_RESERVED band=P1 fairness=4.000u level=Short
+            10: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
             done 3 (was Some(Running)): Ok(AwaitingMedia); media 3 Succeeded
             dispatch 20 tenant=2 lane=ENTERPRISE_RESERVED provider=0 mode=Normal attempt=1
         "#]],
@@ -424,7 +495,8 @@ fn enterprise_reserve_is_borrowed_with_headroom_and_borrowing_stops_when_demand_
 #[test]
 fn big_head_is_skipped_at_most_skips_max_times() {
     // Capacity 6 units: the 4.8-unit head does not fit while small tasks run; the fit-scan
-    // runs small ones past it twice, then the tenant stops skipping and the head waits.
+    // runs small ones past it twice, then the tenant stops skipping (t6 waits behind the head)
+    // and the head runs as soon as enough capacity is free.
     check(
         "
         lane STANDARD capacity=6
@@ -440,27 +512,32 @@ fn big_head_is_skipped_at_most_skips_max_times() {
         done t1
         done t2
         dispatch
+        done t4
+        dispatch
         ",
         expect![[r#"
-            t1: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
-            t2: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
-            t3: ACCEPTED lane=STANDARD band=P3 fairness=4.800u level=Short
-            t4: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
-            t5: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
-            t6: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            1: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Immediate
+            2: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            3: ACCEPTED lane=STANDARD band=P3 fairness=4.800u level=Short
+            4: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            5: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            6: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
             dispatch 1 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
             dispatch 2 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
             dispatch 4 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
             dispatch 5 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
             done 1 (was Some(Running)): Ok(AwaitingMedia); media 1 Succeeded
             done 2 (was Some(Running)): Ok(AwaitingMedia); media 2 Succeeded
+            done 4 (was Some(Running)): Ok(AwaitingMedia); media 4 Succeeded
             dispatch 3 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
         "#]],
     );
 }
 
 #[test]
-fn aging_lifts_a_low_band_task_to_p1_but_never_p0() {
+fn aging_lifts_a_waiting_low_band_task_past_newer_higher_band_work() {
+    // Step 1 s. At 2 s the P4 task has aged two bands (P2) and beats the fresh P3 task; without
+    // aging P3 would always go first. Then the next P3 (older) beats a P3 that came later.
     check(
         "
         lane STANDARD capacity=1
@@ -469,65 +546,78 @@ fn aging_lifts_a_low_band_task_to_p1_but_never_p0() {
         submit t1 tenant=1
         dispatch
         submit t2 tenant=1 band=P4
-        tick 500
+        tick 1500
         submit t3 tenant=1
+        tick 500
         submit t4 tenant=1
-        tick 3000
-        submit t5 tenant=1
         done t1
+        dispatch
+        done t2
         dispatch
         ",
         expect![[r#"
-            t1: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            1: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Immediate
             dispatch 1 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
-            t2: ACCEPTED lane=STANDARD band=P4 fairness=1.000u level=Immediate
-            t3: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
-            t4: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
-            t5: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            2: ACCEPTED lane=STANDARD band=P4 fairness=1.000u level=Immediate
+            3: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            4: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
             done 1 (was Some(Running)): Ok(AwaitingMedia); media 1 Succeeded
             dispatch 2 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+            done 2 (was Some(Running)): Ok(AwaitingMedia); media 2 Succeeded
+            dispatch 3 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
         "#]],
     );
 }
 
 #[test]
 fn rate_limit_releases_and_requeues_with_backoff_timeout_keeps_reservation() {
+    // One slot. A rate-limit answer frees it and delays t1 by the backoff (1 s × jitter 1.0);
+    // a timeout keeps the slot (SUBMIT_UNKNOWN) so t1 stays blocked until the provider says
+    // "not found"; a rate-limit claim after acceptance is refused; stale tokens change nothing.
     check(
         "
         lane STANDARD capacity=1
         tenant 1
         submit t1 tenant=1
         submit t2 tenant=1
-        dispatch
+        dispatch noaccept
         fail t1 ratelimited
-        fail t1 retryable
-        dispatch
+        dispatch noaccept
         unknown t2
+        tick 1000
         dispatch
         notfound t2
         dispatch
-        tick 1000
+        fail t2 ratelimited
+        fail t2 retryable
         dispatch
         stale t1
         fail t1 fatal
         cancel t2
-        done t2
+        submit t3 tenant=1
+        dispatch
+        cancel t3
+        done t3
         ",
         expect![[r#"
-            t1: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
-            t2: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            1: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Immediate
+            2: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
             dispatch 1 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
-            fail 1: Err(Transition { task: TaskId(1), error: Illegal { from: Running, to: Queued } })
             fail 1: Ok(Requeued { eligible_at: Time(1000000000) })
             dispatch 2 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
             unknown 2: Ok(()) state=Some(SubmitUnknown)
-            notfound 2: Ok(Requeued { eligible_at: Time(0) })
+            notfound 2: Ok(Requeued { eligible_at: Time(1000000000) })
             dispatch 2 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=2
+            fail 2: Err(Transition { task: TaskId(2), error: Illegal { from: Running, to: Queued } })
+            fail 2: Ok(Requeued { eligible_at: Time(2000000000) })
             dispatch 1 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=2
             stale 1: task 1: fencing token 0 is stale (current Some(FencingToken(4))); nothing changed
             fail 1: Ok(Failed)
-            cancel 2: Ok(CanceledPendingRelease)
-            done 2 (was Some(Canceled)): Ok(Canceled)
+            cancel 2: Ok(Canceled)
+            3: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Immediate
+            dispatch 3 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+            cancel 3: Ok(CanceledPendingRelease)
+            done 3 (was Some(Canceled)): Ok(Canceled)
         "#]],
     );
 }
@@ -549,9 +639,9 @@ fn cancel_of_queued_and_deadline_expiry() {
         cancel t3
         ",
         expect![[r#"
-            t1: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
-            t2: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
-            t3: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            1: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Immediate
+            2: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            3: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
             cancel 3: Ok(Canceled)
             dispatch 1 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
             done 1 (was Some(Running)): Ok(AwaitingMedia); media 1 Succeeded
