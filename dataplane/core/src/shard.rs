@@ -1267,6 +1267,25 @@ impl Shard {
             .map_err(|error| ShardError::Transition { task, error })
     }
 
+    /// Like `fenced`, and the task must be in its provider stage (a report about an attempt
+    /// that has already moved on is refused, whatever its token).
+    fn fenced_provider(
+        &mut self,
+        task: TaskId,
+        token: FencingToken,
+        to: TaskState,
+    ) -> Result<&mut TaskEntry, ShardError> {
+        let e = self.fenced(task, token)?;
+        if e.place != Place::Provider {
+            let from = e.state.state;
+            return Err(ShardError::Transition {
+                task,
+                error: TransitionError::Illegal { from, to },
+            });
+        }
+        Ok(self.tasks.get_mut(&task).expect("entry"))
+    }
+
     /// The control plane committed the claim and issued `token` for this attempt. Returns
     /// `Canceled` when a cancel won the race: the shell must then not submit anything.
     pub fn handle_claim_granted(
@@ -1328,7 +1347,7 @@ impl Shard {
         task: TaskId,
         token: FencingToken,
     ) -> Result<(), ShardError> {
-        let e = self.fenced(task, token)?;
+        let e = self.fenced_provider(task, token, TaskState::Running)?;
         if e.state.state == TaskState::Canceled {
             return Ok(());
         }
@@ -1341,7 +1360,7 @@ impl Shard {
         task: TaskId,
         token: FencingToken,
     ) -> Result<(), ShardError> {
-        let e = self.fenced(task, token)?;
+        let e = self.fenced_provider(task, token, TaskState::SubmitUnknown)?;
         if e.state.state == TaskState::Canceled {
             return Ok(());
         }
@@ -1356,7 +1375,7 @@ impl Shard {
         task: TaskId,
         token: FencingToken,
     ) -> Result<FailOutcome, ShardError> {
-        let e = self.fenced(task, token)?;
+        let e = self.fenced_provider(task, token, TaskState::Queued)?;
         if e.state.state == TaskState::Canceled {
             self.release_provider_hold(task);
             self.finish(task);
@@ -1379,7 +1398,7 @@ impl Shard {
         jitter_milli: u64,
     ) -> Result<FailOutcome, ShardError> {
         assert!((700..=1300).contains(&jitter_milli), "jitter is 0.7–1.3");
-        let e = self.fenced(task, token)?;
+        let e = self.fenced_provider(task, token, TaskState::Queued)?;
         let (state, lane) = (e.state.state, e.lane);
         if state == TaskState::Canceled {
             self.release_provider_hold(task);
@@ -1469,7 +1488,7 @@ impl Shard {
         token: FencingToken,
         actual: Units,
     ) -> Result<CompleteOutcome, ShardError> {
-        let e = self.fenced(task, token)?;
+        let e = self.fenced_provider(task, token, TaskState::ProviderSucceeded)?;
         if e.state.state == TaskState::Canceled {
             self.release_provider_hold(task);
             self.finish(task);
