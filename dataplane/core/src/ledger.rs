@@ -367,14 +367,20 @@ impl Ledger {
         }
     }
 
-    /// Acquires every need of `demand` or none. On refusal returns the first limit, in the fixed
-    /// order, that did not fit.
-    pub fn try_acquire(&mut self, demand: &Demand, now: Time) -> Result<(), LimitId> {
+    /// Whether every need of `demand` would fit now, without taking anything.
+    pub fn check(&mut self, demand: &Demand, now: Time) -> Result<(), LimitId> {
         for &need in demand.needs() {
             if !self.fits(need, now) {
                 return Err(need.id);
             }
         }
+        Ok(())
+    }
+
+    /// Acquires every need of `demand` or none. On refusal returns the first limit, in the fixed
+    /// order, that did not fit.
+    pub fn try_acquire(&mut self, demand: &Demand, now: Time) -> Result<(), LimitId> {
+        self.check(demand, now)?;
         for &need in demand.needs() {
             match &mut self.limits[need.id.0 as usize] {
                 Limit::Semaphore { used, .. } => *used += need.amount,

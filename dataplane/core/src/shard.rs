@@ -269,7 +269,20 @@ enum TurnResult {
     Dispatched(Dispatch),
     Expired(TaskId),
     OutOfCredit,
-    Blocked,
+    Blocked(Block),
+}
+
+/// Why a task could not start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Block {
+    /// Its tenant's or user's own running limits: the tenant cannot use its turn.
+    Tenant,
+    /// The lane pool is full: every task of the lane waits, so the tenant keeps its DRR turn and
+    /// the lane stalls until capacity returns (the head is never overtaken by other tenants).
+    LanePool,
+    /// A resource of this task's kind (provider, model, high-cost, cost budget) is exhausted;
+    /// other tenants' tasks may not need it.
+    Resource,
 }
 
 /// Counters a shell exports as metrics.
@@ -809,6 +822,20 @@ impl Shard {
         d
     }
 
+    /// The part of the provider stage that only the task's own tenant and user limit.
+    fn tenant_running_demand(&self, e: &TaskEntry) -> Demand {
+        let user = self.users[&e.user];
+        let tenant = &self.tenants[e.tenant_slot as usize];
+        let units = e.estimate.fairness.milli();
+        let mut d = Demand::default();
+        d.add(user.running_tasks, 1);
+        d.add(user.running_units, units);
+        d.add(tenant.running_tasks, 1);
+        d.add(tenant.running_units, units);
+        d.add(tenant.cost_per_minute, e.estimate.cost_milli);
+        d
+    }
+
     /// Everything the provider stage holds: running counts and units per user, tenant, lane,
     /// model, provider, high-cost class, plus RPM and cost-per-minute tokens.
     fn provider_demand(
@@ -818,15 +845,8 @@ impl Shard {
         lane_key: LimitId,
         mode: CapacityMode,
     ) -> Demand {
-        let user = self.users[&e.user];
-        let tenant = &self.tenants[e.tenant_slot as usize];
         let units = e.estimate.fairness.milli();
-        let cost = e.estimate.cost_milli;
-        let mut d = Demand::default();
-        d.add(user.running_tasks, 1);
-        d.add(user.running_units, units);
-        d.add(tenant.running_tasks, 1);
-        d.add(tenant.running_units, units);
+        let mut d = self.tenant_running_demand(e);
         d.add(lane_key, units);
         if mode == CapacityMode::Borrowed(Lane::EnterpriseReserved) {
             d.add(self.node.enterprise_borrowed, units);
@@ -837,8 +857,7 @@ impl Shard {
         if e.estimate.class == ResourceClass::Expensive {
             d.add(self.node.high_cost, 1);
         }
-        d.add(tenant.cost_per_minute, cost);
-        d.add(self.node.platform_cost, cost);
+        d.add(self.node.platform_cost, e.estimate.cost_milli);
         d
     }
 
@@ -1009,7 +1028,7 @@ impl Shard {
                         self.stats.expired += 1;
                         return Poll::Expired(task);
                     }
-                    Some(TurnResult::OutOfCredit | TurnResult::Blocked) => continue,
+                    Some(TurnResult::OutOfCredit | TurnResult::Blocked(_)) => continue,
                     None => break,
                 }
             }
@@ -1087,7 +1106,11 @@ impl Shard {
                     .expect("queue");
                 q.needs_quantum = true;
             }
-            TurnResult::Blocked => {
+            TurnResult::Blocked(Block::LanePool) => {
+                rt.stalled_until = Some(now.plus_ns(STALL_RETRY_NS));
+                return None;
+            }
+            TurnResult::Blocked(Block::Tenant | Block::Resource) => {
                 rt.blocked_streak += 1;
                 rt.ring.rotate_left(1);
             }
@@ -1121,7 +1144,7 @@ impl Shard {
             1
         };
         let deficit = q.deficit;
-        let mut first_failure = TurnResult::Blocked;
+        let mut first_failure = TurnResult::Blocked(Block::Resource);
         for pos in 0..scan {
             let q = self.tenants[slot as usize].queues[lane.index()]
                 .as_ref()
@@ -1134,7 +1157,13 @@ impl Shard {
                 }
                 continue;
             }
-            if let Some(d) = self.try_start(cand.task, now) {
+            let started = self.try_start(cand.task, now);
+            if let Err(block) = started {
+                if pos == 0 {
+                    first_failure = TurnResult::Blocked(block);
+                }
+            }
+            if let Ok(d) = started {
                 let q = self.tenants[slot as usize].queues[lane.index()]
                     .as_mut()
                     .expect("queue");
@@ -1175,50 +1204,78 @@ impl Shard {
     }
 
     /// Tries every provider of the task's model with every lane option; on the first complete
-    /// acquisition moves the task QUEUED → DISPATCHING. Changes nothing otherwise.
-    fn try_start(&mut self, task: TaskId, now: Time) -> Option<Dispatch> {
+    /// acquisition moves the task QUEUED → DISPATCHING. Changes nothing otherwise, and says why.
+    fn try_start(&mut self, task: TaskId, now: Time) -> Result<Dispatch, Block> {
         let e = &self.tasks[&task];
+        if self
+            .ledger
+            .check(&self.tenant_running_demand(e), now)
+            .is_err()
+        {
+            return Err(Block::Tenant);
+        }
         let units = e.estimate.fairness.milli();
         let (lane_opts, n_opts) = self.lane_options(e.lane, units);
         let providers = &self.policy.models[e.model.0 as usize].providers;
+        let mut only_lane_full = true;
         for &(lane_key, mode) in &lane_opts[..n_opts] {
             for &provider in providers {
                 let demand = self.provider_demand(e, provider, lane_key, mode);
-                if self.ledger.try_acquire(&demand, now).is_err() {
+                if let Err(id) = self.ledger.try_acquire(&demand, now) {
+                    let lane_pool = matches!(
+                        self.ledger.key(id),
+                        LimitKey::LaneUnits(_) | LimitKey::EnterpriseBorrowed
+                    );
+                    only_lane_full &= lane_pool;
                     continue;
                 }
-                let gates = self.queue_gates(e);
-                self.ledger.release(&gates);
-                let e = self.tasks.get_mut(&task).expect("entry");
-                e.state
-                    .transition(TaskState::Dispatching, Actor::System)
-                    .expect("QUEUED → DISPATCHING");
-                e.place = Place::Provider;
-                e.provider = Some(provider);
-                e.lane_hold = Some((lane_key, mode));
-                e.attempt_no += 1;
-                e.fencing = None;
-                assert!(
-                    e.attempt_no <= ATTEMPTS_MAX,
-                    "attempts bounded by retry limits"
-                );
-                self.lanes[e.lane.index()].running_tasks += 1;
-                let tenant = self.tenants[e.tenant_slot as usize].id;
-                return Some(Dispatch {
-                    task,
-                    tenant,
-                    user: e.user,
-                    lane: e.lane,
-                    band: e.band,
-                    provider,
-                    mode,
-                    attempt_no: e.attempt_no,
-                    estimate: e.estimate,
-                    policy_version: e.policy_version,
-                });
+                return Ok(self.started(task, provider, lane_key, mode));
             }
         }
-        None
+        Err(if only_lane_full {
+            Block::LanePool
+        } else {
+            Block::Resource
+        })
+    }
+
+    /// QUEUED → DISPATCHING once the provider-stage demand is held.
+    fn started(
+        &mut self,
+        task: TaskId,
+        provider: ProviderId,
+        lane_key: LimitId,
+        mode: CapacityMode,
+    ) -> Dispatch {
+        let gates = self.queue_gates(&self.tasks[&task]);
+        self.ledger.release(&gates);
+        let e = self.tasks.get_mut(&task).expect("entry");
+        e.state
+            .transition(TaskState::Dispatching, Actor::System)
+            .expect("QUEUED → DISPATCHING");
+        e.place = Place::Provider;
+        e.provider = Some(provider);
+        e.lane_hold = Some((lane_key, mode));
+        e.attempt_no += 1;
+        e.fencing = None;
+        assert!(
+            e.attempt_no <= ATTEMPTS_MAX,
+            "attempts bounded by retry limits"
+        );
+        self.lanes[e.lane.index()].running_tasks += 1;
+        let tenant = self.tenants[e.tenant_slot as usize].id;
+        Dispatch {
+            task,
+            tenant,
+            user: e.user,
+            lane: e.lane,
+            band: e.band,
+            provider,
+            mode,
+            attempt_no: e.attempt_no,
+            estimate: e.estimate,
+            policy_version: e.policy_version,
+        }
     }
 
     fn release_provider_hold(&mut self, task: TaskId) {

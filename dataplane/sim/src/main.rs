@@ -1,0 +1,138 @@
+//! `spindle-sim`: run scenarios through spindle's policy and the baselines, print the comparison.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use spindle_sim::report::{human, Report, ScenarioReport};
+use spindle_sim::{run, PolicyKind, RunOptions, Scenario};
+
+/// Deterministic simulator: the same trace through spindle, FIFO, WRR-by-count and a global
+/// priority queue.
+#[derive(Debug, Parser)]
+#[command(version)]
+struct Args {
+    /// One scenario file.
+    #[arg(long, conflicts_with = "all")]
+    scenario: Option<PathBuf>,
+    /// Every `*.toml` in the scenarios directory.
+    #[arg(long)]
+    all: bool,
+    /// Where `--all` looks.
+    #[arg(long, default_value = concat!(env!("CARGO_MANIFEST_DIR"), "/scenarios"))]
+    scenarios_dir: PathBuf,
+    /// Overrides the scenario's seed.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Only these policies (default: all four).
+    #[arg(long, value_delimiter = ',')]
+    policies: Vec<String>,
+    /// Print JSON instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Check every scheduler invariant every N events (0: at the end only).
+    #[arg(long, default_value_t = 0)]
+    check_every: u64,
+}
+
+fn scenario_files(args: &Args) -> Result<Vec<PathBuf>> {
+    if let Some(file) = &args.scenario {
+        return Ok(vec![file.clone()]);
+    }
+    if !args.all {
+        bail!("give --scenario FILE or --all");
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&args.scenarios_dir)
+        .with_context(|| format!("reading {}", args.scenarios_dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+fn policies(args: &Args) -> Result<Vec<PolicyKind>> {
+    if args.policies.is_empty() {
+        return Ok(PolicyKind::ALL.to_vec());
+    }
+    args.policies
+        .iter()
+        .map(|name| {
+            PolicyKind::ALL
+                .into_iter()
+                .find(|k| k.name() == name)
+                .with_context(|| {
+                    format!("unknown policy `{name}` (spindle, fifo, wrr_count, global_priority)")
+                })
+        })
+        .collect()
+}
+
+fn run_file(path: &Path, args: &Args, kinds: &[PolicyKind]) -> Result<ScenarioReport> {
+    let mut scenario = Scenario::load(path)?;
+    if let Some(seed) = args.seed {
+        scenario.seed = seed;
+    }
+    let options = RunOptions {
+        check_every: args.check_every,
+    };
+    let mut policies = Vec::new();
+    for &kind in kinds {
+        let started = Instant::now();
+        let seed = scenario.seed;
+        let outcome = std::panic::catch_unwind(|| run(&scenario, kind, options));
+        let mut report = match outcome {
+            Ok(report) => report,
+            Err(_) => bail!(
+                "{} failed under policy {} with seed {seed} (rerun with --seed {seed})",
+                scenario.name,
+                kind.name()
+            ),
+        };
+        report.sim_wall_ms = started.elapsed().as_millis() as u64;
+        eprintln!(
+            "{}: {} done in {} ms",
+            scenario.name,
+            kind.name(),
+            report.sim_wall_ms
+        );
+        policies.push(report);
+    }
+    Ok(ScenarioReport {
+        name: scenario.name.clone(),
+        seed: scenario.seed,
+        fairness_scenario: scenario.fairness,
+        policies,
+    })
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let result = (|| -> Result<Report> {
+        let kinds = policies(&args)?;
+        let mut scenarios = Vec::new();
+        for file in scenario_files(&args)? {
+            scenarios.push(run_file(&file, &args, &kinds)?);
+        }
+        Ok(Report { scenarios })
+    })();
+    match result {
+        Ok(report) if args.json => {
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&report).expect("report serializes")
+            );
+            ExitCode::SUCCESS
+        }
+        Ok(report) => {
+            print!("{}", human(&report));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,544 @@
+//! What a run measures, kept independently of the scheduler under test: its own count of every
+//! resource each task holds (the limit checker), served units per tenant, backlog samples, head
+//! waits (starvation), and wait percentiles.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+
+use serde::Serialize;
+use spindle_core::admission::Decision;
+use spindle_core::ledger::WINDOW_NS;
+use spindle_core::shard::CapacityMode;
+use spindle_core::time::{NANOS_PER_MS, NANOS_PER_S};
+use spindle_core::{Lane, Policy, TaskId, TenantId, Time};
+
+use crate::engine::{is_expensive, SimTask};
+use crate::scenario::Scenario;
+use crate::sched::Scheduler;
+
+/// Tenants per (shard, lane) group whose pairwise service gap is tracked.
+pub const GAP_TENANTS_MAX: usize = 32;
+/// Keys named in a report's `overshoot_keys`.
+const OVERSHOOT_KEYS_SHOWN: usize = 10;
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct WaitMs {
+    pub p50: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+/// One policy's results on one scenario (the JSON shape of issue 2, plus more fields).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct PolicyReport {
+    pub policy: String,
+    pub tasks_submitted: u64,
+    pub tasks_accepted: u64,
+    pub tasks_completed: u64,
+    pub tasks_failed: u64,
+    pub jain_index: f64,
+    pub share_error_max: f64,
+    pub backlogged_tenants: u64,
+    pub starved_tasks: u64,
+    pub limit_overshoots: u64,
+    pub overshoot_keys: Vec<String>,
+    pub service_gap_max_units: f64,
+    pub drr_bound_units: f64,
+    pub wait_ms: WaitMs,
+    pub rejected: BTreeMap<String, u64>,
+    pub rate_limited_answers: u64,
+    pub submit_timeouts: u64,
+    pub duplicate_provider_jobs: u64,
+    pub borrowed_dispatches: u64,
+    pub sim_end_s: f64,
+    pub sim_wall_ms: u64,
+}
+
+#[derive(Debug, Clone)]
+struct Counter {
+    name: String,
+    capacity: u64,
+    used: u64,
+}
+
+/// Consumption in a sliding window must stay within a token bucket's `burst + per_minute`.
+#[derive(Debug, Clone)]
+struct RateWindow {
+    name: String,
+    bound: i128,
+    entries: VecDeque<(Time, i128)>,
+    sum: i128,
+}
+
+impl RateWindow {
+    fn push(&mut self, now: Time, amount: i128) -> bool {
+        while let Some(&(t, a)) = self.entries.front() {
+            if now.since(t) < WINDOW_NS {
+                break;
+            }
+            self.entries.pop_front();
+            self.sum -= a;
+        }
+        self.entries.push_back((now, amount));
+        self.sum += amount;
+        self.sum > self.bound
+    }
+}
+
+const LANE_POOLS: usize = 0;
+const BORROWED: usize = Lane::COUNT;
+const MODEL: usize = BORROWED + 1;
+const HIGH_COST: usize = MODEL + 1;
+const MEDIA: usize = HIGH_COST + 1; // gpu, gpu mem, cpu, disk
+const PROVIDERS: usize = MEDIA + 4;
+
+pub(crate) struct Collector {
+    window: (Time, Time),
+    bound_ns: u64,
+    tenants: Vec<(TenantId, u32, Lane)>,
+    shard_of: Vec<usize>,
+    providers: usize,
+    counters: Vec<Counter>,
+    rpm: Vec<RateWindow>,
+    cost: Option<RateWindow>,
+    overshoots: u64,
+    overshoot_keys: BTreeSet<String>,
+    decisions: BTreeMap<Decision, u64>,
+    waits_ms: Vec<u32>,
+    completed: u64,
+    pub failed: u64,
+    pub rate_limited: u64,
+    pub timeouts: u64,
+    pub duplicate_jobs: u64,
+    borrowed: u64,
+    queued: Vec<u32>,
+    backlogged: Vec<u8>,
+    served: Vec<u64>,
+    service_events: Vec<(Time, u32, u8, u64)>,
+    heads: HashMap<usize, (BTreeSet<(Time, TaskId)>, Time)>,
+    queued_at: HashMap<TaskId, Time>,
+    starved: u64,
+    max_cost_milli: u64,
+    drr_bound_base_milli: u64,
+}
+
+fn tl(tenant: u32, lane: Lane) -> usize {
+    tenant as usize * Lane::COUNT + lane.index()
+}
+
+impl Collector {
+    pub fn new(
+        scenario: &Scenario,
+        policy: &Policy,
+        tenants: &[(TenantId, u32, Lane)],
+        sched: &dyn Scheduler,
+    ) -> Collector {
+        let mut counters = Vec::new();
+        let mut c = |name: String, capacity: u64| {
+            counters.push(Counter {
+                name,
+                capacity,
+                used: 0,
+            })
+        };
+        for lane in Lane::ALL {
+            c(
+                format!("lane:{lane}:running_units"),
+                policy.lane(lane).capacity.milli(),
+            );
+        }
+        c(
+            "lane:ENTERPRISE_RESERVED:borrowed_units".into(),
+            policy.reserve.borrow_limit.milli(),
+        );
+        c("model:0:running".into(), policy.node.model_running_max);
+        c(
+            "high_cost:concurrency".into(),
+            policy.node.high_cost_concurrency,
+        );
+        c("media:gpu_units".into(), policy.node.gpu_units);
+        c("media:gpu_mem_mb".into(), policy.node.gpu_mem_mb);
+        c("media:cpu_units".into(), policy.node.cpu_units);
+        c("media:temp_disk_mb".into(), policy.node.temp_disk_mb);
+        for p in &policy.providers {
+            c(format!("provider:{}:concurrency", p.name), p.concurrency);
+        }
+        for &(id, _, _) in tenants {
+            let t = &policy.tenants[&id];
+            c(format!("tenant:{id}:running_tasks"), t.running_tasks_max);
+            c(
+                format!("tenant:{id}:running_units"),
+                t.running_units_max.milli(),
+            );
+        }
+        let window = |name: String, rate: spindle_core::policy::RateSpec| RateWindow {
+            name,
+            bound: i128::from(rate.burst) + i128::from(rate.per_minute),
+            entries: VecDeque::new(),
+            sum: 0,
+        };
+        let rpm = policy
+            .providers
+            .iter()
+            .map(|p| window(format!("provider:{}:rpm", p.name), p.rpm))
+            .collect();
+        let pc = policy.node.platform_cost_per_minute;
+        let cost = (pc.per_minute < 1 << 39).then(|| window("platform:cost_per_minute".into(), pc));
+        let quantum_cap = policy.drr.base_quantum.milli() * u64::from(policy.drr.burst_rounds);
+        Collector {
+            window: (
+                Time::from_secs(scenario.warmup_s),
+                Time::from_secs(*scenario.duration_s.get_ref()),
+            ),
+            bound_ns: scenario.starvation_bound_s * NANOS_PER_S,
+            shard_of: tenants
+                .iter()
+                .map(|&(id, _, _)| sched.shard_of(id))
+                .collect(),
+            tenants: tenants.to_vec(),
+            providers: policy.providers.len(),
+            counters,
+            rpm,
+            cost,
+            overshoots: 0,
+            overshoot_keys: BTreeSet::new(),
+            decisions: BTreeMap::new(),
+            waits_ms: Vec::new(),
+            completed: 0,
+            failed: 0,
+            rate_limited: 0,
+            timeouts: 0,
+            duplicate_jobs: 0,
+            borrowed: 0,
+            queued: vec![0; tenants.len() * Lane::COUNT],
+            backlogged: vec![0; tenants.len() * Lane::COUNT],
+            served: vec![0; tenants.len() * Lane::COUNT],
+            service_events: Vec::new(),
+            heads: HashMap::new(),
+            queued_at: HashMap::new(),
+            starved: 0,
+            max_cost_milli: 0,
+            drr_bound_base_milli: 2 * quantum_cap,
+        }
+    }
+
+    fn add(&mut self, key: usize, amount: i64) {
+        let c = &mut self.counters[key];
+        c.used = c
+            .used
+            .checked_add_signed(amount)
+            .expect("checker counter below zero: a double release");
+        if c.used > c.capacity {
+            self.overshoots += 1;
+            self.overshoot_keys.insert(c.name.clone());
+        }
+    }
+
+    fn tenant_keys(&self, tenant: u32) -> (usize, usize) {
+        let base = PROVIDERS + self.providers + tenant as usize * 2;
+        (base, base + 1)
+    }
+
+    fn provider_keys(&self, t: &SimTask, sign: i64) -> Vec<(usize, i64)> {
+        let units = t.estimate.fairness.milli() as i64 * sign;
+        let pool = match t.mode {
+            CapacityMode::Normal => t.lane,
+            CapacityMode::Borrowed(l) => l,
+        };
+        let mut keys = vec![
+            (LANE_POOLS + pool.index(), units),
+            (MODEL, sign),
+            (PROVIDERS + t.provider as usize, sign),
+        ];
+        if t.mode == CapacityMode::Borrowed(Lane::EnterpriseReserved) {
+            keys.push((BORROWED, units));
+        }
+        if is_expensive(t) {
+            keys.push((HIGH_COST, sign));
+        }
+        let (tasks, tunits) = self.tenant_keys(t.tenant);
+        keys.push((tasks, sign));
+        keys.push((tunits, units));
+        keys
+    }
+
+    pub fn hold_provider(&mut self, t: &SimTask, _task: TaskId, now: Time) {
+        for (key, amount) in self.provider_keys(t, 1) {
+            self.add(key, amount);
+        }
+        if matches!(t.mode, CapacityMode::Borrowed(_)) {
+            self.borrowed += 1;
+        }
+        let rpm = &mut self.rpm[t.provider as usize];
+        if rpm.push(now, 1) {
+            self.overshoots += 1;
+            self.overshoot_keys.insert(rpm.name.clone());
+        }
+        if let Some(cost) = &mut self.cost {
+            if cost.push(now, i128::from(t.estimate.cost_milli)) {
+                self.overshoots += 1;
+                self.overshoot_keys.insert(cost.name.clone());
+            }
+        }
+        self.max_cost_milli = self.max_cost_milli.max(t.estimate.fairness.milli());
+    }
+
+    pub fn release_provider(&mut self, t: &SimTask, _now: Time) {
+        for (key, amount) in self.provider_keys(t, -1) {
+            self.add(key, amount);
+        }
+    }
+
+    /// A rate-limited request was not billed: the bucket got its cost tokens back.
+    pub fn refund_cost(&mut self, t: &SimTask, now: Time) {
+        if let Some(cost) = &mut self.cost {
+            cost.push(now, -i128::from(t.estimate.cost_milli));
+        }
+    }
+
+    fn media_keys(t: &SimTask, sign: i64) -> [(usize, i64); 4] {
+        let m = t.estimate.media;
+        [
+            (MEDIA, i64::from(m.gpu_units) * sign),
+            (MEDIA + 1, i64::from(m.gpu_mem_mb) * sign),
+            (MEDIA + 2, i64::from(m.cpu_units) * sign),
+            (MEDIA + 3, i64::from(m.temp_disk_mb) * sign),
+        ]
+    }
+
+    pub fn hold_media(&mut self, t: &SimTask, _now: Time) {
+        for (key, amount) in Self::media_keys(t, 1) {
+            self.add(key, amount);
+        }
+    }
+
+    pub fn release_media(&mut self, t: &SimTask, _now: Time) {
+        for (key, amount) in Self::media_keys(t, -1) {
+            self.add(key, amount);
+        }
+    }
+
+    pub fn on_decision(&mut self, decision: Decision) {
+        *self.decisions.entry(decision).or_default() += 1;
+    }
+
+    /// The task is waiting for dispatch from `at` (its submit, or its retry's eligibility).
+    pub fn on_queued(&mut self, t: &SimTask, task: TaskId, at: Time) {
+        let key = tl(t.tenant, t.lane);
+        self.queued[key] += 1;
+        let (set, head_since) = self
+            .heads
+            .entry(key)
+            .or_insert_with(|| (BTreeSet::new(), at));
+        if set.is_empty() {
+            *head_since = at;
+        }
+        set.insert((at, task));
+        self.queued_at.insert(task, at);
+    }
+
+    /// The task left the queue (dispatched or expired).
+    pub fn on_dequeued(&mut self, t: &SimTask, task: TaskId, now: Time) {
+        let key = tl(t.tenant, t.lane);
+        self.queued[key] -= 1;
+        let at = self
+            .queued_at
+            .remove(&task)
+            .expect("a dequeued task was queued");
+        let (set, head_since) = self.heads.get_mut(&key).expect("queue of the task");
+        let was_head = set.first() == Some(&(at, task));
+        set.remove(&(at, task));
+        if was_head {
+            if now.since((*head_since).max(at)) > self.bound_ns {
+                self.starved += 1;
+            }
+            *head_since = now;
+        }
+        if t.first_dispatch == Some(now) && t.attempt_dispatched == now {
+            let wait_ms = now.since(t.submitted) / NANOS_PER_MS;
+            self.waits_ms
+                .push(u32::try_from(wait_ms).unwrap_or(u32::MAX));
+        }
+    }
+
+    pub fn on_accepted(&mut self, t: &SimTask, _task: TaskId) {
+        let at = t.attempt_dispatched;
+        if at >= self.window.0 && at < self.window.1 {
+            let units = t.estimate.fairness.milli();
+            self.served[tl(t.tenant, t.lane)] += units;
+            self.service_events
+                .push((at, t.tenant, t.lane.index() as u8, units));
+        }
+    }
+
+    pub fn on_completed(&mut self, _t: &SimTask) {
+        self.completed += 1;
+    }
+
+    pub fn sample(&mut self, now: Time) {
+        if now < self.window.0 || now >= self.window.1 {
+            return;
+        }
+        for (i, state) in self.backlogged.iter_mut().enumerate() {
+            *state = match (*state, self.queued[i] > 0) {
+                (0, true) => 1,
+                (1, true) => 1,
+                _ => 2,
+            };
+        }
+    }
+
+    pub fn finish(mut self, policy: &str, end: Time, tasks: &[SimTask]) -> PolicyReport {
+        // Tasks still waiting at the end: each one whose head wait already passed the bound.
+        for (set, head_since) in self.heads.values() {
+            for &(at, _) in set {
+                if end.since((*head_since).max(at)) > self.bound_ns {
+                    self.starved += 1;
+                }
+            }
+        }
+        let (share_error_max, jain_index, backlogged_tenants) = self.fairness();
+        let service_gap = self.service_gap(tasks);
+        self.waits_ms.sort_unstable();
+        let pct = |p: f64| -> f64 {
+            if self.waits_ms.is_empty() {
+                return 0.0;
+            }
+            let i = ((self.waits_ms.len() as f64 * p).ceil() as usize)
+                .clamp(1, self.waits_ms.len())
+                - 1;
+            f64::from(self.waits_ms[i])
+        };
+        let submitted: u64 = self.decisions.values().sum();
+        let accepted: u64 = self
+            .decisions
+            .iter()
+            .filter(|(d, _)| d.is_accepted())
+            .map(|(_, n)| n)
+            .sum();
+        PolicyReport {
+            policy: policy.to_string(),
+            tasks_submitted: submitted,
+            tasks_accepted: accepted,
+            tasks_completed: self.completed,
+            tasks_failed: self.failed,
+            jain_index,
+            share_error_max,
+            backlogged_tenants,
+            starved_tasks: self.starved,
+            limit_overshoots: self.overshoots,
+            overshoot_keys: self
+                .overshoot_keys
+                .iter()
+                .take(OVERSHOOT_KEYS_SHOWN)
+                .cloned()
+                .collect(),
+            service_gap_max_units: service_gap,
+            drr_bound_units: (self.max_cost_milli + self.drr_bound_base_milli) as f64 / 1000.0,
+            wait_ms: WaitMs {
+                p50: pct(0.5),
+                p99: pct(0.99),
+                max: pct(1.0),
+            },
+            rejected: self
+                .decisions
+                .iter()
+                .filter(|(d, _)| !d.is_accepted())
+                .map(|(d, n)| (d.name().to_string(), *n))
+                .collect(),
+            rate_limited_answers: self.rate_limited,
+            submit_timeouts: self.timeouts,
+            duplicate_provider_jobs: self.duplicate_jobs,
+            borrowed_dispatches: self.borrowed,
+            sim_end_s: end.as_nanos() as f64 / 1e9,
+            sim_wall_ms: 0,
+        }
+    }
+
+    /// Over tenant-lanes backlogged at every sample of the window: entitled share by weight of
+    /// what the backlogged tenants of that lane were served.
+    fn fairness(&self) -> (f64, f64, u64) {
+        let mut share_error_max: f64 = 0.0;
+        let mut ratios = Vec::new();
+        for lane in Lane::ALL {
+            let members: Vec<(u64, u64)> = (0..self.tenants.len())
+                .filter(|&t| self.backlogged[tl(t as u32, lane)] == 1)
+                .map(|t| {
+                    (
+                        u64::from(self.tenants[t].1),
+                        self.served[tl(t as u32, lane)],
+                    )
+                })
+                .collect();
+            if members.len() < 2 {
+                continue;
+            }
+            let served: u64 = members.iter().map(|m| m.1).sum();
+            let weight: u64 = members.iter().map(|m| m.0).sum();
+            for &(w, s) in &members {
+                let entitled = served as f64 * w as f64 / weight as f64;
+                if entitled <= 0.0 {
+                    continue;
+                }
+                share_error_max = share_error_max.max((s as f64 - entitled).abs() / entitled);
+                ratios.push(s as f64 / entitled);
+            }
+        }
+        let n = ratios.len() as f64;
+        let sum: f64 = ratios.iter().sum();
+        let squares: f64 = ratios.iter().map(|x| x * x).sum();
+        let jain = if ratios.is_empty() || squares == 0.0 {
+            1.0
+        } else {
+            sum * sum / (n * squares)
+        };
+        (share_error_max, jain, ratios.len() as u64)
+    }
+
+    /// Largest |ΔS_i − ΔS_j| over any interval of the window, S = served units / weight, among up
+    /// to `GAP_TENANTS_MAX` backlogged tenants per (shard, lane): the quantity DRR bounds.
+    fn service_gap(&self, _tasks: &[SimTask]) -> f64 {
+        let mut groups: BTreeMap<(usize, u8), Vec<u32>> = BTreeMap::new();
+        for t in 0..self.tenants.len() as u32 {
+            for lane in Lane::ALL {
+                if self.backlogged[tl(t, lane)] == 1 {
+                    let g = groups
+                        .entry((self.shard_of[t as usize], lane.index() as u8))
+                        .or_default();
+                    if g.len() < GAP_TENANTS_MAX {
+                        g.push(t);
+                    }
+                }
+            }
+        }
+        let mut gap_max: f64 = 0.0;
+        for ((shard, lane), members) in groups {
+            if members.len() < 2 {
+                continue;
+            }
+            let pos: HashMap<u32, usize> =
+                members.iter().enumerate().map(|(i, &t)| (t, i)).collect();
+            let k = members.len();
+            let mut s = vec![0f64; k];
+            let mut hi = vec![0f64; k * k];
+            let mut lo = vec![0f64; k * k];
+            for &(_, tenant, l, units) in &self.service_events {
+                if l != lane || self.shard_of[tenant as usize] != shard {
+                    continue;
+                }
+                let Some(&i) = pos.get(&tenant) else { continue };
+                s[i] += units as f64 / 1000.0 / f64::from(self.tenants[tenant as usize].1);
+                for j in 0..k {
+                    let d = s[i] - s[j];
+                    hi[i * k + j] = hi[i * k + j].max(d);
+                    lo[i * k + j] = lo[i * k + j].min(d);
+                    hi[j * k + i] = hi[j * k + i].max(-d);
+                    lo[j * k + i] = lo[j * k + i].min(-d);
+                }
+            }
+            for i in 0..k * k {
+                gap_max = gap_max.max(hi[i] - lo[i]);
+            }
+        }
+        gap_max
+    }
+}

@@ -1,0 +1,645 @@
+//! The schedulers the simulator compares, behind one trait: spindle's sharded core and three
+//! baselines (global FIFO, WRR by task count, a global priority queue).
+//!
+//! The baselines enforce the same node-wide limits through the core's [`Ledger`] (lane pools,
+//! provider concurrency and RPM, model, high-cost, cost per minute, media slots) so that only the
+//! *ordering* differs; they have no per-tenant queues, DRR, aging, borrowing or shards.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+
+use spindle_core::admission::{Admission, Decision, RejectReason};
+use spindle_core::cost::{estimate, CostEstimate, ResourceClass};
+use spindle_core::ledger::{Demand, Ledger, LimitId, LimitKey};
+use spindle_core::policy::RateSpec;
+use spindle_core::shard::{
+    node_capacity, CapacityMode, ClaimOutcome, Dispatch, FailOutcome, Failure, MediaStart,
+    NodeCapacity, Poll, SubmitRequest,
+};
+use spindle_core::share::{split, ShardLoad};
+use spindle_core::{Band, FencingToken, Lane, Policy, Shard, TaskId, TenantId, Time, Units};
+
+/// Tasks a baseline looks at per pick before giving up (they are work-conserving within it).
+pub const BASELINE_SCAN_MAX: usize = 64;
+
+/// What the simulator needs from a scheduler.
+pub trait Scheduler {
+    fn name(&self) -> &'static str;
+    fn submit(&mut self, now: Time, req: SubmitRequest) -> Admission;
+    /// Every dispatch possible now; expired tasks are reported in `expired`.
+    fn dispatch_all(&mut self, now: Time, out: &mut Vec<Dispatch>, expired: &mut Vec<TaskId>);
+    fn media_all(&mut self, now: Time, out: &mut Vec<MediaStart>);
+    fn claim_granted(&mut self, task: TaskId, token: FencingToken);
+    fn accepted(&mut self, task: TaskId, token: FencingToken);
+    fn submit_unknown(&mut self, task: TaskId, token: FencingToken);
+    fn not_found(&mut self, now: Time, task: TaskId, token: FencingToken) -> FailOutcome;
+    fn failed(
+        &mut self,
+        now: Time,
+        task: TaskId,
+        token: FencingToken,
+        failure: Failure,
+        jitter: u64,
+    ) -> FailOutcome;
+    fn succeeded(&mut self, now: Time, task: TaskId, token: FencingToken, actual: Units);
+    fn media_done(&mut self, task: TaskId, token: FencingToken);
+    /// Periodic upkeep (spindle re-splits node limits across shards).
+    fn maintain(&mut self, now: Time);
+    fn wake_at(&self) -> Option<Time>;
+    /// The shard a tenant lives on (0 for single-queue baselines).
+    fn shard_of(&self, tenant: TenantId) -> usize;
+    fn check_invariants(&self);
+}
+
+// ------------------------------------------------------------------------------------ spindle
+
+/// spindle's policy as a node: tenants hashed over shards, node-wide limits split among shards by
+/// backlogged weight every `resplit_ns`.
+pub struct SpindleNode {
+    shards: Vec<Shard>,
+    policy: Policy,
+    resplit_ns: u64,
+    last_resplit: Option<Time>,
+}
+
+/// Tenant → shard: a fixed mix so neighbouring ids spread.
+pub fn shard_for(tenant: TenantId, shards: usize) -> usize {
+    let h = u64::from(tenant.0).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32;
+    (h % shards as u64) as usize
+}
+
+impl SpindleNode {
+    pub fn new(policy: Policy, shards: usize, resplit_ns: u64) -> SpindleNode {
+        let n = shards as u32;
+        SpindleNode {
+            shards: (0..shards)
+                .map(|_| Shard::new(policy.clone(), n, Time::ZERO))
+                .collect(),
+            policy,
+            resplit_ns,
+            last_resplit: None,
+        }
+    }
+
+    pub fn shards(&self) -> &[Shard] {
+        &self.shards
+    }
+
+    fn with_task<R>(&mut self, task: TaskId, f: impl FnOnce(&mut Shard) -> R) -> R {
+        let i = self
+            .shards
+            .iter()
+            .position(|s| s.task_state(task).is_some())
+            .expect("task on a shard");
+        f(&mut self.shards[i])
+    }
+
+    /// The split rule of DESIGN §3 applied to every node-wide limit.
+    fn resplit(&mut self, now: Time) {
+        let ids: Vec<LimitId> = self.shards[0].node_limits().to_vec();
+        for id in ids {
+            let key = self.shards[0].ledger().key(id);
+            let capacity = node_capacity(&self.policy, key).expect("node limit");
+            let loads: Vec<ShardLoad> = self
+                .shards
+                .iter()
+                .map(|s| ShardLoad {
+                    used: s.ledger().used(id),
+                    weight: s.split_weight(id),
+                })
+                .collect();
+            match capacity {
+                NodeCapacity::Slots(total) => {
+                    for (shard, share) in self.shards.iter_mut().zip(split(total, &loads)) {
+                        shard.set_share(id, NodeCapacity::Slots(share), now);
+                    }
+                }
+                NodeCapacity::Rate(rate) => {
+                    let weights: u64 = loads.iter().map(|l| l.weight).sum();
+                    let n = loads.len() as u64;
+                    for (shard, load) in self.shards.iter_mut().zip(&loads) {
+                        let (w, total) = if weights == 0 {
+                            (1, n)
+                        } else {
+                            (load.weight, weights)
+                        };
+                        let share = RateSpec {
+                            per_minute: (u128::from(rate.per_minute) * u128::from(w)
+                                / u128::from(total)) as u64,
+                            burst: (u128::from(rate.burst) * u128::from(w) / u128::from(total))
+                                as u64,
+                        };
+                        shard.set_share(id, NodeCapacity::Rate(share), now);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Scheduler for SpindleNode {
+    fn name(&self) -> &'static str {
+        "spindle"
+    }
+
+    fn submit(&mut self, now: Time, req: SubmitRequest) -> Admission {
+        let i = shard_for(req.tenant, self.shards.len());
+        self.shards[i]
+            .handle_submit(now, req)
+            .expect("the simulator submits valid requests")
+    }
+
+    fn dispatch_all(&mut self, now: Time, out: &mut Vec<Dispatch>, expired: &mut Vec<TaskId>) {
+        for shard in &mut self.shards {
+            loop {
+                match shard.poll_dispatch(now) {
+                    Poll::Dispatch(d) => out.push(d),
+                    Poll::Expired(t) => expired.push(t),
+                    Poll::Yield => continue,
+                    Poll::Idle => break,
+                }
+            }
+        }
+    }
+
+    fn media_all(&mut self, now: Time, out: &mut Vec<MediaStart>) {
+        for shard in &mut self.shards {
+            while let Some(m) = shard.poll_media(now) {
+                out.push(m);
+            }
+        }
+    }
+
+    fn claim_granted(&mut self, task: TaskId, token: FencingToken) {
+        let outcome = self
+            .with_task(task, |s| s.handle_claim_granted(task, token))
+            .expect("claim");
+        assert_eq!(
+            outcome,
+            ClaimOutcome::Submit,
+            "the simulator does not cancel"
+        );
+    }
+
+    fn accepted(&mut self, task: TaskId, token: FencingToken) {
+        self.with_task(task, |s| s.handle_provider_accepted(task, token))
+            .expect("accept");
+    }
+
+    fn submit_unknown(&mut self, task: TaskId, token: FencingToken) {
+        self.with_task(task, |s| s.handle_submit_unknown(task, token))
+            .expect("unknown");
+    }
+
+    fn not_found(&mut self, now: Time, task: TaskId, token: FencingToken) -> FailOutcome {
+        self.with_task(task, |s| s.handle_provider_not_found(now, task, token))
+            .expect("not found")
+    }
+
+    fn failed(
+        &mut self,
+        now: Time,
+        task: TaskId,
+        token: FencingToken,
+        failure: Failure,
+        jitter: u64,
+    ) -> FailOutcome {
+        self.with_task(task, |s| {
+            s.handle_provider_failed(now, task, token, failure, jitter)
+        })
+        .expect("failed")
+    }
+
+    fn succeeded(&mut self, now: Time, task: TaskId, token: FencingToken, actual: Units) {
+        self.with_task(task, |s| {
+            s.handle_provider_succeeded(now, task, token, actual)
+        })
+        .expect("succeeded");
+    }
+
+    fn media_done(&mut self, task: TaskId, token: FencingToken) {
+        self.with_task(task, |s| s.handle_media_done(task, token, true))
+            .expect("media done");
+    }
+
+    fn maintain(&mut self, now: Time) {
+        let due = self
+            .last_resplit
+            .is_none_or(|t| now.since(t) >= self.resplit_ns);
+        if due && self.shards.len() > 1 {
+            self.resplit(now);
+            self.last_resplit = Some(now);
+        }
+    }
+
+    /// Stalled lanes and delayed retries wake the node; the re-split then runs lazily at that
+    /// event (`maintain`), so a shard waiting for a share never waits longer than a stall retry.
+    fn wake_at(&self) -> Option<Time> {
+        self.shards.iter().filter_map(|s| s.poll_timeout()).min()
+    }
+
+    fn shard_of(&self, tenant: TenantId) -> usize {
+        shard_for(tenant, self.shards.len())
+    }
+
+    fn check_invariants(&self) {
+        for s in &self.shards {
+            s.check_invariants();
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------ baselines
+
+/// How a baseline orders its queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Order {
+    /// One global FIFO.
+    Fifo,
+    /// Round robin over tenants, `weight` tasks per turn, whatever each task costs.
+    WrrCount,
+    /// One global queue by base band, FIFO within a band, no aging.
+    GlobalPriority,
+}
+
+#[derive(Debug, Clone)]
+struct BaseTask {
+    tenant: TenantId,
+    lane: Lane,
+    band: Band,
+    estimate: CostEstimate,
+    held: Option<Demand>,
+    media: Option<Demand>,
+    token: Option<FencingToken>,
+    retries: u32,
+    rate_limit_retries: u32,
+}
+
+/// A naive single-queue scheduler with correct resource accounting.
+pub struct Baseline {
+    order: Order,
+    policy: Policy,
+    ledger: Ledger,
+    lane_units: [LimitId; Lane::COUNT],
+    provider_conc: Vec<LimitId>,
+    provider_rpm: Vec<LimitId>,
+    model_running: LimitId,
+    high_cost: LimitId,
+    platform_cost: LimitId,
+    media_keys: [LimitId; 4],
+    tasks: HashMap<TaskId, BaseTask>,
+    fifo: VecDeque<TaskId>,
+    bands: [VecDeque<TaskId>; Band::COUNT],
+    per_tenant: HashMap<TenantId, VecDeque<TaskId>>,
+    ring: VecDeque<TenantId>,
+    turn_left: u32,
+    queued: u64,
+    delayed: BinaryHeap<Reverse<(Time, TaskId)>>,
+    media_queue: VecDeque<TaskId>,
+}
+
+impl Baseline {
+    pub fn new(order: Order, policy: Policy) -> Baseline {
+        let mut ledger = Ledger::new();
+        let slots = |ledger: &mut Ledger, key: LimitKey| match node_capacity(&policy, key)
+            .expect("node key")
+        {
+            NodeCapacity::Slots(v) => ledger.add_semaphore(key, v),
+            NodeCapacity::Rate(r) => ledger.add_bucket(key, r, Time::ZERO),
+        };
+        let lane_units = Lane::ALL.map(|l| slots(&mut ledger, LimitKey::LaneUnits(l)));
+        let provider_conc = policy
+            .providers
+            .iter()
+            .map(|p| slots(&mut ledger, LimitKey::ProviderConcurrency(p.id)))
+            .collect();
+        let provider_rpm = policy
+            .providers
+            .iter()
+            .map(|p| slots(&mut ledger, LimitKey::ProviderRpm(p.id)))
+            .collect();
+        let model_running = slots(&mut ledger, LimitKey::ModelRunning(policy.models[0].id));
+        let high_cost = slots(&mut ledger, LimitKey::HighCostConcurrency);
+        let platform_cost = slots(&mut ledger, LimitKey::PlatformCostPerMinute);
+        let media_keys = [
+            LimitKey::GpuUnits,
+            LimitKey::GpuMemMb,
+            LimitKey::CpuUnits,
+            LimitKey::TempDiskMb,
+        ]
+        .map(|k| slots(&mut ledger, k));
+        Baseline {
+            order,
+            policy,
+            ledger,
+            lane_units,
+            provider_conc,
+            provider_rpm,
+            model_running,
+            high_cost,
+            platform_cost,
+            media_keys,
+            tasks: HashMap::new(),
+            fifo: VecDeque::new(),
+            bands: Default::default(),
+            per_tenant: HashMap::new(),
+            ring: VecDeque::new(),
+            turn_left: 0,
+            queued: 0,
+            delayed: BinaryHeap::new(),
+            media_queue: VecDeque::new(),
+        }
+    }
+
+    fn enqueue(&mut self, task: TaskId) {
+        let t = &self.tasks[&task];
+        match self.order {
+            Order::Fifo => self.fifo.push_back(task),
+            Order::GlobalPriority => self.bands[t.band.index()].push_back(task),
+            Order::WrrCount => {
+                let q = self.per_tenant.entry(t.tenant).or_default();
+                if q.is_empty() {
+                    self.ring.push_back(t.tenant);
+                }
+                q.push_back(task);
+            }
+        }
+        self.queued += 1;
+    }
+
+    fn demand(&self, t: &BaseTask, provider: usize) -> Demand {
+        let mut d = Demand::default();
+        d.add(self.lane_units[t.lane.index()], t.estimate.fairness.milli());
+        d.add(self.provider_conc[provider], 1);
+        d.add(self.provider_rpm[provider], 1);
+        d.add(self.model_running, 1);
+        if t.estimate.class == ResourceClass::Expensive {
+            d.add(self.high_cost, 1);
+        }
+        d.add(self.platform_cost, t.estimate.cost_milli);
+        d
+    }
+
+    /// Acquires a provider for `task` or changes nothing.
+    fn try_start(&mut self, task: TaskId, now: Time) -> Option<Dispatch> {
+        let t = &self.tasks[&task];
+        for provider in 0..self.provider_conc.len() {
+            let demand = self.demand(t, provider);
+            if self.ledger.try_acquire(&demand, now).is_ok() {
+                let t = self.tasks.get_mut(&task).expect("task");
+                t.held = Some(demand);
+                t.token = None;
+                return Some(Dispatch {
+                    task,
+                    tenant: t.tenant,
+                    user: spindle_core::UserId(0),
+                    lane: t.lane,
+                    band: t.band,
+                    provider: spindle_core::ProviderId(provider as u16),
+                    mode: CapacityMode::Normal,
+                    attempt_no: 1 + t.retries + t.rate_limit_retries,
+                    estimate: t.estimate,
+                    policy_version: self.policy.version,
+                });
+            }
+        }
+        None
+    }
+
+    fn pick(&mut self, now: Time) -> Option<Dispatch> {
+        match self.order {
+            Order::Fifo => {
+                for pos in 0..self.fifo.len().min(BASELINE_SCAN_MAX) {
+                    if let Some(d) = self.try_start(self.fifo[pos], now) {
+                        self.fifo.remove(pos);
+                        return Some(d);
+                    }
+                }
+                None
+            }
+            Order::GlobalPriority => {
+                let mut scanned = 0;
+                for band in 0..Band::COUNT {
+                    for pos in 0..self.bands[band].len() {
+                        if scanned == BASELINE_SCAN_MAX {
+                            return None;
+                        }
+                        scanned += 1;
+                        if let Some(d) = self.try_start(self.bands[band][pos], now) {
+                            self.bands[band].remove(pos);
+                            return Some(d);
+                        }
+                    }
+                }
+                None
+            }
+            Order::WrrCount => {
+                for _ in 0..self.ring.len().min(BASELINE_SCAN_MAX) {
+                    let tenant = *self.ring.front().expect("ring");
+                    if self.turn_left == 0 {
+                        self.turn_left = self.policy.tenants[&tenant].weight;
+                    }
+                    let head = self.per_tenant[&tenant][0];
+                    if let Some(d) = self.try_start(head, now) {
+                        let q = self.per_tenant.get_mut(&tenant).expect("queue");
+                        q.pop_front();
+                        self.turn_left -= 1;
+                        if q.is_empty() {
+                            self.ring.pop_front();
+                            self.turn_left = 0;
+                        } else if self.turn_left == 0 {
+                            self.ring.rotate_left(1);
+                        }
+                        return Some(d);
+                    }
+                    self.ring.rotate_left(1);
+                    self.turn_left = 0;
+                }
+                None
+            }
+        }
+    }
+
+    fn release(&mut self, task: TaskId) {
+        let t = self.tasks.get_mut(&task).expect("task");
+        let held = t.held.take().expect("a provider hold");
+        self.ledger.release(&held);
+    }
+
+    fn requeue_after(&mut self, task: TaskId, at: Time) {
+        self.delayed.push(Reverse((at, task)));
+    }
+
+    fn backoff_ns(&self, retry_no: u32, jitter: u64) -> u64 {
+        let r = self.policy.retry;
+        let exp = r
+            .backoff_base_ms
+            .saturating_mul(1u64 << retry_no.saturating_sub(1).min(30));
+        exp.min(r.backoff_max_ms) * jitter / 1000 * 1_000_000
+    }
+}
+
+impl Scheduler for Baseline {
+    fn name(&self) -> &'static str {
+        match self.order {
+            Order::Fifo => "fifo",
+            Order::WrrCount => "wrr_count",
+            Order::GlobalPriority => "global_priority",
+        }
+    }
+
+    fn submit(&mut self, _now: Time, req: SubmitRequest) -> Admission {
+        let tenant = &self.policy.tenants[&req.tenant];
+        let model = &self.policy.models[req.spec.model.0 as usize];
+        let est = estimate(&req.spec, model, &self.policy.cost_bases).expect("valid spec");
+        let lane = if est.class == ResourceClass::Expensive {
+            Lane::Expensive
+        } else {
+            tenant.lane
+        };
+        let band = req
+            .band_hint
+            .map_or(tenant.base_band, |h| h.max(tenant.base_band));
+        let mut admission = Admission {
+            task: req.task,
+            decision: Decision::Accepted,
+            reason: None,
+            lane,
+            band,
+            fairness: est.fairness,
+            estimated_start_at: None,
+            queue_level: None,
+        };
+        if self.queued >= self.policy.node.global_queued_tasks_max {
+            admission.decision = Decision::RejectPlatformOverloaded;
+            admission.reason = Some(RejectReason::Limit(LimitKey::GlobalQueuedTasks));
+            return admission;
+        }
+        let task = BaseTask {
+            tenant: req.tenant,
+            lane,
+            band,
+            estimate: est,
+            held: None,
+            media: None,
+            token: None,
+            retries: 0,
+            rate_limit_retries: 0,
+        };
+        self.tasks.insert(req.task, task);
+        self.enqueue(req.task);
+        admission
+    }
+
+    fn dispatch_all(&mut self, now: Time, out: &mut Vec<Dispatch>, _expired: &mut Vec<TaskId>) {
+        while let Some(&Reverse((at, task))) = self.delayed.peek() {
+            if at > now {
+                break;
+            }
+            self.delayed.pop();
+            self.enqueue(task);
+        }
+        while let Some(d) = self.pick(now) {
+            self.queued -= 1;
+            out.push(d);
+        }
+    }
+
+    fn media_all(&mut self, now: Time, out: &mut Vec<MediaStart>) {
+        let mut pos = 0;
+        while pos < self.media_queue.len().min(BASELINE_SCAN_MAX) {
+            let task = self.media_queue[pos];
+            let t = &self.tasks[&task];
+            let m = t.estimate.media;
+            let mut d = Demand::default();
+            for (key, amount) in
+                self.media_keys
+                    .iter()
+                    .zip([m.gpu_units, m.gpu_mem_mb, m.cpu_units, m.temp_disk_mb])
+            {
+                d.add(*key, amount.into());
+            }
+            if self.ledger.try_acquire(&d, now).is_ok() {
+                self.media_queue.remove(pos);
+                let t = self.tasks.get_mut(&task).expect("task");
+                t.media = Some(d);
+                out.push(MediaStart {
+                    task,
+                    tenant: t.tenant,
+                    estimate: t.estimate,
+                });
+            } else {
+                pos += 1;
+            }
+        }
+    }
+
+    fn claim_granted(&mut self, task: TaskId, token: FencingToken) {
+        self.tasks.get_mut(&task).expect("task").token = Some(token);
+    }
+
+    fn accepted(&mut self, _task: TaskId, _token: FencingToken) {}
+
+    fn submit_unknown(&mut self, _task: TaskId, _token: FencingToken) {}
+
+    fn not_found(&mut self, now: Time, task: TaskId, _token: FencingToken) -> FailOutcome {
+        self.release(task);
+        self.requeue_after(task, now);
+        FailOutcome::Requeued { eligible_at: now }
+    }
+
+    fn failed(
+        &mut self,
+        now: Time,
+        task: TaskId,
+        _token: FencingToken,
+        failure: Failure,
+        jitter: u64,
+    ) -> FailOutcome {
+        self.release(task);
+        let t = self.tasks.get_mut(&task).expect("task");
+        let lane = self.policy.lane(t.lane);
+        let (n, max) = match failure {
+            Failure::RateLimited => {
+                t.rate_limit_retries += 1;
+                (t.rate_limit_retries, lane.rate_limit_retries_max)
+            }
+            Failure::Retryable => {
+                t.retries += 1;
+                (t.retries, lane.retries_max)
+            }
+            Failure::NonRetryable => (1, 0),
+        };
+        if n > max {
+            self.tasks.remove(&task);
+            return FailOutcome::Failed;
+        }
+        let at = now.plus_ns(self.backoff_ns(n, jitter));
+        self.requeue_after(task, at);
+        FailOutcome::Requeued { eligible_at: at }
+    }
+
+    fn succeeded(&mut self, _now: Time, task: TaskId, _token: FencingToken, _actual: Units) {
+        self.release(task);
+        self.media_queue.push_back(task);
+    }
+
+    fn media_done(&mut self, task: TaskId, _token: FencingToken) {
+        let t = self.tasks.remove(&task).expect("task");
+        self.ledger.release(&t.media.expect("media hold"));
+    }
+
+    fn maintain(&mut self, _now: Time) {}
+
+    fn wake_at(&self) -> Option<Time> {
+        self.delayed.peek().map(|Reverse((t, _))| *t)
+    }
+
+    fn shard_of(&self, _tenant: TenantId) -> usize {
+        0
+    }
+
+    fn check_invariants(&self) {
+        self.ledger.check_invariants();
+    }
+}
