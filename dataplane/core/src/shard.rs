@@ -526,11 +526,25 @@ impl Shard {
             Scope::Node,
             "only node limits are split"
         );
-        match share {
-            NodeCapacity::Slots(v) => self.ledger.set_capacity(id, v),
-            NodeCapacity::Rate(r) => self.ledger.set_rate(id, r, now),
+        let grew = match share {
+            NodeCapacity::Slots(v) => {
+                let grew = v > self.ledger.capacity(id);
+                self.ledger.set_capacity(id, v);
+                grew
+            }
+            NodeCapacity::Rate(r) => {
+                let before = match self.ledger.limit(id) {
+                    Limit::Bucket(b) => b.rate(),
+                    Limit::Semaphore { .. } => unreachable!("rate share for a semaphore"),
+                };
+                self.ledger.set_rate(id, r, now);
+                r.per_minute > before.per_minute || r.burst > before.burst
+            }
+        };
+        // Only more capacity can unblock a stalled lane.
+        if grew {
+            self.unstall_all();
         }
-        self.unstall_all();
     }
 
     /// The earliest time at which `poll_dispatch` may have something new without any input.
@@ -1145,6 +1159,8 @@ impl Shard {
         };
         let deficit = q.deficit;
         let mut first_failure = TurnResult::Blocked(Block::Resource);
+        // A candidate at least as large as one the lane pool refused cannot fit either.
+        let mut lane_refused_milli = u64::MAX;
         for pos in 0..scan {
             let q = self.tenants[slot as usize].queues[lane.index()]
                 .as_ref()
@@ -1157,10 +1173,16 @@ impl Shard {
                 }
                 continue;
             }
+            if cand.cost_milli >= lane_refused_milli {
+                continue;
+            }
             let started = self.try_start(cand.task, now);
             if let Err(block) = started {
                 if pos == 0 {
                     first_failure = TurnResult::Blocked(block);
+                }
+                if block == Block::LanePool {
+                    lane_refused_milli = lane_refused_milli.min(cand.cost_milli);
                 }
             }
             if let Ok(d) = started {

@@ -60,6 +60,7 @@ pub struct SpindleNode {
     policy: Policy,
     resplit_ns: u64,
     last_resplit: Option<Time>,
+    split_ids: Option<Vec<LimitId>>,
 }
 
 /// Tenant → shard: a fixed mix so neighbouring ids spread.
@@ -78,6 +79,7 @@ impl SpindleNode {
             policy,
             resplit_ns,
             last_resplit: None,
+            split_ids: None,
         }
     }
 
@@ -94,20 +96,35 @@ impl SpindleNode {
         f(&mut self.shards[i])
     }
 
-    /// The split rule of DESIGN §3 applied to every node-wide limit.
+    /// The split rule of DESIGN §3 applied to every node-wide limit that can bind (limits set
+    /// beyond `UNBOUNDED` keep their first even split: no share of them can run out).
     fn resplit(&mut self, now: Time) {
-        let ids: Vec<LimitId> = self.shards[0].node_limits().to_vec();
-        for id in ids {
+        const UNBOUNDED: u64 = 1 << 39;
+        if self.split_ids.is_none() {
+            let ids = self.shards[0]
+                .node_limits()
+                .iter()
+                .copied()
+                .filter(
+                    |&id| match node_capacity(&self.policy, self.shards[0].ledger().key(id)) {
+                        Some(NodeCapacity::Slots(v)) => v < UNBOUNDED,
+                        Some(NodeCapacity::Rate(r)) => r.per_minute < UNBOUNDED,
+                        None => false,
+                    },
+                )
+                .collect();
+            self.split_ids = Some(ids);
+        }
+        let ids = self.split_ids.take().expect("computed above");
+        let mut loads = Vec::with_capacity(self.shards.len());
+        for &id in &ids {
             let key = self.shards[0].ledger().key(id);
             let capacity = node_capacity(&self.policy, key).expect("node limit");
-            let loads: Vec<ShardLoad> = self
-                .shards
-                .iter()
-                .map(|s| ShardLoad {
-                    used: s.ledger().used(id),
-                    weight: s.split_weight(id),
-                })
-                .collect();
+            loads.clear();
+            loads.extend(self.shards.iter().map(|s| ShardLoad {
+                used: s.ledger().used(id),
+                weight: s.split_weight(id),
+            }));
             match capacity {
                 NodeCapacity::Slots(total) => {
                     for (shard, share) in self.shards.iter_mut().zip(split(total, &loads)) {
@@ -123,17 +140,18 @@ impl SpindleNode {
                         } else {
                             (load.weight, weights)
                         };
+                        let part =
+                            |v: u64| (u128::from(v) * u128::from(w) / u128::from(total)) as u64;
                         let share = RateSpec {
-                            per_minute: (u128::from(rate.per_minute) * u128::from(w)
-                                / u128::from(total)) as u64,
-                            burst: (u128::from(rate.burst) * u128::from(w) / u128::from(total))
-                                as u64,
+                            per_minute: part(rate.per_minute),
+                            burst: part(rate.burst),
                         };
                         shard.set_share(id, NodeCapacity::Rate(share), now);
                     }
                 }
             }
         }
+        self.split_ids = Some(ids);
     }
 }
 

@@ -1,0 +1,130 @@
+//! DRR's fairness bound on the real shard: with every tenant backlogged and the lane full, the
+//! normalized service of any two tenants never drifts apart by more than
+//! `max_cost + 2 × quantum × burst_rounds` over any interval (Shreedhar & Varghese 1995).
+
+use std::collections::VecDeque;
+
+use spindle_core::presets;
+use spindle_core::shard::{Poll, SubmitRequest};
+use spindle_core::{
+    FencingToken, Lane, ModelId, Shard, TaskId, TaskSpec, TenantId, Time, Units, UserId,
+};
+
+fn spec(duration_s: u32) -> TaskSpec {
+    TaskSpec {
+        model: ModelId(0),
+        width: 1280,
+        height: 720,
+        duration_ms: duration_s * 1000,
+        fps: 24,
+        audio: false,
+        references: 0,
+    }
+}
+
+/// Runs `tenants` (weight, task duration in s) backlogged through a lane of `capacity` units;
+/// completes the oldest running task whenever the lane is full. Returns the largest pairwise
+/// service gap in units (normalized by weight) and the bound.
+fn max_gap(tenants: &[(u32, u32)], capacity: u64, quantum: u64, dispatches: usize) -> (f64, f64) {
+    let mut policy = presets::small_node();
+    policy.lanes[Lane::Standard.index()].capacity = Units::whole(capacity);
+    policy.reserve.borrow_limit = Units::ZERO;
+    policy.drr.base_quantum = Units::whole(quantum);
+    policy.drr.initial_burst_credit = Units::whole(quantum);
+    policy.drr.burst_rounds = 1;
+    for p in &mut policy.providers {
+        p.rpm = presets::UNLIMITED_RATE;
+        p.concurrency = 1 << 20;
+    }
+    for (i, &(weight, _)) in tenants.iter().enumerate() {
+        policy.tenants.insert(
+            TenantId(i as u32 + 1),
+            presets::tenant(Lane::Standard, weight),
+        );
+    }
+    let mut shard = Shard::new(policy, 1, Time::ZERO);
+    let mut next = 0u64;
+    let mut submit = |shard: &mut Shard, tenant: usize| {
+        next += 1;
+        let req = SubmitRequest {
+            task: TaskId(next),
+            tenant: TenantId(tenant as u32 + 1),
+            user: UserId(tenant as u32),
+            spec: spec(tenants[tenant].1),
+            band_hint: None,
+            deadline: None,
+        };
+        assert!(shard
+            .handle_submit(Time::ZERO, req)
+            .unwrap()
+            .decision
+            .is_accepted());
+    };
+    for t in 0..tenants.len() {
+        for _ in 0..8 {
+            submit(&mut shard, t);
+        }
+    }
+    let mut served = vec![0f64; tenants.len()];
+    let (mut hi, mut lo) = (
+        vec![0f64; tenants.len().pow(2)],
+        vec![0f64; tenants.len().pow(2)],
+    );
+    let mut running: VecDeque<(TaskId, usize)> = VecDeque::new();
+    let mut max_cost: f64 = 0.0;
+    for _ in 0..dispatches {
+        let d = loop {
+            match shard.poll_dispatch(Time::ZERO) {
+                Poll::Dispatch(d) => break d,
+                Poll::Yield => continue,
+                Poll::Expired(_) => unreachable!(),
+                Poll::Idle => {
+                    let (task, _) = running.pop_front().expect("a full lane has running work");
+                    shard
+                        .handle_provider_succeeded(Time::ZERO, task, FencingToken(task.0), Units(1))
+                        .unwrap();
+                    while let Some(m) = shard.poll_media(Time::ZERO) {
+                        shard
+                            .handle_media_done(m.task, FencingToken(m.task.0), true)
+                            .unwrap();
+                    }
+                }
+            }
+        };
+        shard
+            .handle_claim_granted(d.task, FencingToken(d.task.0))
+            .unwrap();
+        shard
+            .handle_provider_accepted(d.task, FencingToken(d.task.0))
+            .unwrap();
+        let t = d.tenant.0 as usize - 1;
+        running.push_back((d.task, t));
+        submit(&mut shard, t);
+        let cost = d.estimate.fairness.as_f64();
+        max_cost = max_cost.max(cost);
+        served[t] += cost / f64::from(tenants[t].0);
+        let n = tenants.len();
+        for j in 0..n {
+            let diff = served[t] - served[j];
+            hi[t * n + j] = hi[t * n + j].max(diff);
+            lo[t * n + j] = lo[t * n + j].min(diff);
+            hi[j * n + t] = hi[j * n + t].max(-diff);
+            lo[j * n + t] = lo[j * n + t].min(-diff);
+        }
+        shard.check_invariants();
+    }
+    let gap = hi.iter().zip(&lo).map(|(h, l)| h - l).fold(0.0, f64::max);
+    (gap, max_cost + 2.0 * quantum as f64)
+}
+
+#[test]
+fn equal_tenants_equal_costs() {
+    let (gap, bound) = max_gap(&[(1, 5); 5], 6, 2, 3000);
+    assert!(gap <= bound, "gap {gap} above bound {bound}");
+}
+
+#[test]
+fn weighted_tenants_mixed_costs() {
+    let (gap, bound) = max_gap(&[(1, 5), (2, 5), (1, 20), (3, 10)], 20, 8, 3000);
+    assert!(gap <= bound, "gap {gap} above bound {bound}");
+}
