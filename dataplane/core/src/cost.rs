@@ -31,6 +31,8 @@ pub struct TaskSpec {
 pub struct ResolutionTier {
     pub max_pixels: u64,
     pub factor_milli: u64,
+    /// Concurrency a running task of this tier holds in lane pools and running-unit limits.
+    pub slot_units: u32,
     pub cpu_units: u32,
     pub gpu_units: u32,
     pub gpu_mem_mb: u32,
@@ -112,7 +114,11 @@ pub struct CostEstimate {
     pub provider_ms: u64,
     pub cost_milli: u64,
     pub media_gpu_ms: u64,
+    /// Dominant-resource cost over the task's whole run: what DRR charges.
     pub fairness: Units,
+    /// Concurrency held while running (lane pools, running units): not scaled by duration,
+    /// because holding a slot longer is already what `fairness` charges for.
+    pub slots: Units,
     pub class: ResourceClass,
     pub media: MediaDemand,
 }
@@ -243,6 +249,7 @@ pub fn estimate(
         cost_milli,
         media_gpu_ms,
         fairness: Units(fairness_milli),
+        slots: Units::whole(u64::from(tier.slot_units.max(1))),
         class,
         media: MediaDemand {
             cpu_units: tier.cpu_units,
@@ -254,7 +261,8 @@ pub fn estimate(
 }
 
 /// A small matrix row used by tests, benches and the default scenarios: 720p ×1, 1080p ×1.5,
-/// 4K ×3; 6 provider-seconds per output second; 4K or ≥30 s or audio counts as expensive.
+/// 4K ×3 (and two slots); 6 provider-seconds per output second; 4K or ≥30 s or audio counts as
+/// expensive.
 pub fn example_model(id: ModelId, providers: Vec<ProviderId>) -> ModelCapability {
     ModelCapability {
         id,
@@ -272,6 +280,7 @@ pub fn example_model(id: ModelId, providers: Vec<ProviderId>) -> ModelCapability
             ResolutionTier {
                 max_pixels: 1280 * 720,
                 factor_milli: 1_000,
+                slot_units: 1,
                 cpu_units: 1,
                 gpu_units: 0,
                 gpu_mem_mb: 0,
@@ -279,6 +288,7 @@ pub fn example_model(id: ModelId, providers: Vec<ProviderId>) -> ModelCapability
             ResolutionTier {
                 max_pixels: 1920 * 1080,
                 factor_milli: 1_500,
+                slot_units: 1,
                 cpu_units: 2,
                 gpu_units: 0,
                 gpu_mem_mb: 0,
@@ -286,6 +296,7 @@ pub fn example_model(id: ModelId, providers: Vec<ProviderId>) -> ModelCapability
             ResolutionTier {
                 max_pixels: 3840 * 2160,
                 factor_milli: 3_000,
+                slot_units: 2,
                 cpu_units: 6,
                 gpu_units: 1,
                 gpu_mem_mb: 4_096,

@@ -239,10 +239,12 @@ impl Policy {
             1,
             u64::from(u32::MAX),
         )?;
+        // A backlogged tenant ends a turn with up to one task's cost left; with the cap at a single
+        // quantum that remainder would be clipped and large-task tenants shortchanged.
         range(
             "drr.burst_rounds",
             self.drr.burst_rounds.into(),
-            1,
+            2,
             BURST_ROUNDS_MAX.into(),
         )?;
         range("aging.aging_step_ms", self.aging.aging_step_ms, 1, u64::MAX)?;

@@ -840,7 +840,7 @@ impl Shard {
     fn tenant_running_demand(&self, e: &TaskEntry) -> Demand {
         let user = self.users[&e.user];
         let tenant = &self.tenants[e.tenant_slot as usize];
-        let units = e.estimate.fairness.milli();
+        let units = e.estimate.slots.milli();
         let mut d = Demand::default();
         d.add(user.running_tasks, 1);
         d.add(user.running_units, units);
@@ -859,7 +859,7 @@ impl Shard {
         lane_key: LimitId,
         mode: CapacityMode,
     ) -> Demand {
-        let units = e.estimate.fairness.milli();
+        let units = e.estimate.slots.milli();
         let mut d = self.tenant_running_demand(e);
         d.add(lane_key, units);
         if mode == CapacityMode::Borrowed(Lane::EnterpriseReserved) {
@@ -1236,7 +1236,7 @@ impl Shard {
         {
             return Err(Block::Tenant);
         }
-        let units = e.estimate.fairness.milli();
+        let units = e.estimate.slots.milli();
         let (lane_opts, n_opts) = self.lane_options(e.lane, units);
         let providers = &self.policy.models[e.model.0 as usize].providers;
         let mut only_lane_full = true;

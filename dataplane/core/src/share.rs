@@ -13,19 +13,25 @@ pub struct ShardLoad {
     pub used: u64,
     /// Summed weight of the shard's backlogged tenants for this resource.
     pub weight: u64,
+    /// The shard's share from the previous split.
+    pub share: u64,
 }
 
-/// Returns each shard's new capacity. Every share is ≥ its `used` (when the total allows), and
-/// the shares sum to at most `capacity`.
+/// Returns each shard's new share. Every share is ≥ its `used`, and the shares sum to at most
+/// `capacity` (when the holdings alone exceed it, to exactly the holdings: nothing is taken back).
+///
+/// A backlogged shard keeps its previous share up to its target (`capacity × weight / Σweight`):
+/// headroom it has not used yet is saved, not re-divided, so a shard whose next task is large can
+/// accumulate room for it. What remains goes first to shards below their target, in proportion to
+/// how far below they are, then to every backlogged shard by weight.
 pub fn split(capacity: u64, loads: &[ShardLoad]) -> Vec<u64> {
     let n = loads.len() as u128;
     if n == 0 {
         return Vec::new();
     }
-    let used: u128 = loads.iter().map(|l| u128::from(l.used)).sum();
-    let free = u128::from(capacity).saturating_sub(used);
+    let capacity = u128::from(capacity);
     let total_weight: u128 = loads.iter().map(|l| u128::from(l.weight)).sum();
-    // With no backlog anywhere, split what is free evenly so any shard can start.
+    // With no backlog anywhere, split evenly so any shard can start.
     let weight = |l: &ShardLoad| {
         if total_weight == 0 {
             1
@@ -34,28 +40,43 @@ pub fn split(capacity: u64, loads: &[ShardLoad]) -> Vec<u64> {
         }
     };
     let weights: u128 = if total_weight == 0 { n } else { total_weight };
+    let target = |l: &ShardLoad| capacity * weight(l) / weights;
 
-    let wants: Vec<u128> = loads
+    let mut shares: Vec<u128> = loads
         .iter()
         .map(|l| {
-            let target = u128::from(capacity) * weight(l) / weights;
-            target.saturating_sub(u128::from(l.used))
+            let kept = if l.weight > 0 {
+                target(l).min(u128::from(l.share))
+            } else {
+                0
+            };
+            kept.max(u128::from(l.used))
         })
         .collect();
+    if shares.iter().sum::<u128>() > capacity {
+        // The previous shares do not fit a smaller capacity: keep only the holdings.
+        shares = loads.iter().map(|l| u128::from(l.used)).collect();
+    }
+    let free = capacity.saturating_sub(shares.iter().sum());
+    let wants: Vec<u128> = loads
+        .iter()
+        .zip(&shares)
+        .map(|(l, s)| target(l).saturating_sub(*s))
+        .collect();
     let wanted: u128 = wants.iter().sum();
-    let mut headroom: Vec<u128> = if wanted <= free {
-        let leftover = free - wanted;
-        loads
-            .iter()
-            .zip(&wants)
-            .map(|(l, w)| w + leftover * weight(l) / weights)
-            .collect()
+    if wanted >= free {
+        for (share, want) in shares.iter_mut().zip(&wants) {
+            *share += if wanted == 0 { 0 } else { free * want / wanted };
+        }
     } else {
-        wants.iter().map(|w| free * w / wanted).collect()
-    };
+        let leftover = free - wanted;
+        for ((share, want), l) in shares.iter_mut().zip(&wants).zip(loads) {
+            *share += want + leftover * weight(l) / weights;
+        }
+    }
     // Hand the rounding remainder out one unit at a time, heaviest (then lowest index) first, so
     // small capacities are not lost to integer division.
-    let mut remainder = free - headroom.iter().sum::<u128>().min(free);
+    let mut remainder = capacity.saturating_sub(shares.iter().sum());
     let mut order: Vec<usize> = (0..loads.len())
         .filter(|&i| weight(&loads[i]) > 0)
         .collect();
@@ -64,13 +85,12 @@ pub fn split(capacity: u64, loads: &[ShardLoad]) -> Vec<u64> {
         if remainder == 0 {
             break;
         }
-        headroom[i] += 1;
+        shares[i] += 1;
         remainder -= 1;
     }
-    loads
-        .iter()
-        .zip(headroom)
-        .map(|(l, h)| u64::try_from(u128::from(l.used) + h).expect("share fits in u64"))
+    shares
+        .into_iter()
+        .map(|s| u64::try_from(s).expect("share fits in u64"))
         .collect()
 }
 
@@ -80,48 +100,53 @@ mod tests {
 
     use super::*;
 
+    fn load(used: u64, weight: u64, share: u64) -> ShardLoad {
+        ShardLoad {
+            used,
+            weight,
+            share,
+        }
+    }
+
     #[test]
     fn whale_alone_does_not_get_half() {
         // Shard 0: one whale of weight 1. Shard 1: a hundred tenants of weight 1.
-        let shares = split(
-            101,
-            &[
-                ShardLoad { used: 0, weight: 1 },
-                ShardLoad {
-                    used: 0,
-                    weight: 100,
-                },
-            ],
-        );
+        let shares = split(101, &[load(0, 1, 0), load(0, 100, 0)]);
         assert_eq!(shares, vec![1, 100]);
     }
 
     #[test]
     fn held_units_are_never_taken_back() {
-        let shares = split(
-            10,
-            &[
-                ShardLoad { used: 8, weight: 1 },
-                ShardLoad { used: 0, weight: 1 },
-            ],
-        );
+        let shares = split(10, &[load(8, 1, 8), load(0, 1, 0)]);
         assert_eq!(shares, vec![8, 2]);
     }
 
     #[test]
     fn idle_node_splits_evenly() {
-        let shares = split(9, &[ShardLoad { used: 0, weight: 0 }; 3]);
+        let shares = split(9, &[load(0, 0, 0); 3]);
         assert_eq!(shares, vec![3, 3, 3]);
+    }
+
+    #[test]
+    fn unused_headroom_below_target_is_kept_for_a_large_task() {
+        // Shard 0 holds 4 of its 6-unit target and waits for 2 more to start a large task; shard 1
+        // keeps consuming. Its headroom is not re-divided, and freed units go to it first.
+        let shares = split(12, &[load(4, 1, 5), load(6, 1, 7)]);
+        assert_eq!(shares, vec![6, 6]);
+        let shares = split(12, &[load(4, 1, 6), load(5, 1, 6)]);
+        assert_eq!(shares, vec![6, 6]);
     }
 
     proptest! {
         #[test]
         fn shares_respect_capacity_and_holdings(
             capacity in 0u64..10_000,
-            loads in prop::collection::vec((0u64..5_000, 0u64..50), 1..8),
+            loads in prop::collection::vec((0u64..5_000, 0u64..50, 0u64..5_000), 1..8),
         ) {
-            let loads: Vec<ShardLoad> =
-                loads.into_iter().map(|(used, weight)| ShardLoad { used, weight }).collect();
+            let loads: Vec<ShardLoad> = loads
+                .into_iter()
+                .map(|(used, weight, extra)| ShardLoad { used, weight, share: used + extra })
+                .collect();
             let shares = split(capacity, &loads);
             let used: u64 = loads.iter().map(|l| l.used).sum();
             let total: u64 = shares.iter().sum();

@@ -1,6 +1,6 @@
 //! DRR's fairness bound on the real shard: with every tenant backlogged and the lane full, the
 //! normalized service of any two tenants never drifts apart by more than
-//! `max_cost + 2 × quantum × burst_rounds` over any interval (Shreedhar & Varghese 1995).
+//! `max_cost + 2 × quantum` over any interval (Shreedhar & Varghese 1995).
 
 use std::collections::VecDeque;
 
@@ -31,7 +31,7 @@ fn max_gap(tenants: &[(u32, u32)], capacity: u64, quantum: u64, dispatches: usiz
     policy.reserve.borrow_limit = Units::ZERO;
     policy.drr.base_quantum = Units::whole(quantum);
     policy.drr.initial_burst_credit = Units::whole(quantum);
-    policy.drr.burst_rounds = 1;
+    policy.drr.burst_rounds = 2;
     for p in &mut policy.providers {
         p.rpm = presets::UNLIMITED_RATE;
         p.concurrency = 1 << 20;

@@ -441,8 +441,10 @@ fn expected_wait_overflows_to_best_effort() {
 
 #[test]
 fn enterprise_reserve_is_borrowed_with_headroom_and_borrowing_stops_when_demand_returns() {
-    // Standard has 2 units; enterprise 10 with 5 headroom and a 10-unit borrow limit: standard
-    // may borrow 5. When enterprise work queues, no new borrowing, nothing pre-empted.
+    // Standard has 2 slots; enterprise 10 with 5 headroom and a 10-slot borrow limit: standard
+    // borrows 5. Enterprise then queues 6 tasks: 5 fit, one waits. A borrowed task ending frees a
+    // slot: it goes to the waiting enterprise task, not to new standard work (no new borrowing
+    // while enterprise waits), and no borrowed task is pre-empted.
     check(
         "
         lane STANDARD capacity=2
@@ -458,11 +460,14 @@ fn enterprise_reserve_is_borrowed_with_headroom_and_borrowing_stops_when_demand_
         submit t6 tenant=1
         submit t7 tenant=1
         submit t8 tenant=1
-        submit t9 tenant=1
         dispatch
-        submit t20 tenant=2 dur=20
-        submit t21 tenant=2 dur=20
-        submit t10 tenant=1
+        submit t20 tenant=2
+        submit t21 tenant=2
+        submit t22 tenant=2
+        submit t23 tenant=2
+        submit t24 tenant=2
+        submit t25 tenant=2
+        dispatch
         done t3
         dispatch
         ",
@@ -475,7 +480,6 @@ fn enterprise_reserve_is_borrowed_with_headroom_and_borrowing_stops_when_demand_
             6: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
             7: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
             8: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
-            9: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
             dispatch 1 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
             dispatch 2 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
             dispatch 3 tenant=1 lane=STANDARD provider=0 mode=Borrowed(EnterpriseReserved) attempt=1
@@ -483,23 +487,31 @@ fn enterprise_reserve_is_borrowed_with_headroom_and_borrowing_stops_when_demand_
             dispatch 5 tenant=1 lane=STANDARD provider=0 mode=Borrowed(EnterpriseReserved) attempt=1
             dispatch 6 tenant=1 lane=STANDARD provider=0 mode=Borrowed(EnterpriseReserved) attempt=1
             dispatch 7 tenant=1 lane=STANDARD provider=0 mode=Borrowed(EnterpriseReserved) attempt=1
-            20: ACCEPTED lane=ENTERPRISE_RESERVED band=P1 fairness=4.000u level=Immediate
-            21: ACCEPTED lane=ENTERPRISE_RESERVED band=P1 fairness=4.000u level=Short
-            10: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
-            done 3 (was Some(Running)): Ok(AwaitingMedia); media 3 Succeeded
+            20: ACCEPTED lane=ENTERPRISE_RESERVED band=P1 fairness=1.000u level=Immediate
+            21: ACCEPTED lane=ENTERPRISE_RESERVED band=P1 fairness=1.000u level=Short
+            22: ACCEPTED lane=ENTERPRISE_RESERVED band=P1 fairness=1.000u level=Short
+            23: ACCEPTED lane=ENTERPRISE_RESERVED band=P1 fairness=1.000u level=Short
+            24: ACCEPTED lane=ENTERPRISE_RESERVED band=P1 fairness=1.000u level=Short
+            25: ACCEPTED lane=ENTERPRISE_RESERVED band=P1 fairness=1.000u level=Short
             dispatch 20 tenant=2 lane=ENTERPRISE_RESERVED provider=0 mode=Normal attempt=1
+            dispatch 21 tenant=2 lane=ENTERPRISE_RESERVED provider=0 mode=Normal attempt=1
+            dispatch 22 tenant=2 lane=ENTERPRISE_RESERVED provider=0 mode=Normal attempt=1
+            dispatch 23 tenant=2 lane=ENTERPRISE_RESERVED provider=0 mode=Normal attempt=1
+            dispatch 24 tenant=2 lane=ENTERPRISE_RESERVED provider=0 mode=Normal attempt=1
+            done 3 (was Some(Running)): Ok(AwaitingMedia); media 3 Succeeded
+            dispatch 25 tenant=2 lane=ENTERPRISE_RESERVED provider=0 mode=Normal attempt=1
         "#]],
     );
 }
 
 #[test]
 fn big_head_is_skipped_at_most_skips_max_times() {
-    // Capacity 6 units: the 4.8-unit head does not fit while small tasks run; the fit-scan
-    // runs small ones past it twice, then the tenant stops skipping (t6 waits behind the head)
-    // and the head runs as soon as enough capacity is free.
+    // Quantum 5: after two small tasks the 4.8-unit head lacks credit; the fit-scan runs small
+    // tasks past it twice (skips=2), then the tenant stops skipping, its turn ends, and with the
+    // next quantum the head runs before the remaining small task.
     check(
         "
-        lane STANDARD capacity=6
+        drr quantum=5
         aging skips=2
         tenant 1
         submit t1 tenant=1
@@ -508,11 +520,6 @@ fn big_head_is_skipped_at_most_skips_max_times() {
         submit t4 tenant=1
         submit t5 tenant=1
         submit t6 tenant=1
-        dispatch
-        done t1
-        done t2
-        dispatch
-        done t4
         dispatch
         ",
         expect![[r#"
@@ -526,10 +533,8 @@ fn big_head_is_skipped_at_most_skips_max_times() {
             dispatch 2 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
             dispatch 4 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
             dispatch 5 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
-            done 1 (was Some(Running)): Ok(AwaitingMedia); media 1 Succeeded
-            done 2 (was Some(Running)): Ok(AwaitingMedia); media 2 Succeeded
-            done 4 (was Some(Running)): Ok(AwaitingMedia); media 4 Succeeded
             dispatch 3 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 6 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
         "#]],
     );
 }

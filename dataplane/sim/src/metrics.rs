@@ -49,9 +49,24 @@ pub struct PolicyReport {
     pub submit_timeouts: u64,
     pub duplicate_provider_jobs: u64,
     pub borrowed_dispatches: u64,
+    /// Backlogged tenants' served vs entitled units (the first `TENANTS_SHOWN`).
+    pub backlogged: Vec<TenantShare>,
     pub sim_end_s: f64,
     pub sim_wall_ms: u64,
 }
+
+/// One backlogged tenant's service in the measurement window.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct TenantShare {
+    pub tenant: u32,
+    pub lane: String,
+    pub weight: u32,
+    pub served_units: f64,
+    pub entitled_units: f64,
+}
+
+/// Tenants listed in a report's `backlogged`.
+const TENANTS_SHOWN: usize = 32;
 
 #[derive(Debug, Clone)]
 struct Counter {
@@ -183,7 +198,9 @@ impl Collector {
             .collect();
         let pc = policy.node.platform_cost_per_minute;
         let cost = (pc.per_minute < 1 << 39).then(|| window("platform:cost_per_minute".into(), pc));
-        let quantum_cap = policy.drr.base_quantum.milli() * u64::from(policy.drr.burst_rounds);
+        // Shreedhar & Varghese: two backlogged flows never drift apart by more than the largest
+        // task plus two quanta (weight-normalized).
+        let quantum = policy.drr.base_quantum.milli();
         Collector {
             window: (
                 Time::from_secs(scenario.warmup_s),
@@ -217,7 +234,7 @@ impl Collector {
             queued_at: HashMap::new(),
             starved: 0,
             max_cost_milli: 0,
-            drr_bound_base_milli: 2 * quantum_cap,
+            drr_bound_base_milli: 2 * quantum,
         }
     }
 
@@ -239,7 +256,7 @@ impl Collector {
     }
 
     fn provider_keys(&self, t: &SimTask, sign: i64) -> Vec<(usize, i64)> {
-        let units = t.estimate.fairness.milli() as i64 * sign;
+        let units = t.estimate.slots.milli() as i64 * sign;
         let pool = match t.mode {
             CapacityMode::Normal => t.lane,
             CapacityMode::Borrowed(l) => l,
@@ -396,7 +413,8 @@ impl Collector {
                 }
             }
         }
-        let (share_error_max, jain_index, backlogged_tenants) = self.fairness();
+        let (share_error_max, jain_index, backlogged) = self.fairness();
+        let backlogged_tenants = backlogged.len() as u64;
         let service_gap = self.service_gap(tasks);
         self.waits_ms.sort_unstable();
         let pct = |p: f64| -> f64 {
@@ -449,6 +467,7 @@ impl Collector {
             submit_timeouts: self.timeouts,
             duplicate_provider_jobs: self.duplicate_jobs,
             borrowed_dispatches: self.borrowed,
+            backlogged: backlogged.into_iter().take(TENANTS_SHOWN).collect(),
             sim_end_s: end.as_nanos() as f64 / 1e9,
             sim_wall_ms: 0,
         }
@@ -456,16 +475,18 @@ impl Collector {
 
     /// Over tenant-lanes backlogged at every sample of the window: entitled share by weight of
     /// what the backlogged tenants of that lane were served.
-    fn fairness(&self) -> (f64, f64, u64) {
+    fn fairness(&self) -> (f64, f64, Vec<TenantShare>) {
         let mut share_error_max: f64 = 0.0;
         let mut ratios = Vec::new();
+        let mut shares = Vec::new();
         for lane in Lane::ALL {
-            let members: Vec<(u64, u64)> = (0..self.tenants.len())
+            let members: Vec<(u64, u64, usize)> = (0..self.tenants.len())
                 .filter(|&t| self.backlogged[tl(t as u32, lane)] == 1)
                 .map(|t| {
                     (
                         u64::from(self.tenants[t].1),
                         self.served[tl(t as u32, lane)],
+                        t,
                     )
                 })
                 .collect();
@@ -474,8 +495,15 @@ impl Collector {
             }
             let served: u64 = members.iter().map(|m| m.1).sum();
             let weight: u64 = members.iter().map(|m| m.0).sum();
-            for &(w, s) in &members {
+            for &(w, s, t) in &members {
                 let entitled = served as f64 * w as f64 / weight as f64;
+                shares.push(TenantShare {
+                    tenant: self.tenants[t].0 .0,
+                    lane: lane.name().to_string(),
+                    weight: w as u32,
+                    served_units: s as f64 / 1000.0,
+                    entitled_units: entitled / 1000.0,
+                });
                 if entitled <= 0.0 {
                     continue;
                 }
@@ -491,7 +519,7 @@ impl Collector {
         } else {
             sum * sum / (n * squares)
         };
-        (share_error_max, jain, ratios.len() as u64)
+        (share_error_max, jain, shares)
     }
 
     /// Largest |ΔS_i − ΔS_j| over any interval of the window, S = served units / weight, among up

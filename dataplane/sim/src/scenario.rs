@@ -428,7 +428,10 @@ impl Scenario {
         policy.node.gpu_units = 1 << 20;
         policy.node.gpu_mem_mb = 1 << 40;
         policy.node.temp_disk_mb = 1 << 40;
-        policy.drr.burst_rounds = 1;
+        // Borrowing of the enterprise reserve only where a scenario asks for it, so that lane
+        // capacities mean the same for spindle and the baselines elsewhere.
+        policy.reserve.borrow_limit = Units::ZERO;
+        policy.drr.burst_rounds = 2;
         policy.drr.base_quantum = Units::whole(48);
         policy.drr.initial_burst_credit = Units::whole(48);
         for (&lane, o) in &self.lanes {

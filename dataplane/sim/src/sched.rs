@@ -124,6 +124,7 @@ impl SpindleNode {
             loads.extend(self.shards.iter().map(|s| ShardLoad {
                 used: s.ledger().used(id),
                 weight: s.split_weight(id),
+                share: s.ledger().capacity(id),
             }));
             match capacity {
                 NodeCapacity::Slots(total) => {
@@ -387,7 +388,7 @@ impl Baseline {
 
     fn demand(&self, t: &BaseTask, provider: usize) -> Demand {
         let mut d = Demand::default();
-        d.add(self.lane_units[t.lane.index()], t.estimate.fairness.milli());
+        d.add(self.lane_units[t.lane.index()], t.estimate.slots.milli());
         d.add(self.provider_conc[provider], 1);
         d.add(self.provider_rpm[provider], 1);
         d.add(self.model_running, 1);
