@@ -590,17 +590,17 @@ mix = [{ res = "720p", duration_s = 5 }]
 
     #[test]
     fn errors_name_file_line_and_field() {
-        expect!["s.toml:17:1: unknown field `colour`, expected one of `name`, `count`, `lane`, `weight`, `base_band`, `users`, `arrival`, `mix`, `queued_tasks_max`, `running_tasks_max`, `max_wait_s`"]
+        expect!["s.toml:16:1: unknown field `colour`, expected one of `name`, `count`, `lane`, `weight`, `base_band`, `users`, `arrival`, `mix`, `queued_tasks_max`, `running_tasks_max`, `max_wait_s`"]
             .assert_eq(&err(&format!("{GOOD}colour = \"red\"\n")));
         expect!["s.toml:7:15: field `providers[0].concurrency`: 0 is outside 1..=4294967296"]
             .assert_eq(&err(&GOOD.replace("concurrency = 10", "concurrency = 0")));
-        expect!["s.toml:14:8: unknown variant `FAST`, expected one of `ENTERPRISE_RESERVED`, `PAID_SHARED`, `STANDARD`, `BEST_EFFORT`, `EXPENSIVE`, `RECOVERY`"]
+        expect!["s.toml:13:8: unknown variant `FAST`, expected one of `ENTERPRISE_RESERVED`, `PAID_SHARED`, `STANDARD`, `BEST_EFFORT`, `EXPENSIVE`, `RECOVERY`"]
             .assert_eq(&err(&GOOD.replace("\"STANDARD\"", "\"FAST\"")));
-        expect!["s.toml:15:11: field `tenants[0].arrival`: rate_per_s -1 is outside (0, 1e6]"]
+        expect!["s.toml:14:11: field `tenants[0].arrival`: rate_per_s -1 is outside (0, 1e6]"]
             .assert_eq(&err(&GOOD.replace("0.5", "-1")));
-        expect!["s.toml:16:7: field `tenants[0].mix`: duration_s and weight must be positive (got MixEntry { res: P720, duration_s: 0, weight: 1, fps: 24, audio: false, references: 0, band: None })"]
+        expect!["s.toml:15:7: field `tenants[0].mix`: duration_s and weight must be positive (got MixEntry { res: P720, duration_s: 0, weight: 1, fps: 24, audio: false, references: 0, band: None })"]
             .assert_eq(&err(&GOOD.replace("duration_s = 5", "duration_s = 0")));
-        expect!["s.toml:2:1: missing field `starvation_bound_s`"]
+        expect!["s.toml:1:1: missing field `starvation_bound_s`"]
             .assert_eq(&err(&GOOD.replace("starvation_bound_s = 600\n", "")));
     }
 }
