@@ -1,1 +1,113 @@
-//! Benches live in `benches/`.
+//! Shared set-up for the benches and the memory measurement: a shard with many tenants and a
+//! deep backlog, driven through the same calls the node makes.
+
+use spindle_core::presets::{self, UNLIMITED_RATE};
+use spindle_core::shard::{Poll, SubmitRequest};
+use spindle_core::{
+    ClaimOutcome, FencingToken, Lane, ModelId, Policy, Shard, TaskId, TaskSpec, TenantId, Time,
+    Units, UserId,
+};
+
+/// A policy with `tenants` STANDARD tenants and limits that never bind, so benches measure the
+/// scheduling path, not rejections.
+pub fn policy(tenants: u32) -> Policy {
+    let mut policy = presets::with_tenants(presets::small_node(), tenants);
+    policy.lanes[Lane::Standard.index()].capacity = Units::whole(1 << 30);
+    policy.reserve.borrow_limit = Units::ZERO;
+    policy.node.high_cost_concurrency = 1 << 40;
+    policy.node.model_running_max = 1 << 40;
+    policy.node.cpu_units = 1 << 40;
+    policy.node.gpu_units = 1 << 40;
+    policy.node.gpu_mem_mb = 1 << 40;
+    policy.node.temp_disk_mb = 1 << 40;
+    for p in &mut policy.providers {
+        p.concurrency = 1 << 40;
+        p.rpm = UNLIMITED_RATE;
+    }
+    policy
+}
+
+pub fn spec() -> TaskSpec {
+    TaskSpec {
+        model: ModelId(0),
+        width: 1280,
+        height: 720,
+        duration_ms: 5_000,
+        fps: 24,
+        audio: false,
+        references: 0,
+    }
+}
+
+/// A shard and a task counter, with `queued` tasks spread round-robin over `tenants`.
+pub struct Loaded {
+    pub shard: Shard,
+    pub tenants: u32,
+    pub next_task: u64,
+    pub next_tenant: u32,
+}
+
+impl Loaded {
+    pub fn new(tenants: u32, queued: u64) -> Loaded {
+        let mut loaded = Loaded {
+            shard: Shard::new(policy(tenants), 1, Time::ZERO),
+            tenants,
+            next_task: 0,
+            next_tenant: 0,
+        };
+        for _ in 0..queued {
+            loaded.admit();
+        }
+        loaded
+    }
+
+    /// Submits one task for the next tenant in turn; panics if it is not accepted.
+    pub fn admit(&mut self) -> TaskId {
+        self.next_task += 1;
+        self.next_tenant = self.next_tenant % self.tenants + 1;
+        let task = TaskId(self.next_task);
+        let req = SubmitRequest {
+            task,
+            tenant: TenantId(self.next_tenant),
+            user: UserId(self.next_tenant),
+            spec: spec(),
+            band_hint: None,
+            deadline: None,
+        };
+        let admission = self.shard.handle_submit(Time::ZERO, req).expect("valid");
+        assert!(admission.decision.is_accepted(), "{admission:?}");
+        task
+    }
+
+    /// Picks the next task to run: the scheduling decision, up to DISPATCHING with every
+    /// reservation held.
+    pub fn pick(&mut self) -> TaskId {
+        loop {
+            match self.shard.poll_dispatch(Time::ZERO) {
+                Poll::Dispatch(d) => return d.task,
+                Poll::Yield => continue,
+                other => panic!("a loaded shard has work: {other:?}"),
+            }
+        }
+    }
+
+    /// Runs a picked task to the end: claim granted, provider accepted and succeeded, media done.
+    pub fn complete(&mut self, task: TaskId) {
+        let token = FencingToken(task.0);
+        let outcome = self.shard.handle_claim_granted(task, token).expect("claim");
+        assert_eq!(outcome, ClaimOutcome::Submit);
+        self.shard
+            .handle_provider_accepted(task, token)
+            .expect("accept");
+        self.shard
+            .handle_provider_succeeded(Time::ZERO, task, token, Units::whole(1))
+            .expect("succeeded");
+        let media = self
+            .shard
+            .poll_media(Time::ZERO)
+            .expect("media slots are unlimited");
+        self.shard
+            .handle_media_done(media.task, token, true)
+            .expect("media done");
+    }
+}

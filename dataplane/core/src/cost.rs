@@ -14,7 +14,7 @@ use crate::units::{Units, MILLI_PER_UNIT};
 
 /// What a client asks for. Every field is a claim the server re-derives cost from; none of them
 /// sets lane, weight or priority.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct TaskSpec {
     pub model: ModelId,
     pub width: u32,

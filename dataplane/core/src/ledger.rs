@@ -259,6 +259,16 @@ impl Demand {
             return;
         }
         let len = usize::from(self.len);
+        // Builders add in id order: appending is the common case.
+        if len == 0 || self.needs[len - 1].id < id {
+            assert!(
+                len < DEMAND_KEYS_MAX,
+                "a demand holds at most {DEMAND_KEYS_MAX} limits"
+            );
+            self.needs[len] = Need { id, amount };
+            self.len += 1;
+            return;
+        }
         let pos = self.needs[..len].partition_point(|n| n.id < id);
         if pos < len && self.needs[pos].id == id {
             self.needs[pos].amount += amount;

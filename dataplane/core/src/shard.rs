@@ -233,6 +233,8 @@ enum Place {
 struct TaskEntry {
     tenant_slot: u32,
     user: UserId,
+    /// The user's limit ids, so that demands need no lookup of the user table.
+    user_limits: UserRt,
     lane: Lane,
     band: Band,
     model: ModelId,
@@ -315,7 +317,46 @@ pub struct Shard {
     delayed: BinaryHeap<Reverse<(Time, TaskId)>>,
     media_queue: VecDeque<TaskId>,
     media_head_skips: u32,
+    estimates: EstimateCache,
     stats: ShardStats,
+}
+
+/// Slots of the estimate cache (direct-mapped by a hash of the spec).
+const ESTIMATE_CACHE_SLOTS: usize = 1024;
+
+/// Pricing a spec costs a dozen integer divisions; real traffic repeats a few specs, so a small
+/// direct-mapped cache of exact results keeps admission cheap. It is deterministic and never
+/// grows; the matrix is immutable for a shard's lifetime, so entries never go stale.
+#[derive(Debug, Clone)]
+struct EstimateCache {
+    slots: Vec<Option<(TaskSpec, Result<CostEstimate, crate::cost::CostError>)>>,
+}
+
+impl EstimateCache {
+    fn new() -> EstimateCache {
+        EstimateCache {
+            slots: vec![None; ESTIMATE_CACHE_SLOTS],
+        }
+    }
+
+    fn get_or_insert(
+        &mut self,
+        spec: &TaskSpec,
+        compute: impl FnOnce() -> Result<CostEstimate, crate::cost::CostError>,
+    ) -> Result<CostEstimate, crate::cost::CostError> {
+        use std::hash::{Hash, Hasher};
+        let mut h = crate::hash::IdHasher::default();
+        spec.hash(&mut h);
+        let slot = &mut self.slots[(h.finish() >> 54) as usize % ESTIMATE_CACHE_SLOTS];
+        match slot {
+            Some((cached, result)) if cached == spec => result.clone(),
+            _ => {
+                let result = compute();
+                *slot = Some((*spec, result.clone()));
+                result
+            }
+        }
+    }
 }
 
 /// A node-wide limit's full capacity, before it is split among shards.
@@ -436,6 +477,7 @@ impl Shard {
             delayed: BinaryHeap::new(),
             media_queue: VecDeque::new(),
             media_head_skips: 0,
+            estimates: EstimateCache::new(),
             stats: ShardStats::default(),
         }
     }
@@ -574,8 +616,10 @@ impl Shard {
                 .ok_or(SubmitError::InvalidSpec(
                     crate::cost::CostError::UnknownModel(req.spec.model),
                 ))?;
-        let est = estimate(&req.spec, model, &self.policy.cost_bases)
-            .map_err(SubmitError::InvalidSpec)?;
+        let est = self.estimates.get_or_insert(&req.spec, || {
+            estimate(&req.spec, model, &self.policy.cost_bases)
+        });
+        let est = est.map_err(SubmitError::InvalidSpec)?;
         if self.tasks.contains_key(&req.task) {
             return Err(SubmitError::DuplicateTask(req.task));
         }
@@ -661,6 +705,7 @@ impl Shard {
         let entry = TaskEntry {
             tenant_slot: slot,
             user: req.user,
+            user_limits: user,
             lane,
             band,
             model: req.spec.model,
@@ -820,34 +865,41 @@ impl Shard {
 
     // ---------------------------------------------------------------- demands
 
+    // Demands are built in limit registration order (node limits, then the tenant's, then the
+    // user's, see `Shard::new`/`ensure_*`), so every `Demand::add` is an append.
+
     fn queue_gates(&self, e: &TaskEntry) -> Demand {
-        let user = self.users[&e.user];
+        let user = e.user_limits;
         let tenant = &self.tenants[e.tenant_slot as usize];
         let units = e.estimate.fairness.milli();
         let mut d = Demand::default();
-        d.add(user.queued_tasks, 1);
-        d.add(user.queued_units, units);
-        d.add(tenant.queued_tasks, 1);
-        d.add(tenant.queued_units, units);
         d.add(self.node.lane_queued_tasks[e.lane.index()], 1);
         d.add(self.node.lane_queued_units[e.lane.index()], units);
         d.add(self.node.global_queued_tasks, 1);
         d.add(self.node.global_queued_units, units);
+        d.add(tenant.queued_tasks, 1);
+        d.add(tenant.queued_units, units);
+        d.add(user.queued_tasks, 1);
+        d.add(user.queued_units, units);
         d
     }
 
     /// The part of the provider stage that only the task's own tenant and user limit.
     fn tenant_running_demand(&self, e: &TaskEntry) -> Demand {
-        let user = self.users[&e.user];
+        let mut d = Demand::default();
+        self.add_tenant_running(e, &mut d);
+        d
+    }
+
+    fn add_tenant_running(&self, e: &TaskEntry, d: &mut Demand) {
+        let user = e.user_limits;
         let tenant = &self.tenants[e.tenant_slot as usize];
         let units = e.estimate.slots.milli();
-        let mut d = Demand::default();
-        d.add(user.running_tasks, 1);
-        d.add(user.running_units, units);
         d.add(tenant.running_tasks, 1);
         d.add(tenant.running_units, units);
         d.add(tenant.cost_per_minute, e.estimate.cost_milli);
-        d
+        d.add(user.running_tasks, 1);
+        d.add(user.running_units, units);
     }
 
     /// Everything the provider stage holds: running counts and units per user, tenant, lane,
@@ -860,7 +912,7 @@ impl Shard {
         mode: CapacityMode,
     ) -> Demand {
         let units = e.estimate.slots.milli();
-        let mut d = self.tenant_running_demand(e);
+        let mut d = Demand::default();
         d.add(lane_key, units);
         if mode == CapacityMode::Borrowed(Lane::EnterpriseReserved) {
             d.add(self.node.enterprise_borrowed, units);
@@ -872,6 +924,7 @@ impl Shard {
             d.add(self.node.high_cost, 1);
         }
         d.add(self.node.platform_cost, e.estimate.cost_milli);
+        self.add_tenant_running(e, &mut d);
         d
     }
 
