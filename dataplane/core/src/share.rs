@@ -66,7 +66,7 @@ pub fn split(capacity: u64, loads: &[ShardLoad]) -> Vec<u64> {
     let wanted: u128 = wants.iter().sum();
     if wanted >= free {
         for (share, want) in shares.iter_mut().zip(&wants) {
-            *share += if wanted == 0 { 0 } else { free * want / wanted };
+            *share += (free * want).checked_div(wanted).unwrap_or(0);
         }
     } else {
         let leftover = free - wanted;

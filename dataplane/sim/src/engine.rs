@@ -70,16 +70,10 @@ impl PolicyKind {
 }
 
 /// Knobs of a run that are not part of the scenario.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct RunOptions {
     /// Call every scheduler's `check_invariants` after this many events (0: only at the end).
     pub check_every: u64,
-}
-
-impl Default for RunOptions {
-    fn default() -> Self {
-        RunOptions { check_every: 0 }
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
