@@ -884,13 +884,6 @@ impl Shard {
         d
     }
 
-    /// The part of the provider stage that only the task's own tenant and user limit.
-    fn tenant_running_demand(&self, e: &TaskEntry) -> Demand {
-        let mut d = Demand::default();
-        self.add_tenant_running(e, &mut d);
-        d
-    }
-
     fn add_tenant_running(&self, e: &TaskEntry, d: &mut Demand) {
         let user = e.user_limits;
         let tenant = &self.tenants[e.tenant_slot as usize];
@@ -1282,36 +1275,27 @@ impl Shard {
     /// acquisition moves the task QUEUED → DISPATCHING. Changes nothing otherwise, and says why.
     fn try_start(&mut self, task: TaskId, now: Time) -> Result<Dispatch, Block> {
         let e = &self.tasks[&task];
-        if self
-            .ledger
-            .check(&self.tenant_running_demand(e), now)
-            .is_err()
-        {
-            return Err(Block::Tenant);
-        }
         let units = e.estimate.slots.milli();
         let (lane_opts, n_opts) = self.lane_options(e.lane, units);
         let providers = &self.policy.models[e.model.0 as usize].providers;
-        let mut only_lane_full = true;
+        // The first refused limit in the fixed order classifies the block: node limits come
+        // first, so a tenant block shows only once the shared ones would fit.
+        let mut block = Block::LanePool;
         for &(lane_key, mode) in &lane_opts[..n_opts] {
             for &provider in providers {
                 let demand = self.provider_demand(e, provider, lane_key, mode);
-                if let Err(id) = self.ledger.try_acquire(&demand, now) {
-                    let lane_pool = matches!(
-                        self.ledger.key(id),
-                        LimitKey::LaneUnits(_) | LimitKey::EnterpriseBorrowed
-                    );
-                    only_lane_full &= lane_pool;
-                    continue;
-                }
-                return Ok(self.started(task, provider, lane_key, mode));
+                let Err(id) = self.ledger.try_acquire(&demand, now) else {
+                    return Ok(self.started(task, provider, lane_key, mode));
+                };
+                let key = self.ledger.key(id);
+                block = match (key, key.scope()) {
+                    (_, Scope::Shard) => return Err(Block::Tenant),
+                    (LimitKey::LaneUnits(_) | LimitKey::EnterpriseBorrowed, _) => block,
+                    _ => Block::Resource,
+                };
             }
         }
-        Err(if only_lane_full {
-            Block::LanePool
-        } else {
-            Block::Resource
-        })
+        Err(block)
     }
 
     /// QUEUED → DISPATCHING once the provider-stage demand is held.
