@@ -1,5 +1,6 @@
-//! Core scheduling cost at 10,000 active tenants and 100,000 queued tasks: admit (submit →
-//! decision → enqueue), pick (DRR → band → fit → acquire → DISPATCHING), and the pair.
+//! Core scheduling cost at 10,000 active tenants and 100,000 queued tasks (and, for reference, at
+//! 10 tenants and 100 tasks, where everything stays in cache): admit (submit → decision →
+//! enqueue), pick (DRR → band → fit → acquire → DISPATCHING), and the pair.
 //! Completions that keep the backlog steady run outside the timed region.
 
 use std::hint::black_box;
@@ -9,24 +10,25 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use spindle_benches::Loaded;
 use spindle_core::TaskId;
 
-const TENANTS: u32 = 10_000;
-const QUEUED: u64 = 100_000;
+/// (tenants, queued): the scale, and a cache-resident reference point.
+const SHAPES: [(u32, u64); 2] = [(10_000, 100_000), (10, 100)];
 /// Operations timed back to back before the untimed clean-up that restores the backlog.
 const CHUNK: u64 = 1_000;
 
 /// Times `op` over `iters` calls in chunks; after each chunk `restore` (untimed) brings the
-/// shard back to 100,000 queued tasks and nothing running.
+/// shard back to its initial backlog and nothing running.
 fn timed(
     loaded: &mut Loaded,
+    chunk: u64,
     iters: u64,
     mut op: impl FnMut(&mut Loaded) -> Option<TaskId>,
     mut restore: impl FnMut(&mut Loaded, u64),
 ) -> Duration {
     let mut total = Duration::ZERO;
     let mut done = 0;
-    let mut picked = Vec::with_capacity(CHUNK as usize);
+    let mut picked = Vec::with_capacity(chunk as usize);
     while done < iters {
-        let n = CHUNK.min(iters - done);
+        let n = chunk.min(iters - done);
         let start = Instant::now();
         for _ in 0..n {
             if let Some(t) = op(black_box(loaded)) {
@@ -44,10 +46,18 @@ fn timed(
 }
 
 fn bench(c: &mut Criterion) {
-    let mut group = c.benchmark_group("core_10k_tenants_100k_queued");
+    for (tenants, queued) in SHAPES {
+        bench_shape(c, tenants, queued);
+    }
+}
+
+fn bench_shape(c: &mut Criterion, tenants: u32, queued: u64) {
+    let mut group = c.benchmark_group(format!("core_{tenants}_tenants_{queued}_queued"));
+    // Never pick more than the backlog holds between two restores.
+    let chunk = CHUNK.min(queued);
     group.sample_size(50);
     group.bench_function("admit", |b| {
-        let mut loaded = Loaded::new(TENANTS, QUEUED);
+        let mut loaded = Loaded::new(tenants, queued);
         let admit = |l: &mut Loaded| {
             l.admit();
             None
@@ -58,24 +68,24 @@ fn bench(c: &mut Criterion) {
                 l.complete(t);
             }
         };
-        b.iter_custom(|iters| timed(&mut loaded, iters, admit, restore));
+        b.iter_custom(|iters| timed(&mut loaded, chunk, iters, admit, restore));
     });
     group.bench_function("pick", |b| {
-        let mut loaded = Loaded::new(TENANTS, QUEUED);
+        let mut loaded = Loaded::new(tenants, queued);
         let restore = |l: &mut Loaded, n: u64| {
             for _ in 0..n {
                 l.admit();
             }
         };
-        b.iter_custom(|iters| timed(&mut loaded, iters, |l| Some(l.pick()), restore));
+        b.iter_custom(|iters| timed(&mut loaded, chunk, iters, |l| Some(l.pick()), restore));
     });
     group.bench_function("pick_plus_admit", |b| {
-        let mut loaded = Loaded::new(TENANTS, QUEUED);
+        let mut loaded = Loaded::new(tenants, queued);
         let op = |l: &mut Loaded| {
             l.admit();
             Some(l.pick())
         };
-        b.iter_custom(|iters| timed(&mut loaded, iters, op, |_, _| {}));
+        b.iter_custom(|iters| timed(&mut loaded, chunk, iters, op, |_, _| {}));
     });
     group.finish();
 }

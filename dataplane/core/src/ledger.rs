@@ -14,9 +14,33 @@ use crate::limits::DEMAND_KEYS_MAX;
 use crate::policy::RateSpec;
 use crate::time::{Time, NANOS_PER_S};
 
-/// Dense index into a ledger.
+/// A limit in a ledger: the top bit says token bucket, the rest indexes its vector. Ids order
+/// every semaphore before every bucket, each kind in registration order: the acquisition order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct LimitId(pub u32);
+
+const BUCKET_BIT: u32 = 1 << 31;
+
+impl LimitId {
+    fn bucket(index: usize) -> LimitId {
+        LimitId(BUCKET_BIT | u32::try_from(index).expect("ledger holds < 2^31 buckets"))
+    }
+
+    fn semaphore(index: usize) -> LimitId {
+        let index = u32::try_from(index).expect("ledger holds < 2^31 semaphores");
+        assert!(index < BUCKET_BIT, "ledger holds < 2^31 semaphores");
+        LimitId(index)
+    }
+
+    fn index(self) -> usize {
+        (self.0 & !BUCKET_BIT) as usize
+    }
+
+    /// The index of a semaphore among the ledger's semaphores; `None` for a bucket.
+    pub fn semaphore_index(self) -> Option<usize> {
+        (self.0 & BUCKET_BIT == 0).then_some(self.0 as usize)
+    }
+}
 
 /// What a limit guards: used in rejection reasons, reports and metrics.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -219,17 +243,24 @@ impl TokenBucket {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Limit {
-    Semaphore { capacity: u64, used: u64 },
-    Bucket(TokenBucket),
+/// A counting semaphore: 16 bytes, so a tenant's or user's semaphores share cache lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Semaphore {
+    capacity: u64,
+    used: u64,
 }
 
 /// One entry of a demand: the limit and how much of it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Need {
     pub id: LimitId,
-    pub amount: u64,
+    amount: u32,
+}
+
+impl Need {
+    pub fn amount(self) -> u64 {
+        u64::from(self.amount)
+    }
 }
 
 /// The limits one step needs, sorted by id (the global acquisition order), at most
@@ -254,21 +285,27 @@ impl Default for Demand {
 
 impl Demand {
     /// Adds `amount` of `id`; zero amounts are skipped, a repeated id adds up.
+    /// Adds `amount` of `id`; zero amounts are skipped, a repeated id adds up. One task's
+    /// amount of any limit fits in 32 bits (specs are bounded by `limits.rs`).
+    #[inline]
     pub fn add(&mut self, id: LimitId, amount: u64) {
         if amount == 0 {
             return;
         }
+        let amount = u32::try_from(amount).expect("one task's demand of a limit fits in 32 bits");
         let len = usize::from(self.len);
         // Builders add in id order: appending is the common case.
-        if len == 0 || self.needs[len - 1].id < id {
-            assert!(
-                len < DEMAND_KEYS_MAX,
-                "a demand holds at most {DEMAND_KEYS_MAX} limits"
-            );
+        if len < DEMAND_KEYS_MAX && (len == 0 || self.needs[len - 1].id < id) {
             self.needs[len] = Need { id, amount };
             self.len += 1;
             return;
         }
+        self.insert(id, amount);
+    }
+
+    #[cold]
+    fn insert(&mut self, id: LimitId, amount: u32) {
+        let len = usize::from(self.len);
         let pos = self.needs[..len].partition_point(|n| n.id < id);
         if pos < len && self.needs[pos].id == id {
             self.needs[pos].amount += amount;
@@ -295,8 +332,10 @@ impl Demand {
 /// All limits of one shard.
 #[derive(Debug, Clone, Default)]
 pub struct Ledger {
-    limits: Vec<Limit>,
-    keys: Vec<LimitKey>,
+    semaphores: Vec<Semaphore>,
+    semaphore_keys: Vec<LimitKey>,
+    buckets: Vec<TokenBucket>,
+    bucket_keys: Vec<LimitKey>,
 }
 
 impl Ledger {
@@ -305,74 +344,93 @@ impl Ledger {
     }
 
     pub fn len(&self) -> usize {
-        self.limits.len()
+        self.semaphores.len() + self.buckets.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.limits.is_empty()
+        self.len() == 0
+    }
+
+    pub fn semaphore_count(&self) -> usize {
+        self.semaphores.len()
     }
 
     pub fn add_semaphore(&mut self, key: LimitKey, capacity: u64) -> LimitId {
-        self.push(key, Limit::Semaphore { capacity, used: 0 })
+        self.semaphores.push(Semaphore { capacity, used: 0 });
+        self.semaphore_keys.push(key);
+        LimitId::semaphore(self.semaphores.len() - 1)
     }
 
     pub fn add_bucket(&mut self, key: LimitKey, rate: RateSpec, now: Time) -> LimitId {
-        self.push(key, Limit::Bucket(TokenBucket::new(rate, now)))
-    }
-
-    fn push(&mut self, key: LimitKey, limit: Limit) -> LimitId {
-        let id = LimitId(u32::try_from(self.limits.len()).expect("ledger holds < 2^32 limits"));
-        self.limits.push(limit);
-        self.keys.push(key);
-        id
+        self.buckets.push(TokenBucket::new(rate, now));
+        self.bucket_keys.push(key);
+        LimitId::bucket(self.buckets.len() - 1)
     }
 
     pub fn key(&self, id: LimitId) -> LimitKey {
-        self.keys[id.0 as usize]
+        match id.semaphore_index() {
+            Some(i) => self.semaphore_keys[i],
+            None => self.bucket_keys[id.index()],
+        }
     }
 
-    pub fn limit(&self, id: LimitId) -> &Limit {
-        &self.limits[id.0 as usize]
-    }
-
+    /// Every limit, semaphores first, in acquisition order.
     pub fn ids(&self) -> impl Iterator<Item = (LimitId, LimitKey)> + '_ {
-        self.keys
+        let sems = self
+            .semaphore_keys
             .iter()
             .enumerate()
-            .map(|(i, &k)| (LimitId(i as u32), k))
+            .map(|(i, &k)| (LimitId::semaphore(i), k));
+        let buckets = self
+            .bucket_keys
+            .iter()
+            .enumerate()
+            .map(|(i, &k)| (LimitId::bucket(i), k));
+        sems.chain(buckets)
     }
 
     /// Semaphore usage; bucket ids report 0.
     pub fn used(&self, id: LimitId) -> u64 {
-        match &self.limits[id.0 as usize] {
-            Limit::Semaphore { used, .. } => *used,
-            Limit::Bucket(_) => 0,
-        }
+        id.semaphore_index().map_or(0, |i| self.semaphores[i].used)
     }
 
+    /// Semaphore capacity, or a bucket's burst.
     pub fn capacity(&self, id: LimitId) -> u64 {
-        match &self.limits[id.0 as usize] {
-            Limit::Semaphore { capacity, .. } => *capacity,
-            Limit::Bucket(b) => b.rate.burst,
+        match id.semaphore_index() {
+            Some(i) => self.semaphores[i].capacity,
+            None => self.buckets[id.index()].rate.burst,
         }
     }
 
-    /// Free semaphore units (zero when over capacity after a share shrank).
+    /// A bucket's rate; `None` for a semaphore.
+    pub fn rate(&self, id: LimitId) -> Option<RateSpec> {
+        id.semaphore_index()
+            .is_none()
+            .then(|| self.buckets[id.index()].rate)
+    }
+
+    /// Free semaphore units (zero when over capacity after a share shrank), or whole tokens.
     pub fn free(&self, id: LimitId) -> u64 {
-        match &self.limits[id.0 as usize] {
-            Limit::Semaphore { capacity, used } => capacity.saturating_sub(*used),
-            Limit::Bucket(b) => b.tokens(),
+        match id.semaphore_index() {
+            Some(i) => self.semaphores[i]
+                .capacity
+                .saturating_sub(self.semaphores[i].used),
+            None => self.buckets[id.index()].tokens(),
         }
     }
 
     fn fits(&mut self, need: Need, now: Time) -> bool {
-        match &mut self.limits[need.id.0 as usize] {
-            Limit::Semaphore { capacity, used } => used
-                .checked_add(need.amount)
-                .is_some_and(|after| after <= *capacity),
-            Limit::Bucket(bucket) => {
+        match need.id.semaphore_index() {
+            Some(i) => {
+                let s = self.semaphores[i];
+                s.used
+                    .checked_add(need.amount())
+                    .is_some_and(|after| after <= s.capacity)
+            }
+            None => {
+                let bucket = &mut self.buckets[need.id.index()];
                 bucket.refill(now);
-                bucket.fits(need.amount)
+                bucket.fits(need.amount())
             }
         }
     }
@@ -392,9 +450,9 @@ impl Ledger {
     pub fn try_acquire(&mut self, demand: &Demand, now: Time) -> Result<(), LimitId> {
         self.check(demand, now)?;
         for &need in demand.needs() {
-            match &mut self.limits[need.id.0 as usize] {
-                Limit::Semaphore { used, .. } => *used += need.amount,
-                Limit::Bucket(bucket) => bucket.take(need.amount),
+            match need.id.semaphore_index() {
+                Some(i) => self.semaphores[i].used += need.amount(),
+                None => self.buckets[need.id.index()].take(need.amount()),
             }
         }
         Ok(())
@@ -409,8 +467,8 @@ impl Ledger {
                 Role::AdmissionGate,
                 "only gates may be forced"
             );
-            if let Limit::Semaphore { used, .. } = &mut self.limits[need.id.0 as usize] {
-                *used += need.amount;
+            if let Some(i) = need.id.semaphore_index() {
+                self.semaphores[i].used += need.amount();
             }
         }
     }
@@ -418,11 +476,13 @@ impl Ledger {
     /// Gives back the semaphore units of `demand`. Bucket tokens were spent and stay spent.
     pub fn release(&mut self, demand: &Demand) {
         for &need in demand.needs() {
-            if let Limit::Semaphore { used, .. } = &mut self.limits[need.id.0 as usize] {
-                *used = used.checked_sub(need.amount).unwrap_or_else(|| {
+            if let Some(i) = need.id.semaphore_index() {
+                let used = &mut self.semaphores[i].used;
+                *used = used.checked_sub(need.amount()).unwrap_or_else(|| {
                     panic!(
                         "release of {} below zero on {}: double release",
-                        need.amount, self.keys[need.id.0 as usize]
+                        need.amount(),
+                        self.semaphore_keys[i]
                     )
                 });
             }
@@ -431,53 +491,57 @@ impl Ledger {
 
     /// Puts tokens back into a bucket (a request provably not accepted is not billed).
     pub fn refund(&mut self, id: LimitId, tokens: u64) {
-        if let Limit::Bucket(bucket) = &mut self.limits[id.0 as usize] {
-            bucket.refund(tokens);
+        if id.semaphore_index().is_none() {
+            self.buckets[id.index()].refund(tokens);
         }
     }
 
     pub fn penalize(&mut self, id: LimitId, now: Time) {
-        if let Limit::Bucket(bucket) = &mut self.limits[id.0 as usize] {
-            bucket.penalize(now);
+        if id.semaphore_index().is_none() {
+            self.buckets[id.index()].penalize(now);
         }
     }
 
     pub fn is_penalized(&self, id: LimitId, now: Time) -> bool {
-        matches!(&self.limits[id.0 as usize], Limit::Bucket(b) if b.is_penalized(now))
+        id.semaphore_index().is_none() && self.buckets[id.index()].is_penalized(now)
     }
 
     /// Sets a semaphore's capacity (this shard's share of a node-wide limit).
-    pub fn set_capacity(&mut self, id: LimitId, new_capacity: u64) {
-        if let Limit::Semaphore { capacity, .. } = &mut self.limits[id.0 as usize] {
-            *capacity = new_capacity;
+    pub fn set_capacity(&mut self, id: LimitId, capacity: u64) {
+        if let Some(i) = id.semaphore_index() {
+            self.semaphores[i].capacity = capacity;
         }
     }
 
     pub fn set_rate(&mut self, id: LimitId, rate: RateSpec, now: Time) {
-        if let Limit::Bucket(bucket) = &mut self.limits[id.0 as usize] {
-            bucket.set_rate(rate, now);
+        if id.semaphore_index().is_none() {
+            self.buckets[id.index()].set_rate(rate, now);
         }
+    }
+
+    /// Every semaphore with its usage, for invariant checks.
+    pub fn semaphores(&self) -> impl Iterator<Item = (LimitId, LimitKey, u64)> + '_ {
+        self.semaphores
+            .iter()
+            .zip(&self.semaphore_keys)
+            .enumerate()
+            .map(|(i, (s, &k))| (LimitId::semaphore(i), k, s.used))
     }
 
     /// Runtime semaphores never exceed capacity; gates only through forced re-entry.
     pub fn check_invariants(&self) {
-        for (i, limit) in self.limits.iter().enumerate() {
-            if let Limit::Semaphore { capacity, used } = limit {
-                if self.keys[i].role() == Role::Runtime {
-                    assert!(
-                        used <= capacity,
-                        "{} used {used} above capacity {capacity}",
-                        self.keys[i]
-                    );
-                }
-            }
-            if let Limit::Bucket(b) = limit {
+        for (s, key) in self.semaphores.iter().zip(&self.semaphore_keys) {
+            if key.role() == Role::Runtime {
                 assert!(
-                    b.level <= b.cap(),
-                    "{} bucket above its burst",
-                    self.keys[i]
+                    s.used <= s.capacity,
+                    "{key} used {} above capacity {}",
+                    s.used,
+                    s.capacity
                 );
             }
+        }
+        for (b, key) in self.buckets.iter().zip(&self.bucket_keys) {
+            assert!(b.level <= b.cap(), "{key} bucket above its burst");
         }
     }
 }

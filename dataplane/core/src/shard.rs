@@ -15,7 +15,7 @@ use crate::hash::IdMap;
 use crate::ids::{
     Band, FencingToken, Lane, ModelId, PolicyVersion, ProviderId, TaskId, TenantId, UserId,
 };
-use crate::ledger::{Demand, Ledger, Limit, LimitId, LimitKey, Scope};
+use crate::ledger::{Demand, Ledger, LimitId, LimitKey, Scope};
 use crate::limits::{
     ATTEMPTS_MAX, DELAYED_MAX, FIT_SCAN_MAX, MEDIA_QUEUE_MAX, TASKS_MAX, TENANTS_MAX,
     TENANT_VISITS_PER_POLL_MAX, USERS_MAX,
@@ -575,10 +575,7 @@ impl Shard {
                 grew
             }
             NodeCapacity::Rate(r) => {
-                let before = match self.ledger.limit(id) {
-                    Limit::Bucket(b) => b.rate(),
-                    Limit::Semaphore { .. } => unreachable!("rate share for a semaphore"),
-                };
+                let before = self.ledger.rate(id).expect("a rate share for a bucket");
                 self.ledger.set_rate(id, r, now);
                 r.per_minute > before.per_minute || r.burst > before.burst
             }
@@ -664,8 +661,8 @@ impl Shard {
         let user = self.ensure_user(req.user, slot);
         // Rate buckets first: a flood of requests spends tokens even when rejected later.
         let mut rate = Demand::default();
-        rate.add(user.submit_rate, 1);
         rate.add(self.tenants[slot as usize].submit_rate, 1);
+        rate.add(user.submit_rate, 1);
         if let Err(id) = self.ledger.try_acquire(&rate, now) {
             self.stats.rejected += 1;
             let reason = RejectReason::Limit(self.ledger.key(id));
@@ -884,19 +881,20 @@ impl Shard {
         d
     }
 
+    /// Semaphores the task's own tenant and user hold while it runs.
     fn add_tenant_running(&self, e: &TaskEntry, d: &mut Demand) {
         let user = e.user_limits;
         let tenant = &self.tenants[e.tenant_slot as usize];
         let units = e.estimate.slots.milli();
         d.add(tenant.running_tasks, 1);
         d.add(tenant.running_units, units);
-        d.add(tenant.cost_per_minute, e.estimate.cost_milli);
         d.add(user.running_tasks, 1);
         d.add(user.running_units, units);
     }
 
     /// Everything the provider stage holds: running counts and units per user, tenant, lane,
-    /// model, provider, high-cost class, plus RPM and cost-per-minute tokens.
+    /// model, provider and high-cost class (semaphores), then RPM and cost-per-minute tokens
+    /// (buckets), in that order because ids order all semaphores before all buckets.
     fn provider_demand(
         &self,
         e: &TaskEntry,
@@ -905,6 +903,7 @@ impl Shard {
         mode: CapacityMode,
     ) -> Demand {
         let units = e.estimate.slots.milli();
+        let cost = e.estimate.cost_milli;
         let mut d = Demand::default();
         d.add(lane_key, units);
         if mode == CapacityMode::Borrowed(Lane::EnterpriseReserved) {
@@ -912,12 +911,13 @@ impl Shard {
         }
         d.add(self.node.model_running[e.model.0 as usize], 1);
         d.add(self.node.provider_concurrency[provider.0 as usize], 1);
-        d.add(self.node.provider_rpm[provider.0 as usize], 1);
         if e.estimate.class == ResourceClass::Expensive {
             d.add(self.node.high_cost, 1);
         }
-        d.add(self.node.platform_cost, e.estimate.cost_milli);
         self.add_tenant_running(e, &mut d);
+        d.add(self.node.provider_rpm[provider.0 as usize], 1);
+        d.add(self.node.platform_cost, cost);
+        d.add(self.tenants[e.tenant_slot as usize].cost_per_minute, cost);
         d
     }
 
@@ -1765,10 +1765,12 @@ impl Shard {
     /// derived" (DESIGN §2.5). O(tasks + limits): for tests and the simulator.
     pub fn check_invariants(&self) {
         self.ledger.check_invariants();
-        let mut expected = vec![0u64; self.ledger.len()];
+        let mut expected = vec![0u64; self.ledger.semaphore_count()];
         let mut add = |d: &Demand| {
             for n in d.needs() {
-                expected[n.id.0 as usize] += n.amount;
+                if let Some(i) = n.id.semaphore_index() {
+                    expected[i] += n.amount();
+                }
             }
         };
         let mut lane_tasks = [0u64; Lane::COUNT];
@@ -1813,17 +1815,13 @@ impl Shard {
                 Place::Media => add(&self.media_demand(e)),
             }
         }
-        for (i, limit) in (0..self.ledger.len()).map(|i| (i, self.ledger.limit(LimitId(i as u32))))
-        {
-            if let Limit::Semaphore { used, .. } = limit {
-                assert_eq!(
-                    *used,
-                    expected[i],
-                    "{} counter {used} differs from its reservations {}",
-                    self.ledger.key(LimitId(i as u32)),
-                    expected[i]
-                );
-            }
+        for (id, key, used) in self.ledger.semaphores() {
+            let i = id.semaphore_index().expect("a semaphore");
+            assert_eq!(
+                used, expected[i],
+                "{key} counter {used} differs from its reservations {}",
+                expected[i]
+            );
         }
         for (slot, t) in self.tenants.iter().enumerate() {
             assert_eq!(
