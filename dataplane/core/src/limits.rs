@@ -13,8 +13,8 @@ pub const MODELS_MAX: usize = 1024;
 pub const PROVIDERS_MAX: usize = 1024;
 /// Providers one model may be served by.
 pub const PROVIDERS_PER_MODEL_MAX: usize = 8;
-/// Limit keys one step may need (the provider stage needs at most 12).
-pub const DEMAND_KEYS_MAX: usize = 14;
+/// Limit keys one step may need (the provider stage needs at most 16).
+pub const DEMAND_KEYS_MAX: usize = 16;
 /// Tasks looked at behind a head that does not fit, per tenant turn.
 pub const FIT_SCAN_MAX: usize = 64;
 /// Skips of the same head before the tenant stops skipping and lets credit accumulate.

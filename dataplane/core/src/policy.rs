@@ -30,6 +30,8 @@ pub struct LanePolicy {
     pub capacity: Units,
     pub queued_tasks_max: u64,
     pub queued_units_max: Units,
+    /// Tasks the lane may run at once (its pool bounds slot units; this bounds the count).
+    pub running_tasks_max: u64,
     /// Retries after retryable failures.
     pub retries_max: u32,
     /// Requeues after provider rate-limit answers (provably not accepted).
@@ -123,7 +125,12 @@ pub struct NodePolicy {
     pub global_queued_tasks_max: u64,
     pub global_queued_units_max: Units,
     pub high_cost_concurrency: u64,
+    /// Running tasks per model.
     pub model_running_max: u64,
+    /// Running slot units per model.
+    pub model_running_units_max: Units,
+    pub global_running_tasks_max: u64,
+    pub global_running_units_max: Units,
     pub platform_cost_per_minute: RateSpec,
     pub gpu_units: u64,
     pub gpu_mem_mb: u64,

@@ -180,7 +180,11 @@ struct NodeIds {
     global_queued_units: LimitId,
     lane_units: [LimitId; Lane::COUNT],
     enterprise_borrowed: LimitId,
+    lane_running_tasks: [LimitId; Lane::COUNT],
     model_running: Vec<LimitId>,
+    model_running_units: Vec<LimitId>,
+    global_running_tasks: LimitId,
+    global_running_units: LimitId,
     provider_concurrency: Vec<LimitId>,
     provider_rpm: Vec<LimitId>,
     high_cost: LimitId,
@@ -378,6 +382,10 @@ pub fn node_capacity(policy: &Policy, key: LimitKey) -> Option<NodeCapacity> {
         LimitKey::LaneUnits(l) => slots(policy.lane(l).capacity.milli()),
         LimitKey::EnterpriseBorrowed => slots(policy.reserve.borrow_limit.milli()),
         LimitKey::ModelRunning(_) => slots(n.model_running_max),
+        LimitKey::LaneRunningTasks(l) => slots(policy.lane(l).running_tasks_max),
+        LimitKey::ModelRunningUnits(_) => slots(n.model_running_units_max.milli()),
+        LimitKey::GlobalRunningTasks => slots(n.global_running_tasks_max),
+        LimitKey::GlobalRunningUnits => slots(n.global_running_units_max.milli()),
         LimitKey::ProviderConcurrency(p) => slots(policy.providers[p.0 as usize].concurrency),
         LimitKey::ProviderRpm(p) => Some(NodeCapacity::Rate(policy.providers[p.0 as usize].rpm)),
         LimitKey::HighCostConcurrency => slots(n.high_cost_concurrency),
@@ -425,10 +433,16 @@ impl Shard {
         let global_queued_units = add(&mut ledger, LimitKey::GlobalQueuedUnits);
         let lane_units = lanes(&mut ledger, LimitKey::LaneUnits);
         let enterprise_borrowed = add(&mut ledger, LimitKey::EnterpriseBorrowed);
+        let lane_running_tasks = lanes(&mut ledger, LimitKey::LaneRunningTasks);
         let model_running = policy
             .models
             .iter()
             .map(|m| add(&mut ledger, LimitKey::ModelRunning(m.id)))
+            .collect();
+        let model_running_units = policy
+            .models
+            .iter()
+            .map(|m| add(&mut ledger, LimitKey::ModelRunningUnits(m.id)))
             .collect();
         let provider_concurrency = policy
             .providers
@@ -447,10 +461,14 @@ impl Shard {
             global_queued_units,
             lane_units,
             enterprise_borrowed,
+            lane_running_tasks,
             model_running,
+            model_running_units,
             provider_concurrency,
             provider_rpm,
             high_cost: add(&mut ledger, LimitKey::HighCostConcurrency),
+            global_running_tasks: add(&mut ledger, LimitKey::GlobalRunningTasks),
+            global_running_units: add(&mut ledger, LimitKey::GlobalRunningUnits),
             platform_cost: add(&mut ledger, LimitKey::PlatformCostPerMinute),
             gpu_units: add(&mut ledger, LimitKey::GpuUnits),
             gpu_mem_mb: add(&mut ledger, LimitKey::GpuMemMb),
@@ -553,7 +571,7 @@ impl Shard {
                 .filter(|&&l| l != Lane::Recovery)
                 .map(|&l| lane_w(l))
                 .sum(),
-            LimitKey::LaneUnits(l) => lane_w(l),
+            LimitKey::LaneUnits(l) | LimitKey::LaneRunningTasks(l) => lane_w(l),
             LimitKey::EnterpriseBorrowed => {
                 lane_w(Lane::PaidShared) + lane_w(Lane::Standard) + lane_w(Lane::Expensive)
             }
@@ -909,11 +927,15 @@ impl Shard {
         if mode == CapacityMode::Borrowed(Lane::EnterpriseReserved) {
             d.add(self.node.enterprise_borrowed, units);
         }
+        d.add(self.node.lane_running_tasks[e.lane.index()], 1);
         d.add(self.node.model_running[e.model.0 as usize], 1);
+        d.add(self.node.model_running_units[e.model.0 as usize], units);
         d.add(self.node.provider_concurrency[provider.0 as usize], 1);
         if e.estimate.class == ResourceClass::Expensive {
             d.add(self.node.high_cost, 1);
         }
+        d.add(self.node.global_running_tasks, 1);
+        d.add(self.node.global_running_units, units);
         self.add_tenant_running(e, &mut d);
         d.add(self.node.provider_rpm[provider.0 as usize], 1);
         d.add(self.node.platform_cost, cost);

@@ -99,6 +99,10 @@ impl World {
         policy.lanes[Lane::Standard.index()].capacity = Units::whole(12);
         policy.lanes[Lane::BestEffort.index()].capacity = Units::whole(2);
         policy.node.high_cost_concurrency = 2;
+        policy.lanes[Lane::Standard.index()].running_tasks_max = 4;
+        policy.node.global_running_tasks_max = 7;
+        policy.node.global_running_units_max = Units::whole(8);
+        policy.node.model_running_units_max = Units::whole(9);
         policy.node.cpu_units = 6;
         policy.node.gpu_units = 1;
         policy.providers[0].concurrency = 3;

@@ -104,7 +104,11 @@ const BORROWED: usize = Lane::COUNT;
 const MODEL: usize = BORROWED + 1;
 const HIGH_COST: usize = MODEL + 1;
 const MEDIA: usize = HIGH_COST + 1; // gpu, gpu mem, cpu, disk
-const PROVIDERS: usize = MEDIA + 4;
+const LANE_TASKS: usize = MEDIA + 4;
+const MODEL_UNITS: usize = LANE_TASKS + Lane::COUNT;
+const GLOBAL_TASKS: usize = MODEL_UNITS + 1;
+const GLOBAL_UNITS: usize = GLOBAL_TASKS + 1;
+const PROVIDERS: usize = GLOBAL_UNITS + 1;
 
 pub(crate) struct Collector {
     window: (Time, Time),
@@ -174,6 +178,24 @@ impl Collector {
         c("media:gpu_mem_mb".into(), policy.node.gpu_mem_mb);
         c("media:cpu_units".into(), policy.node.cpu_units);
         c("media:temp_disk_mb".into(), policy.node.temp_disk_mb);
+        for lane in Lane::ALL {
+            c(
+                format!("lane:{lane}:running_tasks"),
+                policy.lane(lane).running_tasks_max,
+            );
+        }
+        c(
+            "model:0:running_units".into(),
+            policy.node.model_running_units_max.milli(),
+        );
+        c(
+            "global:running_tasks".into(),
+            policy.node.global_running_tasks_max,
+        );
+        c(
+            "global:running_units".into(),
+            policy.node.global_running_units_max.milli(),
+        );
         for p in &policy.providers {
             c(format!("provider:{}:concurrency", p.name), p.concurrency);
         }
@@ -263,7 +285,11 @@ impl Collector {
         };
         let mut keys = vec![
             (LANE_POOLS + pool.index(), units),
+            (LANE_TASKS + t.lane.index(), sign),
             (MODEL, sign),
+            (MODEL_UNITS, units),
+            (GLOBAL_TASKS, sign),
+            (GLOBAL_UNITS, units),
             (PROVIDERS + t.provider as usize, sign),
         ];
         if t.mode == CapacityMode::Borrowed(Lane::EnterpriseReserved) {

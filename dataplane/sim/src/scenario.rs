@@ -82,6 +82,7 @@ fn default_weight() -> Spanned<u32> {
 #[serde(deny_unknown_fields)]
 pub struct LaneOverride {
     pub capacity: Option<u64>,
+    pub running_tasks_max: Option<u64>,
     pub weight: Option<u32>,
     pub queued_tasks_max: Option<u64>,
     pub retries_max: Option<u32>,
@@ -119,6 +120,8 @@ pub struct NodeOverride {
     pub global_queued_tasks_max: Option<u64>,
     pub high_cost_concurrency: Option<u64>,
     pub model_running_max: Option<u64>,
+    pub global_running_tasks_max: Option<u64>,
+    pub global_running_units_max: Option<u64>,
     pub platform_cost_per_minute: Option<u64>,
     pub gpu_units: Option<u64>,
     pub cpu_units: Option<u64>,
@@ -442,6 +445,9 @@ impl Scenario {
             if let Some(v) = o.weight {
                 l.weight = v;
             }
+            if let Some(v) = o.running_tasks_max {
+                l.running_tasks_max = v;
+            }
             if let Some(v) = o.queued_tasks_max {
                 l.queued_tasks_max = v;
             }
@@ -493,6 +499,12 @@ impl Scenario {
         }
         if let Some(v) = n.model_running_max {
             policy.node.model_running_max = v;
+        }
+        if let Some(v) = n.global_running_tasks_max {
+            policy.node.global_running_tasks_max = v;
+        }
+        if let Some(v) = n.global_running_units_max {
+            policy.node.global_running_units_max = Units::whole(v);
         }
         if let Some(v) = n.platform_cost_per_minute {
             policy.node.platform_cost_per_minute = RateSpec {

@@ -303,6 +303,8 @@ pub struct Baseline {
     provider_conc: Vec<LimitId>,
     provider_rpm: Vec<LimitId>,
     model_running: LimitId,
+    /// Lane running tasks, model running units, global running tasks and units.
+    running: ([LimitId; Lane::COUNT], LimitId, LimitId, LimitId),
     high_cost: LimitId,
     platform_cost: LimitId,
     media_keys: [LimitId; 4],
@@ -338,6 +340,15 @@ impl Baseline {
             .map(|p| slots(&mut ledger, LimitKey::ProviderRpm(p.id)))
             .collect();
         let model_running = slots(&mut ledger, LimitKey::ModelRunning(policy.models[0].id));
+        let running = (
+            Lane::ALL.map(|l| slots(&mut ledger, LimitKey::LaneRunningTasks(l))),
+            slots(
+                &mut ledger,
+                LimitKey::ModelRunningUnits(policy.models[0].id),
+            ),
+            slots(&mut ledger, LimitKey::GlobalRunningTasks),
+            slots(&mut ledger, LimitKey::GlobalRunningUnits),
+        );
         let high_cost = slots(&mut ledger, LimitKey::HighCostConcurrency);
         let platform_cost = slots(&mut ledger, LimitKey::PlatformCostPerMinute);
         let media_keys = [
@@ -355,6 +366,7 @@ impl Baseline {
             provider_conc,
             provider_rpm,
             model_running,
+            running,
             high_cost,
             platform_cost,
             media_keys,
@@ -392,6 +404,11 @@ impl Baseline {
         d.add(self.provider_conc[provider], 1);
         d.add(self.provider_rpm[provider], 1);
         d.add(self.model_running, 1);
+        let (lane_tasks, model_units, global_tasks, global_units) = self.running;
+        d.add(lane_tasks[t.lane.index()], 1);
+        d.add(model_units, t.estimate.slots.milli());
+        d.add(global_tasks, 1);
+        d.add(global_units, t.estimate.slots.milli());
         if t.estimate.class == ResourceClass::Expensive {
             d.add(self.high_cost, 1);
         }
