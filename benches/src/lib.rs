@@ -14,14 +14,9 @@ pub fn policy(tenants: u32) -> Policy {
     let mut policy = presets::with_tenants(presets::small_node(), tenants);
     policy.lanes[Lane::Standard.index()].capacity = Units::whole(1 << 30);
     policy.reserve.borrow_limit = Units::ZERO;
-    policy.node.high_cost_concurrency = 1 << 40;
-    policy.node.model_running_max = 1 << 40;
-    policy.node.cpu_units = 1 << 40;
-    policy.node.gpu_units = 1 << 40;
-    policy.node.gpu_mem_mb = 1 << 40;
-    policy.node.temp_disk_mb = 1 << 40;
+    presets::lift_node_limits(&mut policy);
     for p in &mut policy.providers {
-        p.concurrency = 1 << 40;
+        p.concurrency = presets::UNBOUNDED;
         p.rpm = UNLIMITED_RATE;
     }
     policy

@@ -129,6 +129,27 @@ pub fn small_node() -> Policy {
     }
 }
 
+/// A node limit that never binds in practice (and that the simulator does not split).
+pub const UNBOUNDED: u64 = 1 << 40;
+
+/// Lifts every node-wide limit (queues, running, high-cost, cost, media) out of the way, for
+/// benches and simulator defaults that then set only what they test.
+pub fn lift_node_limits(policy: &mut Policy) {
+    let n = &mut policy.node;
+    n.global_queued_tasks_max = UNBOUNDED;
+    n.global_queued_units_max = Units(UNBOUNDED);
+    n.high_cost_concurrency = UNBOUNDED;
+    n.model_running_max = UNBOUNDED;
+    n.model_running_units_max = Units(UNBOUNDED);
+    n.global_running_tasks_max = UNBOUNDED;
+    n.global_running_units_max = Units(UNBOUNDED);
+    n.platform_cost_per_minute = UNLIMITED_RATE;
+    n.gpu_units = UNBOUNDED;
+    n.gpu_mem_mb = UNBOUNDED;
+    n.cpu_units = UNBOUNDED;
+    n.temp_disk_mb = UNBOUNDED;
+}
+
 /// `small_node` with tenants `1..=n` in STANDARD at weight 1.
 pub fn with_tenants(mut policy: Policy, n: u32) -> Policy {
     for t in 1..=n {

@@ -655,3 +655,154 @@ fn cancel_of_queued_and_deadline_expiry() {
         "#]],
     );
 }
+
+#[test]
+fn fairness_debt_from_underestimated_work_is_paid_out_of_later_quanta() {
+    // Quantum 5, 10 slots. Tenant 1's first two tasks cost 5 units each instead of 1: a debt of
+    // 8 (4 each, under the 10-unit cap). Its second quantum was granted before the debt was
+    // known; the third is spent on the debt, so in the third round tenant 2 goes first and
+    // tenant 1 runs again only once tenant 2 has nothing left (work-conserving when alone).
+    check(
+        "
+        drr quantum=5
+        lane STANDARD capacity=10
+        tenant 1
+        tenant 2
+        submit t1 tenant=1
+        submit t2 tenant=1
+        submit t3 tenant=1
+        submit t4 tenant=1
+        submit t5 tenant=1
+        submit t6 tenant=1
+        submit t7 tenant=1
+        submit t8 tenant=1
+        submit t9 tenant=1
+        submit t10 tenant=1
+        submit t11 tenant=1
+        submit t12 tenant=1
+        submit t13 tenant=1
+        submit t14 tenant=1
+        submit t15 tenant=1
+        submit t21 tenant=2
+        submit t22 tenant=2
+        submit t23 tenant=2
+        submit t24 tenant=2
+        submit t25 tenant=2
+        submit t26 tenant=2
+        submit t27 tenant=2
+        submit t28 tenant=2
+        submit t29 tenant=2
+        submit t30 tenant=2
+        submit t31 tenant=2
+        submit t32 tenant=2
+        submit t33 tenant=2
+        submit t34 tenant=2
+        submit t35 tenant=2
+        dispatch
+        done t1 actual=5
+        done t2 actual=5
+        done t3
+        done t4
+        done t5
+        done t21
+        done t22
+        done t23
+        done t24
+        done t25
+        dispatch
+        done t6
+        done t7
+        done t8
+        done t9
+        done t10
+        done t26
+        done t27
+        done t28
+        done t29
+        done t30
+        dispatch
+        ",
+        expect![[r#"
+            1: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Immediate
+            2: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            3: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            4: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            5: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            6: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            7: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            8: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            9: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            10: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            11: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            12: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            13: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            14: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            15: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            21: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            22: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            23: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            24: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            25: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            26: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            27: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            28: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            29: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            30: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            31: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            32: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            33: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            34: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            35: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            dispatch 1 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 2 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 3 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 4 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 5 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 21 tenant=2 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 22 tenant=2 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 23 tenant=2 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 24 tenant=2 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 25 tenant=2 lane=STANDARD provider=0 mode=Normal attempt=1
+            done 1 (was Some(Running)): Ok(AwaitingMedia); media 1 Succeeded
+            done 2 (was Some(Running)): Ok(AwaitingMedia); media 2 Succeeded
+            done 3 (was Some(Running)): Ok(AwaitingMedia); media 3 Succeeded
+            done 4 (was Some(Running)): Ok(AwaitingMedia); media 4 Succeeded
+            done 5 (was Some(Running)): Ok(AwaitingMedia); media 5 Succeeded
+            done 21 (was Some(Running)): Ok(AwaitingMedia); media 21 Succeeded
+            done 22 (was Some(Running)): Ok(AwaitingMedia); media 22 Succeeded
+            done 23 (was Some(Running)): Ok(AwaitingMedia); media 23 Succeeded
+            done 24 (was Some(Running)): Ok(AwaitingMedia); media 24 Succeeded
+            done 25 (was Some(Running)): Ok(AwaitingMedia); media 25 Succeeded
+            dispatch 6 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 7 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 8 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 9 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 10 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 26 tenant=2 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 27 tenant=2 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 28 tenant=2 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 29 tenant=2 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 30 tenant=2 lane=STANDARD provider=0 mode=Normal attempt=1
+            done 6 (was Some(Running)): Ok(AwaitingMedia); media 6 Succeeded
+            done 7 (was Some(Running)): Ok(AwaitingMedia); media 7 Succeeded
+            done 8 (was Some(Running)): Ok(AwaitingMedia); media 8 Succeeded
+            done 9 (was Some(Running)): Ok(AwaitingMedia); media 9 Succeeded
+            done 10 (was Some(Running)): Ok(AwaitingMedia); media 10 Succeeded
+            done 26 (was Some(Running)): Ok(AwaitingMedia); media 26 Succeeded
+            done 27 (was Some(Running)): Ok(AwaitingMedia); media 27 Succeeded
+            done 28 (was Some(Running)): Ok(AwaitingMedia); media 28 Succeeded
+            done 29 (was Some(Running)): Ok(AwaitingMedia); media 29 Succeeded
+            done 30 (was Some(Running)): Ok(AwaitingMedia); media 30 Succeeded
+            dispatch 31 tenant=2 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 32 tenant=2 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 33 tenant=2 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 34 tenant=2 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 35 tenant=2 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 11 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 12 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 13 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 14 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 15 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+        "#]],
+    );
+}

@@ -424,13 +424,7 @@ impl Scenario {
     /// The core policy this scenario runs under: the simulator's defaults with its overrides.
     pub fn policy(&self) -> Policy {
         let mut policy = presets::small_node();
-        policy.node.global_queued_tasks_max = 1 << 40;
-        policy.node.high_cost_concurrency = 1 << 20;
-        policy.node.model_running_max = 1 << 40;
-        policy.node.cpu_units = 1 << 20;
-        policy.node.gpu_units = 1 << 20;
-        policy.node.gpu_mem_mb = 1 << 40;
-        policy.node.temp_disk_mb = 1 << 40;
+        presets::lift_node_limits(&mut policy);
         // Borrowing of the enterprise reserve only where a scenario asks for it, so that lane
         // capacities mean the same for spindle and the baselines elsewhere.
         policy.reserve.borrow_limit = Units::ZERO;

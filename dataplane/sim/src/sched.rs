@@ -99,7 +99,8 @@ impl SpindleNode {
     /// The split rule of DESIGN §3 applied to every node-wide limit that can bind (limits set
     /// beyond `UNBOUNDED` keep their first even split: no share of them can run out).
     fn resplit(&mut self, now: Time) {
-        const UNBOUNDED: u64 = 1 << 39;
+        // Splitting a limit nothing can exhaust would only cost time.
+        const UNBOUNDED: u64 = spindle_core::presets::UNBOUNDED / 2;
         if self.split_ids.is_none() {
             let ids = self.shards[0]
                 .node_limits()
