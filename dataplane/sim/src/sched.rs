@@ -318,7 +318,13 @@ pub struct Baseline {
     queued: u64,
     delayed: BinaryHeap<Reverse<(Time, TaskId)>>,
     media_queue: VecDeque<TaskId>,
+    /// After a pick found nothing, no rescan until something is released, work arrives within
+    /// the scan window, or this time passes (token buckets refill): the rule the core uses too.
+    stalled_until: Option<Time>,
 }
+
+/// How long a stalled baseline waits before rescanning with nothing changed.
+const BASELINE_STALL_NS: u64 = 50_000_000;
 
 impl Baseline {
     pub fn new(order: Order, policy: Policy) -> Baseline {
@@ -380,6 +386,7 @@ impl Baseline {
             queued: 0,
             delayed: BinaryHeap::new(),
             media_queue: VecDeque::new(),
+            stalled_until: None,
         }
     }
 
@@ -403,7 +410,6 @@ impl Baseline {
         let mut d = Demand::default();
         d.add(self.lane_units[t.lane.index()], t.estimate.slots.milli());
         d.add(self.provider_conc[provider], 1);
-        d.add(self.provider_rpm[provider], 1);
         d.add(self.model_running, 1);
         let (lane_tasks, model_units, global_tasks, global_units) = self.running;
         d.add(lane_tasks[t.lane.index()], 1);
@@ -413,6 +419,8 @@ impl Baseline {
         if t.estimate.class == ResourceClass::Expensive {
             d.add(self.high_cost, 1);
         }
+        // Buckets after semaphores: ids order them so, and in-order adds are appends.
+        d.add(self.provider_rpm[provider], 1);
         d.add(self.platform_cost, t.estimate.cost_milli);
         d
     }
@@ -501,6 +509,7 @@ impl Baseline {
         let t = self.tasks.get_mut(&task).expect("task");
         let held = t.held.take().expect("a provider hold");
         self.ledger.release(&held);
+        self.stalled_until = None;
     }
 
     fn requeue_after(&mut self, task: TaskId, at: Time) {
@@ -565,6 +574,9 @@ impl Scheduler for Baseline {
         };
         self.tasks.insert(req.task, task);
         self.enqueue(req.task);
+        if self.queued <= BASELINE_SCAN_MAX as u64 {
+            self.stalled_until = None;
+        }
         admission
     }
 
@@ -575,11 +587,16 @@ impl Scheduler for Baseline {
             }
             self.delayed.pop();
             self.enqueue(task);
+            self.stalled_until = None;
+        }
+        if self.stalled_until.is_some_and(|t| now < t) {
+            return;
         }
         while let Some(d) = self.pick(now) {
             self.queued -= 1;
             out.push(d);
         }
+        self.stalled_until = (self.queued > 0).then(|| now.plus_ns(BASELINE_STALL_NS));
     }
 
     fn media_all(&mut self, now: Time, out: &mut Vec<MediaStart>) {
@@ -664,12 +681,17 @@ impl Scheduler for Baseline {
     fn media_done(&mut self, task: TaskId, _token: FencingToken) {
         let t = self.tasks.remove(&task).expect("task");
         self.ledger.release(&t.media.expect("media hold"));
+        self.stalled_until = None;
     }
 
     fn maintain(&mut self, _now: Time) {}
 
     fn wake_at(&self) -> Option<Time> {
-        self.delayed.peek().map(|Reverse((t, _))| *t)
+        let delayed = self.delayed.peek().map(|Reverse((t, _))| *t);
+        match (delayed, self.stalled_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     fn shard_of(&self, _tenant: TenantId) -> usize {
