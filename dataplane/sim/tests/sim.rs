@@ -162,9 +162,9 @@ mix = [{ res = "720p", duration_s = 5 }]
 "#,
         expect![[r#"
             spindle         accepted=181 completed=181 failed=0 share_error=0.000 jain=1.000 starved=0 overshoots=0 gap=0.0/97.0 429s=49 rejected={}
-            fifo            accepted=181 completed=181 failed=0 share_error=0.000 jain=1.000 starved=0 overshoots=0 gap=0.0/97.0 429s=74 rejected={}
-            wrr_count       accepted=181 completed=181 failed=0 share_error=0.000 jain=1.000 starved=0 overshoots=0 gap=0.0/97.0 429s=74 rejected={}
-            global_priority accepted=181 completed=181 failed=0 share_error=0.000 jain=1.000 starved=0 overshoots=0 gap=0.0/97.0 429s=74 rejected={}
+            fifo            accepted=181 completed=181 failed=0 share_error=0.000 jain=1.000 starved=0 overshoots=0 gap=0.0/97.0 429s=81 rejected={}
+            wrr_count       accepted=181 completed=181 failed=0 share_error=0.000 jain=1.000 starved=0 overshoots=0 gap=0.0/97.0 429s=81 rejected={}
+            global_priority accepted=181 completed=181 failed=0 share_error=0.000 jain=1.000 starved=0 overshoots=0 gap=0.0/97.0 429s=81 rejected={}
         "#]],
     );
 }
