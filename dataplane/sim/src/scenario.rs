@@ -326,6 +326,29 @@ impl Checker<'_> {
         Ok(())
     }
 
+    /// A policy the core refuses, placed at the line of the field's last key in the file (the
+    /// file's first line when the field was left at its default).
+    fn policy_err(&self, e: &spindle_core::PolicyError) -> ScenarioError {
+        let field = match e {
+            spindle_core::PolicyError::Range { field, .. } => field.clone(),
+            other => format!("{other:?}"),
+        };
+        let key = field.rsplit('.').next().unwrap_or(&field).to_string();
+        let at = self
+            .text
+            .match_indices(&key)
+            .map(|(i, _)| i)
+            .find(|&i| self.text[i + key.len()..].trim_start().starts_with('='))
+            .unwrap_or(0);
+        let (line, column) = line_col(self.text, at);
+        ScenarioError {
+            file: self.file.to_path_buf(),
+            line,
+            column,
+            message: format!("policy: {e}"),
+        }
+    }
+
     fn prob(&self, v: &Spanned<f64>, field: &str) -> Result<(), ScenarioError> {
         let p = *v.get_ref();
         if !(0.0..=1.0).contains(&p) {
@@ -350,7 +373,12 @@ impl Scenario {
                 message: e.message().to_string(),
             }
         })?;
-        scenario.validate(&Checker { file, text })?;
+        let checker = Checker { file, text };
+        scenario.validate(&checker)?;
+        scenario
+            .policy()
+            .validate()
+            .map_err(|e| checker.policy_err(&e))?;
         Ok(scenario)
     }
 
@@ -606,6 +634,8 @@ mix = [{ res = "720p", duration_s = 5 }]
             .assert_eq(&err(&GOOD.replace("0.5", "-1")));
         expect!["s.toml:15:7: field `tenants[0].mix`: duration_s and weight must be positive (got MixEntry { res: P720, duration_s: 0, weight: 1, fps: 24, audio: false, references: 0, band: None })"]
             .assert_eq(&err(&GOOD.replace("duration_s = 5", "duration_s = 0")));
+        expect!["s.toml:17:1: policy: drr.burst_rounds: 1 is outside 2..=64"]
+            .assert_eq(&err(&format!("{GOOD}[drr]\nburst_rounds = 1\n")));
         expect!["s.toml:1:1: missing field `starvation_bound_s`"]
             .assert_eq(&err(&GOOD.replace("starvation_bound_s = 600\n", "")));
     }
