@@ -21,6 +21,7 @@ pub mod queue;
 pub mod shard;
 pub mod share;
 pub mod state;
+mod table;
 pub mod time;
 pub mod units;
 

@@ -13,6 +13,8 @@ use crate::time::Time;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QueuedRef {
     pub task: TaskId,
+    /// The task's slot in the shard's task table: the scheduling path never hashes.
+    pub entry: u32,
     /// When it entered the band (aging starts here).
     pub enqueued_at: Time,
     /// Fairness cost in milli-units.
@@ -131,6 +133,7 @@ mod tests {
     fn item(task: u64, at_ms: u64) -> QueuedRef {
         QueuedRef {
             task: TaskId(task),
+            entry: 0,
             enqueued_at: Time::from_ms(at_ms),
             cost_milli: 1000,
         }

@@ -23,6 +23,7 @@ use crate::limits::{
 use crate::policy::{Policy, RateSpec, TenantPolicy, WaitOverflow};
 use crate::queue::{QueuedRef, TenantQueue};
 use crate::state::{Actor, TaskState, TransitionError, Versioned};
+use crate::table::TaskTable;
 use crate::time::{Time, NANOS_PER_MS, NANOS_PER_S};
 use crate::units::Units;
 
@@ -316,7 +317,7 @@ pub struct Shard {
     tenants: Vec<TenantRt>,
     tenant_slots: IdMap<TenantId, u32>,
     users: IdMap<UserId, UserRt>,
-    tasks: IdMap<TaskId, TaskEntry>,
+    tasks: TaskTable<TaskEntry>,
     lanes: [LaneRt; Lane::COUNT],
     delayed: BinaryHeap<Reverse<(Time, TaskId)>>,
     media_queue: VecDeque<TaskId>,
@@ -490,7 +491,7 @@ impl Shard {
             tenants: Vec::new(),
             tenant_slots: IdMap::default(),
             users: IdMap::default(),
-            tasks: IdMap::default(),
+            tasks: TaskTable::default(),
             lanes,
             delayed: BinaryHeap::new(),
             media_queue: VecDeque::new(),
@@ -753,12 +754,13 @@ impl Shard {
             .transition(TaskState::Queued, Actor::System)
             .expect("CREATED → QUEUED");
         self.tenants[slot as usize].cost_reserved_milli += est.cost_milli;
+        let entry = self.tasks.insert(req.task, entry);
         let item = QueuedRef {
             task: req.task,
+            entry,
             enqueued_at: now,
             cost_milli: est.fairness.milli(),
         };
-        self.tasks.insert(req.task, entry);
         self.enqueue(slot, lane, band, item, End::Back);
         self.stats.admitted += 1;
         let decision = if lane == Lane::BestEffort {
@@ -1060,9 +1062,10 @@ impl Shard {
                 break;
             }
             self.delayed.pop();
-            let Some(e) = self.tasks.get_mut(&task) else {
+            let Some(entry) = self.tasks.slot(task) else {
                 continue;
             };
+            let e = self.tasks.at_mut(entry);
             if e.place != Place::Delayed || e.state.state != TaskState::Queued {
                 continue;
             }
@@ -1070,10 +1073,11 @@ impl Shard {
             let (slot, lane, band) = (e.tenant_slot, e.lane, e.band);
             let item = QueuedRef {
                 task,
+                entry,
                 enqueued_at: e.enqueued_at,
                 cost_milli: e.estimate.fairness.milli(),
             };
-            let gates = self.queue_gates(&self.tasks[&task]);
+            let gates = self.queue_gates(self.tasks.at(entry));
             self.ledger.force_acquire_gates(&gates);
             self.enqueue(slot, lane, band, item, End::Front);
         }
@@ -1213,7 +1217,7 @@ impl Shard {
             .best_band(now, aging_ns)
             .expect("a ringed tenant has queued work");
         let head = *q.band(band).front().expect("best band has a head");
-        if let Some(deadline) = self.tasks[&head.task].deadline {
+        if let Some(deadline) = self.tasks.at(head.entry).deadline {
             if deadline <= now {
                 self.expire_head(slot, lane, band, head);
                 return TurnResult::Expired(head.task);
@@ -1244,7 +1248,7 @@ impl Shard {
             if cand.cost_milli >= lane_refused_milli {
                 continue;
             }
-            let started = self.try_start(cand.task, now);
+            let started = self.try_start(cand.entry, now);
             if let Err(block) = started {
                 if pos == 0 {
                     first_failure = TurnResult::Blocked(block);
@@ -1295,8 +1299,8 @@ impl Shard {
 
     /// Tries every provider of the task's model with every lane option; on the first complete
     /// acquisition moves the task QUEUED → DISPATCHING. Changes nothing otherwise, and says why.
-    fn try_start(&mut self, task: TaskId, now: Time) -> Result<Dispatch, Block> {
-        let e = &self.tasks[&task];
+    fn try_start(&mut self, entry: u32, now: Time) -> Result<Dispatch, Block> {
+        let e = self.tasks.at(entry);
         let units = e.estimate.slots.milli();
         let (lane_opts, n_opts) = self.lane_options(e.lane, units);
         let providers = &self.policy.models[e.model.0 as usize].providers;
@@ -1307,7 +1311,7 @@ impl Shard {
             for &provider in providers {
                 let demand = self.provider_demand(e, provider, lane_key, mode);
                 let Err(id) = self.ledger.try_acquire(&demand, now) else {
-                    return Ok(self.started(task, provider, lane_key, mode));
+                    return Ok(self.started(entry, provider, lane_key, mode));
                 };
                 let key = self.ledger.key(id);
                 block = match (key, key.scope()) {
@@ -1323,14 +1327,15 @@ impl Shard {
     /// QUEUED → DISPATCHING once the provider-stage demand is held.
     fn started(
         &mut self,
-        task: TaskId,
+        entry: u32,
         provider: ProviderId,
         lane_key: LimitId,
         mode: CapacityMode,
     ) -> Dispatch {
-        let gates = self.queue_gates(&self.tasks[&task]);
+        let task = self.tasks.id_at(entry);
+        let gates = self.queue_gates(self.tasks.at(entry));
         self.ledger.release(&gates);
-        let e = self.tasks.get_mut(&task).expect("entry");
+        let e = self.tasks.at_mut(entry);
         e.state
             .transition(TaskState::Dispatching, Actor::System)
             .expect("QUEUED → DISPATCHING");
@@ -1799,7 +1804,7 @@ impl Shard {
         let mut lane_units = [0u64; Lane::COUNT];
         let mut lane_running = [0u64; Lane::COUNT];
         let mut reserved = vec![0u64; self.tenants.len()];
-        for (&task, e) in &self.tasks {
+        for (task, e) in self.tasks.iter() {
             reserved[e.tenant_slot as usize] += e.estimate.cost_milli;
             match e.place {
                 Place::Band => {
@@ -1883,6 +1888,15 @@ impl Shard {
             for t in &self.tenants {
                 if let Some(q) = &t.queues[lane.index()] {
                     q.check_invariants();
+                    for item in Band::ALL.iter().flat_map(|&b| q.band(b)) {
+                        let slot = self.tasks.slot(item.task);
+                        assert_eq!(
+                            slot,
+                            Some(item.entry),
+                            "queued task {} points at a wrong slot",
+                            item.task
+                        );
+                    }
                     assert_eq!(q.in_ring, !q.is_empty(), "tenant {} ring flag", t.id);
                     assert!(
                         q.deficit <= cap * i64::from(t.policy.weight),
