@@ -11,6 +11,7 @@
 
 pub mod admission;
 pub mod cost;
+pub mod fairness;
 mod hash;
 pub mod ids;
 pub mod ledger;

@@ -4,6 +4,7 @@
 
 use std::collections::VecDeque;
 
+use spindle_core::fairness::GapTracker;
 use spindle_core::presets;
 use spindle_core::shard::{Poll, SubmitRequest};
 use spindle_core::{
@@ -65,11 +66,7 @@ fn max_gap(tenants: &[(u32, u32)], capacity: u64, quantum: u64, dispatches: usiz
             submit(&mut shard, t);
         }
     }
-    let mut served = vec![0f64; tenants.len()];
-    let (mut hi, mut lo) = (
-        vec![0f64; tenants.len().pow(2)],
-        vec![0f64; tenants.len().pow(2)],
-    );
+    let mut gaps = GapTracker::new(tenants.len());
     let mut running: VecDeque<(TaskId, usize)> = VecDeque::new();
     let mut max_cost: f64 = 0.0;
     for _ in 0..dispatches {
@@ -102,19 +99,10 @@ fn max_gap(tenants: &[(u32, u32)], capacity: u64, quantum: u64, dispatches: usiz
         submit(&mut shard, t);
         let cost = d.estimate.fairness.as_f64();
         max_cost = max_cost.max(cost);
-        served[t] += cost / f64::from(tenants[t].0);
-        let n = tenants.len();
-        for j in 0..n {
-            let diff = served[t] - served[j];
-            hi[t * n + j] = hi[t * n + j].max(diff);
-            lo[t * n + j] = lo[t * n + j].min(diff);
-            hi[j * n + t] = hi[j * n + t].max(-diff);
-            lo[j * n + t] = lo[j * n + t].min(-diff);
-        }
+        gaps.serve(t, cost / f64::from(tenants[t].0));
         shard.check_invariants();
     }
-    let gap = hi.iter().zip(&lo).map(|(h, l)| h - l).fold(0.0, f64::max);
-    (gap, max_cost + 2.0 * quantum as f64)
+    (gaps.max_gap(), max_cost + 2.0 * quantum as f64)
 }
 
 #[test]

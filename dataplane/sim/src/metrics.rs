@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use serde::Serialize;
 use spindle_core::admission::Decision;
+use spindle_core::fairness::GapTracker;
 use spindle_core::ledger::WINDOW_NS;
 use spindle_core::shard::CapacityMode;
 use spindle_core::time::{NANOS_PER_MS, NANOS_PER_S};
@@ -571,27 +572,18 @@ impl Collector {
             }
             let pos: HashMap<u32, usize> =
                 members.iter().enumerate().map(|(i, &t)| (t, i)).collect();
-            let k = members.len();
-            let mut s = vec![0f64; k];
-            let mut hi = vec![0f64; k * k];
-            let mut lo = vec![0f64; k * k];
+            let mut gaps = GapTracker::new(members.len());
             for &(_, tenant, l, units) in &self.service_events {
                 if l != lane || self.shard_of[tenant as usize] != shard {
                     continue;
                 }
                 let Some(&i) = pos.get(&tenant) else { continue };
-                s[i] += units as f64 / 1000.0 / f64::from(self.tenants[tenant as usize].1);
-                for j in 0..k {
-                    let d = s[i] - s[j];
-                    hi[i * k + j] = hi[i * k + j].max(d);
-                    lo[i * k + j] = lo[i * k + j].min(d);
-                    hi[j * k + i] = hi[j * k + i].max(-d);
-                    lo[j * k + i] = lo[j * k + i].min(-d);
-                }
+                gaps.serve(
+                    i,
+                    units as f64 / 1000.0 / f64::from(self.tenants[tenant as usize].1),
+                );
             }
-            for i in 0..k * k {
-                gap_max = gap_max.max(hi[i] - lo[i]);
-            }
+            gap_max = gap_max.max(gaps.max_gap());
         }
         gap_max
     }
