@@ -237,7 +237,7 @@ pub fn run(scenario: &Scenario, kind: PolicyKind, options: RunOptions) -> Policy
     run.main_loop(options);
     run.sched.check_invariants();
     let name = run.sched.name();
-    run.collector.finish(name, run.now, &run.tasks)
+    run.collector.finish(name, run.now)
 }
 
 impl Run<'_> {
@@ -353,7 +353,7 @@ impl Run<'_> {
             Ev::Query { task, token, found } => {
                 if found {
                     self.sched.accepted(task, token);
-                    self.collector.on_accepted(&self.tasks[idx(task)], task);
+                    self.collector.on_accepted(&self.tasks[idx(task)]);
                 } else {
                     self.release_provider(task);
                     let outcome = self.sched.not_found(now, task, token);
@@ -364,8 +364,8 @@ impl Run<'_> {
             Ev::MediaDone { task, token } => {
                 self.sched.media_done(task, token);
                 let t = &self.tasks[idx(task)];
-                self.collector.release_media(t, now);
-                self.collector.on_completed(t);
+                self.collector.release_media(t);
+                self.collector.on_completed();
                 self.in_flight -= 1;
             }
             Ev::Wake => {
@@ -452,7 +452,7 @@ impl Run<'_> {
         self.sched.media_all(now, &mut media);
         for m in media {
             let t = &self.tasks[idx(m.task)];
-            self.collector.hold_media(t, now);
+            self.collector.hold_media(t);
             let ms = (m.estimate.media_gpu_ms).max(1000);
             let token = t.token;
             self.push(
@@ -487,8 +487,7 @@ impl Run<'_> {
         t.mode = d.mode;
         self.collector
             .on_dequeued(&self.tasks[idx(d.task)], d.task, now);
-        self.collector
-            .hold_provider(&self.tasks[idx(d.task)], d.task, now);
+        self.collector.hold_provider(&self.tasks[idx(d.task)], now);
         let p = &mut self.providers[d.provider.0 as usize];
         let latency = p.spec.submit_latency_ms * NANOS_PER_MS;
         let answer_at = now.plus_ns(latency / 2 + p.rng.below(latency.max(1)));
@@ -563,7 +562,7 @@ impl Run<'_> {
                     self.collector.duplicate_jobs += 1;
                 }
                 self.sched.accepted(task, token);
-                self.collector.on_accepted(&self.tasks[idx(task)], task);
+                self.collector.on_accepted(&self.tasks[idx(task)]);
                 let done = now.plus_ns(self.run_ns(task));
                 self.push(done, Ev::ProviderDone { task, token });
             }
@@ -620,8 +619,7 @@ impl Run<'_> {
     }
 
     fn release_provider(&mut self, task: TaskId) {
-        self.collector
-            .release_provider(&self.tasks[idx(task)], self.now);
+        self.collector.release_provider(&self.tasks[idx(task)]);
     }
 
     fn on_requeue(&mut self, task: TaskId, outcome: FailOutcome) {

@@ -305,7 +305,7 @@ impl Collector {
         keys
     }
 
-    pub fn hold_provider(&mut self, t: &SimTask, _task: TaskId, now: Time) {
+    pub fn hold_provider(&mut self, t: &SimTask, now: Time) {
         for (key, amount) in self.provider_keys(t, 1) {
             self.add(key, amount);
         }
@@ -326,7 +326,7 @@ impl Collector {
         self.max_cost_milli = self.max_cost_milli.max(t.estimate.fairness.milli());
     }
 
-    pub fn release_provider(&mut self, t: &SimTask, _now: Time) {
+    pub fn release_provider(&mut self, t: &SimTask) {
         for (key, amount) in self.provider_keys(t, -1) {
             self.add(key, amount);
         }
@@ -349,13 +349,13 @@ impl Collector {
         ]
     }
 
-    pub fn hold_media(&mut self, t: &SimTask, _now: Time) {
+    pub fn hold_media(&mut self, t: &SimTask) {
         for (key, amount) in Self::media_keys(t, 1) {
             self.add(key, amount);
         }
     }
 
-    pub fn release_media(&mut self, t: &SimTask, _now: Time) {
+    pub fn release_media(&mut self, t: &SimTask) {
         for (key, amount) in Self::media_keys(t, -1) {
             self.add(key, amount);
         }
@@ -404,7 +404,7 @@ impl Collector {
         }
     }
 
-    pub fn on_accepted(&mut self, t: &SimTask, _task: TaskId) {
+    pub fn on_accepted(&mut self, t: &SimTask) {
         let at = t.attempt_dispatched;
         if at >= self.window.0 && at < self.window.1 {
             let units = t.estimate.fairness.milli();
@@ -414,7 +414,7 @@ impl Collector {
         }
     }
 
-    pub fn on_completed(&mut self, _t: &SimTask) {
+    pub fn on_completed(&mut self) {
         self.completed += 1;
     }
 
@@ -431,7 +431,7 @@ impl Collector {
         }
     }
 
-    pub fn finish(mut self, policy: &str, end: Time, tasks: &[SimTask]) -> PolicyReport {
+    pub fn finish(mut self, policy: &str, end: Time) -> PolicyReport {
         // Tasks still waiting at the end: each one whose head wait already passed the bound.
         for (set, head_since) in self.heads.values() {
             for &(at, _) in set {
@@ -442,7 +442,7 @@ impl Collector {
         }
         let (share_error_max, jain_index, backlogged) = self.fairness();
         let backlogged_tenants = backlogged.len() as u64;
-        let service_gap = self.service_gap(tasks);
+        let service_gap = self.service_gap();
         self.waits_ms.sort_unstable();
         let pct = |p: f64| -> f64 {
             if self.waits_ms.is_empty() {
@@ -551,7 +551,7 @@ impl Collector {
 
     /// Largest |ΔS_i − ΔS_j| over any interval of the window, S = served units / weight, among up
     /// to `GAP_TENANTS_MAX` backlogged tenants per (shard, lane): the quantity DRR bounds.
-    fn service_gap(&self, _tasks: &[SimTask]) -> f64 {
+    fn service_gap(&self) -> f64 {
         let mut groups: BTreeMap<(usize, u8), Vec<u32>> = BTreeMap::new();
         for t in 0..self.tenants.len() as u32 {
             for lane in Lane::ALL {
