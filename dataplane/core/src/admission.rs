@@ -4,11 +4,10 @@ use std::fmt;
 
 use serde::Serialize;
 
-use crate::cost::{CostError, ResourceClass};
+use crate::cost::{CostError, CostEstimate, ResourceClass};
 use crate::ids::{Band, Lane, TaskId, TenantId};
 use crate::ledger::LimitKey;
 use crate::time::Time;
-use crate::units::Units;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
@@ -133,7 +132,8 @@ pub struct Admission {
     pub reason: Option<RejectReason>,
     pub lane: Lane,
     pub band: Band,
-    pub fairness: Units,
+    /// The server's estimate of the task (its `fairness` is what DRR charges).
+    pub estimate: CostEstimate,
     /// Set when accepted.
     pub estimated_start_at: Option<Time>,
     pub queue_level: Option<QueueLevel>,

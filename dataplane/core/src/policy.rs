@@ -110,6 +110,17 @@ pub struct RetryPolicy {
     pub backoff_max_ms: u64,
 }
 
+impl RetryPolicy {
+    /// Exponential backoff for the `retry_no`-th retry (from 1), capped, times a jitter in milli
+    /// (700..=1300) that the caller draws.
+    pub fn backoff_ns(&self, retry_no: u32, jitter_milli: u64) -> u64 {
+        let exp = self
+            .backoff_base_ms
+            .saturating_mul(1u64 << retry_no.saturating_sub(1).min(30));
+        exp.min(self.backoff_max_ms) * jitter_milli / 1000 * crate::time::NANOS_PER_MS
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProviderPolicy {
     pub id: ProviderId,
@@ -221,6 +232,21 @@ fn range(field: impl Into<String>, value: u64, min: u64, max: u64) -> Result<(),
         });
     }
     Ok(())
+}
+
+impl TenantPolicy {
+    /// The lane a task of `class` goes to: high-cost work has its own lane.
+    pub fn lane_for(&self, class: ResourceClass) -> Lane {
+        match class {
+            ResourceClass::Expensive => Lane::Expensive,
+            ResourceClass::Standard => self.lane,
+        }
+    }
+
+    /// The band a task starts in: the client's hint can only lower the tenant's base band.
+    pub fn band_for(&self, hint: Option<Band>) -> Band {
+        hint.map_or(self.base_band, |hint| hint.max(self.base_band))
+    }
 }
 
 impl Policy {

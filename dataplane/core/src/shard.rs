@@ -399,6 +399,22 @@ pub fn node_capacity(policy: &Policy, key: LimitKey) -> Option<NodeCapacity> {
     }
 }
 
+/// Registers node limit `key` in `ledger` with `1/shards` of its capacity (the share before the
+/// first split; a single-queue scheduler passes 1).
+pub fn register_node_limit(
+    ledger: &mut Ledger,
+    policy: &Policy,
+    key: LimitKey,
+    shards: u32,
+    now: Time,
+) -> LimitId {
+    let capacity = node_capacity(policy, key).expect("a node-wide key");
+    match even_share(capacity, shards) {
+        NodeCapacity::Slots(v) => ledger.add_semaphore(key, v),
+        NodeCapacity::Rate(r) => ledger.add_bucket(key, r, now),
+    }
+}
+
 /// `1/shards` of a node capacity: the starting share before the first split.
 fn even_share(capacity: NodeCapacity, shards: u32) -> NodeCapacity {
     let shards = u64::from(shards.max(1));
@@ -420,11 +436,7 @@ impl Shard {
             .expect("the shell validates the policy before building shards");
         let mut ledger = Ledger::new();
         let add = |ledger: &mut Ledger, key: LimitKey| {
-            let capacity = node_capacity(&policy, key).expect("node key");
-            match even_share(capacity, shards) {
-                NodeCapacity::Slots(v) => ledger.add_semaphore(key, v),
-                NodeCapacity::Rate(r) => ledger.add_bucket(key, r, now),
-            }
+            register_node_limit(ledger, &policy, key, shards, now)
         };
         let lanes =
             |ledger: &mut Ledger, f: fn(Lane) -> LimitKey| Lane::ALL.map(|l| add(ledger, f(l)));
@@ -640,19 +652,15 @@ impl Shard {
             return Err(SubmitError::DuplicateTask(req.task));
         }
         let tenant = &self.tenants[slot as usize];
-        let base_band = tenant.policy.base_band;
-        let band = req.band_hint.map_or(base_band, |hint| hint.max(base_band));
-        let mut lane = match est.class {
-            ResourceClass::Expensive => Lane::Expensive,
-            ResourceClass::Standard => tenant.policy.lane,
-        };
+        let band = tenant.policy.band_for(req.band_hint);
+        let mut lane = tenant.policy.lane_for(est.class);
         let reject = |decision, reason, lane| Admission {
             task: req.task,
             decision,
             reason: Some(reason),
             lane,
             band,
-            fairness: est.fairness,
+            estimate: est,
             estimated_start_at: None,
             queue_level: None,
         };
@@ -774,7 +782,7 @@ impl Shard {
             reason: None,
             lane,
             band,
-            fairness: est.fairness,
+            estimate: est,
             estimated_start_at: Some(now.plus_ns(wait_ms * NANOS_PER_MS)),
             queue_level: Some(QueueLevel::from_wait_ms(wait_ms)),
         })
@@ -1364,6 +1372,12 @@ impl Shard {
         }
     }
 
+    /// A canceled task's running step reported back: release what it held and forget it.
+    fn drop_canceled_attempt(&mut self, task: TaskId) {
+        self.release_provider_hold(task);
+        self.finish(task);
+    }
+
     fn release_provider_hold(&mut self, task: TaskId) {
         let e = &self.tasks[&task];
         assert_eq!(
@@ -1451,8 +1465,7 @@ impl Shard {
         }
         e.fencing = Some(token);
         if e.state.state == TaskState::Canceled {
-            self.release_provider_hold(task);
-            self.finish(task);
+            self.drop_canceled_attempt(task);
             return Ok(ClaimOutcome::Canceled);
         }
         Ok(ClaimOutcome::Submit)
@@ -1472,8 +1485,7 @@ impl Shard {
             });
         }
         if e.state.state == TaskState::Canceled {
-            self.release_provider_hold(task);
-            self.finish(task);
+            self.drop_canceled_attempt(task);
             return Ok(());
         }
         self.release_provider_hold(task);
@@ -1520,8 +1532,7 @@ impl Shard {
     ) -> Result<FailOutcome, ShardError> {
         let e = self.fenced_provider(task, token, TaskState::Queued)?;
         if e.state.state == TaskState::Canceled {
-            self.release_provider_hold(task);
-            self.finish(task);
+            self.drop_canceled_attempt(task);
             return Ok(FailOutcome::Canceled);
         }
         self.transition(task, TaskState::Queued)?;
@@ -1544,8 +1555,7 @@ impl Shard {
         let e = self.fenced_provider(task, token, TaskState::Queued)?;
         let (state, lane) = (e.state.state, e.lane);
         if state == TaskState::Canceled {
-            self.release_provider_hold(task);
-            self.finish(task);
+            self.drop_canceled_attempt(task);
             return Ok(FailOutcome::Canceled);
         }
         if failure == Failure::RateLimited && state != TaskState::Dispatching {
@@ -1595,19 +1605,10 @@ impl Shard {
         }
         self.transition(task, TaskState::Queued)?;
         self.release_provider_hold(task);
-        let eligible_at = now.plus_ns(self.backoff_ns(retry_no, jitter_milli));
+        let eligible_at = now.plus_ns(self.policy.retry.backoff_ns(retry_no, jitter_milli));
         self.requeue_at(task, eligible_at);
         self.stats.requeued += 1;
         Ok(FailOutcome::Requeued { eligible_at })
-    }
-
-    /// Exponential backoff × jitter, capped.
-    fn backoff_ns(&self, retry_no: u32, jitter_milli: u64) -> u64 {
-        let r = self.policy.retry;
-        let exp = r
-            .backoff_base_ms
-            .saturating_mul(1u64 << (retry_no.saturating_sub(1)).min(30));
-        exp.min(r.backoff_max_ms) * jitter_milli / 1000 * NANOS_PER_MS
     }
 
     fn requeue_at(&mut self, task: TaskId, eligible_at: Time) {
@@ -1633,8 +1634,7 @@ impl Shard {
     ) -> Result<CompleteOutcome, ShardError> {
         let e = self.fenced_provider(task, token, TaskState::ProviderSucceeded)?;
         if e.state.state == TaskState::Canceled {
-            self.release_provider_hold(task);
-            self.finish(task);
+            self.drop_canceled_attempt(task);
             return Ok(CompleteOutcome::Canceled);
         }
         self.transition(task, TaskState::ProviderSucceeded)?;

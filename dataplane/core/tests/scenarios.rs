@@ -159,7 +159,7 @@ impl Harness {
                 a.decision,
                 a.lane,
                 a.band,
-                a.fairness,
+                a.estimate.fairness,
                 a.queue_level.unwrap()
             ),
             Ok(a) => format!("{task}: {} ({})", a.decision, a.reason.unwrap()),

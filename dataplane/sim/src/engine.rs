@@ -165,7 +165,6 @@ struct Provider {
 /// One run in progress.
 struct Run<'a> {
     scenario: &'a Scenario,
-    policy: Policy,
     sched: Box<dyn Scheduler>,
     events: BinaryHeap<Reverse<Queued>>,
     seq: u64,
@@ -219,7 +218,6 @@ pub fn run(scenario: &Scenario, kind: PolicyKind, options: RunOptions) -> Policy
     );
     let mut run = Run {
         scenario,
-        policy,
         sched,
         events: BinaryHeap::new(),
         seq: 0,
@@ -414,9 +412,7 @@ impl Run<'_> {
         if !admission.decision.is_accepted() {
             return;
         }
-        let estimate =
-            spindle_core::cost::estimate(&spec, &self.policy.models[0], &self.policy.cost_bases)
-                .expect("the scheduler accepted the spec");
+        let estimate = admission.estimate;
         self.tasks.push(SimTask {
             tenant: i as u32,
             lane: admission.lane,

@@ -13,8 +13,8 @@ use spindle_core::cost::{estimate, CostEstimate, ResourceClass};
 use spindle_core::ledger::{Demand, Ledger, LimitId, LimitKey};
 use spindle_core::policy::RateSpec;
 use spindle_core::shard::{
-    node_capacity, CapacityMode, ClaimOutcome, Dispatch, FailOutcome, Failure, MediaStart,
-    NodeCapacity, Poll, SubmitRequest,
+    node_capacity, register_node_limit, CapacityMode, ClaimOutcome, Dispatch, FailOutcome, Failure,
+    MediaStart, NodeCapacity, Poll, SubmitRequest,
 };
 use spindle_core::share::{split, ShardLoad};
 use spindle_core::{Band, FencingToken, Lane, Policy, Shard, TaskId, TenantId, Time, Units};
@@ -329,11 +329,8 @@ const BASELINE_STALL_NS: u64 = 50_000_000;
 impl Baseline {
     pub fn new(order: Order, policy: Policy) -> Baseline {
         let mut ledger = Ledger::new();
-        let slots = |ledger: &mut Ledger, key: LimitKey| match node_capacity(&policy, key)
-            .expect("node key")
-        {
-            NodeCapacity::Slots(v) => ledger.add_semaphore(key, v),
-            NodeCapacity::Rate(r) => ledger.add_bucket(key, r, Time::ZERO),
+        let slots = |ledger: &mut Ledger, key: LimitKey| {
+            register_node_limit(ledger, &policy, key, 1, Time::ZERO)
         };
         let lane_units = Lane::ALL.map(|l| slots(&mut ledger, LimitKey::LaneUnits(l)));
         let provider_conc = policy
@@ -515,14 +512,6 @@ impl Baseline {
     fn requeue_after(&mut self, task: TaskId, at: Time) {
         self.delayed.push(Reverse((at, task)));
     }
-
-    fn backoff_ns(&self, retry_no: u32, jitter: u64) -> u64 {
-        let r = self.policy.retry;
-        let exp = r
-            .backoff_base_ms
-            .saturating_mul(1u64 << retry_no.saturating_sub(1).min(30));
-        exp.min(r.backoff_max_ms) * jitter / 1000 * 1_000_000
-    }
 }
 
 impl Scheduler for Baseline {
@@ -538,21 +527,15 @@ impl Scheduler for Baseline {
         let tenant = &self.policy.tenants[&req.tenant];
         let model = &self.policy.models[req.spec.model.0 as usize];
         let est = estimate(&req.spec, model, &self.policy.cost_bases).expect("valid spec");
-        let lane = if est.class == ResourceClass::Expensive {
-            Lane::Expensive
-        } else {
-            tenant.lane
-        };
-        let band = req
-            .band_hint
-            .map_or(tenant.base_band, |h| h.max(tenant.base_band));
+        let lane = tenant.lane_for(est.class);
+        let band = tenant.band_for(req.band_hint);
         let mut admission = Admission {
             task: req.task,
             decision: Decision::Accepted,
             reason: None,
             lane,
             band,
-            fairness: est.fairness,
+            estimate: est,
             estimated_start_at: None,
             queue_level: None,
         };
@@ -668,7 +651,7 @@ impl Scheduler for Baseline {
             self.tasks.remove(&task);
             return FailOutcome::Failed;
         }
-        let at = now.plus_ns(self.backoff_ns(n, jitter));
+        let at = now.plus_ns(self.policy.retry.backoff_ns(n, jitter));
         self.requeue_after(task, at);
         FailOutcome::Requeued { eligible_at: at }
     }
