@@ -367,3 +367,33 @@ impl Policy {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use expect_test::expect;
+
+    use crate::ids::{ModelId, ProviderId};
+    use crate::presets::small_node;
+
+    fn err(edit: impl FnOnce(&mut super::Policy)) -> String {
+        let mut policy = small_node();
+        edit(&mut policy);
+        policy.validate().unwrap_err().to_string()
+    }
+
+    #[test]
+    fn invalid_policies_name_the_field() {
+        expect!["lanes: expected 6 entries, got 5"].assert_eq(&err(|p| {
+            p.lanes.pop();
+        }));
+        expect!["models[0] has id 3; ids must equal their index"]
+            .assert_eq(&err(|p| p.models[0].id = ModelId(3)));
+        expect!["model 0 names provider 9, which is not configured"]
+            .assert_eq(&err(|p| p.models[0].providers.push(ProviderId(9))));
+        expect!["model 0 has no resolution tiers"].assert_eq(&err(|p| p.models[0].tiers.clear()));
+        expect!["drr.burst_rounds: 1 is outside 2..=64"]
+            .assert_eq(&err(|p| p.drr.burst_rounds = 1));
+        expect!["lanes.STANDARD.weight: 0 is outside 1..=10000"]
+            .assert_eq(&err(|p| p.lanes[2].weight = 0));
+    }
+}
