@@ -1,3 +1,28 @@
-//! The thin control plane: PostgreSQL store, batched claims, fencing, leases (filled by issue 3).
+//! spindle's thin control plane: PostgreSQL as the source of truth. It turns many small requests
+//! from the shards into few transactions — group-committed submits, batched claims with fencing
+//! tokens, batched fenced reports and lease renewals — and runs the reconciler and the policy
+//! store. It decides nothing about fairness: the scheduling core does.
 //!
-//! Nothing lives here yet: the crate exists so the workspace has the layout of DESIGN.md §3.
+//! Every hot path is one PL/pgSQL function call per batch (one round trip, one transaction) with
+//! a result row per input row; see `migrations/` for the SQL and its lock order.
+
+pub mod claim;
+pub mod db;
+pub mod embedded;
+pub mod error;
+pub mod lease;
+pub mod limits;
+pub mod migrate;
+pub mod pools;
+pub mod report;
+pub mod submit;
+pub mod testing;
+pub mod types;
+
+pub use claim::{ClaimRefusal, ClaimRequest, ClaimResult, Demand};
+pub use db::{Db, DbConfig};
+pub use embedded::{EmbedError, EmbeddedOptions, EmbeddedPostgres};
+pub use error::{InputError, StoreError};
+pub use report::{Report, ReportAction, ReportResult};
+pub use submit::{NewTask, SubmitOutcome};
+pub use types::{PartitionId, PoolShard};

@@ -1,0 +1,208 @@
+//! Batched claims: N claims, one transaction, one round trip. Each claim is all-or-nothing: the
+//! task's CAS QUEUED → DISPATCHING, every demanded pool shard charged, the attempt with a fresh
+//! fencing token, its ACTIVE reservations and the outbox event — or nothing, with the reason.
+//! Global limits hold across any number of nodes because this is the only path that grants.
+
+use std::collections::HashSet;
+
+use spindle_core::{AttemptId, FencingToken, TaskId, TaskState};
+
+use crate::db::Db;
+use crate::error::{check_batch_len, check_text, to_i64, InputError, StoreError};
+use crate::limits::{DEMANDS_PER_CLAIM_MAX, NAME_BYTES_MAX, POOL_KEY_BYTES_MAX};
+use crate::types::{parse_state, PartitionId, PoolShard};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Demand {
+    pub shard: PoolShard,
+    pub amount: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimRequest {
+    pub task: TaskId,
+    /// The task's version as the node last saw it (0 after submit).
+    pub expected_version: u32,
+    pub provider: String,
+    pub demands: Vec<Demand>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimResult {
+    Granted {
+        attempt: AttemptId,
+        token: FencingToken,
+        attempt_no: u32,
+        /// The provider request key of this attempt: unique, reused on retry of this attempt.
+        request_key: String,
+    },
+    Refused(ClaimRefusal),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimRefusal {
+    TaskGone,
+    /// The task is no longer QUEUED at the expected version (canceled, claimed elsewhere…).
+    VersionMoved {
+        state: TaskState,
+        version: u32,
+    },
+    /// The task's partition is not leased to this node (any more).
+    PartitionNotOwned(PartitionId),
+    /// This pool shard has no room for the demand.
+    PoolFull(PoolShard),
+    /// No such pool shard exists.
+    UnknownPool(PoolShard),
+}
+
+/// The provider request key of an attempt (also built by `spindle_claim` in SQL).
+pub fn request_key(task: TaskId, attempt_no: u32) -> String {
+    format!("spindle-{}-{attempt_no}", task.0)
+}
+
+fn validate(node: &str, batch: &[ClaimRequest]) -> Result<(), InputError> {
+    check_batch_len(batch.len())?;
+    check_text(0, "node", node, NAME_BYTES_MAX)?;
+    let mut tasks = HashSet::with_capacity(batch.len());
+    for (row, c) in batch.iter().enumerate() {
+        if !tasks.insert(c.task) {
+            return Err(InputError::DuplicateTask(c.task));
+        }
+        to_i64(row, "task", c.task.0)?;
+        check_text(row, "provider", &c.provider, NAME_BYTES_MAX)?;
+        if c.demands.len() > DEMANDS_PER_CLAIM_MAX {
+            return Err(InputError::TooManyDemands {
+                row,
+                count: c.demands.len(),
+                max: DEMANDS_PER_CLAIM_MAX,
+            });
+        }
+        for (i, d) in c.demands.iter().enumerate() {
+            check_text(row, "pool", &d.shard.pool, POOL_KEY_BYTES_MAX)?;
+            if d.amount == 0 {
+                return Err(InputError::OutOfRange {
+                    row,
+                    field: "amount",
+                    value: "0".into(),
+                });
+            }
+            to_i64(row, "amount", d.amount)?;
+            if c.demands[..i].iter().any(|e| e.shard == d.shard) {
+                return Err(InputError::DuplicateDemand {
+                    row,
+                    pool: d.shard.pool.clone(),
+                    shard: d.shard.shard,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+impl Db {
+    /// Claims `batch` for `node`; attempts hold a lease of `lease_ms`. One result per row.
+    pub async fn claim_batch(
+        &self,
+        node: &str,
+        lease_ms: u32,
+        batch: &[ClaimRequest],
+    ) -> Result<Vec<ClaimResult>, StoreError> {
+        validate(node, batch)?;
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let demands_total: usize = batch.iter().map(|c| c.demands.len()).sum();
+        let mut task = Vec::with_capacity(batch.len());
+        let mut version = Vec::with_capacity(batch.len());
+        let mut provider = Vec::with_capacity(batch.len());
+        let mut dstart = Vec::with_capacity(batch.len());
+        let mut dcount = Vec::with_capacity(batch.len());
+        let mut pool = Vec::with_capacity(demands_total);
+        let mut shard = Vec::with_capacity(demands_total);
+        let mut amount = Vec::with_capacity(demands_total);
+        for c in batch {
+            task.push(c.task.0 as i64);
+            version.push(c.expected_version as i32);
+            provider.push(c.provider.as_str());
+            // PostgreSQL arrays are 1-based.
+            dstart.push(pool.len() as i32 + 1);
+            dcount.push(c.demands.len() as i32);
+            for d in &c.demands {
+                pool.push(d.shard.pool.as_str());
+                shard.push(d.shard.shard as i16);
+                amount.push(d.amount as i64);
+            }
+        }
+        let lease_ms = i64::from(lease_ms);
+        let rows = self
+            .client()
+            .query(
+                &self.stmts.claim,
+                &[
+                    &node, &lease_ms, &task, &version, &provider, &dstart, &dcount, &pool, &shard,
+                    &amount,
+                ],
+            )
+            .await?;
+        if rows.len() != batch.len() {
+            return Err(StoreError::Corrupt(format!(
+                "claim answered {} rows for {}",
+                rows.len(),
+                batch.len()
+            )));
+        }
+        rows.iter()
+            .zip(batch)
+            .map(|(r, c)| {
+                let outcome: &str = r.get(1);
+                let detail: Option<&str> = r.get(5);
+                match outcome {
+                    "GRANTED" => {
+                        let attempt: i64 = r.get(2);
+                        let token: i64 = r.get(3);
+                        let attempt_no: i32 = r.get(4);
+                        Ok(ClaimResult::Granted {
+                            attempt: AttemptId(attempt as u64),
+                            token: FencingToken(token as u64),
+                            attempt_no: attempt_no as u32,
+                            request_key: request_key(c.task, attempt_no as u32),
+                        })
+                    }
+                    refused => Ok(ClaimResult::Refused(refusal(refused, detail)?)),
+                }
+            })
+            .collect()
+    }
+}
+
+fn refusal(outcome: &str, detail: Option<&str>) -> Result<ClaimRefusal, StoreError> {
+    let corrupt = || StoreError::Corrupt(format!("claim outcome {outcome} / {detail:?}"));
+    let detail = detail.unwrap_or("");
+    Ok(match outcome {
+        "TASK_GONE" => ClaimRefusal::TaskGone,
+        "VERSION_MOVED" => {
+            let (state, version) = detail.split_once('@').ok_or_else(corrupt)?;
+            ClaimRefusal::VersionMoved {
+                state: parse_state(state)?,
+                version: version.parse().map_err(|_| corrupt())?,
+            }
+        }
+        "PARTITION_NOT_OWNED" => {
+            ClaimRefusal::PartitionNotOwned(PartitionId(detail.parse().map_err(|_| corrupt())?))
+        }
+        "POOL_FULL" => {
+            let (key, unknown) = match detail.strip_suffix(" (unknown)") {
+                Some(key) => (key, true),
+                None => (detail, false),
+            };
+            let (pool, shard) = key.rsplit_once('/').ok_or_else(corrupt)?;
+            let shard = PoolShard::new(pool, shard.parse().map_err(|_| corrupt())?);
+            if unknown {
+                ClaimRefusal::UnknownPool(shard)
+            } else {
+                ClaimRefusal::PoolFull(shard)
+            }
+        }
+        _ => return Err(corrupt()),
+    })
+}

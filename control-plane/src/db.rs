@@ -1,0 +1,165 @@
+//! One PostgreSQL connection with spindle's session settings and prepared batch statements.
+//! Each `Db` is one connection; the control plane holds several (one per batcher) rather than a
+//! pool, because every hot call is a single statement on a connection of its own.
+
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio_postgres::{Client, NoTls, Statement};
+
+use crate::error::StoreError;
+use crate::limits::CONNECT_ATTEMPTS_MAX;
+use crate::migrate;
+
+/// How to reach PostgreSQL and the limits every session runs under.
+#[derive(Debug, Clone)]
+pub struct DbConfig {
+    /// libpq-style: `host=… port=… user=… dbname=…`.
+    pub conninfo: String,
+    /// `statement_timeout`: no statement (a batch is one) runs longer.
+    pub statement_timeout_ms: u32,
+    /// `idle_in_transaction_session_timeout`: a session stuck inside a transaction is ended.
+    pub idle_in_transaction_timeout_ms: u32,
+    /// `lock_timeout`: a batch waiting this long for a row lock gives up (retryable).
+    pub lock_timeout_ms: u32,
+    pub connect_timeout_ms: u32,
+    /// First delay of `open_with_backoff`; doubled per attempt up to `backoff_max_ms`.
+    pub backoff_initial_ms: u32,
+    pub backoff_max_ms: u32,
+    pub application_name: String,
+}
+
+impl DbConfig {
+    pub fn new(conninfo: impl Into<String>) -> DbConfig {
+        DbConfig {
+            conninfo: conninfo.into(),
+            statement_timeout_ms: 10_000,
+            idle_in_transaction_timeout_ms: 10_000,
+            lock_timeout_ms: 5_000,
+            connect_timeout_ms: 5_000,
+            backoff_initial_ms: 50,
+            backoff_max_ms: 2_000,
+            application_name: "spindle".into(),
+        }
+    }
+}
+
+/// The batch statements, prepared once per connection.
+pub(crate) struct Statements {
+    pub submit: Statement,
+    pub claim: Statement,
+    pub report: Statement,
+    pub renew: Statement,
+}
+
+pub struct Db {
+    client: Client,
+    pub(crate) stmts: Statements,
+    connection: JoinHandle<()>,
+}
+
+impl Db {
+    /// Connects, applies pending migrations (under the advisory lock) and prepares statements.
+    pub async fn open(config: &DbConfig) -> Result<Db, StoreError> {
+        let (mut client, connection) = connect(config).await?;
+        migrate::apply(&mut client).await?;
+        let stmts = prepare(&client).await?;
+        Ok(Db {
+            client,
+            stmts,
+            connection,
+        })
+    }
+
+    /// `open`, retried with exponential backoff while PostgreSQL is unavailable; other errors
+    /// return at once. After `CONNECT_ATTEMPTS_MAX` attempts the last `Unavailable` is returned.
+    pub async fn open_with_backoff(config: &DbConfig) -> Result<Db, StoreError> {
+        let mut delay = u64::from(config.backoff_initial_ms);
+        let mut attempt = 1;
+        loop {
+            match Db::open(config).await {
+                Ok(db) => return Ok(db),
+                Err(e) if e.is_unavailable() && attempt < CONNECT_ATTEMPTS_MAX => {
+                    tokio::time::sleep(Duration::from_millis(delay)).await;
+                    delay = (delay * 2).min(u64::from(config.backoff_max_ms));
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// True once the connection is gone; every call then returns `Unavailable`.
+    pub fn is_closed(&self) -> bool {
+        self.client.is_closed()
+    }
+
+    /// The backend's process id (for operators and for tests that terminate it).
+    pub async fn backend_pid(&self) -> Result<i32, StoreError> {
+        Ok(self
+            .client
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await?
+            .get(0))
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    pub fn client_mut(&mut self) -> &mut Client {
+        &mut self.client
+    }
+}
+
+impl Drop for Db {
+    fn drop(&mut self) {
+        self.connection.abort();
+    }
+}
+
+async fn connect(config: &DbConfig) -> Result<(Client, JoinHandle<()>), StoreError> {
+    let mut pg: tokio_postgres::Config =
+        config
+            .conninfo
+            .parse()
+            .map_err(|e: tokio_postgres::Error| {
+                StoreError::Unavailable(format!("bad conninfo: {e}"))
+            })?;
+    pg.application_name(&config.application_name)
+        .connect_timeout(Duration::from_millis(u64::from(config.connect_timeout_ms)))
+        .options(format!(
+            "-c statement_timeout={} -c idle_in_transaction_session_timeout={} -c lock_timeout={}",
+            config.statement_timeout_ms,
+            config.idle_in_transaction_timeout_ms,
+            config.lock_timeout_ms
+        ));
+    let (client, connection) = pg.connect(NoTls).await?;
+    let handle = tokio::spawn(async move {
+        // The error reaches callers through the client (every call then fails `Unavailable`).
+        let _ = connection.await;
+    });
+    Ok((client, handle))
+}
+
+async fn prepare(client: &Client) -> Result<Statements, StoreError> {
+    Ok(Statements {
+        submit: client
+            .prepare("SELECT * FROM spindle_submit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)")
+            .await?,
+        claim: client
+            .prepare("SELECT * FROM spindle_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)")
+            .await?,
+        report: client
+            .prepare("SELECT * FROM spindle_report($1, $2, $3, $4, $5, $6, $7)")
+            .await?,
+        renew: client
+            .prepare(
+                "UPDATE task_attempt a SET lease_until = now() + $3::float8 * interval '1 millisecond'
+                   FROM unnest($1::bigint[], $2::bigint[]) AS r (attempt, token)
+                  WHERE a.attempt_id = r.attempt AND a.fencing_token = r.token AND a.live
+                 RETURNING a.attempt_id",
+            )
+            .await?,
+    })
+}

@@ -1,0 +1,144 @@
+//! The control plane's typed errors. `Unavailable` is what callers branch on: PostgreSQL cannot be
+//! reached, nothing was committed, stop claiming and try again later.
+
+use spindle_core::TaskId;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The server is down, the connection was lost or the backend was terminated. Nothing of
+    /// the failed call is committed.
+    #[error("PostgreSQL is unavailable: {0}")]
+    Unavailable(String),
+    /// The batch was refused before it reached PostgreSQL.
+    #[error("invalid input: {0}")]
+    Invalid(#[from] InputError),
+    /// PostgreSQL refused the statement (nothing committed). `retryable` for deadlocks,
+    /// serialization failures and timeouts.
+    #[error("PostgreSQL refused the call ({code}): {message}")]
+    Refused {
+        code: String,
+        message: String,
+        retryable: bool,
+    },
+    /// A migration already applied differs from the one this binary carries.
+    #[error("migration {version} ({name}) was applied with a different checksum")]
+    MigrationChanged { version: i32, name: &'static str },
+    /// The database holds a value this binary cannot read (a newer schema, a manual edit).
+    #[error("unexpected value in the database: {0}")]
+    Corrupt(String),
+}
+
+impl StoreError {
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, StoreError::Unavailable(_))
+    }
+
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            StoreError::Unavailable(_) => true,
+            StoreError::Refused { retryable, .. } => *retryable,
+            _ => false,
+        }
+    }
+}
+
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        let Some(db) = e.as_db_error() else {
+            // No server answer: an I/O error, a closed connection, a failed connect.
+            return StoreError::Unavailable(e.to_string());
+        };
+        let code = db.code().code();
+        // 08: connection exception; 57P0x: admin shutdown, crash shutdown, cannot connect now;
+        // 53300: too many connections.
+        if code.starts_with("08") || code.starts_with("57P") || code == "53300" {
+            return StoreError::Unavailable(format!("{code}: {}", db.message()));
+        }
+        // 40001 serialization failure, 40P01 deadlock, 57014 statement timeout / canceled,
+        // 55P03 lock not available.
+        let retryable = matches!(code, "40001" | "40P01" | "57014" | "55P03");
+        StoreError::Refused {
+            code: code.to_string(),
+            message: db.message().to_string(),
+            retryable,
+        }
+    }
+}
+
+/// Input the control plane refuses before any round trip, naming the offending row and field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InputError {
+    #[error("batch of {len} rows exceeds the maximum of {max}")]
+    BatchTooLarge { len: usize, max: usize },
+    #[error("task {0} appears twice in one batch")]
+    DuplicateTask(TaskId),
+    #[error("row {row}: field `{field}` is {len} bytes, more than {max}")]
+    TooLong {
+        row: usize,
+        field: &'static str,
+        len: usize,
+        max: usize,
+    },
+    #[error("row {row}: field `{field}` is empty")]
+    Empty { row: usize, field: &'static str },
+    #[error("row {row}: field `{field}` is out of range ({value})")]
+    OutOfRange {
+        row: usize,
+        field: &'static str,
+        value: String,
+    },
+    #[error("row {row}: {count} demands, more than {max}")]
+    TooManyDemands {
+        row: usize,
+        count: usize,
+        max: usize,
+    },
+    #[error("row {row}: pool shard {pool}/{shard} demanded twice")]
+    DuplicateDemand {
+        row: usize,
+        pool: String,
+        shard: u16,
+    },
+    #[error("row {row}: {reason}")]
+    Illegal { row: usize, reason: String },
+}
+
+/// Checks a text field against its maximum; `row` names it in the error.
+pub(crate) fn check_text(
+    row: usize,
+    field: &'static str,
+    value: &str,
+    max: usize,
+) -> Result<(), InputError> {
+    if value.is_empty() {
+        return Err(InputError::Empty { row, field });
+    }
+    if value.len() > max {
+        return Err(InputError::TooLong {
+            row,
+            field,
+            len: value.len(),
+            max,
+        });
+    }
+    Ok(())
+}
+
+pub(crate) fn check_batch_len(len: usize) -> Result<(), InputError> {
+    if len > crate::limits::BATCH_MAX {
+        return Err(InputError::BatchTooLarge {
+            len,
+            max: crate::limits::BATCH_MAX,
+        });
+    }
+    Ok(())
+}
+
+/// Converts a count or amount for a PostgreSQL `bigint`, naming the field when it does not fit.
+pub(crate) fn to_i64(row: usize, field: &'static str, value: u64) -> Result<i64, InputError> {
+    i64::try_from(value).map_err(|_| InputError::OutOfRange {
+        row,
+        field,
+        value: value.to_string(),
+    })
+}

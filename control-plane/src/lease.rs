@@ -1,0 +1,141 @@
+//! Leases: the node registry with heartbeats, partition leases (owner, lease_until, epoch) that
+//! move a dead node's tenants to a live one, and batched renewal of running attempts.
+
+use spindle_core::{AttemptId, FencingToken};
+
+use crate::db::Db;
+use crate::error::{check_batch_len, check_text, StoreError};
+use crate::limits::{NAME_BYTES_MAX, PARTITIONS_MAX};
+use crate::types::PartitionId;
+
+/// A partition this node now holds, with the epoch its writes are fenced by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct PartitionLease {
+    pub partition: PartitionId,
+    pub epoch: u64,
+}
+
+impl Db {
+    /// Registers (or re-registers) a node as UP; also its heartbeat.
+    pub async fn register_node(&self, node: &str, address: &str) -> Result<(), StoreError> {
+        check_text(0, "node", node, NAME_BYTES_MAX)?;
+        self.client()
+            .execute(
+                "INSERT INTO node (node_id, address) VALUES ($1, $2)
+                 ON CONFLICT (node_id) DO UPDATE
+                    SET address = EXCLUDED.address, heartbeat_at = now(), state = 'UP',
+                        started_at = now()",
+                &[&node, &address],
+            )
+            .await?;
+        Ok(())
+    }
+
+    pub async fn heartbeat(&self, node: &str) -> Result<(), StoreError> {
+        self.client()
+            .execute(
+                "UPDATE node SET heartbeat_at = now() WHERE node_id = $1",
+                &[&node],
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Makes sure partitions `0..count` exist (idempotent; the first node to start creates them).
+    pub async fn ensure_partitions(&self, count: u32) -> Result<(), StoreError> {
+        if count == 0 || count > PARTITIONS_MAX {
+            return Err(crate::error::InputError::OutOfRange {
+                row: 0,
+                field: "partitions",
+                value: count.to_string(),
+            }
+            .into());
+        }
+        self.client()
+            .execute(
+                "INSERT INTO partition_lease (partition)
+                 SELECT generate_series(0, $1 - 1) ON CONFLICT DO NOTHING",
+                &[&(count as i32)],
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Takes or renews, among `wanted`, every partition that is free, expired or already ours,
+    /// for `ttl_ms`. A change of owner bumps the epoch. Returns what this node now holds.
+    pub async fn acquire_partitions(
+        &self,
+        node: &str,
+        wanted: &[PartitionId],
+        ttl_ms: u32,
+    ) -> Result<Vec<PartitionLease>, StoreError> {
+        check_text(0, "node", node, NAME_BYTES_MAX)?;
+        check_batch_len(wanted.len())?;
+        let wanted: Vec<i32> = wanted.iter().map(|p| p.0 as i32).collect();
+        let rows = self
+            .client()
+            .query(
+                "UPDATE partition_lease l
+                    SET epoch = l.epoch + CASE WHEN l.owner_node IS DISTINCT FROM $1 THEN 1 ELSE 0 END,
+                        owner_node = $1,
+                        lease_until = now() + $3::float8 * interval '1 millisecond'
+                  WHERE l.partition = ANY ($2)
+                    AND (l.owner_node IS NULL OR l.owner_node = $1 OR l.lease_until < now())
+                 RETURNING l.partition, l.epoch",
+                &[&node, &wanted, &f64::from(ttl_ms)],
+            )
+            .await?;
+        let mut held: Vec<PartitionLease> = rows
+            .iter()
+            .map(|r| PartitionLease {
+                partition: PartitionId(r.get::<_, i32>(0) as u32),
+                epoch: r.get::<_, i64>(1) as u64,
+            })
+            .collect();
+        held.sort();
+        Ok(held)
+    }
+
+    /// Gives partitions back at once (a drain): their next owner need not wait for expiry.
+    pub async fn release_partitions(&self, node: &str) -> Result<u64, StoreError> {
+        Ok(self
+            .client()
+            .execute(
+                "UPDATE partition_lease SET lease_until = '-infinity', owner_node = NULL
+                  WHERE owner_node = $1",
+                &[&node],
+            )
+            .await?)
+    }
+
+    /// Marks a node DOWN after a drain.
+    pub async fn deregister_node(&self, node: &str) -> Result<(), StoreError> {
+        self.client()
+            .execute(
+                "UPDATE node SET state = 'DOWN' WHERE node_id = $1",
+                &[&node],
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Extends the leases of live attempts in one statement; returns those renewed (an attempt
+    /// that ended or whose token moved on is not).
+    pub async fn renew_attempts(
+        &self,
+        attempts: &[(AttemptId, FencingToken)],
+        ttl_ms: u32,
+    ) -> Result<Vec<AttemptId>, StoreError> {
+        check_batch_len(attempts.len())?;
+        let ids: Vec<i64> = attempts.iter().map(|(a, _)| a.0 as i64).collect();
+        let tokens: Vec<i64> = attempts.iter().map(|(_, t)| t.0 as i64).collect();
+        let rows = self
+            .client()
+            .query(&self.stmts.renew, &[&ids, &tokens, &f64::from(ttl_ms)])
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| AttemptId(r.get::<_, i64>(0) as u64))
+            .collect())
+    }
+}

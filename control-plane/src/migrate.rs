@@ -1,0 +1,83 @@
+//! Versioned migrations, carried in the binary and applied at start. Several nodes may start at
+//! once: the whole run holds a transaction-scoped advisory lock, so one applies and the others
+//! find the work done. An applied migration whose text changed is an error, never re-run.
+
+use tokio_postgres::Client;
+
+use crate::error::StoreError;
+
+/// The advisory lock key all spindle migrators share ("spindle" in ASCII, as a number).
+const MIGRATION_LOCK_KEY: i64 = 0x7370_696e_646c_65;
+
+pub struct Migration {
+    pub version: i32,
+    pub name: &'static str,
+    pub sql: &'static str,
+}
+
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "schema",
+        sql: include_str!("../migrations/0001_schema.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "batch_functions",
+        sql: include_str!("../migrations/0002_batch_functions.sql"),
+    },
+];
+
+/// FNV-1a over the migration's text: stable across builds and platforms.
+fn checksum(sql: &str) -> i64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in sql.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h as i64
+}
+
+/// Applies every migration not yet applied; returns the versions this call applied.
+pub async fn apply(client: &mut Client) -> Result<Vec<i32>, StoreError> {
+    let tx = client.transaction().await?;
+    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK_KEY])
+        .await?;
+    tx.batch_execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations (
+             version     integer PRIMARY KEY,
+             name        text NOT NULL,
+             checksum    bigint NOT NULL,
+             applied_at  timestamptz NOT NULL DEFAULT now()
+         )",
+    )
+    .await?;
+    let applied: Vec<(i32, i64)> = tx
+        .query("SELECT version, checksum FROM schema_migrations", &[])
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let mut done = Vec::new();
+    for m in MIGRATIONS {
+        match applied.iter().find(|(v, _)| *v == m.version) {
+            Some((_, sum)) if *sum == checksum(m.sql) => continue,
+            Some(_) => {
+                return Err(StoreError::MigrationChanged {
+                    version: m.version,
+                    name: m.name,
+                })
+            }
+            None => {}
+        }
+        tx.batch_execute(m.sql).await?;
+        tx.execute(
+            "INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, $2, $3)",
+            &[&m.version, &m.name, &checksum(m.sql)],
+        )
+        .await?;
+        done.push(m.version);
+    }
+    tx.commit().await?;
+    Ok(done)
+}

@@ -1,0 +1,231 @@
+//! Fenced reports from running work: state advances, releases, requeues and terminal finishes.
+//! Every one carries the attempt's fencing token; a stale token changes nothing and says so.
+//! Releases go ACTIVE → RELEASED once; only that transition gives capacity back.
+
+use std::collections::HashSet;
+
+use spindle_core::state::Actor;
+use spindle_core::{FencingToken, TaskId, TaskState};
+
+use crate::db::Db;
+use crate::error::{check_batch_len, to_i64, InputError, StoreError};
+use crate::limits::REASON_BYTES_MAX;
+use crate::types::parse_state;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    pub task: TaskId,
+    /// The current attempt's token; `None` for a task that has no attempt (a queued cancel).
+    pub token: Option<FencingToken>,
+    pub action: ReportAction,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReportAction {
+    /// A state change that keeps the reservations (RUNNING, SUBMIT_UNKNOWN, PROVIDER_SUCCEEDED…).
+    Advance(TaskState),
+    /// Give the attempt's reservations back, state unchanged (e.g. the provider slot after the
+    /// provider finished while media work continues on its own slots).
+    Release,
+    /// Back to QUEUED after a retryable failure: release, end the attempt, eligible after
+    /// `delay_ms`.
+    Requeue { delay_ms: u64, reason: String },
+    /// A terminal state: release, end the attempt, settle the budget with the actual cost
+    /// (SUCCEEDED) or refund it (FAILED, CANCELED, EXPIRED).
+    Finish {
+        state: TaskState,
+        cost_actual_milli: Option<u64>,
+        reason: Option<String>,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReportResult {
+    Applied {
+        state: TaskState,
+        version: u32,
+        /// Reservations this report moved ACTIVE → RELEASED (0 on a repeated release).
+        released: u32,
+    },
+    /// The token is not the task's current one: a stale writer, fenced.
+    StaleToken {
+        current: Option<FencingToken>,
+    },
+    IllegalTransition {
+        from: TaskState,
+        to: TaskState,
+    },
+    TaskGone,
+}
+
+impl ReportAction {
+    fn mode(&self) -> &'static str {
+        match self {
+            ReportAction::Advance(_) => "ADVANCE",
+            ReportAction::Release => "RELEASE",
+            ReportAction::Requeue { .. } => "REQUEUE",
+            ReportAction::Finish { .. } => "FINISH",
+        }
+    }
+
+    fn target(&self) -> Option<TaskState> {
+        match self {
+            ReportAction::Advance(s) => Some(*s),
+            ReportAction::Release => None,
+            ReportAction::Requeue { .. } => Some(TaskState::Queued),
+            ReportAction::Finish { state, .. } => Some(*state),
+        }
+    }
+}
+
+fn validate(batch: &[Report]) -> Result<(), InputError> {
+    check_batch_len(batch.len())?;
+    let mut seen = HashSet::with_capacity(batch.len());
+    for (row, r) in batch.iter().enumerate() {
+        if !seen.insert(r.task) {
+            return Err(InputError::DuplicateTask(r.task));
+        }
+        to_i64(row, "task", r.task.0)?;
+        let reason = match &r.action {
+            ReportAction::Advance(s) if s.is_terminal() || *s == TaskState::Queued => {
+                return Err(InputError::Illegal {
+                    row,
+                    reason: format!("advance to {} must be a Finish or a Requeue", s.name()),
+                })
+            }
+            ReportAction::Finish { state, .. } if !state.is_terminal() => {
+                return Err(InputError::Illegal {
+                    row,
+                    reason: format!("finish in non-terminal state {}", state.name()),
+                })
+            }
+            ReportAction::Requeue { delay_ms, reason } => {
+                to_i64(row, "delay_ms", *delay_ms)?;
+                Some(reason)
+            }
+            ReportAction::Finish {
+                reason,
+                cost_actual_milli,
+                ..
+            } => {
+                if let Some(c) = cost_actual_milli {
+                    to_i64(row, "cost_actual_milli", *c)?;
+                }
+                reason.as_ref()
+            }
+            _ => None,
+        };
+        if let Some(reason) = reason {
+            if reason.len() > REASON_BYTES_MAX {
+                return Err(InputError::TooLong {
+                    row,
+                    field: "reason",
+                    len: reason.len(),
+                    max: REASON_BYTES_MAX,
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+impl Db {
+    /// Applies `batch` in one transaction; one result per row, in order.
+    pub async fn report_batch(&self, batch: &[Report]) -> Result<Vec<ReportResult>, StoreError> {
+        validate(batch)?;
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let task: Vec<i64> = batch.iter().map(|r| r.task.0 as i64).collect();
+        let token: Vec<Option<i64>> = batch.iter().map(|r| r.token.map(|t| t.0 as i64)).collect();
+        let mode: Vec<&str> = batch.iter().map(|r| r.action.mode()).collect();
+        let to: Vec<Option<&str>> = batch
+            .iter()
+            .map(|r| r.action.target().map(TaskState::name))
+            .collect();
+        let cost: Vec<Option<i64>> = batch
+            .iter()
+            .map(|r| match &r.action {
+                ReportAction::Finish {
+                    cost_actual_milli, ..
+                } => cost_actual_milli.map(|c| c as i64),
+                _ => None,
+            })
+            .collect();
+        let delay: Vec<i64> = batch
+            .iter()
+            .map(|r| match &r.action {
+                ReportAction::Requeue { delay_ms, .. } => *delay_ms as i64,
+                _ => 0,
+            })
+            .collect();
+        let reason: Vec<Option<&str>> = batch
+            .iter()
+            .map(|r| match &r.action {
+                ReportAction::Requeue { reason, .. } => Some(reason.as_str()),
+                ReportAction::Finish { reason, .. } => reason.as_deref(),
+                _ => None,
+            })
+            .collect();
+        let rows = self
+            .client()
+            .query(
+                &self.stmts.report,
+                &[&task, &token, &mode, &to, &cost, &delay, &reason],
+            )
+            .await?;
+        if rows.len() != batch.len() {
+            return Err(StoreError::Corrupt(format!(
+                "report answered {} rows for {}",
+                rows.len(),
+                batch.len()
+            )));
+        }
+        rows.iter()
+            .map(|r| {
+                let outcome: &str = r.get(1);
+                let state: Option<&str> = r.get(2);
+                let version: Option<i32> = r.get(3);
+                let released: i32 = r.get(4);
+                let detail: Option<&str> = r.get(5);
+                let corrupt = || StoreError::Corrupt(format!("report {outcome} / {detail:?}"));
+                Ok(match outcome {
+                    "APPLIED" => ReportResult::Applied {
+                        state: parse_state(state.ok_or_else(corrupt)?)?,
+                        version: version.ok_or_else(corrupt)? as u32,
+                        released: released as u32,
+                    },
+                    "STALE_TOKEN" => ReportResult::StaleToken {
+                        current: detail.and_then(|d| d.parse::<u64>().ok()).map(FencingToken),
+                    },
+                    "ILLEGAL_TRANSITION" => {
+                        let (from, to) = detail
+                            .and_then(|d| d.split_once(" -> "))
+                            .ok_or_else(corrupt)?;
+                        ReportResult::IllegalTransition {
+                            from: parse_state(from)?,
+                            to: parse_state(to)?,
+                        }
+                    }
+                    "TASK_GONE" => ReportResult::TaskGone,
+                    _ => return Err(corrupt()),
+                })
+            })
+            .collect()
+    }
+}
+
+/// The whitelist the store enforces, as (from, to, operator_only) rows, from the core.
+pub fn core_transitions() -> Vec<(TaskState, TaskState, bool)> {
+    let mut rows = Vec::new();
+    for from in TaskState::ALL {
+        for to in TaskState::ALL {
+            if from.may_become(to, Actor::System) {
+                rows.push((from, to, false));
+            } else if from.may_become(to, Actor::Operator) {
+                rows.push((from, to, true));
+            }
+        }
+    }
+    rows
+}

@@ -1,0 +1,80 @@
+//! Shared set-up for the store tests: a migrated database with one node holding partition 0.
+#![allow(dead_code)]
+
+use spindle_control::testing::TestDb;
+use spindle_control::{ClaimRequest, Db, Demand, NewTask, PartitionId, PoolShard};
+use spindle_core::{Band, Lane, TaskId, TenantId, UserId};
+
+pub const NODE: &str = "node-a";
+pub const LEASE_MS: u32 = 30_000;
+
+/// A fresh database, migrated, with `NODE` registered and holding partitions 0..4.
+pub async fn setup() -> (TestDb, Db) {
+    let test = TestDb::new().await;
+    let db = test.open().await;
+    db.register_node(NODE, "127.0.0.1:0").await.unwrap();
+    db.ensure_partitions(4).await.unwrap();
+    let parts: Vec<PartitionId> = (0..4).map(PartitionId).collect();
+    let held = db.acquire_partitions(NODE, &parts, LEASE_MS).await.unwrap();
+    assert_eq!(held.len(), 4);
+    (test, db)
+}
+
+pub fn task(id: u64, tenant: u32, key: &str) -> NewTask {
+    NewTask {
+        task: TaskId(id),
+        tenant: TenantId(tenant),
+        user: UserId(tenant * 10),
+        idempotency_key: key.to_string(),
+        payload: format!("spec-of-{key}").into_bytes(),
+        partition: PartitionId(tenant % 4),
+        lane: Lane::Standard,
+        band: Band::P2,
+        cost_estimate_milli: 1_000,
+        fairness_milli: 500,
+    }
+}
+
+pub fn claim(id: u64, version: u32, demands: &[(&str, u16, u64)]) -> ClaimRequest {
+    ClaimRequest {
+        task: TaskId(id),
+        expected_version: version,
+        provider: "acme".into(),
+        demands: demands
+            .iter()
+            .map(|(pool, shard, amount)| Demand {
+                shard: PoolShard::new(*pool, *shard),
+                amount: *amount,
+            })
+            .collect(),
+    }
+}
+
+/// Every pool shard's `used` equals the sum of its ACTIVE reservations and never exceeds its
+/// capacity (invariants 1 and 5).
+pub async fn assert_counters_derived(test: &TestDb) {
+    let sql = test.sql().await.unwrap();
+    let rows = sql
+        .query(
+            "SELECT p.pool_key, p.shard, p.used, p.capacity,
+                    coalesce((SELECT sum(r.amount) FROM resource_reservation r
+                               WHERE r.pool_key = p.pool_key AND r.shard = p.shard
+                                 AND r.status = 'ACTIVE'), 0)::bigint
+               FROM resource_pool_shard p",
+            &[],
+        )
+        .await
+        .unwrap();
+    for r in rows {
+        let (pool, shard, used, cap, active): (String, i16, i64, i64, i64) =
+            (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4));
+        assert_eq!(
+            used, active,
+            "{pool}/{shard}: used differs from ACTIVE reservations"
+        );
+        assert!(
+            used <= cap,
+            "{pool}/{shard}: used {used} above capacity {cap}"
+        );
+    }
+}
