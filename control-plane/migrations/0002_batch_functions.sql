@@ -1,13 +1,24 @@
 -- spindle schema, version 2: the batched write paths. Each function is one statement for the
 -- caller: one round trip and one transaction for a whole batch, with a result row per input row.
 --
+-- Shape, the same in all three: lock what the batch touches up front, load it into arrays,
+-- decide every row in memory (in order, so row i sees the effect of rows before it), then
+-- write with one set-based statement per table. A hot row (a pool shard, a tenant's budget) is
+-- therefore updated once per batch, not once per row: repeated updates of one row inside a
+-- transaction leave a chain of versions that every later update must walk.
+--
 -- Lock order, the same in every function, so batches never deadlock each other:
---   partition_lease (share) → tenant_quota → resource_pool_shard (by key) → task (by id).
--- Every function takes the pool and task locks of its whole batch up front in that order.
+--   partition_lease (share) → task (by id) → tenant_quota (by tenant) → resource_pool_shard
+--   (by key). Submit inserts new task rows after its budget locks; inserts wait on no existing
+--   row, only on a concurrent insert of the same key (a deadlock there is detected and the batch
+--   fails retryable: StoreError::Refused { retryable: true }).
+-- Rows are reached by primary key with `= ANY (array)`: every statement's cost follows the
+-- batch, never the size of the table.
 
 -- Group-commit submit. Per row: a replay of (tenant, idempotency key) returns the original task
 -- (REPLAY) or, when the payload differs, CONFLICT; otherwise the cost estimate is reserved in the
--- tenant's budget (QUOTA_EXCEEDED when it does not fit) and the task is inserted QUEUED.
+-- tenant's budget (QUOTA_EXCEEDED when it does not fit; no budget row means no limit) and the
+-- task is inserted QUEUED.
 CREATE FUNCTION spindle_submit(
     p_task bigint[], p_tenant integer[], p_user integer[], p_key text[], p_payload bytea[],
     p_partition integer[], p_lane smallint[], p_band smallint[], p_cost bigint[],
@@ -15,71 +26,126 @@ CREATE FUNCTION spindle_submit(
 RETURNS TABLE (o_idx integer, o_outcome text, o_task bigint, o_state text, o_detail text)
 LANGUAGE plpgsql AS $$
 DECLARE
+    n integer := coalesce(array_length(p_task, 1), 0);
     i integer;
+    f integer;
+    q integer;
+    -- per row: an existing task with the same key, the first row of the batch with the same key,
+    -- the row's tenant's position in the budget arrays (NULL: no budget)
+    e_task bigint[];
+    e_payload bytea[];
+    e_state text[];
+    first_row integer[];
+    quota_pos integer[];
+    -- per first row of a key: the row of this batch that created the task
+    created_by integer[] := array_fill(NULL::integer, ARRAY[greatest(n, 1)]);
+    -- budgets of the batch's tenants
+    q_tenant integer[];
+    q_remaining bigint[];
+    q_delta bigint[];
+    -- results
+    r_outcome text[] := array_fill(NULL::text, ARRAY[greatest(n, 1)]);
+    r_task bigint[] := array_fill(NULL::bigint, ARRAY[greatest(n, 1)]);
+    r_state text[] := array_fill(NULL::text, ARRAY[greatest(n, 1)]);
+    r_detail text[] := array_fill(NULL::text, ARRAY[greatest(n, 1)]);
+    ins integer[] := '{}';
+    lost bigint[];
     v_task bigint;
     v_payload bytea;
     v_state text;
-    v_has_quota boolean;
-    v_remaining bigint;
 BEGIN
-    PERFORM 1 FROM tenant_quota q WHERE q.tenant_id = ANY (p_tenant)
-        ORDER BY q.tenant_id FOR UPDATE;
-    FOR i IN 1 .. coalesce(array_length(p_task, 1), 0) LOOP
-        o_idx := i - 1;
-        o_detail := NULL;
-        SELECT t.task_id, t.payload, t.state INTO v_task, v_payload, v_state
-          FROM task t WHERE t.tenant_id = p_tenant[i] AND t.idempotency_key = p_key[i];
-        IF FOUND THEN
-            o_outcome := CASE WHEN v_payload = p_payload[i] THEN 'REPLAY' ELSE 'CONFLICT' END;
-            o_task := v_task;
-            o_state := v_state;
-            RETURN NEXT;
+    IF n = 0 THEN
+        RETURN;
+    END IF;
+    WITH locked AS (
+        SELECT q.tenant_id, q.budget_milli - q.reserved_milli - q.spent_milli AS remaining
+          FROM tenant_quota q WHERE q.tenant_id = ANY (p_tenant)
+         ORDER BY q.tenant_id FOR UPDATE)
+    SELECT coalesce(array_agg(l.tenant_id ORDER BY l.tenant_id), '{}'),
+           coalesce(array_agg(l.remaining ORDER BY l.tenant_id), '{}')
+      INTO q_tenant, q_remaining FROM locked l;
+    q_delta := array_fill(0::bigint, ARRAY[greatest(coalesce(array_length(q_tenant, 1), 0), 1)]);
+    SELECT array_agg(t.task_id ORDER BY d.ord), array_agg(t.payload ORDER BY d.ord),
+           array_agg(t.state ORDER BY d.ord), array_agg(d.first ORDER BY d.ord),
+           array_agg(qp.pos ORDER BY d.ord)
+      INTO e_task, e_payload, e_state, first_row, quota_pos
+      FROM (SELECT u.tenant, u.key, u.ord,
+                   min(u.ord) OVER (PARTITION BY u.tenant, u.key) AS first
+              FROM unnest(p_tenant, p_key) WITH ORDINALITY AS u (tenant, key, ord)) d
+      LEFT JOIN task t ON t.tenant_id = d.tenant AND t.idempotency_key = d.key
+      LEFT JOIN unnest(q_tenant) WITH ORDINALITY AS qp (tenant, pos) ON qp.tenant = d.tenant;
+    FOR i IN 1 .. n LOOP
+        f := first_row[i];
+        IF e_task[i] IS NOT NULL THEN
+            r_outcome[i] := CASE WHEN e_payload[i] = p_payload[i] THEN 'REPLAY' ELSE 'CONFLICT' END;
+            r_task[i] := e_task[i];
+            r_state[i] := e_state[i];
             CONTINUE;
         END IF;
-        UPDATE tenant_quota q SET reserved_milli = q.reserved_milli + p_cost[i]
-         WHERE q.tenant_id = p_tenant[i]
-           AND q.reserved_milli + q.spent_milli + p_cost[i] <= q.budget_milli;
-        v_has_quota := FOUND;
-        IF NOT v_has_quota THEN
-            SELECT q.budget_milli - q.reserved_milli - q.spent_milli INTO v_remaining
-              FROM tenant_quota q WHERE q.tenant_id = p_tenant[i];
-            IF FOUND THEN
-                o_outcome := 'QUOTA_EXCEEDED';
-                o_task := NULL;
-                o_state := NULL;
-                o_detail := v_remaining::text;
-                RETURN NEXT;
+        IF created_by[f] IS NOT NULL THEN
+            r_outcome[i] := CASE WHEN p_payload[created_by[f]] = p_payload[i]
+                                 THEN 'REPLAY' ELSE 'CONFLICT' END;
+            r_task[i] := p_task[created_by[f]];
+            r_state[i] := 'QUEUED';
+            CONTINUE;
+        END IF;
+        q := quota_pos[i];
+        IF q IS NOT NULL THEN
+            IF q_remaining[q] < p_cost[i] THEN
+                r_outcome[i] := 'QUOTA_EXCEEDED';
+                r_detail[i] := q_remaining[q]::text;
                 CONTINUE;
             END IF;
+            q_remaining[q] := q_remaining[q] - p_cost[i];
+            q_delta[q] := q_delta[q] + p_cost[i];
         END IF;
+        created_by[f] := i;
+        ins := ins || i;
+        r_outcome[i] := 'CREATED';
+        r_task[i] := p_task[i];
+        r_state[i] := 'QUEUED';
+    END LOOP;
+
+    WITH new AS (
         INSERT INTO task (task_id, tenant_id, user_id, idempotency_key, payload, partition, lane,
                           band, state, policy_version, cost_estimate_milli, fairness_milli)
-        VALUES (p_task[i], p_tenant[i], p_user[i], p_key[i], p_payload[i], p_partition[i],
-                p_lane[i], p_band[i], 'QUEUED', p_policy_version, p_cost[i], p_fairness[i])
-        ON CONFLICT (tenant_id, idempotency_key) DO NOTHING;
-        IF NOT FOUND THEN
-            -- A concurrent submit of the same key committed first: undo our reservation.
-            IF v_has_quota THEN
-                UPDATE tenant_quota q SET reserved_milli = q.reserved_milli - p_cost[i]
-                 WHERE q.tenant_id = p_tenant[i];
+        SELECT p_task[k], p_tenant[k], p_user[k], p_key[k], p_payload[k], p_partition[k],
+               p_lane[k], p_band[k], 'QUEUED', p_policy_version, p_cost[k], p_fairness[k]
+          FROM unnest(ins) AS k
+        ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
+        RETURNING task_id)
+    SELECT array_agg(p_task[k]) INTO lost
+      FROM unnest(ins) AS k WHERE p_task[k] NOT IN (SELECT task_id FROM new);
+    -- A concurrent submit of the same key committed between our read and our insert: answer
+    -- with its task and give the budget back.
+    IF lost IS NOT NULL THEN
+        FOR i IN 1 .. n LOOP
+            IF r_outcome[i] = 'CREATED' AND p_task[i] = ANY (lost) THEN
+                SELECT t.task_id, t.payload, t.state INTO v_task, v_payload, v_state
+                  FROM task t WHERE t.tenant_id = p_tenant[i] AND t.idempotency_key = p_key[i];
+                r_outcome[i] := CASE WHEN v_payload = p_payload[i] THEN 'REPLAY' ELSE 'CONFLICT' END;
+                r_task[i] := v_task;
+                r_state[i] := v_state;
+                q := quota_pos[i];
+                IF q IS NOT NULL THEN
+                    q_delta[q] := q_delta[q] - p_cost[i];
+                END IF;
             END IF;
-            SELECT t.task_id, t.payload, t.state INTO v_task, v_payload, v_state
-              FROM task t WHERE t.tenant_id = p_tenant[i] AND t.idempotency_key = p_key[i];
-            o_outcome := CASE WHEN v_payload = p_payload[i] THEN 'REPLAY' ELSE 'CONFLICT' END;
-            o_task := v_task;
-            o_state := v_state;
-            RETURN NEXT;
-            CONTINUE;
-        END IF;
-        IF v_has_quota THEN
-            INSERT INTO quota_ledger (tenant_id, task_id, kind, amount_milli)
-            VALUES (p_tenant[i], p_task[i], 'RESERVE', p_cost[i]);
-        END IF;
-        o_outcome := 'CREATED';
-        o_task := p_task[i];
-        o_state := 'QUEUED';
-        RETURN NEXT;
-    END LOOP;
+        END LOOP;
+    END IF;
+
+    UPDATE tenant_quota qt SET reserved_milli = qt.reserved_milli + d.delta
+      FROM unnest(q_tenant, q_delta[1:coalesce(array_length(q_tenant, 1), 0)]) AS d (tenant, delta)
+     WHERE qt.tenant_id = d.tenant AND d.delta <> 0;
+    INSERT INTO quota_ledger (tenant_id, task_id, kind, amount_milli)
+    SELECT p_tenant[k], p_task[k], 'RESERVE', p_cost[k]
+      FROM unnest(ins) AS k
+     WHERE r_outcome[k] = 'CREATED' AND quota_pos[k] IS NOT NULL;
+
+    RETURN QUERY
+    SELECT (u.ord - 1)::integer, u.outcome, u.task, u.state, u.detail
+      FROM unnest(r_outcome[1:n], r_task[1:n], r_state[1:n], r_detail[1:n])
+           WITH ORDINALITY AS u (outcome, task, state, detail, ord);
 END
 $$;
 
@@ -96,129 +162,150 @@ RETURNS TABLE (o_idx integer, o_outcome text, o_attempt bigint, o_token bigint,
                o_attempt_no integer, o_detail text)
 LANGUAGE plpgsql AS $$
 DECLARE
+    n integer := coalesce(array_length(p_task, 1), 0);
     i integer;
-    lo integer;
-    hi integer;
+    j integer;
+    k integer;
+    fits boolean;
     v_owned integer[];
-    v_state text;
-    v_version integer;
-    v_partition integer;
-    v_tenant integer;
-    v_attempt_no integer;
-    v_full text;
     v_lease timestamptz := now() + p_lease_ms * interval '1 millisecond';
+    -- the batch's pool shards, locked, in key order; per demand its position (NULL: unknown)
+    pk_key text[];
+    pk_shard smallint[];
+    pk_cap bigint[];
+    pk_used bigint[];
+    pk_used0 bigint[];
+    d_pos integer[];
+    -- per claim: the task as stored (NULL state: no such task)
+    t_state text[];
+    t_version integer[];
+    t_partition integer[];
+    t_tenant integer[];
+    t_attempt_no integer[];
+    -- results
+    r_outcome text[] := array_fill(NULL::text, ARRAY[greatest(n, 1)]);
+    r_attempt bigint[] := array_fill(NULL::bigint, ARRAY[greatest(n, 1)]);
+    r_token bigint[] := array_fill(NULL::bigint, ARRAY[greatest(n, 1)]);
+    r_no integer[] := array_fill(NULL::integer, ARRAY[greatest(n, 1)]);
+    r_detail text[] := array_fill(NULL::text, ARRAY[greatest(n, 1)]);
+    granted integer[] := '{}';
 BEGIN
+    IF n = 0 THEN
+        RETURN;
+    END IF;
     SELECT coalesce(array_agg(l.partition), '{}') INTO v_owned FROM (
         SELECT pl.partition FROM partition_lease pl
          WHERE pl.owner_node = p_node AND pl.lease_until > now()
          ORDER BY pl.partition FOR SHARE) l;
-    PERFORM 1 FROM resource_pool_shard p
-      JOIN (SELECT DISTINCT k, s FROM unnest(p_pool, p_shard) AS d (k, s)) d
-        ON p.pool_key = d.k AND p.shard = d.s
-     ORDER BY p.pool_key, p.shard FOR UPDATE OF p;
-    PERFORM 1 FROM task t WHERE t.task_id = ANY (p_task) ORDER BY t.task_id FOR UPDATE;
-    FOR i IN 1 .. coalesce(array_length(p_task, 1), 0) LOOP
-        o_idx := i - 1;
-        o_attempt := NULL;
-        o_token := NULL;
-        o_attempt_no := NULL;
-        o_detail := NULL;
-        SELECT t.state, t.version, t.partition, t.tenant_id, t.attempt_no
-          INTO v_state, v_version, v_partition, v_tenant, v_attempt_no
-          FROM task t WHERE t.task_id = p_task[i];
-        IF NOT FOUND THEN
-            o_outcome := 'TASK_GONE';
-            RETURN NEXT;
+    WITH locked AS MATERIALIZED (
+        SELECT t.task_id, t.state, t.version, t.partition, t.tenant_id, t.attempt_no
+          FROM task t WHERE t.task_id = ANY (p_task) ORDER BY t.task_id FOR UPDATE)
+    SELECT array_agg(l.state ORDER BY c.ord), array_agg(l.version ORDER BY c.ord),
+           array_agg(l.partition ORDER BY c.ord), array_agg(l.tenant_id ORDER BY c.ord),
+           array_agg(l.attempt_no ORDER BY c.ord)
+      INTO t_state, t_version, t_partition, t_tenant, t_attempt_no
+      FROM unnest(p_task) WITH ORDINALITY AS c (task, ord)
+      LEFT JOIN locked l ON l.task_id = c.task;
+    WITH locked AS MATERIALIZED (
+        SELECT p.pool_key, p.shard, p.capacity, p.used FROM resource_pool_shard p
+         WHERE (p.pool_key, p.shard) IN (SELECT * FROM unnest(p_pool, p_shard))
+         ORDER BY p.pool_key, p.shard FOR UPDATE)
+    SELECT coalesce(array_agg(l.pool_key ORDER BY l.pool_key, l.shard), '{}'),
+           coalesce(array_agg(l.shard ORDER BY l.pool_key, l.shard), '{}'),
+           coalesce(array_agg(l.capacity ORDER BY l.pool_key, l.shard), '{}'),
+           coalesce(array_agg(l.used ORDER BY l.pool_key, l.shard), '{}')
+      INTO pk_key, pk_shard, pk_cap, pk_used FROM locked l;
+    pk_used0 := pk_used;
+    SELECT array_agg(x.pos ORDER BY d.ord) INTO d_pos
+      FROM unnest(p_pool, p_shard) WITH ORDINALITY AS d (k, s, ord)
+      LEFT JOIN unnest(pk_key, pk_shard) WITH ORDINALITY AS x (k, s, pos)
+        ON x.k = d.k AND x.s = d.s;
+
+    FOR i IN 1 .. n LOOP
+        IF t_state[i] IS NULL THEN
+            r_outcome[i] := 'TASK_GONE';
             CONTINUE;
         END IF;
-        IF v_state <> 'QUEUED' OR v_version <> p_version[i] THEN
-            o_outcome := 'VERSION_MOVED';
-            o_detail := v_state || '@' || v_version;
-            RETURN NEXT;
+        IF t_state[i] <> 'QUEUED' OR t_version[i] <> p_version[i] THEN
+            r_outcome[i] := 'VERSION_MOVED';
+            r_detail[i] := t_state[i] || '@' || t_version[i];
             CONTINUE;
         END IF;
-        IF NOT v_partition = ANY (v_owned) THEN
-            o_outcome := 'PARTITION_NOT_OWNED';
-            o_detail := v_partition::text;
-            RETURN NEXT;
+        IF NOT t_partition[i] = ANY (v_owned) THEN
+            r_outcome[i] := 'PARTITION_NOT_OWNED';
+            r_detail[i] := t_partition[i]::text;
             CONTINUE;
         END IF;
-        lo := p_dstart[i];
-        hi := p_dstart[i] + p_dcount[i] - 1;
-        v_full := NULL;
-        IF p_dcount[i] > 0 THEN
-            SELECT d.k || '/' || d.s || CASE WHEN p.pool_key IS NULL THEN ' (unknown)' ELSE '' END
-              INTO v_full
-              FROM unnest(p_pool[lo:hi], p_shard[lo:hi], p_amount[lo:hi]) AS d (k, s, a)
-              LEFT JOIN resource_pool_shard p ON p.pool_key = d.k AND p.shard = d.s
-             WHERE p.pool_key IS NULL OR p.used + d.a > p.capacity
-             LIMIT 1;
-        END IF;
-        IF v_full IS NOT NULL THEN
-            o_outcome := 'POOL_FULL';
-            o_detail := v_full;
-            RETURN NEXT;
+        fits := true;
+        FOR j IN p_dstart[i] .. p_dstart[i] + p_dcount[i] - 1 LOOP
+            k := d_pos[j];
+            IF k IS NULL THEN
+                r_outcome[i] := 'UNKNOWN_POOL';
+                r_detail[i] := p_pool[j] || '/' || p_shard[j];
+                fits := false;
+                EXIT;
+            END IF;
+            IF pk_used[k] + p_amount[j] > pk_cap[k] THEN
+                r_outcome[i] := 'POOL_FULL';
+                r_detail[i] := p_pool[j] || '/' || p_shard[j];
+                fits := false;
+                EXIT;
+            END IF;
+        END LOOP;
+        IF NOT fits THEN
             CONTINUE;
         END IF;
-        v_attempt_no := v_attempt_no + 1;
-        o_attempt := nextval('attempt_id_seq');
-        o_token := nextval('fencing_token_seq');
-        o_attempt_no := v_attempt_no;
-        UPDATE task t SET state = 'DISPATCHING', version = t.version + 1,
-               attempt_no = v_attempt_no, current_attempt = o_attempt,
-               current_fencing = o_token, updated_at = now(), next_eligible_at = NULL
-         WHERE t.task_id = p_task[i];
+        FOR j IN p_dstart[i] .. p_dstart[i] + p_dcount[i] - 1 LOOP
+            pk_used[d_pos[j]] := pk_used[d_pos[j]] + p_amount[j];
+        END LOOP;
+        r_outcome[i] := 'GRANTED';
+        r_attempt[i] := nextval('attempt_id_seq');
+        r_token[i] := nextval('fencing_token_seq');
+        r_no[i] := t_attempt_no[i] + 1;
+        granted := granted || i;
+    END LOOP;
+
+    IF array_length(granted, 1) IS NOT NULL THEN
+        UPDATE task t SET state = 'DISPATCHING', version = t.version + 1, attempt_no = r_no[g],
+               current_attempt = r_attempt[g], current_fencing = r_token[g],
+               updated_at = now(), next_eligible_at = NULL
+          FROM unnest(granted) AS u (g)
+         WHERE t.task_id = p_task[g];
         INSERT INTO task_attempt (attempt_id, task_id, attempt_no, fencing_token, node_id,
                                   provider, provider_request_key, lease_until)
-        VALUES (o_attempt, p_task[i], v_attempt_no, o_token, p_node, p_provider[i],
-                'spindle-' || p_task[i] || '-' || v_attempt_no, v_lease);
-        IF p_dcount[i] > 0 THEN
-            UPDATE resource_pool_shard p SET used = p.used + d.a, version = p.version + 1
-              FROM unnest(p_pool[lo:hi], p_shard[lo:hi], p_amount[lo:hi]) AS d (k, s, a)
-             WHERE p.pool_key = d.k AND p.shard = d.s;
-            INSERT INTO resource_reservation (attempt_id, pool_key, shard, task_id, amount,
-                                              fencing_token)
-            SELECT o_attempt, d.k, d.s, p_task[i], d.a, o_token
-              FROM unnest(p_pool[lo:hi], p_shard[lo:hi], p_amount[lo:hi]) AS d (k, s, a);
-        END IF;
+        SELECT r_attempt[g], p_task[g], r_no[g], r_token[g], p_node, p_provider[g],
+               'spindle-' || p_task[g] || '-' || r_no[g], v_lease
+          FROM unnest(granted) AS u (g);
+        INSERT INTO resource_reservation (attempt_id, pool_key, shard, task_id, amount,
+                                          fencing_token)
+        SELECT r_attempt[g], p_pool[dj], p_shard[dj], p_task[g], p_amount[dj], r_token[g]
+          FROM unnest(granted) AS u (g),
+               generate_series(p_dstart[g], p_dstart[g] + p_dcount[g] - 1) AS d (dj);
+        UPDATE resource_pool_shard p SET used = x.used, version = p.version + 1
+          FROM unnest(pk_key, pk_shard, pk_used, pk_used0) AS x (k, s, used, used0)
+         WHERE p.pool_key = x.k AND p.shard = x.s AND x.used <> x.used0;
         INSERT INTO outbox_event (task_id, tenant_id, kind, body)
-        VALUES (p_task[i], v_tenant, 'DISPATCHING',
-                jsonb_build_object('attempt', o_attempt, 'attempt_no', v_attempt_no,
-                                   'node', p_node, 'provider', p_provider[i]));
-        o_outcome := 'GRANTED';
-        RETURN NEXT;
-    END LOOP;
-END
-$$;
+        SELECT p_task[g], t_tenant[g], 'DISPATCHING',
+               jsonb_build_object('attempt', r_attempt[g], 'attempt_no', r_no[g],
+                                  'node', p_node, 'provider', p_provider[g])
+          FROM unnest(granted) AS u (g);
+    END IF;
 
--- Releases every ACTIVE reservation of an attempt; only the ACTIVE → RELEASED transition
--- decrements a pool, so a second release changes nothing. Returns the number released.
-CREATE FUNCTION spindle_release_attempt(p_attempt bigint) RETURNS integer
-LANGUAGE plpgsql AS $$
-DECLARE
-    v_count integer;
-BEGIN
-    WITH r AS (
-        UPDATE resource_reservation r SET status = 'RELEASED', released_at = now()
-         WHERE r.attempt_id = p_attempt AND r.status = 'ACTIVE'
-        RETURNING r.pool_key, r.shard, r.amount
-    ), p AS (
-        UPDATE resource_pool_shard p SET used = p.used - r.amount, version = p.version + 1
-          FROM r WHERE p.pool_key = r.pool_key AND p.shard = r.shard
-        RETURNING 1
-    )
-    SELECT count(*) INTO v_count FROM p;
-    RETURN v_count;
+    RETURN QUERY
+    SELECT (u.ord - 1)::integer, u.outcome, u.attempt, u.token, u.no, u.detail
+      FROM unnest(r_outcome[1:n], r_attempt[1:n], r_token[1:n], r_no[1:n], r_detail[1:n])
+           WITH ORDINALITY AS u (outcome, attempt, token, no, detail, ord);
 END
 $$;
 
 -- Fenced reports. Per row: the token must be the task's current one (a task with no attempt has
 -- none: pass NULL); the transition must be on the whitelist. p_mode says what else happens:
---   'ADVANCE'  state change only (RUNNING, SUBMIT_UNKNOWN, PROVIDER_SUCCEEDED, MEDIA_PROCESSING…);
+--   'ADVANCE'  state change only (RUNNING, SUBMIT_UNKNOWN, PROVIDER_SUCCEEDED…);
 --   'RELEASE'  release the attempt's reservations; p_to NULL keeps the state;
 --   'REQUEUE'  release, end the attempt, back to QUEUED eligible after p_delay_ms;
 --   'FINISH'   release, end the attempt, terminal state; settle (SUCCEEDED) or refund the budget.
--- A stale token or an illegal transition changes nothing and says so.
+-- A stale token or an illegal transition changes nothing and says so. Releases move ACTIVE →
+-- RELEASED once; only that transition gives capacity back.
 CREATE FUNCTION spindle_report(
     p_task bigint[], p_token bigint[], p_mode text[], p_to text[], p_cost_actual bigint[],
     p_delay_ms bigint[], p_reason text[])
@@ -226,112 +313,168 @@ RETURNS TABLE (o_idx integer, o_outcome text, o_state text, o_version integer,
                o_released integer, o_detail text)
 LANGUAGE plpgsql AS $$
 DECLARE
+    n integer := coalesce(array_length(p_task, 1), 0);
     i integer;
-    v_state text;
-    v_version integer;
-    v_token bigint;
-    v_attempt bigint;
-    v_tenant integer;
-    v_estimate bigint;
-    v_reserved bigint;
-    v_ends boolean;
     v_to text;
+    v_ends boolean;
+    allowed text[];
+    t_state text[];
+    t_version integer[];
+    t_token bigint[];
+    t_attempt bigint[];
+    t_tenant integer[];
+    t_estimate bigint[];
+    r_outcome text[] := array_fill(NULL::text, ARRAY[greatest(n, 1)]);
+    r_state text[] := array_fill(NULL::text, ARRAY[greatest(n, 1)]);
+    r_version integer[] := array_fill(NULL::integer, ARRAY[greatest(n, 1)]);
+    r_detail text[] := array_fill(NULL::text, ARRAY[greatest(n, 1)]);
+    r_released integer[] := array_fill(0, ARRAY[greatest(n, 1)]);
+    applied integer[] := '{}';
+    release_attempts bigint[] := '{}';
+    end_attempts bigint[] := '{}';
+    end_outcomes text[] := '{}';
+    finish_rows integer[] := '{}';
+    event_rows integer[] := '{}';
+    ends boolean[] := array_fill(false, ARRAY[greatest(n, 1)]);
+    to_state text[] := array_fill(NULL::text, ARRAY[greatest(n, 1)]);
 BEGIN
-    PERFORM 1 FROM tenant_quota q
-     WHERE q.tenant_id IN (SELECT t.tenant_id FROM task t WHERE t.task_id = ANY (p_task))
+    IF n = 0 THEN
+        RETURN;
+    END IF;
+    SELECT array_agg(tt.from_state || '>' || tt.to_state) INTO allowed
+      FROM task_transition tt WHERE NOT tt.operator_only;
+    WITH locked AS MATERIALIZED (
+        SELECT t.task_id, t.state, t.version, t.current_fencing, t.current_attempt, t.tenant_id,
+               t.cost_estimate_milli
+          FROM task t WHERE t.task_id = ANY (p_task) ORDER BY t.task_id FOR UPDATE)
+    SELECT array_agg(l.state ORDER BY c.ord), array_agg(l.version ORDER BY c.ord),
+           array_agg(l.current_fencing ORDER BY c.ord), array_agg(l.current_attempt ORDER BY c.ord),
+           array_agg(l.tenant_id ORDER BY c.ord), array_agg(l.cost_estimate_milli ORDER BY c.ord)
+      INTO t_state, t_version, t_token, t_attempt, t_tenant, t_estimate
+      FROM unnest(p_task) WITH ORDINALITY AS c (task, ord)
+      LEFT JOIN locked l ON l.task_id = c.task;
+    PERFORM 1 FROM tenant_quota q WHERE q.tenant_id = ANY (t_tenant)
      ORDER BY q.tenant_id FOR UPDATE;
     PERFORM 1 FROM resource_pool_shard p
-      JOIN (SELECT DISTINCT r.pool_key, r.shard FROM task t
-              JOIN resource_reservation r ON r.attempt_id = t.current_attempt
-             WHERE t.task_id = ANY (p_task) AND r.status = 'ACTIVE') d
-        ON p.pool_key = d.pool_key AND p.shard = d.shard
-     ORDER BY p.pool_key, p.shard FOR UPDATE OF p;
-    PERFORM 1 FROM task t WHERE t.task_id = ANY (p_task) ORDER BY t.task_id FOR UPDATE;
-    FOR i IN 1 .. coalesce(array_length(p_task, 1), 0) LOOP
-        o_idx := i - 1;
-        o_released := 0;
-        o_detail := NULL;
-        SELECT t.state, t.version, t.current_fencing, t.current_attempt, t.tenant_id,
-               t.cost_estimate_milli
-          INTO v_state, v_version, v_token, v_attempt, v_tenant, v_estimate
-          FROM task t WHERE t.task_id = p_task[i];
-        IF NOT FOUND THEN
-            o_outcome := 'TASK_GONE';
-            o_state := NULL;
-            o_version := NULL;
-            RETURN NEXT;
+     WHERE (p.pool_key, p.shard) IN (
+            SELECT r.pool_key, r.shard FROM resource_reservation r
+             WHERE r.attempt_id = ANY (t_attempt) AND r.status = 'ACTIVE')
+     ORDER BY p.pool_key, p.shard FOR UPDATE;
+
+    FOR i IN 1 .. n LOOP
+        IF t_state[i] IS NULL THEN
+            r_outcome[i] := 'TASK_GONE';
             CONTINUE;
         END IF;
-        o_state := v_state;
-        o_version := v_version;
-        v_to := coalesce(p_to[i], v_state);
-        IF v_token IS DISTINCT FROM p_token[i] THEN
-            o_outcome := 'STALE_TOKEN';
-            o_detail := coalesce(v_token::text, 'none');
-            RETURN NEXT;
+        r_state[i] := t_state[i];
+        r_version[i] := t_version[i];
+        IF t_token[i] IS DISTINCT FROM p_token[i] THEN
+            r_outcome[i] := 'STALE_TOKEN';
+            r_detail[i] := coalesce(t_token[i]::text, 'none');
             CONTINUE;
         END IF;
-        IF v_to <> v_state AND NOT EXISTS (
-               SELECT 1 FROM task_transition tt
-                WHERE tt.from_state = v_state AND tt.to_state = v_to
-                  AND NOT tt.operator_only) THEN
-            o_outcome := 'ILLEGAL_TRANSITION';
-            o_detail := v_state || ' -> ' || v_to;
-            RETURN NEXT;
+        v_to := coalesce(p_to[i], t_state[i]);
+        IF v_to <> t_state[i] AND NOT (t_state[i] || '>' || v_to) = ANY (allowed) THEN
+            r_outcome[i] := 'ILLEGAL_TRANSITION';
+            r_detail[i] := t_state[i] || ' -> ' || v_to;
             CONTINUE;
-        END IF;
-        IF p_mode[i] <> 'ADVANCE' AND v_attempt IS NOT NULL THEN
-            o_released := spindle_release_attempt(v_attempt);
         END IF;
         v_ends := p_mode[i] IN ('REQUEUE', 'FINISH');
-        IF v_ends AND v_attempt IS NOT NULL THEN
-            UPDATE task_attempt a SET live = false, ended_at = now(), outcome = v_to
-             WHERE a.attempt_id = v_attempt AND a.live;
+        IF p_mode[i] <> 'ADVANCE' AND t_attempt[i] IS NOT NULL THEN
+            release_attempts := release_attempts || t_attempt[i];
         END IF;
-        UPDATE task t SET state = v_to, version = t.version + 1, updated_at = now(),
-               cost_actual_milli = coalesce(p_cost_actual[i], t.cost_actual_milli),
-               failure_reason = coalesce(p_reason[i], t.failure_reason),
-               next_eligible_at = CASE WHEN p_mode[i] = 'REQUEUE'
-                                       THEN now() + p_delay_ms[i] * interval '1 millisecond'
-                                       ELSE t.next_eligible_at END,
-               current_attempt = CASE WHEN v_ends THEN NULL ELSE t.current_attempt END,
-               current_fencing = CASE WHEN v_ends THEN NULL ELSE t.current_fencing END
-         WHERE t.task_id = p_task[i]
-        RETURNING t.state, t.version INTO o_state, o_version;
+        IF v_ends AND t_attempt[i] IS NOT NULL THEN
+            end_attempts := end_attempts || t_attempt[i];
+            end_outcomes := end_outcomes || v_to;
+        END IF;
         IF p_mode[i] = 'FINISH' THEN
-            SELECT l.amount_milli INTO v_reserved FROM quota_ledger l
-             WHERE l.task_id = p_task[i] AND l.kind = 'RESERVE';
-            IF FOUND THEN
-                IF v_to = 'SUCCEEDED' THEN
-                    INSERT INTO quota_ledger (tenant_id, task_id, kind, amount_milli)
-                    VALUES (v_tenant, p_task[i], 'SETTLE', coalesce(p_cost_actual[i], v_estimate))
-                    ON CONFLICT DO NOTHING;
-                    IF FOUND THEN
-                        UPDATE tenant_quota q
-                           SET reserved_milli = q.reserved_milli - v_reserved,
-                               spent_milli = q.spent_milli + coalesce(p_cost_actual[i], v_estimate)
-                         WHERE q.tenant_id = v_tenant;
-                    END IF;
-                ELSE
-                    INSERT INTO quota_ledger (tenant_id, task_id, kind, amount_milli)
-                    VALUES (v_tenant, p_task[i], 'REFUND', v_reserved)
-                    ON CONFLICT DO NOTHING;
-                    IF FOUND THEN
-                        UPDATE tenant_quota q SET reserved_milli = q.reserved_milli - v_reserved
-                         WHERE q.tenant_id = v_tenant;
-                    END IF;
-                END IF;
-            END IF;
+            finish_rows := finish_rows || i;
         END IF;
-        IF v_ends OR v_to <> v_state THEN
-            INSERT INTO outbox_event (task_id, tenant_id, kind, body)
-            VALUES (p_task[i], v_tenant, v_to,
-                    jsonb_build_object('from', v_state, 'reason', p_reason[i],
-                                       'cost_actual_milli', p_cost_actual[i],
-                                       'cost_estimate_milli', v_estimate));
+        IF v_ends OR v_to <> t_state[i] THEN
+            event_rows := event_rows || i;
         END IF;
-        o_outcome := 'APPLIED';
-        RETURN NEXT;
+        ends[i] := v_ends;
+        to_state[i] := v_to;
+        applied := applied || i;
+        r_outcome[i] := 'APPLIED';
+        r_state[i] := v_to;
+        r_version[i] := t_version[i] + 1;
     END LOOP;
+
+    IF array_length(release_attempts, 1) IS NOT NULL THEN
+        WITH rel AS (
+            UPDATE resource_reservation r SET status = 'RELEASED', released_at = now()
+             WHERE r.attempt_id = ANY (release_attempts) AND r.status = 'ACTIVE'
+            RETURNING r.attempt_id, r.pool_key, r.shard, r.amount
+        ), per_pool AS (
+            SELECT rel.pool_key, rel.shard, sum(rel.amount) AS amount FROM rel GROUP BY 1, 2
+        ), dec AS (
+            UPDATE resource_pool_shard p SET used = p.used - per_pool.amount,
+                   version = p.version + 1
+              FROM per_pool WHERE p.pool_key = per_pool.pool_key AND p.shard = per_pool.shard
+            RETURNING 1
+        )
+        SELECT array_agg(coalesce(x.released, 0) ORDER BY c.ord) INTO r_released
+          FROM unnest(t_attempt) WITH ORDINALITY AS c (attempt, ord)
+          LEFT JOIN (SELECT rel.attempt_id, count(*)::integer AS released
+                       FROM rel GROUP BY rel.attempt_id) x
+            ON x.attempt_id = c.attempt AND c.attempt = ANY (release_attempts);
+    END IF;
+    IF array_length(end_attempts, 1) IS NOT NULL THEN
+        UPDATE task_attempt a SET ended_at = now(), outcome = e.outcome
+          FROM unnest(end_attempts, end_outcomes) AS e (attempt, outcome)
+         WHERE a.attempt_id = e.attempt AND a.ended_at IS NULL;
+    END IF;
+    IF array_length(applied, 1) IS NOT NULL THEN
+        UPDATE task t SET state = to_state[u.g], version = t.version + 1, updated_at = now(),
+               cost_actual_milli = coalesce(p_cost_actual[u.g], t.cost_actual_milli),
+               failure_reason = coalesce(p_reason[u.g], t.failure_reason),
+               next_eligible_at = CASE WHEN p_mode[u.g] = 'REQUEUE'
+                                       THEN now() + p_delay_ms[u.g] * interval '1 millisecond'
+                                       ELSE t.next_eligible_at END,
+               current_attempt = CASE WHEN ends[u.g] THEN NULL ELSE t.current_attempt END,
+               current_fencing = CASE WHEN ends[u.g] THEN NULL ELSE t.current_fencing END
+          FROM unnest(applied) AS u (g)
+         WHERE t.task_id = p_task[u.g];
+    END IF;
+    IF array_length(finish_rows, 1) IS NOT NULL THEN
+        -- Settle (SUCCEEDED: the actual cost, else the estimate) or refund each finished task's
+        -- reservation once: the ledger's unique (task, kind) makes a repeat a no-op.
+        WITH fin AS (
+            SELECT p_task[u.g] AS task, t_tenant[u.g] AS tenant, l.amount_milli AS reserved,
+                   to_state[u.g] = 'SUCCEEDED' AS success,
+                   coalesce(p_cost_actual[u.g], t_estimate[u.g]) AS actual
+              FROM unnest(finish_rows) AS u (g)
+              JOIN quota_ledger l ON l.task_id = p_task[u.g] AND l.kind = 'RESERVE'
+        ), ins AS (
+            INSERT INTO quota_ledger (tenant_id, task_id, kind, amount_milli)
+            SELECT fin.tenant, fin.task,
+                   CASE WHEN fin.success THEN 'SETTLE' ELSE 'REFUND' END,
+                   CASE WHEN fin.success THEN fin.actual ELSE fin.reserved END
+              FROM fin
+            ON CONFLICT (task_id, kind) DO NOTHING
+            RETURNING task_id
+        ), per_tenant AS (
+            SELECT fin.tenant, sum(fin.reserved) AS reserved,
+                   sum(CASE WHEN fin.success THEN fin.actual ELSE 0 END) AS spent
+              FROM fin JOIN ins ON ins.task_id = fin.task GROUP BY fin.tenant
+        )
+        UPDATE tenant_quota q SET reserved_milli = q.reserved_milli - per_tenant.reserved,
+               spent_milli = q.spent_milli + per_tenant.spent
+          FROM per_tenant WHERE q.tenant_id = per_tenant.tenant;
+    END IF;
+    IF array_length(event_rows, 1) IS NOT NULL THEN
+        INSERT INTO outbox_event (task_id, tenant_id, kind, body)
+        SELECT p_task[u.g], t_tenant[u.g], to_state[u.g],
+               jsonb_build_object('reason', p_reason[u.g],
+                                  'cost_actual_milli', p_cost_actual[u.g],
+                                  'cost_estimate_milli', t_estimate[u.g])
+          FROM unnest(event_rows) AS u (g);
+    END IF;
+
+    RETURN QUERY
+    SELECT (u.ord - 1)::integer, u.outcome, u.state, u.version, u.released, u.detail
+      FROM unnest(r_outcome[1:n], r_state[1:n], r_version[1:n], r_released[1:n], r_detail[1:n])
+           WITH ORDINALITY AS u (outcome, state, version, released, detail, ord);
 END
 $$;

@@ -190,17 +190,13 @@ fn refusal(outcome: &str, detail: Option<&str>) -> Result<ClaimRefusal, StoreErr
         "PARTITION_NOT_OWNED" => {
             ClaimRefusal::PartitionNotOwned(PartitionId(detail.parse().map_err(|_| corrupt())?))
         }
-        "POOL_FULL" => {
-            let (key, unknown) = match detail.strip_suffix(" (unknown)") {
-                Some(key) => (key, true),
-                None => (detail, false),
-            };
-            let (pool, shard) = key.rsplit_once('/').ok_or_else(corrupt)?;
+        "POOL_FULL" | "UNKNOWN_POOL" => {
+            let (pool, shard) = detail.rsplit_once('/').ok_or_else(corrupt)?;
             let shard = PoolShard::new(pool, shard.parse().map_err(|_| corrupt())?);
-            if unknown {
-                ClaimRefusal::UnknownPool(shard)
-            } else {
+            if outcome == "POOL_FULL" {
                 ClaimRefusal::PoolFull(shard)
+            } else {
+                ClaimRefusal::UnknownPool(shard)
             }
         }
         _ => return Err(corrupt()),

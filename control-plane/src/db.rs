@@ -157,7 +157,7 @@ async fn prepare(client: &Client) -> Result<Statements, StoreError> {
             .prepare(
                 "UPDATE task_attempt a SET lease_until = now() + $3::float8 * interval '1 millisecond'
                    FROM unnest($1::bigint[], $2::bigint[]) AS r (attempt, token)
-                  WHERE a.attempt_id = r.attempt AND a.fencing_token = r.token AND a.live
+                  WHERE a.attempt_id = r.attempt AND a.fencing_token = r.token AND a.ended_at IS NULL
                  RETURNING a.attempt_id",
             )
             .await?,
