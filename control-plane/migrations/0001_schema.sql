@@ -140,7 +140,7 @@ CREATE TABLE task (
     UNIQUE (tenant_id, idempotency_key)
 );
 -- Rebuilding the in-memory queues of owned partitions after a restart or a takeover.
-CREATE INDEX task_queued ON task (partition, created_at) WHERE state = 'QUEUED';
+CREATE INDEX task_queued ON task (partition, created_at, task_id) WHERE state = 'QUEUED';
 
 -- Attempts and reservations are written only by the batch functions, in the same statement
 -- group as the rows they refer to; they carry no foreign keys because a key check is a trigger

@@ -374,12 +374,16 @@ BEGIN
             CONTINUE;
         END IF;
         v_to := coalesce(p_to[i], t_state[i]);
-        IF v_to <> t_state[i] AND NOT (t_state[i] || '>' || v_to) = ANY (allowed) THEN
+        v_ends := p_mode[i] IN ('REQUEUE', 'FINISH');
+        -- Terminal states stay terminal; a requeue or finish is always a transition; an advance
+        -- to the state the task is already in repeats a report and is harmless.
+        IF t_state[i] IN ('SUCCEEDED', 'FAILED', 'CANCELED', 'EXPIRED')
+           OR ((v_ends OR v_to <> t_state[i])
+               AND NOT (t_state[i] || '>' || v_to) = ANY (allowed)) THEN
             r_outcome[i] := 'ILLEGAL_TRANSITION';
             r_detail[i] := t_state[i] || ' -> ' || v_to;
             CONTINUE;
         END IF;
-        v_ends := p_mode[i] IN ('REQUEUE', 'FINISH');
         IF p_mode[i] <> 'ADVANCE' AND t_attempt[i] IS NOT NULL THEN
             release_attempts := release_attempts || t_attempt[i];
         END IF;

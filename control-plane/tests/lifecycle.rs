@@ -156,3 +156,319 @@ async fn a_claim_is_all_or_nothing_and_names_the_full_pool() {
     );
     assert_counters_derived(&test).await;
 }
+
+#[tokio::test]
+async fn submits_are_idempotent_and_a_changed_replay_is_a_conflict() {
+    let (test, db) = setup().await;
+    let mut changed = task(2, 1, "k1");
+    changed.payload = b"another spec".to_vec();
+    // One batch: a new task, the same key again (replay of the row before), a changed replay.
+    let out = db
+        .submit_batch(&[task(1, 1, "k1"), task(3, 1, "k1"), changed], V1)
+        .await
+        .unwrap();
+    assert_eq!(
+        out,
+        vec![
+            SubmitOutcome::Created,
+            SubmitOutcome::Replay {
+                task: TaskId(1),
+                state: TaskState::Queued
+            },
+            SubmitOutcome::Conflict { task: TaskId(1) },
+        ]
+    );
+    // A later batch replaying it (new task id from the node) gets the original back.
+    let out = db.submit_batch(&[task(4, 1, "k1")], V1).await.unwrap();
+    assert_eq!(
+        out,
+        vec![SubmitOutcome::Replay {
+            task: TaskId(1),
+            state: TaskState::Queued
+        }]
+    );
+    // The same key for another tenant is another task.
+    let out = db.submit_batch(&[task(5, 2, "k1")], V1).await.unwrap();
+    assert_eq!(out, vec![SubmitOutcome::Created]);
+    let sql = test.sql().await.unwrap();
+    let n: i64 = sql
+        .query_one("SELECT count(*) FROM task", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 2);
+}
+
+#[tokio::test]
+async fn budgets_are_reserved_at_submit_and_settled_or_refunded_once() {
+    let (test, mut db) = setup().await;
+    db.set_tenant_budget(spindle_core::TenantId(1), 2_500, "ops", "test budget")
+        .await
+        .unwrap();
+    db.set_pool("provider:acme", 10, 1).await.unwrap();
+    let out = db
+        .submit_batch(&[task(1, 1, "a"), task(2, 1, "b"), task(3, 1, "c")], V1)
+        .await
+        .unwrap();
+    assert_eq!(
+        out,
+        vec![
+            SubmitOutcome::Created,
+            SubmitOutcome::Created,
+            SubmitOutcome::QuotaExceeded {
+                remaining_milli: 500
+            },
+        ]
+    );
+    let quota = |sql: tokio_postgres::Client| async move {
+        let r = sql
+            .query_one(
+                "SELECT reserved_milli, spent_milli FROM tenant_quota WHERE tenant_id = 1",
+                &[],
+            )
+            .await
+            .unwrap();
+        (r.get::<_, i64>(0), r.get::<_, i64>(1))
+    };
+    assert_eq!(quota(test.sql().await.unwrap()).await, (2_000, 0));
+
+    let res = db
+        .claim_batch(NODE, LEASE_MS, &[claim(1, 0, &[("provider:acme", 0, 1)])])
+        .await
+        .unwrap();
+    let token = granted(&res[0]);
+    let done = Report {
+        task: TaskId(1),
+        token: Some(token),
+        action: ReportAction::Finish {
+            state: TaskState::Failed,
+            cost_actual_milli: None,
+            reason: Some("invalid parameters".into()),
+        },
+    };
+    // DISPATCHING → FAILED is on the whitelist: refund the estimate.
+    let r = db.report_batch(&[done]).await.unwrap();
+    assert!(
+        matches!(
+            r[0],
+            ReportResult::Applied {
+                state: TaskState::Failed,
+                released: 1,
+                ..
+            }
+        ),
+        "{r:?}"
+    );
+    assert_eq!(quota(test.sql().await.unwrap()).await, (1_000, 0));
+    // Cancel the queued task 2 (no attempt, no token): refund once.
+    let cancel = Report {
+        task: TaskId(2),
+        token: None,
+        action: ReportAction::Finish {
+            state: TaskState::Canceled,
+            cost_actual_milli: None,
+            reason: None,
+        },
+    };
+    let r = db.report_batch(&[cancel.clone()]).await.unwrap();
+    assert!(
+        matches!(
+            r[0],
+            ReportResult::Applied {
+                state: TaskState::Canceled,
+                released: 0,
+                ..
+            }
+        ),
+        "{r:?}"
+    );
+    assert_eq!(quota(test.sql().await.unwrap()).await, (0, 0));
+    // Canceling again: CANCELED is terminal, nothing moves.
+    let r = db.report_batch(&[cancel]).await.unwrap();
+    assert_eq!(
+        r[0],
+        ReportResult::IllegalTransition {
+            from: TaskState::Canceled,
+            to: TaskState::Canceled
+        }
+    );
+    assert_eq!(quota(test.sql().await.unwrap()).await, (0, 0));
+    assert_counters_derived(&test).await;
+}
+
+#[tokio::test]
+async fn a_requeued_task_gets_a_new_attempt_and_the_old_token_is_fenced() {
+    let (test, db) = setup().await;
+    db.set_pool("provider:acme", 1, 1).await.unwrap();
+    db.submit_batch(&[task(1, 1, "a")], V1).await.unwrap();
+    let demand = [("provider:acme", 0, 1)];
+    let first = db
+        .claim_batch(NODE, LEASE_MS, &[claim(1, 0, &demand)])
+        .await
+        .unwrap();
+    let old = granted(&first[0]);
+    // 429: released (the provider provably did not accept) and requeued.
+    let requeue = Report {
+        task: TaskId(1),
+        token: Some(old),
+        action: ReportAction::Requeue {
+            delay_ms: 0,
+            reason: "429".into(),
+        },
+    };
+    let r = db.report_batch(&[requeue]).await.unwrap();
+    assert_eq!(
+        r[0],
+        ReportResult::Applied {
+            state: TaskState::Queued,
+            version: 2,
+            released: 1
+        }
+    );
+    let second = db
+        .claim_batch(NODE, LEASE_MS, &[claim(1, 2, &demand)])
+        .await
+        .unwrap();
+    let new = granted(&second[0]);
+    let ClaimResult::Granted {
+        attempt_no,
+        request_key,
+        ..
+    } = &second[0]
+    else {
+        unreachable!()
+    };
+    assert_eq!((*attempt_no, request_key.as_str()), (2, "spindle-1-2"));
+    assert!(new.0 > old.0, "fencing tokens grow");
+
+    // The first attempt's worker wakes up late: every write it tries is fenced.
+    for action in [
+        ReportAction::Advance(TaskState::Running),
+        ReportAction::Release,
+        ReportAction::Finish {
+            state: TaskState::Succeeded,
+            cost_actual_milli: Some(1),
+            reason: None,
+        },
+    ] {
+        let r = db
+            .report_batch(&[Report {
+                task: TaskId(1),
+                token: Some(old),
+                action,
+            }])
+            .await
+            .unwrap();
+        assert_eq!(r[0], ReportResult::StaleToken { current: Some(new) });
+    }
+    assert_eq!(
+        db.pool_usage("provider:acme").await.unwrap()[0].used,
+        1,
+        "the live attempt keeps its slot"
+    );
+
+    // Releasing twice gives the slot back once.
+    let release = Report {
+        task: TaskId(1),
+        token: Some(new),
+        action: ReportAction::Release,
+    };
+    let r = db.report_batch(&[release.clone()]).await.unwrap();
+    assert!(
+        matches!(
+            r[0],
+            ReportResult::Applied {
+                state: TaskState::Dispatching,
+                released: 1,
+                ..
+            }
+        ),
+        "{r:?}"
+    );
+    let r = db.report_batch(&[release]).await.unwrap();
+    assert!(
+        matches!(r[0], ReportResult::Applied { released: 0, .. }),
+        "{r:?}"
+    );
+    assert_eq!(db.pool_usage("provider:acme").await.unwrap()[0].used, 0);
+
+    // An illegal jump is refused and changes nothing.
+    let r = db
+        .report_batch(&[Report {
+            task: TaskId(1),
+            token: Some(new),
+            action: ReportAction::Advance(TaskState::MediaProcessing),
+        }])
+        .await
+        .unwrap();
+    assert_eq!(
+        r[0],
+        ReportResult::IllegalTransition {
+            from: TaskState::Dispatching,
+            to: TaskState::MediaProcessing
+        }
+    );
+    let sql = test.sql().await.unwrap();
+    let live: i64 = sql
+        .query_one(
+            "SELECT count(*) FROM task_attempt WHERE task_id = 1 AND ended_at IS NULL",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(live, 1, "one live attempt per task");
+    assert_counters_derived(&test).await;
+}
+
+#[tokio::test]
+async fn bad_batches_are_refused_before_any_round_trip_with_the_row_named() {
+    let (_test, db) = setup().await;
+    let mut long_key = task(1, 1, "x");
+    long_key.idempotency_key = "k".repeat(200);
+    let e = db.submit_batch(&[long_key], V1).await.unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "invalid input: row 0: field `idempotency_key` is 200 bytes, more than 128"
+    );
+    let e = db
+        .submit_batch(&[task(1, 1, "a"), task(1, 1, "b")], V1)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "invalid input: task 1 appears twice in one batch"
+    );
+    let dup = claim(1, 0, &[("p", 0, 1), ("p", 0, 2)]);
+    let e = db.claim_batch(NODE, LEASE_MS, &[dup]).await.unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "invalid input: row 0: pool shard p/0 demanded twice"
+    );
+    let zero = claim(1, 0, &[("p", 0, 0)]);
+    let e = db.claim_batch(NODE, LEASE_MS, &[zero]).await.unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "invalid input: row 0: field `amount` is out of range (0)"
+    );
+    let bad = Report {
+        task: TaskId(1),
+        token: None,
+        action: ReportAction::Finish {
+            state: TaskState::Running,
+            cost_actual_milli: None,
+            reason: None,
+        },
+    };
+    let e = db.report_batch(&[bad]).await.unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "invalid input: row 0: finish in non-terminal state RUNNING"
+    );
+    let many: Vec<_> = (0..5_000).map(|i| task(i, 1, &format!("k{i}"))).collect();
+    let e = db.submit_batch(&many, V1).await.unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "invalid input: batch of 5000 rows exceeds the maximum of 4096"
+    );
+}

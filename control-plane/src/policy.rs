@@ -1,0 +1,297 @@
+//! The policy store: tenant policies, lanes, provider accounts and the model capability matrix,
+//! all versioned. Every change bumps the one global policy version in the same transaction that
+//! writes the object and its audit row (actor, old, new, reason, version, time). Bodies are the
+//! core's own policy types as JSON, checked by deserializing them before anything is written.
+
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use spindle_core::cost::ModelCapability;
+use spindle_core::policy::{LanePolicy, ProviderPolicy, TenantPolicy};
+use spindle_core::PolicyVersion;
+
+use crate::db::Db;
+use crate::error::{check_text, InputError, StoreError};
+use crate::limits::{NAME_BYTES_MAX, REASON_BYTES_MAX};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PolicyObject {
+    Tenant,
+    Lane,
+    ProviderAccount,
+    ModelCapability,
+}
+
+impl PolicyObject {
+    pub const ALL: [PolicyObject; 4] = [
+        PolicyObject::Tenant,
+        PolicyObject::Lane,
+        PolicyObject::ProviderAccount,
+        PolicyObject::ModelCapability,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyObject::Tenant => "tenant_policy",
+            PolicyObject::Lane => "lane",
+            PolicyObject::ProviderAccount => "provider_account",
+            PolicyObject::ModelCapability => "model_capability",
+        }
+    }
+
+    /// (table, key column, key cast): the table names are fixed here, never taken from input.
+    fn table(self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            PolicyObject::Tenant => ("tenant_policy", "tenant_id", "::integer"),
+            PolicyObject::Lane => ("lane", "lane", ""),
+            PolicyObject::ProviderAccount => ("provider_account", "account", ""),
+            PolicyObject::ModelCapability => ("model_capability", "model", ""),
+        }
+    }
+
+    /// Checks `body` deserializes as the core's type for this kind.
+    fn validate(self, body: &Value) -> Result<(), String> {
+        fn parse<T: DeserializeOwned>(body: &Value) -> Result<(), String> {
+            serde_json::from_value::<T>(body.clone())
+                .map(drop)
+                .map_err(|e| e.to_string())
+        }
+        match self {
+            PolicyObject::Tenant => parse::<TenantPolicy>(body),
+            PolicyObject::Lane => parse::<LanePolicy>(body),
+            PolicyObject::ProviderAccount => parse::<ProviderPolicy>(body),
+            PolicyObject::ModelCapability => parse::<ModelCapability>(body),
+        }
+    }
+}
+
+/// One change by an operator. `body: None` deletes the object.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicyChange {
+    pub object: PolicyObject,
+    pub key: String,
+    pub body: Option<Value>,
+    pub actor: String,
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicyRow {
+    pub object: PolicyObject,
+    pub key: String,
+    /// The policy version that last wrote this object.
+    pub version: PolicyVersion,
+    pub body: Value,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct AuditEntry {
+    pub actor: String,
+    pub object: String,
+    pub key: String,
+    pub old: Option<Value>,
+    pub new: Option<Value>,
+    pub reason: String,
+    pub version: PolicyVersion,
+    pub at: std::time::SystemTime,
+}
+
+impl Db {
+    /// Applies one change atomically: new global version, object row, audit row.
+    pub async fn change_policy(
+        &mut self,
+        change: &PolicyChange,
+    ) -> Result<PolicyVersion, StoreError> {
+        check_text(0, "key", &change.key, NAME_BYTES_MAX)?;
+        check_text(0, "actor", &change.actor, NAME_BYTES_MAX)?;
+        check_text(0, "reason", &change.reason, REASON_BYTES_MAX)?;
+        if change.object == PolicyObject::Tenant && change.key.parse::<u32>().is_err() {
+            return Err(InputError::Illegal {
+                row: 0,
+                reason: format!("tenant key {:?} is not a tenant id", change.key),
+            }
+            .into());
+        }
+        if let Some(body) = &change.body {
+            change
+                .object
+                .validate(body)
+                .map_err(|e| InputError::Illegal {
+                    row: 0,
+                    reason: format!("{} {}: {e}", change.object.name(), change.key),
+                })?;
+        }
+        let (table, key_col, cast) = change.object.table();
+        let tx = self.client_mut().transaction().await?;
+        let version: i64 = tx
+            .query_one(
+                "UPDATE policy_version SET version = version + 1 RETURNING version",
+                &[],
+            )
+            .await?
+            .get(0);
+        let old: Option<Value> = tx
+            .query_opt(
+                &format!("SELECT body FROM {table} WHERE {key_col} = $1{cast} FOR UPDATE"),
+                &[&change.key],
+            )
+            .await?
+            .map(|r| r.get(0));
+        match &change.body {
+            Some(body) => {
+                tx.execute(
+                    &format!(
+                        "INSERT INTO {table} ({key_col}, version, body) VALUES ($1{cast}, $2, $3)
+                         ON CONFLICT ({key_col}) DO UPDATE
+                            SET version = EXCLUDED.version, body = EXCLUDED.body, updated_at = now()"
+                    ),
+                    &[&change.key, &version, body],
+                )
+                .await?;
+            }
+            None => {
+                tx.execute(
+                    &format!("DELETE FROM {table} WHERE {key_col} = $1{cast}"),
+                    &[&change.key],
+                )
+                .await?;
+            }
+        }
+        tx.execute(
+            "INSERT INTO audit_log (actor, object_kind, object_key, old_value, new_value, reason,
+                                    policy_version)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            &[
+                &change.actor,
+                &change.object.name(),
+                &change.key,
+                &old,
+                &change.body,
+                &change.reason,
+                &version,
+            ],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(PolicyVersion(version as u64))
+    }
+
+    pub async fn policy_version(&self) -> Result<PolicyVersion, StoreError> {
+        let v: i64 = self
+            .client()
+            .query_one("SELECT version FROM policy_version", &[])
+            .await?
+            .get(0);
+        Ok(PolicyVersion(v as u64))
+    }
+
+    /// Every object of every kind with the global version they were read at, in one snapshot.
+    pub async fn policy_snapshot(&mut self) -> Result<(PolicyVersion, Vec<PolicyRow>), StoreError> {
+        let tx = self
+            .client_mut()
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await?;
+        let version: i64 = tx
+            .query_one("SELECT version FROM policy_version", &[])
+            .await?
+            .get(0);
+        let mut rows = Vec::new();
+        for object in PolicyObject::ALL {
+            let (table, key_col, _) = object.table();
+            for r in tx
+                .query(
+                    &format!("SELECT {key_col}::text, version, body FROM {table} ORDER BY 1"),
+                    &[],
+                )
+                .await?
+            {
+                rows.push(PolicyRow {
+                    object,
+                    key: r.get(0),
+                    version: PolicyVersion(r.get::<_, i64>(1) as u64),
+                    body: r.get(2),
+                });
+            }
+        }
+        tx.commit().await?;
+        Ok((PolicyVersion(version as u64), rows))
+    }
+
+    /// The newest `limit` audit entries, newest first.
+    pub async fn audit_log(&self, limit: u32) -> Result<Vec<AuditEntry>, StoreError> {
+        let rows = self
+            .client()
+            .query(
+                "SELECT actor, object_kind, object_key, old_value, new_value, reason,
+                        policy_version, at
+                   FROM audit_log ORDER BY audit_id DESC LIMIT $1",
+                &[&i64::from(limit.min(crate::limits::SCAN_MAX as u32))],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| AuditEntry {
+                actor: r.get(0),
+                object: r.get(1),
+                key: r.get(2),
+                old: r.get(3),
+                new: r.get(4),
+                reason: r.get(5),
+                version: PolicyVersion(r.get::<_, i64>(6) as u64),
+                at: r.get(7),
+            })
+            .collect())
+    }
+
+    /// Sets a tenant's cost budget (creating it), audited like a policy change.
+    pub async fn set_tenant_budget(
+        &mut self,
+        tenant: spindle_core::TenantId,
+        budget_milli: u64,
+        actor: &str,
+        reason: &str,
+    ) -> Result<PolicyVersion, StoreError> {
+        check_text(0, "actor", actor, NAME_BYTES_MAX)?;
+        check_text(0, "reason", reason, REASON_BYTES_MAX)?;
+        let budget = crate::error::to_i64(0, "budget_milli", budget_milli)?;
+        let tx = self.client_mut().transaction().await?;
+        let version: i64 = tx
+            .query_one(
+                "UPDATE policy_version SET version = version + 1 RETURNING version",
+                &[],
+            )
+            .await?
+            .get(0);
+        let old: Option<i64> = tx
+            .query_opt(
+                "SELECT budget_milli FROM tenant_quota WHERE tenant_id = $1 FOR UPDATE",
+                &[&(tenant.0 as i32)],
+            )
+            .await?
+            .map(|r| r.get(0));
+        tx.execute(
+            "INSERT INTO tenant_quota (tenant_id, budget_milli) VALUES ($1, $2)
+             ON CONFLICT (tenant_id) DO UPDATE SET budget_milli = EXCLUDED.budget_milli",
+            &[&(tenant.0 as i32), &budget],
+        )
+        .await?;
+        tx.execute(
+            "INSERT INTO audit_log (actor, object_kind, object_key, old_value, new_value, reason,
+                                    policy_version)
+             VALUES ($1, 'tenant_budget', $2, $3, $4, $5, $6)",
+            &[
+                &actor,
+                &tenant.0.to_string(),
+                &old.map(Value::from),
+                &Some(Value::from(budget)),
+                &reason,
+                &version,
+            ],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(PolicyVersion(version as u64))
+    }
+}

@@ -1,0 +1,342 @@
+//! Reconciler jobs. Each is one function a node runs periodically; each is bounded by
+//! `SCAN_MAX` rows per pass and safe to run on several nodes at once (every write goes through
+//! the fenced batch functions or locks what it changes).
+//!
+//! An expired lease is not a release: the provider is asked first, by request key, and only a
+//! definite "not found" (or a failure) gives the capacity back.
+
+use std::future::Future;
+
+use spindle_core::{AttemptId, FencingToken, TaskId, TaskState, TenantId};
+
+use crate::db::Db;
+use crate::error::StoreError;
+use crate::limits::SCAN_MAX;
+use crate::report::{Report, ReportAction, ReportResult};
+use crate::types::{parse_state, PartitionId, PoolShard};
+
+/// What a provider says about an attempt when asked by its request key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProviderView {
+    /// It has the job and is working on it.
+    Running,
+    /// It finished the job successfully.
+    Succeeded,
+    /// It had the job and the job failed.
+    Failed { reason: String },
+    /// It never received this request key.
+    NotFound,
+    /// It could not be asked (down, timed out): decide nothing.
+    Unknown,
+}
+
+/// The provider-lookup hook: the dispatch layer implements it over the provider adapters.
+pub trait ProviderLookup {
+    fn lookup(&self, provider: &str, request_key: &str) -> impl Future<Output = ProviderView>;
+}
+
+/// A live attempt the reconciler looks at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveAttempt {
+    pub task: TaskId,
+    pub state: TaskState,
+    pub attempt: AttemptId,
+    pub token: FencingToken,
+    pub provider: String,
+    pub request_key: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReconcileReport {
+    /// The provider has the work: lease extended (and the task moved to RUNNING or
+    /// PROVIDER_SUCCEEDED where it lagged behind).
+    pub resumed: u32,
+    /// The provider never got it, or it failed there: released and requeued.
+    pub requeued: u32,
+    /// The provider could not say: left as it was (reservations kept), asked again next pass.
+    pub in_doubt: u32,
+    /// Someone else changed the task meanwhile (fenced): nothing done.
+    pub raced: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Drift {
+    pub shard: PoolShard,
+    pub stored: i64,
+    pub derived: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QueuedTask {
+    pub task: TaskId,
+    pub tenant: TenantId,
+    pub user: u32,
+    pub partition: PartitionId,
+    pub lane: i16,
+    pub band: i16,
+    pub version: u32,
+    pub policy_version: u64,
+    pub cost_estimate_milli: u64,
+    pub fairness_milli: u64,
+    pub payload: Vec<u8>,
+    pub created_at: std::time::SystemTime,
+    pub next_eligible_at: Option<std::time::SystemTime>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Starved {
+    pub task: TaskId,
+    pub tenant: TenantId,
+    pub waited_ms: u64,
+}
+
+const LIVE_ATTEMPT_COLUMNS: &str = "t.task_id, t.state, a.attempt_id, a.fencing_token, a.provider,
+                                    a.provider_request_key";
+
+fn live_attempt(r: &tokio_postgres::Row) -> Result<LiveAttempt, StoreError> {
+    Ok(LiveAttempt {
+        task: TaskId(r.get::<_, i64>(0) as u64),
+        state: parse_state(r.get(1))?,
+        attempt: AttemptId(r.get::<_, i64>(2) as u64),
+        token: FencingToken(r.get::<_, i64>(3) as u64),
+        provider: r.get(4),
+        request_key: r.get(5),
+    })
+}
+
+impl Db {
+    /// Live attempts whose lease ran out (their node stopped renewing), oldest first.
+    pub async fn expired_attempts(&self, limit: usize) -> Result<Vec<LiveAttempt>, StoreError> {
+        let rows = self
+            .client()
+            .query(
+                &format!(
+                    "SELECT {LIVE_ATTEMPT_COLUMNS}
+                       FROM task t JOIN task_attempt a ON a.attempt_id = t.current_attempt
+                      WHERE t.current_attempt IS NOT NULL AND a.lease_until < now()
+                      ORDER BY a.lease_until LIMIT $1"
+                ),
+                &[&(limit.min(SCAN_MAX) as i64)],
+            )
+            .await?;
+        rows.iter().map(live_attempt).collect()
+    }
+
+    /// Claims that sat in DISPATCHING or SUBMIT_UNKNOWN for longer than `older_than_ms`: the
+    /// node died between claim and provider answer, or the answer never came.
+    pub async fn stuck_attempts(
+        &self,
+        older_than_ms: u32,
+        limit: usize,
+    ) -> Result<Vec<LiveAttempt>, StoreError> {
+        let rows = self
+            .client()
+            .query(
+                &format!(
+                    "SELECT {LIVE_ATTEMPT_COLUMNS}
+                       FROM task t JOIN task_attempt a ON a.attempt_id = t.current_attempt
+                      WHERE t.current_attempt IS NOT NULL
+                        AND t.state IN ('DISPATCHING', 'SUBMIT_UNKNOWN')
+                        AND t.updated_at < now() - $1::float8 * interval '1 millisecond'
+                      ORDER BY t.updated_at LIMIT $2"
+                ),
+                &[&f64::from(older_than_ms), &(limit.min(SCAN_MAX) as i64)],
+            )
+            .await?;
+        rows.iter().map(live_attempt).collect()
+    }
+
+    /// Asks the provider about each attempt and acts on the answer (see `ProviderView`).
+    /// `lease_ms` is the new lease of resumed attempts.
+    pub async fn reconcile_attempts(
+        &self,
+        attempts: &[LiveAttempt],
+        lookup: &impl ProviderLookup,
+        lease_ms: u32,
+    ) -> Result<ReconcileReport, StoreError> {
+        let mut report = ReconcileReport::default();
+        for a in attempts.iter().take(SCAN_MAX) {
+            let view = lookup.lookup(&a.provider, &a.request_key).await;
+            let action = match &view {
+                ProviderView::Unknown => {
+                    report.in_doubt += 1;
+                    continue;
+                }
+                ProviderView::Running | ProviderView::Succeeded => {
+                    let renewed = self
+                        .renew_attempts(&[(a.attempt, a.token)], lease_ms)
+                        .await?;
+                    if renewed.is_empty() {
+                        report.raced += 1;
+                        continue;
+                    }
+                    let target = if view == ProviderView::Running {
+                        TaskState::Running
+                    } else {
+                        TaskState::ProviderSucceeded
+                    };
+                    if !catches_up(a.state, target) {
+                        report.resumed += 1;
+                        continue;
+                    }
+                    ReportAction::Advance(target)
+                }
+                ProviderView::NotFound => ReportAction::Requeue {
+                    delay_ms: 0,
+                    reason: "reconciler: provider does not know the attempt".into(),
+                },
+                ProviderView::Failed { reason } => ReportAction::Requeue {
+                    delay_ms: 0,
+                    reason: format!("reconciler: provider reports failure: {reason}"),
+                },
+            };
+            let requeue = matches!(action, ReportAction::Requeue { .. });
+            let result = self
+                .report_batch(&[Report {
+                    task: a.task,
+                    token: Some(a.token),
+                    action,
+                }])
+                .await?;
+            match result.first() {
+                Some(ReportResult::Applied { .. }) if requeue => report.requeued += 1,
+                Some(ReportResult::Applied { .. }) => report.resumed += 1,
+                _ => report.raced += 1,
+            }
+        }
+        Ok(report)
+    }
+
+    /// Recomputes every pool shard's `used` from its ACTIVE reservations (invariant 5), under
+    /// the pool locks; returns the shards that had drifted, now repaired.
+    pub async fn rebuild_counters(&mut self) -> Result<Vec<Drift>, StoreError> {
+        let tx = self.client_mut().transaction().await?;
+        tx.execute(
+            "SELECT 1 FROM resource_pool_shard ORDER BY pool_key, shard FOR UPDATE",
+            &[],
+        )
+        .await?;
+        let rows = tx
+            .query(
+                "WITH derived AS (
+                     SELECT p.pool_key, p.shard, p.used AS stored,
+                            coalesce(sum(r.amount), 0)::bigint AS derived
+                       FROM resource_pool_shard p
+                       LEFT JOIN resource_reservation r
+                         ON r.pool_key = p.pool_key AND r.shard = p.shard AND r.status = 'ACTIVE'
+                      GROUP BY p.pool_key, p.shard, p.used
+                 ), fixed AS (
+                     UPDATE resource_pool_shard p SET used = d.derived, version = p.version + 1
+                       FROM derived d
+                      WHERE p.pool_key = d.pool_key AND p.shard = d.shard AND d.stored <> d.derived
+                     RETURNING p.pool_key, p.shard, d.stored, d.derived
+                 )
+                 SELECT pool_key, shard, stored, derived FROM fixed ORDER BY pool_key, shard",
+                &[],
+            )
+            .await?;
+        tx.commit().await?;
+        Ok(rows
+            .iter()
+            .map(|r| Drift {
+                shard: PoolShard::new(r.get::<_, String>(0), r.get::<_, i16>(1) as u16),
+                stored: r.get(2),
+                derived: r.get(3),
+            })
+            .collect())
+    }
+
+    /// One page of the QUEUED tasks of `partitions`, in (partition, created_at, task) order,
+    /// after `after` (the last row of the previous page): what a node rebuilds its in-memory
+    /// queues from after a restart or a takeover.
+    pub async fn load_queued(
+        &self,
+        partitions: &[PartitionId],
+        after: Option<&QueuedTask>,
+        limit: usize,
+    ) -> Result<Vec<QueuedTask>, StoreError> {
+        crate::error::check_batch_len(partitions.len())?;
+        let parts: Vec<i32> = partitions.iter().map(|p| p.0 as i32).collect();
+        let (after_part, after_at, after_task) = match after {
+            Some(q) => (q.partition.0 as i32, q.created_at, q.task.0 as i64),
+            None => (-1, std::time::UNIX_EPOCH, -1),
+        };
+        let rows = self
+            .client()
+            .query(
+                "SELECT task_id, tenant_id, user_id, partition, lane, band, version,
+                        policy_version, cost_estimate_milli, fairness_milli, payload,
+                        created_at, next_eligible_at
+                   FROM task
+                  WHERE state = 'QUEUED' AND partition = ANY ($1)
+                    AND (partition, created_at, task_id) > ($2, $3, $4)
+                  ORDER BY partition, created_at, task_id
+                  LIMIT $5",
+                &[
+                    &parts,
+                    &after_part,
+                    &after_at,
+                    &after_task,
+                    &(limit.min(SCAN_MAX) as i64),
+                ],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| QueuedTask {
+                task: TaskId(r.get::<_, i64>(0) as u64),
+                tenant: TenantId(r.get::<_, i32>(1) as u32),
+                user: r.get::<_, i32>(2) as u32,
+                partition: PartitionId(r.get::<_, i32>(3) as u32),
+                lane: r.get(4),
+                band: r.get(5),
+                version: r.get::<_, i32>(6) as u32,
+                policy_version: r.get::<_, i64>(7) as u64,
+                cost_estimate_milli: r.get::<_, i64>(8) as u64,
+                fairness_milli: r.get::<_, i64>(9) as u64,
+                payload: r.get(10),
+                created_at: r.get(11),
+                next_eligible_at: r.get(12),
+            })
+            .collect())
+    }
+
+    /// QUEUED tasks (eligible, not backing off) that have waited longer than `max_wait_ms`:
+    /// the starvation detector's evidence, longest wait first.
+    pub async fn starved_tasks(
+        &self,
+        max_wait_ms: u32,
+        limit: usize,
+    ) -> Result<Vec<Starved>, StoreError> {
+        let rows = self
+            .client()
+            .query(
+                "SELECT task_id, tenant_id,
+                        (extract(epoch FROM now() - created_at) * 1000)::bigint
+                   FROM task
+                  WHERE state = 'QUEUED'
+                    AND created_at < now() - $1::float8 * interval '1 millisecond'
+                    AND (next_eligible_at IS NULL OR next_eligible_at <= now())
+                  ORDER BY created_at LIMIT $2",
+                &[&f64::from(max_wait_ms), &(limit.min(SCAN_MAX) as i64)],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| Starved {
+                task: TaskId(r.get::<_, i64>(0) as u64),
+                tenant: TenantId(r.get::<_, i32>(1) as u32),
+                waited_ms: r.get::<_, i64>(2).max(0) as u64,
+            })
+            .collect())
+    }
+}
+
+/// Whether the provider's answer moves the task forward (never backward).
+fn catches_up(state: TaskState, target: TaskState) -> bool {
+    match target {
+        TaskState::Running => matches!(state, TaskState::Dispatching | TaskState::SubmitUnknown),
+        TaskState::ProviderSucceeded => state == TaskState::Running,
+        _ => false,
+    }
+}
