@@ -20,6 +20,10 @@ pub enum StoreError {
         message: String,
         retryable: bool,
     },
+    /// The client library refused the call before sending it (a parameter of the wrong type):
+    /// a bug in this crate, never retryable.
+    #[error("PostgreSQL client error: {0}")]
+    Client(String),
     /// A migration already applied differs from the one this binary carries.
     #[error("migration {version} ({name}) was applied with a different checksum")]
     MigrationChanged { version: i32, name: &'static str },
@@ -45,8 +49,14 @@ impl StoreError {
 impl From<tokio_postgres::Error> for StoreError {
     fn from(e: tokio_postgres::Error) -> Self {
         let Some(db) = e.as_db_error() else {
-            // No server answer: an I/O error, a closed connection, a failed connect.
-            return StoreError::Unavailable(e.to_string());
+            // No server answer: an I/O error, a closed connection, a failed connect — or a
+            // client-side fault (a parameter that does not serialize), which is a bug here.
+            let io = std::error::Error::source(&e).is_some_and(|s| s.is::<std::io::Error>());
+            let text = e.to_string();
+            if e.is_closed() || io || text.contains("connect") || text.contains("timeout") {
+                return StoreError::Unavailable(text);
+            }
+            return StoreError::Client(text);
         };
         let code = db.code().code();
         // 08: connection exception; 57P0x: admin shutdown, crash shutdown, cannot connect now;

@@ -7,7 +7,7 @@ use tokio_postgres::Client;
 use crate::error::StoreError;
 
 /// The advisory lock key all spindle migrators share ("spindle" in ASCII, as a number).
-const MIGRATION_LOCK_KEY: i64 = 0x7370_696e_646c_65;
+const MIGRATION_LOCK_KEY: i64 = 0x0073_7069_6e64_6c65;
 
 pub struct Migration {
     pub version: i32,

@@ -41,7 +41,7 @@ impl PolicyObject {
     /// (table, key column, key cast): the table names are fixed here, never taken from input.
     fn table(self) -> (&'static str, &'static str, &'static str) {
         match self {
-            PolicyObject::Tenant => ("tenant_policy", "tenant_id", "::integer"),
+            PolicyObject::Tenant => ("tenant_policy", "tenant_id", "::text::integer"),
             PolicyObject::Lane => ("lane", "lane", ""),
             PolicyObject::ProviderAccount => ("provider_account", "account", ""),
             PolicyObject::ModelCapability => ("model_capability", "model", ""),

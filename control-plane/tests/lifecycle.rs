@@ -78,7 +78,10 @@ async fn a_task_runs_from_submit_to_success_and_gives_its_capacity_back() {
             reason: None,
         },
     };
-    let r = db.report_batch(&[finish.clone()]).await.unwrap();
+    let r = db
+        .report_batch(std::slice::from_ref(&finish))
+        .await
+        .unwrap();
     assert!(
         matches!(
             r[0],
@@ -270,7 +273,10 @@ async fn budgets_are_reserved_at_submit_and_settled_or_refunded_once() {
             reason: None,
         },
     };
-    let r = db.report_batch(&[cancel.clone()]).await.unwrap();
+    let r = db
+        .report_batch(std::slice::from_ref(&cancel))
+        .await
+        .unwrap();
     assert!(
         matches!(
             r[0],
@@ -373,7 +379,10 @@ async fn a_requeued_task_gets_a_new_attempt_and_the_old_token_is_fenced() {
         token: Some(new),
         action: ReportAction::Release,
     };
-    let r = db.report_batch(&[release.clone()]).await.unwrap();
+    let r = db
+        .report_batch(std::slice::from_ref(&release))
+        .await
+        .unwrap();
     assert!(
         matches!(
             r[0],

@@ -1,0 +1,181 @@
+//! Degradation: a batch whose backend is killed mid-transaction leaves no trace; a lost
+//! connection or a stopped server is a typed `Unavailable`; the store reconnects by itself with
+//! backoff once PostgreSQL is back.
+
+mod common;
+
+use common::{claim, setup, task, LEASE_MS, NODE};
+use spindle_control::testing::TestDb;
+use spindle_control::{ClaimResult, Db, DbConfig, EmbeddedOptions, EmbeddedPostgres, StoreError};
+use spindle_core::PolicyVersion;
+
+/// Waits until `pid`'s backend is blocked by `blocker`'s (bounded: a condition, not a sleep).
+async fn wait_until_blocked(sql: &tokio_postgres::Client, pid: i32, blocker: i32) {
+    for _ in 0..10_000 {
+        let blocked: bool = sql
+            .query_one("SELECT $2 = ANY (pg_blocking_pids($1))", &[&pid, &blocker])
+            .await
+            .unwrap()
+            .get(0);
+        if blocked {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("backend {pid} never blocked on {blocker}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_batch_killed_mid_transaction_leaves_no_trace() {
+    let (test, db) = setup().await;
+    db.set_pool("provider:acme", 100, 1).await.unwrap();
+    let batch: Vec<_> = (1..=20).map(|i| task(i, 1, &format!("k{i}"))).collect();
+    db.submit_batch(&batch, PolicyVersion(1)).await.unwrap();
+
+    // Another session holds the highest task's row: the batch locks 1..19, then waits on 20.
+    let mut holder = test.sql().await.unwrap();
+    let tx = holder.transaction().await.unwrap();
+    tx.execute("SELECT 1 FROM task WHERE task_id = 20 FOR UPDATE", &[])
+        .await
+        .unwrap();
+    let holder_pid: i32 = tx
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+
+    let victim_pid = db.backend_pid().await.unwrap();
+    let claims: Vec<_> = (1..=20)
+        .map(|i| claim(i, 0, &[("provider:acme", 0, 1)]))
+        .collect();
+    let batch = tokio::spawn(async move {
+        let r = db.claim_batch(NODE, LEASE_MS, &claims).await;
+        (db, r)
+    });
+    let killer = test.sql().await.unwrap();
+    wait_until_blocked(&killer, victim_pid, holder_pid).await;
+    let killed: bool = killer
+        .query_one("SELECT pg_terminate_backend($1)", &[&victim_pid])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(killed);
+    let (db, result) = batch.await.unwrap();
+    let err = result.unwrap_err();
+    assert!(err.is_unavailable(), "{err:?}");
+    let again = db.backend_pid().await.unwrap_err();
+    assert!(
+        again.is_unavailable(),
+        "a dead connection stays unavailable: {again:?}"
+    );
+    tx.rollback().await.unwrap();
+
+    // Nothing of the batch is visible: tasks QUEUED at version 0, no attempt, no reservation,
+    // no event, the pool untouched.
+    let sql = test.sql().await.unwrap();
+    let row = sql
+        .query_one(
+            "SELECT (SELECT count(*) FROM task WHERE state = 'QUEUED' AND version = 0),
+                    (SELECT count(*) FROM task_attempt),
+                    (SELECT count(*) FROM resource_reservation),
+                    (SELECT count(*) FROM outbox_event),
+                    (SELECT used FROM resource_pool_shard WHERE pool_key = 'provider:acme')",
+            &[],
+        )
+        .await
+        .unwrap();
+    let seen: (i64, i64, i64, i64, i64) =
+        (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+    assert_eq!(seen, (20, 0, 0, 0, 0));
+
+    // A new connection claims the same tasks normally.
+    let db = test.open().await;
+    let claims: Vec<_> = (1..=20)
+        .map(|i| claim(i, 0, &[("provider:acme", 0, 1)]))
+        .collect();
+    let results = db.claim_batch(NODE, LEASE_MS, &claims).await.unwrap();
+    assert!(results
+        .iter()
+        .all(|r| matches!(r, ClaimResult::Granted { .. })));
+}
+
+#[tokio::test]
+async fn a_stopped_server_is_unavailable_and_the_store_reconnects_when_it_returns() {
+    let mut pg = EmbeddedPostgres::start(EmbeddedOptions::default()).unwrap();
+    let mut config = DbConfig::new(pg.conninfo("postgres"));
+    config.backoff_initial_ms = 20;
+    config.backoff_max_ms = 200;
+    let db = Db::open(&config).await.unwrap();
+    db.submit_batch(&[task(1, 1, "a")], PolicyVersion(1))
+        .await
+        .unwrap();
+
+    pg.stop_server().unwrap();
+    let err = db
+        .submit_batch(&[task(2, 1, "b")], PolicyVersion(1))
+        .await
+        .unwrap_err();
+    assert!(err.is_unavailable(), "{err:?}");
+    assert!(err.is_retryable());
+    let err = Db::open(&config)
+        .await
+        .err()
+        .expect("no server, no connection");
+    assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+
+    pg.start_server().unwrap();
+    // The port may change on restart: the node re-reads its configuration.
+    let config = DbConfig {
+        conninfo: pg.conninfo("postgres"),
+        ..config
+    };
+    let db = Db::open_with_backoff(&config).await.unwrap();
+    let out = db
+        .submit_batch(&[task(1, 1, "a"), task(2, 1, "b")], PolicyVersion(1))
+        .await
+        .unwrap();
+    // Task 1 survived the restart (a replay); task 2 never committed before (created now).
+    assert_eq!(
+        out,
+        vec![
+            spindle_control::SubmitOutcome::Replay {
+                task: spindle_core::TaskId(1),
+                state: spindle_core::TaskState::Queued
+            },
+            spindle_control::SubmitOutcome::Created,
+        ]
+    );
+}
+
+#[tokio::test]
+async fn every_session_runs_with_statement_and_idle_transaction_timeouts() {
+    let test = TestDb::new().await;
+    let mut config = test.config().clone();
+    config.statement_timeout_ms = 1_234;
+    config.idle_in_transaction_timeout_ms = 5_678;
+    let db = Db::open(&config).await.unwrap();
+    let show = |name: &'static str| {
+        let client = db.client();
+        async move {
+            client
+                .query_one(&format!("SHOW {name}"), &[])
+                .await
+                .unwrap()
+                .get::<_, String>(0)
+        }
+    };
+    assert_eq!(show("statement_timeout").await, "1234ms");
+    assert_eq!(show("idle_in_transaction_session_timeout").await, "5678ms");
+    // A statement past the timeout is refused, retryable, and the session stays usable.
+    let err: StoreError = db
+        .client()
+        .query_one("SELECT pg_sleep(5)", &[])
+        .await
+        .unwrap_err()
+        .into();
+    assert!(
+        matches!(&err, StoreError::Refused { code, retryable: true, .. } if code == "57014"),
+        "{err:?}"
+    );
+    assert!(!db.is_closed());
+}

@@ -1,0 +1,205 @@
+//! Several connections — standing for several nodes — race claims on one small pool. The pool
+//! never goes above capacity, and the grants the callers saw are exactly the attempts and
+//! reservations PostgreSQL holds: none lost, none duplicated.
+
+mod common;
+
+use std::collections::HashSet;
+
+use common::{assert_counters_derived, claim, task, LEASE_MS};
+use spindle_control::testing::TestDb;
+use spindle_control::{
+    ClaimRefusal, ClaimResult, PartitionId, PoolShard, Report, ReportAction, ReportResult,
+};
+use spindle_core::{FencingToken, PolicyVersion, TaskId, TaskState};
+
+const RACERS: u64 = 4;
+const TASKS_PER_RACER: u64 = 60;
+const CAPACITY: u64 = 7;
+const ROUNDS_MAX: usize = 200;
+
+/// One racer: its own node, connection and tasks; claims in batches of 8 until every task got a
+/// grant, finishing some of what it holds each round so capacity keeps turning over.
+async fn race(test: &TestDb, racer: u64) -> Vec<(TaskId, FencingToken)> {
+    let db = test.open().await;
+    let node = format!("node-{racer}");
+    db.register_node(&node, "").await.unwrap();
+    // Racer r owns partition r; its tenants hash there.
+    let held = db
+        .acquire_partitions(&node, &[PartitionId(racer as u32)], LEASE_MS)
+        .await
+        .unwrap();
+    assert_eq!(held.len(), 1);
+    let ids: Vec<u64> = (0..TASKS_PER_RACER).map(|i| racer * 1_000 + i).collect();
+    let batch: Vec<_> = ids
+        .iter()
+        .map(|&id| {
+            let mut t = task(id, racer as u32, &format!("r{racer}-{id}"));
+            t.partition = PartitionId(racer as u32);
+            t
+        })
+        .collect();
+    db.submit_batch(&batch, PolicyVersion(1)).await.unwrap();
+
+    let mut waiting: Vec<u64> = ids.clone();
+    let mut running: Vec<(TaskId, FencingToken)> = Vec::new();
+    let mut all_grants = Vec::new();
+    for _ in 0..ROUNDS_MAX {
+        if waiting.is_empty() && running.is_empty() {
+            return all_grants;
+        }
+        let claims: Vec<_> = waiting
+            .iter()
+            .take(8)
+            .map(|&id| claim(id, 0, &[("provider:shared", 0, 1)]))
+            .collect();
+        let results = db.claim_batch(&node, LEASE_MS, &claims).await.unwrap();
+        for (c, r) in claims.iter().zip(&results) {
+            match r {
+                ClaimResult::Granted { token, .. } => {
+                    waiting.retain(|&id| id != c.task.0);
+                    running.push((c.task, *token));
+                    all_grants.push((c.task, *token));
+                }
+                ClaimResult::Refused(ClaimRefusal::PoolFull(s)) => {
+                    assert_eq!(s, &PoolShard::new("provider:shared", 0));
+                }
+                other => panic!("racer {racer}: unexpected {other:?}"),
+            }
+        }
+        // Finish half of what runs (at least one): capacity turns over between racers.
+        let finish = running.len().div_ceil(2);
+        let reports: Vec<_> = running
+            .drain(..finish)
+            .map(|(task, token)| Report {
+                task,
+                token: Some(token),
+                action: ReportAction::Finish {
+                    state: TaskState::Canceled,
+                    cost_actual_milli: None,
+                    reason: None,
+                },
+            })
+            .collect();
+        for r in db.report_batch(&reports).await.unwrap() {
+            assert!(
+                matches!(r, ReportResult::Applied { released: 1, .. }),
+                "{r:?}"
+            );
+        }
+    }
+    panic!("racer {racer} did not finish in {ROUNDS_MAX} rounds");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn racing_claims_never_overshoot_and_lose_no_grant() {
+    let test = TestDb::new().await;
+    let db = test.open().await;
+    db.ensure_partitions(RACERS as u32).await.unwrap();
+    db.set_pool("provider:shared", CAPACITY, 1).await.unwrap();
+
+    // An observer samples the pool while the racers run.
+    let watch = {
+        let sql = test.sql().await.unwrap();
+        tokio::spawn(async move {
+            let mut max_seen = 0i64;
+            for _ in 0..500 {
+                let used: i64 = sql
+                    .query_one(
+                        "SELECT used FROM resource_pool_shard WHERE pool_key = 'provider:shared'",
+                        &[],
+                    )
+                    .await
+                    .unwrap()
+                    .get(0);
+                max_seen = max_seen.max(used);
+                tokio::task::yield_now().await;
+            }
+            max_seen
+        })
+    };
+    let racers: Vec<_> = (0..RACERS)
+        .map(|r| {
+            let test = &test;
+            async move { race(test, r).await }
+        })
+        .collect();
+    let grants: Vec<(TaskId, FencingToken)> = futures_util::future::join_all(racers)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    let max_seen = watch.await.unwrap();
+    assert!(
+        max_seen <= CAPACITY as i64,
+        "observer saw {max_seen} > {CAPACITY}"
+    );
+
+    // Every task got exactly one grant; tokens are unique; PostgreSQL holds exactly these.
+    assert_eq!(grants.len() as u64, RACERS * TASKS_PER_RACER);
+    let tasks: HashSet<TaskId> = grants.iter().map(|g| g.0).collect();
+    let tokens: HashSet<FencingToken> = grants.iter().map(|g| g.1).collect();
+    assert_eq!(tasks.len(), grants.len(), "a task was granted twice");
+    assert_eq!(
+        tokens.len(),
+        grants.len(),
+        "a fencing token was handed out twice"
+    );
+    let sql = test.sql().await.unwrap();
+    let stored: HashSet<(TaskId, FencingToken)> = sql
+        .query("SELECT task_id, fencing_token FROM task_attempt", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                TaskId(r.get::<_, i64>(0) as u64),
+                FencingToken(r.get::<_, i64>(1) as u64),
+            )
+        })
+        .collect();
+    let seen: HashSet<(TaskId, FencingToken)> = grants.iter().copied().collect();
+    assert_eq!(
+        stored, seen,
+        "attempts in PostgreSQL differ from the grants callers saw"
+    );
+    let orphans: i64 = sql
+        .query_one(
+            "SELECT count(*) FROM resource_reservation r
+              WHERE NOT EXISTS (SELECT 1 FROM task_attempt a WHERE a.attempt_id = r.attempt_id)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(orphans, 0);
+    assert_eq!(db.pool_usage("provider:shared").await.unwrap()[0].used, 0);
+    assert_counters_derived(&test).await;
+}
+
+/// Capacity split over shards holds globally: claims spread over every shard never take more
+/// than the pool's total, and a full shard names itself.
+#[tokio::test]
+async fn a_sharded_pool_never_grants_more_than_its_total() {
+    let (test, db) = common::setup().await;
+    db.set_pool("platform:cost", 10, 4).await.unwrap(); // shards of 3, 3, 2, 2
+    let n = 40u64;
+    let batch: Vec<_> = (1..=n).map(|i| task(i, 1, &format!("k{i}"))).collect();
+    db.submit_batch(&batch, PolicyVersion(1)).await.unwrap();
+    let claims: Vec<_> = (1..=n)
+        .map(|i| claim(i, 0, &[("platform:cost", (i % 4) as u16, 1)]))
+        .collect();
+    let results = db
+        .claim_batch(common::NODE, LEASE_MS, &claims)
+        .await
+        .unwrap();
+    let granted = results
+        .iter()
+        .filter(|r| matches!(r, ClaimResult::Granted { .. }))
+        .count();
+    assert_eq!(granted, 10);
+    let usage = db.pool_usage("platform:cost").await.unwrap();
+    let caps: Vec<(u64, u64)> = usage.iter().map(|u| (u.capacity, u.used)).collect();
+    assert_eq!(caps, vec![(3, 3), (3, 3), (2, 2), (2, 2)]);
+    assert_counters_derived(&test).await;
+}

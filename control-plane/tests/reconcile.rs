@@ -1,0 +1,358 @@
+//! Reconciler jobs, one test each: counter rebuild, expired leases asked of the provider, stuck
+//! claims, the QUEUED rebuild, the starvation detector, and the outbox relay.
+
+mod common;
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use common::{assert_counters_derived, claim, setup, task, LEASE_MS, NODE};
+use spindle_control::events::{Event, EventSink};
+use spindle_control::reconcile::{ProviderLookup, ProviderView, ReconcileReport};
+use spindle_control::{ClaimResult, PartitionId, Report, ReportAction};
+use spindle_core::{PolicyVersion, TaskId, TaskState};
+
+const V1: PolicyVersion = PolicyVersion(1);
+
+/// A provider that answers from a table by request key, and counts the questions.
+#[derive(Default)]
+struct Answers {
+    by_key: HashMap<String, ProviderView>,
+    asked: RefCell<Vec<String>>,
+}
+
+impl ProviderLookup for Answers {
+    async fn lookup(&self, _provider: &str, request_key: &str) -> ProviderView {
+        self.asked.borrow_mut().push(request_key.to_string());
+        self.by_key
+            .get(request_key)
+            .cloned()
+            .unwrap_or(ProviderView::Unknown)
+    }
+}
+
+async fn state_of(test: &spindle_control::testing::TestDb, id: u64) -> (String, i64) {
+    let sql = test.sql().await.unwrap();
+    let r = sql
+        .query_one(
+            "SELECT state, (SELECT count(*) FROM resource_reservation
+                             WHERE task_id = $1 AND status = 'ACTIVE')
+               FROM task WHERE task_id = $1",
+            &[&(id as i64)],
+        )
+        .await
+        .unwrap();
+    (r.get(0), r.get(1))
+}
+
+#[tokio::test]
+async fn drifted_counters_are_rebuilt_from_active_reservations() {
+    let (test, mut db) = setup().await;
+    db.set_pool("provider:acme", 10, 2).await.unwrap();
+    db.submit_batch(&[task(1, 1, "a"), task(2, 1, "b")], V1)
+        .await
+        .unwrap();
+    db.claim_batch(
+        NODE,
+        LEASE_MS,
+        &[
+            claim(1, 0, &[("provider:acme", 0, 3)]),
+            claim(2, 0, &[("provider:acme", 1, 2)]),
+        ],
+    )
+    .await
+    .unwrap();
+    assert!(
+        db.rebuild_counters().await.unwrap().is_empty(),
+        "no drift yet"
+    );
+    // Inject drift: a counter lost an update, another gained a phantom one.
+    let sql = test.sql().await.unwrap();
+    sql.execute(
+        "UPDATE resource_pool_shard SET used = 0 WHERE shard = 0",
+        &[],
+    )
+    .await
+    .unwrap();
+    sql.execute(
+        "UPDATE resource_pool_shard SET used = 5 WHERE shard = 1",
+        &[],
+    )
+    .await
+    .unwrap();
+    let drift = db.rebuild_counters().await.unwrap();
+    let seen: Vec<(u16, i64, i64)> = drift
+        .iter()
+        .map(|d| (d.shard.shard, d.stored, d.derived))
+        .collect();
+    assert_eq!(seen, vec![(0, 0, 3), (1, 5, 2)]);
+    assert_counters_derived(&test).await;
+}
+
+#[tokio::test]
+async fn expired_leases_are_resolved_by_asking_the_provider_never_by_expiry_alone() {
+    let (test, db) = setup().await;
+    db.set_pool("provider:acme", 10, 1).await.unwrap();
+    let batch: Vec<_> = (1..=4).map(|i| task(i, 1, &format!("k{i}"))).collect();
+    db.submit_batch(&batch, V1).await.unwrap();
+    let claims: Vec<_> = (1..=4)
+        .map(|i| claim(i, 0, &[("provider:acme", 0, 1)]))
+        .collect();
+    // Lease of 0 ms: the node "died" right after claiming.
+    let grants = db.claim_batch(NODE, 0, &claims).await.unwrap();
+    let token = |i: usize| match &grants[i] {
+        ClaimResult::Granted { token, .. } => *token,
+        other => panic!("{other:?}"),
+    };
+    // Task 2 had reached RUNNING before the node died.
+    db.report_batch(&[Report {
+        task: TaskId(2),
+        token: Some(token(1)),
+        action: ReportAction::Advance(TaskState::Running),
+    }])
+    .await
+    .unwrap();
+
+    let expired = db.expired_attempts(100).await.unwrap();
+    assert_eq!(expired.len(), 4);
+    let answers = Answers {
+        by_key: HashMap::from([
+            ("spindle-1-1".to_string(), ProviderView::NotFound),
+            ("spindle-2-1".to_string(), ProviderView::Succeeded),
+            ("spindle-3-1".to_string(), ProviderView::Running),
+            // spindle-4-1: the provider cannot be reached → Unknown
+        ]),
+        ..Default::default()
+    };
+    let report = db
+        .reconcile_attempts(&expired, &answers, LEASE_MS)
+        .await
+        .unwrap();
+    assert_eq!(
+        report,
+        ReconcileReport {
+            resumed: 2,
+            requeued: 1,
+            in_doubt: 1,
+            raced: 0
+        }
+    );
+    assert_eq!(
+        answers.asked.borrow().len(),
+        4,
+        "every expired attempt is asked about"
+    );
+    assert_eq!(
+        state_of(&test, 1).await,
+        ("QUEUED".into(), 0),
+        "not found: released, requeued"
+    );
+    assert_eq!(state_of(&test, 2).await, ("PROVIDER_SUCCEEDED".into(), 1));
+    assert_eq!(state_of(&test, 3).await, ("RUNNING".into(), 1));
+    assert_eq!(
+        state_of(&test, 4).await,
+        ("DISPATCHING".into(), 1),
+        "in doubt: reservation kept"
+    );
+    // Resumed attempts have fresh leases; the unknown one is still expired.
+    let still: Vec<TaskId> = db
+        .expired_attempts(100)
+        .await
+        .unwrap()
+        .iter()
+        .map(|a| a.task)
+        .collect();
+    assert_eq!(still, vec![TaskId(4)]);
+    assert_counters_derived(&test).await;
+}
+
+#[tokio::test]
+async fn stuck_claims_go_back_to_the_queue_only_on_a_definite_not_found() {
+    let (test, db) = setup().await;
+    db.set_pool("provider:acme", 10, 1).await.unwrap();
+    db.submit_batch(&[task(1, 1, "a"), task(2, 1, "b")], V1)
+        .await
+        .unwrap();
+    let claims = [
+        claim(1, 0, &[("provider:acme", 0, 1)]),
+        claim(2, 0, &[("provider:acme", 0, 1)]),
+    ];
+    db.claim_batch(NODE, LEASE_MS, &claims).await.unwrap();
+    // Claims younger than the threshold are left alone.
+    assert!(db.stuck_attempts(60_000, 100).await.unwrap().is_empty());
+    let stuck = db.stuck_attempts(0, 100).await.unwrap();
+    assert_eq!(stuck.len(), 2);
+    let answers = Answers {
+        by_key: HashMap::from([
+            ("spindle-1-1".to_string(), ProviderView::NotFound),
+            ("spindle-2-1".to_string(), ProviderView::Running),
+        ]),
+        ..Default::default()
+    };
+    let report = db
+        .reconcile_attempts(&stuck, &answers, LEASE_MS)
+        .await
+        .unwrap();
+    assert_eq!((report.requeued, report.resumed), (1, 1));
+    assert_eq!(state_of(&test, 1).await, ("QUEUED".into(), 0));
+    assert_eq!(state_of(&test, 2).await, ("RUNNING".into(), 1));
+}
+
+#[tokio::test]
+async fn a_stale_reconciler_is_fenced_like_any_writer() {
+    let (test, db) = setup().await;
+    db.set_pool("provider:acme", 10, 1).await.unwrap();
+    db.submit_batch(&[task(1, 1, "a")], V1).await.unwrap();
+    db.claim_batch(NODE, 0, &[claim(1, 0, &[("provider:acme", 0, 1)])])
+        .await
+        .unwrap();
+    let expired = db.expired_attempts(10).await.unwrap();
+    // Meanwhile the owning node came back and finished the task.
+    db.report_batch(&[Report {
+        task: TaskId(1),
+        token: Some(expired[0].token),
+        action: ReportAction::Finish {
+            state: TaskState::Canceled,
+            cost_actual_milli: None,
+            reason: None,
+        },
+    }])
+    .await
+    .unwrap();
+    let answers = Answers {
+        by_key: HashMap::from([("spindle-1-1".to_string(), ProviderView::NotFound)]),
+        ..Default::default()
+    };
+    let report = db
+        .reconcile_attempts(&expired, &answers, LEASE_MS)
+        .await
+        .unwrap();
+    assert_eq!(report.raced, 1);
+    assert_eq!(state_of(&test, 1).await, ("CANCELED".into(), 0));
+}
+
+#[tokio::test]
+async fn queued_tasks_of_owned_partitions_are_reloaded_page_by_page() {
+    let (_test, db) = setup().await;
+    // Tenants 1..=8 hash to partition tenant % 4.
+    let batch: Vec<_> = (1..=40)
+        .map(|i| task(i, (i % 8 + 1) as u32, &format!("k{i}")))
+        .collect();
+    db.submit_batch(&batch, V1).await.unwrap();
+    db.set_pool("p", 100, 1).await.unwrap();
+    db.claim_batch(NODE, LEASE_MS, &[claim(1, 0, &[("p", 0, 1)])])
+        .await
+        .unwrap();
+    let mine = [PartitionId(1), PartitionId(2)];
+    let mut seen = Vec::new();
+    let mut last = None;
+    loop {
+        let page = db.load_queued(&mine, last.as_ref(), 7).await.unwrap();
+        if page.is_empty() {
+            break;
+        }
+        assert!(page.len() <= 7);
+        seen.extend(page.iter().map(|q| (q.partition, q.task)));
+        last = page.last().cloned();
+    }
+    let mut expected: Vec<(PartitionId, TaskId)> = batch
+        .iter()
+        .filter(|t| mine.contains(&t.partition) && t.task != TaskId(1))
+        .map(|t| (t.partition, t.task))
+        .collect();
+    expected.sort();
+    let mut sorted = seen.clone();
+    sorted.sort();
+    assert_eq!(
+        sorted, expected,
+        "every queued task of the partitions, once"
+    );
+    assert_eq!(seen.len(), expected.len());
+}
+
+#[tokio::test]
+async fn the_starvation_detector_reports_long_waits_but_not_backoffs() {
+    let (test, db) = setup().await;
+    db.submit_batch(&[task(1, 1, "a"), task(2, 2, "b"), task(3, 3, "c")], V1)
+        .await
+        .unwrap();
+    let sql = test.sql().await.unwrap();
+    sql.execute(
+        "UPDATE task SET created_at = now() - interval '10 minutes' WHERE task_id IN (1, 2)",
+        &[],
+    )
+    .await
+    .unwrap();
+    // Task 2 is backing off after a 429: not starving, waiting on purpose.
+    sql.execute(
+        "UPDATE task SET next_eligible_at = now() + interval '1 minute' WHERE task_id = 2",
+        &[],
+    )
+    .await
+    .unwrap();
+    let starved = db.starved_tasks(60_000, 100).await.unwrap();
+    assert_eq!(starved.len(), 1);
+    assert_eq!(starved[0].task, TaskId(1));
+    assert!(starved[0].waited_ms >= 600_000, "{starved:?}");
+}
+
+/// A sink that fails once at a chosen event, then takes everything.
+struct FlakySink {
+    fail_at: Option<u64>,
+    got: Vec<u64>,
+}
+
+impl EventSink for FlakySink {
+    type Error = String;
+    async fn deliver(&mut self, event: &Event) -> Result<(), String> {
+        if self.fail_at == Some(event.id) {
+            self.fail_at = None;
+            return Err("sink down".into());
+        }
+        self.got.push(event.id);
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn the_outbox_is_relayed_at_least_once_and_consumers_apply_each_event_once() {
+    let (_test, mut db) = setup().await;
+    db.set_pool("p", 100, 1).await.unwrap();
+    let batch: Vec<_> = (1..=5).map(|i| task(i, 1, &format!("k{i}"))).collect();
+    db.submit_batch(&batch, V1).await.unwrap();
+    let claims: Vec<_> = (1..=5).map(|i| claim(i, 0, &[("p", 0, 1)])).collect();
+    db.claim_batch(NODE, LEASE_MS, &claims).await.unwrap();
+    assert_eq!(db.pending_events().await.unwrap(), 5);
+
+    let mut sink = FlakySink {
+        fail_at: None,
+        got: Vec::new(),
+    };
+    let first_id = {
+        let sql = db.client();
+        sql.query_one("SELECT min(event_id) FROM outbox_event", &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0) as u64
+    };
+    sink.fail_at = Some(first_id + 2);
+    let r = db.relay_events(&mut sink, 100).await.unwrap();
+    assert_eq!((r.delivered, r.failed_at), (2, Some(first_id + 2)));
+    let r = db.relay_events(&mut sink, 100).await.unwrap();
+    assert_eq!((r.delivered, r.failed_at), (3, None));
+    assert_eq!(
+        sink.got,
+        (first_id..first_id + 5).collect::<Vec<_>>(),
+        "in order, none skipped"
+    );
+    assert_eq!(db.pending_events().await.unwrap(), 0);
+
+    // A consumer that sees an event twice (a relay crashed before its commit) applies it once.
+    let mut applied = 0;
+    for id in [first_id, first_id, first_id + 1] {
+        if db.consume_once("billing", id).await.unwrap() {
+            applied += 1;
+        }
+    }
+    assert_eq!(applied, 2);
+}
