@@ -1,16 +1,19 @@
 //! Store throughput at a given batch size: full submits (idempotency key, budget reservation),
 //! full claims (CAS + three pool shards + reservations + attempt + fencing token + outbox event)
-//! and fenced completions with release, each phase timed on its own.
+//! and fenced completions (SUCCEEDED: release, attempt ended, budget settled with the actual
+//! cost, outbox event), each phase timed on its own.
 //!
 //!   cargo run --release -p spindle-control --example store_bench -- --batch 256 --json
 //!
 //! Starts a private PostgreSQL (default settings: fsync and synchronous_commit on) unless
-//! `--conninfo` names a server.
+//! `--conninfo` names a server. With `--connections N` the tasks are split over N connections
+//! working at once, each like a node of its own: its own partitions and its own pool shards.
 
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Parser;
+use futures_util::future::try_join_all;
 use spindle_control::{
     ClaimRequest, ClaimResult, Db, DbConfig, Demand, EmbeddedOptions, EmbeddedPostgres, NewTask,
     PartitionId, PoolShard, Report, ReportAction, ReportResult, SubmitOutcome,
@@ -25,6 +28,9 @@ struct Args {
     /// Tasks to push through each phase (default: 100 × batch, between 2,000 and 50,000).
     #[arg(long)]
     tasks: Option<usize>,
+    /// Connections working at once, each with its own tasks, partitions and pool shards.
+    #[arg(long, default_value_t = 1)]
+    connections: usize,
     /// A server to use instead of a private one (its database must be empty or spindle's).
     #[arg(long)]
     conninfo: Option<String>,
@@ -32,7 +38,6 @@ struct Args {
     json: bool,
 }
 
-const NODE: &str = "bench-node";
 const PARTITIONS: u32 = 64;
 const TENANTS: u32 = 1_000;
 const POOL_SHARDS: u16 = 16;
@@ -41,11 +46,24 @@ const POOLS: [&str; 3] = [
     "model:veo-3",
     "platform:cost_per_minute",
 ];
+const LEASE_MS: u32 = 600_000;
 
-#[tokio::main(flavor = "current_thread")]
+/// What one connection pushes through the three phases.
+struct Worker {
+    db: Db,
+    node: String,
+    tasks: Vec<NewTask>,
+    shards: Vec<u16>,
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<()> {
     let args = Args::parse();
     anyhow::ensure!(args.batch >= 1, "--batch must be at least 1");
+    anyhow::ensure!(
+        (1..=16).contains(&args.connections),
+        "--connections must be 1..=16"
+    );
     let tasks = args
         .tasks
         .unwrap_or((args.batch * 100).clamp(2_000, 50_000));
@@ -60,51 +78,126 @@ async fn main() -> Result<()> {
             c
         }
     };
-    let db = Db::open(&DbConfig::new(conninfo)).await?;
-    db.register_node(NODE, "bench").await?;
-    db.ensure_partitions(PARTITIONS).await?;
-    let parts: Vec<PartitionId> = (0..PARTITIONS).map(PartitionId).collect();
-    db.acquire_partitions(NODE, &parts, 600_000).await?;
+    let config = DbConfig::new(conninfo);
+    let setup = Db::open(&config).await?;
+    setup.ensure_partitions(PARTITIONS).await?;
     for pool in POOLS {
-        db.set_pool(pool, u64::MAX / 4, POOL_SHARDS).await?;
+        setup.set_pool(pool, u64::MAX / 4, POOL_SHARDS).await?;
     }
+    // Every tenant has a budget: submits reserve in it, completions settle it.
+    setup
+        .client()
+        .execute(
+            "INSERT INTO tenant_quota (tenant_id, budget_milli)
+             SELECT generate_series(1, $1), 1000000000000000 ON CONFLICT DO NOTHING",
+            &[&(TENANTS as i32)],
+        )
+        .await?;
     // Unique per run so a reused server does not turn submits into replays.
-    let ids = db.reserve_task_ids().await?;
-    let first = ids.start;
-    let run = first;
-    let mut round_trips = 0u64;
+    let run = setup.reserve_task_ids().await?.start;
 
-    let new_tasks: Vec<NewTask> = (0..tasks as u64)
-        .map(|i| {
-            let tenant = (i % u64::from(TENANTS)) as u32 + 1;
-            NewTask {
-                task: TaskId(first * 1_000_000 + i),
-                tenant: TenantId(tenant),
-                user: UserId(tenant),
-                idempotency_key: format!("run{run}-req{i}"),
-                payload: format!("{{\"model\":0,\"w\":1280,\"h\":720,\"ms\":5000,\"i\":{i}}}")
-                    .into_bytes(),
-                partition: PartitionId(tenant % PARTITIONS),
-                lane: Lane::Standard,
-                band: Band::P2,
-                cost_estimate_milli: 1_000,
-                fairness_milli: 1_000,
-            }
-        })
-        .collect();
+    let n = args.connections;
+    let mut workers = Vec::with_capacity(n);
+    for c in 0..n {
+        let db = Db::open(&config).await?;
+        let node = format!("bench-node-{c}");
+        db.register_node(&node, "bench").await?;
+        let mine: Vec<PartitionId> = (0..PARTITIONS)
+            .filter(|p| *p as usize % n == c)
+            .map(PartitionId)
+            .collect();
+        db.acquire_partitions(&node, &mine, LEASE_MS).await?;
+        let tasks: Vec<NewTask> = (0..tasks as u64)
+            .filter(|i| (*i % u64::from(TENANTS)) as usize % n == c)
+            .map(|i| new_task(run, i))
+            .collect();
+        let shards = (0..POOL_SHARDS).filter(|s| *s as usize % n == c).collect();
+        workers.push(Worker {
+            db,
+            node,
+            tasks,
+            shards,
+        });
+    }
+    // Submit, claim and completion batches (the untimed advances are not counted).
+    let round_trips: usize = workers
+        .iter()
+        .map(|w| 3 * w.tasks.len().div_ceil(args.batch))
+        .sum();
 
     let start = Instant::now();
-    for chunk in new_tasks.chunks(args.batch) {
-        let out = db.submit_batch(chunk, PolicyVersion(1)).await?;
-        round_trips += 1;
+    try_join_all(workers.iter().map(|w| submit_all(w, args.batch))).await?;
+    let submits_per_s = tasks as f64 / start.elapsed().as_secs_f64();
+
+    let start = Instant::now();
+    let tokens = try_join_all(workers.iter().map(|w| claim_all(w, args.batch))).await?;
+    let claims_per_s = tasks as f64 / start.elapsed().as_secs_f64();
+
+    // Untimed: the provider accepted and succeeded, the media stage ran.
+    try_join_all(
+        workers
+            .iter()
+            .zip(&tokens)
+            .map(|(w, t)| advance_all(w, t, args.batch)),
+    )
+    .await?;
+
+    let start = Instant::now();
+    try_join_all(
+        workers
+            .iter()
+            .zip(&tokens)
+            .map(|(w, t)| complete_all(w, t, args.batch)),
+    )
+    .await?;
+    let completions_per_s = tasks as f64 / start.elapsed().as_secs_f64();
+    let round_trips_per_task = round_trips as f64 / tasks as f64;
+
+    if args.json {
+        println!(
+            "{{\"batch\":{},\"connections\":{n},\"submits_per_s\":{submits_per_s:.0},\"claims_per_s\":{claims_per_s:.0},\"completions_per_s\":{completions_per_s:.0},\"round_trips_per_task\":{round_trips_per_task:.4}}}",
+            args.batch
+        );
+    } else {
+        println!(
+            "batch {:>5} × {n} conn: {submits_per_s:>7.0} submits/s {claims_per_s:>7.0} claims/s {completions_per_s:>7.0} completions/s {round_trips_per_task:.4} round trips/task ({tasks} tasks)",
+            args.batch
+        );
+    }
+    Ok(())
+}
+
+fn new_task(run: u64, i: u64) -> NewTask {
+    let tenant = (i % u64::from(TENANTS)) as u32 + 1;
+    NewTask {
+        task: TaskId(run * 1_000_000 + i),
+        tenant: TenantId(tenant),
+        user: UserId(tenant),
+        idempotency_key: format!("run{run}-req{i}"),
+        payload: format!("{{\"model\":0,\"w\":1280,\"h\":720,\"ms\":5000,\"i\":{i}}}").into_bytes(),
+        // Partition by tenant - 1 so that connection c's tenants are in its partitions.
+        partition: PartitionId((tenant - 1) % PARTITIONS),
+        lane: Lane::Standard,
+        band: Band::P2,
+        cost_estimate_milli: 1_000,
+        fairness_milli: 1_000,
+    }
+}
+
+async fn submit_all(w: &Worker, batch: usize) -> Result<()> {
+    for chunk in w.tasks.chunks(batch) {
+        let out = w.db.submit_batch(chunk, PolicyVersion(1)).await?;
         anyhow::ensure!(
             out.iter().all(|o| *o == SubmitOutcome::Created),
             "submit: {out:?}"
         );
     }
-    let submits_per_s = tasks as f64 / start.elapsed().as_secs_f64();
+    Ok(())
+}
 
-    let claims: Vec<ClaimRequest> = new_tasks
+async fn claim_all(w: &Worker, batch: usize) -> Result<Vec<FencingToken>> {
+    let claims: Vec<ClaimRequest> = w
+        .tasks
         .iter()
         .enumerate()
         .map(|(i, t)| ClaimRequest {
@@ -114,61 +207,71 @@ async fn main() -> Result<()> {
             demands: POOLS
                 .iter()
                 .map(|p| Demand {
-                    shard: PoolShard::new(*p, (i % usize::from(POOL_SHARDS)) as u16),
+                    shard: PoolShard::new(*p, w.shards[i % w.shards.len()]),
                     amount: 1,
                 })
                 .collect(),
         })
         .collect();
-    let mut tokens: Vec<FencingToken> = Vec::with_capacity(tasks);
-    let start = Instant::now();
-    for chunk in claims.chunks(args.batch) {
-        for r in db.claim_batch(NODE, 600_000, chunk).await? {
+    let mut tokens = Vec::with_capacity(claims.len());
+    for chunk in claims.chunks(batch) {
+        for r in w.db.claim_batch(&w.node, LEASE_MS, chunk).await? {
             match r {
                 ClaimResult::Granted { token, .. } => tokens.push(token),
                 refused => anyhow::bail!("claim refused: {refused:?}"),
             }
         }
-        round_trips += 1;
     }
-    let claims_per_s = tasks as f64 / start.elapsed().as_secs_f64();
+    Ok(tokens)
+}
 
-    let reports: Vec<Report> = new_tasks
+async fn advance_all(w: &Worker, tokens: &[FencingToken], batch: usize) -> Result<()> {
+    for state in [
+        TaskState::Running,
+        TaskState::ProviderSucceeded,
+        TaskState::MediaProcessing,
+    ] {
+        let reports: Vec<Report> = w
+            .tasks
+            .iter()
+            .zip(tokens)
+            .map(|(t, token)| Report {
+                task: t.task,
+                token: Some(*token),
+                action: ReportAction::Advance(state),
+            })
+            .collect();
+        for chunk in reports.chunks(batch) {
+            for r in w.db.report_batch(chunk).await? {
+                anyhow::ensure!(matches!(r, ReportResult::Applied { .. }), "advance: {r:?}");
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn complete_all(w: &Worker, tokens: &[FencingToken], batch: usize) -> Result<()> {
+    let reports: Vec<Report> = w
+        .tasks
         .iter()
-        .zip(&tokens)
+        .zip(tokens)
         .map(|(t, token)| Report {
             task: t.task,
             token: Some(*token),
             action: ReportAction::Finish {
-                state: TaskState::Failed,
-                cost_actual_milli: None,
-                reason: Some("bench".into()),
+                state: TaskState::Succeeded,
+                cost_actual_milli: Some(1_100),
+                reason: None,
             },
         })
         .collect();
-    let start = Instant::now();
-    for chunk in reports.chunks(args.batch) {
-        for r in db.report_batch(chunk).await? {
+    for chunk in reports.chunks(batch) {
+        for r in w.db.report_batch(chunk).await? {
             anyhow::ensure!(
                 matches!(r, ReportResult::Applied { released: 3, .. }),
                 "report: {r:?}"
             );
         }
-        round_trips += 1;
-    }
-    let completions_per_s = tasks as f64 / start.elapsed().as_secs_f64();
-    let round_trips_per_task = round_trips as f64 / tasks as f64;
-
-    if args.json {
-        println!(
-            "{{\"batch\":{},\"submits_per_s\":{submits_per_s:.0},\"claims_per_s\":{claims_per_s:.0},\"completions_per_s\":{completions_per_s:.0},\"round_trips_per_task\":{round_trips_per_task:.4}}}",
-            args.batch
-        );
-    } else {
-        println!(
-            "batch {:>5}: {submits_per_s:>9.0} submits/s  {claims_per_s:>9.0} claims/s  {completions_per_s:>9.0} completions/s  {round_trips_per_task:.4} round trips/task ({tasks} tasks)",
-            args.batch
-        );
     }
     Ok(())
 }
