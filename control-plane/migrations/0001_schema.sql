@@ -73,7 +73,7 @@ CREATE TABLE tenant_quota (
     budget_milli    bigint NOT NULL CHECK (budget_milli >= 0),
     reserved_milli  bigint NOT NULL DEFAULT 0 CHECK (reserved_milli >= 0),
     spent_milli     bigint NOT NULL DEFAULT 0 CHECK (spent_milli >= 0)
-);
+) WITH (fillfactor = 50);
 
 -- One RESERVE per task at submit, then exactly one SETTLE or REFUND: the unique key makes every
 -- step idempotent.
@@ -130,6 +130,8 @@ CREATE TABLE task (
     cost_estimate_milli  bigint NOT NULL CHECK (cost_estimate_milli >= 0),
     fairness_milli       bigint NOT NULL CHECK (fairness_milli >= 0),
     cost_actual_milli    bigint,
+    -- The estimate was reserved in the tenant's budget at submit (the tenant has one).
+    budget_reserved      boolean NOT NULL DEFAULT false,
     attempt_no           integer NOT NULL DEFAULT 0,
     current_attempt      bigint,
     current_fencing      bigint,
@@ -169,6 +171,8 @@ CREATE TABLE task_attempt (
 -- The reconciler finds live attempts through their tasks.
 CREATE INDEX task_live ON task (current_attempt) WHERE current_attempt IS NOT NULL;
 
+-- Small, hot tables (budgets, pool shards) keep half of each page free: every batch updates
+-- their rows and the updates stay HOT.
 -- A limited resource, split into shards so that nodes rarely contend on one row. The sum of the
 -- shards' capacities is the resource's capacity; a grant never takes a shard above its own.
 CREATE TABLE resource_pool_shard (
@@ -178,7 +182,7 @@ CREATE TABLE resource_pool_shard (
     used      bigint NOT NULL DEFAULT 0 CHECK (used >= 0),
     version   bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (pool_key, shard)
-);
+) WITH (fillfactor = 50);
 
 -- What an attempt holds. Its lease is the attempt's lease (one row to renew per attempt).
 CREATE TABLE resource_reservation (

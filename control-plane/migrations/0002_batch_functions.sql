@@ -13,7 +13,13 @@
 --   row, only on a concurrent insert of the same key (a deadlock there is detected and the batch
 --   fails retryable: StoreError::Refused { retryable: true }).
 -- Rows are reached by primary key with `= ANY (array)`: every statement's cost follows the
--- batch, never the size of the table.
+-- batch, never the size of the table. PL/pgSQL caches each statement's plan for the life of the
+-- session, and a plan made while a table was small (a fresh node, a fresh database) picks a
+-- sequential scan that would then read the whole table on every batch for as long as the
+-- connection lives. The functions therefore run with `enable_seqscan = off`: every statement in
+-- them has an index path and must take it. And with `jit = off`: the penalty that setting adds to
+-- a sequential scan of a tiny table (the transition whitelist) would otherwise cross the JIT
+-- threshold and compile the statement, ~40 ms per batch.
 
 -- Group-commit submit. Per row: a replay of (tenant, idempotency key) returns the original task
 -- (REPLAY) or, when the payload differs, CONFLICT; otherwise the cost estimate is reserved in the
@@ -24,7 +30,7 @@ CREATE FUNCTION spindle_submit(
     p_partition integer[], p_lane smallint[], p_band smallint[], p_cost bigint[],
     p_fairness bigint[], p_policy_version bigint)
 RETURNS TABLE (o_idx integer, o_outcome text, o_task bigint, o_state text, o_detail text)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET enable_seqscan = off SET jit = off AS $$
 DECLARE
     n integer := coalesce(array_length(p_task, 1), 0);
     i integer;
@@ -108,9 +114,11 @@ BEGIN
 
     WITH new AS (
         INSERT INTO task (task_id, tenant_id, user_id, idempotency_key, payload, partition, lane,
-                          band, state, policy_version, cost_estimate_milli, fairness_milli)
+                          band, state, policy_version, cost_estimate_milli, fairness_milli,
+                          budget_reserved)
         SELECT p_task[k], p_tenant[k], p_user[k], p_key[k], p_payload[k], p_partition[k],
-               p_lane[k], p_band[k], 'QUEUED', p_policy_version, p_cost[k], p_fairness[k]
+               p_lane[k], p_band[k], 'QUEUED', p_policy_version, p_cost[k], p_fairness[k],
+               quota_pos[k] IS NOT NULL
           FROM unnest(ins) AS k
         ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
         RETURNING task_id)
@@ -160,7 +168,7 @@ CREATE FUNCTION spindle_claim(
     p_dcount integer[], p_pool text[], p_shard smallint[], p_amount bigint[])
 RETURNS TABLE (o_idx integer, o_outcome text, o_attempt bigint, o_token bigint,
                o_attempt_no integer, o_detail text)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET enable_seqscan = off SET jit = off AS $$
 DECLARE
     n integer := coalesce(array_length(p_task, 1), 0);
     i integer;
@@ -311,7 +319,7 @@ CREATE FUNCTION spindle_report(
     p_delay_ms bigint[], p_reason text[])
 RETURNS TABLE (o_idx integer, o_outcome text, o_state text, o_version integer,
                o_released integer, o_detail text)
-LANGUAGE plpgsql AS $$
+LANGUAGE plpgsql SET enable_seqscan = off SET jit = off AS $$
 DECLARE
     n integer := coalesce(array_length(p_task, 1), 0);
     i integer;
@@ -324,6 +332,7 @@ DECLARE
     t_attempt bigint[];
     t_tenant integer[];
     t_estimate bigint[];
+    t_budget boolean[];
     r_outcome text[] := array_fill(NULL::text, ARRAY[greatest(n, 1)]);
     r_state text[] := array_fill(NULL::text, ARRAY[greatest(n, 1)]);
     r_version integer[] := array_fill(NULL::integer, ARRAY[greatest(n, 1)]);
@@ -345,12 +354,13 @@ BEGIN
       FROM task_transition tt WHERE NOT tt.operator_only;
     WITH locked AS MATERIALIZED (
         SELECT t.task_id, t.state, t.version, t.current_fencing, t.current_attempt, t.tenant_id,
-               t.cost_estimate_milli
+               t.cost_estimate_milli, t.budget_reserved
           FROM task t WHERE t.task_id = ANY (p_task) ORDER BY t.task_id FOR UPDATE)
     SELECT array_agg(l.state ORDER BY c.ord), array_agg(l.version ORDER BY c.ord),
            array_agg(l.current_fencing ORDER BY c.ord), array_agg(l.current_attempt ORDER BY c.ord),
-           array_agg(l.tenant_id ORDER BY c.ord), array_agg(l.cost_estimate_milli ORDER BY c.ord)
-      INTO t_state, t_version, t_token, t_attempt, t_tenant, t_estimate
+           array_agg(l.tenant_id ORDER BY c.ord), array_agg(l.cost_estimate_milli ORDER BY c.ord),
+           array_agg(l.budget_reserved ORDER BY c.ord)
+      INTO t_state, t_version, t_token, t_attempt, t_tenant, t_estimate, t_budget
       FROM unnest(p_task) WITH ORDINALITY AS c (task, ord)
       LEFT JOIN locked l ON l.task_id = c.task;
     PERFORM 1 FROM tenant_quota q WHERE q.tenant_id = ANY (t_tenant)
@@ -391,7 +401,7 @@ BEGIN
             end_attempts := end_attempts || t_attempt[i];
             end_outcomes := end_outcomes || v_to;
         END IF;
-        IF p_mode[i] = 'FINISH' THEN
+        IF p_mode[i] = 'FINISH' AND t_budget[i] THEN
             finish_rows := finish_rows || i;
         END IF;
         IF v_ends OR v_to <> t_state[i] THEN
@@ -444,12 +454,12 @@ BEGIN
     IF array_length(finish_rows, 1) IS NOT NULL THEN
         -- Settle (SUCCEEDED: the actual cost, else the estimate) or refund each finished task's
         -- reservation once: the ledger's unique (task, kind) makes a repeat a no-op.
+        -- What was reserved is the estimate (submit reserved exactly that).
         WITH fin AS (
-            SELECT p_task[u.g] AS task, t_tenant[u.g] AS tenant, l.amount_milli AS reserved,
+            SELECT p_task[u.g] AS task, t_tenant[u.g] AS tenant, t_estimate[u.g] AS reserved,
                    to_state[u.g] = 'SUCCEEDED' AS success,
                    coalesce(p_cost_actual[u.g], t_estimate[u.g]) AS actual
               FROM unnest(finish_rows) AS u (g)
-              JOIN quota_ledger l ON l.task_id = p_task[u.g] AND l.kind = 'RESERVE'
         ), ins AS (
             INSERT INTO quota_ledger (tenant_id, task_id, kind, amount_milli)
             SELECT fin.tenant, fin.task,
@@ -481,4 +491,14 @@ BEGIN
       FROM unnest(r_outcome[1:n], r_state[1:n], r_version[1:n], r_released[1:n], r_detail[1:n])
            WITH ORDINALITY AS u (outcome, state, version, released, detail, ord);
 END
+$$;
+
+-- Batched lease renewal of live attempts: only the current token of a live attempt renews.
+CREATE FUNCTION spindle_renew(p_attempt bigint[], p_token bigint[], p_lease_ms bigint)
+RETURNS TABLE (o_attempt bigint)
+LANGUAGE sql SET enable_seqscan = off SET jit = off AS $$
+    UPDATE task_attempt a SET lease_until = now() + p_lease_ms * interval '1 millisecond'
+      FROM unnest(p_attempt, p_token) AS r (attempt, token)
+     WHERE a.attempt_id = r.attempt AND a.fencing_token = r.token AND a.ended_at IS NULL
+    RETURNING a.attempt_id
 $$;

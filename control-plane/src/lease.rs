@@ -131,7 +131,7 @@ impl Db {
         let tokens: Vec<i64> = attempts.iter().map(|(_, t)| t.0 as i64).collect();
         let rows = self
             .client()
-            .query(&self.stmts.renew, &[&ids, &tokens, &f64::from(ttl_ms)])
+            .query(&self.stmts.renew, &[&ids, &tokens, &i64::from(ttl_ms)])
             .await?;
         Ok(rows
             .iter()
