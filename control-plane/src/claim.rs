@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use spindle_core::{AttemptId, FencingToken, TaskId, TaskState};
 
 use crate::db::Db;
-use crate::error::{check_batch_len, check_text, to_i64, InputError, StoreError};
+use crate::error::{check_answered, check_batch_len, check_text, to_i64, InputError, StoreError};
 use crate::limits::{DEMANDS_PER_CLAIM_MAX, NAME_BYTES_MAX, POOL_KEY_BYTES_MAX};
 use crate::types::{parse_state, PartitionId, PoolShard};
 
@@ -144,13 +144,7 @@ impl Db {
                 ],
             )
             .await?;
-        if rows.len() != batch.len() {
-            return Err(StoreError::Corrupt(format!(
-                "claim answered {} rows for {}",
-                rows.len(),
-                batch.len()
-            )));
-        }
+        check_answered("claim", &rows, batch.len())?;
         rows.iter()
             .zip(batch)
             .map(|(r, c)| {

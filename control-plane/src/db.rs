@@ -137,8 +137,10 @@ async fn connect(config: &DbConfig) -> Result<(Client, JoinHandle<()>), StoreErr
         ));
     let (client, connection) = pg.connect(NoTls).await?;
     let handle = tokio::spawn(async move {
-        // The error reaches callers through the client (every call then fails `Unavailable`).
-        let _ = connection.await;
+        // Logged here; callers see it through the client (every call then fails `Unavailable`).
+        if let Err(e) = connection.await {
+            eprintln!("spindle-control: connection to PostgreSQL ended: {e}");
+        }
     });
     Ok((client, handle))
 }

@@ -152,3 +152,19 @@ pub(crate) fn to_i64(row: usize, field: &'static str, value: u64) -> Result<i64,
         value: value.to_string(),
     })
 }
+
+/// A batch function answers one row per input row; anything else is a schema this binary does
+/// not understand.
+pub(crate) fn check_answered(
+    what: &str,
+    rows: &[tokio_postgres::Row],
+    sent: usize,
+) -> Result<(), StoreError> {
+    if rows.len() != sent {
+        return Err(StoreError::Corrupt(format!(
+            "{what} answered {} rows for {sent}",
+            rows.len()
+        )));
+    }
+    Ok(())
+}

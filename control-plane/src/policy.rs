@@ -8,6 +8,7 @@ use serde_json::Value;
 use spindle_core::cost::ModelCapability;
 use spindle_core::policy::{LanePolicy, ProviderPolicy, TenantPolicy};
 use spindle_core::PolicyVersion;
+use tokio_postgres::Transaction;
 
 use crate::db::Db;
 use crate::error::{check_text, InputError, StoreError};
@@ -122,13 +123,7 @@ impl Db {
         }
         let (table, key_col, cast) = change.object.table();
         let tx = self.client_mut().transaction().await?;
-        let version: i64 = tx
-            .query_one(
-                "UPDATE policy_version SET version = version + 1 RETURNING version",
-                &[],
-            )
-            .await?
-            .get(0);
+        let version = bump_version(&tx).await?;
         let old: Option<Value> = tx
             .query_opt(
                 &format!("SELECT body FROM {table} WHERE {key_col} = $1{cast} FOR UPDATE"),
@@ -144,7 +139,7 @@ impl Db {
                          ON CONFLICT ({key_col}) DO UPDATE
                             SET version = EXCLUDED.version, body = EXCLUDED.body, updated_at = now()"
                     ),
-                    &[&change.key, &version, body],
+                    &[&change.key, &(version.0 as i64), body],
                 )
                 .await?;
             }
@@ -156,23 +151,21 @@ impl Db {
                 .await?;
             }
         }
-        tx.execute(
-            "INSERT INTO audit_log (actor, object_kind, object_key, old_value, new_value, reason,
-                                    policy_version)
-             VALUES ($1, $2, $3, $4, $5, $6, $7)",
-            &[
-                &change.actor,
-                &change.object.name(),
-                &change.key,
-                &old,
-                &change.body,
-                &change.reason,
-                &version,
-            ],
+        audit(
+            &tx,
+            Audit {
+                actor: &change.actor,
+                object: change.object.name(),
+                key: &change.key,
+                old: old.as_ref(),
+                new: change.body.as_ref(),
+                reason: &change.reason,
+                version,
+            },
         )
         .await?;
         tx.commit().await?;
-        Ok(PolicyVersion(version as u64))
+        Ok(version)
     }
 
     pub async fn policy_version(&self) -> Result<PolicyVersion, StoreError> {
@@ -257,13 +250,7 @@ impl Db {
         check_text(0, "reason", reason, REASON_BYTES_MAX)?;
         let budget = crate::error::to_i64(0, "budget_milli", budget_milli)?;
         let tx = self.client_mut().transaction().await?;
-        let version: i64 = tx
-            .query_one(
-                "UPDATE policy_version SET version = version + 1 RETURNING version",
-                &[],
-            )
-            .await?
-            .get(0);
+        let version = bump_version(&tx).await?;
         let old: Option<i64> = tx
             .query_opt(
                 "SELECT budget_milli FROM tenant_quota WHERE tenant_id = $1 FOR UPDATE",
@@ -277,21 +264,62 @@ impl Db {
             &[&(tenant.0 as i32), &budget],
         )
         .await?;
-        tx.execute(
-            "INSERT INTO audit_log (actor, object_kind, object_key, old_value, new_value, reason,
-                                    policy_version)
-             VALUES ($1, 'tenant_budget', $2, $3, $4, $5, $6)",
-            &[
-                &actor,
-                &tenant.0.to_string(),
-                &old.map(Value::from),
-                &Some(Value::from(budget)),
-                &reason,
-                &version,
-            ],
+        audit(
+            &tx,
+            Audit {
+                actor,
+                object: "tenant_budget",
+                key: &tenant.0.to_string(),
+                old: old.map(Value::from).as_ref(),
+                new: Some(&Value::from(budget)),
+                reason,
+                version,
+            },
         )
         .await?;
         tx.commit().await?;
-        Ok(PolicyVersion(version as u64))
+        Ok(version)
     }
+}
+
+/// Takes the next global policy version inside the caller's transaction.
+async fn bump_version(tx: &Transaction<'_>) -> Result<PolicyVersion, StoreError> {
+    let version: i64 = tx
+        .query_one(
+            "UPDATE policy_version SET version = version + 1 RETURNING version",
+            &[],
+        )
+        .await?
+        .get(0);
+    Ok(PolicyVersion(version as u64))
+}
+
+struct Audit<'a> {
+    actor: &'a str,
+    object: &'a str,
+    key: &'a str,
+    old: Option<&'a Value>,
+    new: Option<&'a Value>,
+    reason: &'a str,
+    version: PolicyVersion,
+}
+
+/// Writes the audit row of a change inside the change's transaction.
+async fn audit(tx: &Transaction<'_>, a: Audit<'_>) -> Result<(), StoreError> {
+    tx.execute(
+        "INSERT INTO audit_log (actor, object_kind, object_key, old_value, new_value, reason,
+                                policy_version)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        &[
+            &a.actor,
+            &a.object,
+            &a.key,
+            &a.old,
+            &a.new,
+            &a.reason,
+            &(a.version.0 as i64),
+        ],
+    )
+    .await?;
+    Ok(())
 }

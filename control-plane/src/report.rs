@@ -8,7 +8,7 @@ use spindle_core::state::Actor;
 use spindle_core::{FencingToken, TaskId, TaskState};
 
 use crate::db::Db;
-use crate::error::{check_batch_len, to_i64, InputError, StoreError};
+use crate::error::{check_answered, check_batch_len, to_i64, InputError, StoreError};
 use crate::limits::REASON_BYTES_MAX;
 use crate::types::parse_state;
 
@@ -174,13 +174,7 @@ impl Db {
                 &[&task, &token, &mode, &to, &cost, &delay, &reason],
             )
             .await?;
-        if rows.len() != batch.len() {
-            return Err(StoreError::Corrupt(format!(
-                "report answered {} rows for {}",
-                rows.len(),
-                batch.len()
-            )));
-        }
+        check_answered("report", &rows, batch.len())?;
         rows.iter()
             .map(|r| {
                 let outcome: &str = r.get(1);

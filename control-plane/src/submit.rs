@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use spindle_core::{Band, Lane, PolicyVersion, TaskId, TaskState, TenantId, UserId};
 
 use crate::db::Db;
-use crate::error::{check_batch_len, check_text, to_i64, InputError, StoreError};
+use crate::error::{check_answered, check_batch_len, check_text, to_i64, InputError, StoreError};
 use crate::limits::{IDEMPOTENCY_KEY_BYTES_MAX, PARTITIONS_MAX, PAYLOAD_BYTES_MAX};
 use crate::types::{parse_state, PartitionId};
 
@@ -118,13 +118,7 @@ impl Db {
                 ],
             )
             .await?;
-        if rows.len() != batch.len() {
-            return Err(StoreError::Corrupt(format!(
-                "submit answered {} rows for {}",
-                rows.len(),
-                batch.len()
-            )));
-        }
+        check_answered("submit", &rows, batch.len())?;
         rows.iter()
             .map(|r| {
                 let outcome: &str = r.get(1);

@@ -47,7 +47,9 @@ impl TestDb {
             .await
             .expect("CREATE DATABASE");
         drop(client);
-        let _ = conn.await;
+        conn.await
+            .expect("admin connection task")
+            .expect("admin connection");
         let conninfo = replace_dbname(&admin_conninfo, &name);
         TestDb {
             config: DbConfig::new(conninfo),
