@@ -6,8 +6,10 @@
 //!   cargo run --release -p spindle-control --example store_bench -- --batch 256 --json
 //!
 //! Starts a private PostgreSQL (default settings: fsync and synchronous_commit on) unless
-//! `--conninfo` names a server. With `--connections N` the tasks are split over N connections
-//! working at once, each like a node of its own: its own partitions and its own pool shards.
+//! `--conninfo` names a server. The tasks are split over `--connections` connections working at
+//! once, each like a batcher of its own with its own partitions and pool shards. The default, 2,
+//! is one connection per core of this machine, as a node's control plane runs;
+//! `--connections 1` shows what one PostgreSQL backend does alone.
 
 use std::time::Instant;
 
@@ -28,8 +30,9 @@ struct Args {
     /// Tasks to push through each phase (default: 100 × batch, between 2,000 and 50,000).
     #[arg(long)]
     tasks: Option<usize>,
-    /// Connections working at once, each with its own tasks, partitions and pool shards.
-    #[arg(long, default_value_t = 1)]
+    /// Connections working at once, each with its own tasks, partitions and pool shards
+    /// (default: one per core of this machine, as the control plane runs).
+    #[arg(long, default_value_t = 2)]
     connections: usize,
     /// A server to use instead of a private one (its database must be empty or spindle's).
     #[arg(long)]
