@@ -1,3 +1,36 @@
-//! The client protocol: FlatBuffers schema, generated code and framing codec (filled by issue 4).
-//!
-//! Nothing lives here yet: the crate exists so the workspace has the layout of DESIGN.md §3.
+//! spindle's client protocol (DESIGN §7): the FlatBuffers schema `fbs/spindle.fbs` is the one
+//! source of truth; `src/generated/` is what `flatc --rust` makes of it (a test checks it is
+//! current: regenerate with `scripts/gen-wire`). On top: length-prefixed framing
+//! ([`frame::FrameReader`]), verification with tight limits and semantic validation into owned
+//! values ([`codec::decode_request`]), and encoding ([`codec::Encoder`]). Pure: no I/O.
+
+#[allow(
+    unsafe_code,
+    unused_imports,
+    dead_code,
+    deprecated,
+    non_camel_case_types,
+    non_snake_case,
+    clippy::all,
+    clippy::pedantic
+)]
+#[rustfmt::skip]
+mod generated {
+    include!("generated/spindle_generated.rs");
+}
+
+pub mod codec;
+pub mod error;
+pub mod frame;
+#[doc(hidden)]
+pub mod fuzzing;
+pub mod limits;
+pub mod message;
+
+/// The generated FlatBuffers types (`spindle.wire` namespace).
+pub use generated::spindle::wire as fb;
+
+pub use codec::{decode_request, decode_response, Encoder};
+pub use error::{ErrorCode, WireError};
+pub use frame::FrameReader;
+pub use message::*;

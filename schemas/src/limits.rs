@@ -1,0 +1,25 @@
+//! Every maximum of the protocol in one place. The node announces the frame and batch maxima in
+//! HelloOk; everything else is fixed by the protocol version.
+
+/// Bytes of one frame's FlatBuffer (the u32 length prefix not counted).
+pub const FRAME_BYTES_MAX: usize = 1 << 20;
+/// Tasks in one SubmitBatch.
+pub const BATCH_MAX: usize = 1024;
+/// Bytes of an idempotency key.
+pub const KEY_BYTES_MAX: usize = 128;
+/// Bytes of a tenant credential.
+pub const CREDENTIAL_BYTES_MAX: usize = 256;
+/// Bytes of a client or node name.
+pub const NAME_BYTES_MAX: usize = 64;
+/// Bytes of a reason or error message the node sends.
+pub const MESSAGE_BYTES_MAX: usize = 1024;
+/// Verifier limits: nesting depth and tables per frame (a full batch plus its specs and slack).
+pub const VERIFY_DEPTH_MAX: usize = 8;
+pub const VERIFY_TABLES_MAX: usize = 2 * BATCH_MAX + 16;
+
+/// Task spec ranges the node accepts.
+pub const DIMENSION_MAX: u32 = 8192;
+pub const DURATION_MS_MAX: u32 = 10 * 60 * 1000;
+pub const FPS_MAX: u32 = 120;
+pub const REFERENCES_MAX: u8 = 8;
+pub const DEADLINE_MS_MAX: u32 = 24 * 60 * 60 * 1000;
