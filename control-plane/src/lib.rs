@@ -16,6 +16,7 @@ pub mod limits;
 pub mod migrate;
 pub mod policy;
 pub mod pools;
+pub mod query;
 pub mod reconcile;
 pub mod report;
 pub mod submit;

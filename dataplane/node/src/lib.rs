@@ -1,3 +1,189 @@
-//! The node daemon: glommio shards, acceptor, routing, drivers, metrics (filled by issue 4).
+//! spindled, the node daemon: one glommio executor per shard, each running a `spindle-core`
+//! shard for the tenants that hash to it and accepting client connections (SO_REUSEPORT);
+//! the control plane on its own thread (tokio + tokio-postgres) with one ordered pipeline per
+//! shard; a `local` provider that completes work after its modelled duration.
 //!
-//! Nothing lives here yet: the crate exists so the workspace has the layout of DESIGN.md §3.
+//! Built so far: the protocol end to end (Hello with constant-time credentials, submit and batch
+//! submit acknowledged after group commit, get, cancel), claims with fencing tokens, fenced
+//! completion. Not yet: subscriptions, drain on SIGTERM, queue rebuild on restart, metrics.
+
+pub mod config;
+pub mod control;
+pub mod server;
+pub mod shard;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::mpsc as std_mpsc;
+
+use anyhow::Context;
+use glommio::{LocalExecutorBuilder, Placement};
+use spindle_control::{DbConfig, EmbeddedOptions, EmbeddedPostgres};
+use spindle_core::{presets, Policy, TenantId};
+
+use crate::config::Config;
+use crate::server::ConnCtx;
+use crate::shard::{ShardMsg, ShardState, SHARD_QUEUE_MAX};
+
+/// The policy the node schedules with: the small-node preset with node-wide limits lifted and
+/// the configured tenants. (The policy store drives this once issue 7's admin API exists.)
+pub fn policy(config: &Config) -> Policy {
+    let mut policy = presets::small_node();
+    presets::lift_node_limits(&mut policy);
+    for t in &config.tenants {
+        policy
+            .tenants
+            .insert(TenantId(t.id), presets::tenant(t.lane, t.weight));
+    }
+    policy
+}
+
+/// Runs the node until the process is stopped.
+pub fn run(config: Config) -> anyhow::Result<()> {
+    let policy = policy(&config);
+    let _embedded;
+    let conninfo = if config.postgres == "embedded" {
+        let pg = EmbeddedPostgres::start(EmbeddedOptions::default())
+            .context("starting the embedded PostgreSQL")?;
+        let c = pg.conninfo("postgres");
+        eprintln!("spindled: embedded PostgreSQL at {c}");
+        _embedded = pg;
+        c
+    } else {
+        config.postgres.clone()
+    };
+    let db_config = DbConfig::new(conninfo);
+
+    // The control plane thread.
+    let (started_tx, started_rx) = std_mpsc::channel();
+    {
+        let config = config.clone();
+        let policy = policy.clone();
+        std::thread::Builder::new()
+            .name("control-plane".into())
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("tokio runtime");
+                rt.block_on(async move {
+                    let started = control::start(&config, &db_config, &policy).await;
+                    let ok = started.is_ok();
+                    let _ = started_tx.send(started);
+                    if ok {
+                        wait_for_stop(&config, &db_config).await;
+                    }
+                });
+            })
+            .context("spawning the control plane thread")?;
+    }
+    let started = started_rx
+        .recv()
+        .context("the control plane thread died")??;
+
+    let mut inboxes = Vec::new();
+    let mut shard_senders = Vec::new();
+    for _ in 0..config.shards {
+        let (tx, rx) = tokio::sync::mpsc::channel::<ShardMsg>(SHARD_QUEUE_MAX);
+        shard_senders.push(tx);
+        inboxes.push(rx);
+    }
+    let credentials: HashMap<u32, String> = config
+        .tenants
+        .iter()
+        .map(|t| (t.id, t.credential.clone()))
+        .collect();
+
+    let mut handles = Vec::new();
+    let mut addr: SocketAddr = config.listen;
+    for (i, (inbox, (cp, ids))) in inboxes
+        .into_iter()
+        .zip(started.senders.into_iter().zip(started.id_blocks))
+        .enumerate()
+    {
+        let (bound_tx, bound_rx) = std_mpsc::channel();
+        let config = config.clone();
+        let policy = policy.clone();
+        let senders = shard_senders.clone();
+        let credentials = credentials.clone();
+        let handle = LocalExecutorBuilder::new(Placement::Unbound)
+            .name(&format!("shard-{i}"))
+            .spawn(move || async move {
+                let listener = match glommio::net::TcpListener::bind(addr) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        let _ = bound_tx.send(Err(e.to_string()));
+                        return;
+                    }
+                };
+                let _ = bound_tx.send(listener.local_addr().map_err(|e| e.to_string()));
+                let state = Rc::new(std::cell::RefCell::new(ShardState::new(
+                    policy,
+                    config.shards,
+                    cp,
+                    ids,
+                    config.partitions,
+                    config.local_provider_time_scale,
+                )));
+                glommio::spawn_local(shard::run(state, inbox)).detach();
+                let ctx = Rc::new(ConnCtx {
+                    node_id: config.node_id.clone(),
+                    shards: senders,
+                    credentials,
+                    partitions: config.partitions,
+                    inflight_max: config.connection_inflight_max,
+                });
+                loop {
+                    match listener.accept().await {
+                        Ok(stream) => {
+                            glommio::spawn_local(server::serve(stream, ctx.clone())).detach();
+                        }
+                        Err(e) => eprintln!("spindled: accept: {e}"),
+                    }
+                }
+            })
+            .map_err(|e| anyhow::anyhow!("starting shard {i}: {e}"))?;
+        addr = bound_rx
+            .recv()
+            .context("a shard died while binding")?
+            .map_err(|e| anyhow::anyhow!("binding {addr}: {e}"))?;
+        handles.push(handle);
+    }
+    println!("spindled: serving on {addr} with {} shards", config.shards);
+    if let Some(path) = &config.ready_file {
+        std::fs::write(path, format!("{addr}\n")).context("writing the ready file")?;
+    }
+    for h in handles {
+        h.join()
+            .map_err(|e| anyhow::anyhow!("a shard stopped: {e:?}"))?;
+    }
+    Ok(())
+}
+
+/// Waits for SIGTERM or SIGINT, gives the partitions back and exits. (Draining running work
+/// within a window is not built yet: a stop now is a crash the next owner recovers from.)
+async fn wait_for_stop(config: &Config, db_config: &DbConfig) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        eprintln!("spindled: cannot install signal handlers");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    eprintln!("spindled: stopping");
+    if let Ok(db) = spindle_control::Db::open(db_config).await {
+        if let Err(e) = db.release_partitions(&config.node_id).await {
+            eprintln!("spindled: releasing partitions: {e}");
+        }
+        if let Err(e) = db.deregister_node(&config.node_id).await {
+            eprintln!("spindled: deregistering: {e}");
+        }
+    }
+    std::process::exit(0);
+}

@@ -1,0 +1,219 @@
+//! An async client for spindle's protocol (tokio). Requests are pipelined: any number may be in
+//! flight on one connection; a reader task matches answers to requests by `request_id`, in
+//! whatever order the node sends them. Events of subscriptions arrive on [`Client::events`].
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use spindle_core::{TaskId, TaskState, TenantId};
+use spindle_wire::limits::FRAME_BYTES_MAX;
+use spindle_wire::{
+    decode_response, Admission, Encoder, Event, FrameReader, Hello, HelloOk, Request, RequestFrame,
+    Response, SubmitTask, TaskStatus, WireError, PROTOCOL_VERSION,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::net::{TcpStream, ToSocketAddrs};
+use tokio::sync::{mpsc, oneshot};
+
+/// Events buffered for the application before the reader stops reading.
+const EVENTS_BUFFER: usize = 4096;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("I/O: {0}")]
+    Io(#[from] std::io::Error),
+    /// The node answered with an error frame.
+    #[error("the node refused: {0}")]
+    Refused(WireError),
+    /// The node sent something this client cannot read.
+    #[error("undecodable frame from the node: {0}")]
+    Protocol(WireError),
+    #[error("the connection closed")]
+    Closed,
+    #[error("unexpected answer: {0:?}")]
+    Unexpected(Box<Response>),
+}
+
+type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Response>>>>;
+
+pub struct Client {
+    writer: tokio::sync::Mutex<(OwnedWriteHalf, Encoder, Vec<u8>)>,
+    pending: Pending,
+    next_id: AtomicU64,
+    events: tokio::sync::Mutex<mpsc::Receiver<Event>>,
+    hello: HelloOk,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl Client {
+    /// Connects and authenticates as `tenant`.
+    pub async fn connect(
+        addr: impl ToSocketAddrs,
+        tenant: TenantId,
+        credential: &str,
+    ) -> Result<Client, ClientError> {
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        let (read, write) = stream.into_split();
+        let pending: Pending = Arc::default();
+        let (events_tx, events_rx) = mpsc::channel(EVENTS_BUFFER);
+        let reader = tokio::spawn(read_loop(read, pending.clone(), events_tx));
+        let mut client = Client {
+            writer: tokio::sync::Mutex::new((write, Encoder::new(), Vec::new())),
+            pending,
+            next_id: AtomicU64::new(1),
+            events: tokio::sync::Mutex::new(events_rx),
+            hello: HelloOk {
+                protocol_version: 0,
+                node_id: String::new(),
+                frame_bytes_max: 0,
+                batch_max: 0,
+            },
+            reader,
+        };
+        let hello = Request::Hello(Hello {
+            protocol_version: PROTOCOL_VERSION,
+            tenant,
+            credential: credential.to_string(),
+            client_name: Some("spindle-client".into()),
+        });
+        match client.request(hello).await? {
+            Response::HelloOk(ok) => client.hello = ok,
+            other => return Err(ClientError::Unexpected(Box::new(other))),
+        }
+        Ok(client)
+    }
+
+    /// What the node announced: its id and its frame and batch maxima.
+    pub fn hello(&self) -> &HelloOk {
+        &self.hello
+    }
+
+    /// Sends one request and waits for its answer; an Error answer is `Refused`.
+    pub async fn request(&self, body: Request) -> Result<Response, ClientError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.pending.lock().expect("pending map").insert(id, tx);
+        {
+            let mut w = self.writer.lock().await;
+            let (write, encoder, buf) = &mut *w;
+            buf.clear();
+            encoder.request(
+                &RequestFrame {
+                    request_id: id,
+                    body,
+                },
+                buf,
+            );
+            if let Err(e) = write.write_all(buf).await {
+                self.pending.lock().expect("pending map").remove(&id);
+                return Err(e.into());
+            }
+        }
+        match rx.await.map_err(|_| ClientError::Closed)? {
+            Response::Error(e) => Err(ClientError::Refused(e)),
+            other => Ok(other),
+        }
+    }
+
+    pub async fn submit(&self, task: SubmitTask) -> Result<Admission, ClientError> {
+        match self.request(Request::Submit(task)).await? {
+            Response::Admission(a) => Ok(a),
+            other => Err(ClientError::Unexpected(Box::new(other))),
+        }
+    }
+
+    /// One frame, one group commit on the node; admissions in the order of `tasks`.
+    pub async fn submit_batch(
+        &self,
+        tasks: Vec<SubmitTask>,
+    ) -> Result<Vec<Admission>, ClientError> {
+        match self.request(Request::SubmitBatch(tasks)).await? {
+            Response::SubmitBatch(all) => Ok(all),
+            other => Err(ClientError::Unexpected(Box::new(other))),
+        }
+    }
+
+    pub async fn get(&self, task: TaskId) -> Result<TaskStatus, ClientError> {
+        match self.request(Request::Get(task)).await? {
+            Response::Status(s) => Ok(s),
+            other => Err(ClientError::Unexpected(Box::new(other))),
+        }
+    }
+
+    pub async fn cancel(&self, task: TaskId) -> Result<TaskState, ClientError> {
+        match self.request(Request::Cancel(task)).await? {
+            Response::Canceled { state, .. } => Ok(state),
+            other => Err(ClientError::Unexpected(Box::new(other))),
+        }
+    }
+
+    /// Asks for `task`'s events; they arrive through [`Client::next_event`].
+    pub async fn subscribe(&self, task: TaskId) -> Result<(), ClientError> {
+        match self.request(Request::Subscribe(task)).await? {
+            Response::Subscribed(_) => Ok(()),
+            other => Err(ClientError::Unexpected(Box::new(other))),
+        }
+    }
+
+    /// The next event of any subscription; `None` once the connection is gone.
+    pub async fn next_event(&self) -> Option<Event> {
+        self.events.lock().await.recv().await
+    }
+}
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
+}
+
+async fn read_loop(
+    mut read: tokio::net::tcp::OwnedReadHalf,
+    pending: Pending,
+    events: mpsc::Sender<Event>,
+) {
+    let mut frames = FrameReader::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match read.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        frames.extend(&buf[..n]);
+        loop {
+            let frame = match frames.next_frame() {
+                Ok(Some(f)) => decode_response(f),
+                Ok(None) => break,
+                Err(_) => return close(&pending),
+            };
+            let Ok(frame) = frame else {
+                return close(&pending);
+            };
+            if let Response::Event(e) = frame.body {
+                if events.send(e).await.is_err() {
+                    // Nobody listens for events any more; answers still flow.
+                }
+                continue;
+            }
+            let waiter = pending
+                .lock()
+                .expect("pending map")
+                .remove(&frame.request_id);
+            if let Some(w) = waiter {
+                let _ = w.send(frame.body);
+            }
+        }
+        if frames.pending() > FRAME_BYTES_MAX + 4 {
+            break;
+        }
+    }
+    close(&pending);
+}
+
+/// Fails every request still waiting: their answers will never come.
+fn close(pending: &Pending) {
+    pending.lock().expect("pending map").clear();
+}

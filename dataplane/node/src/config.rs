@@ -1,0 +1,175 @@
+//! spindled's configuration: a TOML file (see `spindled.example.toml`), every field overridable
+//! by a command-line flag or a `SPINDLE_*` environment variable.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+use spindle_core::Lane;
+
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "spindled", about = "spindle's node daemon")]
+pub struct Args {
+    /// The configuration file (TOML).
+    #[arg(long, env = "SPINDLE_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Address to serve the client protocol on (port 0: any free port).
+    #[arg(long, env = "SPINDLE_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// PostgreSQL conninfo, or "embedded" for a private server started by the daemon.
+    #[arg(long, env = "SPINDLE_POSTGRES")]
+    pub postgres: Option<String>,
+    /// Shards (one glommio executor each).
+    #[arg(long, env = "SPINDLE_SHARDS")]
+    pub shards: Option<u32>,
+    #[arg(long, env = "SPINDLE_NODE_ID")]
+    pub node_id: Option<String>,
+    /// Once serving, write the listen address to this file (for scripts and tests).
+    #[arg(long, env = "SPINDLE_READY_FILE")]
+    pub ready_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default = "default_node_id")]
+    pub node_id: String,
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    #[serde(default = "default_postgres")]
+    pub postgres: String,
+    #[serde(default = "default_shards")]
+    pub shards: u32,
+    #[serde(default = "default_partitions")]
+    pub partitions: u32,
+    /// Lease of running attempts and of partitions.
+    #[serde(default = "default_lease_ms")]
+    pub lease_ms: u32,
+    /// Rows per control-plane batch.
+    #[serde(default = "default_batch_max")]
+    pub batch_max: usize,
+    /// The local provider finishes a task after its modelled provider time × this factor.
+    #[serde(default = "default_time_scale")]
+    pub local_provider_time_scale: f64,
+    /// Requests one connection may have in flight.
+    #[serde(default = "default_inflight")]
+    pub connection_inflight_max: usize,
+    #[serde(default)]
+    pub tenants: Vec<TenantConfig>,
+    #[serde(skip)]
+    pub ready_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    pub id: u32,
+    /// The tenant's credential, presented in Hello and compared in constant time.
+    pub credential: String,
+    #[serde(default = "default_lane")]
+    pub lane: Lane,
+    #[serde(default = "default_weight")]
+    pub weight: u32,
+}
+
+fn default_node_id() -> String {
+    "node-1".into()
+}
+fn default_listen() -> SocketAddr {
+    "127.0.0.1:7070".parse().expect("literal address")
+}
+fn default_postgres() -> String {
+    "embedded".into()
+}
+fn default_shards() -> u32 {
+    2
+}
+fn default_partitions() -> u32 {
+    64
+}
+fn default_lease_ms() -> u32 {
+    30_000
+}
+fn default_batch_max() -> usize {
+    256
+}
+fn default_time_scale() -> f64 {
+    0.001
+}
+fn default_inflight() -> usize {
+    4096
+}
+fn default_lane() -> Lane {
+    Lane::Standard
+}
+fn default_weight() -> u32 {
+    1
+}
+
+impl Config {
+    /// The file (if any), then flags and environment on top; checks the result.
+    pub fn load(args: &Args) -> anyhow::Result<Config> {
+        let text = match &args.config {
+            Some(path) => std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?,
+            None => String::new(),
+        };
+        let mut config: Config = toml::from_str(&text).map_err(|e| match &args.config {
+            Some(path) => anyhow::anyhow!("{}: {e}", path.display()),
+            None => anyhow::anyhow!("{e}"),
+        })?;
+        if let Some(v) = args.listen {
+            config.listen = v;
+        }
+        if let Some(v) = &args.postgres {
+            config.postgres = v.clone();
+        }
+        if let Some(v) = args.shards {
+            config.shards = v;
+        }
+        if let Some(v) = &args.node_id {
+            config.node_id = v.clone();
+        }
+        config.ready_file = args.ready_file.clone();
+        config.check()?;
+        Ok(config)
+    }
+
+    fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            (1..=64).contains(&self.shards),
+            "shards must be 1..=64, not {}",
+            self.shards
+        );
+        anyhow::ensure!(
+            self.partitions >= self.shards && self.partitions <= 65_536,
+            "partitions must be shards..=65536, not {}",
+            self.partitions
+        );
+        anyhow::ensure!(
+            (1..=spindle_control::limits::BATCH_MAX).contains(&self.batch_max),
+            "batch_max must be 1..={}",
+            spindle_control::limits::BATCH_MAX
+        );
+        anyhow::ensure!(self.lease_ms >= 1_000, "lease_ms must be at least 1000");
+        anyhow::ensure!(
+            self.local_provider_time_scale >= 0.0 && self.local_provider_time_scale <= 10.0,
+            "local_provider_time_scale must be 0..=10"
+        );
+        let mut ids: Vec<u32> = self.tenants.iter().map(|t| t.id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        anyhow::ensure!(ids.len() == self.tenants.len(), "a tenant id appears twice");
+        anyhow::ensure!(!ids.contains(&0), "tenant id 0 is reserved");
+        Ok(())
+    }
+
+    /// Tenants hash to partitions, partitions to shards.
+    pub fn partition_of(&self, tenant: u32) -> u32 {
+        tenant % self.partitions
+    }
+
+    pub fn shard_of(&self, tenant: u32) -> usize {
+        (self.partition_of(tenant) % self.shards) as usize
+    }
+}

@@ -1,0 +1,261 @@
+//! The control plane's thread: a tokio runtime owning the PostgreSQL connections. Each shard has
+//! its own pipeline (one connection, one task) so its submits, claims and reports reach
+//! PostgreSQL in the order the shard sent them — a claim never overtakes the submit of its task.
+//! Consecutive messages of one kind are merged into one batch (group commit across clients).
+
+use std::collections::HashSet;
+
+use spindle_control::query::StoredTask;
+use spindle_control::{
+    ClaimRequest, ClaimResult, Db, DbConfig, NewTask, PartitionId, Report, ReportResult,
+    StoreError, SubmitOutcome,
+};
+use spindle_core::{PolicyVersion, TaskId, TenantId};
+use tokio::sync::{mpsc, oneshot};
+
+/// Messages one shard's pipeline takes at once before it pushes back.
+pub const PIPELINE_QUEUE_MAX: usize = 4096;
+
+pub type Reply<T> = oneshot::Sender<Result<Vec<T>, StoreError>>;
+
+pub enum CpMsg {
+    Submit {
+        tasks: Vec<NewTask>,
+        reply: Reply<SubmitOutcome>,
+    },
+    Claim {
+        claims: Vec<ClaimRequest>,
+        reply: Reply<ClaimResult>,
+    },
+    Report {
+        reports: Vec<Report>,
+        reply: Reply<ReportResult>,
+    },
+    /// A new block of task ids.
+    TaskIds {
+        reply: oneshot::Sender<Result<std::ops::Range<u64>, StoreError>>,
+    },
+    /// A task's stored status, scoped to its tenant.
+    Get {
+        tenant: TenantId,
+        task: TaskId,
+        reply: oneshot::Sender<Result<Option<StoredTask>, StoreError>>,
+    },
+}
+
+impl CpMsg {
+    fn rows(&self) -> usize {
+        match self {
+            CpMsg::Submit { tasks, .. } => tasks.len(),
+            CpMsg::Claim { claims, .. } => claims.len(),
+            CpMsg::Report { reports, .. } => reports.len(),
+            CpMsg::TaskIds { .. } | CpMsg::Get { .. } => 0,
+        }
+    }
+
+    fn same_kind(&self, other: &CpMsg) -> bool {
+        std::mem::discriminant(self) == std::mem::discriminant(other)
+            && !matches!(self, CpMsg::TaskIds { .. } | CpMsg::Get { .. })
+    }
+
+    fn tasks(&self) -> Vec<TaskId> {
+        match self {
+            CpMsg::Submit { tasks, .. } => tasks.iter().map(|t| t.task).collect(),
+            CpMsg::Claim { claims, .. } => claims.iter().map(|c| c.task).collect(),
+            CpMsg::Report { reports, .. } => reports.iter().map(|r| r.task).collect(),
+            CpMsg::TaskIds { .. } | CpMsg::Get { .. } => Vec::new(),
+        }
+    }
+}
+
+/// Runs one shard's pipeline until its sender is dropped.
+pub async fn pipeline(
+    db: Db,
+    node: String,
+    lease_ms: u32,
+    batch_max: usize,
+    policy_version: PolicyVersion,
+    mut rx: mpsc::Receiver<CpMsg>,
+) {
+    let mut held: Option<CpMsg> = None;
+    loop {
+        let first = match held.take() {
+            Some(m) => m,
+            None => match rx.recv().await {
+                Some(m) => m,
+                None => return,
+            },
+        };
+        // Merge what is already waiting, while it is the same kind, fits the batch and names
+        // no task twice (a batch must not).
+        let mut group = vec![first];
+        let mut rows = group[0].rows();
+        let mut seen: HashSet<TaskId> = group[0].tasks().into_iter().collect();
+        while let Ok(next) = rx.try_recv() {
+            let fits = next.same_kind(&group[0]) && rows + next.rows() <= batch_max;
+            let fresh = next.tasks().iter().all(|t| !seen.contains(t));
+            if fits && fresh {
+                rows += next.rows();
+                seen.extend(next.tasks());
+                group.push(next);
+            } else {
+                held = Some(next);
+                break;
+            }
+        }
+        run_group(&db, &node, lease_ms, policy_version, group).await;
+    }
+}
+
+async fn run_group(db: &Db, node: &str, lease_ms: u32, version: PolicyVersion, group: Vec<CpMsg>) {
+    match &group[0] {
+        CpMsg::TaskIds { .. } => {
+            for m in group {
+                if let CpMsg::TaskIds { reply } = m {
+                    let _ = reply.send(db.reserve_task_ids().await);
+                }
+            }
+        }
+        CpMsg::Get { .. } => {
+            for m in group {
+                if let CpMsg::Get {
+                    tenant,
+                    task,
+                    reply,
+                } = m
+                {
+                    let _ = reply.send(db.task_status(tenant, task).await);
+                }
+            }
+        }
+        CpMsg::Submit { .. } => {
+            let mut all = Vec::new();
+            let mut replies = Vec::new();
+            for m in group {
+                if let CpMsg::Submit { tasks, reply } = m {
+                    replies.push((tasks.len(), reply));
+                    all.extend(tasks);
+                }
+            }
+            let result = db.submit_batch(&all, version).await;
+            answer(result, replies);
+        }
+        CpMsg::Claim { .. } => {
+            let mut all = Vec::new();
+            let mut replies = Vec::new();
+            for m in group {
+                if let CpMsg::Claim { claims, reply } = m {
+                    replies.push((claims.len(), reply));
+                    all.extend(claims);
+                }
+            }
+            let result = db.claim_batch(node, lease_ms, &all).await;
+            answer(result, replies);
+        }
+        CpMsg::Report { .. } => {
+            let mut all = Vec::new();
+            let mut replies = Vec::new();
+            for m in group {
+                if let CpMsg::Report { reports, reply } = m {
+                    replies.push((reports.len(), reply));
+                    all.extend(reports);
+                }
+            }
+            let result = db.report_batch(&all).await;
+            answer(result, replies);
+        }
+    }
+}
+
+/// Splits a merged batch's results back to the messages it came from. A failed batch fails
+/// every message in it (nothing of it was committed).
+fn answer<T>(result: Result<Vec<T>, StoreError>, replies: Vec<(usize, Reply<T>)>) {
+    match result {
+        Ok(rows) => {
+            let mut rows = rows.into_iter();
+            for (n, reply) in replies {
+                // A shard that stopped waiting (shutdown) needs no answer.
+                let _ = reply.send(Ok(rows.by_ref().take(n).collect()));
+            }
+        }
+        Err(e) => {
+            let text = e.to_string();
+            for (_, reply) in replies {
+                let _ = reply.send(Err(StoreError::Unavailable(text.clone())));
+            }
+        }
+    }
+}
+
+/// What the control plane prepared before the shards start.
+pub struct Started {
+    pub senders: Vec<mpsc::Sender<CpMsg>>,
+    pub id_blocks: Vec<std::ops::Range<u64>>,
+}
+
+/// Opens one connection per shard (migrating on the first), registers the node, takes the
+/// partitions and the pools, and starts the pipelines on `rt`.
+pub async fn start(
+    config: &crate::config::Config,
+    db_config: &DbConfig,
+    policy: &spindle_core::Policy,
+) -> anyhow::Result<Started> {
+    let admin = Db::open_with_backoff(db_config).await?;
+    admin
+        .register_node(&config.node_id, &config.listen.to_string())
+        .await?;
+    admin.ensure_partitions(config.partitions).await?;
+    let wanted: Vec<PartitionId> = (0..config.partitions).map(PartitionId).collect();
+    let held = admin
+        .acquire_partitions(&config.node_id, &wanted, config.lease_ms)
+        .await?;
+    anyhow::ensure!(
+        held.len() == wanted.len(),
+        "another node holds {} of the {} partitions (multi-node partition handover is not built yet)",
+        wanted.len() - held.len(),
+        wanted.len()
+    );
+    for p in &policy.providers {
+        admin
+            .set_pool(&provider_pool(&p.name), p.concurrency, 1)
+            .await?;
+    }
+    let mut senders = Vec::new();
+    let mut id_blocks = Vec::new();
+    for _ in 0..config.shards {
+        let db = Db::open_with_backoff(db_config).await?;
+        id_blocks.push(db.reserve_task_ids().await?);
+        let (tx, rx) = mpsc::channel(PIPELINE_QUEUE_MAX);
+        tokio::spawn(pipeline(
+            db,
+            config.node_id.clone(),
+            config.lease_ms,
+            config.batch_max,
+            policy.version,
+            rx,
+        ));
+        senders.push(tx);
+    }
+    // The admin connection renews the partition leases for the life of the node.
+    let node = config.node_id.clone();
+    let lease_ms = config.lease_ms;
+    tokio::spawn(async move {
+        let mut tick =
+            tokio::time::interval(std::time::Duration::from_millis(u64::from(lease_ms / 3)));
+        loop {
+            tick.tick().await;
+            if let Err(e) = admin.acquire_partitions(&node, &wanted, lease_ms).await {
+                eprintln!("spindled: renewing partition leases failed: {e}");
+            }
+            if let Err(e) = admin.heartbeat(&node).await {
+                eprintln!("spindled: heartbeat failed: {e}");
+            }
+        }
+    });
+    Ok(Started { senders, id_blocks })
+}
+
+/// The pool row of a provider account.
+pub fn provider_pool(name: &str) -> String {
+    format!("provider:{name}")
+}

@@ -1,0 +1,700 @@
+//! One shard: a glommio task owning a `spindle_core::Shard` and everything about its tenants'
+//! tasks. Inputs arrive on one bounded channel (from any connection on any executor) and from
+//! the control-plane pipeline's answers; after each input the shard drains the core's
+//! `poll_dispatch` and sends the claims it produced, in one message, down its pipeline.
+//!
+//! A submit is answered only after its group commit; until then the task may already be picked,
+//! but its claim goes down the same pipeline after the submit and so never overtakes it.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use spindle_control::{
+    ClaimRefusal, ClaimRequest, ClaimResult, Demand, NewTask, PartitionId, PoolShard, Report,
+    ReportAction, ReportResult, StoreError, SubmitOutcome,
+};
+use spindle_core::shard::{ClaimOutcome, CompleteOutcome, Poll, SubmitRequest};
+use spindle_core::{
+    CostEstimate, Decision, FencingToken, Policy, Shard, TaskId, TaskState, TenantId, Time, Units,
+};
+use spindle_wire::{Admission, ErrorCode, Response, SubmitTask, TaskStatus, WireError};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::control::{provider_pool, CpMsg};
+
+/// Inputs one shard buffers before senders wait.
+pub const SHARD_QUEUE_MAX: usize = 8192;
+/// Dispatches one pump sends as one claim message.
+const CLAIMS_PER_PUMP_MAX: usize = 512;
+/// How often the shard looks at its timers (retries, aging) without other input.
+const TICK: Duration = Duration::from_millis(5);
+
+pub enum ShardMsg {
+    Submit {
+        tenant: TenantId,
+        tasks: Vec<SubmitTask>,
+        batch: bool,
+        reply: oneshot::Sender<Response>,
+    },
+    Get {
+        tenant: TenantId,
+        task: TaskId,
+        reply: oneshot::Sender<Response>,
+    },
+    Cancel {
+        tenant: TenantId,
+        task: TaskId,
+        reply: oneshot::Sender<Response>,
+    },
+}
+
+/// The shell's record of a live task, beside the core's.
+struct Meta {
+    tenant: TenantId,
+    /// The task's version in PostgreSQL, for the claim's compare-and-set.
+    db_version: u32,
+    token: Option<FencingToken>,
+    committed: bool,
+    /// Set when the core dispatches the task.
+    estimate: Option<CostEstimate>,
+}
+
+pub struct ShardState {
+    core: Shard,
+    policy: Policy,
+    epoch: Instant,
+    cp: mpsc::Sender<CpMsg>,
+    ids: std::ops::Range<u64>,
+    partitions: u32,
+    meta: HashMap<TaskId, Meta>,
+    time_scale: f64,
+    /// Local provider executions per (task, attempt): a test reads them to prove exactly-once.
+    pub executions: HashMap<(TaskId, u32), u32>,
+}
+
+pub type SharedShard = Rc<RefCell<ShardState>>;
+
+impl ShardState {
+    pub fn new(
+        policy: Policy,
+        shards: u32,
+        cp: mpsc::Sender<CpMsg>,
+        ids: std::ops::Range<u64>,
+        partitions: u32,
+        time_scale: f64,
+    ) -> ShardState {
+        let epoch = Instant::now();
+        ShardState {
+            core: Shard::new(policy.clone(), shards, Time::ZERO),
+            policy,
+            epoch,
+            cp,
+            ids,
+            partitions,
+            meta: HashMap::new(),
+            time_scale,
+            executions: HashMap::new(),
+        }
+    }
+
+    fn now(&self) -> Time {
+        Time(self.epoch.elapsed().as_nanos() as u64)
+    }
+}
+
+/// Runs the shard until its inbox closes.
+pub async fn run(state: SharedShard, mut inbox: mpsc::Receiver<ShardMsg>) {
+    let ticker = {
+        let state = state.clone();
+        glommio::spawn_local(async move {
+            loop {
+                glommio::timer::sleep(TICK).await;
+                pump(&state).await;
+            }
+        })
+        .detach()
+    };
+    while let Some(msg) = inbox.recv().await {
+        match msg {
+            ShardMsg::Submit {
+                tenant,
+                tasks,
+                batch,
+                reply,
+            } => {
+                let state = state.clone();
+                glommio::spawn_local(
+                    async move { submit(&state, tenant, tasks, batch, reply).await },
+                )
+                .detach();
+            }
+            ShardMsg::Get {
+                tenant,
+                task,
+                reply,
+            } => {
+                let state = state.clone();
+                glommio::spawn_local(async move { get(&state, tenant, task, reply).await })
+                    .detach();
+            }
+            ShardMsg::Cancel {
+                tenant,
+                task,
+                reply,
+            } => cancel(&state, tenant, task, reply),
+        }
+        pump(&state).await;
+    }
+    drop(ticker);
+}
+
+async fn next_task_id(state: &SharedShard) -> Result<TaskId, StoreError> {
+    if let Some(id) = state.borrow_mut().ids.next() {
+        return Ok(TaskId(id));
+    }
+    let (tx, rx) = oneshot::channel();
+    let cp = state.borrow().cp.clone();
+    cp.send(CpMsg::TaskIds { reply: tx })
+        .await
+        .map_err(|_| StoreError::Unavailable("control plane stopped".into()))?;
+    let block = rx
+        .await
+        .map_err(|_| StoreError::Unavailable("control plane stopped".into()))??;
+    let mut s = state.borrow_mut();
+    s.ids = block;
+    Ok(TaskId(s.ids.next().expect("a fresh block has ids")))
+}
+
+/// The canonical bytes of a request: what a replay is compared with.
+fn payload(t: &SubmitTask) -> Vec<u8> {
+    format!(
+        "v1 user={} model={} {}x{} ms={} fps={} audio={} refs={} band={:?} deadline={:?}",
+        t.user.0,
+        t.spec.model.0,
+        t.spec.width,
+        t.spec.height,
+        t.spec.duration_ms,
+        t.spec.fps,
+        t.spec.audio,
+        t.spec.references,
+        t.band_hint,
+        t.deadline_ms
+    )
+    .into_bytes()
+}
+
+async fn submit(
+    state: &SharedShard,
+    tenant: TenantId,
+    tasks: Vec<SubmitTask>,
+    batch: bool,
+    reply: oneshot::Sender<Response>,
+) {
+    // Decide every task in the core first; accepted ones go to the group commit.
+    let mut answers: Vec<Option<Admission>> = Vec::with_capacity(tasks.len());
+    let mut commit: Vec<(usize, NewTask)> = Vec::new();
+    for (i, t) in tasks.iter().enumerate() {
+        let id = match next_task_id(state).await {
+            Ok(id) => id,
+            Err(e) => return answer_error(reply, ErrorCode::Unavailable, e.to_string()),
+        };
+        let mut s = state.borrow_mut();
+        let now = s.now();
+        let req = SubmitRequest {
+            task: id,
+            tenant,
+            user: t.user,
+            spec: t.spec,
+            band_hint: t.band_hint,
+            deadline: t
+                .deadline_ms
+                .map(|ms| now.plus_ns(u64::from(ms) * 1_000_000)),
+        };
+        let admission = match s.core.handle_submit(now, req) {
+            Ok(a) => a,
+            Err(e) => {
+                drop(s);
+                return answer_error(reply, ErrorCode::InvalidSpec, format!("task {i}: {e}"));
+            }
+        };
+        if !admission.decision.is_accepted() {
+            answers.push(Some(wire_admission(&admission, false)));
+            continue;
+        }
+        let partition = PartitionId(tenant.0 % s.partitions);
+        s.meta.insert(
+            id,
+            Meta {
+                tenant,
+                db_version: 0,
+                token: None,
+                committed: false,
+                estimate: None,
+            },
+        );
+        commit.push((
+            i,
+            NewTask {
+                task: id,
+                tenant,
+                user: t.user,
+                idempotency_key: t.idempotency_key.clone(),
+                payload: payload(t),
+                partition,
+                lane: admission.lane,
+                band: admission.band,
+                cost_estimate_milli: admission.estimate.cost_milli,
+                fairness_milli: admission.estimate.fairness.milli(),
+            },
+        ));
+        answers.push(Some(wire_admission(&admission, false)));
+    }
+    if !commit.is_empty() {
+        let rows: Vec<NewTask> = commit.iter().map(|(_, t)| t.clone()).collect();
+        let (tx, rx) = oneshot::channel();
+        let cp = state.borrow().cp.clone();
+        let sent = cp
+            .send(CpMsg::Submit {
+                tasks: rows,
+                reply: tx,
+            })
+            .await
+            .is_ok();
+        let outcome = if sent {
+            rx.await
+                .unwrap_or_else(|_| Err(StoreError::Unavailable("control plane stopped".into())))
+        } else {
+            Err(StoreError::Unavailable("control plane stopped".into()))
+        };
+        let mut s = state.borrow_mut();
+        match outcome {
+            Ok(outcomes) => {
+                for ((i, row), outcome) in commit.iter().zip(outcomes) {
+                    apply_submit_outcome(&mut s, row.task, outcome, &mut answers[*i]);
+                }
+            }
+            Err(e) => {
+                // Nothing committed: forget the tasks, refuse as overloaded (paid work is not
+                // buffered while PostgreSQL is away).
+                for (i, row) in &commit {
+                    forget(&mut s, row.task);
+                    answers[*i] = Some(Admission {
+                        task: row.task,
+                        decision: Decision::RejectPlatformOverloaded,
+                        reason: Some(format!("control plane unavailable: {e}")),
+                        replay: false,
+                        queue_level: 0,
+                        expected_start_ms: 0,
+                    });
+                }
+            }
+        }
+    }
+    let answers: Vec<Admission> = answers
+        .into_iter()
+        .map(|a| a.expect("every row answered"))
+        .collect();
+    let response = if batch {
+        Response::SubmitBatch(answers)
+    } else if let Some(only) = answers.into_iter().next() {
+        Response::Admission(only)
+    } else {
+        Response::Error(WireError::new(ErrorCode::Internal, "empty submit"))
+    };
+    let _ = reply.send(response);
+}
+
+fn apply_submit_outcome(
+    s: &mut ShardState,
+    task: TaskId,
+    outcome: SubmitOutcome,
+    answer: &mut Option<Admission>,
+) {
+    let a = answer.as_mut().expect("accepted rows have an admission");
+    match outcome {
+        SubmitOutcome::Created => {
+            if let Some(m) = s.meta.get_mut(&task) {
+                m.committed = true;
+            }
+        }
+        SubmitOutcome::Replay { task: original, .. } => {
+            forget(s, task);
+            a.task = original;
+            a.replay = true;
+            a.decision = Decision::Accepted;
+            a.reason = None;
+        }
+        SubmitOutcome::Conflict { task: original } => {
+            forget(s, task);
+            a.task = original;
+            a.decision = Decision::RejectPlatformOverloaded;
+            a.reason = Some(format!(
+                "idempotency key already used for task {original} with a different request"
+            ));
+        }
+        SubmitOutcome::QuotaExceeded { remaining_milli } => {
+            forget(s, task);
+            a.decision = Decision::RejectCostBudget;
+            a.reason = Some(format!("cost budget: {remaining_milli} milli-units left"));
+        }
+    }
+}
+
+/// Drops a task that never became durable (or was a replay).
+fn forget(s: &mut ShardState, task: TaskId) {
+    s.meta.remove(&task);
+    // A cancel of a task the core already let go of is nothing to do.
+    let _ = s.core.handle_cancel(task);
+}
+
+fn wire_admission(a: &spindle_core::Admission, replay: bool) -> Admission {
+    Admission {
+        task: a.task,
+        decision: a.decision,
+        reason: a.reason.map(|r| r.to_string()),
+        replay,
+        queue_level: a.queue_level.map_or(0, |l| l as u8),
+        expected_start_ms: a
+            .estimated_start_at
+            .map_or(0, |t| u32::try_from(t.as_ms()).unwrap_or(u32::MAX)),
+    }
+}
+
+fn answer_error(reply: oneshot::Sender<Response>, code: ErrorCode, message: String) {
+    let _ = reply.send(Response::Error(WireError::new(code, message)));
+}
+
+async fn get(
+    state: &SharedShard,
+    tenant: TenantId,
+    task: TaskId,
+    reply: oneshot::Sender<Response>,
+) {
+    let cp = state.borrow().cp.clone();
+    let (tx, rx) = oneshot::channel();
+    if cp
+        .send(CpMsg::Get {
+            tenant,
+            task,
+            reply: tx,
+        })
+        .await
+        .is_err()
+    {
+        return answer_error(
+            reply,
+            ErrorCode::Unavailable,
+            "control plane stopped".into(),
+        );
+    }
+    let response = match rx.await {
+        Ok(Ok(Some(t))) => Response::Status(TaskStatus {
+            task,
+            state: t.state,
+            version: t.version,
+            attempt_no: t.attempt_no,
+            progress_pct: if t.state == TaskState::Succeeded {
+                100
+            } else {
+                0
+            },
+            cost_estimate_milli: t.cost_estimate_milli,
+            cost_actual_milli: t.cost_actual_milli.unwrap_or(0),
+            failure_reason: t.failure_reason,
+        }),
+        Ok(Ok(None)) => Response::Error(WireError::new(
+            ErrorCode::NotFound,
+            format!("task {task} not found"),
+        )),
+        Ok(Err(e)) => Response::Error(WireError::new(ErrorCode::Unavailable, e.to_string())),
+        Err(_) => Response::Error(WireError::new(
+            ErrorCode::Unavailable,
+            "control plane stopped",
+        )),
+    };
+    let _ = reply.send(response);
+}
+
+fn cancel(state: &SharedShard, tenant: TenantId, task: TaskId, reply: oneshot::Sender<Response>) {
+    let mut s = state.borrow_mut();
+    let owned = s
+        .meta
+        .get(&task)
+        .is_some_and(|m| m.tenant == tenant && m.committed);
+    if !owned {
+        drop(s);
+        return answer_error(
+            reply,
+            ErrorCode::NotFound,
+            format!("task {task} not found or not cancelable"),
+        );
+    }
+    match s.core.handle_cancel(task) {
+        Ok(_) => {
+            let _ = reply.send(Response::Canceled {
+                task,
+                state: TaskState::Canceled,
+            });
+            // A queued task is gone at once: persist. A running one persists when its step
+            // reports back (the token moves with it).
+            let running = s.meta.get(&task).is_some_and(|m| m.token.is_some());
+            if !running {
+                s.meta.remove(&task);
+                send_reports(
+                    &s,
+                    vec![vec![finish(task, None, TaskState::Canceled, None)]],
+                );
+            }
+        }
+        Err(e) => {
+            drop(s);
+            answer_error(reply, ErrorCode::NotFound, format!("task {task}: {e}"));
+        }
+    }
+}
+
+fn finish(
+    task: TaskId,
+    token: Option<FencingToken>,
+    state: TaskState,
+    cost: Option<u64>,
+) -> Report {
+    Report {
+        task,
+        token,
+        action: ReportAction::Finish {
+            state,
+            cost_actual_milli: cost,
+            reason: None,
+        },
+    }
+}
+
+/// Sends report batches down the pipeline in order (each batch after the previous one was
+/// queued: the pipeline keeps that order); answers only matter when they fail (logged).
+fn send_reports(s: &ShardState, batches: Vec<Vec<Report>>) {
+    let cp = s.cp.clone();
+    glommio::spawn_local(async move {
+        let mut answers = Vec::with_capacity(batches.len());
+        for reports in batches {
+            let (tx, rx) = oneshot::channel();
+            if cp.send(CpMsg::Report { reports, reply: tx }).await.is_err() {
+                eprintln!("spindled: control plane stopped; reports wait for the reconciler");
+                return;
+            }
+            answers.push(rx);
+        }
+        for rx in answers {
+            match rx.await {
+                Ok(Ok(results)) => {
+                    for r in results {
+                        if !matches!(r, ReportResult::Applied { .. }) {
+                            eprintln!("spindled: report not applied: {r:?}");
+                        }
+                    }
+                }
+                Ok(Err(e)) => eprintln!("spindled: reports failed: {e}"),
+                Err(_) => eprintln!("spindled: control plane dropped a report batch"),
+            }
+        }
+    })
+    .detach();
+}
+
+/// Drains the core's dispatches into one claim message and handles the answers.
+async fn pump(state: &SharedShard) {
+    let claims: Vec<ClaimRequest> = {
+        let mut s = state.borrow_mut();
+        let now = s.now();
+        let mut claims = Vec::new();
+        while claims.len() < CLAIMS_PER_PUMP_MAX {
+            match s.core.poll_dispatch(now) {
+                Poll::Dispatch(d) => {
+                    let version = match s.meta.get_mut(&d.task) {
+                        Some(m) => {
+                            m.estimate = Some(d.estimate);
+                            m.db_version
+                        }
+                        None => 0,
+                    };
+                    let provider = s.policy.providers[d.provider.0 as usize].name.clone();
+                    claims.push(ClaimRequest {
+                        task: d.task,
+                        expected_version: version,
+                        provider: provider.clone(),
+                        demands: vec![Demand {
+                            shard: PoolShard::new(provider_pool(&provider), 0),
+                            amount: 1,
+                        }],
+                    });
+                }
+                Poll::Expired(task) => {
+                    s.meta.remove(&task);
+                    send_reports(&s, vec![vec![finish(task, None, TaskState::Expired, None)]]);
+                }
+                Poll::Yield => continue,
+                Poll::Idle => break,
+            }
+        }
+        claims
+    };
+    if claims.is_empty() {
+        return;
+    }
+    let state = state.clone();
+    glommio::spawn_local(async move { claim(&state, claims).await }).detach();
+}
+
+async fn claim(state: &SharedShard, claims: Vec<ClaimRequest>) {
+    let cp = state.borrow().cp.clone();
+    let tasks: Vec<TaskId> = claims.iter().map(|c| c.task).collect();
+    let (tx, rx) = oneshot::channel();
+    let result = if cp.send(CpMsg::Claim { claims, reply: tx }).await.is_ok() {
+        rx.await
+            .unwrap_or_else(|_| Err(StoreError::Unavailable("control plane stopped".into())))
+    } else {
+        Err(StoreError::Unavailable("control plane stopped".into()))
+    };
+    let mut started = Vec::new();
+    {
+        let mut s = state.borrow_mut();
+        let now = s.now();
+        match result {
+            Ok(results) => {
+                for (task, r) in tasks.iter().zip(results) {
+                    match r {
+                        ClaimResult::Granted {
+                            token, attempt_no, ..
+                        } => {
+                            if let Some(m) = s.meta.get_mut(task) {
+                                m.token = Some(token);
+                                m.db_version += 1;
+                            }
+                            match s.core.handle_claim_granted(*task, token) {
+                                Ok(ClaimOutcome::Submit) => {
+                                    started.push((*task, token, attempt_no))
+                                }
+                                Ok(ClaimOutcome::Canceled) => {
+                                    s.meta.remove(task);
+                                    send_reports(
+                                        &s,
+                                        vec![vec![finish(
+                                            *task,
+                                            Some(token),
+                                            TaskState::Canceled,
+                                            None,
+                                        )]],
+                                    );
+                                }
+                                Err(e) => eprintln!("spindled: claim granted for {task}: {e}"),
+                            }
+                        }
+                        ClaimResult::Refused(why) => {
+                            if matches!(
+                                why,
+                                ClaimRefusal::TaskGone | ClaimRefusal::VersionMoved { .. }
+                            ) {
+                                // Its submit never committed (a replay, a conflict) or another
+                                // writer moved it: it is not ours to run.
+                                let _ = s.core.handle_cancel(*task);
+                            }
+                            if let Err(e) = s.core.handle_claim_refused(now, *task) {
+                                eprintln!("spindled: claim refused for {task}: {e}");
+                            }
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                eprintln!("spindled: claims failed ({e}); tasks go back to their queues");
+                for task in &tasks {
+                    if let Err(e) = s.core.handle_claim_refused(now, *task) {
+                        eprintln!("spindled: requeue of {task}: {e}");
+                    }
+                }
+            }
+        }
+    }
+    for (task, token, attempt_no) in started {
+        let state = state.clone();
+        glommio::spawn_local(async move { run_local(&state, task, token, attempt_no).await })
+            .detach();
+    }
+}
+
+/// The local provider: accepts at once, finishes after the modelled provider time × scale.
+async fn run_local(state: &SharedShard, task: TaskId, token: FencingToken, attempt_no: u32) {
+    let wait = {
+        let mut s = state.borrow_mut();
+        *s.executions.entry((task, attempt_no)).or_insert(0) += 1;
+        if let Err(e) = s.core.handle_provider_accepted(task, token) {
+            eprintln!("spindled: provider accepted {task}: {e}");
+            return;
+        }
+        send_reports(
+            &s,
+            vec![vec![Report {
+                task,
+                token: Some(token),
+                action: ReportAction::Advance(TaskState::Running),
+            }]],
+        );
+        let modelled_ms = s
+            .meta
+            .get(&task)
+            .and_then(|m| m.estimate)
+            .map_or(0, |e| e.provider_ms);
+        Duration::from_secs_f64(modelled_ms as f64 / 1_000.0 * s.time_scale)
+    };
+    glommio::timer::sleep(wait).await;
+    let mut s = state.borrow_mut();
+    let now = s.now();
+    let cost = s
+        .meta
+        .get(&task)
+        .and_then(|m| m.estimate)
+        .map_or(0, |e| e.fairness.milli());
+    match s
+        .core
+        .handle_provider_succeeded(now, task, token, Units(cost))
+    {
+        Ok(CompleteOutcome::AwaitingMedia) => {}
+        Ok(other) => {
+            eprintln!("spindled: {task} ended at the provider step: {other:?}");
+            return;
+        }
+        Err(e) => {
+            eprintln!("spindled: provider succeeded {task}: {e}");
+            return;
+        }
+    }
+    // The media stage (issue 6) is not built: media work completes at once.
+    while let Some(m) = s.core.poll_media(now) {
+        let media_task = m.task;
+        let Some(meta) = s.meta.get(&media_task) else {
+            continue;
+        };
+        let Some(t) = meta.token else { continue };
+        if let Err(e) = s.core.handle_media_done(media_task, t, true) {
+            eprintln!("spindled: media done {media_task}: {e}");
+            continue;
+        }
+        let meta = s.meta.remove(&media_task).expect("checked above");
+        let cost = meta.estimate.map(|e| e.cost_milli);
+        let advance = |to| Report {
+            task: media_task,
+            token: Some(t),
+            action: ReportAction::Advance(to),
+        };
+        send_reports(
+            &s,
+            vec![
+                vec![advance(TaskState::ProviderSucceeded)],
+                vec![advance(TaskState::MediaProcessing)],
+                vec![finish(media_task, Some(t), TaskState::Succeeded, cost)],
+            ],
+        );
+    }
+}
