@@ -26,6 +26,8 @@ pub mod frame;
 pub mod fuzzing;
 pub mod limits;
 pub mod message;
+#[doc(hidden)]
+pub mod testkit;
 
 /// The generated FlatBuffers types (`spindle.wire` namespace).
 pub use generated::spindle::wire as fb;

@@ -1,10 +1,10 @@
 //! Every message survives encode → frame → decode unchanged; malformed input of every kind the
 //! issue names is refused with a code and a message naming the problem, never a panic.
 
-use flatbuffers::FlatBufferBuilder;
 use proptest::prelude::*;
 use spindle_core::{Band, Decision, ModelId, TaskId, TaskSpec, TaskState, TenantId, UserId};
 use spindle_wire::limits::BATCH_MAX;
+use spindle_wire::testkit::hand_built;
 use spindle_wire::*;
 
 fn spec() -> TaskSpec {
@@ -200,27 +200,6 @@ fn truncated_and_bad_offsets_are_refused_by_the_verifier() {
     );
 }
 
-/// Builds a RequestFrame by hand: `body_type` and a body table with the given string slots.
-fn hand_built(body_type: u8, strings: &[(u16, &[u8])]) -> Vec<u8> {
-    let mut fbb = FlatBufferBuilder::new();
-    let offsets: Vec<_> = strings
-        .iter()
-        .map(|(slot, bytes)| (*slot, fbb.create_byte_string(bytes)))
-        .collect();
-    let start = fbb.start_table();
-    for (slot, off) in offsets {
-        fbb.push_slot_always(slot, off);
-    }
-    let body = fbb.end_table(start);
-    let start = fbb.start_table();
-    fbb.push_slot::<u64>(fb::RequestFrame::VT_REQUEST_ID, 3, 0);
-    fbb.push_slot_always(fb::RequestFrame::VT_BODY, body);
-    fbb.push_slot::<u8>(fb::RequestFrame::VT_BODY_TYPE, body_type, 0);
-    let root = fbb.end_table(start);
-    fbb.finish(root, Some("SPDL"));
-    fbb.finished_data().to_vec()
-}
-
 #[test]
 fn an_unknown_union_tag_is_an_unknown_request() {
     let e = err(&hand_built(99, &[]));
@@ -402,5 +381,20 @@ proptest! {
             prop_assert_eq!(decode_request(&request_payload(&decoded)).unwrap(), decoded);
         }
         let _ = decode_response(payload);
+    }
+}
+
+#[test]
+fn every_malformed_case_gets_its_code() {
+    for m in spindle_wire::testkit::malformed() {
+        let mut r = FrameReader::new();
+        r.extend(&m.frame);
+        let got = match r.next_frame() {
+            Err(e) => e,
+            Ok(Some(payload)) => decode_request(payload).expect_err(m.name),
+            Ok(None) => panic!("{}: not a whole frame", m.name),
+        };
+        assert_eq!(got.code, m.code, "{}: {got}", m.name);
+        assert_eq!(got.code.closes_connection(), m.closes, "{}", m.name);
     }
 }

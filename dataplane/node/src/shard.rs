@@ -661,6 +661,15 @@ async fn run_local(state: &SharedShard, task: TaskId, token: FencingToken, attem
         .handle_provider_succeeded(now, task, token, Units(cost))
     {
         Ok(CompleteOutcome::AwaitingMedia) => {}
+        Ok(CompleteOutcome::Canceled) => {
+            // Canceled while running: its reservation is released now; persist the end.
+            s.meta.remove(&task);
+            send_reports(
+                &s,
+                vec![vec![finish(task, Some(token), TaskState::Canceled, None)]],
+            );
+            return;
+        }
         Ok(other) => {
             eprintln!("spindled: {task} ended at the provider step: {other:?}");
             return;

@@ -1,117 +1,12 @@
 //! spindled as a process against a real PostgreSQL, driven through the Rust client.
 
-use std::io::Read;
-use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+mod common;
 
+use common::{start, task, wait_for};
 use spindle_client::{Client, ClientError};
 use spindle_control::testing::TestDb;
-use spindle_core::{Band, Decision, ModelId, TaskId, TaskSpec, TaskState, TenantId, UserId};
-use spindle_wire::{ErrorCode, SubmitTask};
-
-struct Daemon {
-    child: Child,
-    addr: SocketAddr,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-const CONFIG: &str = r#"
-node_id = "test-node"
-listen = "127.0.0.1:0"
-shards = 2
-partitions = 8
-local_provider_time_scale = 0.0001
-
-[[tenants]]
-id = 1
-credential = "one"
-
-[[tenants]]
-id = 2
-credential = "two"
-"#;
-
-/// Starts spindled on a fresh database and waits (bounded) until it serves.
-async fn start(test: &TestDb) -> Daemon {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("spindled.toml");
-    std::fs::write(&config, CONFIG).unwrap();
-    let ready = dir.path().join("ready");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_spindled"))
-        .arg("--config")
-        .arg(&config)
-        .arg("--postgres")
-        .arg(&test.config().conninfo)
-        .arg("--ready-file")
-        .arg(&ready)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    for _ in 0..3_000 {
-        if let Ok(text) = std::fs::read_to_string(&ready) {
-            if let Ok(addr) = text.trim().parse() {
-                return Daemon {
-                    child,
-                    addr,
-                    _dir: dir,
-                };
-            }
-        }
-        if let Some(status) = child.try_wait().unwrap() {
-            let mut err = String::new();
-            child
-                .stderr
-                .take()
-                .unwrap()
-                .read_to_string(&mut err)
-                .unwrap();
-            panic!("spindled exited ({status}): {err}");
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("spindled did not get ready in 30 s");
-}
-
-fn task(key: &str) -> SubmitTask {
-    SubmitTask {
-        idempotency_key: key.into(),
-        user: UserId(1),
-        spec: TaskSpec {
-            model: ModelId(0),
-            width: 1280,
-            height: 720,
-            duration_ms: 5_000,
-            fps: 24,
-            audio: false,
-            references: 0,
-        },
-        band_hint: Some(Band::P3),
-        deadline_ms: None,
-    }
-}
-
-/// Polls until `task` is in `state` (bounded: 2,000 polls).
-async fn wait_for(client: &Client, task: TaskId, state: TaskState) {
-    let mut last = None;
-    for _ in 0..2_000 {
-        let s = client.get(task).await.unwrap();
-        if s.state == state {
-            return;
-        }
-        last = Some(s);
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    panic!("task {task} never reached {state:?}; last {last:?}");
-}
+use spindle_core::{Decision, TaskState, TenantId};
+use spindle_wire::ErrorCode;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn submit_ack_complete_and_idempotent_resubmit() {

@@ -1,0 +1,169 @@
+//! The daemon facing bad input: every malformed frame gets an error frame naming the problem,
+//! only framing errors close the connection, and other connections are served throughout.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{start, task, wait_for};
+use spindle_client::Client;
+use spindle_control::testing::TestDb;
+use spindle_core::{TaskState, TenantId};
+use spindle_wire::testkit::{get_payload, malformed};
+use spindle_wire::{
+    decode_response, Encoder, ErrorCode, FrameReader, Hello, Request, RequestFrame, Response,
+    ResponseFrame, PROTOCOL_VERSION,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// A raw connection that can send anything and read whole answers.
+struct Raw {
+    stream: TcpStream,
+    frames: FrameReader,
+}
+
+impl Raw {
+    async fn connect(addr: std::net::SocketAddr, tenant: u32, credential: &str) -> Raw {
+        let mut raw = Raw {
+            stream: TcpStream::connect(addr).await.unwrap(),
+            frames: FrameReader::new(),
+        };
+        let mut out = Vec::new();
+        Encoder::new().request(
+            &RequestFrame {
+                request_id: 1,
+                body: Request::Hello(Hello {
+                    protocol_version: PROTOCOL_VERSION,
+                    tenant: TenantId(tenant),
+                    credential: credential.into(),
+                    client_name: None,
+                }),
+            },
+            &mut out,
+        );
+        raw.stream.write_all(&out).await.unwrap();
+        assert!(matches!(
+            raw.read().await.unwrap().body,
+            Response::HelloOk(_)
+        ));
+        raw
+    }
+
+    /// The next answer, or `None` at end of stream (bounded by a 10 s timeout).
+    async fn read(&mut self) -> Option<ResponseFrame> {
+        let mut buf = [0u8; 4096];
+        loop {
+            if let Some(f) = self.frames.next_frame().unwrap() {
+                return Some(decode_response(f).unwrap());
+            }
+            let n = tokio::time::timeout(Duration::from_secs(10), self.stream.read(&mut buf))
+                .await
+                .expect("an answer within 10 s")
+                .unwrap_or(0);
+            if n == 0 {
+                return None;
+            }
+            self.frames.extend(&buf[..n]);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_frames_are_answered_and_other_connections_keep_working() {
+    let test = TestDb::new().await;
+    let daemon = start(&test).await;
+    let bystander = Client::connect(daemon.addr, TenantId(2), "two")
+        .await
+        .unwrap();
+    for case in malformed() {
+        let mut raw = Raw::connect(daemon.addr, 1, "one").await;
+        raw.stream.write_all(&case.frame).await.unwrap();
+        let answer = raw
+            .read()
+            .await
+            .unwrap_or_else(|| panic!("{}: no answer", case.name));
+        let Response::Error(e) = answer.body else {
+            panic!("{}: expected an error frame, got {answer:?}", case.name);
+        };
+        assert_eq!(e.code, case.code, "{}: {e}", case.name);
+        assert!(
+            !e.message.is_empty(),
+            "{}: the error names the problem",
+            case.name
+        );
+        if case.closes {
+            assert!(
+                raw.read().await.is_none(),
+                "{}: the connection closes",
+                case.name
+            );
+        } else {
+            // The same connection still answers a valid request.
+            let mut out = Vec::new();
+            spindle_wire::frame::write_frame(&mut out, &get_payload(12345));
+            raw.stream.write_all(&out).await.unwrap();
+            let next = raw.read().await.unwrap();
+            assert!(
+                matches!(&next.body, Response::Error(e) if e.code == ErrorCode::NotFound),
+                "{}: {next:?}",
+                case.name
+            );
+        }
+        // And the daemon serves everyone else.
+        let a = bystander
+            .submit(task(&format!("after {}", case.name)))
+            .await
+            .unwrap();
+        assert!(a.decision.is_accepted(), "{a:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_racing_dispatch_never_runs_a_canceled_task() {
+    let test = TestDb::new().await;
+    let daemon = start(&test).await;
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..100 {
+        let a = client.submit(task(&format!("race{i}"))).await.unwrap();
+        // Cancel at once: the task may be queued, being claimed, or already running.
+        let canceled = client.cancel(a.task).await;
+        tasks.push((a.task, canceled.is_ok()));
+    }
+    let sql = test.sql().await.unwrap();
+    for (t, canceled) in tasks {
+        if canceled {
+            // Canceled tasks end CANCELED and never SUCCEEDED.
+            let mut state = String::new();
+            for _ in 0..2_000 {
+                state = sql
+                    .query_one(
+                        "SELECT state FROM task WHERE task_id = $1",
+                        &[&(t.0 as i64)],
+                    )
+                    .await
+                    .unwrap()
+                    .get(0);
+                if state == "CANCELED" {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            assert_eq!(state, "CANCELED", "task {t}");
+        } else {
+            wait_for(&client, t, TaskState::Succeeded).await;
+        }
+    }
+    let active: i64 = sql
+        .query_one(
+            "SELECT count(*) FROM resource_reservation WHERE status = 'ACTIVE'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(active, 0, "every reservation was released");
+}
