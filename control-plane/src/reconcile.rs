@@ -75,6 +75,8 @@ pub struct QueuedTask {
     pub lane: i16,
     pub band: i16,
     pub version: u32,
+    /// Attempts the task already had.
+    pub attempt_no: u32,
     pub policy_version: u64,
     pub cost_estimate_milli: u64,
     pub fairness_milli: u64,
@@ -117,6 +119,30 @@ impl Db {
                       ORDER BY a.lease_until LIMIT $1"
                 ),
                 &[&(limit.min(SCAN_MAX) as i64)],
+            )
+            .await?;
+        rows.iter().map(live_attempt).collect()
+    }
+
+    /// Every live attempt of tasks in `partitions`: what a node that (re)starts owning them
+    /// must resolve before it schedules (its previous incarnation's work, or a dead node's).
+    pub async fn live_attempts_in(
+        &self,
+        partitions: &[PartitionId],
+        limit: usize,
+    ) -> Result<Vec<LiveAttempt>, StoreError> {
+        crate::error::check_batch_len(partitions.len())?;
+        let parts: Vec<i32> = partitions.iter().map(|p| p.0 as i32).collect();
+        let rows = self
+            .client()
+            .query(
+                &format!(
+                    "SELECT {LIVE_ATTEMPT_COLUMNS}
+                       FROM task t JOIN task_attempt a ON a.attempt_id = t.current_attempt
+                      WHERE t.current_attempt IS NOT NULL AND t.partition = ANY ($1)
+                      ORDER BY t.task_id LIMIT $2"
+                ),
+                &[&parts, &(limit.min(SCAN_MAX) as i64)],
             )
             .await?;
         rows.iter().map(live_attempt).collect()
@@ -266,7 +292,7 @@ impl Db {
             .query(
                 "SELECT task_id, tenant_id, user_id, partition, lane, band, version,
                         policy_version, cost_estimate_milli, fairness_milli, payload,
-                        created_at, next_eligible_at
+                        created_at, next_eligible_at, attempt_no
                    FROM task
                   WHERE state = 'QUEUED' AND partition = ANY ($1)
                     AND (partition, created_at, task_id) > ($2, $3, $4)
@@ -297,6 +323,7 @@ impl Db {
                 payload: r.get(10),
                 created_at: r.get(11),
                 next_eligible_at: r.get(12),
+                attempt_no: r.get::<_, i32>(13) as u32,
             })
             .collect())
     }

@@ -172,6 +172,17 @@ pub struct SubmitRequest {
     pub deadline: Option<Time>,
 }
 
+/// A task PostgreSQL holds as QUEUED, put back into a shard after a restart or takeover.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RestoreRequest {
+    pub submit: SubmitRequest,
+    /// Lane and band as admitted (stored with the task).
+    pub lane: Lane,
+    pub band: Band,
+    /// Attempts the task already had (a restored task's next claim is attempt + 1).
+    pub attempts_before: u32,
+}
+
 /// Limit ids of node-wide keys; identical on every shard built from the same policy.
 #[derive(Debug, Clone)]
 struct NodeIds {
@@ -305,6 +316,8 @@ pub struct ShardStats {
     pub succeeded: u64,
     pub canceled: u64,
     pub expired: u64,
+    /// Tasks put back from PostgreSQL by `handle_restore`.
+    pub restored: u64,
 }
 
 /// One shard of the scheduling core.
@@ -786,6 +799,68 @@ impl Shard {
             estimated_start_at: Some(now.plus_ns(wait_ms * NANOS_PER_MS)),
             queue_level: Some(QueueLevel::from_wait_ms(wait_ms)),
         })
+    }
+
+    /// Puts back a task that PostgreSQL holds as QUEUED (after a restart or a partition
+    /// takeover). It was admitted before, so no admission check can refuse it now: its queue
+    /// gates are taken by force, like a retry's. Its lane and band are the stored ones.
+    pub fn handle_restore(
+        &mut self,
+        now: Time,
+        restore: RestoreRequest,
+    ) -> Result<(), SubmitError> {
+        let req = restore.submit;
+        let slot = self.ensure_tenant(req.tenant)?;
+        let model =
+            self.policy
+                .models
+                .get(req.spec.model.0 as usize)
+                .ok_or(SubmitError::InvalidSpec(
+                    crate::cost::CostError::UnknownModel(req.spec.model),
+                ))?;
+        let est = estimate(&req.spec, model, &self.policy.cost_bases)
+            .map_err(SubmitError::InvalidSpec)?;
+        if self.tasks.contains_key(&req.task) {
+            return Err(SubmitError::DuplicateTask(req.task));
+        }
+        let user = self.ensure_user(req.user, slot);
+        let mut state = Versioned::new(TaskState::Created);
+        state
+            .transition(TaskState::Queued, Actor::System)
+            .expect("CREATED → QUEUED");
+        let entry = TaskEntry {
+            tenant_slot: slot,
+            user: req.user,
+            user_limits: user,
+            lane: restore.lane,
+            band: restore.band,
+            model: req.spec.model,
+            estimate: est,
+            state,
+            place: Place::Band,
+            enqueued_at: now,
+            deadline: req.deadline,
+            attempt_no: restore.attempts_before,
+            retries: 0,
+            rate_limit_retries: 0,
+            provider: None,
+            lane_hold: None,
+            fencing: None,
+            policy_version: self.policy.version,
+        };
+        let gates = self.queue_gates(&entry);
+        self.ledger.force_acquire_gates(&gates);
+        self.tenants[slot as usize].cost_reserved_milli += est.cost_milli;
+        let entry_slot = self.tasks.insert(req.task, entry);
+        let item = QueuedRef {
+            task: req.task,
+            entry: entry_slot,
+            enqueued_at: now,
+            cost_milli: est.fairness.milli(),
+        };
+        self.enqueue(slot, restore.lane, restore.band, item, End::Back);
+        self.stats.restored += 1;
+        Ok(())
     }
 
     /// Queued units ahead in the lane over its measured service rate (seed 000 §18.11.3).

@@ -10,6 +10,7 @@
 //!   drr quantum=U
 //!   build                      (freezes the policy; implicit before the first other command)
 //!   submit TASK tenant=T [user=U] [res=720p|1080p|4k] [dur=S] [band=Pn] [audio] [deadline=MS]
+//!   restore TASK tenant=T [lane=LANE] [band=Pn] …   (put back from PostgreSQL: no admission)
 //!   tick MS                    (advance the clock)
 //!   dispatch [noaccept]        (drain poll_dispatch; grants claims; providers accept)
 //!   accept TASK
@@ -22,7 +23,7 @@ use std::fmt::Write;
 
 use expect_test::{expect, Expect};
 use spindle_core::presets::{self, tenant};
-use spindle_core::shard::{Failure, Poll, SubmitRequest};
+use spindle_core::shard::{Failure, Poll, RestoreRequest, SubmitRequest};
 use spindle_core::{
     Band, FencingToken, Lane, ModelId, Policy, Shard, TaskId, TaskSpec, TenantId, Time, Units,
     UserId,
@@ -122,7 +123,7 @@ impl Harness {
         }
     }
 
-    fn submit(&mut self, args: &[&str]) {
+    fn submit(&mut self, args: &[&str], restore: bool) {
         let task = TaskId(args[0].trim_start_matches('t').parse().unwrap());
         let tenant = TenantId(kv(args, "tenant").unwrap().parse().unwrap());
         let user = UserId(kv(args, "user").map_or(tenant.0 * 100, |u| u.parse().unwrap()));
@@ -153,6 +154,17 @@ impl Harness {
             band_hint,
             deadline,
         };
+        if restore {
+            let restore = RestoreRequest {
+                submit: req,
+                lane: kv(args, "lane").map_or(Lane::Standard, lane_of),
+                band: band_hint.unwrap_or(Band::P3),
+                attempts_before: 1,
+            };
+            let r = self.shard().handle_restore(now, restore);
+            writeln!(self.out, "restore {task}: {r:?}").unwrap();
+            return;
+        }
         let line = match self.shard().handle_submit(now, req) {
             Ok(a) if a.decision.is_accepted() => format!(
                 "{task}: {} lane={} band={} fairness={} level={:?}",
@@ -214,7 +226,8 @@ impl Harness {
             "build" => {
                 self.shard();
             }
-            "submit" => self.submit(args),
+            "submit" => self.submit(args, false),
+            "restore" => self.submit(args, true),
             "tick" => {
                 self.now = self
                     .now
@@ -803,6 +816,28 @@ fn fairness_debt_from_underestimated_work_is_paid_out_of_later_quanta() {
             dispatch 13 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
             dispatch 14 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
             dispatch 15 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+        "#]],
+    );
+}
+
+#[test]
+fn a_restored_task_skips_admission_and_runs() {
+    check(
+        "
+        tenant 1 queued=1
+        submit t1 tenant=1
+        submit t2 tenant=1
+        restore t3 tenant=1 band=P2
+        restore t1 tenant=1
+        dispatch
+        ",
+        expect![[r#"
+            1: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Immediate
+            2: REJECT_TENANT_QUEUE_FULL (limit tenant:1:queued_tasks is full)
+            restore 3: Ok(())
+            restore 1: Err(DuplicateTask(TaskId(1)))
+            dispatch 3 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=2
+            dispatch 1 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
         "#]],
     );
 }

@@ -51,6 +51,10 @@ pub struct Config {
     /// The local provider finishes a task after its modelled provider time × this factor.
     #[serde(default = "default_time_scale")]
     pub local_provider_time_scale: f64,
+    /// Where the local provider appends "task attempt" per execution (tests prove exactly-once
+    /// across restarts with it); none by default.
+    #[serde(default)]
+    pub local_provider_log: Option<PathBuf>,
     /// Requests one connection may have in flight.
     #[serde(default = "default_inflight")]
     pub connection_inflight_max: usize,

@@ -191,6 +191,116 @@ fn answer<T>(result: Result<Vec<T>, StoreError>, replies: Vec<(usize, Reply<T>)>
 pub struct Started {
     pub senders: Vec<mpsc::Sender<CpMsg>>,
     pub id_blocks: Vec<std::ops::Range<u64>>,
+    /// Per shard: QUEUED tasks of its partitions to put back before serving.
+    pub restores: Vec<Vec<Restore>>,
+}
+
+/// A QUEUED task from PostgreSQL, for its shard.
+pub struct Restore {
+    pub request: spindle_core::RestoreRequest,
+    pub version: u32,
+}
+
+/// Passes of the recovery loop over live attempts before the node gives up starting.
+const RECOVERY_PASSES_MAX: usize = 100;
+
+/// Resolves the previous incarnation's live attempts in `mine`. The local provider's work died
+/// with the process: work that had not finished at the provider is requeued (a new attempt runs
+/// it); work the provider had finished is completed (the media stage is instant here).
+async fn recover_attempts(admin: &Db, mine: &[PartitionId]) -> anyhow::Result<()> {
+    use spindle_control::{ReportAction as A, ReportResult};
+    use spindle_core::TaskState as S;
+    for _ in 0..RECOVERY_PASSES_MAX {
+        let live = admin
+            .live_attempts_in(mine, spindle_control::limits::SCAN_MAX)
+            .await?;
+        if live.is_empty() {
+            return Ok(());
+        }
+        let mut first = Vec::new();
+        let mut second = Vec::new();
+        for a in &live {
+            let report = |action| Report {
+                task: a.task,
+                token: Some(a.token),
+                action,
+            };
+            let succeeded = || A::Finish {
+                state: S::Succeeded,
+                cost_actual_milli: None,
+                reason: None,
+            };
+            match a.state {
+                S::ProviderSucceeded => {
+                    first.push(report(A::Advance(S::MediaProcessing)));
+                    second.push(report(succeeded()));
+                }
+                S::MediaProcessing => first.push(report(succeeded())),
+                _ => first.push(report(A::Requeue {
+                    delay_ms: 0,
+                    reason: "node restarted: the local provider lost the attempt".into(),
+                })),
+            }
+        }
+        for batch in [first, second] {
+            for chunk in batch.chunks(spindle_control::limits::BATCH_MAX) {
+                for r in admin.report_batch(chunk).await? {
+                    if !matches!(r, ReportResult::Applied { .. }) {
+                        anyhow::bail!("recovering live attempts: {r:?}");
+                    }
+                }
+            }
+        }
+    }
+    anyhow::bail!("live attempts remain after {RECOVERY_PASSES_MAX} recovery passes")
+}
+
+/// Every QUEUED task of `mine`, as restores per shard.
+async fn load_restores(
+    admin: &Db,
+    config: &crate::config::Config,
+    mine: &[PartitionId],
+) -> anyhow::Result<Vec<Vec<Restore>>> {
+    let mut per_shard: Vec<Vec<Restore>> = (0..config.shards).map(|_| Vec::new()).collect();
+    let mut last = None;
+    loop {
+        let page = admin
+            .load_queued(mine, last.as_ref(), spindle_control::limits::SCAN_MAX)
+            .await?;
+        let Some(tail) = page.last().cloned() else {
+            return Ok(per_shard);
+        };
+        for q in page {
+            let stored: crate::shard::StoredRequest = serde_json::from_slice(&q.payload)
+                .map_err(|e| anyhow::anyhow!("task {}: unreadable payload: {e}", q.task))?;
+            let lane = *spindle_core::Lane::ALL
+                .get(q.lane as usize)
+                .ok_or_else(|| anyhow::anyhow!("task {}: lane {}", q.task, q.lane))?;
+            let band = *spindle_core::Band::ALL
+                .get(q.band as usize)
+                .ok_or_else(|| anyhow::anyhow!("task {}: band {}", q.task, q.band))?;
+            let request = spindle_core::RestoreRequest {
+                submit: spindle_core::SubmitRequest {
+                    task: q.task,
+                    tenant: q.tenant,
+                    user: spindle_core::UserId(q.user),
+                    spec: stored.spec,
+                    band_hint: stored.band_hint,
+                    // A deadline counts from the original submission, which a restart does not
+                    // reset: restored tasks keep none rather than a wrong one.
+                    deadline: None,
+                },
+                lane,
+                band,
+                attempts_before: q.attempt_no,
+            };
+            per_shard[config.shard_of(q.tenant.0)].push(Restore {
+                request,
+                version: q.version,
+            });
+        }
+        last = Some(tail);
+    }
 }
 
 /// Opens one connection per shard (migrating on the first), registers the node, takes the
@@ -220,6 +330,8 @@ pub async fn start(
             .set_pool(&provider_pool(&p.name), p.concurrency, 1)
             .await?;
     }
+    recover_attempts(&admin, &wanted).await?;
+    let restores = load_restores(&admin, config, &wanted).await?;
     let mut senders = Vec::new();
     let mut id_blocks = Vec::new();
     for _ in 0..config.shards {
@@ -252,7 +364,11 @@ pub async fn start(
             }
         }
     });
-    Ok(Started { senders, id_blocks })
+    Ok(Started {
+        senders,
+        id_blocks,
+        restores,
+    })
 }
 
 /// The pool row of a provider account.

@@ -97,11 +97,23 @@ pub fn run(config: Config) -> anyhow::Result<()> {
 
     let mut handles = Vec::new();
     let mut addr: SocketAddr = config.listen;
+    let mut restores = started.restores.into_iter();
     for (i, (inbox, (cp, ids))) in inboxes
         .into_iter()
         .zip(started.senders.into_iter().zip(started.id_blocks))
         .enumerate()
     {
+        let restore = restores.next().unwrap_or_default();
+        let log = match &config.local_provider_log {
+            Some(path) => Some(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(path)
+                    .with_context(|| format!("opening {}", path.display()))?,
+            ),
+            None => None,
+        };
         let (bound_tx, bound_rx) = std_mpsc::channel();
         let config = config.clone();
         let policy = policy.clone();
@@ -110,6 +122,20 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         let handle = LocalExecutorBuilder::new(Placement::Unbound)
             .name(&format!("shard-{i}"))
             .spawn(move || async move {
+                let mut shard = ShardState::new(
+                    policy,
+                    config.shards,
+                    cp,
+                    ids,
+                    config.partitions,
+                    config.local_provider_time_scale,
+                    log,
+                );
+                if let Err(e) = shard.restore(restore) {
+                    let _ = bound_tx.send(Err(e.to_string()));
+                    return;
+                }
+
                 let listener = match glommio::net::TcpListener::bind(addr) {
                     Ok(l) => l,
                     Err(e) => {
@@ -118,14 +144,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
                     }
                 };
                 let _ = bound_tx.send(listener.local_addr().map_err(|e| e.to_string()));
-                let state = Rc::new(std::cell::RefCell::new(ShardState::new(
-                    policy,
-                    config.shards,
-                    cp,
-                    ids,
-                    config.partitions,
-                    config.local_provider_time_scale,
-                )));
+                let state = Rc::new(std::cell::RefCell::new(shard));
                 glommio::spawn_local(shard::run(state, inbox)).detach();
                 let ctx = Rc::new(ConnCtx {
                     node_id: config.node_id.clone(),

@@ -70,8 +70,8 @@ pub struct ShardState {
     partitions: u32,
     meta: HashMap<TaskId, Meta>,
     time_scale: f64,
-    /// Local provider executions per (task, attempt): a test reads them to prove exactly-once.
-    pub executions: HashMap<(TaskId, u32), u32>,
+    /// Where the local provider appends one "task attempt" line per execution.
+    log: Option<std::fs::File>,
 }
 
 pub type SharedShard = Rc<RefCell<ShardState>>;
@@ -84,6 +84,7 @@ impl ShardState {
         ids: std::ops::Range<u64>,
         partitions: u32,
         time_scale: f64,
+        log: Option<std::fs::File>,
     ) -> ShardState {
         let epoch = Instant::now();
         ShardState {
@@ -95,12 +96,35 @@ impl ShardState {
             partitions,
             meta: HashMap::new(),
             time_scale,
-            executions: HashMap::new(),
+            log,
         }
     }
 
     fn now(&self) -> Time {
         Time(self.epoch.elapsed().as_nanos() as u64)
+    }
+
+    /// Puts back the QUEUED tasks PostgreSQL holds for this shard's partitions.
+    pub fn restore(&mut self, restores: Vec<crate::control::Restore>) -> anyhow::Result<()> {
+        let now = self.now();
+        for r in restores {
+            let task = r.request.submit.task;
+            let tenant = r.request.submit.tenant;
+            self.core
+                .handle_restore(now, r.request)
+                .map_err(|e| anyhow::anyhow!("restoring task {task}: {e}"))?;
+            self.meta.insert(
+                task,
+                Meta {
+                    tenant,
+                    db_version: r.version,
+                    token: None,
+                    committed: true,
+                    estimate: None,
+                },
+            );
+        }
+        Ok(())
     }
 }
 
@@ -167,22 +191,24 @@ async fn next_task_id(state: &SharedShard) -> Result<TaskId, StoreError> {
     Ok(TaskId(s.ids.next().expect("a fresh block has ids")))
 }
 
-/// The canonical bytes of a request: what a replay is compared with.
+/// What a task's payload holds: the client's request as the node read it. Its JSON is what a
+/// replay is compared with, and what a restart rebuilds the task from.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StoredRequest {
+    pub user: u32,
+    pub spec: spindle_core::TaskSpec,
+    pub band_hint: Option<spindle_core::Band>,
+    pub deadline_ms: Option<u32>,
+}
+
 fn payload(t: &SubmitTask) -> Vec<u8> {
-    format!(
-        "v1 user={} model={} {}x{} ms={} fps={} audio={} refs={} band={:?} deadline={:?}",
-        t.user.0,
-        t.spec.model.0,
-        t.spec.width,
-        t.spec.height,
-        t.spec.duration_ms,
-        t.spec.fps,
-        t.spec.audio,
-        t.spec.references,
-        t.band_hint,
-        t.deadline_ms
-    )
-    .into_bytes()
+    let stored = StoredRequest {
+        user: t.user.0,
+        spec: t.spec,
+        band_hint: t.band_hint,
+        deadline_ms: t.deadline_ms,
+    };
+    serde_json::to_vec(&stored).expect("plain data serializes")
 }
 
 async fn submit(
@@ -628,7 +654,12 @@ async fn claim(state: &SharedShard, claims: Vec<ClaimRequest>) {
 async fn run_local(state: &SharedShard, task: TaskId, token: FencingToken, attempt_no: u32) {
     let wait = {
         let mut s = state.borrow_mut();
-        *s.executions.entry((task, attempt_no)).or_insert(0) += 1;
+        if let Some(log) = &mut s.log {
+            use std::io::Write;
+            if let Err(e) = writeln!(log, "{} {attempt_no}", task.0) {
+                eprintln!("spindled: local provider log: {e}");
+            }
+        }
         if let Err(e) = s.core.handle_provider_accepted(task, token) {
             eprintln!("spindled: provider accepted {task}: {e}");
             return;
