@@ -41,3 +41,40 @@ fn generated_code_is_current_with_the_schema() {
         "src/generated/spindle_generated.rs is stale: run scripts/gen-wire and commit the result"
     );
 }
+
+#[test]
+fn generated_python_is_current_with_the_schema() {
+    let flatc = std::env::var("FLATC").unwrap_or_else(|_| "flatc".into());
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = tempfile::tempdir().unwrap();
+    let status = Command::new(&flatc)
+        .arg("--python")
+        .arg("-o")
+        .arg(out.path())
+        .arg(crate_dir.join("fbs/spindle.fbs"))
+        .status()
+        .unwrap_or_else(|e| panic!("running {flatc}: {e}"));
+    assert!(status.success(), "flatc failed on the schema");
+    let committed = crate_dir.join("../clients/python/generated/spindle/wire");
+    let fresh = out.path().join("spindle/wire");
+    let mut names: Vec<_> = std::fs::read_dir(&fresh)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    names.sort();
+    let mut committed_names: Vec<_> = std::fs::read_dir(&committed)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .filter(|n| n != "__pycache__")
+        .collect();
+    committed_names.sort();
+    assert_eq!(
+        names, committed_names,
+        "clients/python/generated is stale: run scripts/gen-wire"
+    );
+    for name in names {
+        let a = std::fs::read(fresh.join(&name)).unwrap();
+        let b = std::fs::read(committed.join(&name)).unwrap();
+        assert!(a == b, "{name:?} is stale: run scripts/gen-wire");
+    }
+}

@@ -1,0 +1,46 @@
+"""Drives a running spindled through the Python client: submit, read status until the task
+has run, and receive an error. Prints one line per step; exits non-zero on any surprise.
+
+    python3 clients/python/check_client.py HOST PORT TENANT CREDENTIAL
+"""
+
+import sys
+import time
+
+from spindle_client import Client, SpindleError
+
+
+def main():
+    host, port, tenant, credential = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+    client = Client.connect(host, port, tenant, credential)
+    admission = client.submit("python-1", user=1, model=0, width=1280, height=720,
+                              duration_ms=5000, fps=24)
+    assert admission["decision"] == 0, admission  # ACCEPTED
+    print(f"submitted task {admission['task_id']}")
+    state = None
+    for _ in range(2000):
+        state = client.get(admission["task_id"])["state"]
+        if state == "Succeeded":
+            break
+        time.sleep(0.005)
+    assert state == "Succeeded", state
+    print(f"status {state}")
+    try:
+        client.get(999_999_999)
+    except SpindleError as e:
+        assert e.code == "NotFound", e
+        print(f"error {e.code}: {e.message}")
+    else:
+        raise AssertionError("a missing task must be an error")
+    try:
+        Client.connect(host, port, tenant, credential + "-wrong")
+    except SpindleError as e:
+        assert e.code == "AuthFailed", e
+        print(f"error {e.code}")
+    else:
+        raise AssertionError("a wrong credential must be refused")
+    client.close()
+
+
+if __name__ == "__main__":
+    main()
