@@ -139,7 +139,7 @@ async fn connect(config: &DbConfig) -> Result<(Client, JoinHandle<()>), StoreErr
     let handle = tokio::spawn(async move {
         // Logged here; callers see it through the client (every call then fails `Unavailable`).
         if let Err(e) = connection.await {
-            eprintln!("spindle-control: connection to PostgreSQL ended: {e}");
+            tracing::warn!("connection to PostgreSQL ended: {e}");
         }
     });
     Ok((client, handle))

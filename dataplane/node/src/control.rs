@@ -357,10 +357,10 @@ pub async fn start(
         loop {
             tick.tick().await;
             if let Err(e) = admin.acquire_partitions(&node, &wanted, lease_ms).await {
-                eprintln!("spindled: renewing partition leases failed: {e}");
+                tracing::warn!("renewing partition leases failed: {e}");
             }
             if let Err(e) = admin.heartbeat(&node).await {
-                eprintln!("spindled: heartbeat failed: {e}");
+                tracing::warn!("heartbeat failed: {e}");
             }
         }
     });

@@ -47,7 +47,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         let pg = EmbeddedPostgres::start(EmbeddedOptions::default())
             .context("starting the embedded PostgreSQL")?;
         let c = pg.conninfo("postgres");
-        eprintln!("spindled: embedded PostgreSQL at {c}");
+        tracing::warn!("embedded PostgreSQL at {c}");
         _embedded = pg;
         c
     } else {
@@ -158,7 +158,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
                         Ok(stream) => {
                             glommio::spawn_local(server::serve(stream, ctx.clone())).detach();
                         }
-                        Err(e) => eprintln!("spindled: accept: {e}"),
+                        Err(e) => tracing::warn!("accept: {e}"),
                     }
                 }
             })
@@ -169,7 +169,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("binding {addr}: {e}"))?;
         handles.push(handle);
     }
-    println!("spindled: serving on {addr} with {} shards", config.shards);
+    tracing::info!("serving on {addr} with {} shards", config.shards);
     if let Some(path) = &config.ready_file {
         std::fs::write(path, format!("{addr}\n")).context("writing the ready file")?;
     }
@@ -188,20 +188,20 @@ async fn wait_for_stop(config: &Config, db_config: &DbConfig) {
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
     ) else {
-        eprintln!("spindled: cannot install signal handlers");
+        tracing::warn!("cannot install signal handlers");
         return std::future::pending().await;
     };
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}
     }
-    eprintln!("spindled: stopping");
+    tracing::warn!("stopping");
     if let Ok(db) = spindle_control::Db::open(db_config).await {
         if let Err(e) = db.release_partitions(&config.node_id).await {
-            eprintln!("spindled: releasing partitions: {e}");
+            tracing::warn!("releasing partitions: {e}");
         }
         if let Err(e) = db.deregister_node(&config.node_id).await {
-            eprintln!("spindled: deregistering: {e}");
+            tracing::warn!("deregistering: {e}");
         }
     }
     std::process::exit(0);

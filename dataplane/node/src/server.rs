@@ -62,7 +62,7 @@ fn frame(request_id: u64, body: Response) -> Vec<u8> {
 
 pub async fn serve(stream: glommio::net::TcpStream, ctx: Rc<ConnCtx>) {
     if let Err(e) = stream.set_nodelay(true) {
-        eprintln!("spindled: TCP_NODELAY: {e}");
+        tracing::warn!("TCP_NODELAY: {e}");
     }
     let (mut reader, mut writer) = stream.split();
     let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(OUTBOUND_QUEUE_MAX);

@@ -507,7 +507,7 @@ fn send_reports(s: &ShardState, batches: Vec<Vec<Report>>) {
         for reports in batches {
             let (tx, rx) = oneshot::channel();
             if cp.send(CpMsg::Report { reports, reply: tx }).await.is_err() {
-                eprintln!("spindled: control plane stopped; reports wait for the reconciler");
+                tracing::warn!("control plane stopped; reports wait for the reconciler");
                 return;
             }
             answers.push(rx);
@@ -517,12 +517,12 @@ fn send_reports(s: &ShardState, batches: Vec<Vec<Report>>) {
                 Ok(Ok(results)) => {
                     for r in results {
                         if !matches!(r, ReportResult::Applied { .. }) {
-                            eprintln!("spindled: report not applied: {r:?}");
+                            tracing::warn!("report not applied: {r:?}");
                         }
                     }
                 }
-                Ok(Err(e)) => eprintln!("spindled: reports failed: {e}"),
-                Err(_) => eprintln!("spindled: control plane dropped a report batch"),
+                Ok(Err(e)) => tracing::warn!("reports failed: {e}"),
+                Err(_) => tracing::warn!("control plane dropped a report batch"),
             }
         }
     })
@@ -614,7 +614,7 @@ async fn claim(state: &SharedShard, claims: Vec<ClaimRequest>) {
                                         )]],
                                     );
                                 }
-                                Err(e) => eprintln!("spindled: claim granted for {task}: {e}"),
+                                Err(e) => tracing::warn!("claim granted for {task}: {e}"),
                             }
                         }
                         ClaimResult::Refused(why) => {
@@ -627,17 +627,17 @@ async fn claim(state: &SharedShard, claims: Vec<ClaimRequest>) {
                                 let _ = s.core.handle_cancel(*task);
                             }
                             if let Err(e) = s.core.handle_claim_refused(now, *task) {
-                                eprintln!("spindled: claim refused for {task}: {e}");
+                                tracing::warn!("claim refused for {task}: {e}");
                             }
                         }
                     }
                 }
             }
             Err(e) => {
-                eprintln!("spindled: claims failed ({e}); tasks go back to their queues");
+                tracing::warn!("claims failed ({e}); tasks go back to their queues");
                 for task in &tasks {
                     if let Err(e) = s.core.handle_claim_refused(now, *task) {
-                        eprintln!("spindled: requeue of {task}: {e}");
+                        tracing::warn!("requeue of {task}: {e}");
                     }
                 }
             }
@@ -657,11 +657,11 @@ async fn run_local(state: &SharedShard, task: TaskId, token: FencingToken, attem
         if let Some(log) = &mut s.log {
             use std::io::Write;
             if let Err(e) = writeln!(log, "{} {attempt_no}", task.0) {
-                eprintln!("spindled: local provider log: {e}");
+                tracing::warn!("local provider log: {e}");
             }
         }
         if let Err(e) = s.core.handle_provider_accepted(task, token) {
-            eprintln!("spindled: provider accepted {task}: {e}");
+            tracing::warn!("provider accepted {task}: {e}");
             return;
         }
         send_reports(
@@ -702,11 +702,11 @@ async fn run_local(state: &SharedShard, task: TaskId, token: FencingToken, attem
             return;
         }
         Ok(other) => {
-            eprintln!("spindled: {task} ended at the provider step: {other:?}");
+            tracing::warn!("{task} ended at the provider step: {other:?}");
             return;
         }
         Err(e) => {
-            eprintln!("spindled: provider succeeded {task}: {e}");
+            tracing::warn!("provider succeeded {task}: {e}");
             return;
         }
     }
@@ -718,7 +718,7 @@ async fn run_local(state: &SharedShard, task: TaskId, token: FencingToken, attem
         };
         let Some(t) = meta.token else { continue };
         if let Err(e) = s.core.handle_media_done(media_task, t, true) {
-            eprintln!("spindled: media done {media_task}: {e}");
+            tracing::warn!("media done {media_task}: {e}");
             continue;
         }
         let meta = s.meta.remove(&media_task).expect("checked above");

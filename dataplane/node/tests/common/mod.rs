@@ -1,7 +1,6 @@
 //! Starting spindled as a process on a fresh database, and small request helpers.
 #![allow(dead_code)]
 
-use std::io::Read;
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -59,7 +58,9 @@ pub async fn start_with(test: &TestDb, config_text: &str) -> Daemon {
         .arg("--ready-file")
         .arg(&ready)
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
+        // A file, not a pipe: nobody drains a pipe while the test runs, and a full one would
+        // stall the daemon's logging.
+        .stderr(std::fs::File::create(dir.path().join("stderr.log")).unwrap())
         .spawn()
         .unwrap();
     for _ in 0..3_000 {
@@ -73,13 +74,7 @@ pub async fn start_with(test: &TestDb, config_text: &str) -> Daemon {
             }
         }
         if let Some(status) = child.try_wait().unwrap() {
-            let mut err = String::new();
-            child
-                .stderr
-                .take()
-                .unwrap()
-                .read_to_string(&mut err)
-                .unwrap();
+            let err = std::fs::read_to_string(dir.path().join("stderr.log")).unwrap_or_default();
             panic!("spindled exited ({status}): {err}");
         }
         tokio::time::sleep(Duration::from_millis(10)).await;

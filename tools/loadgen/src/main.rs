@@ -1,0 +1,225 @@
+//! spindle-loadgen: `run` drives a node you point it at; `demo` starts a private PostgreSQL and
+//! an in-process spindled and runs the noisy-neighbour mix (one tenant at 100× the others).
+
+mod report;
+mod run;
+mod workload;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use crate::workload::{Arrival, TenantLoad};
+
+#[derive(Parser)]
+#[command(
+    name = "spindle-loadgen",
+    about = "Open-loop load generator for spindled"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args)]
+struct Common {
+    /// Seconds of sending.
+    #[arg(long, default_value_t = 15)]
+    duration: u64,
+    /// Tasks per submit frame (1: single submits).
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    #[arg(long, value_enum, default_value_t = Arrival::Poisson)]
+    arrival: Arrival,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Seconds to wait for accepted tasks to finish after sending.
+    #[arg(long, default_value_t = 10)]
+    drain: u64,
+    /// Where report.json, timeline.svg and tenants.svg go.
+    #[arg(long, default_value = "target/loadgen")]
+    out: PathBuf,
+    /// Print the JSON report instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Drive a running node.
+    Run {
+        #[arg(long)]
+        addr: SocketAddr,
+        /// `ID:CREDENTIAL:RATE`, one per tenant.
+        #[arg(long = "tenant", required = true)]
+        tenants: Vec<String>,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Private PostgreSQL + in-process spindled + the noisy-neighbour mix.
+    Demo {
+        /// Tasks per second of each of the nine quiet tenants (the loud one sends 100×).
+        #[arg(long, default_value_t = 2.0)]
+        quiet_rate: f64,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run {
+            addr,
+            tenants,
+            common,
+        } => {
+            let tenants = tenants
+                .iter()
+                .map(|t| TenantLoad::parse(t))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            drive(addr, tenants, &common)
+        }
+        Command::Demo { quiet_rate, common } => demo(quiet_rate, &common),
+    }
+}
+
+fn drive(addr: SocketAddr, tenants: Vec<TenantLoad>, common: &Common) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        (1..=spindle_wire::limits::BATCH_MAX).contains(&common.batch),
+        "--batch must be 1..=1024"
+    );
+    let offered: f64 = tenants.iter().map(|t| t.rate).sum();
+    let opts = run::Options {
+        addr,
+        tenants,
+        duration: Duration::from_secs(common.duration),
+        batch: common.batch,
+        arrival: common.arrival,
+        seed: common.seed,
+        progress: !common.json,
+        drain: Duration::from_secs(common.drain),
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let outcome = rt.block_on(run::run(opts))?;
+    let report = report::json(&outcome, offered);
+    report::write_all(&report, &common.out)?;
+    if common.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", report::text(&report));
+        println!(
+            "report: {}/report.json; plots: {}/timeline.svg, {}/tenants.svg",
+            common.out.display(),
+            common.out.display(),
+            common.out.display()
+        );
+    }
+    Ok(())
+}
+
+/// Set once the demo is over: the in-process node's logs stop (its database is going away).
+static QUIET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn demo(quiet_rate: f64, common: &Common) -> anyhow::Result<()> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
+    let quiet = tracing_subscriber::filter::filter_fn(|_| {
+        !QUIET.load(std::sync::atomic::Ordering::Relaxed)
+    });
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_writer(std::io::stderr)
+                .with_filter(tracing_subscriber::EnvFilter::new("warn"))
+                .with_filter(quiet),
+        )
+        .init();
+    let pg = spindle_control::EmbeddedPostgres::start(spindle_control::EmbeddedOptions::default())
+        .context("starting a private PostgreSQL")?;
+    let dir = tempfile_dir()?;
+    let ready = dir.join("ready");
+    let mut tenants_toml = String::new();
+    let mut loads = Vec::new();
+    for t in 1..=10u32 {
+        let rate = if t == 1 {
+            quiet_rate * 100.0
+        } else {
+            quiet_rate
+        };
+        tenants_toml.push_str(&format!(
+            "[[tenants]]\nid = {t}\ncredential = \"demo-{t}\"\n\n"
+        ));
+        loads.push(TenantLoad {
+            tenant: t,
+            credential: format!("demo-{t}"),
+            rate,
+        });
+    }
+    let config_text = format!(
+        "node_id = \"demo\"\nlisten = \"127.0.0.1:0\"\npostgres = \"{}\"\nlocal_provider_time_scale = 0.01\n\n{tenants_toml}",
+        pg.conninfo("postgres")
+    );
+    let config: spindle_node::config::Config = toml_config(&config_text, &ready)?;
+    println!(
+        "demo: PostgreSQL {} ; spindled with 10 tenants (tenant 1 sends {:.0}/s, nine others {quiet_rate}/s each) for {} s",
+        pg.conninfo("postgres"),
+        quiet_rate * 100.0,
+        common.duration
+    );
+    std::thread::Builder::new()
+        .name("spindled".into())
+        .spawn(move || {
+            if let Err(e) = spindle_node::run(config) {
+                eprintln!("spindled stopped: {e:#}");
+            }
+        })?;
+    let mut addr = None;
+    for _ in 0..600 {
+        if let Ok(text) = std::fs::read_to_string(&ready) {
+            addr = text.trim().parse().ok();
+            if addr.is_some() {
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let addr = addr.context("spindled did not start within 30 s")?;
+    let result = drive(addr, loads, common);
+    // The node's threads end with the process; the private PostgreSQL is stopped here.
+    QUIET.store(true, std::sync::atomic::Ordering::Relaxed);
+    drop(pg);
+    let _ = std::fs::remove_dir_all(&dir);
+    result?;
+    std::process::exit(0);
+}
+
+fn toml_config(
+    text: &str,
+    ready: &std::path::Path,
+) -> anyhow::Result<spindle_node::config::Config> {
+    let path = ready.with_file_name("spindled.toml");
+    std::fs::write(&path, text)?;
+    let args = spindle_node::config::Args {
+        config: Some(path),
+        listen: None,
+        postgres: None,
+        shards: None,
+        node_id: None,
+        ready_file: Some(ready.to_path_buf()),
+    };
+    spindle_node::config::Config::load(&args)
+}
+
+fn tempfile_dir() -> anyhow::Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("spindle-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}

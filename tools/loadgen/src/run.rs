@@ -1,0 +1,274 @@
+//! The open-loop driver. Each tenant sends on its own schedule whatever the node answers: a
+//! request's latency is measured from the time it was *meant* to be sent, so a slow node shows
+//! as latency instead of silently lowering the offered load (no coordinated omission).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use spindle_client::Client;
+use spindle_core::{TaskId, TaskState, TenantId};
+
+use crate::workload::{gap, task, Arrival, Rng, TenantLoad};
+
+/// Requests one tenant may have in flight before the generator records it as a backlog drop
+/// (bounded memory even against a stalled node).
+const INFLIGHT_MAX: usize = 100_000;
+
+pub struct Options {
+    pub addr: SocketAddr,
+    pub tenants: Vec<TenantLoad>,
+    pub duration: Duration,
+    pub batch: usize,
+    pub arrival: Arrival,
+    pub seed: u64,
+    pub progress: bool,
+    /// How long to keep polling accepted tasks after the send window (bounded).
+    pub drain: Duration,
+}
+
+/// What happened, per tenant and over time.
+pub struct Outcome {
+    pub elapsed_send: Duration,
+    pub ack_us: Histogram<u64>,
+    pub reject_us: Histogram<u64>,
+    pub per_tenant: Vec<TenantOutcome>,
+    /// Per second since start: acks, completions, the second's ack p99 (µs).
+    pub timeline: Vec<(u64, u64, u64)>,
+    pub completed_within: Duration,
+    /// Accepted tasks still unfinished when the drain window closed.
+    pub unfinished: u64,
+}
+
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct TenantOutcome {
+    pub tenant: u32,
+    pub offered: u64,
+    pub accepted: u64,
+    pub rejected: HashMap<String, u64>,
+    pub errors: u64,
+    pub backlog_drops: u64,
+    pub completed: u64,
+}
+
+#[derive(Default)]
+struct Shared {
+    ack_us: Option<Histogram<u64>>,
+    reject_us: Option<Histogram<u64>>,
+    /// (second, ack latency µs) of every answer, for the timeline.
+    acks: Vec<(u64, u64)>,
+    accepted: Vec<(u32, TaskId)>,
+}
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 120_000_000, 3).expect("valid bounds")
+}
+
+pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
+    let shared = Arc::new(Mutex::new(Shared {
+        ack_us: Some(histogram()),
+        reject_us: Some(histogram()),
+        ..Shared::default()
+    }));
+    let start = Instant::now();
+    let bar = progress_bar(opts.progress, opts.duration);
+    let mut handles = Vec::new();
+    for (i, load) in opts.tenants.iter().enumerate() {
+        let client = Arc::new(
+            Client::connect(opts.addr, TenantId(load.tenant), &load.credential)
+                .await
+                .map_err(|e| anyhow::anyhow!("tenant {}: {e}", load.tenant))?,
+        );
+        let load = load.clone();
+        let shared = shared.clone();
+        let (arrival, batch, duration) = (opts.arrival, opts.batch, opts.duration);
+        let seed = opts.seed ^ (i as u64).wrapping_mul(0x9e37_79b9);
+        handles.push(tokio::spawn(async move {
+            tenant_loop(client, load, arrival, batch, duration, seed, start, shared).await
+        }));
+    }
+    if let Some(bar) = &bar {
+        while start.elapsed() < opts.duration {
+            bar.set_position(start.elapsed().as_secs());
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        bar.finish();
+    }
+    let mut per_tenant = Vec::new();
+    let mut clients = Vec::new();
+    for h in handles {
+        let (outcome, client) = h.await??;
+        per_tenant.push(outcome);
+        clients.push(client);
+    }
+    let elapsed_send = start.elapsed();
+
+    // Drain: every accepted task polled until it ends (bounded).
+    let accepted = std::mem::take(&mut shared.lock().expect("shared").accepted);
+    let mut completions: Vec<u64> = Vec::new();
+    let mut by_tenant: HashMap<u32, u64> = HashMap::new();
+    let client_of: HashMap<u32, Arc<Client>> = opts
+        .tenants
+        .iter()
+        .zip(clients)
+        .map(|(l, c)| (l.tenant, c))
+        .collect();
+    let mut pending: Vec<(u32, TaskId)> = accepted;
+    let drain_start = Instant::now();
+    while !pending.is_empty() && drain_start.elapsed() < opts.drain {
+        let mut still = Vec::new();
+        let mut gets = Vec::new();
+        for (tenant, task) in pending {
+            let c = client_of[&tenant].clone();
+            gets.push(tokio::spawn(
+                async move { (tenant, task, c.get(task).await) },
+            ));
+        }
+        for g in gets {
+            let (tenant, task, status) = g.await?;
+            match status {
+                Ok(s) if s.state == TaskState::Succeeded => {
+                    completions.push(start.elapsed().as_secs());
+                    *by_tenant.entry(tenant).or_default() += 1;
+                }
+                Ok(s) if s.state.is_terminal() => {}
+                _ => still.push((tenant, task)),
+            }
+        }
+        pending = still;
+        if !pending.is_empty() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    for t in &mut per_tenant {
+        t.completed = by_tenant.get(&t.tenant).copied().unwrap_or(0);
+    }
+    let unfinished = pending.len() as u64;
+    let mut s = shared.lock().expect("shared");
+    let seconds = start.elapsed().as_secs() + 1;
+    let mut timeline = Vec::new();
+    for sec in 0..seconds {
+        let mut h = histogram();
+        let mut acked = 0;
+        for &(at, us) in s.acks.iter().filter(|(at, _)| *at == sec) {
+            let _ = at;
+            acked += 1;
+            h.saturating_record(us);
+        }
+        let done = completions.iter().filter(|&&c| c == sec).count() as u64;
+        timeline.push((acked, done, h.value_at_quantile(0.99)));
+    }
+    Ok(Outcome {
+        elapsed_send,
+        ack_us: s.ack_us.take().expect("histogram"),
+        reject_us: s.reject_us.take().expect("histogram"),
+        per_tenant,
+        timeline,
+        completed_within: drain_start.elapsed(),
+        unfinished,
+    })
+}
+
+fn progress_bar(show: bool, duration: Duration) -> Option<indicatif::ProgressBar> {
+    if !show {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new(duration.as_secs());
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("sending {bar:40} {pos}/{len} s")
+            .expect("template"),
+    );
+    Some(bar)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn tenant_loop(
+    client: Arc<Client>,
+    load: TenantLoad,
+    arrival: Arrival,
+    batch: usize,
+    duration: Duration,
+    seed: u64,
+    start: Instant,
+    shared: Arc<Mutex<Shared>>,
+) -> anyhow::Result<(TenantOutcome, Arc<Client>)> {
+    let mut rng = Rng::new(seed);
+    let outcome = Arc::new(Mutex::new(TenantOutcome {
+        tenant: load.tenant,
+        ..TenantOutcome::default()
+    }));
+    let inflight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut intended = start;
+    let mut seq = 0u64;
+    let mut sends = Vec::new();
+    loop {
+        // The next batch is due when its first task is.
+        let mut tasks = Vec::with_capacity(batch);
+        let first = intended;
+        for _ in 0..batch {
+            seq += 1;
+            tasks.push(task(
+                format!("lg-{}-{seed}-{seq}", load.tenant),
+                1 + (seq % 16) as u32,
+                &mut rng,
+            ));
+            intended += gap(arrival, load.rate, &mut rng);
+        }
+        if first.duration_since(start) >= duration {
+            break;
+        }
+        tokio::time::sleep_until(tokio::time::Instant::from_std(first)).await;
+        let n = tasks.len() as u64;
+        outcome.lock().expect("outcome").offered += n;
+        if inflight.load(std::sync::atomic::Ordering::Relaxed) >= INFLIGHT_MAX {
+            outcome.lock().expect("outcome").backlog_drops += n;
+            continue;
+        }
+        inflight.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (client, outcome, shared, inflight) = (
+            client.clone(),
+            outcome.clone(),
+            shared.clone(),
+            inflight.clone(),
+        );
+        sends.push(tokio::spawn(async move {
+            let answer = if tasks.len() == 1 {
+                let t = tasks.pop().expect("one task");
+                client.submit(t).await.map(|a| vec![a])
+            } else {
+                client.submit_batch(tasks).await
+            };
+            let us = first.elapsed().as_micros() as u64;
+            let sec = first.duration_since(start).as_secs();
+            let mut o = outcome.lock().expect("outcome");
+            let mut s = shared.lock().expect("shared");
+            match answer {
+                Ok(admissions) => {
+                    for a in admissions {
+                        if a.decision.is_accepted() && !a.replay {
+                            o.accepted += 1;
+                            s.ack_us.as_mut().expect("histogram").saturating_record(us);
+                            s.acks.push((sec, us));
+                            s.accepted.push((o.tenant, a.task));
+                        } else {
+                            *o.rejected.entry(a.decision.name().to_string()).or_default() += 1;
+                            s.reject_us
+                                .as_mut()
+                                .expect("histogram")
+                                .saturating_record(us);
+                        }
+                    }
+                }
+                Err(_) => o.errors += n,
+            }
+            inflight.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        }));
+    }
+    for s in sends {
+        s.await?;
+    }
+    let o = outcome.lock().expect("outcome").clone();
+    Ok((o, client))
+}

@@ -1,0 +1,101 @@
+//! What the load generator offers: tenants with a rate, the arrival process, the task mix.
+
+use std::time::Duration;
+
+use spindle_core::{Band, ModelId, TaskSpec, UserId};
+use spindle_wire::SubmitTask;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+pub enum Arrival {
+    /// Evenly spaced sends.
+    Fixed,
+    /// Exponential gaps (seeded): bursts and lulls at the same mean rate.
+    Poisson,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TenantLoad {
+    pub tenant: u32,
+    #[serde(skip)]
+    pub credential: String,
+    /// Tasks per second offered.
+    pub rate: f64,
+}
+
+impl TenantLoad {
+    /// `ID:CREDENTIAL:RATE`.
+    pub fn parse(s: &str) -> anyhow::Result<TenantLoad> {
+        let parts: Vec<&str> = s.split(':').collect();
+        anyhow::ensure!(
+            parts.len() == 3,
+            "tenant load {s:?} is not ID:CREDENTIAL:RATE"
+        );
+        let rate: f64 = parts[2].parse()?;
+        anyhow::ensure!(
+            rate > 0.0 && rate <= 1_000_000.0,
+            "rate {rate} out of range"
+        );
+        Ok(TenantLoad {
+            tenant: parts[0].parse()?,
+            credential: parts[1].to_string(),
+            rate,
+        })
+    }
+}
+
+/// splitmix64: a seeded, dependency-free generator for arrival gaps and task mixes.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in (0, 1].
+    pub fn unit(&mut self) -> f64 {
+        ((self.next_u64() >> 11) as f64 + 1.0) / (1u64 << 53) as f64
+    }
+}
+
+/// The gap before the next arrival at `rate` per second.
+pub fn gap(arrival: Arrival, rate: f64, rng: &mut Rng) -> Duration {
+    let mean = 1.0 / rate;
+    match arrival {
+        Arrival::Fixed => Duration::from_secs_f64(mean),
+        Arrival::Poisson => Duration::from_secs_f64(-mean * rng.unit().ln()),
+    }
+}
+
+/// The simulator's mix, smallest first: mostly 720p/5 s, some 1080p/10 s with audio, a few
+/// 1080p/30 s with references.
+pub fn task(key: String, user: u32, rng: &mut Rng) -> SubmitTask {
+    let roll = rng.next_u64() % 100;
+    let (width, height, duration_ms, audio, references) = match roll {
+        0..=69 => (1280, 720, 5_000, false, 0),
+        70..=94 => (1920, 1080, 10_000, true, 0),
+        _ => (1920, 1080, 30_000, true, 2),
+    };
+    SubmitTask {
+        idempotency_key: key,
+        user: UserId(user),
+        spec: TaskSpec {
+            model: ModelId(0),
+            width,
+            height,
+            duration_ms,
+            fps: 24,
+            audio,
+            references,
+        },
+        band_hint: Some(Band::P3),
+        deadline_ms: None,
+    }
+}
