@@ -201,9 +201,12 @@ BEGIN
     IF n = 0 THEN
         RETURN;
     END IF;
+    -- Only the partitions this batch's tasks are in: locking every partition the node owns
+    -- would have each call share-lock them all (and two shards' calls create multixacts).
     SELECT coalesce(array_agg(l.partition), '{}') INTO v_owned FROM (
         SELECT pl.partition FROM partition_lease pl
          WHERE pl.owner_node = p_node AND pl.lease_until > now()
+           AND pl.partition IN (SELECT t.partition FROM task t WHERE t.task_id = ANY (p_task))
          ORDER BY pl.partition FOR SHARE) l;
     WITH locked AS MATERIALIZED (
         SELECT t.task_id, t.state, t.version, t.partition, t.tenant_id, t.attempt_no

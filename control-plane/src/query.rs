@@ -18,6 +18,40 @@ pub struct StoredTask {
 }
 
 impl Db {
+    /// Many tasks at once (a read batch), each with its owning tenant; missing ones are absent.
+    pub async fn task_statuses(
+        &self,
+        tasks: &[TaskId],
+    ) -> Result<Vec<(TenantId, StoredTask)>, StoreError> {
+        crate::error::check_batch_len(tasks.len())?;
+        let ids: Vec<i64> = tasks.iter().map(|t| t.0 as i64).collect();
+        let rows = self
+            .client()
+            .query(
+                "SELECT task_id, tenant_id, state, version, attempt_no, cost_estimate_milli,
+                        cost_actual_milli, failure_reason
+                   FROM task WHERE task_id = ANY ($1)",
+                &[&ids],
+            )
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    TenantId(r.get::<_, i32>(1) as u32),
+                    StoredTask {
+                        task: TaskId(r.get::<_, i64>(0) as u64),
+                        state: parse_state(r.get(2))?,
+                        version: r.get::<_, i32>(3) as u32,
+                        attempt_no: r.get::<_, i32>(4) as u32,
+                        cost_estimate_milli: r.get::<_, i64>(5) as u64,
+                        cost_actual_milli: r.get::<_, Option<i64>>(6).map(|c| c as u64),
+                        failure_reason: r.get(7),
+                    },
+                ))
+            })
+            .collect()
+    }
+
     /// `task` if it belongs to `tenant`; another tenant's task is `None`, like a missing one.
     pub async fn task_status(
         &self,

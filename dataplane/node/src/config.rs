@@ -58,6 +58,15 @@ pub struct Config {
     /// Requests one connection may have in flight.
     #[serde(default = "default_inflight")]
     pub connection_inflight_max: usize,
+    /// Concurrency of each of the two local provider accounts (global: a pool in PostgreSQL).
+    #[serde(default = "default_provider_concurrency")]
+    pub provider_concurrency: u64,
+    /// Requests per minute of each local provider account (burst: one second's worth).
+    #[serde(default = "default_provider_rpm")]
+    pub provider_rpm: u64,
+    /// Concurrent units each lane may run (the enterprise reserve keeps its preset share).
+    #[serde(default = "default_lane_capacity")]
+    pub lane_capacity_units: u64,
     #[serde(default)]
     pub tenants: Vec<TenantConfig>,
     #[serde(skip)]
@@ -102,6 +111,15 @@ fn default_time_scale() -> f64 {
 }
 fn default_inflight() -> usize {
     4096
+}
+fn default_provider_concurrency() -> u64 {
+    100
+}
+fn default_provider_rpm() -> u64 {
+    6_000
+}
+fn default_lane_capacity() -> u64 {
+    40
 }
 fn default_lane() -> Lane {
     Lane::Standard
@@ -156,6 +174,18 @@ impl Config {
             spindle_control::limits::BATCH_MAX
         );
         anyhow::ensure!(self.lease_ms >= 1_000, "lease_ms must be at least 1000");
+        anyhow::ensure!(
+            (1..=1_000_000).contains(&self.provider_concurrency),
+            "provider_concurrency must be 1..=1000000"
+        );
+        anyhow::ensure!(
+            (60..=1_000_000_000).contains(&self.provider_rpm),
+            "provider_rpm must be 60..=1000000000"
+        );
+        anyhow::ensure!(
+            (1..=1_000_000).contains(&self.lane_capacity_units),
+            "lane_capacity_units must be 1..=1000000"
+        );
         anyhow::ensure!(
             self.local_provider_time_scale >= 0.0 && self.local_provider_time_scale <= 10.0,
             "local_provider_time_scale must be 0..=10"

@@ -3,7 +3,7 @@
 //! PostgreSQL in the order the shard sent them — a claim never overtakes the submit of its task.
 //! Consecutive messages of one kind are merged into one batch (group commit across clients).
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 
 use spindle_control::query::StoredTask;
 use spindle_control::{
@@ -35,12 +35,6 @@ pub enum CpMsg {
     TaskIds {
         reply: oneshot::Sender<Result<std::ops::Range<u64>, StoreError>>,
     },
-    /// A task's stored status, scoped to its tenant.
-    Get {
-        tenant: TenantId,
-        task: TaskId,
-        reply: oneshot::Sender<Result<Option<StoredTask>, StoreError>>,
-    },
 }
 
 impl CpMsg {
@@ -49,13 +43,13 @@ impl CpMsg {
             CpMsg::Submit { tasks, .. } => tasks.len(),
             CpMsg::Claim { claims, .. } => claims.len(),
             CpMsg::Report { reports, .. } => reports.len(),
-            CpMsg::TaskIds { .. } | CpMsg::Get { .. } => 0,
+            CpMsg::TaskIds { .. } => 0,
         }
     }
 
     fn same_kind(&self, other: &CpMsg) -> bool {
         std::mem::discriminant(self) == std::mem::discriminant(other)
-            && !matches!(self, CpMsg::TaskIds { .. } | CpMsg::Get { .. })
+            && !matches!(self, CpMsg::TaskIds { .. })
     }
 
     fn tasks(&self) -> Vec<TaskId> {
@@ -63,7 +57,7 @@ impl CpMsg {
             CpMsg::Submit { tasks, .. } => tasks.iter().map(|t| t.task).collect(),
             CpMsg::Claim { claims, .. } => claims.iter().map(|c| c.task).collect(),
             CpMsg::Report { reports, .. } => reports.iter().map(|r| r.task).collect(),
-            CpMsg::TaskIds { .. } | CpMsg::Get { .. } => Vec::new(),
+            CpMsg::TaskIds { .. } => Vec::new(),
         }
     }
 }
@@ -77,34 +71,66 @@ pub async fn pipeline(
     policy_version: PolicyVersion,
     mut rx: mpsc::Receiver<CpMsg>,
 ) {
-    let mut held: Option<CpMsg> = None;
+    let mut backlog: VecDeque<CpMsg> = VecDeque::new();
     loop {
-        let first = match held.take() {
-            Some(m) => m,
-            None => match rx.recv().await {
-                Some(m) => m,
+        if backlog.is_empty() {
+            match rx.recv().await {
+                Some(m) => backlog.push_back(m),
                 None => return,
-            },
-        };
-        // Merge what is already waiting, while it is the same kind, fits the batch and names
-        // no task twice (a batch must not).
-        let mut group = vec![first];
-        let mut rows = group[0].rows();
-        let mut seen: HashSet<TaskId> = group[0].tasks().into_iter().collect();
-        while let Ok(next) = rx.try_recv() {
-            let fits = next.same_kind(&group[0]) && rows + next.rows() <= batch_max;
-            let fresh = next.tasks().iter().all(|t| !seen.contains(t));
-            if fits && fresh {
-                rows += next.rows();
-                seen.extend(next.tasks());
-                group.push(next);
-            } else {
-                held = Some(next);
-                break;
             }
         }
+        while backlog.len() < BACKLOG_MAX {
+            match rx.try_recv() {
+                Ok(m) => backlog.push_back(m),
+                Err(_) => break,
+            }
+        }
+        let group = next_group(&mut backlog, batch_max);
         run_group(&db, &node, lease_ms, policy_version, group).await;
     }
+}
+
+/// Messages one pipeline looks at when it forms the next batch.
+const BACKLOG_MAX: usize = 4 * PIPELINE_QUEUE_MAX;
+
+/// The next batch to run. Submits go first and all together: nothing waits on a task that is
+/// not yet submitted, so moving them ahead of claims and reports is safe, and it keeps
+/// acknowledgements fast and batches large. Everything else runs in the order it was sent,
+/// consecutive messages of one kind merged while they fit and name no task twice.
+fn next_group(backlog: &mut VecDeque<CpMsg>, batch_max: usize) -> Vec<CpMsg> {
+    if backlog.iter().any(|m| matches!(m, CpMsg::Submit { .. })) {
+        let mut group = Vec::new();
+        let mut rows = 0;
+        let mut rest = VecDeque::with_capacity(backlog.len());
+        for m in backlog.drain(..) {
+            let take = matches!(m, CpMsg::Submit { .. })
+                && (group.is_empty() || rows + m.rows() <= batch_max);
+            if take {
+                rows += m.rows();
+                group.push(m);
+            } else {
+                rest.push_back(m);
+            }
+        }
+        *backlog = rest;
+        return group;
+    }
+    let first = backlog.pop_front().expect("a non-empty backlog");
+    let mut group = vec![first];
+    let mut rows = group[0].rows();
+    let mut seen: HashSet<TaskId> = group[0].tasks().into_iter().collect();
+    while let Some(next) = backlog.front() {
+        let fits = next.same_kind(&group[0]) && rows + next.rows() <= batch_max;
+        let fresh = next.tasks().iter().all(|t| !seen.contains(t));
+        if !(fits && fresh) {
+            break;
+        }
+        let next = backlog.pop_front().expect("peeked");
+        rows += next.rows();
+        seen.extend(next.tasks());
+        group.push(next);
+    }
+    group
 }
 
 async fn run_group(db: &Db, node: &str, lease_ms: u32, version: PolicyVersion, group: Vec<CpMsg>) {
@@ -113,18 +139,6 @@ async fn run_group(db: &Db, node: &str, lease_ms: u32, version: PolicyVersion, g
             for m in group {
                 if let CpMsg::TaskIds { reply } = m {
                     let _ = reply.send(db.reserve_task_ids().await);
-                }
-            }
-        }
-        CpMsg::Get { .. } => {
-            for m in group {
-                if let CpMsg::Get {
-                    tenant,
-                    task,
-                    reply,
-                } = m
-                {
-                    let _ = reply.send(db.task_status(tenant, task).await);
                 }
             }
         }
@@ -187,8 +201,53 @@ fn answer<T>(result: Result<Vec<T>, StoreError>, replies: Vec<(usize, Reply<T>)>
     }
 }
 
+/// A read of a task's stored status, answered by the read connection (batched, unordered
+/// with respect to the pipelines: a task's acknowledged submit is always visible).
+pub struct ReadMsg {
+    pub tenant: TenantId,
+    pub task: TaskId,
+    pub reply: oneshot::Sender<Result<Option<StoredTask>, StoreError>>,
+}
+
+/// Reads waiting before senders wait.
+pub const READ_QUEUE_MAX: usize = 16_384;
+
+async fn reader(db: Db, mut rx: mpsc::Receiver<ReadMsg>) {
+    while let Some(first) = rx.recv().await {
+        let mut group = vec![first];
+        while group.len() < spindle_control::limits::BATCH_MAX {
+            match rx.try_recv() {
+                Ok(m) => group.push(m),
+                Err(_) => break,
+            }
+        }
+        let ids: Vec<TaskId> = group.iter().map(|m| m.task).collect();
+        match db.task_statuses(&ids).await {
+            Ok(rows) => {
+                let found: std::collections::HashMap<TaskId, (TenantId, StoredTask)> =
+                    rows.into_iter().map(|(t, s)| (s.task, (t, s))).collect();
+                for m in group {
+                    // Another tenant's task is answered like a missing one.
+                    let answer = found
+                        .get(&m.task)
+                        .filter(|(owner, _)| *owner == m.tenant)
+                        .map(|(_, s)| s.clone());
+                    let _ = m.reply.send(Ok(answer));
+                }
+            }
+            Err(e) => {
+                let text = e.to_string();
+                for m in group {
+                    let _ = m.reply.send(Err(StoreError::Unavailable(text.clone())));
+                }
+            }
+        }
+    }
+}
+
 /// What the control plane prepared before the shards start.
 pub struct Started {
+    pub reads: mpsc::Sender<ReadMsg>,
     pub senders: Vec<mpsc::Sender<CpMsg>>,
     pub id_blocks: Vec<std::ops::Range<u64>>,
     /// Per shard: QUEUED tasks of its partitions to put back before serving.
@@ -364,7 +423,10 @@ pub async fn start(
             }
         }
     });
+    let (reads, read_rx) = mpsc::channel(READ_QUEUE_MAX);
+    tokio::spawn(reader(Db::open_with_backoff(db_config).await?, read_rx));
     Ok(Started {
+        reads,
         senders,
         id_blocks,
         restores,

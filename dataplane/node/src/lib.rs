@@ -24,13 +24,28 @@ use spindle_core::{presets, Policy, TenantId};
 
 use crate::config::Config;
 use crate::server::ConnCtx;
-use crate::shard::{ShardMsg, ShardState, SHARD_QUEUE_MAX};
+use crate::shard::{ShardMsg, ShardSetup, ShardState, SHARD_QUEUE_MAX};
 
 /// The policy the node schedules with: the small-node preset with node-wide limits lifted and
 /// the configured tenants. (The policy store drives this once issue 7's admin API exists.)
 pub fn policy(config: &Config) -> Policy {
     let mut policy = presets::small_node();
     presets::lift_node_limits(&mut policy);
+    for p in &mut policy.providers {
+        p.concurrency = config.provider_concurrency;
+        p.rpm = spindle_core::policy::RateSpec {
+            per_minute: config.provider_rpm,
+            burst: (config.provider_rpm / 60).max(1),
+        };
+    }
+    for lane in [
+        spindle_core::Lane::PaidShared,
+        spindle_core::Lane::Standard,
+        spindle_core::Lane::Expensive,
+    ] {
+        policy.lanes[lane.index()].capacity =
+            spindle_core::Units::whole(config.lane_capacity_units);
+    }
     for t in &config.tenants {
         policy
             .tenants
@@ -47,7 +62,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         let pg = EmbeddedPostgres::start(EmbeddedOptions::default())
             .context("starting the embedded PostgreSQL")?;
         let c = pg.conninfo("postgres");
-        tracing::warn!("embedded PostgreSQL at {c}");
+        tracing::info!("embedded PostgreSQL at {c}");
         _embedded = pg;
         c
     } else {
@@ -78,7 +93,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
             })
             .context("spawning the control plane thread")?;
     }
-    let started = started_rx
+    let mut started = started_rx
         .recv()
         .context("the control plane thread died")??;
 
@@ -97,10 +112,14 @@ pub fn run(config: Config) -> anyhow::Result<()> {
 
     let mut handles = Vec::new();
     let mut addr: SocketAddr = config.listen;
-    let mut restores = started.restores.into_iter();
+    let mut restores = std::mem::take(&mut started.restores).into_iter();
     for (i, (inbox, (cp, ids))) in inboxes
         .into_iter()
-        .zip(started.senders.into_iter().zip(started.id_blocks))
+        .zip(
+            std::mem::take(&mut started.senders)
+                .into_iter()
+                .zip(std::mem::take(&mut started.id_blocks)),
+        )
         .enumerate()
     {
         let restore = restores.next().unwrap_or_default();
@@ -119,18 +138,20 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         let policy = policy.clone();
         let senders = shard_senders.clone();
         let credentials = credentials.clone();
+        let reads = started.reads.clone();
         let handle = LocalExecutorBuilder::new(Placement::Unbound)
             .name(&format!("shard-{i}"))
             .spawn(move || async move {
-                let mut shard = ShardState::new(
+                let mut shard = ShardState::new(ShardSetup {
                     policy,
-                    config.shards,
+                    shards: config.shards,
                     cp,
+                    reads,
                     ids,
-                    config.partitions,
-                    config.local_provider_time_scale,
+                    partitions: config.partitions,
+                    time_scale: config.local_provider_time_scale,
                     log,
-                );
+                });
                 if let Err(e) = shard.restore(restore) {
                     let _ = bound_tx.send(Err(e.to_string()));
                     return;

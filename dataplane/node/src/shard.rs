@@ -22,14 +22,14 @@ use spindle_core::{
 use spindle_wire::{Admission, ErrorCode, Response, SubmitTask, TaskStatus, WireError};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::control::{provider_pool, CpMsg};
+use crate::control::{provider_pool, CpMsg, ReadMsg};
 
 /// Inputs one shard buffers before senders wait.
 pub const SHARD_QUEUE_MAX: usize = 8192;
 /// Dispatches one pump sends as one claim message.
 const CLAIMS_PER_PUMP_MAX: usize = 512;
 /// How often the shard looks at its timers (retries, aging) without other input.
-const TICK: Duration = Duration::from_millis(5);
+const TICK: Duration = Duration::from_millis(20);
 
 pub enum ShardMsg {
     Submit {
@@ -66,37 +66,50 @@ pub struct ShardState {
     policy: Policy,
     epoch: Instant,
     cp: mpsc::Sender<CpMsg>,
+    reads: mpsc::Sender<ReadMsg>,
     ids: std::ops::Range<u64>,
     partitions: u32,
     meta: HashMap<TaskId, Meta>,
     time_scale: f64,
+    /// Reports waiting for the next flush (every pump).
+    outbox: Vec<Report>,
     /// Where the local provider appends one "task attempt" line per execution.
     log: Option<std::fs::File>,
 }
 
 pub type SharedShard = Rc<RefCell<ShardState>>;
 
+/// What a shard starts with.
+pub struct ShardSetup {
+    pub policy: Policy,
+    /// Shards on this node (node-wide limits are split among them).
+    pub shards: u32,
+    /// This shard's control-plane pipeline and the node's read connection.
+    pub cp: mpsc::Sender<CpMsg>,
+    pub reads: mpsc::Sender<ReadMsg>,
+    /// Task ids reserved for this shard.
+    pub ids: std::ops::Range<u64>,
+    pub partitions: u32,
+    /// The local provider's time scale and execution log.
+    pub time_scale: f64,
+    pub log: Option<std::fs::File>,
+}
+
 impl ShardState {
-    pub fn new(
-        policy: Policy,
-        shards: u32,
-        cp: mpsc::Sender<CpMsg>,
-        ids: std::ops::Range<u64>,
-        partitions: u32,
-        time_scale: f64,
-        log: Option<std::fs::File>,
-    ) -> ShardState {
+    pub fn new(setup: ShardSetup) -> ShardState {
         let epoch = Instant::now();
         ShardState {
-            core: Shard::new(policy.clone(), shards, Time::ZERO),
-            policy,
+            core: Shard::new(setup.policy.clone(), setup.shards, Time::ZERO),
+            policy: setup.policy,
             epoch,
-            cp,
-            ids,
-            partitions,
+            cp: setup.cp,
+            reads: setup.reads,
+            ids: setup.ids,
+            partitions: setup.partitions,
             meta: HashMap::new(),
-            time_scale,
-            log,
+            time_scale: setup.time_scale,
+            outbox: Vec::new(),
+            log: setup.log,
         }
     }
 
@@ -398,10 +411,34 @@ async fn get(
     task: TaskId,
     reply: oneshot::Sender<Response>,
 ) {
-    let cp = state.borrow().cp.clone();
+    // A live task is answered from memory; a finished one (or another node's) from PostgreSQL.
+    let (live, reads) = {
+        let s = state.borrow();
+        let live = s
+            .meta
+            .get(&task)
+            .filter(|m| m.tenant == tenant && m.committed)
+            .and_then(|m| {
+                s.core.task_state(task).map(|st| TaskStatus {
+                    task,
+                    state: st,
+                    version: m.db_version,
+                    attempt_no: 0,
+                    progress_pct: 0,
+                    cost_estimate_milli: m.estimate.map_or(0, |e| e.cost_milli),
+                    cost_actual_milli: 0,
+                    failure_reason: None,
+                })
+            });
+        (live, s.reads.clone())
+    };
+    if let Some(status) = live {
+        let _ = reply.send(Response::Status(status));
+        return;
+    }
     let (tx, rx) = oneshot::channel();
-    if cp
-        .send(CpMsg::Get {
+    if reads
+        .send(ReadMsg {
             tenant,
             task,
             reply: tx,
@@ -469,7 +506,7 @@ fn cancel(state: &SharedShard, tenant: TenantId, task: TaskId, reply: oneshot::S
             if !running {
                 s.meta.remove(&task);
                 send_reports(
-                    &s,
+                    &mut s,
                     vec![vec![finish(task, None, TaskState::Canceled, None)]],
                 );
             }
@@ -498,19 +535,48 @@ fn finish(
     }
 }
 
-/// Sends report batches down the pipeline in order (each batch after the previous one was
-/// queued: the pipeline keeps that order); answers only matter when they fail (logged).
-fn send_reports(s: &ShardState, batches: Vec<Vec<Report>>) {
+/// Queues report batches for the next flush, in order.
+fn send_reports(s: &mut ShardState, batches: Vec<Vec<Report>>) {
+    for b in batches {
+        s.outbox.extend(b);
+    }
+}
+
+/// Rows of one report message (the control plane's batch limit is higher).
+const REPORTS_PER_MESSAGE_MAX: usize = 1024;
+
+/// Sends every queued report as few messages as possible: round k holds each task's k-th
+/// report, so a batch never names a task twice and each task's reports stay in order (the
+/// pipeline executes messages in the order they were sent). Answers matter only when they
+/// fail (logged; the reconciler repairs what a lost report leaves behind).
+fn flush_reports(s: &mut ShardState) {
+    if s.outbox.is_empty() {
+        return;
+    }
+    let mut rounds: Vec<Vec<Report>> = Vec::new();
+    let mut seen: HashMap<TaskId, usize> = HashMap::new();
+    for r in s.outbox.drain(..) {
+        let k = seen.entry(r.task).or_insert(0);
+        if rounds.len() <= *k {
+            rounds.push(Vec::new());
+        }
+        rounds[*k].push(r);
+        *k += 1;
+    }
     let cp = s.cp.clone();
     glommio::spawn_local(async move {
-        let mut answers = Vec::with_capacity(batches.len());
-        for reports in batches {
-            let (tx, rx) = oneshot::channel();
-            if cp.send(CpMsg::Report { reports, reply: tx }).await.is_err() {
-                tracing::warn!("control plane stopped; reports wait for the reconciler");
-                return;
+        let mut answers = Vec::new();
+        for round in rounds {
+            let mut round = round.into_iter().peekable();
+            while round.peek().is_some() {
+                let reports: Vec<Report> = round.by_ref().take(REPORTS_PER_MESSAGE_MAX).collect();
+                let (tx, rx) = oneshot::channel();
+                if cp.send(CpMsg::Report { reports, reply: tx }).await.is_err() {
+                    tracing::warn!("control plane stopped; reports wait for the reconciler");
+                    return;
+                }
+                answers.push(rx);
             }
-            answers.push(rx);
         }
         for rx in answers {
             match rx.await {
@@ -533,6 +599,7 @@ fn send_reports(s: &ShardState, batches: Vec<Vec<Report>>) {
 async fn pump(state: &SharedShard) {
     let claims: Vec<ClaimRequest> = {
         let mut s = state.borrow_mut();
+        flush_reports(&mut s);
         let now = s.now();
         let mut claims = Vec::new();
         while claims.len() < CLAIMS_PER_PUMP_MAX {
@@ -558,7 +625,10 @@ async fn pump(state: &SharedShard) {
                 }
                 Poll::Expired(task) => {
                     s.meta.remove(&task);
-                    send_reports(&s, vec![vec![finish(task, None, TaskState::Expired, None)]]);
+                    send_reports(
+                        &mut s,
+                        vec![vec![finish(task, None, TaskState::Expired, None)]],
+                    );
                 }
                 Poll::Yield => continue,
                 Poll::Idle => break,
@@ -605,7 +675,7 @@ async fn claim(state: &SharedShard, claims: Vec<ClaimRequest>) {
                                 Ok(ClaimOutcome::Canceled) => {
                                     s.meta.remove(task);
                                     send_reports(
-                                        &s,
+                                        &mut s,
                                         vec![vec![finish(
                                             *task,
                                             Some(token),
@@ -656,7 +726,9 @@ async fn run_local(state: &SharedShard, task: TaskId, token: FencingToken, attem
         let mut s = state.borrow_mut();
         if let Some(log) = &mut s.log {
             use std::io::Write;
-            if let Err(e) = writeln!(log, "{} {attempt_no}", task.0) {
+            // One write per line (O_APPEND): a kill -9 never leaves half a line.
+            let line = format!("{} {attempt_no}\n", task.0);
+            if let Err(e) = log.write_all(line.as_bytes()) {
                 tracing::warn!("local provider log: {e}");
             }
         }
@@ -665,7 +737,7 @@ async fn run_local(state: &SharedShard, task: TaskId, token: FencingToken, attem
             return;
         }
         send_reports(
-            &s,
+            &mut s,
             vec![vec![Report {
                 task,
                 token: Some(token),
@@ -696,7 +768,7 @@ async fn run_local(state: &SharedShard, task: TaskId, token: FencingToken, attem
             // Canceled while running: its reservation is released now; persist the end.
             s.meta.remove(&task);
             send_reports(
-                &s,
+                &mut s,
                 vec![vec![finish(task, Some(token), TaskState::Canceled, None)]],
             );
             return;
@@ -729,7 +801,7 @@ async fn run_local(state: &SharedShard, task: TaskId, token: FencingToken, attem
             action: ReportAction::Advance(to),
         };
         send_reports(
-            &s,
+            &mut s,
             vec![
                 vec![advance(TaskState::ProviderSucceeded)],
                 vec![advance(TaskState::MediaProcessing)],

@@ -195,6 +195,10 @@ async fn tenant_loop(
     shared: Arc<Mutex<Shared>>,
 ) -> anyhow::Result<(TenantOutcome, Arc<Client>)> {
     let mut rng = Rng::new(seed);
+    // Keys unique per run: a node keeps every key it saw, and a rerun would only replay.
+    let run_id = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
     let outcome = Arc::new(Mutex::new(TenantOutcome {
         tenant: load.tenant,
         ..TenantOutcome::default()
@@ -210,7 +214,7 @@ async fn tenant_loop(
         for _ in 0..batch {
             seq += 1;
             tasks.push(task(
-                format!("lg-{}-{seed}-{seq}", load.tenant),
+                format!("lg-{run_id}-{}-{seq}", load.tenant),
                 1 + (seq % 16) as u32,
                 &mut rng,
             ));
@@ -252,6 +256,8 @@ async fn tenant_loop(
                             s.ack_us.as_mut().expect("histogram").saturating_record(us);
                             s.acks.push((sec, us));
                             s.accepted.push((o.tenant, a.task));
+                        } else if a.replay {
+                            *o.rejected.entry("REPLAY".to_string()).or_default() += 1;
                         } else {
                             *o.rejected.entry(a.decision.name().to_string()).or_default() += 1;
                             s.reject_us
