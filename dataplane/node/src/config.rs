@@ -16,6 +16,9 @@ pub struct Args {
     /// Address to serve the client protocol on (port 0: any free port).
     #[arg(long, env = "SPINDLE_LISTEN")]
     pub listen: Option<SocketAddr>,
+    /// Address of /livez, /readyz and /metrics.
+    #[arg(long, env = "SPINDLE_HTTP_LISTEN")]
+    pub http_listen: Option<SocketAddr>,
     /// PostgreSQL conninfo, or "embedded" for a private server started by the daemon.
     #[arg(long, env = "SPINDLE_POSTGRES")]
     pub postgres: Option<String>,
@@ -24,7 +27,8 @@ pub struct Args {
     pub shards: Option<u32>,
     #[arg(long, env = "SPINDLE_NODE_ID")]
     pub node_id: Option<String>,
-    /// Once serving, write the listen address to this file (for scripts and tests).
+    /// Once serving, write the client address (line 1) and the HTTP address (line 2) to this
+    /// file (for scripts and tests).
     #[arg(long, env = "SPINDLE_READY_FILE")]
     pub ready_file: Option<PathBuf>,
 }
@@ -36,6 +40,9 @@ pub struct Config {
     pub node_id: String,
     #[serde(default = "default_listen")]
     pub listen: SocketAddr,
+    /// `/livez`, `/readyz` and `/metrics` (port 0: any free port).
+    #[serde(default = "default_http_listen")]
+    pub http_listen: SocketAddr,
     #[serde(default = "default_postgres")]
     pub postgres: String,
     #[serde(default = "default_shards")]
@@ -91,6 +98,9 @@ fn default_node_id() -> String {
 fn default_listen() -> SocketAddr {
     "127.0.0.1:7070".parse().expect("literal address")
 }
+fn default_http_listen() -> SocketAddr {
+    "127.0.0.1:7072".parse().expect("literal address")
+}
 fn default_postgres() -> String {
     "embedded".into()
 }
@@ -142,6 +152,9 @@ impl Config {
         })?;
         if let Some(v) = args.listen {
             config.listen = v;
+        }
+        if let Some(v) = args.http_listen {
+            config.http_listen = v;
         }
         if let Some(v) = &args.postgres {
             config.postgres = v.clone();

@@ -10,7 +10,11 @@ use spindle_control::{
     ClaimRequest, ClaimResult, Db, DbConfig, NewTask, PartitionId, Report, ReportResult,
     StoreError, SubmitOutcome,
 };
+use std::sync::Arc;
+
 use spindle_core::{PolicyVersion, TaskId, TenantId};
+
+use crate::metrics::Metrics;
 use tokio::sync::{mpsc, oneshot};
 
 /// Messages one shard's pipeline takes at once before it pushes back.
@@ -69,6 +73,7 @@ pub async fn pipeline(
     lease_ms: u32,
     batch_max: usize,
     policy_version: PolicyVersion,
+    metrics: Arc<Metrics>,
     mut rx: mpsc::Receiver<CpMsg>,
 ) {
     let mut backlog: VecDeque<CpMsg> = VecDeque::new();
@@ -86,7 +91,21 @@ pub async fn pipeline(
             }
         }
         let group = next_group(&mut backlog, batch_max);
-        run_group(&db, &node, lease_ms, policy_version, group).await;
+        let kind = match group[0] {
+            CpMsg::Submit { .. } => Some(0),
+            CpMsg::Claim { .. } => Some(1),
+            CpMsg::Report { .. } => Some(2),
+            CpMsg::TaskIds { .. } => None,
+        };
+        let rows: usize = group.iter().map(CpMsg::rows).sum();
+        let started = std::time::Instant::now();
+        let ok = run_group(&db, &node, lease_ms, policy_version, group).await;
+        if let Some(k) = kind {
+            metrics.batches[k].record(started.elapsed().as_micros() as u64, rows as u64);
+        }
+        metrics
+            .postgres_ok
+            .store(ok, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -133,14 +152,25 @@ fn next_group(backlog: &mut VecDeque<CpMsg>, batch_max: usize) -> Vec<CpMsg> {
     group
 }
 
-async fn run_group(db: &Db, node: &str, lease_ms: u32, version: PolicyVersion, group: Vec<CpMsg>) {
+/// Runs one batch; false when PostgreSQL could not be reached.
+async fn run_group(
+    db: &Db,
+    node: &str,
+    lease_ms: u32,
+    version: PolicyVersion,
+    group: Vec<CpMsg>,
+) -> bool {
     match &group[0] {
         CpMsg::TaskIds { .. } => {
+            let mut ok = true;
             for m in group {
                 if let CpMsg::TaskIds { reply } = m {
-                    let _ = reply.send(db.reserve_task_ids().await);
+                    let block = db.reserve_task_ids().await;
+                    ok &= !block.as_ref().is_err_and(StoreError::is_unavailable);
+                    let _ = reply.send(block);
                 }
             }
+            ok
         }
         CpMsg::Submit { .. } => {
             let mut all = Vec::new();
@@ -152,7 +182,7 @@ async fn run_group(db: &Db, node: &str, lease_ms: u32, version: PolicyVersion, g
                 }
             }
             let result = db.submit_batch(&all, version).await;
-            answer(result, replies);
+            answer(result, replies)
         }
         CpMsg::Claim { .. } => {
             let mut all = Vec::new();
@@ -164,7 +194,7 @@ async fn run_group(db: &Db, node: &str, lease_ms: u32, version: PolicyVersion, g
                 }
             }
             let result = db.claim_batch(node, lease_ms, &all).await;
-            answer(result, replies);
+            answer(result, replies)
         }
         CpMsg::Report { .. } => {
             let mut all = Vec::new();
@@ -176,14 +206,15 @@ async fn run_group(db: &Db, node: &str, lease_ms: u32, version: PolicyVersion, g
                 }
             }
             let result = db.report_batch(&all).await;
-            answer(result, replies);
+            answer(result, replies)
         }
     }
 }
 
 /// Splits a merged batch's results back to the messages it came from. A failed batch fails
 /// every message in it (nothing of it was committed).
-fn answer<T>(result: Result<Vec<T>, StoreError>, replies: Vec<(usize, Reply<T>)>) {
+fn answer<T>(result: Result<Vec<T>, StoreError>, replies: Vec<(usize, Reply<T>)>) -> bool {
+    let reachable = !result.as_ref().is_err_and(StoreError::is_unavailable);
     match result {
         Ok(rows) => {
             let mut rows = rows.into_iter();
@@ -199,6 +230,7 @@ fn answer<T>(result: Result<Vec<T>, StoreError>, replies: Vec<(usize, Reply<T>)>
             }
         }
     }
+    reachable
 }
 
 /// A read of a task's stored status, answered by the read connection (batched, unordered
@@ -368,6 +400,7 @@ pub async fn start(
     config: &crate::config::Config,
     db_config: &DbConfig,
     policy: &spindle_core::Policy,
+    metrics: &Arc<Metrics>,
 ) -> anyhow::Result<Started> {
     let admin = Db::open_with_backoff(db_config).await?;
     admin
@@ -403,6 +436,7 @@ pub async fn start(
             config.lease_ms,
             config.batch_max,
             policy.version,
+            metrics.clone(),
             rx,
         ));
         senders.push(tx);

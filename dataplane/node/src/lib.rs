@@ -9,6 +9,7 @@
 
 pub mod config;
 pub mod control;
+pub mod metrics;
 pub mod server;
 pub mod shard;
 
@@ -69,12 +70,14 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         config.postgres.clone()
     };
     let db_config = DbConfig::new(conninfo);
+    let metrics = metrics::Metrics::new(config.shards as usize);
 
-    // The control plane thread.
+    // The control plane thread (and the HTTP endpoints, on its runtime).
     let (started_tx, started_rx) = std_mpsc::channel();
     {
         let config = config.clone();
         let policy = policy.clone();
+        let metrics = metrics.clone();
         std::thread::Builder::new()
             .name("control-plane".into())
             .spawn(move || {
@@ -83,17 +86,27 @@ pub fn run(config: Config) -> anyhow::Result<()> {
                     .build()
                     .expect("tokio runtime");
                 rt.block_on(async move {
-                    let started = control::start(&config, &db_config, &policy).await;
+                    let started = async {
+                        let http = tokio::net::TcpListener::bind(config.http_listen)
+                            .await
+                            .with_context(|| format!("binding {}", config.http_listen))?;
+                        let http_addr = http.local_addr()?;
+                        tokio::spawn(metrics::serve(http, metrics.clone()));
+                        let started =
+                            control::start(&config, &db_config, &policy, &metrics).await?;
+                        anyhow::Ok((started, http_addr))
+                    }
+                    .await;
                     let ok = started.is_ok();
                     let _ = started_tx.send(started);
                     if ok {
-                        wait_for_stop(&config, &db_config).await;
+                        wait_for_stop(&config, &db_config, &metrics).await;
                     }
                 });
             })
             .context("spawning the control plane thread")?;
     }
-    let mut started = started_rx
+    let (mut started, http_addr) = started_rx
         .recv()
         .context("the control plane thread died")??;
 
@@ -139,6 +152,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
         let senders = shard_senders.clone();
         let credentials = credentials.clone();
         let reads = started.reads.clone();
+        let metrics = metrics.clone();
         let handle = LocalExecutorBuilder::new(Placement::Unbound)
             .name(&format!("shard-{i}"))
             .spawn(move || async move {
@@ -151,6 +165,8 @@ pub fn run(config: Config) -> anyhow::Result<()> {
                     partitions: config.partitions,
                     time_scale: config.local_provider_time_scale,
                     log,
+                    metrics,
+                    index: i,
                 });
                 if let Err(e) = shard.restore(restore) {
                     let _ = bound_tx.send(Err(e.to_string()));
@@ -190,9 +206,15 @@ pub fn run(config: Config) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("binding {addr}: {e}"))?;
         handles.push(handle);
     }
-    tracing::info!("serving on {addr} with {} shards", config.shards);
+    tracing::info!(
+        "serving on {addr} with {} shards; /metrics, /livez, /readyz on {http_addr}",
+        config.shards
+    );
     if let Some(path) = &config.ready_file {
-        std::fs::write(path, format!("{addr}\n")).context("writing the ready file")?;
+        // Written aside and renamed: a reader never sees half of it.
+        let tmp = path.with_extension("partial");
+        std::fs::write(&tmp, format!("{addr}\n{http_addr}\n")).context("writing the ready file")?;
+        std::fs::rename(&tmp, path).context("publishing the ready file")?;
     }
     for h in handles {
         h.join()
@@ -203,7 +225,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
 
 /// Waits for SIGTERM or SIGINT, gives the partitions back and exits. (Draining running work
 /// within a window is not built yet: a stop now is a crash the next owner recovers from.)
-async fn wait_for_stop(config: &Config, db_config: &DbConfig) {
+async fn wait_for_stop(config: &Config, db_config: &DbConfig, metrics: &metrics::Metrics) {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut int)) = (
         signal(SignalKind::terminate()),
@@ -216,7 +238,10 @@ async fn wait_for_stop(config: &Config, db_config: &DbConfig) {
         _ = term.recv() => {}
         _ = int.recv() => {}
     }
-    tracing::warn!("stopping");
+    tracing::info!("stopping");
+    metrics
+        .stopping
+        .store(true, std::sync::atomic::Ordering::Relaxed);
     if let Ok(db) = spindle_control::Db::open(db_config).await {
         if let Err(e) = db.release_partitions(&config.node_id).await {
             tracing::warn!("releasing partitions: {e}");

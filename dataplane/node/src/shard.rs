@@ -75,6 +75,8 @@ pub struct ShardState {
     outbox: Vec<Report>,
     /// Where the local provider appends one "task attempt" line per execution.
     log: Option<std::fs::File>,
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
+    index: usize,
 }
 
 pub type SharedShard = Rc<RefCell<ShardState>>;
@@ -93,6 +95,9 @@ pub struct ShardSetup {
     /// The local provider's time scale and execution log.
     pub time_scale: f64,
     pub log: Option<std::fs::File>,
+    pub metrics: std::sync::Arc<crate::metrics::Metrics>,
+    /// This shard's index (its gauges in `metrics`).
+    pub index: usize,
 }
 
 impl ShardState {
@@ -110,6 +115,8 @@ impl ShardState {
             time_scale: setup.time_scale,
             outbox: Vec::new(),
             log: setup.log,
+            metrics: setup.metrics,
+            index: setup.index,
         }
     }
 
@@ -335,6 +342,12 @@ async fn submit(
         .into_iter()
         .map(|a| a.expect("every row answered"))
         .collect();
+    {
+        let s = state.borrow();
+        for a in &answers {
+            s.metrics.admitted(a.decision);
+        }
+    }
     let response = if batch {
         Response::SubmitBatch(answers)
     } else if let Some(only) = answers.into_iter().next() {
@@ -595,11 +608,22 @@ fn flush_reports(s: &mut ShardState) {
     .detach();
 }
 
+fn publish_gauges(s: &ShardState) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let g = &s.metrics.shards[s.index];
+    for lane in spindle_core::Lane::ALL {
+        g.queued_tasks[lane.index()].store(s.core.queued_tasks(lane), Relaxed);
+        g.queued_units_milli[lane.index()].store(s.core.queued_units(lane).milli(), Relaxed);
+    }
+    g.live_tasks.store(s.meta.len() as u64, Relaxed);
+}
+
 /// Drains the core's dispatches into one claim message and handles the answers.
 async fn pump(state: &SharedShard) {
     let claims: Vec<ClaimRequest> = {
         let mut s = state.borrow_mut();
         flush_reports(&mut s);
+        publish_gauges(&s);
         let now = s.now();
         let mut claims = Vec::new();
         while claims.len() < CLAIMS_PER_PUMP_MAX {
@@ -664,6 +688,9 @@ async fn claim(state: &SharedShard, claims: Vec<ClaimRequest>) {
                         ClaimResult::Granted {
                             token, attempt_no, ..
                         } => {
+                            s.metrics
+                                .claims_granted
+                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             if let Some(m) = s.meta.get_mut(task) {
                                 m.token = Some(token);
                                 m.db_version += 1;
@@ -688,6 +715,9 @@ async fn claim(state: &SharedShard, claims: Vec<ClaimRequest>) {
                             }
                         }
                         ClaimResult::Refused(why) => {
+                            s.metrics
+                                .claims_refused
+                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             if matches!(
                                 why,
                                 ClaimRefusal::TaskGone | ClaimRefusal::VersionMoved { .. }
@@ -794,6 +824,9 @@ async fn run_local(state: &SharedShard, task: TaskId, token: FencingToken, attem
             continue;
         }
         let meta = s.meta.remove(&media_task).expect("checked above");
+        s.metrics
+            .completed
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let cost = meta.estimate.map(|e| e.cost_milli);
         let advance = |to| Report {
             task: media_task,

@@ -91,3 +91,45 @@ async fn tenants_are_isolated_and_credentials_checked() {
     );
     wait_for(&one, a.task, TaskState::Succeeded).await;
 }
+
+/// A plain HTTP GET, answered with (status line, body).
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await.unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    (head.lines().next().unwrap().to_string(), body.to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_and_metrics_are_served() {
+    let test = TestDb::new().await;
+    let daemon = start(&test).await;
+    assert_eq!(http_get(daemon.http, "/livez").await.0, "HTTP/1.1 200 OK");
+    assert_eq!(http_get(daemon.http, "/readyz").await.0, "HTTP/1.1 200 OK");
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let a = client.submit(task("metered")).await.unwrap();
+    wait_for(&client, a.task, TaskState::Succeeded).await;
+    let (status, body) = http_get(daemon.http, "/metrics").await;
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    assert!(
+        body.contains("spindle_admissions_total{decision=\"ACCEPTED\"} 1"),
+        "{body}"
+    );
+    assert!(body.contains("spindle_tasks_completed_total 1"), "{body}");
+    assert!(
+        body.contains("spindle_control_batch_seconds_count{kind=\"submit\"}"),
+        "{body}"
+    );
+    assert_eq!(
+        http_get(daemon.http, "/nope").await.0,
+        "HTTP/1.1 404 Not Found"
+    );
+}

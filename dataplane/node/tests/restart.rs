@@ -20,6 +20,7 @@ async fn kill_9_under_load_then_restart_completes_every_acked_task_exactly_once(
         r#"
 node_id = "restart-node"
 listen = "127.0.0.1:0"
+http_listen = "127.0.0.1:0"
 shards = 2
 partitions = 8
 local_provider_time_scale = 0.05

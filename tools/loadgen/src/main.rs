@@ -164,7 +164,7 @@ fn demo(quiet_rate: f64, common: &Common) -> anyhow::Result<()> {
         });
     }
     let config_text = format!(
-        "node_id = \"demo\"\nlisten = \"127.0.0.1:0\"\npostgres = \"{}\"\nlocal_provider_time_scale = 0.01\n\n{tenants_toml}",
+        "node_id = \"demo\"\nlisten = \"127.0.0.1:0\"\nhttp_listen = \"127.0.0.1:0\"\npostgres = \"{}\"\nlocal_provider_time_scale = 0.01\n\n{tenants_toml}",
         pg.conninfo("postgres")
     );
     let config: spindle_node::config::Config = toml_config(&config_text, &ready)?;
@@ -184,7 +184,7 @@ fn demo(quiet_rate: f64, common: &Common) -> anyhow::Result<()> {
     let mut addr = None;
     for _ in 0..600 {
         if let Ok(text) = std::fs::read_to_string(&ready) {
-            addr = text.trim().parse().ok();
+            addr = text.lines().next().and_then(|l| l.parse().ok());
             if addr.is_some() {
                 break;
             }
@@ -210,6 +210,7 @@ fn toml_config(
     let args = spindle_node::config::Args {
         config: Some(path),
         listen: None,
+        http_listen: None,
         postgres: None,
         shards: None,
         node_id: None,

@@ -13,6 +13,8 @@ use spindle_wire::SubmitTask;
 pub struct Daemon {
     pub child: Child,
     pub addr: SocketAddr,
+    /// /livez, /readyz, /metrics.
+    pub http: SocketAddr,
     _dir: tempfile::TempDir,
 }
 
@@ -26,6 +28,7 @@ impl Drop for Daemon {
 pub const CONFIG: &str = r#"
 node_id = "test-node"
 listen = "127.0.0.1:0"
+http_listen = "127.0.0.1:0"
 shards = 2
 partitions = 8
 local_provider_time_scale = 0.0001
@@ -65,10 +68,14 @@ pub async fn start_with(test: &TestDb, config_text: &str) -> Daemon {
         .unwrap();
     for _ in 0..3_000 {
         if let Ok(text) = std::fs::read_to_string(&ready) {
-            if let Ok(addr) = text.trim().parse() {
+            if let Some(Ok(addr)) = text.lines().next().map(str::parse) {
+                let Some(Ok(http)) = text.lines().nth(1).map(str::parse) else {
+                    panic!("the ready file has no HTTP address: {text:?}");
+                };
                 return Daemon {
                     child,
                     addr,
+                    http,
                     _dir: dir,
                 };
             }
