@@ -52,6 +52,9 @@ pub struct Config {
     /// Lease of running attempts and of partitions.
     #[serde(default = "default_lease_ms")]
     pub lease_ms: u32,
+    /// On SIGTERM: how long running work may take to finish before the node exits anyway.
+    #[serde(default = "default_drain_ms")]
+    pub drain_ms: u64,
     /// Rows per control-plane batch.
     #[serde(default = "default_batch_max")]
     pub batch_max: usize,
@@ -111,6 +114,9 @@ fn default_partitions() -> u32 {
     64
 }
 fn default_lease_ms() -> u32 {
+    30_000
+}
+fn default_drain_ms() -> u64 {
     30_000
 }
 fn default_batch_max() -> usize {

@@ -223,8 +223,8 @@ pub fn run(config: Config) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Waits for SIGTERM or SIGINT, gives the partitions back and exits. (Draining running work
-/// within a window is not built yet: a stop now is a crash the next owner recovers from.)
+/// Waits for SIGTERM or SIGINT; then refuses new submits (Draining), stops dispatching, waits
+/// up to `drain_ms` for running work to finish, gives the partitions back and exits.
 async fn wait_for_stop(config: &Config, db_config: &DbConfig, metrics: &metrics::Metrics) {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut term), Ok(mut int)) = (
@@ -238,10 +238,32 @@ async fn wait_for_stop(config: &Config, db_config: &DbConfig, metrics: &metrics:
         _ = term.recv() => {}
         _ = int.recv() => {}
     }
-    tracing::info!("stopping");
+    tracing::info!(
+        "stopping: no new work; draining running work for up to {} ms",
+        config.drain_ms
+    );
     metrics
         .stopping
         .store(true, std::sync::atomic::Ordering::Relaxed);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(config.drain_ms);
+    // The shards publish their running counts every pump (≤ 20 ms); the last completions'
+    // reports must have been answered too.
+    let busy = || {
+        metrics.running() > 0
+            || metrics
+                .reports_pending
+                .load(std::sync::atomic::Ordering::Relaxed)
+                > 0
+    };
+    while busy() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let left = metrics.running();
+    if left > 0 {
+        tracing::warn!(
+            "{left} tasks still running after the drain window; the next owner recovers them"
+        );
+    }
     if let Ok(db) = spindle_control::Db::open(db_config).await {
         if let Err(e) = db.release_partitions(&config.node_id).await {
             tracing::warn!("releasing partitions: {e}");

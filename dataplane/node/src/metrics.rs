@@ -40,6 +40,8 @@ pub struct ShardGauges {
     pub queued_tasks: [AtomicU64; Lane::COUNT],
     pub queued_units_milli: [AtomicU64; Lane::COUNT],
     pub live_tasks: AtomicU64,
+    /// Dispatched and not yet finished (what a drain waits for).
+    pub running_tasks: AtomicU64,
 }
 
 pub struct Metrics {
@@ -52,6 +54,8 @@ pub struct Metrics {
     /// The last control-plane call reached PostgreSQL.
     pub postgres_ok: AtomicBool,
     pub stopping: AtomicBool,
+    /// Reports queued or sent whose answer has not come back (what a drain also waits for).
+    pub reports_pending: AtomicU64,
 }
 
 impl Metrics {
@@ -65,11 +69,23 @@ impl Metrics {
             shards: (0..shards).map(|_| ShardGauges::default()).collect(),
             postgres_ok: AtomicBool::new(true),
             stopping: AtomicBool::new(false),
+            reports_pending: AtomicU64::new(0),
         })
     }
 
     pub fn admitted(&self, d: Decision) {
         self.admissions[d as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn running(&self) -> u64 {
+        self.shards
+            .iter()
+            .map(|g| g.running_tasks.load(Ordering::Relaxed))
+            .sum()
+    }
+
+    pub fn stopping(&self) -> bool {
+        self.stopping.load(Ordering::Relaxed)
     }
 
     pub fn ready(&self) -> bool {

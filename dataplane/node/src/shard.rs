@@ -238,6 +238,13 @@ async fn submit(
     batch: bool,
     reply: oneshot::Sender<Response>,
 ) {
+    if state.borrow().metrics.stopping() {
+        return answer_error(
+            reply,
+            ErrorCode::Draining,
+            "the node is draining; submit to another node".into(),
+        );
+    }
     // Decide every task in the core first; accepted ones go to the group commit.
     let mut answers: Vec<Option<Admission>> = Vec::with_capacity(tasks.len());
     let mut commit: Vec<(usize, NewTask)> = Vec::new();
@@ -551,6 +558,9 @@ fn finish(
 /// Queues report batches for the next flush, in order.
 fn send_reports(s: &mut ShardState, batches: Vec<Vec<Report>>) {
     for b in batches {
+        s.metrics
+            .reports_pending
+            .fetch_add(b.len() as u64, std::sync::atomic::Ordering::Relaxed);
         s.outbox.extend(b);
     }
 }
@@ -577,22 +587,34 @@ fn flush_reports(s: &mut ShardState) {
         *k += 1;
     }
     let cp = s.cp.clone();
+    let metrics = s.metrics.clone();
     glommio::spawn_local(async move {
+        let pending = |n: usize| {
+            metrics
+                .reports_pending
+                .fetch_sub(n as u64, std::sync::atomic::Ordering::Relaxed)
+        };
         let mut answers = Vec::new();
+        let mut unsent: usize = rounds.iter().map(Vec::len).sum();
         for round in rounds {
             let mut round = round.into_iter().peekable();
             while round.peek().is_some() {
                 let reports: Vec<Report> = round.by_ref().take(REPORTS_PER_MESSAGE_MAX).collect();
+                let n = reports.len();
                 let (tx, rx) = oneshot::channel();
                 if cp.send(CpMsg::Report { reports, reply: tx }).await.is_err() {
                     tracing::warn!("control plane stopped; reports wait for the reconciler");
+                    pending(unsent);
                     return;
                 }
-                answers.push(rx);
+                unsent -= n;
+                answers.push((n, rx));
             }
         }
-        for rx in answers {
-            match rx.await {
+        for (n, rx) in answers {
+            let answer = rx.await;
+            pending(n);
+            match answer {
                 Ok(Ok(results)) => {
                     for r in results {
                         if !matches!(r, ReportResult::Applied { .. }) {
@@ -616,6 +638,8 @@ fn publish_gauges(s: &ShardState) {
         g.queued_units_milli[lane.index()].store(s.core.queued_units(lane).milli(), Relaxed);
     }
     g.live_tasks.store(s.meta.len() as u64, Relaxed);
+    let running = s.meta.values().filter(|m| m.estimate.is_some()).count();
+    g.running_tasks.store(running as u64, Relaxed);
 }
 
 /// Drains the core's dispatches into one claim message and handles the answers.
@@ -624,6 +648,10 @@ async fn pump(state: &SharedShard) {
         let mut s = state.borrow_mut();
         flush_reports(&mut s);
         publish_gauges(&s);
+        if s.metrics.stopping() {
+            // Draining: what is queued stays QUEUED in PostgreSQL for the next owner.
+            return;
+        }
         let now = s.now();
         let mut claims = Vec::new();
         while claims.len() < CLAIMS_PER_PUMP_MAX {
@@ -658,6 +686,8 @@ async fn pump(state: &SharedShard) {
                 Poll::Idle => break,
             }
         }
+        // Again after dispatching: a drain must count what was just picked.
+        publish_gauges(&s);
         claims
     };
     if claims.is_empty() {
