@@ -58,26 +58,11 @@ impl Db {
         tenant: TenantId,
         task: TaskId,
     ) -> Result<Option<StoredTask>, StoreError> {
-        let row = self
-            .client()
-            .query_opt(
-                "SELECT state, version, attempt_no, cost_estimate_milli, cost_actual_milli,
-                        failure_reason
-                   FROM task WHERE task_id = $1 AND tenant_id = $2",
-                &[&(task.0 as i64), &(tenant.0 as i32)],
-            )
-            .await?;
-        row.map(|r| {
-            Ok(StoredTask {
-                task,
-                state: parse_state(r.get(0))?,
-                version: r.get::<_, i32>(1) as u32,
-                attempt_no: r.get::<_, i32>(2) as u32,
-                cost_estimate_milli: r.get::<_, i64>(3) as u64,
-                cost_actual_milli: r.get::<_, Option<i64>>(4).map(|c| c as u64),
-                failure_reason: r.get(5),
-            })
-        })
-        .transpose()
+        Ok(self
+            .task_statuses(&[task])
+            .await?
+            .into_iter()
+            .find(|(owner, _)| *owner == tenant)
+            .map(|(_, t)| t))
     }
 }

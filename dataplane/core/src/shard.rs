@@ -642,6 +642,20 @@ impl Shard {
 
     // ---------------------------------------------------------------- admission
 
+    /// The server's price of a spec, from the model's capability row (cached per spec).
+    fn price(&mut self, spec: &TaskSpec) -> Result<CostEstimate, SubmitError> {
+        let model =
+            self.policy
+                .models
+                .get(spec.model.0 as usize)
+                .ok_or(SubmitError::InvalidSpec(
+                    crate::cost::CostError::UnknownModel(spec.model),
+                ))?;
+        self.estimates
+            .get_or_insert(spec, || estimate(spec, model, &self.policy.cost_bases))
+            .map_err(SubmitError::InvalidSpec)
+    }
+
     /// Decides on a submit. `Ok` carries every decision, accept or reject; `Err` is a request the
     /// core cannot decide on.
     pub fn handle_submit(
@@ -650,17 +664,7 @@ impl Shard {
         req: SubmitRequest,
     ) -> Result<Admission, SubmitError> {
         let slot = self.ensure_tenant(req.tenant)?;
-        let model =
-            self.policy
-                .models
-                .get(req.spec.model.0 as usize)
-                .ok_or(SubmitError::InvalidSpec(
-                    crate::cost::CostError::UnknownModel(req.spec.model),
-                ))?;
-        let est = self.estimates.get_or_insert(&req.spec, || {
-            estimate(&req.spec, model, &self.policy.cost_bases)
-        });
-        let est = est.map_err(SubmitError::InvalidSpec)?;
+        let est = self.price(&req.spec)?;
         if self.tasks.contains_key(&req.task) {
             return Err(SubmitError::DuplicateTask(req.task));
         }
@@ -811,15 +815,7 @@ impl Shard {
     ) -> Result<(), SubmitError> {
         let req = restore.submit;
         let slot = self.ensure_tenant(req.tenant)?;
-        let model =
-            self.policy
-                .models
-                .get(req.spec.model.0 as usize)
-                .ok_or(SubmitError::InvalidSpec(
-                    crate::cost::CostError::UnknownModel(req.spec.model),
-                ))?;
-        let est = estimate(&req.spec, model, &self.policy.cost_bases)
-            .map_err(SubmitError::InvalidSpec)?;
+        let est = self.price(&req.spec)?;
         if self.tasks.contains_key(&req.task) {
             return Err(SubmitError::DuplicateTask(req.task));
         }
