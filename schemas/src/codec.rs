@@ -251,6 +251,9 @@ pub fn decode_response(payload: &[u8]) -> Result<ResponseFrame, WireError> {
                 state: state(c.state())?,
             }
         }
+        fb::Response::Unsubscribed => Response::Unsubscribed(TaskId(
+            frame.body_as_unsubscribed().ok_or_else(missing)?.task_id(),
+        )),
         fb::Response::Subscribed => Response::Subscribed(TaskId(
             frame.body_as_subscribed().ok_or_else(missing)?.task_id(),
         )),
@@ -447,6 +450,11 @@ impl Encoder {
             Response::Subscribed(t) => (
                 fb::Response::Subscribed,
                 fb::Subscribed::create(fbb, &fb::SubscribedArgs { task_id: t.0 }).as_union_value(),
+            ),
+            Response::Unsubscribed(t) => (
+                fb::Response::Unsubscribed,
+                fb::Unsubscribed::create(fbb, &fb::UnsubscribedArgs { task_id: t.0 })
+                    .as_union_value(),
             ),
             Response::Event(e) => {
                 let args = fb::EventArgs {

@@ -60,6 +60,7 @@ pub enum Response {
     Status(TaskStatus),
     Canceled { task: TaskId, state: TaskState },
     Subscribed(TaskId),
+    Unsubscribed(TaskId),
     Event(Event),
     Error(WireError),
 }

@@ -116,6 +116,7 @@ fn every_response_round_trips() {
             state: TaskState::Canceled,
         },
         Response::Subscribed(TaskId(9)),
+        Response::Unsubscribed(TaskId(9)),
         Response::Event(Event {
             task: TaskId(9),
             state: TaskState::Succeeded,

@@ -54,7 +54,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     diff == 0
 }
 
-fn frame(request_id: u64, body: Response) -> Vec<u8> {
+pub(crate) fn frame(request_id: u64, body: Response) -> Vec<u8> {
     let mut out = Vec::new();
     Encoder::new().response(&ResponseFrame { request_id, body }, &mut out);
     out
@@ -167,14 +167,19 @@ pub async fn serve(stream: glommio::net::TcpStream, ctx: Rc<ConnCtx>) {
                     task,
                     reply,
                 },
-                Request::Subscribe(_) | Request::Unsubscribe(_) => {
-                    let e = WireError::new(
-                        ErrorCode::Unavailable,
-                        "progress subscriptions are not served by this node yet",
-                    );
-                    let _ = out_tx.send(frame(id, Response::Error(e))).await;
-                    continue;
-                }
+                Request::Subscribe(task) => ShardMsg::Subscribe {
+                    tenant: t,
+                    task,
+                    request_id: id,
+                    out: out_tx.clone(),
+                    reply,
+                },
+                Request::Unsubscribe(task) => ShardMsg::Unsubscribe {
+                    tenant: t,
+                    task,
+                    out: out_tx.clone(),
+                    reply,
+                },
             };
             let Ok(permit) = inflight.acquire_static_permit(1).await else {
                 break 'conn;

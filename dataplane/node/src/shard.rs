@@ -48,6 +48,76 @@ pub enum ShardMsg {
         task: TaskId,
         reply: oneshot::Sender<Response>,
     },
+    /// Events of `task` go to `out` (the connection's frame queue) tagged `request_id`.
+    Subscribe {
+        tenant: TenantId,
+        task: TaskId,
+        request_id: u64,
+        out: mpsc::Sender<Vec<u8>>,
+        reply: oneshot::Sender<Response>,
+    },
+    Unsubscribe {
+        tenant: TenantId,
+        task: TaskId,
+        out: mpsc::Sender<Vec<u8>>,
+        reply: oneshot::Sender<Response>,
+    },
+}
+
+/// Subscriptions one shard holds, and per task.
+pub const SUBSCRIPTIONS_MAX: usize = 100_000;
+pub const SUBSCRIPTIONS_PER_TASK_MAX: usize = 16;
+
+struct Subscriber {
+    request_id: u64,
+    out: mpsc::Sender<Vec<u8>>,
+}
+
+/// Progress milestone of a state (DESIGN §5: 10/30/60/90/100).
+fn progress_of(state: TaskState) -> u8 {
+    match state {
+        TaskState::Created | TaskState::Queued => 0,
+        TaskState::Dispatching | TaskState::SubmitUnknown => 10,
+        TaskState::Running => 30,
+        TaskState::ProviderSucceeded => 60,
+        TaskState::MediaProcessing => 90,
+        TaskState::Succeeded | TaskState::Failed | TaskState::Canceled | TaskState::Expired => 100,
+    }
+}
+
+/// Pushes an event to `task`'s subscribers. A subscriber whose connection is gone or whose
+/// queue is full is dropped (a slow reader cannot hold the shard); the task's end drops all.
+fn notify(s: &mut ShardState, task: TaskId, state: TaskState) {
+    let Some(subs) = s.subs.get_mut(&task) else {
+        return;
+    };
+    let at_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let event = spindle_wire::Event {
+        task,
+        state,
+        progress_pct: progress_of(state),
+        at_ms,
+    };
+    let before = subs.len();
+    subs.retain(|sub| {
+        let frame = crate::server::frame(sub.request_id, Response::Event(event.clone()));
+        match sub.out.try_send(frame) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!("dropping a subscriber of task {task}: {e}");
+                false
+            }
+        }
+    });
+    let dropped = before - subs.len();
+    if state.is_terminal() || subs.is_empty() {
+        let left = s.subs.remove(&task).map_or(0, |v| v.len());
+        s.subs_total -= left + dropped;
+    } else {
+        s.subs_total -= dropped;
+    }
 }
 
 /// The shell's record of a live task, beside the core's.
@@ -73,6 +143,8 @@ pub struct ShardState {
     time_scale: f64,
     /// Reports waiting for the next flush (every pump).
     outbox: Vec<Report>,
+    subs: HashMap<TaskId, Vec<Subscriber>>,
+    subs_total: usize,
     /// Where the local provider appends one "task attempt" line per execution.
     log: Option<std::fs::File>,
     metrics: std::sync::Arc<crate::metrics::Metrics>,
@@ -114,6 +186,8 @@ impl ShardState {
             meta: HashMap::new(),
             time_scale: setup.time_scale,
             outbox: Vec::new(),
+            subs: HashMap::new(),
+            subs_total: 0,
             log: setup.log,
             metrics: setup.metrics,
             index: setup.index,
@@ -188,6 +262,32 @@ pub async fn run(state: SharedShard, mut inbox: mpsc::Receiver<ShardMsg>) {
                 task,
                 reply,
             } => cancel(&state, tenant, task, reply),
+            ShardMsg::Subscribe {
+                tenant,
+                task,
+                request_id,
+                out,
+                reply,
+            } => subscribe(&state, tenant, task, request_id, out, reply),
+            ShardMsg::Unsubscribe {
+                tenant,
+                task,
+                out,
+                reply,
+            } => {
+                let mut s = state.borrow_mut();
+                if let Some(subs) = s.subs.get_mut(&task) {
+                    let before = subs.len();
+                    subs.retain(|sub| !sub.out.same_channel(&out));
+                    let gone = before - subs.len();
+                    if subs.is_empty() {
+                        s.subs.remove(&task);
+                    }
+                    s.subs_total -= gone;
+                }
+                let _ = tenant;
+                let _ = reply.send(Response::Unsubscribed(task));
+            }
         }
         pump(&state).await;
     }
@@ -500,6 +600,48 @@ async fn get(
     let _ = reply.send(response);
 }
 
+fn subscribe(
+    state: &SharedShard,
+    tenant: TenantId,
+    task: TaskId,
+    request_id: u64,
+    out: mpsc::Sender<Vec<u8>>,
+    reply: oneshot::Sender<Response>,
+) {
+    let mut s = state.borrow_mut();
+    let live = s
+        .meta
+        .get(&task)
+        .is_some_and(|m| m.tenant == tenant && m.committed);
+    let Some(current) = live.then(|| s.core.task_state(task)).flatten() else {
+        drop(s);
+        return answer_error(
+            reply,
+            ErrorCode::NotFound,
+            format!("task {task} is not live here (finished or unknown): use GetTask"),
+        );
+    };
+    let per_task = s.subs.get(&task).map_or(0, Vec::len);
+    if s.subs_total >= SUBSCRIPTIONS_MAX || per_task >= SUBSCRIPTIONS_PER_TASK_MAX {
+        drop(s);
+        return answer_error(
+            reply,
+            ErrorCode::TooManySubscriptions,
+            format!(
+                "at most {SUBSCRIPTIONS_PER_TASK_MAX} per task and {SUBSCRIPTIONS_MAX} per shard"
+            ),
+        );
+    }
+    // The answer, and the current state as the first event (either may reach the client first).
+    let _ = reply.send(Response::Subscribed(task));
+    s.subs
+        .entry(task)
+        .or_default()
+        .push(Subscriber { request_id, out });
+    s.subs_total += 1;
+    notify(&mut s, task, current);
+}
+
 fn cancel(state: &SharedShard, tenant: TenantId, task: TaskId, reply: oneshot::Sender<Response>) {
     let mut s = state.borrow_mut();
     let owned = s
@@ -525,6 +667,7 @@ fn cancel(state: &SharedShard, tenant: TenantId, task: TaskId, reply: oneshot::S
             let running = s.meta.get(&task).is_some_and(|m| m.token.is_some());
             if !running {
                 s.meta.remove(&task);
+                notify(&mut s, task, TaskState::Canceled);
                 send_reports(
                     &mut s,
                     vec![vec![finish(task, None, TaskState::Canceled, None)]],
@@ -677,6 +820,7 @@ async fn pump(state: &SharedShard) {
                 }
                 Poll::Expired(task) => {
                     s.meta.remove(&task);
+                    notify(&mut s, task, TaskState::Expired);
                     send_reports(
                         &mut s,
                         vec![vec![finish(task, None, TaskState::Expired, None)]],
@@ -731,6 +875,7 @@ async fn claim(state: &SharedShard, claims: Vec<ClaimRequest>) {
                                 }
                                 Ok(ClaimOutcome::Canceled) => {
                                     s.meta.remove(task);
+                                    notify(&mut s, *task, TaskState::Canceled);
                                     send_reports(
                                         &mut s,
                                         vec![vec![finish(
@@ -796,6 +941,7 @@ async fn run_local(state: &SharedShard, task: TaskId, token: FencingToken, attem
             tracing::warn!("provider accepted {task}: {e}");
             return;
         }
+        notify(&mut s, task, TaskState::Running);
         send_reports(
             &mut s,
             vec![vec![Report {
@@ -823,10 +969,11 @@ async fn run_local(state: &SharedShard, task: TaskId, token: FencingToken, attem
         .core
         .handle_provider_succeeded(now, task, token, Units(cost))
     {
-        Ok(CompleteOutcome::AwaitingMedia) => {}
+        Ok(CompleteOutcome::AwaitingMedia) => notify(&mut s, task, TaskState::ProviderSucceeded),
         Ok(CompleteOutcome::Canceled) => {
             // Canceled while running: its reservation is released now; persist the end.
             s.meta.remove(&task);
+            notify(&mut s, task, TaskState::Canceled);
             send_reports(
                 &mut s,
                 vec![vec![finish(task, Some(token), TaskState::Canceled, None)]],
@@ -854,6 +1001,7 @@ async fn run_local(state: &SharedShard, task: TaskId, token: FencingToken, attem
             continue;
         }
         let meta = s.meta.remove(&media_task).expect("checked above");
+        notify(&mut s, media_task, TaskState::Succeeded);
         s.metrics
             .completed
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);

@@ -133,3 +133,53 @@ async fn health_and_metrics_are_served() {
         "HTTP/1.1 404 Not Found"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribers_receive_progress_until_the_task_ends() {
+    let test = TestDb::new().await;
+    // Tasks take 300 ms at the provider: time to subscribe while they run.
+    let config = common::CONFIG.replace(
+        "local_provider_time_scale = 0.0001",
+        "local_provider_time_scale = 0.01",
+    );
+    let daemon = common::start_with(&test, &config).await;
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let other = Client::connect(daemon.addr, TenantId(2), "two")
+        .await
+        .unwrap();
+    let a = client.submit(task("watched")).await.unwrap();
+    client.subscribe(a.task).await.unwrap();
+    // Another tenant cannot watch it.
+    let denied = other.subscribe(a.task).await;
+    assert!(
+        matches!(denied, Err(ClientError::Refused(ref e)) if e.code == ErrorCode::NotFound),
+        "{denied:?}"
+    );
+    let mut seen = Vec::new();
+    loop {
+        let e = tokio::time::timeout(std::time::Duration::from_secs(10), client.next_event())
+            .await
+            .expect("an event within 10 s")
+            .expect("the connection stays open");
+        assert_eq!(e.task, a.task);
+        seen.push((e.state, e.progress_pct));
+        if e.state.is_terminal() {
+            break;
+        }
+    }
+    assert_eq!(seen.last(), Some(&(TaskState::Succeeded, 100)), "{seen:?}");
+    let pcts: Vec<u8> = seen.iter().map(|(_, p)| *p).collect();
+    assert!(
+        pcts.windows(2).all(|w| w[0] <= w[1]),
+        "progress only grows: {seen:?}"
+    );
+    assert!(seen.len() >= 2, "more than the final event: {seen:?}");
+    // A finished task cannot be subscribed to (GetTask answers for it).
+    let late = client.subscribe(a.task).await;
+    assert!(
+        matches!(late, Err(ClientError::Refused(ref e)) if e.code == ErrorCode::NotFound),
+        "{late:?}"
+    );
+}

@@ -522,10 +522,10 @@ pub struct RequestUnionTableOffset {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_RESPONSE: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_RESPONSE: u8 = 8;
+pub const ENUM_MAX_RESPONSE: u8 = 9;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_RESPONSE: [Response; 9] = [
+pub const ENUM_VALUES_RESPONSE: [Response; 10] = [
   Response::NONE,
   Response::HelloOk,
   Response::Admission,
@@ -535,6 +535,7 @@ pub const ENUM_VALUES_RESPONSE: [Response; 9] = [
   Response::Subscribed,
   Response::Event,
   Response::Error,
+  Response::Unsubscribed,
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
@@ -551,9 +552,10 @@ impl Response {
   pub const Subscribed: Self = Self(6);
   pub const Event: Self = Self(7);
   pub const Error: Self = Self(8);
+  pub const Unsubscribed: Self = Self(9);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 8;
+  pub const ENUM_MAX: u8 = 9;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::NONE,
     Self::HelloOk,
@@ -564,6 +566,7 @@ impl Response {
     Self::Subscribed,
     Self::Event,
     Self::Error,
+    Self::Unsubscribed,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -577,6 +580,7 @@ impl Response {
       Self::Subscribed => Some("Subscribed"),
       Self::Event => Some("Event"),
       Self::Error => Some("Error"),
+      Self::Unsubscribed => Some("Unsubscribed"),
       _ => None,
     }
   }
@@ -1442,7 +1446,8 @@ impl ::core::fmt::Debug for GetTask<'_> {
 pub enum SubscribeOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
-/// Progress events for one task, until it ends or Unsubscribe.
+/// Progress events for one live task, until it ends or Unsubscribe. Events arrive as
+/// ResponseFrames carrying the Subscribe's request_id.
 pub struct Subscribe<'a> {
   pub _tab: ::flatbuffers::Table<'a>,
 }
@@ -2777,6 +2782,102 @@ impl ::core::fmt::Debug for Subscribed<'_> {
       ds.finish()
   }
 }
+pub enum UnsubscribedOffset {}
+#[derive(Copy, Clone, PartialEq)]
+
+pub struct Unsubscribed<'a> {
+  pub _tab: ::flatbuffers::Table<'a>,
+}
+
+impl<'a> ::flatbuffers::Follow<'a> for Unsubscribed<'a> {
+  type Inner = Unsubscribed<'a>;
+  #[inline]
+  unsafe fn follow(buf: &'a [u8], loc: usize) -> Self::Inner {
+    Self { _tab: unsafe { ::flatbuffers::Table::new(buf, loc) } }
+  }
+}
+
+impl<'a> Unsubscribed<'a> {
+  pub const VT_TASK_ID: ::flatbuffers::VOffsetT = 4;
+
+  #[inline]
+  pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
+    Unsubscribed { _tab: table }
+  }
+  #[allow(unused_mut)]
+  pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
+    _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
+    args: &'args UnsubscribedArgs
+  ) -> ::flatbuffers::WIPOffset<Unsubscribed<'bldr>> {
+    let mut builder = UnsubscribedBuilder::new(_fbb);
+    builder.add_task_id(args.task_id);
+    builder.finish()
+  }
+
+
+  #[inline]
+  pub fn task_id(&self) -> u64 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u64>(Unsubscribed::VT_TASK_ID, Some(0)).unwrap()}
+  }
+}
+
+impl ::flatbuffers::Verifiable for Unsubscribed<'_> {
+  #[inline]
+  fn run_verifier(
+    v: &mut ::flatbuffers::Verifier, pos: usize
+  ) -> Result<(), ::flatbuffers::InvalidFlatbuffer> {
+    v.visit_table(pos)?
+     .visit_field::<u64>("task_id", Self::VT_TASK_ID, false)?
+     .finish();
+    Ok(())
+  }
+}
+pub struct UnsubscribedArgs {
+    pub task_id: u64,
+}
+impl<'a> Default for UnsubscribedArgs {
+  #[inline]
+  fn default() -> Self {
+    UnsubscribedArgs {
+      task_id: 0,
+    }
+  }
+}
+
+pub struct UnsubscribedBuilder<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> {
+  fbb_: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>,
+  start_: ::flatbuffers::WIPOffset<::flatbuffers::TableUnfinishedWIPOffset>,
+}
+impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> UnsubscribedBuilder<'a, 'b, A> {
+  #[inline]
+  pub fn add_task_id(&mut self, task_id: u64) {
+    self.fbb_.push_slot::<u64>(Unsubscribed::VT_TASK_ID, task_id, 0);
+  }
+  #[inline]
+  pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> UnsubscribedBuilder<'a, 'b, A> {
+    let start = _fbb.start_table();
+    UnsubscribedBuilder {
+      fbb_: _fbb,
+      start_: start,
+    }
+  }
+  #[inline]
+  pub fn finish(self) -> ::flatbuffers::WIPOffset<Unsubscribed<'a>> {
+    let o = self.fbb_.end_table(self.start_);
+    ::flatbuffers::WIPOffset::new(o.value())
+  }
+}
+
+impl ::core::fmt::Debug for Unsubscribed<'_> {
+  fn fmt(&self, f: &mut ::core::fmt::Formatter<'_>) -> ::core::fmt::Result {
+    let mut ds = f.debug_struct("Unsubscribed");
+      ds.field("task_id", &self.task_id());
+      ds.finish()
+  }
+}
 pub enum EventOffset {}
 #[derive(Copy, Clone, PartialEq)]
 
@@ -3209,6 +3310,20 @@ impl<'a> ResponseFrame<'a> {
     }
   }
 
+  #[inline]
+  #[allow(non_snake_case)]
+  pub fn body_as_unsubscribed(&self) -> Option<Unsubscribed<'a>> {
+    if self.body_type() == Response::Unsubscribed {
+      let u = self.body();
+      // Safety:
+      // Created from a valid Table for this object
+      // Which contains a valid union in this slot
+      Some(unsafe { Unsubscribed::init_from_table(u) })
+    } else {
+      None
+    }
+  }
+
 }
 
 impl ::flatbuffers::Verifiable for ResponseFrame<'_> {
@@ -3228,6 +3343,7 @@ impl ::flatbuffers::Verifiable for ResponseFrame<'_> {
           Response::Subscribed => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Subscribed>>("Response::Subscribed", pos),
           Response::Event => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Event>>("Response::Event", pos),
           Response::Error => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Error>>("Response::Error", pos),
+          Response::Unsubscribed => v.verify_union_variant::<::flatbuffers::ForwardsUOffset<Unsubscribed>>("Response::Unsubscribed", pos),
           _ => Ok(()),
         }
      })?
@@ -3341,6 +3457,13 @@ impl ::core::fmt::Debug for ResponseFrame<'_> {
         },
         Response::Error => {
           if let Some(x) = self.body_as_error() {
+            ds.field("body", &x)
+          } else {
+            ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")
+          }
+        },
+        Response::Unsubscribed => {
+          if let Some(x) = self.body_as_unsubscribed() {
             ds.field("body", &x)
           } else {
             ds.field("body", &"InvalidFlatbuffer: Union discriminant does not match value.")

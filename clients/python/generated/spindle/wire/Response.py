@@ -12,3 +12,4 @@ class Response(object):
     Subscribed = 6
     Event = 7
     Error = 8
+    Unsubscribed = 9

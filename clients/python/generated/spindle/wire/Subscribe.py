@@ -6,7 +6,8 @@ import flatbuffers
 from flatbuffers.compat import import_numpy
 np = import_numpy()
 
-# Progress events for one task, until it ends or Unsubscribe.
+# Progress events for one live task, until it ends or Unsubscribe. Events arrive as
+# ResponseFrames carrying the Subscribe's request_id.
 class Subscribe(object):
     __slots__ = ['_tab']
 
