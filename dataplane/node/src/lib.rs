@@ -27,6 +27,9 @@ use crate::config::Config;
 use crate::server::ConnCtx;
 use crate::shard::{ShardMsg, ShardSetup, ShardState, SHARD_QUEUE_MAX};
 
+/// The embedded PostgreSQL, when the node runs one; stopped on the way out.
+static EMBEDDED: std::sync::Mutex<Option<EmbeddedPostgres>> = std::sync::Mutex::new(None);
+
 /// The policy the node schedules with: the small-node preset with node-wide limits lifted and
 /// the configured tenants. (The policy store drives this once issue 7's admin API exists.)
 pub fn policy(config: &Config) -> Policy {
@@ -55,16 +58,25 @@ pub fn policy(config: &Config) -> Policy {
     policy
 }
 
-/// Runs the node until the process is stopped.
+/// Runs the node until the process is stopped. A failed start stops the embedded PostgreSQL
+/// it may have begun.
 pub fn run(config: Config) -> anyhow::Result<()> {
+    let result = run_node(config);
+    if result.is_err() {
+        drop(EMBEDDED.lock().unwrap_or_else(|p| p.into_inner()).take());
+    }
+    result
+}
+
+fn run_node(config: Config) -> anyhow::Result<()> {
     let policy = policy(&config);
-    let _embedded;
     let conninfo = if config.postgres == "embedded" {
         let pg = EmbeddedPostgres::start(EmbeddedOptions::default())
             .context("starting the embedded PostgreSQL")?;
         let c = pg.conninfo("postgres");
         tracing::info!("embedded PostgreSQL at {c}");
-        _embedded = pg;
+        // Kept where the stop path can reach it: process::exit runs no destructors.
+        *EMBEDDED.lock().unwrap_or_else(|p| p.into_inner()) = Some(pg);
         c
     } else {
         config.postgres.clone()
@@ -272,5 +284,6 @@ async fn wait_for_stop(config: &Config, db_config: &DbConfig, metrics: &metrics:
             tracing::warn!("deregistering: {e}");
         }
     }
+    drop(EMBEDDED.lock().unwrap_or_else(|p| p.into_inner()).take());
     std::process::exit(0);
 }

@@ -348,11 +348,16 @@ async fn submit(
     // Decide every task in the core first; accepted ones go to the group commit.
     let mut answers: Vec<Option<Admission>> = Vec::with_capacity(tasks.len());
     let mut commit: Vec<(usize, NewTask)> = Vec::new();
-    for (i, t) in tasks.iter().enumerate() {
-        let id = match next_task_id(state).await {
-            Ok(id) => id,
+    // Every id first: from the first admission to the Submit message there must be no await,
+    // or a pump could dispatch an admitted task and its claim overtake its submit (TASK_GONE).
+    let mut ids = Vec::with_capacity(tasks.len());
+    for _ in &tasks {
+        match next_task_id(state).await {
+            Ok(id) => ids.push(id),
             Err(e) => return answer_error(reply, ErrorCode::Unavailable, e.to_string()),
-        };
+        }
+    }
+    for ((i, t), id) in tasks.iter().enumerate().zip(ids) {
         let mut s = state.borrow_mut();
         let now = s.now();
         let req = SubmitRequest {
