@@ -183,3 +183,56 @@ async fn subscribers_receive_progress_until_the_task_ends() {
         "{late:?}"
     );
 }
+
+/// Batches that run a shard through its block of task ids mid-request (4,096 ids a block):
+/// every acknowledged task must complete; a claim must never overtake its own submit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_across_task_id_blocks_all_complete() {
+    let test = TestDb::new().await;
+    let daemon = start(&test).await;
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let mut acked = Vec::new();
+    for b in 0..5 {
+        let batch: Vec<_> = (0..1_000).map(|i| task(&format!("blk{b}-{i}"))).collect();
+        for a in client.submit_batch(batch).await.unwrap() {
+            assert!(a.decision.is_accepted(), "{a:?}");
+            acked.push(a.task.0 as i64);
+        }
+    }
+    let sql = test.sql().await.unwrap();
+    // Bounded at 120 s: a debug build on two cores moves a few hundred tasks a second here; a
+    // stranded task never completes however long the wait.
+    let mut done = 0i64;
+    for _ in 0..12_000 {
+        done = sql
+            .query_one(
+                "SELECT count(*) FROM task WHERE task_id = ANY ($1) AND state = 'SUCCEEDED'",
+                &[&acked],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if done == acked.len() as i64 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    if done != 5_000 {
+        let states: Vec<(String, i64)> = sql
+            .query("SELECT state, count(*) FROM task GROUP BY state", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        let (_, metrics) = http_get(daemon.http, "/metrics").await;
+        panic!("{done} of 5000 completed; states {states:?}\n{metrics}");
+    }
+    let (_, metrics) = http_get(daemon.http, "/metrics").await;
+    assert!(
+        metrics.contains("spindle_claims_total{result=\"refused\"} 0"),
+        "{metrics}"
+    );
+}
