@@ -108,13 +108,16 @@ impl EmbeddedPostgres {
         Ok(pg)
     }
 
-    /// (Re)starts a stopped server on a fresh free port.
+    /// (Re)starts a stopped server: on its previous port when it had one (clients reconnect
+    /// with the same conninfo), else on a fresh free port.
     pub fn start_server(&mut self) -> Result<(), EmbedError> {
         assert!(!self.running, "the server is already running");
         // A port found free can be taken before the server binds it: try a few.
         let mut last = None;
-        for _ in 0..5 {
-            self.port = free_port()?;
+        for attempt in 0..5 {
+            if !(attempt == 0 && self.port != 0) {
+                self.port = free_port()?;
+            }
             let mut server_opts = format!(
                 "-p {} -k {} -c listen_addresses=127.0.0.1 -c max_connections={} -c shared_buffers={}MB",
                 self.port,

@@ -66,16 +66,29 @@ impl CpMsg {
     }
 }
 
+/// What one pipeline runs with.
+pub struct PipelineSetup {
+    pub db: Db,
+    /// For reconnecting after PostgreSQL went away.
+    pub db_config: DbConfig,
+    pub node: String,
+    pub lease_ms: u32,
+    pub batch_max: usize,
+    pub policy_version: PolicyVersion,
+    pub metrics: Arc<Metrics>,
+}
+
 /// Runs one shard's pipeline until its sender is dropped.
-pub async fn pipeline(
-    db: Db,
-    node: String,
-    lease_ms: u32,
-    batch_max: usize,
-    policy_version: PolicyVersion,
-    metrics: Arc<Metrics>,
-    mut rx: mpsc::Receiver<CpMsg>,
-) {
+pub async fn pipeline(setup: PipelineSetup, mut rx: mpsc::Receiver<CpMsg>) {
+    let PipelineSetup {
+        mut db,
+        db_config,
+        node,
+        lease_ms,
+        batch_max,
+        policy_version,
+        metrics,
+    } = setup;
     let mut backlog: VecDeque<CpMsg> = VecDeque::new();
     loop {
         if backlog.is_empty() {
@@ -91,6 +104,25 @@ pub async fn pipeline(
             }
         }
         let group = next_group(&mut backlog, batch_max);
+        if db.is_closed() {
+            // PostgreSQL went away. One attempt per batch: while it is down every batch is
+            // answered Unavailable at once (the shards refuse paid work as overloaded and put
+            // claims back) instead of waiting here; the first batch after it returns goes on.
+            match Db::open(&db_config).await {
+                Ok(fresh) => {
+                    tracing::info!("reconnected to PostgreSQL");
+                    db = fresh;
+                }
+                Err(e) => {
+                    metrics
+                        .postgres_ok
+                        .store(false, std::sync::atomic::Ordering::Relaxed);
+                    fail_group(group, &e);
+                    tokio::time::sleep(RECONNECT_PAUSE).await;
+                    continue;
+                }
+            }
+        }
         let kind = match group[0] {
             CpMsg::Submit { .. } => Some(0),
             CpMsg::Claim { .. } => Some(1),
@@ -106,6 +138,39 @@ pub async fn pipeline(
         metrics
             .postgres_ok
             .store(ok, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// How long a pipeline waits after a failed reconnect before it tries with the next batch.
+const RECONNECT_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Answers every message of a batch that could not run with `Unavailable`.
+fn fail_group(group: Vec<CpMsg>, e: &StoreError) {
+    let text = e.to_string();
+    let unavailable = || StoreError::Unavailable(text.clone());
+    for m in group {
+        match m {
+            CpMsg::Submit { reply, .. } => drop(reply.send(Err(unavailable()))),
+            CpMsg::Claim { reply, .. } => drop(reply.send(Err(unavailable()))),
+            CpMsg::Report { reply, .. } => drop(reply.send(Err(unavailable()))),
+            CpMsg::TaskIds { reply } => drop(reply.send(Err(unavailable()))),
+        }
+    }
+}
+
+/// Opens a connection again, with backoff, for as long as it takes; readiness says so.
+async fn reconnect(config: &DbConfig, metrics: &Metrics) -> Db {
+    metrics
+        .postgres_ok
+        .store(false, std::sync::atomic::Ordering::Relaxed);
+    loop {
+        match Db::open_with_backoff(config).await {
+            Ok(db) => {
+                tracing::info!("reconnected to PostgreSQL");
+                return db;
+            }
+            Err(e) => tracing::warn!("PostgreSQL still unavailable: {e}"),
+        }
     }
 }
 
@@ -244,8 +309,25 @@ pub struct ReadMsg {
 /// Reads waiting before senders wait.
 pub const READ_QUEUE_MAX: usize = 16_384;
 
-async fn reader(db: Db, mut rx: mpsc::Receiver<ReadMsg>) {
+async fn reader(
+    mut db: Db,
+    db_config: DbConfig,
+    metrics: Arc<Metrics>,
+    mut rx: mpsc::Receiver<ReadMsg>,
+) {
     while let Some(first) = rx.recv().await {
+        if db.is_closed() {
+            match Db::open(&db_config).await {
+                Ok(fresh) => db = fresh,
+                Err(e) => {
+                    metrics
+                        .postgres_ok
+                        .store(false, std::sync::atomic::Ordering::Relaxed);
+                    let _ = first.reply.send(Err(e));
+                    continue;
+                }
+            }
+        }
         let mut group = vec![first];
         while group.len() < spindle_control::limits::BATCH_MAX {
             match rx.try_recv() {
@@ -430,25 +512,32 @@ pub async fn start(
         let db = Db::open_with_backoff(db_config).await?;
         id_blocks.push(db.reserve_task_ids().await?);
         let (tx, rx) = mpsc::channel(PIPELINE_QUEUE_MAX);
-        tokio::spawn(pipeline(
+        let setup = PipelineSetup {
             db,
-            config.node_id.clone(),
-            config.lease_ms,
-            config.batch_max,
-            policy.version,
-            metrics.clone(),
-            rx,
-        ));
+            db_config: db_config.clone(),
+            node: config.node_id.clone(),
+            lease_ms: config.lease_ms,
+            batch_max: config.batch_max,
+            policy_version: policy.version,
+            metrics: metrics.clone(),
+        };
+        tokio::spawn(pipeline(setup, rx));
         senders.push(tx);
     }
     // The admin connection renews the partition leases for the life of the node.
     let node = config.node_id.clone();
     let lease_ms = config.lease_ms;
+    let admin_config = db_config.clone();
+    let admin_metrics = metrics.clone();
     tokio::spawn(async move {
+        let mut admin = admin;
         let mut tick =
             tokio::time::interval(std::time::Duration::from_millis(u64::from(lease_ms / 3)));
         loop {
             tick.tick().await;
+            if admin.is_closed() {
+                admin = reconnect(&admin_config, &admin_metrics).await;
+            }
             if let Err(e) = admin.acquire_partitions(&node, &wanted, lease_ms).await {
                 tracing::warn!("renewing partition leases failed: {e}");
             }
@@ -458,7 +547,12 @@ pub async fn start(
         }
     });
     let (reads, read_rx) = mpsc::channel(READ_QUEUE_MAX);
-    tokio::spawn(reader(Db::open_with_backoff(db_config).await?, read_rx));
+    tokio::spawn(reader(
+        Db::open_with_backoff(db_config).await?,
+        db_config.clone(),
+        metrics.clone(),
+        read_rx,
+    ));
     Ok(Started {
         reads,
         senders,

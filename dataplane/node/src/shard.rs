@@ -720,7 +720,7 @@ const REPORTS_PER_MESSAGE_MAX: usize = 1024;
 /// report, so a batch never names a task twice and each task's reports stay in order (the
 /// pipeline executes messages in the order they were sent). Answers matter only when they
 /// fail (logged; the reconciler repairs what a lost report leaves behind).
-fn flush_reports(s: &mut ShardState) {
+fn flush_reports(s: &mut ShardState, shared: &SharedShard) {
     if s.outbox.is_empty() {
         return;
     }
@@ -736,6 +736,7 @@ fn flush_reports(s: &mut ShardState) {
     }
     let cp = s.cp.clone();
     let metrics = s.metrics.clone();
+    let shared = shared.clone();
     glommio::spawn_local(async move {
         let pending = |n: usize| {
             metrics
@@ -750,16 +751,27 @@ fn flush_reports(s: &mut ShardState) {
                 let reports: Vec<Report> = round.by_ref().take(REPORTS_PER_MESSAGE_MAX).collect();
                 let n = reports.len();
                 let (tx, rx) = oneshot::channel();
-                if cp.send(CpMsg::Report { reports, reply: tx }).await.is_err() {
+                if cp
+                    .send(CpMsg::Report {
+                        reports: reports.clone(),
+                        reply: tx,
+                    })
+                    .await
+                    .is_err()
+                {
                     tracing::warn!("control plane stopped; reports wait for the reconciler");
                     pending(unsent);
                     return;
                 }
                 unsent -= n;
-                answers.push((n, rx));
+                answers.push((reports, rx));
             }
         }
-        for (n, rx) in answers {
+        // Batches PostgreSQL did not take (it was unreachable) go back to the front of the
+        // outbox, in order, and are sent again with the next flush after it returns.
+        let mut retry: Vec<Report> = Vec::new();
+        for (reports, rx) in answers {
+            let n = reports.len();
             let answer = rx.await;
             pending(n);
             match answer {
@@ -770,9 +782,21 @@ fn flush_reports(s: &mut ShardState) {
                         }
                     }
                 }
-                Ok(Err(e)) => tracing::warn!("reports failed: {e}"),
+                Ok(Err(e)) if e.is_retryable() => {
+                    tracing::warn!("reports failed, kept for a retry: {e}");
+                    retry.extend(reports);
+                }
+                Ok(Err(e)) => tracing::warn!("reports refused: {e}"),
                 Err(_) => tracing::warn!("control plane dropped a report batch"),
             }
+        }
+        if !retry.is_empty() {
+            let mut s = shared.borrow_mut();
+            s.metrics
+                .reports_pending
+                .fetch_add(retry.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            retry.append(&mut s.outbox);
+            s.outbox = retry;
         }
     })
     .detach();
@@ -794,7 +818,7 @@ fn publish_gauges(s: &ShardState) {
 async fn pump(state: &SharedShard) {
     let claims: Vec<ClaimRequest> = {
         let mut s = state.borrow_mut();
-        flush_reports(&mut s);
+        flush_reports(&mut s, state);
         publish_gauges(&s);
         if s.metrics.stopping() {
             // Draining: what is queued stays QUEUED in PostgreSQL for the next owner.

@@ -49,6 +49,11 @@ pub async fn start(test: &TestDb) -> Daemon {
 
 /// Starts spindled with `config` (TOML) on `test`'s database.
 pub async fn start_with(test: &TestDb, config_text: &str) -> Daemon {
+    start_on(&test.config().conninfo, config_text).await
+}
+
+/// Starts spindled with `config` (TOML) on the database `conninfo` names.
+pub async fn start_on(conninfo: &str, config_text: &str) -> Daemon {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("spindled.toml");
     std::fs::write(&config, config_text).unwrap();
@@ -57,7 +62,7 @@ pub async fn start_with(test: &TestDb, config_text: &str) -> Daemon {
         .arg("--config")
         .arg(&config)
         .arg("--postgres")
-        .arg(&test.config().conninfo)
+        .arg(conninfo)
         .arg("--ready-file")
         .arg(&ready)
         .stdout(Stdio::null())

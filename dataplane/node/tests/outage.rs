@@ -1,0 +1,60 @@
+//! PostgreSQL goes away under a running node: paid work is refused as overloaded (not
+//! buffered), readiness drops, and when PostgreSQL returns the node resumes by itself.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{start_on, task, wait_for, CONFIG};
+use spindle_client::Client;
+use spindle_control::{EmbeddedOptions, EmbeddedPostgres};
+use spindle_core::{Decision, TaskState, TenantId};
+
+async fn readyz(addr: std::net::SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /readyz HTTP/1.1\r\n\r\n").await.unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).await.unwrap();
+    text.lines().next().unwrap_or("").to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_outage_rejects_paid_work_and_the_node_resumes_by_itself() {
+    let mut pg = EmbeddedPostgres::start(EmbeddedOptions::default()).unwrap();
+    let daemon = start_on(&pg.conninfo("postgres"), CONFIG).await;
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let a = client.submit(task("before")).await.unwrap();
+    wait_for(&client, a.task, TaskState::Succeeded).await;
+    assert_eq!(readyz(daemon.http).await, "HTTP/1.1 200 OK");
+
+    pg.stop_server().unwrap();
+    let refused = client.submit(task("during")).await.unwrap();
+    assert_eq!(
+        refused.decision,
+        Decision::RejectPlatformOverloaded,
+        "{refused:?}"
+    );
+    assert!(refused.reason.unwrap_or_default().contains("unavailable"));
+    assert_eq!(
+        readyz(daemon.http).await,
+        "HTTP/1.1 503 Service Unavailable"
+    );
+
+    pg.start_server().unwrap();
+    // The node reconnects on its own (bounded wait): a submit is accepted and runs again.
+    let mut accepted = None;
+    for i in 0..600 {
+        let a = client.submit(task(&format!("after{i}"))).await.unwrap();
+        if a.decision.is_accepted() {
+            accepted = Some(a);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let a = accepted.expect("the node resumed within 30 s");
+    wait_for(&client, a.task, TaskState::Succeeded).await;
+    assert_eq!(readyz(daemon.http).await, "HTTP/1.1 200 OK");
+}
