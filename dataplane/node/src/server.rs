@@ -175,7 +175,6 @@ pub async fn serve(stream: glommio::net::TcpStream, ctx: Rc<ConnCtx>) {
                     reply,
                 },
                 Request::Unsubscribe(task) => ShardMsg::Unsubscribe {
-                    tenant: t,
                     task,
                     out: out_tx.clone(),
                     reply,

@@ -56,8 +56,9 @@ pub enum ShardMsg {
         out: mpsc::Sender<Vec<u8>>,
         reply: oneshot::Sender<Response>,
     },
+    /// Removes this connection's subscriptions of `task` (a connection is one tenant's, so
+    /// nothing else can be touched).
     Unsubscribe {
-        tenant: TenantId,
         task: TaskId,
         out: mpsc::Sender<Vec<u8>>,
         reply: oneshot::Sender<Response>,
@@ -269,12 +270,7 @@ pub async fn run(state: SharedShard, mut inbox: mpsc::Receiver<ShardMsg>) {
                 out,
                 reply,
             } => subscribe(&state, tenant, task, request_id, out, reply),
-            ShardMsg::Unsubscribe {
-                tenant,
-                task,
-                out,
-                reply,
-            } => {
+            ShardMsg::Unsubscribe { task, out, reply } => {
                 let mut s = state.borrow_mut();
                 if let Some(subs) = s.subs.get_mut(&task) {
                     let before = subs.len();
@@ -285,7 +281,6 @@ pub async fn run(state: SharedShard, mut inbox: mpsc::Receiver<ShardMsg>) {
                     }
                     s.subs_total -= gone;
                 }
-                let _ = tenant;
                 let _ = reply.send(Response::Unsubscribed(task));
             }
         }
