@@ -289,18 +289,24 @@ pub async fn run(state: SharedShard, mut inbox: mpsc::Receiver<ShardMsg>) {
     drop(ticker);
 }
 
+/// Sends one message down this shard's pipeline and waits for its answer; a pipeline that is
+/// gone answers `Unavailable`.
+async fn ask<T>(
+    cp: &mpsc::Sender<CpMsg>,
+    message: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> CpMsg,
+) -> Result<T, StoreError> {
+    let stopped = || StoreError::Unavailable("control plane stopped".into());
+    let (tx, rx) = oneshot::channel();
+    cp.send(message(tx)).await.map_err(|_| stopped())?;
+    rx.await.map_err(|_| stopped())?
+}
+
 async fn next_task_id(state: &SharedShard) -> Result<TaskId, StoreError> {
     if let Some(id) = state.borrow_mut().ids.next() {
         return Ok(TaskId(id));
     }
-    let (tx, rx) = oneshot::channel();
     let cp = state.borrow().cp.clone();
-    cp.send(CpMsg::TaskIds { reply: tx })
-        .await
-        .map_err(|_| StoreError::Unavailable("control plane stopped".into()))?;
-    let block = rx
-        .await
-        .map_err(|_| StoreError::Unavailable("control plane stopped".into()))??;
+    let block = ask(&cp, |reply| CpMsg::TaskIds { reply }).await?;
     let mut s = state.borrow_mut();
     s.ids = block;
     Ok(TaskId(s.ids.next().expect("a fresh block has ids")))
@@ -406,21 +412,8 @@ async fn submit(
     }
     if !commit.is_empty() {
         let rows: Vec<NewTask> = commit.iter().map(|(_, t)| t.clone()).collect();
-        let (tx, rx) = oneshot::channel();
         let cp = state.borrow().cp.clone();
-        let sent = cp
-            .send(CpMsg::Submit {
-                tasks: rows,
-                reply: tx,
-            })
-            .await
-            .is_ok();
-        let outcome = if sent {
-            rx.await
-                .unwrap_or_else(|_| Err(StoreError::Unavailable("control plane stopped".into())))
-        } else {
-            Err(StoreError::Unavailable("control plane stopped".into()))
-        };
+        let outcome = ask(&cp, |reply| CpMsg::Submit { tasks: rows, reply }).await;
         let mut s = state.borrow_mut();
         match outcome {
             Ok(outcomes) => {
@@ -868,13 +861,7 @@ async fn pump(state: &SharedShard) {
 async fn claim(state: &SharedShard, claims: Vec<ClaimRequest>) {
     let cp = state.borrow().cp.clone();
     let tasks: Vec<TaskId> = claims.iter().map(|c| c.task).collect();
-    let (tx, rx) = oneshot::channel();
-    let result = if cp.send(CpMsg::Claim { claims, reply: tx }).await.is_ok() {
-        rx.await
-            .unwrap_or_else(|_| Err(StoreError::Unavailable("control plane stopped".into())))
-    } else {
-        Err(StoreError::Unavailable("control plane stopped".into()))
-    };
+    let result = ask(&cp, |reply| CpMsg::Claim { claims, reply }).await;
     let mut started = Vec::new();
     {
         let mut s = state.borrow_mut();

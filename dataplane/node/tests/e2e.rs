@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{start, task, wait_for};
+use common::{http_get, start, task, wait_for};
 use spindle_client::{Client, ClientError};
 use spindle_control::testing::TestDb;
 use spindle_core::{Decision, TaskState, TenantId};
@@ -90,20 +90,6 @@ async fn tenants_are_isolated_and_credentials_checked() {
         "{cancel:?}"
     );
     wait_for(&one, a.task, TaskState::Succeeded).await;
-}
-
-/// A plain HTTP GET, answered with (status line, body).
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    stream
-        .write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut text = String::new();
-    stream.read_to_string(&mut text).await.unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap();
-    (head.lines().next().unwrap().to_string(), body.to_string())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,18 +5,13 @@ mod common;
 
 use std::time::Duration;
 
-use common::{start_on, task, wait_for, CONFIG};
+use common::{http_get, start_on, task, wait_for, CONFIG};
 use spindle_client::Client;
 use spindle_control::{EmbeddedOptions, EmbeddedPostgres};
 use spindle_core::{Decision, TaskState, TenantId};
 
 async fn readyz(addr: std::net::SocketAddr) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(b"GET /readyz HTTP/1.1\r\n\r\n").await.unwrap();
-    let mut text = String::new();
-    s.read_to_string(&mut text).await.unwrap();
-    text.lines().next().unwrap_or("").to_string()
+    http_get(addr, "/readyz").await.0
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
