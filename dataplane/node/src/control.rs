@@ -238,42 +238,42 @@ async fn run_group(
             ok
         }
         CpMsg::Submit { .. } => {
-            let mut all = Vec::new();
-            let mut replies = Vec::new();
-            for m in group {
-                if let CpMsg::Submit { tasks, reply } = m {
-                    replies.push((tasks.len(), reply));
-                    all.extend(tasks);
-                }
-            }
-            let result = db.submit_batch(&all, version).await;
-            answer(result, replies)
+            let (all, replies) = merge(group, |m| match m {
+                CpMsg::Submit { tasks, reply } => Some((tasks, reply)),
+                _ => None,
+            });
+            answer(db.submit_batch(&all, version).await, replies)
         }
         CpMsg::Claim { .. } => {
-            let mut all = Vec::new();
-            let mut replies = Vec::new();
-            for m in group {
-                if let CpMsg::Claim { claims, reply } = m {
-                    replies.push((claims.len(), reply));
-                    all.extend(claims);
-                }
-            }
-            let result = db.claim_batch(node, lease_ms, &all).await;
-            answer(result, replies)
+            let (all, replies) = merge(group, |m| match m {
+                CpMsg::Claim { claims, reply } => Some((claims, reply)),
+                _ => None,
+            });
+            answer(db.claim_batch(node, lease_ms, &all).await, replies)
         }
         CpMsg::Report { .. } => {
-            let mut all = Vec::new();
-            let mut replies = Vec::new();
-            for m in group {
-                if let CpMsg::Report { reports, reply } = m {
-                    replies.push((reports.len(), reply));
-                    all.extend(reports);
-                }
-            }
-            let result = db.report_batch(&all).await;
-            answer(result, replies)
+            let (all, replies) = merge(group, |m| match m {
+                CpMsg::Report { reports, reply } => Some((reports, reply)),
+                _ => None,
+            });
+            answer(db.report_batch(&all).await, replies)
         }
     }
+}
+
+/// Concatenates the rows of a group of messages of one kind, keeping each message's reply
+/// and row count so `answer` can split the results back.
+fn merge<T, R>(
+    group: Vec<CpMsg>,
+    rows_of: impl Fn(CpMsg) -> Option<(Vec<T>, Reply<R>)>,
+) -> (Vec<T>, Vec<(usize, Reply<R>)>) {
+    let mut all = Vec::new();
+    let mut replies = Vec::new();
+    for (rows, reply) in group.into_iter().filter_map(rows_of) {
+        replies.push((rows.len(), reply));
+        all.extend(rows);
+    }
+    (all, replies)
 }
 
 /// Splits a merged batch's results back to the messages it came from. A failed batch fails
