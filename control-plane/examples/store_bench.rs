@@ -241,6 +241,7 @@ async fn advance_all(w: &Worker, tokens: &[FencingToken], batch: usize) -> Resul
             .map(|(t, token)| Report {
                 task: t.task,
                 token: Some(*token),
+                via: Vec::new(),
                 action: ReportAction::Advance(state),
             })
             .collect();
@@ -261,6 +262,7 @@ async fn complete_all(w: &Worker, tokens: &[FencingToken], batch: usize) -> Resu
         .map(|(t, token)| Report {
             task: t.task,
             token: Some(*token),
+            via: Vec::new(),
             action: ReportAction::Finish {
                 state: TaskState::Succeeded,
                 cost_actual_milli: Some(1_100),

@@ -154,7 +154,7 @@ async fn prepare(client: &Client) -> Result<Statements, StoreError> {
             .prepare("SELECT * FROM spindle_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)")
             .await?,
         report: client
-            .prepare("SELECT * FROM spindle_report($1, $2, $3, $4, $5, $6, $7)")
+            .prepare("SELECT * FROM spindle_report($1, $2, $3, $4, $5, $6, $7, $8)")
             .await?,
         renew: client
             .prepare("SELECT * FROM spindle_renew($1, $2, $3)")

@@ -26,6 +26,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "batch_functions",
         sql: include_str!("../migrations/0002_batch_functions.sql"),
     },
+    Migration {
+        version: 3,
+        name: "report_via",
+        sql: include_str!("../migrations/0003_report_via.sql"),
+    },
 ];
 
 /// FNV-1a over the migration's text: stable across builds and platforms.

@@ -221,6 +221,7 @@ impl Db {
                 .report_batch(&[Report {
                     task: a.task,
                     token: Some(a.token),
+                    via: Vec::new(),
                     action,
                 }])
                 .await?;

@@ -17,8 +17,47 @@ pub struct Report {
     pub task: TaskId,
     /// The current attempt's token; `None` for a task that has no attempt (a queued cancel).
     pub token: Option<FencingToken>,
+    /// States the task passed through, in order, before the action's own (each hop is checked
+    /// against the whitelist): several steps that happened between two flushes in one row.
+    /// Empty for a single step.
+    pub via: Vec<TaskState>,
     pub action: ReportAction,
 }
+
+impl Report {
+    /// A single-step report.
+    pub fn new(task: TaskId, token: Option<FencingToken>, action: ReportAction) -> Report {
+        Report {
+            task,
+            token,
+            via: Vec::new(),
+            action,
+        }
+    }
+
+    /// Folds `later`, the next report of the same task and attempt, into this one when this
+    /// one only advanced the state: the result carries both steps. `Err(later)` when they do
+    /// not fold (a release, another token, another task).
+    pub fn then(&mut self, later: Report) -> Result<(), Report> {
+        let ReportAction::Advance(passed) = self.action else {
+            return Err(later);
+        };
+        if later.task != self.task
+            || later.token != self.token
+            || matches!(later.action, ReportAction::Release)
+            || self.via.len() + 1 + later.via.len() > VIA_MAX
+        {
+            return Err(later);
+        }
+        self.via.push(passed);
+        self.via.extend(later.via);
+        self.action = later.action;
+        Ok(())
+    }
+}
+
+/// States one report may pass through (more than any path of the state machine).
+pub const VIA_MAX: usize = 8;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReportAction {
@@ -86,6 +125,24 @@ fn validate(batch: &[Report]) -> Result<(), InputError> {
             return Err(InputError::DuplicateTask(r.task));
         }
         to_i64(row, "task", r.task.0)?;
+        if r.via.len() > VIA_MAX {
+            return Err(InputError::Illegal {
+                row,
+                reason: format!("{} states on the way (at most {VIA_MAX})", r.via.len()),
+            });
+        }
+        if let Some(s) = r.via.iter().find(|s| s.is_terminal()) {
+            return Err(InputError::Illegal {
+                row,
+                reason: format!("passes through terminal state {}", s.name()),
+            });
+        }
+        if !r.via.is_empty() && matches!(r.action, ReportAction::Release) {
+            return Err(InputError::Illegal {
+                row,
+                reason: "a release carries no states on the way".into(),
+            });
+        }
         let reason = match &r.action {
             ReportAction::Advance(s) if s.is_terminal() || *s == TaskState::Queued => {
                 return Err(InputError::Illegal {
@@ -167,11 +224,18 @@ impl Db {
                 _ => None,
             })
             .collect();
+        let via: Vec<Option<String>> = batch
+            .iter()
+            .map(|r| {
+                (!r.via.is_empty())
+                    .then(|| r.via.iter().map(|s| s.name()).collect::<Vec<_>>().join(">"))
+            })
+            .collect();
         let rows = self
             .client()
             .query(
                 &self.stmts.report,
-                &[&task, &token, &mode, &to, &cost, &delay, &reason],
+                &[&task, &token, &mode, &to, &cost, &delay, &reason, &via],
             )
             .await?;
         check_answered("report", &rows, batch.len())?;

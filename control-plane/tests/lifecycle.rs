@@ -44,6 +44,7 @@ async fn a_task_runs_from_submit_to_success_and_gives_its_capacity_back() {
     let advance = Report {
         task: TaskId(1),
         token: Some(token),
+        via: Vec::new(),
         action: ReportAction::Advance(TaskState::Running),
     };
     let r = db.report_batch(&[advance]).await.unwrap();
@@ -63,6 +64,7 @@ async fn a_task_runs_from_submit_to_success_and_gives_its_capacity_back() {
             .report_batch(&[Report {
                 task: TaskId(1),
                 token: Some(token),
+                via: Vec::new(),
                 action: ReportAction::Advance(to),
             }])
             .await
@@ -72,6 +74,7 @@ async fn a_task_runs_from_submit_to_success_and_gives_its_capacity_back() {
     let finish = Report {
         task: TaskId(1),
         token: Some(token),
+        via: Vec::new(),
         action: ReportAction::Finish {
             state: TaskState::Succeeded,
             cost_actual_milli: Some(1_300),
@@ -243,6 +246,7 @@ async fn budgets_are_reserved_at_submit_and_settled_or_refunded_once() {
     let done = Report {
         task: TaskId(1),
         token: Some(token),
+        via: Vec::new(),
         action: ReportAction::Finish {
             state: TaskState::Failed,
             cost_actual_milli: None,
@@ -267,6 +271,7 @@ async fn budgets_are_reserved_at_submit_and_settled_or_refunded_once() {
     let cancel = Report {
         task: TaskId(2),
         token: None,
+        via: Vec::new(),
         action: ReportAction::Finish {
             state: TaskState::Canceled,
             cost_actual_milli: None,
@@ -317,6 +322,7 @@ async fn a_requeued_task_gets_a_new_attempt_and_the_old_token_is_fenced() {
     let requeue = Report {
         task: TaskId(1),
         token: Some(old),
+        via: Vec::new(),
         action: ReportAction::Requeue {
             delay_ms: 0,
             reason: "429".into(),
@@ -361,6 +367,7 @@ async fn a_requeued_task_gets_a_new_attempt_and_the_old_token_is_fenced() {
             .report_batch(&[Report {
                 task: TaskId(1),
                 token: Some(old),
+                via: Vec::new(),
                 action,
             }])
             .await
@@ -377,6 +384,7 @@ async fn a_requeued_task_gets_a_new_attempt_and_the_old_token_is_fenced() {
     let release = Report {
         task: TaskId(1),
         token: Some(new),
+        via: Vec::new(),
         action: ReportAction::Release,
     };
     let r = db
@@ -406,6 +414,7 @@ async fn a_requeued_task_gets_a_new_attempt_and_the_old_token_is_fenced() {
         .report_batch(&[Report {
             task: TaskId(1),
             token: Some(new),
+            via: Vec::new(),
             action: ReportAction::Advance(TaskState::MediaProcessing),
         }])
         .await
@@ -463,6 +472,7 @@ async fn bad_batches_are_refused_before_any_round_trip_with_the_row_named() {
     let bad = Report {
         task: TaskId(1),
         token: None,
+        via: Vec::new(),
         action: ReportAction::Finish {
             state: TaskState::Running,
             cost_actual_milli: None,
@@ -480,4 +490,111 @@ async fn bad_batches_are_refused_before_any_round_trip_with_the_row_named() {
         e.to_string(),
         "invalid input: batch of 5000 rows exceeds the maximum of 4096"
     );
+}
+
+#[tokio::test]
+async fn a_multi_step_report_checks_every_hop_and_writes_once() {
+    use TaskState as S;
+    let (test, db) = setup().await;
+    db.set_pool("provider:acme", 4, 1).await.unwrap();
+    let tasks = [task(1, 1, "a"), task(2, 1, "b"), task(3, 1, "c")];
+    db.submit_batch(&tasks, V1).await.unwrap();
+    let claims: Vec<_> = (1..=3)
+        .map(|t| claim(t, 0, &[("provider:acme", 0, 1)]))
+        .collect();
+    let res = db.claim_batch(NODE, LEASE_MS, &claims).await.unwrap();
+    let tokens: Vec<FencingToken> = res.iter().map(granted).collect();
+    let succeed = |t: u64, token: FencingToken, via: Vec<S>| {
+        let mut r = Report::new(
+            TaskId(t),
+            Some(token),
+            ReportAction::Finish {
+                state: S::Succeeded,
+                cost_actual_milli: Some(900),
+                reason: None,
+            },
+        );
+        r.via = via;
+        r
+    };
+    let whole = vec![S::Running, S::ProviderSucceeded, S::MediaProcessing];
+    // Task 2 skips MEDIA_PROCESSING: PROVIDER_SUCCEEDED → SUCCEEDED is not on the whitelist.
+    let skipping = vec![S::Running, S::ProviderSucceeded];
+    // Task 3 already reported RUNNING: a hop to the state it is in repeats it harmlessly.
+    let running = Report::new(
+        TaskId(3),
+        Some(tokens[2]),
+        ReportAction::Advance(S::Running),
+    );
+    db.report_batch(&[running]).await.unwrap();
+    let r = db
+        .report_batch(&[
+            succeed(1, tokens[0], whole.clone()),
+            succeed(2, tokens[1], skipping),
+            succeed(3, tokens[2], whole),
+        ])
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            r[0],
+            ReportResult::Applied {
+                state: S::Succeeded,
+                released: 1,
+                ..
+            }
+        ),
+        "{r:?}"
+    );
+    assert_eq!(
+        r[1],
+        ReportResult::IllegalTransition {
+            from: S::ProviderSucceeded,
+            to: S::Succeeded
+        }
+    );
+    assert!(
+        matches!(r[2], ReportResult::Applied { released: 1, .. }),
+        "{r:?}"
+    );
+    assert_eq!(db.pool_usage("provider:acme").await.unwrap()[0].used, 1);
+
+    // One row write and one event for the whole path; the event names the way it came.
+    let sql = test.sql().await.unwrap();
+    let row = sql
+        .query_one(
+            "SELECT t.state, t.version, e.body->>'via'
+               FROM task t JOIN outbox_event e ON e.task_id = t.task_id AND e.kind = 'SUCCEEDED'
+              WHERE t.task_id = 1",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            row.get::<_, String>(0),
+            row.get::<_, i32>(1),
+            row.get::<_, String>(2)
+        ),
+        (
+            "SUCCEEDED".to_owned(),
+            2,
+            "RUNNING>PROVIDER_SUCCEEDED>MEDIA_PROCESSING".to_owned()
+        )
+    );
+    let state2: String = sql
+        .query_one("SELECT state FROM task WHERE task_id = 2", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(state2, "DISPATCHING", "a refused path changes nothing");
+
+    let mut through_terminal = succeed(1, tokens[0], vec![S::Failed]);
+    through_terminal.task = TaskId(9);
+    let e = db.report_batch(&[through_terminal]).await.unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "invalid input: row 0: passes through terminal state FAILED"
+    );
+    assert_counters_derived(&test).await;
 }

@@ -74,6 +74,7 @@ async fn race(test: &TestDb, racer: u64) -> Vec<(TaskId, FencingToken)> {
             .map(|(task, token)| Report {
                 task,
                 token: Some(token),
+                via: Vec::new(),
                 action: ReportAction::Finish {
                     state: TaskState::Canceled,
                     cost_actual_milli: None,

@@ -108,6 +108,7 @@ async fn expired_leases_are_resolved_by_asking_the_provider_never_by_expiry_alon
     db.report_batch(&[Report {
         task: TaskId(2),
         token: Some(token(1)),
+        via: Vec::new(),
         action: ReportAction::Advance(TaskState::Running),
     }])
     .await
@@ -211,6 +212,7 @@ async fn a_stale_reconciler_is_fenced_like_any_writer() {
     db.report_batch(&[Report {
         task: TaskId(1),
         token: Some(expired[0].token),
+        via: Vec::new(),
         action: ReportAction::Finish {
             state: TaskState::Canceled,
             cost_actual_milli: None,

@@ -390,37 +390,32 @@ async fn recover_attempts(admin: &Db, mine: &[PartitionId]) -> anyhow::Result<()
         if live.is_empty() {
             return Ok(());
         }
-        let mut first = Vec::new();
-        let mut second = Vec::new();
-        for a in &live {
-            let report = |action| Report {
-                task: a.task,
-                token: Some(a.token),
-                action,
-            };
-            let succeeded = || A::Finish {
-                state: S::Succeeded,
-                cost_actual_milli: None,
-                reason: None,
-            };
-            match a.state {
-                S::ProviderSucceeded => {
-                    first.push(report(A::Advance(S::MediaProcessing)));
-                    second.push(report(succeeded()));
-                }
-                S::MediaProcessing => first.push(report(succeeded())),
-                _ => first.push(report(A::Requeue {
-                    delay_ms: 0,
-                    reason: "node restarted: the local provider lost the attempt".into(),
-                })),
-            }
-        }
-        for batch in [first, second] {
-            for chunk in batch.chunks(spindle_control::limits::BATCH_MAX) {
-                for r in admin.report_batch(chunk).await? {
-                    if !matches!(r, ReportResult::Applied { .. }) {
-                        anyhow::bail!("recovering live attempts: {r:?}");
+        let reports: Vec<Report> = live
+            .iter()
+            .map(|a| {
+                let succeeded = A::Finish {
+                    state: S::Succeeded,
+                    cost_actual_milli: None,
+                    reason: None,
+                };
+                let mut r = Report::new(a.task, Some(a.token), succeeded);
+                match a.state {
+                    S::ProviderSucceeded => r.via = vec![S::MediaProcessing],
+                    S::MediaProcessing => {}
+                    _ => {
+                        r.action = A::Requeue {
+                            delay_ms: 0,
+                            reason: "node restarted: the local provider lost the attempt".into(),
+                        }
                     }
+                }
+                r
+            })
+            .collect();
+        for chunk in reports.chunks(spindle_control::limits::BATCH_MAX) {
+            for r in admin.report_batch(chunk).await? {
+                if !matches!(r, ReportResult::Applied { .. }) {
+                    anyhow::bail!("recovering live attempts: {r:?}");
                 }
             }
         }

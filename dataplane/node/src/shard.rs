@@ -680,15 +680,12 @@ fn finish(
     state: TaskState,
     cost: Option<u64>,
 ) -> Report {
-    Report {
-        task,
-        token,
-        action: ReportAction::Finish {
-            state,
-            cost_actual_milli: cost,
-            reason: None,
-        },
-    }
+    let action = ReportAction::Finish {
+        state,
+        cost_actual_milli: cost,
+        reason: None,
+    };
+    Report::new(task, token, action)
 }
 
 /// Queues report batches for the next flush, in order.
@@ -704,24 +701,22 @@ fn send_reports(s: &mut ShardState, batches: Vec<Vec<Report>>) {
 /// Rows of one report message (the control plane's batch limit is higher).
 const REPORTS_PER_MESSAGE_MAX: usize = 1024;
 
-/// Sends every queued report as few messages as possible: round k holds each task's k-th
-/// report, so a batch never names a task twice and each task's reports stay in order (the
-/// pipeline executes messages in the order they were sent). Answers matter only when they
-/// fail (logged; the reconciler repairs what a lost report leaves behind).
+/// Sends every queued report as few messages and rows as possible. A task's consecutive steps
+/// of one attempt fold into one multi-step report (RUNNING → … → SUCCEEDED in one row); what
+/// does not fold goes in rounds: round k holds each task's k-th report, so a batch never names
+/// a task twice and each task's reports stay in order (the pipeline executes messages in the
+/// order they were sent). Answers matter only when they fail (logged; the reconciler repairs
+/// what a lost report leaves behind).
 fn flush_reports(s: &mut ShardState, shared: &SharedShard) {
     if s.outbox.is_empty() {
         return;
     }
-    let mut rounds: Vec<Vec<Report>> = Vec::new();
-    let mut seen: HashMap<TaskId, usize> = HashMap::new();
-    for r in s.outbox.drain(..) {
-        let k = seen.entry(r.task).or_insert(0);
-        if rounds.len() <= *k {
-            rounds.push(Vec::new());
-        }
-        rounds[*k].push(r);
-        *k += 1;
-    }
+    let queued = s.outbox.len();
+    let rounds = fold_reports(s.outbox.drain(..));
+    let folded = queued - rounds.iter().map(Vec::len).sum::<usize>();
+    s.metrics
+        .reports_pending
+        .fetch_sub(folded as u64, std::sync::atomic::Ordering::Relaxed);
     let cp = s.cp.clone();
     let metrics = s.metrics.clone();
     let shared = shared.clone();
@@ -788,6 +783,30 @@ fn flush_reports(s: &mut ShardState, shared: &SharedShard) {
         }
     })
     .detach();
+}
+
+/// Folds each task's consecutive reports where they fold (`Report::then`) and puts the rest in
+/// rounds: round k holds each task's k-th remaining report.
+fn fold_reports(reports: impl Iterator<Item = Report>) -> Vec<Vec<Report>> {
+    let mut rounds: Vec<Vec<Report>> = Vec::new();
+    // Per task: (its last round, the index of its report there).
+    let mut last: HashMap<TaskId, (usize, usize)> = HashMap::new();
+    for r in reports {
+        let r = match last.get(&r.task) {
+            Some(&(k, i)) => match rounds[k][i].then(r) {
+                Ok(()) => continue,
+                Err(r) => r,
+            },
+            None => r,
+        };
+        let k = last.get(&r.task).map_or(0, |&(k, _)| k + 1);
+        if rounds.len() <= k {
+            rounds.push(Vec::new());
+        }
+        last.insert(r.task, (k, rounds[k].len()));
+        rounds[k].push(r);
+    }
+    rounds
 }
 
 fn publish_gauges(s: &ShardState) {
@@ -955,11 +974,11 @@ async fn run_local(state: &SharedShard, task: TaskId, token: FencingToken, attem
         notify(&mut s, task, TaskState::Running);
         send_reports(
             &mut s,
-            vec![vec![Report {
+            vec![vec![Report::new(
                 task,
-                token: Some(token),
-                action: ReportAction::Advance(TaskState::Running),
-            }]],
+                Some(token),
+                ReportAction::Advance(TaskState::Running),
+            )]],
         );
         let modelled_ms = s
             .meta
@@ -1017,11 +1036,7 @@ async fn run_local(state: &SharedShard, task: TaskId, token: FencingToken, attem
             .completed
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let cost = meta.estimate.map(|e| e.cost_milli);
-        let advance = |to| Report {
-            task: media_task,
-            token: Some(t),
-            action: ReportAction::Advance(to),
-        };
+        let advance = |to| Report::new(media_task, Some(t), ReportAction::Advance(to));
         send_reports(
             &mut s,
             vec![
@@ -1029,6 +1044,59 @@ async fn run_local(state: &SharedShard, task: TaskId, token: FencingToken, attem
                 vec![advance(TaskState::MediaProcessing)],
                 vec![finish(media_task, Some(t), TaskState::Succeeded, cost)],
             ],
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn advance(task: u64, token: u64, to: TaskState) -> Report {
+        Report::new(
+            TaskId(task),
+            Some(FencingToken(token)),
+            ReportAction::Advance(to),
+        )
+    }
+
+    #[test]
+    fn consecutive_steps_of_one_attempt_fold_into_one_report() {
+        use TaskState as S;
+        let reports = vec![
+            advance(1, 7, S::Running),
+            advance(2, 8, S::Running),
+            advance(1, 7, S::ProviderSucceeded),
+            advance(1, 7, S::MediaProcessing),
+            finish(TaskId(1), Some(FencingToken(7)), S::Succeeded, Some(5)),
+            // Another attempt's report does not fold into the previous one.
+            finish(TaskId(2), Some(FencingToken(9)), S::Failed, None),
+            // Nothing folds into a release, and a release folds into nothing.
+            Report::new(TaskId(3), Some(FencingToken(4)), ReportAction::Release),
+            finish(TaskId(3), Some(FencingToken(4)), S::Succeeded, None),
+            advance(4, 2, S::Running),
+            Report::new(TaskId(4), Some(FencingToken(2)), ReportAction::Release),
+        ];
+        let rounds = fold_reports(reports.into_iter());
+        assert_eq!(rounds.len(), 2, "{rounds:?}");
+        let mut whole = finish(TaskId(1), Some(FencingToken(7)), S::Succeeded, Some(5));
+        whole.via = vec![S::Running, S::ProviderSucceeded, S::MediaProcessing];
+        assert_eq!(
+            rounds[0],
+            vec![
+                whole,
+                advance(2, 8, S::Running),
+                Report::new(TaskId(3), Some(FencingToken(4)), ReportAction::Release),
+                advance(4, 2, S::Running),
+            ]
+        );
+        assert_eq!(
+            rounds[1],
+            vec![
+                finish(TaskId(2), Some(FencingToken(9)), S::Failed, None),
+                finish(TaskId(3), Some(FencingToken(4)), S::Succeeded, None),
+                Report::new(TaskId(4), Some(FencingToken(2)), ReportAction::Release),
+            ]
         );
     }
 }
