@@ -1,7 +1,9 @@
 //! The control plane's thread: a tokio runtime owning the PostgreSQL connections. Each shard has
-//! its own pipeline (one connection, one task) so its submits, claims and reports reach
-//! PostgreSQL in the order the shard sent them — a claim never overtakes the submit of its task.
-//! Consecutive messages of one kind are merged into one batch (group commit across clients).
+//! two pipelines (one connection and one task each): one for submits and task-id blocks, so
+//! acknowledgements never queue behind claim and report batches, and one for the work — claims
+//! and reports, which reach PostgreSQL in the order the shard sent them. A shard sends a task's
+//! claim only after its submit committed, so the two never race. Consecutive messages of one
+//! kind are merged into one batch (group commit across clients).
 
 use std::collections::{HashSet, VecDeque};
 
@@ -362,10 +364,19 @@ async fn reader(
 /// What the control plane prepared before the shards start.
 pub struct Started {
     pub reads: mpsc::Sender<ReadMsg>,
-    pub senders: Vec<mpsc::Sender<CpMsg>>,
+    pub pipes: Vec<Pipes>,
     pub id_blocks: Vec<std::ops::Range<u64>>,
     /// Per shard: QUEUED tasks of its partitions to put back before serving.
     pub restores: Vec<Vec<Restore>>,
+}
+
+/// One shard's two pipelines.
+#[derive(Clone)]
+pub struct Pipes {
+    /// Submits and task-id blocks.
+    pub submits: mpsc::Sender<CpMsg>,
+    /// Claims and reports, in order.
+    pub work: mpsc::Sender<CpMsg>,
 }
 
 /// A QUEUED task from PostgreSQL, for its shard.
@@ -501,14 +512,12 @@ pub async fn start(
     }
     recover_attempts(&admin, &wanted).await?;
     let restores = load_restores(&admin, config, &wanted).await?;
-    let mut senders = Vec::new();
+    let mut pipes = Vec::new();
     let mut id_blocks = Vec::new();
-    for _ in 0..config.shards {
-        let db = Db::open_with_backoff(db_config).await?;
-        id_blocks.push(db.reserve_task_ids().await?);
+    let open_pipeline = async || -> anyhow::Result<mpsc::Sender<CpMsg>> {
         let (tx, rx) = mpsc::channel(PIPELINE_QUEUE_MAX);
         let setup = PipelineSetup {
-            db,
+            db: Db::open_with_backoff(db_config).await?,
             db_config: db_config.clone(),
             node: config.node_id.clone(),
             lease_ms: config.lease_ms,
@@ -517,7 +526,14 @@ pub async fn start(
             metrics: metrics.clone(),
         };
         tokio::spawn(pipeline(setup, rx));
-        senders.push(tx);
+        Ok(tx)
+    };
+    for _ in 0..config.shards {
+        id_blocks.push(admin.reserve_task_ids().await?);
+        pipes.push(Pipes {
+            submits: open_pipeline().await?,
+            work: open_pipeline().await?,
+        });
     }
     // The admin connection renews the partition leases for the life of the node.
     let node = config.node_id.clone();
@@ -550,7 +566,7 @@ pub async fn start(
     ));
     Ok(Started {
         reads,
-        senders,
+        pipes,
         id_blocks,
         restores,
     })

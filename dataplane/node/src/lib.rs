@@ -138,10 +138,10 @@ fn run_node(config: Config) -> anyhow::Result<()> {
     let mut handles = Vec::new();
     let mut addr: SocketAddr = config.listen;
     let mut restores = std::mem::take(&mut started.restores).into_iter();
-    for (i, (inbox, (cp, ids))) in inboxes
+    for (i, (inbox, (pipes, ids))) in inboxes
         .into_iter()
         .zip(
-            std::mem::take(&mut started.senders)
+            std::mem::take(&mut started.pipes)
                 .into_iter()
                 .zip(std::mem::take(&mut started.id_blocks)),
         )
@@ -171,7 +171,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
                 let mut shard = ShardState::new(ShardSetup {
                     policy,
                     shards: config.shards,
-                    cp,
+                    pipes,
                     reads,
                     ids,
                     partitions: config.partitions,

@@ -4,7 +4,8 @@
 //! `poll_dispatch` and sends the claims it produced, in one message, down its pipeline.
 //!
 //! A submit is answered only after its group commit; until then the task may already be picked,
-//! but its claim goes down the same pipeline after the submit and so never overtakes it.
+//! but its claim is held in the shard and sent only once the submit committed (submits and
+//! claims travel on different connections), so it never overtakes it.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -22,7 +23,7 @@ use spindle_core::{
 use spindle_wire::{Admission, ErrorCode, Response, SubmitTask, TaskStatus, WireError};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::control::{provider_pool, CpMsg, ReadMsg};
+use crate::control::{provider_pool, CpMsg, Pipes, ReadMsg};
 
 /// Inputs one shard buffers before senders wait.
 pub const SHARD_QUEUE_MAX: usize = 8192;
@@ -136,11 +137,18 @@ pub struct ShardState {
     core: Shard,
     policy: Policy,
     epoch: Instant,
-    cp: mpsc::Sender<CpMsg>,
+    pipes: Pipes,
     reads: mpsc::Sender<ReadMsg>,
     ids: std::ops::Range<u64>,
     partitions: u32,
     meta: HashMap<TaskId, Meta>,
+    /// Claims of tasks dispatched before their submit committed, sent once it has (a claim
+    /// must never reach PostgreSQL before its task). At most one per uncommitted task.
+    held_claims: HashMap<TaskId, ClaimRequest>,
+    /// Claims whose submit committed since the last pump.
+    ready_claims: Vec<ClaimRequest>,
+    /// Tasks that expired in the queue before their submit committed.
+    expired_uncommitted: std::collections::HashSet<TaskId>,
     time_scale: f64,
     /// Reports waiting for the next flush (every pump).
     outbox: Vec<Report>,
@@ -159,8 +167,8 @@ pub struct ShardSetup {
     pub policy: Policy,
     /// Shards on this node (node-wide limits are split among them).
     pub shards: u32,
-    /// This shard's control-plane pipeline and the node's read connection.
-    pub cp: mpsc::Sender<CpMsg>,
+    /// This shard's control-plane pipelines and the node's read connection.
+    pub pipes: Pipes,
     pub reads: mpsc::Sender<ReadMsg>,
     /// Task ids reserved for this shard.
     pub ids: std::ops::Range<u64>,
@@ -180,7 +188,10 @@ impl ShardState {
             core: Shard::new(setup.policy.clone(), setup.shards, Time::ZERO),
             policy: setup.policy,
             epoch,
-            cp: setup.cp,
+            pipes: setup.pipes,
+            held_claims: HashMap::new(),
+            ready_claims: Vec::new(),
+            expired_uncommitted: Default::default(),
             reads: setup.reads,
             ids: setup.ids,
             partitions: setup.partitions,
@@ -305,7 +316,7 @@ async fn next_task_id(state: &SharedShard) -> Result<TaskId, StoreError> {
     if let Some(id) = state.borrow_mut().ids.next() {
         return Ok(TaskId(id));
     }
-    let cp = state.borrow().cp.clone();
+    let cp = state.borrow().pipes.submits.clone();
     let block = ask(&cp, |reply| CpMsg::TaskIds { reply }).await?;
     let mut s = state.borrow_mut();
     s.ids = block;
@@ -349,8 +360,7 @@ async fn submit(
     // Decide every task in the core first; accepted ones go to the group commit.
     let mut answers: Vec<Option<Admission>> = Vec::with_capacity(tasks.len());
     let mut commit: Vec<(usize, NewTask)> = Vec::new();
-    // Every id first: from the first admission to the Submit message there must be no await,
-    // or a pump could dispatch an admitted task and its claim overtake its submit (TASK_GONE).
+    // Every id first, so that a batch is admitted and sent without an await in between.
     let mut ids = Vec::with_capacity(tasks.len());
     for _ in &tasks {
         match next_task_id(state).await {
@@ -412,7 +422,7 @@ async fn submit(
     }
     if !commit.is_empty() {
         let rows: Vec<NewTask> = commit.iter().map(|(_, t)| t.clone()).collect();
-        let cp = state.borrow().cp.clone();
+        let cp = state.borrow().pipes.submits.clone();
         let outcome = ask(&cp, |reply| CpMsg::Submit { tasks: rows, reply }).await;
         let mut s = state.borrow_mut();
         match outcome {
@@ -456,6 +466,10 @@ async fn submit(
         Response::Error(WireError::new(ErrorCode::Internal, "empty submit"))
     };
     let _ = reply.send(response);
+    // Claims held for these tasks can go now.
+    if !state.borrow().ready_claims.is_empty() {
+        pump(state).await;
+    }
 }
 
 fn apply_submit_outcome(
@@ -469,6 +483,12 @@ fn apply_submit_outcome(
         SubmitOutcome::Created => {
             if let Some(m) = s.meta.get_mut(&task) {
                 m.committed = true;
+            }
+            if let Some(claim) = s.held_claims.remove(&task) {
+                s.ready_claims.push(claim);
+            }
+            if s.expired_uncommitted.remove(&task) {
+                send_reports(s, vec![vec![finish(task, None, TaskState::Expired, None)]]);
             }
         }
         SubmitOutcome::Replay { task: original, .. } => {
@@ -499,6 +519,14 @@ fn forget(s: &mut ShardState, task: TaskId) {
     s.meta.remove(&task);
     // A cancel of a task the core already let go of is nothing to do.
     let _ = s.core.handle_cancel(task);
+    s.expired_uncommitted.remove(&task);
+    if s.held_claims.remove(&task).is_some() {
+        // Dispatched already: its claim is never sent; the core gives its holdings back.
+        let now = s.now();
+        if let Err(e) = s.core.handle_claim_refused(now, task) {
+            tracing::warn!("dropping the claim of {task}: {e}");
+        }
+    }
 }
 
 fn wire_admission(a: &spindle_core::Admission, replay: bool) -> Admission {
@@ -717,7 +745,7 @@ fn flush_reports(s: &mut ShardState, shared: &SharedShard) {
     s.metrics
         .reports_pending
         .fetch_sub(folded as u64, std::sync::atomic::Ordering::Relaxed);
-    let cp = s.cp.clone();
+    let cp = s.pipes.work.clone();
     let metrics = s.metrics.clone();
     let shared = shared.clone();
     glommio::spawn_local(async move {
@@ -832,19 +860,20 @@ async fn pump(state: &SharedShard) {
             return;
         }
         let now = s.now();
-        let mut claims = Vec::new();
+        let ready = s.ready_claims.len().min(CLAIMS_PER_PUMP_MAX);
+        let mut claims: Vec<ClaimRequest> = s.ready_claims.drain(..ready).collect();
         while claims.len() < CLAIMS_PER_PUMP_MAX {
             match s.core.poll_dispatch(now) {
                 Poll::Dispatch(d) => {
-                    let version = match s.meta.get_mut(&d.task) {
+                    let (version, committed) = match s.meta.get_mut(&d.task) {
                         Some(m) => {
                             m.estimate = Some(d.estimate);
-                            m.db_version
+                            (m.db_version, m.committed)
                         }
-                        None => 0,
+                        None => (0, true),
                     };
                     let provider = s.policy.providers[d.provider.0 as usize].name.clone();
-                    claims.push(ClaimRequest {
+                    let claim = ClaimRequest {
                         task: d.task,
                         expected_version: version,
                         provider: provider.clone(),
@@ -852,15 +881,26 @@ async fn pump(state: &SharedShard) {
                             shard: PoolShard::new(provider_pool(&provider), 0),
                             amount: 1,
                         }],
-                    });
+                    };
+                    if committed {
+                        claims.push(claim);
+                    } else {
+                        s.held_claims.insert(d.task, claim);
+                    }
                 }
                 Poll::Expired(task) => {
-                    s.meta.remove(&task);
+                    let committed = s.meta.remove(&task).is_some_and(|m| m.committed);
                     notify(&mut s, task, TaskState::Expired);
-                    send_reports(
-                        &mut s,
-                        vec![vec![finish(task, None, TaskState::Expired, None)]],
-                    );
+                    if committed {
+                        send_reports(
+                            &mut s,
+                            vec![vec![finish(task, None, TaskState::Expired, None)]],
+                        );
+                    } else {
+                        // Its submit is still on the way (on another connection): the end is
+                        // reported once it committed.
+                        s.expired_uncommitted.insert(task);
+                    }
                 }
                 Poll::Yield => continue,
                 Poll::Idle => break,
@@ -878,7 +918,7 @@ async fn pump(state: &SharedShard) {
 }
 
 async fn claim(state: &SharedShard, claims: Vec<ClaimRequest>) {
-    let cp = state.borrow().cp.clone();
+    let cp = state.borrow().pipes.work.clone();
     let tasks: Vec<TaskId> = claims.iter().map(|c| c.task).collect();
     let result = ask(&cp, |reply| CpMsg::Claim { claims, reply }).await;
     let mut started = Vec::new();
