@@ -22,6 +22,7 @@ use crate::limits::{
 };
 use crate::policy::{Policy, RateSpec, TenantPolicy, WaitOverflow};
 use crate::queue::{QueuedRef, TenantQueue};
+use crate::share::{split, ShardLoad};
 use crate::state::{Actor, TaskState, TransitionError, Versioned};
 use crate::table::TaskTable;
 use crate::time::{Time, NANOS_PER_MS, NANOS_PER_S};
@@ -384,6 +385,53 @@ pub enum NodeCapacity {
     Rate(RateSpec),
 }
 
+impl NodeCapacity {
+    /// What a split moves between shards: slots, or requests per minute.
+    pub fn units(self) -> u64 {
+        match self {
+            NodeCapacity::Slots(v) => v,
+            NodeCapacity::Rate(r) => r.per_minute,
+        }
+    }
+
+    /// The part of this capacity that holds `units` of its `units()` (a rate's burst in
+    /// proportion).
+    pub fn part(self, units: u64) -> NodeCapacity {
+        match self {
+            NodeCapacity::Slots(_) => NodeCapacity::Slots(units),
+            NodeCapacity::Rate(r) => NodeCapacity::Rate(RateSpec {
+                per_minute: units,
+                burst: (u128::from(r.burst) * u128::from(units))
+                    .checked_div(u128::from(r.per_minute))
+                    .map_or(0, |b| b as u64),
+            }),
+        }
+    }
+
+    /// Where each shard's part should go: slots by the split rule of [`crate::share`]; rates,
+    /// which nobody holds, in proportion to backlogged weight (evenly when nothing waits).
+    pub fn split_targets(self, loads: &[ShardLoad]) -> Vec<u64> {
+        match self {
+            NodeCapacity::Slots(total) => split(total, loads),
+            NodeCapacity::Rate(r) => {
+                let weights: u64 = loads.iter().map(|l| l.weight).sum();
+                let n = loads.len() as u64;
+                loads
+                    .iter()
+                    .map(|l| {
+                        let (w, total) = if weights == 0 {
+                            (1, n)
+                        } else {
+                            (l.weight, weights)
+                        };
+                        (u128::from(r.per_minute) * u128::from(w) / u128::from(total)) as u64
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
 /// The node-wide capacity `policy` gives `key`; `None` for shard-scoped keys.
 pub fn node_capacity(policy: &Policy, key: LimitKey) -> Option<NodeCapacity> {
     let n = &policy.node;
@@ -577,6 +625,29 @@ impl Shard {
     /// Node-wide limits this shard holds a share of.
     pub fn node_limits(&self) -> &[LimitId] {
         &self.node_limit_ids
+    }
+
+    /// The node-wide limits worth splitting, with their full capacity: those that can bind
+    /// (a limit set beyond half of `presets::UNBOUNDED` keeps its first even split, since no
+    /// share of it can run out).
+    pub fn bounded_node_limits(&self) -> Vec<(LimitId, NodeCapacity)> {
+        const UNBOUNDED: u64 = crate::presets::UNBOUNDED / 2;
+        self.node_limit_ids
+            .iter()
+            .filter_map(|&id| {
+                let capacity = node_capacity(&self.policy, self.ledger.key(id))?;
+                (capacity.units() < UNBOUNDED).then_some((id, capacity))
+            })
+            .collect()
+    }
+
+    /// What this shard brings to the split of node limit `id`.
+    pub fn split_load(&self, id: LimitId) -> ShardLoad {
+        ShardLoad {
+            used: self.ledger.used(id),
+            weight: self.split_weight(id),
+            share: self.ledger.capacity(id),
+        }
     }
 
     /// The weight this shard brings to the split of node limit `id`: the summed weight of its

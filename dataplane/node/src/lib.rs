@@ -135,6 +135,11 @@ fn run_node(config: Config) -> anyhow::Result<()> {
         .map(|t| (t.id, t.credential.clone()))
         .collect();
 
+    let board = std::sync::Arc::new(shard::split_board(&policy, config.shards));
+    let _ = metrics.split.set(metrics::SplitView {
+        names: shard::split_limit_names(&policy, config.shards),
+        board: board.clone(),
+    });
     let mut handles = Vec::new();
     let mut addr: SocketAddr = config.listen;
     let mut restores = std::mem::take(&mut started.restores).into_iter();
@@ -165,6 +170,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
         let credentials = credentials.clone();
         let reads = started.reads.clone();
         let metrics = metrics.clone();
+        let board = board.clone();
         let handle = LocalExecutorBuilder::new(Placement::Unbound)
             .name(&format!("shard-{i}"))
             .spawn(move || async move {
@@ -179,6 +185,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
                     log,
                     metrics,
                     index: i,
+                    board,
                 });
                 if let Err(e) = shard.restore(restore) {
                     let _ = bound_tx.send(Err(e.to_string()));

@@ -1,38 +1,98 @@
 //! What the node exposes on its HTTP port: `/livez`, `/readyz` (not ready while PostgreSQL is
 //! unreachable or the node is stopping) and `/metrics` in Prometheus text format. Shards and
-//! pipelines write plain atomics; the HTTP task reads them. Nothing here takes a lock.
+//! pipelines write plain atomics; the HTTP task reads them. The one lock is each shard's
+//! per-tenant table, written once per shard tick.
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use spindle_core::{Decision, Lane};
+use spindle_core::{Band, Decision, Lane};
+use spindle_sync::ShareBoard;
 
 /// Control-plane batch latency buckets (µs), Prometheus-style cumulative.
-const LATENCY_BUCKETS_US: [u64; 10] = [
+const LATENCY_BUCKETS_US: &[u64] = &[
     500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000, 500_000, 2_000_000,
+];
+/// Queue wait buckets (µs): admission to dispatch.
+const WAIT_BUCKETS_US: &[u64] = &[
+    1_000,
+    5_000,
+    20_000,
+    100_000,
+    500_000,
+    1_000_000,
+    5_000_000,
+    30_000_000,
+    120_000_000,
+    600_000_000,
 ];
 pub const KINDS: [&str; 4] = ["submit", "claim", "report", "read"];
 
-#[derive(Default)]
+/// A cumulative histogram of microseconds, with a row count for batch histograms.
 pub struct Histogram {
-    buckets: [AtomicU64; LATENCY_BUCKETS_US.len()],
+    bounds: &'static [u64],
+    buckets: Vec<AtomicU64>,
     count: AtomicU64,
     sum_us: AtomicU64,
     rows: AtomicU64,
 }
 
 impl Histogram {
+    fn new(bounds: &'static [u64]) -> Histogram {
+        Histogram {
+            bounds,
+            buckets: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
+            count: AtomicU64::new(0),
+            sum_us: AtomicU64::new(0),
+            rows: AtomicU64::new(0),
+        }
+    }
+
     pub fn record(&self, us: u64, rows: u64) {
-        for (i, b) in LATENCY_BUCKETS_US.iter().enumerate() {
+        for (b, c) in self.bounds.iter().zip(&self.buckets) {
             if us <= *b {
-                self.buckets[i].fetch_add(1, Ordering::Relaxed);
+                c.fetch_add(1, Ordering::Relaxed);
             }
         }
         self.count.fetch_add(1, Ordering::Relaxed);
         self.sum_us.fetch_add(us, Ordering::Relaxed);
         self.rows.fetch_add(rows, Ordering::Relaxed);
     }
+
+    /// `name_bucket`, `name_sum` and `name_count` lines in seconds, under `labels`.
+    fn render(&self, w: &mut String, name: &str, labels: &str) {
+        for (b, c) in self.bounds.iter().zip(&self.buckets) {
+            let _ = writeln!(
+                w,
+                "{name}_bucket{{{labels},le=\"{}\"}} {}",
+                *b as f64 / 1e6,
+                c.load(Ordering::Relaxed)
+            );
+        }
+        let count = self.count.load(Ordering::Relaxed);
+        let _ = writeln!(w, "{name}_bucket{{{labels},le=\"+Inf\"}} {count}");
+        let _ = writeln!(
+            w,
+            "{name}_sum{{{labels}}} {}",
+            self.sum_us.load(Ordering::Relaxed) as f64 / 1e6
+        );
+        let _ = writeln!(w, "{name}_count{{{labels}}} {count}");
+    }
+}
+
+/// One tenant's running work on a shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TenantRunning {
+    pub tenant: u32,
+    pub tasks: u64,
+    pub units_milli: u64,
+}
+
+/// The node-wide limits split among shards, for `/metrics`: their names and the board.
+pub struct SplitView {
+    pub names: Vec<String>,
+    pub board: Arc<ShareBoard>,
 }
 
 #[derive(Default)]
@@ -42,6 +102,8 @@ pub struct ShardGauges {
     pub live_tasks: AtomicU64,
     /// Dispatched and not yet finished (what a drain waits for).
     pub running_tasks: AtomicU64,
+    /// Tenants with running work, rewritten every shard tick.
+    pub tenants: std::sync::Mutex<Vec<TenantRunning>>,
 }
 
 pub struct Metrics {
@@ -50,7 +112,11 @@ pub struct Metrics {
     pub claims_granted: AtomicU64,
     pub claims_refused: AtomicU64,
     pub batches: [Histogram; 4],
+    /// Admission → dispatch, per lane and band (`lane * Band::COUNT + band`).
+    pub waits: Vec<Histogram>,
     pub shards: Vec<ShardGauges>,
+    /// Set once the shards' board exists.
+    pub split: std::sync::OnceLock<SplitView>,
     /// The last control-plane call reached PostgreSQL.
     pub postgres_ok: AtomicBool,
     pub stopping: AtomicBool,
@@ -65,12 +131,21 @@ impl Metrics {
             completed: AtomicU64::new(0),
             claims_granted: AtomicU64::new(0),
             claims_refused: AtomicU64::new(0),
-            batches: Default::default(),
+            batches: std::array::from_fn(|_| Histogram::new(LATENCY_BUCKETS_US)),
+            waits: (0..Lane::COUNT * Band::COUNT)
+                .map(|_| Histogram::new(WAIT_BUCKETS_US))
+                .collect(),
             shards: (0..shards).map(|_| ShardGauges::default()).collect(),
+            split: std::sync::OnceLock::new(),
             postgres_ok: AtomicBool::new(true),
             stopping: AtomicBool::new(false),
             reports_pending: AtomicU64::new(0),
         })
+    }
+
+    /// A task of `lane` and `band` waited `us` from admission to dispatch.
+    pub fn waited(&self, lane: Lane, band: Band, us: u64) {
+        self.waits[lane.index() * Band::COUNT + band.index()].record(us, 1);
     }
 
     pub fn admitted(&self, d: Decision) {
@@ -145,33 +220,62 @@ impl Metrics {
         }
         let _ = writeln!(w, "# HELP spindle_control_batch_seconds Control-plane batch latency by kind.\n# TYPE spindle_control_batch_seconds histogram");
         for (kind, h) in KINDS.iter().zip(&self.batches) {
-            for (b, c) in LATENCY_BUCKETS_US.iter().zip(&h.buckets) {
-                let _ = writeln!(
-                    w,
-                    "spindle_control_batch_seconds_bucket{{kind=\"{kind}\",le=\"{}\"}} {}",
-                    *b as f64 / 1e6,
-                    c.load(Ordering::Relaxed)
-                );
-            }
-            let count = h.count.load(Ordering::Relaxed);
-            let _ = writeln!(
+            h.render(
                 w,
-                "spindle_control_batch_seconds_bucket{{kind=\"{kind}\",le=\"+Inf\"}} {count}"
-            );
-            let _ = writeln!(
-                w,
-                "spindle_control_batch_seconds_sum{{kind=\"{kind}\"}} {}",
-                h.sum_us.load(Ordering::Relaxed) as f64 / 1e6
-            );
-            let _ = writeln!(
-                w,
-                "spindle_control_batch_seconds_count{{kind=\"{kind}\"}} {count}"
+                "spindle_control_batch_seconds",
+                &format!("kind=\"{kind}\""),
             );
             let _ = writeln!(
                 w,
                 "spindle_control_batch_rows_total{{kind=\"{kind}\"}} {}",
                 h.rows.load(Ordering::Relaxed)
             );
+        }
+        let _ = writeln!(w, "# HELP spindle_dispatch_wait_seconds Admission to dispatch, by lane and band.\n# TYPE spindle_dispatch_wait_seconds histogram");
+        for lane in Lane::ALL {
+            for band in Band::ALL {
+                let h = &self.waits[lane.index() * Band::COUNT + band.index()];
+                let labels = format!("lane=\"{}\",band=\"{band}\"", lane.name());
+                h.render(w, "spindle_dispatch_wait_seconds", &labels);
+            }
+        }
+        let _ = writeln!(w, "# HELP spindle_tenant_running_units Cost units a tenant runs now, per shard.\n# TYPE spindle_tenant_running_units gauge");
+        for (i, g) in self.shards.iter().enumerate() {
+            let tenants = g.tenants.lock().map(|t| t.clone()).unwrap_or_default();
+            for t in tenants {
+                let _ = writeln!(
+                    w,
+                    "spindle_tenant_running_units{{shard=\"{i}\",tenant=\"{}\"}} {:.3}",
+                    t.tenant,
+                    t.units_milli as f64 / 1000.0
+                );
+                let _ = writeln!(
+                    w,
+                    "spindle_tenant_running_tasks{{shard=\"{i}\",tenant=\"{}\"}} {}",
+                    t.tenant, t.tasks
+                );
+            }
+        }
+        if let Some(split) = self.split.get() {
+            let _ = writeln!(w, "# HELP spindle_node_limit_capacity Node-wide limits (slots, or requests per minute) and each shard's part of them: held, used, and the backlogged weight that asks for it.\n# TYPE spindle_node_limit_capacity gauge");
+            for (k, name) in split.names.iter().enumerate() {
+                let _ = writeln!(
+                    w,
+                    "spindle_node_limit_capacity{{limit=\"{name}\"}} {}",
+                    split.board.capacity(k)
+                );
+                let _ = writeln!(
+                    w,
+                    "spindle_node_limit_free{{limit=\"{name}\"}} {}",
+                    split.board.free(k)
+                );
+                for (i, l) in split.board.loads(k).unwrap_or_default().iter().enumerate() {
+                    let labels = format!("limit=\"{name}\",shard=\"{i}\"");
+                    let _ = writeln!(w, "spindle_node_limit_held{{{labels}}} {}", l.held);
+                    let _ = writeln!(w, "spindle_node_limit_used{{{labels}}} {}", l.used);
+                    let _ = writeln!(w, "spindle_node_limit_weight{{{labels}}} {}", l.weight);
+                }
+            }
         }
         let _ = writeln!(
             w,

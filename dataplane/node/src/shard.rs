@@ -16,10 +16,13 @@ use spindle_control::{
     ClaimRefusal, ClaimRequest, ClaimResult, Demand, NewTask, PartitionId, PoolShard, Report,
     ReportAction, ReportResult, StoreError, SubmitOutcome,
 };
-use spindle_core::shard::{ClaimOutcome, CompleteOutcome, Poll, SubmitRequest};
+use spindle_core::ledger::LimitId;
+use spindle_core::shard::{ClaimOutcome, CompleteOutcome, NodeCapacity, Poll, SubmitRequest};
+use spindle_core::share::ShardLoad;
 use spindle_core::{
     CostEstimate, Decision, FencingToken, Policy, Shard, TaskId, TaskState, TenantId, Time, Units,
 };
+use spindle_sync::ShareBoard;
 use spindle_wire::{Admission, ErrorCode, Response, SubmitTask, TaskStatus, WireError};
 use tokio::sync::{mpsc, oneshot};
 
@@ -131,6 +134,8 @@ struct Meta {
     committed: bool,
     /// Set when the core dispatches the task.
     estimate: Option<CostEstimate>,
+    /// When it was admitted (or restored): its queue wait ends at dispatch.
+    queued_at: Time,
 }
 
 pub struct ShardState {
@@ -158,6 +163,9 @@ pub struct ShardState {
     log: Option<std::fs::File>,
     metrics: std::sync::Arc<crate::metrics::Metrics>,
     index: usize,
+    /// Node-wide limits sub-leased among the shards, and which of the core's limits they are.
+    board: std::sync::Arc<ShareBoard>,
+    split_limits: Vec<(LimitId, NodeCapacity)>,
 }
 
 pub type SharedShard = Rc<RefCell<ShardState>>;
@@ -179,13 +187,46 @@ pub struct ShardSetup {
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
     /// This shard's index (its gauges in `metrics`).
     pub index: usize,
+    /// The node's board of split limits (see [`split_board`]).
+    pub board: std::sync::Arc<ShareBoard>,
+}
+
+/// The names of the board's limits, in its order (for `/metrics`).
+pub fn split_limit_names(policy: &Policy, shards: u32) -> Vec<String> {
+    let probe = Shard::new(policy.clone(), shards, Time::ZERO);
+    probe
+        .bounded_node_limits()
+        .iter()
+        .map(|&(id, _)| probe.ledger().key(id).to_string())
+        .collect()
+}
+
+/// The board every shard of a node shares: one entry per node limit that can bind, in the order
+/// the core lists them (every shard's core lists the same limits under the same ids).
+pub fn split_board(policy: &Policy, shards: u32) -> ShareBoard {
+    let probe = Shard::new(policy.clone(), shards, Time::ZERO);
+    let capacities: Vec<u64> = probe
+        .bounded_node_limits()
+        .iter()
+        .map(|(_, c)| c.units())
+        .collect();
+    ShareBoard::new(&capacities, shards as usize)
 }
 
 impl ShardState {
     pub fn new(setup: ShardSetup) -> ShardState {
         let epoch = Instant::now();
+        let core = Shard::new(setup.policy.clone(), setup.shards, Time::ZERO);
+        let split_limits = core.bounded_node_limits();
+        assert_eq!(
+            split_limits.len(),
+            setup.board.limits(),
+            "the board was made for this policy"
+        );
         ShardState {
-            core: Shard::new(setup.policy.clone(), setup.shards, Time::ZERO),
+            core,
+            board: setup.board,
+            split_limits,
             policy: setup.policy,
             epoch,
             pipes: setup.pipes,
@@ -227,6 +268,7 @@ impl ShardState {
                     token: None,
                     committed: true,
                     estimate: None,
+                    queued_at: now,
                 },
             );
         }
@@ -241,6 +283,8 @@ pub async fn run(state: SharedShard, mut inbox: mpsc::Receiver<ShardMsg>) {
         glommio::spawn_local(async move {
             loop {
                 glommio::timer::sleep(TICK).await;
+                resplit(&mut state.borrow_mut());
+                publish_tenants(&state.borrow());
                 pump(&state).await;
             }
         })
@@ -401,6 +445,7 @@ async fn submit(
                 token: None,
                 committed: false,
                 estimate: None,
+                queued_at: now,
             },
         );
         commit.push((
@@ -837,6 +882,60 @@ fn fold_reports(reports: impl Iterator<Item = Report>) -> Vec<Vec<Report>> {
     rounds
 }
 
+/// Moves this shard's parts of the node-wide limits toward their split-rule targets (DESIGN §3):
+/// publishes its load, lets shard 0 set every shard's target from the last loads, and takes or
+/// gives back units through the board's free pool, never below what it uses.
+fn resplit(s: &mut ShardState) {
+    let now = s.now();
+    for (k, &(id, capacity)) in s.split_limits.iter().enumerate() {
+        let load = s.core.split_load(id);
+        // Nobody holds a rate: a rate's part can shrink at once.
+        let used = match capacity {
+            NodeCapacity::Slots(_) => load.used,
+            NodeCapacity::Rate(_) => 0,
+        };
+        s.board.publish(k, s.index, used, load.weight);
+        if s.index == 0 {
+            if let Some(loads) = s.board.loads(k) {
+                let loads: Vec<ShardLoad> = loads
+                    .iter()
+                    .map(|l| ShardLoad {
+                        used: l.used,
+                        weight: l.weight,
+                        share: l.held,
+                    })
+                    .collect();
+                s.board.set_targets(k, &capacity.split_targets(&loads));
+            }
+        }
+        let held = s.board.rebalance(k, s.index, used);
+        s.core.set_share(id, capacity.part(held), now);
+    }
+}
+
+/// Per-tenant running work for `/metrics` (once per tick: it walks the live tasks).
+fn publish_tenants(s: &ShardState) {
+    let mut per: HashMap<u32, crate::metrics::TenantRunning> = HashMap::new();
+    for m in s.meta.values() {
+        if let Some(e) = m.estimate {
+            let t = per
+                .entry(m.tenant.0)
+                .or_insert(crate::metrics::TenantRunning {
+                    tenant: m.tenant.0,
+                    tasks: 0,
+                    units_milli: 0,
+                });
+            t.tasks += 1;
+            t.units_milli += e.fairness.milli();
+        }
+    }
+    let mut tenants: Vec<_> = per.into_values().collect();
+    tenants.sort_by_key(|t| t.tenant);
+    if let Ok(mut slot) = s.metrics.shards[s.index].tenants.lock() {
+        *slot = tenants;
+    }
+}
+
 fn publish_gauges(s: &ShardState) {
     use std::sync::atomic::Ordering::Relaxed;
     let g = &s.metrics.shards[s.index];
@@ -865,13 +964,15 @@ async fn pump(state: &SharedShard) {
         while claims.len() < CLAIMS_PER_PUMP_MAX {
             match s.core.poll_dispatch(now) {
                 Poll::Dispatch(d) => {
-                    let (version, committed) = match s.meta.get_mut(&d.task) {
+                    let (version, committed, queued_at) = match s.meta.get_mut(&d.task) {
                         Some(m) => {
                             m.estimate = Some(d.estimate);
-                            (m.db_version, m.committed)
+                            (m.db_version, m.committed, m.queued_at)
                         }
-                        None => (0, true),
+                        None => (0, true, now),
                     };
+                    s.metrics
+                        .waited(d.lane, d.band, now.since(queued_at) / 1_000);
                     let provider = s.policy.providers[d.provider.0 as usize].name.clone();
                     let claim = ClaimRequest {
                         task: d.task,

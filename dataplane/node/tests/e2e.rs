@@ -222,3 +222,80 @@ async fn batches_across_task_id_blocks_all_complete() {
         "{metrics}"
     );
 }
+
+/// DESIGN §3: a node-wide limit is split among shards by backlogged weight. Tenant 1 lives on
+/// shard 1 and is the only one with work: it gets both providers whole (2 × 4 slots), not the
+/// half of each its shard starts with — and never more than the 8.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_tenant_gets_the_whole_provider_not_its_shards_half() {
+    let test = TestDb::new().await;
+    let config = r#"
+node_id = "test-node"
+listen = "127.0.0.1:0"
+http_listen = "127.0.0.1:0"
+shards = 2
+partitions = 8
+provider_concurrency = 4
+lane_capacity_units = 100000
+# Long enough that the tasks are still running when the test looks.
+local_provider_time_scale = 10.0
+
+[[tenants]]
+id = 1
+credential = "one"
+
+[[tenants]]
+id = 2
+credential = "two"
+"#;
+    let daemon = common::start_with(&test, config).await;
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let batch: Vec<_> = (0..12).map(|i| task(&format!("w{i}"))).collect();
+    for a in client.submit_batch(batch).await.unwrap() {
+        assert!(a.decision.is_accepted(), "{a:?}");
+    }
+    let sql = test.sql().await.unwrap();
+    let running = || async {
+        sql.query_one(
+            "SELECT count(*) FROM task WHERE state IN ('DISPATCHING', 'RUNNING')",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0)
+    };
+    // The shards re-split every tick (20 ms); 10 s is far beyond what that takes.
+    let mut seen = 0;
+    for _ in 0..1_000 {
+        seen = running().await;
+        assert!(seen <= 8, "{seen} running on 8 provider slots");
+        if seen == 8 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let (_, metrics) = http_get(daemon.http, "/metrics").await;
+    assert_eq!(seen, 8, "tenant 1 stayed at its shard's half\n{metrics}");
+    // The per-tenant gauges are written once per shard tick.
+    let gauge = "spindle_tenant_running_tasks{shard=\"1\",tenant=\"1\"} 8";
+    let mut metrics = metrics;
+    for _ in 0..500 {
+        if metrics.contains(gauge) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        metrics = http_get(daemon.http, "/metrics").await.1;
+    }
+    assert!(metrics.contains(gauge), "{metrics}");
+    let waits: u64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("spindle_dispatch_wait_seconds_count"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    assert!(
+        waits >= 8,
+        "8 dispatches, {waits} waits recorded\n{metrics}"
+    );
+}

@@ -11,12 +11,11 @@ use std::collections::{BinaryHeap, HashMap, VecDeque};
 use spindle_core::admission::{Admission, Decision, RejectReason};
 use spindle_core::cost::{estimate, CostEstimate, ResourceClass};
 use spindle_core::ledger::{Demand, Ledger, LimitId, LimitKey};
-use spindle_core::policy::RateSpec;
 use spindle_core::shard::{
-    node_capacity, register_node_limit, CapacityMode, ClaimOutcome, Dispatch, FailOutcome, Failure,
-    MediaStart, NodeCapacity, Poll, SubmitRequest,
+    register_node_limit, CapacityMode, ClaimOutcome, Dispatch, FailOutcome, Failure, MediaStart,
+    NodeCapacity, Poll, SubmitRequest,
 };
-use spindle_core::share::{split, ShardLoad};
+use spindle_core::share::ShardLoad;
 use spindle_core::{Band, FencingToken, Lane, Policy, Shard, TaskId, TenantId, Time, Units};
 
 /// Tasks a baseline looks at per pick before giving up (they are work-conserving within it).
@@ -57,10 +56,9 @@ pub trait Scheduler {
 /// backlogged weight every `resplit_ns`.
 pub struct SpindleNode {
     shards: Vec<Shard>,
-    policy: Policy,
     resplit_ns: u64,
     last_resplit: Option<Time>,
-    split_ids: Option<Vec<LimitId>>,
+    split_ids: Option<Vec<(LimitId, NodeCapacity)>>,
 }
 
 /// Tenant → shard: a fixed mix so neighbouring ids spread.
@@ -76,7 +74,6 @@ impl SpindleNode {
             shards: (0..shards)
                 .map(|_| Shard::new(policy.clone(), n, Time::ZERO))
                 .collect(),
-            policy,
             resplit_ns,
             last_resplit: None,
             split_ids: None,
@@ -96,64 +93,20 @@ impl SpindleNode {
         f(&mut self.shards[i])
     }
 
-    /// The split rule of DESIGN §3 applied to every node-wide limit that can bind (limits set
-    /// beyond `UNBOUNDED` keep their first even split: no share of them can run out).
+    /// The split rule of DESIGN §3 applied to every node-wide limit that can bind.
     fn resplit(&mut self, now: Time) {
-        // Splitting a limit nothing can exhaust would only cost time.
-        const UNBOUNDED: u64 = spindle_core::presets::UNBOUNDED / 2;
-        if self.split_ids.is_none() {
-            let ids = self.shards[0]
-                .node_limits()
-                .iter()
-                .copied()
-                .filter(
-                    |&id| match node_capacity(&self.policy, self.shards[0].ledger().key(id)) {
-                        Some(NodeCapacity::Slots(v)) => v < UNBOUNDED,
-                        Some(NodeCapacity::Rate(r)) => r.per_minute < UNBOUNDED,
-                        None => false,
-                    },
-                )
-                .collect();
-            self.split_ids = Some(ids);
-        }
-        let ids = self.split_ids.take().expect("computed above");
-        let mut loads = Vec::with_capacity(self.shards.len());
-        for &id in &ids {
-            let key = self.shards[0].ledger().key(id);
-            let capacity = node_capacity(&self.policy, key).expect("node limit");
-            loads.clear();
-            loads.extend(self.shards.iter().map(|s| ShardLoad {
-                used: s.ledger().used(id),
-                weight: s.split_weight(id),
-                share: s.ledger().capacity(id),
-            }));
-            match capacity {
-                NodeCapacity::Slots(total) => {
-                    for (shard, share) in self.shards.iter_mut().zip(split(total, &loads)) {
-                        shard.set_share(id, NodeCapacity::Slots(share), now);
-                    }
-                }
-                NodeCapacity::Rate(rate) => {
-                    let weights: u64 = loads.iter().map(|l| l.weight).sum();
-                    let n = loads.len() as u64;
-                    for (shard, load) in self.shards.iter_mut().zip(&loads) {
-                        let (w, total) = if weights == 0 {
-                            (1, n)
-                        } else {
-                            (load.weight, weights)
-                        };
-                        let part =
-                            |v: u64| (u128::from(v) * u128::from(w) / u128::from(total)) as u64;
-                        let share = RateSpec {
-                            per_minute: part(rate.per_minute),
-                            burst: part(rate.burst),
-                        };
-                        shard.set_share(id, NodeCapacity::Rate(share), now);
-                    }
-                }
+        let limits = match self.split_ids.take() {
+            Some(limits) => limits,
+            None => self.shards[0].bounded_node_limits(),
+        };
+        for &(id, capacity) in &limits {
+            let loads: Vec<ShardLoad> = self.shards.iter().map(|s| s.split_load(id)).collect();
+            let targets = capacity.split_targets(&loads);
+            for (shard, units) in self.shards.iter_mut().zip(targets) {
+                shard.set_share(id, capacity.part(units), now);
             }
         }
-        self.split_ids = Some(ids);
+        self.split_ids = Some(limits);
     }
 }
 

@@ -5,6 +5,8 @@
 //! every shard draws on (a provider account's concurrency, GPU slots), and `loom-tests` model them.
 
 mod primitive;
+mod share;
 mod slots;
 
+pub use share::{even_part, Load, ShareBoard};
 pub use slots::{SlotCounter, SlotsExhausted};

@@ -1,0 +1,55 @@
+//! Loom model of the sub-leased node limits: shards moving their holdings toward targets that
+//! a coordinator changes under them never hold more, together, than the capacity, and no unit is
+//! lost or created.
+#![cfg(loom)]
+
+use loom::sync::atomic::{AtomicU64, Ordering};
+use loom::sync::Arc;
+use loom::thread;
+use spindle_sync::ShareBoard;
+
+/// A shard thread: rebalances, uses what it holds (counted in `in_use`, checked against the
+/// capacity), rebalances again after releasing it.
+fn shard(board: &ShareBoard, in_use: &AtomicU64, i: usize, capacity: u64) {
+    let held = board.rebalance(0, i, 0);
+    if held > 0 {
+        let now = in_use.fetch_add(held, Ordering::AcqRel) + held;
+        assert!(now <= capacity, "{now} units in use, capacity {capacity}");
+        in_use.fetch_sub(held, Ordering::AcqRel);
+    }
+    board.rebalance(0, i, 0);
+}
+
+fn model(capacity: u64, first: [u64; 2], second: [u64; 2]) {
+    loom::model(move || {
+        let board = Arc::new(ShareBoard::new(&[capacity], 2));
+        let in_use = Arc::new(AtomicU64::new(0));
+        board.set_targets(0, &first);
+        let coordinator = {
+            let board = board.clone();
+            thread::spawn(move || board.set_targets(0, &second))
+        };
+        let shards: Vec<_> = (0..2)
+            .map(|i| {
+                let (board, in_use) = (board.clone(), in_use.clone());
+                thread::spawn(move || shard(&board, &in_use, i, capacity))
+            })
+            .collect();
+        coordinator.join().unwrap();
+        for s in shards {
+            s.join().unwrap();
+        }
+        assert_eq!(board.accounted(0), capacity, "units lost or created");
+    });
+}
+
+#[test]
+fn shares_swap_while_shards_use_them() {
+    model(4, [4, 0], [0, 4]);
+}
+
+#[test]
+fn overcommitted_targets_never_overshoot() {
+    // A stale target plus a fresh one can ask for more than exists: the free pool says no.
+    model(3, [3, 3], [1, 3]);
+}
