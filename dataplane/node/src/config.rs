@@ -68,6 +68,12 @@ pub struct Config {
     /// Requests one connection may have in flight.
     #[serde(default = "default_inflight")]
     pub connection_inflight_max: usize,
+    /// Microseconds a shard's executor keeps polling after it runs out of work before it
+    /// sleeps: a wake-up from another thread (a connection on another executor, an answer from
+    /// the control plane) then costs nothing instead of tens of microseconds. 0 turns it off
+    /// (for nodes where a spinning core is worth more elsewhere).
+    #[serde(default = "default_idle_spin_us")]
+    pub idle_spin_us: u64,
     /// Concurrency of each of the two local provider accounts (global: a pool in PostgreSQL).
     #[serde(default = "default_provider_concurrency")]
     pub provider_concurrency: u64,
@@ -93,6 +99,13 @@ pub struct TenantConfig {
     pub lane: Lane,
     #[serde(default = "default_weight")]
     pub weight: u32,
+    /// Submits a minute the tenant may make (unlimited when absent); more are rejected at
+    /// admission as rate limited, without touching PostgreSQL.
+    #[serde(default)]
+    pub submit_per_minute: Option<u64>,
+    /// Tasks the tenant may have queued (unlimited when absent).
+    #[serde(default)]
+    pub queued_tasks_max: Option<u64>,
 }
 
 fn default_node_id() -> String {
@@ -136,6 +149,9 @@ fn default_provider_rpm() -> u64 {
 }
 fn default_lane_capacity() -> u64 {
     40
+}
+fn default_idle_spin_us() -> u64 {
+    200
 }
 fn default_lane() -> Lane {
     Lane::Standard
@@ -209,11 +225,29 @@ impl Config {
             self.local_provider_time_scale >= 0.0 && self.local_provider_time_scale <= 10.0,
             "local_provider_time_scale must be 0..=10"
         );
+        anyhow::ensure!(
+            self.idle_spin_us <= 10_000,
+            "idle_spin_us must be 0..=10000"
+        );
         let mut ids: Vec<u32> = self.tenants.iter().map(|t| t.id).collect();
         ids.sort_unstable();
         ids.dedup();
         anyhow::ensure!(ids.len() == self.tenants.len(), "a tenant id appears twice");
         anyhow::ensure!(!ids.contains(&0), "tenant id 0 is reserved");
+        for t in &self.tenants {
+            anyhow::ensure!(
+                t.submit_per_minute
+                    .is_none_or(|r| (1..=1_000_000_000).contains(&r)),
+                "tenant {}: submit_per_minute must be 1..=1000000000",
+                t.id
+            );
+            anyhow::ensure!(
+                t.queued_tasks_max
+                    .is_none_or(|q| (1..=1 << 30).contains(&q)),
+                "tenant {}: queued_tasks_max must be 1..=1073741824",
+                t.id
+            );
+        }
         Ok(())
     }
 
@@ -224,5 +258,61 @@ impl Config {
 
     pub fn shard_of(&self, tenant: u32) -> usize {
         (self.partition_of(tenant) % self.shards) as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(file: &str) -> anyhow::Result<Config> {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+        Config::load(&Args {
+            config: Some(path),
+            listen: None,
+            http_listen: None,
+            postgres: None,
+            shards: None,
+            node_id: None,
+            ready_file: None,
+        })
+    }
+
+    #[test]
+    fn the_shipped_configurations_load() {
+        let example = load("spindled.example.toml").unwrap();
+        let two = example.tenants.iter().find(|t| t.id == 2).unwrap();
+        assert_eq!(
+            (two.submit_per_minute, two.queued_tasks_max),
+            (Some(600_000), Some(100_000))
+        );
+        load("bench.toml").unwrap();
+        let reject = load("bench-reject.toml").unwrap();
+        assert_eq!(reject.tenants[1].submit_per_minute, Some(60));
+    }
+
+    #[test]
+    fn a_bad_tenant_limit_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "[[tenants]]\nid = 3\ncredential = \"x\"\nsubmit_per_minute = 0\n",
+        )
+        .unwrap();
+        let e = Config::load(&Args {
+            config: Some(path),
+            listen: None,
+            http_listen: None,
+            postgres: None,
+            shards: None,
+            node_id: None,
+            ready_file: None,
+        })
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "tenant 3: submit_per_minute must be 1..=1000000000"
+        );
     }
 }

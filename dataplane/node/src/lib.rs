@@ -51,9 +51,17 @@ pub fn policy(config: &Config) -> Policy {
             spindle_core::Units::whole(config.lane_capacity_units);
     }
     for t in &config.tenants {
-        policy
-            .tenants
-            .insert(TenantId(t.id), presets::tenant(t.lane, t.weight));
+        let mut tenant = presets::tenant(t.lane, t.weight);
+        if let Some(per_minute) = t.submit_per_minute {
+            tenant.submit_rate = spindle_core::policy::RateSpec {
+                per_minute,
+                burst: (per_minute / 60).max(1),
+            };
+        }
+        if let Some(max) = t.queued_tasks_max {
+            tenant.queued_tasks_max = max;
+        }
+        policy.tenants.insert(TenantId(t.id), tenant);
     }
     policy
 }
@@ -171,8 +179,10 @@ fn run_node(config: Config) -> anyhow::Result<()> {
         let reads = started.reads.clone();
         let metrics = metrics.clone();
         let board = board.clone();
+        let shard_metrics = metrics.clone();
         let handle = LocalExecutorBuilder::new(Placement::Unbound)
             .name(&format!("shard-{i}"))
+            .spin_before_park(std::time::Duration::from_micros(config.idle_spin_us))
             .spawn(move || async move {
                 let mut shard = ShardState::new(ShardSetup {
                     policy,
@@ -208,6 +218,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
                     credentials,
                     partitions: config.partitions,
                     inflight_max: config.connection_inflight_max,
+                    metrics: shard_metrics,
                 });
                 loop {
                     match listener.accept().await {

@@ -14,6 +14,10 @@ use spindle_sync::ShareBoard;
 const LATENCY_BUCKETS_US: &[u64] = &[
     500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000, 500_000, 2_000_000,
 ];
+/// The node's submit answer time (µs): frame decoded to answer encoded.
+const ANSWER_BUCKETS_US: &[u64] = &[
+    5, 10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 50_000, 250_000,
+];
 /// Queue wait buckets (µs): admission to dispatch.
 const WAIT_BUCKETS_US: &[u64] = &[
     1_000,
@@ -112,6 +116,8 @@ pub struct Metrics {
     pub claims_granted: AtomicU64,
     pub claims_refused: AtomicU64,
     pub batches: [Histogram; 4],
+    /// Submit frames answered, by outcome: [rejected, accepted (anything in the frame)].
+    pub answers: [Histogram; 2],
     /// Admission → dispatch, per lane and band (`lane * Band::COUNT + band`).
     pub waits: Vec<Histogram>,
     pub shards: Vec<ShardGauges>,
@@ -132,6 +138,7 @@ impl Metrics {
             claims_granted: AtomicU64::new(0),
             claims_refused: AtomicU64::new(0),
             batches: std::array::from_fn(|_| Histogram::new(LATENCY_BUCKETS_US)),
+            answers: std::array::from_fn(|_| Histogram::new(ANSWER_BUCKETS_US)),
             waits: (0..Lane::COUNT * Band::COUNT)
                 .map(|_| Histogram::new(WAIT_BUCKETS_US))
                 .collect(),
@@ -141,6 +148,11 @@ impl Metrics {
             stopping: AtomicBool::new(false),
             reports_pending: AtomicU64::new(0),
         })
+    }
+
+    /// A submit frame was answered `took` after it was decoded.
+    pub fn answered_submit(&self, accepted: bool, took: std::time::Duration) {
+        self.answers[usize::from(accepted)].record(took.as_micros() as u64, 1);
     }
 
     /// A task of `lane` and `band` waited `us` from admission to dispatch.
@@ -229,6 +241,14 @@ impl Metrics {
                 w,
                 "spindle_control_batch_rows_total{{kind=\"{kind}\"}} {}",
                 h.rows.load(Ordering::Relaxed)
+            );
+        }
+        let _ = writeln!(w, "# HELP spindle_submit_answer_seconds Submit frames, decoded to answered, by outcome (accepted: anything in the frame was; they wait for the group commit).\n# TYPE spindle_submit_answer_seconds histogram");
+        for (outcome, h) in ["rejected", "accepted"].iter().zip(&self.answers) {
+            h.render(
+                w,
+                "spindle_submit_answer_seconds",
+                &format!("outcome=\"{outcome}\""),
             );
         }
         let _ = writeln!(w, "# HELP spindle_dispatch_wait_seconds Admission to dispatch, by lane and band.\n# TYPE spindle_dispatch_wait_seconds histogram");

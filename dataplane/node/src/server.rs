@@ -28,6 +28,7 @@ pub struct ConnCtx {
     pub credentials: HashMap<u32, String>,
     pub partitions: u32,
     pub inflight_max: usize,
+    pub metrics: std::sync::Arc<crate::metrics::Metrics>,
 }
 
 impl ConnCtx {
@@ -52,6 +53,15 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
         diff |= u64::from(x ^ y);
     }
     diff == 0
+}
+
+/// For a submit answer: whether anything in it was accepted (`None` for other answers).
+fn submit_outcome(body: &Response) -> Option<bool> {
+    match body {
+        Response::Admission(a) => Some(a.decision.is_accepted()),
+        Response::SubmitBatch(all) => Some(all.iter().any(|a| a.decision.is_accepted())),
+        _ => None,
+    }
 }
 
 pub(crate) fn frame(request_id: u64, body: Response) -> Vec<u8> {
@@ -106,6 +116,9 @@ pub async fn serve(stream: glommio::net::TcpStream, ctx: Rc<ConnCtx>) {
                 }
             };
             let id = request.request_id;
+            // Frame decoded → answer encoded: what `/metrics` reports as the node's own
+            // submit latency (the client adds the network and its own scheduling).
+            let received = std::time::Instant::now();
             let Some(t) = tenant else {
                 let Request::Hello(h) = request.body else {
                     let e = WireError::new(
@@ -189,6 +202,7 @@ pub async fn serve(stream: glommio::net::TcpStream, ctx: Rc<ConnCtx>) {
                 break 'conn;
             }
             let out = out_tx.clone();
+            let metrics = ctx.metrics.clone();
             glommio::spawn_local(async move {
                 let body = answer.await.unwrap_or_else(|_| {
                     Response::Error(WireError::new(
@@ -196,7 +210,12 @@ pub async fn serve(stream: glommio::net::TcpStream, ctx: Rc<ConnCtx>) {
                         "the shard dropped the request",
                     ))
                 });
-                let _ = out.send(frame(id, body)).await;
+                let outcome = submit_outcome(&body);
+                let bytes = frame(id, body);
+                if let Some(accepted) = outcome {
+                    metrics.answered_submit(accepted, received.elapsed());
+                }
+                let _ = out.send(bytes).await;
                 drop(permit);
             })
             .detach();

@@ -299,3 +299,58 @@ credential = "two"
         "8 dispatches, {waits} waits recorded\n{metrics}"
     );
 }
+
+/// A tenant over its configured submit rate is rejected by the core alone: no PostgreSQL row,
+/// a decision that names the limit, and the node's own answer time in `/metrics`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_over_its_submit_rate_is_rejected_at_admission() {
+    let test = TestDb::new().await;
+    let config = r#"
+node_id = "test-node"
+listen = "127.0.0.1:0"
+http_listen = "127.0.0.1:0"
+shards = 2
+partitions = 8
+local_provider_time_scale = 0.0001
+
+[[tenants]]
+id = 1
+credential = "one"
+submit_per_minute = 60
+"#;
+    let daemon = common::start_with(&test, config).await;
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let mut accepted = 0;
+    let mut rejected = 0;
+    for i in 0..10 {
+        let a = client.submit(task(&format!("r{i}"))).await.unwrap();
+        if a.decision.is_accepted() {
+            accepted += 1;
+        } else {
+            assert_eq!(a.decision, Decision::RejectUserRateLimit, "{a:?}");
+            assert!(
+                a.reason.as_deref().unwrap_or("").contains("submit_rate"),
+                "{a:?}"
+            );
+            rejected += 1;
+        }
+    }
+    // A burst of one a second: ten submits within a second get one or two through.
+    assert!((1..=2).contains(&accepted), "{accepted} accepted");
+    let sql = test.sql().await.unwrap();
+    let rows: i64 = sql
+        .query_one("SELECT count(*) FROM task", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, accepted, "a rejected submit leaves no row");
+    let (_, metrics) = http_get(daemon.http, "/metrics").await;
+    assert!(
+        metrics.contains(&format!(
+            "spindle_submit_answer_seconds_count{{outcome=\"rejected\"}} {rejected}"
+        )),
+        "{metrics}"
+    );
+}
