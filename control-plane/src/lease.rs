@@ -15,6 +15,15 @@ pub struct PartitionLease {
     pub epoch: u64,
 }
 
+/// A partition held under a live lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionOwner {
+    pub partition: PartitionId,
+    pub node: String,
+    /// The owner's client protocol address, as it registered.
+    pub address: String,
+}
+
 impl Db {
     /// Registers (or re-registers) a node as UP; also its heartbeat.
     pub async fn register_node(&self, node: &str, address: &str) -> Result<(), StoreError> {
@@ -97,6 +106,29 @@ impl Db {
     }
 
     /// Gives partitions back at once (a drain): their next owner need not wait for expiry.
+    /// Every partition with its owner (if its lease is live) and that owner's client address.
+    pub async fn partition_owners(&self) -> Result<Vec<PartitionOwner>, StoreError> {
+        let rows = self
+            .client()
+            .query(
+                "SELECT l.partition, l.owner_node, n.address
+                   FROM partition_lease l
+                   LEFT JOIN node n ON n.node_id = l.owner_node
+                  WHERE l.owner_node IS NOT NULL AND l.lease_until > now()
+                  ORDER BY l.partition",
+                &[],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| PartitionOwner {
+                partition: PartitionId(r.get::<_, i32>(0) as u32),
+                node: r.get(1),
+                address: r.get::<_, Option<String>>(2).unwrap_or_default(),
+            })
+            .collect())
+    }
+
     pub async fn release_partitions(&self, node: &str) -> Result<u64, StoreError> {
         Ok(self
             .client()

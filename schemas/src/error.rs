@@ -24,6 +24,7 @@ pub enum ErrorCode {
     NotAuthenticated = 21,
     AuthFailed = 22,
     AlreadyAuthenticated = 23,
+    WrongNode = 24,
     NotFound = 40,
     IdempotencyConflict = 41,
     InvalidSpec = 42,
@@ -35,7 +36,7 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 22] = [
+    pub const ALL: [ErrorCode; 23] = [
         ErrorCode::FrameEmpty,
         ErrorCode::FrameTooLarge,
         ErrorCode::BadIdentifier,
@@ -50,6 +51,7 @@ impl ErrorCode {
         ErrorCode::NotAuthenticated,
         ErrorCode::AuthFailed,
         ErrorCode::AlreadyAuthenticated,
+        ErrorCode::WrongNode,
         ErrorCode::NotFound,
         ErrorCode::IdempotencyConflict,
         ErrorCode::InvalidSpec,

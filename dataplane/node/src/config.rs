@@ -49,6 +49,11 @@ pub struct Config {
     pub shards: u32,
     #[serde(default = "default_partitions")]
     pub partitions: u32,
+    /// The partitions this node takes at start (default: every one that is free). Several
+    /// nodes on one PostgreSQL each list theirs; any node takes over a partition whose owner's
+    /// lease expired.
+    #[serde(default)]
+    pub owned_partitions: Option<Vec<u32>>,
     /// Lease of running attempts and of partitions.
     #[serde(default = "default_lease_ms")]
     pub lease_ms: u32,
@@ -229,6 +234,21 @@ impl Config {
             self.idle_spin_us <= 10_000,
             "idle_spin_us must be 0..=10000"
         );
+        if let Some(owned) = &self.owned_partitions {
+            let mut sorted = owned.clone();
+            sorted.sort_unstable();
+            sorted.dedup();
+            anyhow::ensure!(
+                sorted.len() == owned.len(),
+                "owned_partitions lists a partition twice"
+            );
+            if let Some(p) = owned.iter().find(|&&p| p >= self.partitions) {
+                anyhow::bail!(
+                    "owned_partitions: {p} is not below partitions ({})",
+                    self.partitions
+                );
+            }
+        }
         let mut ids: Vec<u32> = self.tenants.iter().map(|t| t.id).collect();
         ids.sort_unstable();
         ids.dedup();

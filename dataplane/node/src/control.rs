@@ -17,6 +17,7 @@ use std::sync::Arc;
 use spindle_core::{PolicyVersion, TaskId, TenantId};
 
 use crate::metrics::Metrics;
+use crate::ownership::Ownership;
 use tokio::sync::{mpsc, oneshot};
 
 /// Messages one shard's pipeline takes at once before it pushes back.
@@ -489,29 +490,40 @@ pub async fn start(
     db_config: &DbConfig,
     policy: &spindle_core::Policy,
     metrics: &Arc<Metrics>,
+    ownership: &Arc<Ownership>,
+    shard_inboxes: Vec<mpsc::Sender<crate::shard::ShardMsg>>,
 ) -> anyhow::Result<Started> {
     let admin = Db::open_with_backoff(db_config).await?;
     admin
         .register_node(&config.node_id, &config.listen.to_string())
         .await?;
     admin.ensure_partitions(config.partitions).await?;
-    let wanted: Vec<PartitionId> = (0..config.partitions).map(PartitionId).collect();
-    let held = admin
-        .acquire_partitions(&config.node_id, &wanted, config.lease_ms)
-        .await?;
-    anyhow::ensure!(
-        held.len() == wanted.len(),
-        "another node holds {} of the {} partitions (multi-node partition handover is not built yet)",
-        wanted.len() - held.len(),
-        wanted.len()
-    );
+    let preferred = preferred_partitions(config);
+    let held: Vec<PartitionId> = admin
+        .acquire_partitions(&config.node_id, &preferred, config.lease_ms)
+        .await?
+        .into_iter()
+        .map(|l| l.partition)
+        .collect();
+    if held.len() < preferred.len() {
+        tracing::warn!(
+            "{} of the {} partitions this node prefers are held by other nodes; it takes them \
+             over if their leases expire",
+            preferred.len() - held.len(),
+            preferred.len()
+        );
+    }
     for p in &policy.providers {
         admin
             .set_pool(&provider_pool(&p.name), p.concurrency, 1)
             .await?;
     }
-    recover_attempts(&admin, &wanted).await?;
-    let restores = load_restores(&admin, config, &wanted).await?;
+    recover_attempts(&admin, &held).await?;
+    let restores = load_restores(&admin, config, &held).await?;
+    for p in &held {
+        ownership.set(*p, true);
+    }
+    ownership.set_owners(&admin.partition_owners().await?, &config.node_id);
     let mut pipes = Vec::new();
     let mut id_blocks = Vec::new();
     let open_pipeline = async || -> anyhow::Result<mpsc::Sender<CpMsg>> {
@@ -535,28 +547,17 @@ pub async fn start(
             work: open_pipeline().await?,
         });
     }
-    // The admin connection renews the partition leases for the life of the node.
-    let node = config.node_id.clone();
-    let lease_ms = config.lease_ms;
-    let admin_config = db_config.clone();
-    let admin_metrics = metrics.clone();
-    tokio::spawn(async move {
-        let mut admin = admin;
-        let mut tick =
-            tokio::time::interval(std::time::Duration::from_millis(u64::from(lease_ms / 3)));
-        loop {
-            tick.tick().await;
-            if admin.is_closed() {
-                admin = reconnect(&admin_config, &admin_metrics).await;
-            }
-            if let Err(e) = admin.acquire_partitions(&node, &wanted, lease_ms).await {
-                tracing::warn!("renewing partition leases failed: {e}");
-            }
-            if let Err(e) = admin.heartbeat(&node).await {
-                tracing::warn!("heartbeat failed: {e}");
-            }
-        }
-    });
+    // The admin connection renews the partition leases for the life of the node and takes
+    // over partitions whose owner went away.
+    let lease = LeaseLoop {
+        admin,
+        config: config.clone(),
+        db_config: db_config.clone(),
+        metrics: metrics.clone(),
+        ownership: ownership.clone(),
+        preferred,
+    };
+    tokio::spawn(lease.run(shard_inboxes));
     let (reads, read_rx) = mpsc::channel(READ_QUEUE_MAX);
     tokio::spawn(reader(
         Db::open_with_backoff(db_config).await?,
@@ -570,6 +571,121 @@ pub async fn start(
         id_blocks,
         restores,
     })
+}
+
+/// The partitions a node takes at start: the configured ones, else all of them.
+fn preferred_partitions(config: &crate::config::Config) -> Vec<PartitionId> {
+    match &config.owned_partitions {
+        Some(list) => list.iter().copied().map(PartitionId).collect(),
+        None => (0..config.partitions).map(PartitionId).collect(),
+    }
+}
+
+/// Renews this node's partition leases every third of a lease, and takes partitions over:
+/// its preferred ones whenever they are free or expired, and after one lease of uptime (time
+/// for every node of a starting cluster to take its own) any other free or expired one. A
+/// partition taken over has its previous owner's live attempts resolved and its QUEUED tasks
+/// sent to the shards before the node serves its tenants; a partition lost (another node took
+/// it after this node's lease lapsed) stops being served.
+struct LeaseLoop {
+    admin: Db,
+    config: crate::config::Config,
+    db_config: DbConfig,
+    metrics: Arc<Metrics>,
+    ownership: Arc<Ownership>,
+    preferred: Vec<PartitionId>,
+}
+
+impl LeaseLoop {
+    async fn run(mut self, shards: Vec<mpsc::Sender<crate::shard::ShardMsg>>) {
+        let started = std::time::Instant::now();
+        let every = std::time::Duration::from_millis(u64::from(self.config.lease_ms / 3).max(1));
+        let mut tick = tokio::time::interval(every);
+        let everything: Vec<PartitionId> = (0..self.config.partitions).map(PartitionId).collect();
+        loop {
+            tick.tick().await;
+            if self.metrics.stopping() {
+                // Draining: the partitions are given back at the end, not renewed.
+                return;
+            }
+            if self.admin.is_closed() {
+                self.admin = reconnect(&self.db_config, &self.metrics).await;
+            }
+            let grace_over = started.elapsed().as_millis() > u128::from(self.config.lease_ms);
+            let wanted = if grace_over {
+                &everything
+            } else {
+                &self.preferred
+            };
+            let node = &self.config.node_id;
+            let held = match self
+                .admin
+                .acquire_partitions(node, wanted, self.config.lease_ms)
+                .await
+            {
+                Ok(h) => h.into_iter().map(|l| l.partition).collect::<Vec<_>>(),
+                Err(e) => {
+                    tracing::warn!("renewing partition leases failed: {e}");
+                    continue;
+                }
+            };
+            let before = self.ownership.owned();
+            for lost in before.iter().filter(|p| !held.contains(p)) {
+                tracing::warn!("partition {} is held by another node now", lost.0);
+                self.ownership.set(*lost, false);
+            }
+            let gained: Vec<PartitionId> = held
+                .iter()
+                .filter(|p| !before.contains(p))
+                .copied()
+                .collect();
+            if !gained.is_empty() {
+                match self.take_over(&gained, &shards).await {
+                    Ok(n) => tracing::info!(
+                        "took over partitions {:?}: {n} queued tasks restored",
+                        gained.iter().map(|p| p.0).collect::<Vec<_>>()
+                    ),
+                    Err(e) => {
+                        // Not served until the next round succeeds; the lease is ours, so
+                        // nobody else serves them either.
+                        tracing::warn!("taking over partitions failed: {e:#}");
+                        continue;
+                    }
+                }
+            }
+            match self.admin.partition_owners().await {
+                Ok(owners) => self.ownership.set_owners(&owners, node),
+                Err(e) => tracing::warn!("reading partition owners: {e}"),
+            }
+            if let Err(e) = self.admin.heartbeat(node).await {
+                tracing::warn!("heartbeat failed: {e}");
+            }
+        }
+    }
+
+    /// Resolves the live attempts of `gained`, sends their QUEUED tasks to the shards, then
+    /// serves them. Returns how many tasks were restored.
+    async fn take_over(
+        &self,
+        gained: &[PartitionId],
+        shards: &[mpsc::Sender<crate::shard::ShardMsg>],
+    ) -> anyhow::Result<usize> {
+        recover_attempts(&self.admin, gained).await?;
+        let restores = load_restores(&self.admin, &self.config, gained).await?;
+        let mut n = 0;
+        for (shard, batch) in shards.iter().zip(restores) {
+            n += batch.len();
+            shard
+                .send(crate::shard::ShardMsg::Restore(batch))
+                .await
+                .map_err(|_| anyhow::anyhow!("a shard stopped"))?;
+        }
+        // After the restores: a tenant's first new submit queues behind them.
+        for p in gained {
+            self.ownership.set(*p, true);
+        }
+        Ok(n)
+    }
 }
 
 /// The pool row of a provider account.

@@ -10,6 +10,7 @@
 pub mod config;
 pub mod control;
 pub mod metrics;
+pub mod ownership;
 pub mod server;
 pub mod shard;
 
@@ -91,6 +92,14 @@ fn run_node(config: Config) -> anyhow::Result<()> {
     };
     let db_config = DbConfig::new(conninfo);
     let metrics = metrics::Metrics::new(config.shards as usize);
+    let ownership = std::sync::Arc::new(ownership::Ownership::new(config.partitions));
+    let mut inboxes = Vec::new();
+    let mut shard_senders = Vec::new();
+    for _ in 0..config.shards {
+        let (tx, rx) = tokio::sync::mpsc::channel::<ShardMsg>(SHARD_QUEUE_MAX);
+        shard_senders.push(tx);
+        inboxes.push(rx);
+    }
 
     // The control plane thread (and the HTTP endpoints, on its runtime).
     let (started_tx, started_rx) = std_mpsc::channel();
@@ -98,6 +107,9 @@ fn run_node(config: Config) -> anyhow::Result<()> {
         let config = config.clone();
         let policy = policy.clone();
         let metrics = metrics.clone();
+        let ownership = ownership.clone();
+        let shard_inboxes = shard_senders.clone();
+        let db_config = db_config.clone();
         std::thread::Builder::new()
             .name("control-plane".into())
             .spawn(move || {
@@ -112,8 +124,15 @@ fn run_node(config: Config) -> anyhow::Result<()> {
                             .with_context(|| format!("binding {}", config.http_listen))?;
                         let http_addr = http.local_addr()?;
                         tokio::spawn(metrics::serve(http, metrics.clone()));
-                        let started =
-                            control::start(&config, &db_config, &policy, &metrics).await?;
+                        let started = control::start(
+                            &config,
+                            &db_config,
+                            &policy,
+                            &metrics,
+                            &ownership,
+                            shard_inboxes,
+                        )
+                        .await?;
                         anyhow::Ok((started, http_addr))
                     }
                     .await;
@@ -130,13 +149,6 @@ fn run_node(config: Config) -> anyhow::Result<()> {
         .recv()
         .context("the control plane thread died")??;
 
-    let mut inboxes = Vec::new();
-    let mut shard_senders = Vec::new();
-    for _ in 0..config.shards {
-        let (tx, rx) = tokio::sync::mpsc::channel::<ShardMsg>(SHARD_QUEUE_MAX);
-        shard_senders.push(tx);
-        inboxes.push(rx);
-    }
     let credentials: HashMap<u32, String> = config
         .tenants
         .iter()
@@ -180,6 +192,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
         let metrics = metrics.clone();
         let board = board.clone();
         let shard_metrics = metrics.clone();
+        let ownership = ownership.clone();
         let handle = LocalExecutorBuilder::new(Placement::Unbound)
             .name(&format!("shard-{i}"))
             .spin_before_park(std::time::Duration::from_micros(config.idle_spin_us))
@@ -196,6 +209,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
                     metrics,
                     index: i,
                     board,
+                    ownership: ownership.clone(),
                 });
                 if let Err(e) = shard.restore(restore) {
                     let _ = bound_tx.send(Err(e.to_string()));
@@ -219,6 +233,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
                     partitions: config.partitions,
                     inflight_max: config.connection_inflight_max,
                     metrics: shard_metrics,
+                    ownership,
                 });
                 loop {
                     match listener.accept().await {
@@ -236,6 +251,10 @@ fn run_node(config: Config) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("binding {addr}: {e}"))?;
         handles.push(handle);
     }
+    if addr != config.listen {
+        // The port was chosen at bind: other nodes name this address to redirect clients.
+        register_address(&config.node_id, addr, &db_config).context("registering the address")?;
+    }
     tracing::info!(
         "serving on {addr} with {} shards; /metrics, /livez, /readyz on {http_addr}",
         config.shards
@@ -251,6 +270,17 @@ fn run_node(config: Config) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("a shard stopped: {e:?}"))?;
     }
     Ok(())
+}
+
+fn register_address(node: &str, addr: SocketAddr, db_config: &DbConfig) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let db = spindle_control::Db::open(db_config).await?;
+        db.register_node(node, &addr.to_string()).await?;
+        anyhow::Ok(())
+    })
 }
 
 /// Waits for SIGTERM or SIGINT; then refuses new submits (Draining), stops dispatching, waits

@@ -29,6 +29,7 @@ pub struct ConnCtx {
     pub partitions: u32,
     pub inflight_max: usize,
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
+    pub ownership: std::sync::Arc<crate::ownership::Ownership>,
 }
 
 impl ConnCtx {
@@ -133,6 +134,13 @@ pub async fn serve(stream: glommio::net::TcpStream, ctx: Rc<ConnCtx>) {
                         ErrorCode::AuthFailed,
                         format!("tenant {} refused", h.tenant),
                     );
+                    let _ = out_tx.send(frame(id, Response::Error(e))).await;
+                    break 'conn;
+                }
+                let partition = h.tenant.0 % ctx.partitions;
+                if !ctx.ownership.owns(partition) {
+                    let why = ctx.ownership.refusal(h.tenant.0, partition);
+                    let e = WireError::new(ErrorCode::WrongNode, why);
                     let _ = out_tx.send(frame(id, Response::Error(e))).await;
                     break 'conn;
                 }

@@ -60,6 +60,8 @@ pub enum ShardMsg {
         out: mpsc::Sender<Vec<u8>>,
         reply: oneshot::Sender<Response>,
     },
+    /// QUEUED tasks of partitions this node just took over.
+    Restore(Vec<crate::control::Restore>),
     /// Removes this connection's subscriptions of `task` (a connection is one tenant's, so
     /// nothing else can be touched).
     Unsubscribe {
@@ -166,6 +168,7 @@ pub struct ShardState {
     /// Node-wide limits sub-leased among the shards, and which of the core's limits they are.
     board: std::sync::Arc<ShareBoard>,
     split_limits: Vec<(LimitId, NodeCapacity)>,
+    ownership: std::sync::Arc<crate::ownership::Ownership>,
 }
 
 pub type SharedShard = Rc<RefCell<ShardState>>;
@@ -189,6 +192,7 @@ pub struct ShardSetup {
     pub index: usize,
     /// The node's board of split limits (see [`split_board`]).
     pub board: std::sync::Arc<ShareBoard>,
+    pub ownership: std::sync::Arc<crate::ownership::Ownership>,
 }
 
 /// The names of the board's limits, in its order (for `/metrics`).
@@ -227,6 +231,7 @@ impl ShardState {
             core,
             board: setup.board,
             split_limits,
+            ownership: setup.ownership,
             policy: setup.policy,
             epoch,
             pipes: setup.pipes,
@@ -325,6 +330,11 @@ pub async fn run(state: SharedShard, mut inbox: mpsc::Receiver<ShardMsg>) {
                 out,
                 reply,
             } => subscribe(&state, tenant, task, request_id, out, reply),
+            ShardMsg::Restore(restores) => {
+                if let Err(e) = state.borrow_mut().restore(restores) {
+                    tracing::error!("restoring taken-over tasks: {e:#}");
+                }
+            }
             ShardMsg::Unsubscribe { task, out, reply } => {
                 let mut s = state.borrow_mut();
                 if let Some(subs) = s.subs.get_mut(&task) {
@@ -400,6 +410,15 @@ async fn submit(
             ErrorCode::Draining,
             "the node is draining; submit to another node".into(),
         );
+    }
+    let refusal = {
+        let s = state.borrow();
+        let partition = tenant.0 % s.partitions;
+        (!s.ownership.owns(partition)).then(|| s.ownership.refusal(tenant.0, partition))
+    };
+    if let Some(why) = refusal {
+        // The partition moved to another node since this connection said Hello.
+        return answer_error(reply, ErrorCode::WrongNode, why);
     }
     // Decide every task in the core first; accepted ones go to the group commit.
     let mut answers: Vec<Option<Admission>> = Vec::with_capacity(tasks.len());
@@ -1066,11 +1085,15 @@ async fn claim(state: &SharedShard, claims: Vec<ClaimRequest>) {
                                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             if matches!(
                                 why,
-                                ClaimRefusal::TaskGone | ClaimRefusal::VersionMoved { .. }
+                                ClaimRefusal::TaskGone
+                                    | ClaimRefusal::VersionMoved { .. }
+                                    | ClaimRefusal::PartitionNotOwned(_)
                             ) {
-                                // Its submit never committed (a replay, a conflict) or another
-                                // writer moved it: it is not ours to run.
+                                // Its submit never committed (a replay, a conflict), another
+                                // writer moved it, or its partition went to another node: it
+                                // is not ours to run.
                                 let _ = s.core.handle_cancel(*task);
+                                s.meta.remove(task);
                             }
                             if let Err(e) = s.core.handle_claim_refused(now, *task) {
                                 tracing::warn!("claim refused for {task}: {e}");

@@ -16,7 +16,7 @@ pub const ENUM_MIN_ERROR_CODE: u16 = 0;
 pub const ENUM_MAX_ERROR_CODE: u16 = 63;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 23] = [
+pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 24] = [
   ErrorCode::None,
   ErrorCode::FrameEmpty,
   ErrorCode::FrameTooLarge,
@@ -32,6 +32,7 @@ pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 23] = [
   ErrorCode::NotAuthenticated,
   ErrorCode::AuthFailed,
   ErrorCode::AlreadyAuthenticated,
+  ErrorCode::WrongNode,
   ErrorCode::NotFound,
   ErrorCode::IdempotencyConflict,
   ErrorCode::InvalidSpec,
@@ -63,6 +64,7 @@ impl ErrorCode {
   pub const NotAuthenticated: Self = Self(21);
   pub const AuthFailed: Self = Self(22);
   pub const AlreadyAuthenticated: Self = Self(23);
+  pub const WrongNode: Self = Self(24);
   pub const NotFound: Self = Self(40);
   pub const IdempotencyConflict: Self = Self(41);
   pub const InvalidSpec: Self = Self(42);
@@ -90,6 +92,7 @@ impl ErrorCode {
     Self::NotAuthenticated,
     Self::AuthFailed,
     Self::AlreadyAuthenticated,
+    Self::WrongNode,
     Self::NotFound,
     Self::IdempotencyConflict,
     Self::InvalidSpec,
@@ -117,6 +120,7 @@ impl ErrorCode {
       Self::NotAuthenticated => Some("NotAuthenticated"),
       Self::AuthFailed => Some("AuthFailed"),
       Self::AlreadyAuthenticated => Some("AlreadyAuthenticated"),
+      Self::WrongNode => Some("WrongNode"),
       Self::NotFound => Some("NotFound"),
       Self::IdempotencyConflict => Some("IdempotencyConflict"),
       Self::InvalidSpec => Some("InvalidSpec"),

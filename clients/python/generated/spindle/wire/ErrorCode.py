@@ -19,6 +19,7 @@ class ErrorCode(object):
     NotAuthenticated = 21
     AuthFailed = 22
     AlreadyAuthenticated = 23
+    WrongNode = 24
     NotFound = 40
     IdempotencyConflict = 41
     InvalidSpec = 42
