@@ -1,0 +1,221 @@
+//! The trait spindle dispatches through, and the generic HTTP adapter for the API of
+//! [`crate::api`].
+//!
+//! The one distinction that matters for money is between a definite "not accepted" (a 429, a
+//! refusal, a connection that never reached the provider) and "no answer" (a timeout, a reset
+//! after the request was sent, a 5xx): after the latter the provider may be running — and
+//! billing — the job, so the caller keeps the reservation and asks by request key before it
+//! sends anything again.
+
+use std::future::Future;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::StatusCode;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use crate::api::{JobView, Problem, ProblemKind, SubmitBody, BODY_BYTES_MAX};
+
+/// What an attempt asks of a provider.
+pub type Submission = SubmitBody;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    /// Provably not accepted: slow down and try later.
+    #[error("rate limited (retry after {retry_after_ms:?} ms)")]
+    RateLimited { retry_after_ms: Option<u64> },
+    /// Provably not accepted and never will be (auth, balance, invalid parameters, moderation).
+    #[error("refused ({kind:?}): {message}")]
+    Refused { kind: ProblemKind, message: String },
+    /// The request never reached the provider (connection refused): not accepted, retryable.
+    #[error("not sent: {0}")]
+    NotSent(String),
+    /// No definite answer: it may have been accepted.
+    #[error("outcome unknown: {0}")]
+    Unknown(String),
+}
+
+/// A lookup's answer: the job, or a definite "no such job".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lookup {
+    Found(JobView),
+    NotFound,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("provider query failed: {0}")]
+pub struct QueryError(pub String);
+
+/// An async-job provider: submit with a request key, then learn the outcome by callback or by
+/// asking.
+pub trait AsyncJobProvider: Send + Sync + 'static {
+    fn submit(&self, s: &Submission) -> impl Future<Output = Result<JobView, SubmitError>> + Send;
+    fn job(
+        &self,
+        account: &str,
+        job_id: &str,
+    ) -> impl Future<Output = Result<Lookup, QueryError>> + Send;
+    /// The job a request key created, or a definite NotFound: the only answer after which a
+    /// request whose outcome was unknown may be sent again.
+    fn find_by_key(
+        &self,
+        account: &str,
+        request_key: &str,
+    ) -> impl Future<Output = Result<Lookup, QueryError>> + Send;
+    fn cancel(
+        &self,
+        account: &str,
+        job_id: &str,
+    ) -> impl Future<Output = Result<Lookup, QueryError>> + Send;
+}
+
+/// The generic HTTP adapter.
+#[derive(Clone)]
+pub struct HttpProvider {
+    base: String,
+    client: Client<HttpConnector, Full<Bytes>>,
+    timeout: Duration,
+}
+
+pub(crate) enum Sent {
+    Answer(StatusCode, Bytes),
+    /// Connecting failed: nothing reached the provider.
+    Unsent(String),
+    /// Sent (or maybe sent) without an answer.
+    NoAnswer(String),
+}
+
+impl HttpProvider {
+    /// `base` like `http://127.0.0.1:7480`; every call gives up after `timeout`.
+    pub fn new(base: &str, timeout: Duration) -> HttpProvider {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(timeout));
+        HttpProvider {
+            base: base.trim_end_matches('/').to_string(),
+            client: Client::builder(TokioExecutor::new())
+                .pool_idle_timeout(Duration::from_secs(30))
+                .build(connector),
+            timeout,
+        }
+    }
+
+    pub(crate) async fn call(&self, method: &str, path: &str, body: Option<Vec<u8>>) -> Sent {
+        let request = hyper::Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", self.base))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body.unwrap_or_default())));
+        let request = match request {
+            Ok(r) => r,
+            Err(e) => return Sent::Unsent(format!("bad request: {e}")),
+        };
+        let exchange = async {
+            let response = match self.client.request(request).await {
+                Ok(r) => r,
+                Err(e) if e.is_connect() => return Sent::Unsent(e.to_string()),
+                Err(e) => return Sent::NoAnswer(e.to_string()),
+            };
+            let status = response.status();
+            match Limited::new(response.into_body(), BODY_BYTES_MAX)
+                .collect()
+                .await
+            {
+                Ok(b) => Sent::Answer(status, b.to_bytes()),
+                Err(e) => Sent::NoAnswer(format!("reading the answer: {e}")),
+            }
+        };
+        match tokio::time::timeout(self.timeout, exchange).await {
+            Ok(sent) => sent,
+            Err(_) => Sent::NoAnswer(format!("no answer within {:?}", self.timeout)),
+        }
+    }
+
+    async fn lookup(&self, method: &str, path: &str) -> Result<Lookup, QueryError> {
+        match self.call(method, path, None).await {
+            Sent::Answer(StatusCode::OK, body) => serde_json::from_slice(&body)
+                .map(Lookup::Found)
+                .map_err(|e| QueryError(format!("unreadable job: {e}"))),
+            Sent::Answer(StatusCode::NOT_FOUND, _) => Ok(Lookup::NotFound),
+            Sent::Answer(status, body) => Err(QueryError(format!(
+                "{status}: {}",
+                String::from_utf8_lossy(&body)
+            ))),
+            Sent::Unsent(e) | Sent::NoAnswer(e) => Err(QueryError(e)),
+        }
+    }
+}
+
+/// Percent-encodes a query value (request keys and accounts are short ASCII in practice).
+fn encode(v: &str) -> String {
+    let mut out = String::with_capacity(v.len());
+    for b in v.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+impl AsyncJobProvider for HttpProvider {
+    async fn submit(&self, s: &Submission) -> Result<JobView, SubmitError> {
+        let body = serde_json::to_vec(s).map_err(|e| SubmitError::NotSent(e.to_string()))?;
+        match self.call("POST", "/v1/jobs", Some(body)).await {
+            Sent::Answer(status, body) if status.is_success() => serde_json::from_slice(&body)
+                // It answered success: accepted, but we cannot read what. Ask by key.
+                .map_err(|e| SubmitError::Unknown(format!("unreadable acceptance: {e}"))),
+            Sent::Answer(status, body) => {
+                let problem: Option<Problem> = serde_json::from_slice(&body).ok();
+                let message = problem.as_ref().map_or_else(
+                    || String::from_utf8_lossy(&body).into_owned(),
+                    |p| p.message.clone(),
+                );
+                match status.as_u16() {
+                    429 => Err(SubmitError::RateLimited {
+                        retry_after_ms: problem.and_then(|p| p.retry_after_ms),
+                    }),
+                    400..=499 => Err(SubmitError::Refused {
+                        kind: problem.map_or(
+                            match status.as_u16() {
+                                401 | 403 => ProblemKind::Auth,
+                                402 => ProblemKind::Balance,
+                                422 => ProblemKind::Moderation,
+                                _ => ProblemKind::InvalidParameters,
+                            },
+                            |p| p.error,
+                        ),
+                        message,
+                    }),
+                    // A 5xx says nothing about whether the job was taken.
+                    _ => Err(SubmitError::Unknown(format!("{status}: {message}"))),
+                }
+            }
+            Sent::Unsent(e) => Err(SubmitError::NotSent(e)),
+            Sent::NoAnswer(e) => Err(SubmitError::Unknown(e)),
+        }
+    }
+
+    async fn job(&self, _account: &str, job_id: &str) -> Result<Lookup, QueryError> {
+        self.lookup("GET", &format!("/v1/jobs/{}", encode(job_id)))
+            .await
+    }
+
+    async fn find_by_key(&self, account: &str, request_key: &str) -> Result<Lookup, QueryError> {
+        let path = format!(
+            "/v1/jobs?account={}&request_key={}",
+            encode(account),
+            encode(request_key)
+        );
+        self.lookup("GET", &path).await
+    }
+
+    async fn cancel(&self, _account: &str, job_id: &str) -> Result<Lookup, QueryError> {
+        self.lookup("POST", &format!("/v1/jobs/{}/cancel", encode(job_id)))
+            .await
+    }
+}

@@ -1,0 +1,83 @@
+//! spindle-mock-provider: serves the generic provider API with enforced, counted contracts and
+//! per-account fault modes (see `spindle_providers::mock`).
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use spindle_providers::api::Fault;
+use spindle_providers::{AccountSpec, MockConfig, MockProvider};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "spindle-mock-provider",
+    about = "A provider for tests, the loadgen and the demo"
+)]
+struct Args {
+    /// Address to serve on (port 0: any free port).
+    #[arg(long, default_value = "127.0.0.1:7480")]
+    listen: std::net::SocketAddr,
+    /// An account as `name:concurrency:rpm`; repeat for several.
+    #[arg(long = "account", required = true)]
+    accounts: Vec<AccountSpec>,
+    /// `name:fault` sets an account's fault mode at start (also settable at run time with
+    /// POST /v1/admin/faults).
+    #[arg(long = "fault")]
+    faults: Vec<String>,
+    /// The secret callbacks are signed with.
+    #[arg(long, default_value = "spindle-mock-secret")]
+    secret: String,
+    /// How long a job runs, in milliseconds.
+    #[arg(long, default_value_t = 200)]
+    job_ms: u64,
+    /// What a succeeded job costs, in milli cost units.
+    #[arg(long, default_value_t = 1_000)]
+    cost_milli: u64,
+    /// How long the timeout_after_accept fault holds its answer, in milliseconds.
+    #[arg(long, default_value_t = 10_000)]
+    hang_ms: u64,
+    /// Once serving, write the base URL to this file.
+    #[arg(long)]
+    ready_file: Option<PathBuf>,
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let args = Args::parse();
+    let mut faults = Vec::new();
+    for f in &args.faults {
+        let (account, fault) = f
+            .split_once(':')
+            .ok_or_else(|| anyhow::anyhow!("--fault {f:?}: expected name:fault"))?;
+        let fault = <Fault as clap::ValueEnum>::from_str(fault, true)
+            .map_err(|e| anyhow::anyhow!("--fault {f:?}: {e}"))?;
+        faults.push((account.to_string(), fault));
+    }
+    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    let mock = MockProvider::serve(
+        listener,
+        MockConfig {
+            accounts: args.accounts,
+            secret: args.secret,
+            job_ms: args.job_ms,
+            cost_milli: args.cost_milli,
+            hang_ms: args.hang_ms,
+        },
+    );
+    let admin = mock.client(std::time::Duration::from_secs(5));
+    for (account, fault) in faults {
+        admin.set_fault(&account, fault).await?;
+    }
+    tracing::info!("serving the provider API on {}", mock.base_url());
+    if let Some(path) = &args.ready_file {
+        let tmp = path.with_extension("partial");
+        std::fs::write(&tmp, format!("{}\n", mock.base_url()))?;
+        std::fs::rename(&tmp, path)?;
+    }
+    tokio::signal::ctrl_c().await?;
+    Ok(())
+}

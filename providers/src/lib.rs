@@ -1,0 +1,12 @@
+//! AI provider dispatch: the generic async-job API ([`api`]), the trait spindle dispatches
+//! through and its HTTP adapter ([`adapter`]), callback signatures ([`signature`]) and the mock
+//! provider ([`mock`], binary `spindle-mock-provider`).
+
+pub mod adapter;
+pub mod api;
+pub mod mock;
+pub mod signature;
+
+pub use adapter::{AsyncJobProvider, HttpProvider, Lookup, QueryError, Submission, SubmitError};
+pub use api::{Fault, JobState, JobView, ProblemKind, Stats};
+pub use mock::{AccountSpec, MockConfig, MockProvider};
