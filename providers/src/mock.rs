@@ -37,10 +37,10 @@ pub struct AccountSpec {
 impl std::str::FromStr for AccountSpec {
     type Err = String;
 
-    /// `name:concurrency:rpm`.
+    /// `name:concurrency:rpm` (the name may itself contain colons).
     fn from_str(s: &str) -> Result<Self, String> {
-        let parts: Vec<&str> = s.split(':').collect();
-        let [name, c, r] = parts[..] else {
+        let mut parts = s.rsplitn(3, ':');
+        let (Some(r), Some(c), Some(name)) = (parts.next(), parts.next(), parts.next()) else {
             return Err(format!("{s:?}: expected name:concurrency:rpm"));
         };
         let num = |v: &str, what: &str| {

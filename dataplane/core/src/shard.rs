@@ -596,6 +596,11 @@ impl Shard {
         self.tasks.get(&task).map(|e| e.state.state)
     }
 
+    /// The provider a dispatched task's attempt goes to.
+    pub fn task_provider(&self, task: TaskId) -> Option<ProviderId> {
+        self.tasks.get(&task).and_then(|e| e.provider)
+    }
+
     pub fn queued_tasks(&self, lane: Lane) -> u64 {
         self.lanes[lane.index()].queued_tasks
     }

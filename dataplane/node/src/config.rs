@@ -73,6 +73,16 @@ pub struct Config {
     /// Requests one connection may have in flight.
     #[serde(default = "default_inflight")]
     pub connection_inflight_max: usize,
+    /// Backoff before the first retry of a failed attempt (doubling per retry, × a jitter of
+    /// 0.7–1.3), and its cap.
+    #[serde(default = "default_backoff_base_ms")]
+    pub retry_backoff_base_ms: u64,
+    #[serde(default = "default_backoff_max_ms")]
+    pub retry_backoff_max_ms: u64,
+    /// An HTTP provider (the generic async-job API). Without it the in-process local provider
+    /// runs every task after its modelled time.
+    #[serde(default)]
+    pub provider: Option<crate::dispatch::ProviderConfig>,
     /// Microseconds a shard's executor keeps polling after it runs out of work before it
     /// sleeps: a wake-up from another thread (a connection on another executor, an answer from
     /// the control plane) then costs nothing instead of tens of microseconds. 0 turns it off
@@ -155,6 +165,12 @@ fn default_provider_rpm() -> u64 {
 fn default_lane_capacity() -> u64 {
     40
 }
+fn default_backoff_base_ms() -> u64 {
+    1_000
+}
+fn default_backoff_max_ms() -> u64 {
+    60_000
+}
 fn default_idle_spin_us() -> u64 {
     200
 }
@@ -233,6 +249,14 @@ impl Config {
         anyhow::ensure!(
             self.idle_spin_us <= 10_000,
             "idle_spin_us must be 0..=10000"
+        );
+        if let Some(p) = &self.provider {
+            p.check()?;
+        }
+        anyhow::ensure!(
+            (1..=3_600_000).contains(&self.retry_backoff_base_ms)
+                && (self.retry_backoff_base_ms..=3_600_000).contains(&self.retry_backoff_max_ms),
+            "retry backoff: 1 <= retry_backoff_base_ms <= retry_backoff_max_ms <= 3600000"
         );
         if let Some(owned) = &self.owned_partitions {
             let mut sorted = owned.clone();

@@ -9,6 +9,7 @@
 
 pub mod config;
 pub mod control;
+pub mod dispatch;
 pub mod metrics;
 pub mod ownership;
 pub mod server;
@@ -51,6 +52,8 @@ pub fn policy(config: &Config) -> Policy {
         policy.lanes[lane.index()].capacity =
             spindle_core::Units::whole(config.lane_capacity_units);
     }
+    policy.retry.backoff_base_ms = config.retry_backoff_base_ms;
+    policy.retry.backoff_max_ms = config.retry_backoff_max_ms;
     for t in &config.tenants {
         let mut tenant = presets::tenant(t.lane, t.weight);
         if let Some(per_minute) = t.submit_per_minute {
@@ -103,6 +106,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
 
     // The control plane thread (and the HTTP endpoints, on its runtime).
     let (started_tx, started_rx) = std_mpsc::channel();
+    let callbacks: metrics::CallbackSink = Default::default();
     {
         let config = config.clone();
         let policy = policy.clone();
@@ -110,6 +114,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
         let ownership = ownership.clone();
         let shard_inboxes = shard_senders.clone();
         let db_config = db_config.clone();
+        let callbacks = callbacks.clone();
         std::thread::Builder::new()
             .name("control-plane".into())
             .spawn(move || {
@@ -123,7 +128,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
                             .await
                             .with_context(|| format!("binding {}", config.http_listen))?;
                         let http_addr = http.local_addr()?;
-                        tokio::spawn(metrics::serve(http, metrics.clone()));
+                        tokio::spawn(metrics::serve(http, metrics.clone(), callbacks));
                         let started = control::start(
                             &config,
                             &db_config,
@@ -149,6 +154,21 @@ fn run_node(config: Config) -> anyhow::Result<()> {
         .recv()
         .context("the control plane thread died")??;
 
+    let dispatch = match &config.provider {
+        Some(p) => {
+            let handle =
+                dispatch::start(p.clone(), http_addr, shard_senders.clone(), metrics.clone())
+                    .context("starting the provider thread")?;
+            let _ = callbacks.set(handle.dispatcher.clone());
+            tracing::info!(
+                "provider {} (callbacks to {})",
+                p.url,
+                handle.callback_url()
+            );
+            Some(handle)
+        }
+        None => None,
+    };
     let credentials: HashMap<u32, String> = config
         .tenants
         .iter()
@@ -193,6 +213,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
         let board = board.clone();
         let shard_metrics = metrics.clone();
         let ownership = ownership.clone();
+        let dispatch = dispatch.clone();
         let handle = LocalExecutorBuilder::new(Placement::Unbound)
             .name(&format!("shard-{i}"))
             .spin_before_park(std::time::Duration::from_micros(config.idle_spin_us))
@@ -210,6 +231,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
                     index: i,
                     board,
                     ownership: ownership.clone(),
+                    dispatch,
                 });
                 if let Err(e) = shard.restore(restore) {
                     let _ = bound_tx.send(Err(e.to_string()));

@@ -32,6 +32,12 @@ const WAIT_BUCKETS_US: &[u64] = &[
     600_000_000,
 ];
 pub const KINDS: [&str; 4] = ["submit", "claim", "report", "read"];
+/// Provider submit results.
+pub const PROVIDER_RESULTS: [&str; 5] =
+    ["accepted", "rate_limited", "refused", "not_sent", "unknown"];
+/// Provider callbacks and polls: progress, final (ended a watch), ignored (nobody watched:
+/// a duplicate or late one), polled (a poll found the end), bad_signature.
+pub const CALLBACK_KINDS: [&str; 5] = ["progress", "final", "ignored", "polled", "bad_signature"];
 
 /// A cumulative histogram of microseconds, with a row count for batch histograms.
 pub struct Histogram {
@@ -116,6 +122,8 @@ pub struct Metrics {
     pub claims_granted: AtomicU64,
     pub claims_refused: AtomicU64,
     pub batches: [Histogram; 4],
+    pub provider_calls: [AtomicU64; PROVIDER_RESULTS.len()],
+    pub callbacks: [AtomicU64; CALLBACK_KINDS.len()],
     /// Submit frames answered, by outcome: [rejected, accepted (anything in the frame)].
     pub answers: [Histogram; 2],
     /// Admission → dispatch, per lane and band (`lane * Band::COUNT + band`).
@@ -139,6 +147,8 @@ impl Metrics {
             claims_refused: AtomicU64::new(0),
             batches: std::array::from_fn(|_| Histogram::new(LATENCY_BUCKETS_US)),
             answers: std::array::from_fn(|_| Histogram::new(ANSWER_BUCKETS_US)),
+            provider_calls: Default::default(),
+            callbacks: Default::default(),
             waits: (0..Lane::COUNT * Band::COUNT)
                 .map(|_| Histogram::new(WAIT_BUCKETS_US))
                 .collect(),
@@ -148,6 +158,18 @@ impl Metrics {
             stopping: AtomicBool::new(false),
             reports_pending: AtomicU64::new(0),
         })
+    }
+
+    pub fn provider_call(&self, result: &str) {
+        if let Some(i) = PROVIDER_RESULTS.iter().position(|r| *r == result) {
+            self.provider_calls[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    pub fn callback(&self, kind: &str) {
+        if let Some(i) = CALLBACK_KINDS.iter().position(|k| *k == kind) {
+            self.callbacks[i].fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// A submit frame was answered `took` after it was decoded.
@@ -243,6 +265,22 @@ impl Metrics {
                 h.rows.load(Ordering::Relaxed)
             );
         }
+        let _ = writeln!(w, "# HELP spindle_provider_submits_total Provider submits by result.\n# TYPE spindle_provider_submits_total counter");
+        for (r, c) in PROVIDER_RESULTS.iter().zip(&self.provider_calls) {
+            let _ = writeln!(
+                w,
+                "spindle_provider_submits_total{{result=\"{r}\"}} {}",
+                c.load(Ordering::Relaxed)
+            );
+        }
+        let _ = writeln!(w, "# HELP spindle_provider_callbacks_total Provider callbacks and polls by kind.\n# TYPE spindle_provider_callbacks_total counter");
+        for (k, c) in CALLBACK_KINDS.iter().zip(&self.callbacks) {
+            let _ = writeln!(
+                w,
+                "spindle_provider_callbacks_total{{kind=\"{k}\"}} {}",
+                c.load(Ordering::Relaxed)
+            );
+        }
         let _ = writeln!(w, "# HELP spindle_submit_answer_seconds Submit frames, decoded to answered, by outcome (accepted: anything in the frame was; they wait for the group commit).\n# TYPE spindle_submit_answer_seconds histogram");
         for (outcome, h) in ["rejected", "accepted"].iter().zip(&self.answers) {
             h.render(
@@ -306,43 +344,122 @@ impl Metrics {
     }
 }
 
-/// Serves `/livez`, `/readyz` and `/metrics` until the runtime stops. HTTP/1.0-style: one
-/// request per connection, bounded request size.
-pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+/// Bytes of a request's head (request line and headers) the HTTP port reads.
+const HEAD_BYTES_MAX: usize = 8 * 1024;
+
+/// Where provider callbacks go, once the provider thread runs.
+pub type CallbackSink = Arc<std::sync::OnceLock<Arc<crate::dispatch::Dispatcher>>>;
+
+/// Serves `/livez`, `/readyz`, `/metrics` and `POST /v1/provider/callback` until the runtime
+/// stops. One request per connection, bounded head and body, 5 s to send it.
+pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>, sink: CallbackSink) {
     loop {
-        let Ok((mut stream, _)) = listener.accept().await else {
+        let Ok((stream, _)) = listener.accept().await else {
             continue;
         };
         let metrics = metrics.clone();
+        let sink = sink.clone();
         tokio::spawn(async move {
-            let mut buf = [0u8; 2048];
-            let n = match tokio::time::timeout(
+            let _ = tokio::time::timeout(
                 std::time::Duration::from_secs(5),
-                stream.read(&mut buf),
+                answer(stream, &metrics, &sink),
             )
-            .await
-            {
-                Ok(Ok(n)) => n,
-                _ => return,
-            };
-            let request = String::from_utf8_lossy(&buf[..n]);
-            let path = request.split_whitespace().nth(1).unwrap_or("/");
-            let (status, body) = match path {
-                "/livez" => ("200 OK", "ok\n".to_string()),
-                "/readyz" if metrics.ready() => ("200 OK", "ready\n".to_string()),
-                "/readyz" => (
-                    "503 Service Unavailable",
-                    "not ready: PostgreSQL unreachable or stopping\n".to_string(),
-                ),
-                "/metrics" => ("200 OK", metrics.render()),
-                _ => ("404 Not Found", "not found\n".to_string()),
-            };
-            let response = format!(
-                "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            let _ = stream.write_all(response.as_bytes()).await;
+            .await;
         });
+    }
+}
+
+async fn answer(mut stream: tokio::net::TcpStream, metrics: &Metrics, sink: &CallbackSink) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = Vec::with_capacity(2048);
+    let mut chunk = [0u8; 4096];
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        if buf.len() > HEAD_BYTES_MAX {
+            return;
+        }
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => {
+                // HTTP/1.0-style clients without a blank line end: take what came.
+                if buf.is_empty() {
+                    return;
+                }
+                break buf.len();
+            }
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+    let mut lines = head.lines();
+    let mut request_line = lines.next().unwrap_or("").split_whitespace();
+    let method = request_line.next().unwrap_or("GET").to_string();
+    let path = request_line.next().unwrap_or("/").to_string();
+    let header = |name: &str| {
+        head.lines().skip(1).find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_string())
+        })
+    };
+    let (status, body) = match (method.as_str(), path.as_str()) {
+        ("POST", "/v1/provider/callback") => {
+            let len: usize = header("content-length")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            if len > spindle_providers::api::BODY_BYTES_MAX {
+                ("413 Payload Too Large", "callback too large\n".to_string())
+            } else {
+                let mut body = buf[head_end..].to_vec();
+                while body.len() < len {
+                    match stream.read(&mut chunk).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => body.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                body.truncate(len);
+                callback(metrics, sink, &body, header("x-signature").as_deref()).await
+            }
+        }
+        (_, "/livez") => ("200 OK", "ok\n".to_string()),
+        (_, "/readyz") if metrics.ready() => ("200 OK", "ready\n".to_string()),
+        (_, "/readyz") => (
+            "503 Service Unavailable",
+            "not ready: PostgreSQL unreachable or stopping\n".to_string(),
+        ),
+        (_, "/metrics") => ("200 OK", metrics.render()),
+        _ => ("404 Not Found", "not found\n".to_string()),
+    };
+    let response = format!(
+        "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = stream.write_all(response.as_bytes()).await;
+}
+
+/// A provider callback: signature first, then the body.
+async fn callback(
+    metrics: &Metrics,
+    sink: &CallbackSink,
+    body: &[u8],
+    signature: Option<&str>,
+) -> (&'static str, String) {
+    let Some(dispatcher) = sink.get() else {
+        return ("404 Not Found", "no provider configured\n".to_string());
+    };
+    let signed = signature
+        .is_some_and(|s| spindle_providers::signature::verify(dispatcher.secret(), body, s));
+    if !signed {
+        metrics.callback("bad_signature");
+        return ("401 Unauthorized", "bad signature\n".to_string());
+    }
+    match serde_json::from_slice::<spindle_providers::JobView>(body) {
+        Ok(view) => {
+            dispatcher.on_callback(view).await;
+            ("200 OK", "ok\n".to_string())
+        }
+        Err(e) => ("400 Bad Request", format!("unreadable job: {e}\n")),
     }
 }

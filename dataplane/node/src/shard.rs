@@ -62,6 +62,8 @@ pub enum ShardMsg {
     },
     /// QUEUED tasks of partitions this node just took over.
     Restore(Vec<crate::control::Restore>),
+    /// An answer from the provider thread.
+    Provider(crate::dispatch::ProviderEvent),
     /// Removes this connection's subscriptions of `task` (a connection is one tenant's, so
     /// nothing else can be touched).
     Unsubscribe {
@@ -138,6 +140,19 @@ struct Meta {
     estimate: Option<CostEstimate>,
     /// When it was admitted (or restored): its queue wait ends at dispatch.
     queued_at: Time,
+    /// The current attempt at an HTTP provider: account and request key once claimed, the
+    /// job id once accepted.
+    attempt: Option<ProviderAttempt>,
+    /// Report rows sent and not yet answered. A claim waits for them: its compare-and-set
+    /// needs the version they leave behind (a requeue's, say).
+    pending_reports: u32,
+}
+
+#[derive(Debug, Clone)]
+struct ProviderAttempt {
+    account: String,
+    request_key: String,
+    job_id: Option<String>,
 }
 
 pub struct ShardState {
@@ -169,6 +184,7 @@ pub struct ShardState {
     board: std::sync::Arc<ShareBoard>,
     split_limits: Vec<(LimitId, NodeCapacity)>,
     ownership: std::sync::Arc<crate::ownership::Ownership>,
+    dispatch: Option<crate::dispatch::DispatchHandle>,
 }
 
 pub type SharedShard = Rc<RefCell<ShardState>>;
@@ -193,6 +209,8 @@ pub struct ShardSetup {
     /// The node's board of split limits (see [`split_board`]).
     pub board: std::sync::Arc<ShareBoard>,
     pub ownership: std::sync::Arc<crate::ownership::Ownership>,
+    /// The provider thread, when an HTTP provider is configured (else the local provider).
+    pub dispatch: Option<crate::dispatch::DispatchHandle>,
 }
 
 /// The names of the board's limits, in its order (for `/metrics`).
@@ -232,6 +250,7 @@ impl ShardState {
             board: setup.board,
             split_limits,
             ownership: setup.ownership,
+            dispatch: setup.dispatch,
             policy: setup.policy,
             epoch,
             pipes: setup.pipes,
@@ -274,6 +293,8 @@ impl ShardState {
                     committed: true,
                     estimate: None,
                     queued_at: now,
+                    attempt: None,
+                    pending_reports: 0,
                 },
             );
         }
@@ -330,6 +351,10 @@ pub async fn run(state: SharedShard, mut inbox: mpsc::Receiver<ShardMsg>) {
                 out,
                 reply,
             } => subscribe(&state, tenant, task, request_id, out, reply),
+            ShardMsg::Provider(event) => {
+                let state = state.clone();
+                glommio::spawn_local(async move { provider_event(&state, event).await }).detach();
+            }
             ShardMsg::Restore(restores) => {
                 if let Err(e) = state.borrow_mut().restore(restores) {
                     tracing::error!("restoring taken-over tasks: {e:#}");
@@ -465,6 +490,8 @@ async fn submit(
                 committed: false,
                 estimate: None,
                 queued_at: now,
+                attempt: None,
+                pending_reports: 0,
             },
         );
         commit.push((
@@ -748,8 +775,19 @@ fn cancel(state: &SharedShard, tenant: TenantId, task: TaskId, reply: oneshot::S
                 state: TaskState::Canceled,
             });
             // A queued task is gone at once: persist. A running one persists when its step
-            // reports back (the token moves with it).
+            // reports back (the token moves with it); the provider is asked to stop it.
             let running = s.meta.get(&task).is_some_and(|m| m.token.is_some());
+            let at_provider = s
+                .meta
+                .get(&task)
+                .and_then(|m| m.attempt.as_ref())
+                .and_then(|a| Some((a.account.clone(), a.job_id.clone()?)));
+            if let (Some(d), Some((account, job_id))) = (&s.dispatch, at_provider) {
+                let call = crate::dispatch::Call::Cancel { account, job_id };
+                if d.calls.try_send(call).is_err() {
+                    tracing::warn!("{task}: provider cancel not sent (queue full); it runs out");
+                }
+            }
             if !running {
                 s.meta.remove(&task);
                 notify(&mut s, task, TaskState::Canceled);
@@ -806,6 +844,11 @@ fn flush_reports(s: &mut ShardState, shared: &SharedShard) {
     let queued = s.outbox.len();
     let rounds = fold_reports(s.outbox.drain(..));
     let folded = queued - rounds.iter().map(Vec::len).sum::<usize>();
+    for r in rounds.iter().flatten() {
+        if let Some(m) = s.meta.get_mut(&r.task) {
+            m.pending_reports += 1;
+        }
+    }
     s.metrics
         .reports_pending
         .fetch_sub(folded as u64, std::sync::atomic::Ordering::Relaxed);
@@ -849,6 +892,11 @@ fn flush_reports(s: &mut ShardState, shared: &SharedShard) {
             let n = reports.len();
             let answer = rx.await;
             pending(n);
+            answered(
+                &shared,
+                &reports,
+                answer.as_ref().ok().and_then(|a| a.as_ref().ok()),
+            );
             match answer {
                 Ok(Ok(results)) => {
                     for r in results {
@@ -875,6 +923,29 @@ fn flush_reports(s: &mut ShardState, shared: &SharedShard) {
         }
     })
     .detach();
+}
+
+/// Report rows came back (or failed as a batch): each task learns its stored version, and a
+/// claim held for its answers goes out with that version.
+fn answered(shared: &SharedShard, reports: &[Report], results: Option<&Vec<ReportResult>>) {
+    let mut s = shared.borrow_mut();
+    let s = &mut *s;
+    for (i, r) in reports.iter().enumerate() {
+        let Some(m) = s.meta.get_mut(&r.task) else {
+            continue;
+        };
+        m.pending_reports = m.pending_reports.saturating_sub(1);
+        if let Some(ReportResult::Applied { version, .. }) = results.and_then(|rs| rs.get(i)) {
+            m.db_version = *version;
+        }
+        if m.pending_reports == 0 && m.committed {
+            let version = m.db_version;
+            if let Some(mut claim) = s.held_claims.remove(&r.task) {
+                claim.expected_version = version;
+                s.ready_claims.push(claim);
+            }
+        }
+    }
 }
 
 /// Folds each task's consecutive reports where they fold (`Report::then`) and puts the rest in
@@ -986,7 +1057,11 @@ async fn pump(state: &SharedShard) {
                     let (version, committed, queued_at) = match s.meta.get_mut(&d.task) {
                         Some(m) => {
                             m.estimate = Some(d.estimate);
-                            (m.db_version, m.committed, m.queued_at)
+                            (
+                                m.db_version,
+                                m.committed && m.pending_reports == 0,
+                                m.queued_at,
+                            )
                         }
                         None => (0, true, now),
                     };
@@ -1050,7 +1125,10 @@ async fn claim(state: &SharedShard, claims: Vec<ClaimRequest>) {
                 for (task, r) in tasks.iter().zip(results) {
                     match r {
                         ClaimResult::Granted {
-                            token, attempt_no, ..
+                            token,
+                            attempt_no,
+                            request_key,
+                            ..
                         } => {
                             s.metrics
                                 .claims_granted
@@ -1061,7 +1139,7 @@ async fn claim(state: &SharedShard, claims: Vec<ClaimRequest>) {
                             }
                             match s.core.handle_claim_granted(*task, token) {
                                 Ok(ClaimOutcome::Submit) => {
-                                    started.push((*task, token, attempt_no))
+                                    started.push((*task, token, attempt_no, request_key))
                                 }
                                 Ok(ClaimOutcome::Canceled) => {
                                     s.meta.remove(task);
@@ -1112,11 +1190,302 @@ async fn claim(state: &SharedShard, claims: Vec<ClaimRequest>) {
             }
         }
     }
-    for (task, token, attempt_no) in started {
-        let state = state.clone();
-        glommio::spawn_local(async move { run_local(&state, task, token, attempt_no).await })
-            .detach();
+    let dispatch = state.borrow().dispatch.clone();
+    for (task, token, attempt_no, request_key) in started {
+        match &dispatch {
+            Some(d) => submit_to_provider(state, d, task, token, attempt_no, request_key).await,
+            None => {
+                let state = state.clone();
+                glommio::spawn_local(
+                    async move { run_local(&state, task, token, attempt_no).await },
+                )
+                .detach();
+            }
+        }
     }
+}
+
+/// Sends a granted attempt to the HTTP provider (nothing is sent before the claim committed:
+/// this runs on its answer). The request key is the attempt's: a repeat is the same job.
+async fn submit_to_provider(
+    state: &SharedShard,
+    d: &crate::dispatch::DispatchHandle,
+    task: TaskId,
+    token: FencingToken,
+    attempt_no: u32,
+    request_key: String,
+) {
+    let call = {
+        let mut s = state.borrow_mut();
+        let index = s.index;
+        if !s.meta.contains_key(&task) {
+            return;
+        }
+        let Some(provider) = s.core.task_provider(task) else {
+            tracing::warn!("{task}: granted without a provider");
+            return;
+        };
+        let account = s.policy.providers[provider.0 as usize].name.clone();
+        let meta = s.meta.get_mut(&task).expect("checked above");
+        meta.attempt = Some(ProviderAttempt {
+            account: account.clone(),
+            request_key: request_key.clone(),
+            job_id: None,
+        });
+        crate::dispatch::Call::Submit {
+            shard: index,
+            task,
+            token,
+            submission: spindle_providers::Submission {
+                account,
+                request_key,
+                model: format!("model-{}", provider.0),
+                input: serde_json::json!({ "task": task.0, "attempt": attempt_no }),
+                callback_url: Some(d.callback_url().to_string()),
+            },
+        }
+    };
+    if d.calls.send(call).await.is_err() {
+        tracing::warn!("{task}: the provider thread stopped; the reconciler resolves it");
+    }
+}
+
+/// What the provider thread answered about an attempt.
+async fn provider_event(state: &SharedShard, event: crate::dispatch::ProviderEvent) {
+    use crate::dispatch::{Call, ProviderEvent};
+    use spindle_core::shard::Failure;
+    use spindle_providers::{JobState, Lookup, SubmitError};
+    let Some(d) = state.borrow().dispatch.clone() else {
+        return;
+    };
+    let follow_up: Option<Call> = {
+        let mut s = state.borrow_mut();
+        let s = &mut *s;
+        let now = s.now();
+        let index = s.index;
+        match event {
+            ProviderEvent::Submitted {
+                task,
+                token,
+                result: Ok(view),
+            }
+            | ProviderEvent::Resolved {
+                task,
+                token,
+                lookup: Some(Lookup::Found(view)),
+            } => accepted(s, index, task, token, view),
+            ProviderEvent::Submitted {
+                task,
+                token,
+                result: Err(e),
+            } => {
+                let failure = match &e {
+                    SubmitError::RateLimited { .. } => Some(Failure::RateLimited),
+                    SubmitError::Refused { .. } => Some(Failure::NonRetryable),
+                    SubmitError::NotSent(_) => Some(Failure::Retryable),
+                    SubmitError::Unknown(_) => None,
+                };
+                match failure {
+                    Some(f) => {
+                        failed(s, now, task, token, f, &e.to_string());
+                        None
+                    }
+                    None => unknown(s, index, task, token),
+                }
+            }
+            ProviderEvent::Resolved {
+                task,
+                token,
+                lookup: Some(Lookup::NotFound),
+            } => {
+                // A definite "never accepted": release and run it again as a new attempt
+                // (a new request key), counted against the lane's retries so that a provider
+                // that keeps failing this way ends the task instead of cycling forever.
+                failed(
+                    s,
+                    now,
+                    task,
+                    token,
+                    Failure::Retryable,
+                    "no answer to the submit, and the provider never accepted it",
+                );
+                None
+            }
+            ProviderEvent::Resolved {
+                task, lookup: None, ..
+            } => {
+                tracing::warn!("{task}: outcome still unknown; left to the reconciler");
+                None
+            }
+            ProviderEvent::Finished { task, token, view } => {
+                match view.state {
+                    JobState::Succeeded => {
+                        let actual = view.cost_milli;
+                        provider_succeeded(s, now, task, token, actual);
+                    }
+                    JobState::Failed | JobState::Canceled => {
+                        let f = if view.retryable || view.state == JobState::Canceled {
+                            Failure::Retryable
+                        } else {
+                            Failure::NonRetryable
+                        };
+                        let why = view.error.unwrap_or_else(|| format!("{:?}", view.state));
+                        failed(s, now, task, token, f, &format!("provider: {why}"));
+                    }
+                    _ => tracing::warn!("{task}: a non-final job reported as finished"),
+                }
+                None
+            }
+        }
+    };
+    if let Some(call) = follow_up {
+        if d.calls.send(call).await.is_err() {
+            tracing::warn!("the provider thread stopped");
+        }
+    }
+    pump(state).await;
+}
+
+/// The provider took the attempt: RUNNING, then watch the job (or cancel it, if the task was
+/// canceled meanwhile).
+fn accepted(
+    s: &mut ShardState,
+    index: usize,
+    task: TaskId,
+    token: FencingToken,
+    view: spindle_providers::JobView,
+) -> Option<crate::dispatch::Call> {
+    use crate::dispatch::Call;
+    if let Err(e) = s.core.handle_provider_accepted(task, token) {
+        // A stale token (an older attempt's answer): nothing of ours to change.
+        tracing::warn!("provider accepted {task}: {e}");
+        return None;
+    }
+    let attempt = s.meta.get_mut(&task).and_then(|m| m.attempt.as_mut())?;
+    attempt.job_id = Some(view.job_id.clone());
+    let account = attempt.account.clone();
+    if s.core.task_state(task) == Some(TaskState::Canceled) {
+        return Some(Call::Cancel {
+            account,
+            job_id: view.job_id,
+        });
+    }
+    notify(s, task, TaskState::Running);
+    send_reports(
+        s,
+        vec![vec![Report::new(
+            task,
+            Some(token),
+            ReportAction::Advance(TaskState::Running),
+        )]],
+    );
+    Some(Call::Watch {
+        shard: index,
+        task,
+        token,
+        account,
+        job_id: view.job_id,
+    })
+}
+
+/// No definite answer: SUBMIT_UNKNOWN keeps every reservation; ask by request key.
+fn unknown(
+    s: &mut ShardState,
+    index: usize,
+    task: TaskId,
+    token: FencingToken,
+) -> Option<crate::dispatch::Call> {
+    if let Err(e) = s.core.handle_submit_unknown(task, token) {
+        tracing::warn!("submit unknown {task}: {e}");
+        return None;
+    }
+    let attempt = s.meta.get(&task).and_then(|m| m.attempt.clone())?;
+    if s.core.task_state(task) == Some(TaskState::SubmitUnknown) {
+        send_reports(
+            s,
+            vec![vec![Report::new(
+                task,
+                Some(token),
+                ReportAction::Advance(TaskState::SubmitUnknown),
+            )]],
+        );
+    }
+    Some(crate::dispatch::Call::Resolve {
+        shard: index,
+        task,
+        token,
+        account: attempt.account,
+        request_key: attempt.request_key,
+    })
+}
+
+/// A failed attempt: the core decides requeue (with backoff × jitter) or FAILED.
+fn failed(
+    s: &mut ShardState,
+    now: Time,
+    task: TaskId,
+    token: FencingToken,
+    failure: spindle_core::shard::Failure,
+    why: &str,
+) {
+    let jitter = crate::dispatch::jitter_milli(task.0 ^ now.0);
+    match s
+        .core
+        .handle_provider_failed(now, task, token, failure, jitter)
+    {
+        Ok(outcome) => after_failure(s, now, task, token, outcome, why),
+        Err(e) => tracing::warn!("provider failed {task}: {e}"),
+    }
+}
+
+/// Persists what the core decided after a failure.
+fn after_failure(
+    s: &mut ShardState,
+    now: Time,
+    task: TaskId,
+    token: FencingToken,
+    outcome: spindle_core::shard::FailOutcome,
+    why: &str,
+) {
+    use spindle_core::shard::FailOutcome;
+    let reason = why
+        .chars()
+        .take(spindle_control::limits::REASON_BYTES_MAX / 4)
+        .collect::<String>();
+    let report = match outcome {
+        FailOutcome::Requeued { eligible_at } => {
+            if let Some(m) = s.meta.get_mut(&task) {
+                m.token = None;
+                m.attempt = None;
+                m.estimate = None;
+                m.queued_at = now;
+            }
+            notify(s, task, TaskState::Queued);
+            ReportAction::Requeue {
+                delay_ms: eligible_at.since(now) / 1_000_000,
+                reason,
+            }
+        }
+        FailOutcome::Failed => {
+            s.meta.remove(&task);
+            notify(s, task, TaskState::Failed);
+            ReportAction::Finish {
+                state: TaskState::Failed,
+                cost_actual_milli: None,
+                reason: Some(reason),
+            }
+        }
+        FailOutcome::Canceled => {
+            s.meta.remove(&task);
+            notify(s, task, TaskState::Canceled);
+            ReportAction::Finish {
+                state: TaskState::Canceled,
+                cost_actual_milli: None,
+                reason: None,
+            }
+        }
+    };
+    send_reports(s, vec![vec![Report::new(task, Some(token), report)]]);
 }
 
 /// The local provider: accepts at once, finishes after the modelled provider time × scale.
@@ -1154,22 +1523,37 @@ async fn run_local(state: &SharedShard, task: TaskId, token: FencingToken, attem
     glommio::timer::sleep(wait).await;
     let mut s = state.borrow_mut();
     let now = s.now();
-    let cost = s
-        .meta
-        .get(&task)
-        .and_then(|m| m.estimate)
-        .map_or(0, |e| e.fairness.milli());
+    provider_succeeded(&mut s, now, task, token, None);
+}
+
+/// The provider finished the attempt (`actual`: what it says it cost, else the estimate);
+/// the media stage follows.
+fn provider_succeeded(
+    s: &mut ShardState,
+    now: Time,
+    task: TaskId,
+    token: FencingToken,
+    actual: Option<u64>,
+) {
+    let estimate = s.meta.get(&task).and_then(|m| m.estimate);
+    // The fairness debt in proportion to what it really cost.
+    let units = estimate.map_or(0, |e| match actual {
+        Some(a) if e.cost_milli > 0 => {
+            (u128::from(e.fairness.milli()) * u128::from(a) / u128::from(e.cost_milli)) as u64
+        }
+        _ => e.fairness.milli(),
+    });
     match s
         .core
-        .handle_provider_succeeded(now, task, token, Units(cost))
+        .handle_provider_succeeded(now, task, token, Units(units))
     {
-        Ok(CompleteOutcome::AwaitingMedia) => notify(&mut s, task, TaskState::ProviderSucceeded),
+        Ok(CompleteOutcome::AwaitingMedia) => notify(s, task, TaskState::ProviderSucceeded),
         Ok(CompleteOutcome::Canceled) => {
             // Canceled while running: its reservation is released now; persist the end.
             s.meta.remove(&task);
-            notify(&mut s, task, TaskState::Canceled);
+            notify(s, task, TaskState::Canceled);
             send_reports(
-                &mut s,
+                s,
                 vec![vec![finish(task, Some(token), TaskState::Canceled, None)]],
             );
             return;
@@ -1181,6 +1565,13 @@ async fn run_local(state: &SharedShard, task: TaskId, token: FencingToken, attem
         Err(e) => {
             tracing::warn!("provider succeeded {task}: {e}");
             return;
+        }
+    }
+    if let Some(a) = actual {
+        if let Some(m) = s.meta.get_mut(&task) {
+            if let Some(e) = m.estimate.as_mut() {
+                e.cost_milli = a;
+            }
         }
     }
     // The media stage (issue 6) is not built: media work completes at once.
@@ -1195,14 +1586,14 @@ async fn run_local(state: &SharedShard, task: TaskId, token: FencingToken, attem
             continue;
         }
         let meta = s.meta.remove(&media_task).expect("checked above");
-        notify(&mut s, media_task, TaskState::Succeeded);
+        notify(s, media_task, TaskState::Succeeded);
         s.metrics
             .completed
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let cost = meta.estimate.map(|e| e.cost_milli);
         let advance = |to| Report::new(media_task, Some(t), ReportAction::Advance(to));
         send_reports(
-            &mut s,
+            s,
             vec![
                 vec![advance(TaskState::ProviderSucceeded)],
                 vec![advance(TaskState::MediaProcessing)],

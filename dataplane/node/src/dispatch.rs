@@ -1,0 +1,368 @@
+//! Provider I/O: a thread of its own (a tokio runtime) that talks HTTP to the provider for the
+//! shards, so no shard ever waits on a provider. Shards send [`Call`]s; answers come back to
+//! the shard's inbox as [`ProviderEvent`]s, carrying the attempt's fencing token (a stale one
+//! changes nothing in the core or in PostgreSQL).
+//!
+//! Completion arrives by signed callback (POST on the node's HTTP port) or, when callbacks are
+//! lost, by staged polling with jitter; whichever comes first ends the watch, so the shard sees
+//! each job's end once.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use spindle_core::{FencingToken, TaskId};
+use spindle_providers::{AsyncJobProvider, HttpProvider, JobView, Lookup, Submission, SubmitError};
+use tokio::sync::mpsc;
+
+use crate::shard::ShardMsg;
+
+/// Calls waiting for the provider thread before shards wait.
+pub const CALLS_QUEUE_MAX: usize = 16_384;
+/// Queries by request key after an unknown outcome before the attempt is left to the
+/// reconciler (its reservation stays held; the reconciler asks the provider again).
+const RESOLVE_TRIES_MAX: u32 = 20;
+/// Polls of one job before the watch gives up (the reconciler takes over).
+const POLLS_MAX: u32 = 1_000;
+
+/// The provider section of the node's configuration.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderConfig {
+    /// Base URL of the generic provider API (the mock provider speaks it).
+    pub url: String,
+    /// The secret callbacks are signed with.
+    pub secret: String,
+    /// Each HTTP call gives up after this; a submit without an answer is SUBMIT_UNKNOWN.
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Staged polling when callbacks do not come: waits between polls of a job, the last
+    /// repeated (each × a jitter of 0.7–1.3).
+    #[serde(default = "default_poll_ms")]
+    pub poll_ms: Vec<u64>,
+    /// Send callbacks here instead of the node's HTTP address (behind a proxy, say).
+    #[serde(default)]
+    pub callback_base: Option<String>,
+}
+
+fn default_timeout_ms() -> u64 {
+    2_000
+}
+fn default_poll_ms() -> Vec<u64> {
+    vec![1_000, 2_000, 5_000, 10_000]
+}
+
+impl ProviderConfig {
+    pub fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.url.starts_with("http://"),
+            "provider.url must be an http:// URL"
+        );
+        anyhow::ensure!(!self.secret.is_empty(), "provider.secret must not be empty");
+        anyhow::ensure!(
+            (50..=120_000).contains(&self.timeout_ms),
+            "provider.timeout_ms must be 50..=120000"
+        );
+        anyhow::ensure!(
+            !self.poll_ms.is_empty()
+                && self.poll_ms.len() <= 16
+                && self.poll_ms.iter().all(|&p| (10..=600_000).contains(&p)),
+            "provider.poll_ms must hold 1..=16 waits of 10..=600000 ms"
+        );
+        Ok(())
+    }
+}
+
+/// What a shard asks of the provider.
+#[derive(Debug)]
+pub enum Call {
+    Submit {
+        shard: usize,
+        task: TaskId,
+        token: FencingToken,
+        submission: Submission,
+    },
+    /// After an unknown outcome: find the attempt by its request key.
+    Resolve {
+        shard: usize,
+        task: TaskId,
+        token: FencingToken,
+        account: String,
+        request_key: String,
+    },
+    /// Follow an accepted job to its end.
+    Watch {
+        shard: usize,
+        task: TaskId,
+        token: FencingToken,
+        account: String,
+        job_id: String,
+    },
+    /// Best effort: the task was canceled while the provider ran it.
+    Cancel { account: String, job_id: String },
+}
+
+/// What comes back to the shard.
+#[derive(Debug)]
+pub enum ProviderEvent {
+    Submitted {
+        task: TaskId,
+        token: FencingToken,
+        result: Result<JobView, SubmitError>,
+    },
+    Resolved {
+        task: TaskId,
+        token: FencingToken,
+        /// `None`: every query failed; the attempt stays SUBMIT_UNKNOWN for the reconciler.
+        lookup: Option<Lookup>,
+    },
+    /// The job reached a final state (by callback or by poll).
+    Finished {
+        task: TaskId,
+        token: FencingToken,
+        view: JobView,
+    },
+}
+
+struct Watched {
+    shard: usize,
+    task: TaskId,
+    token: FencingToken,
+}
+
+/// The provider thread's shared state: the client, the shards' inboxes, the watched jobs.
+pub struct Dispatcher {
+    provider: HttpProvider,
+    config: ProviderConfig,
+    shards: Vec<mpsc::Sender<ShardMsg>>,
+    watched: Mutex<HashMap<String, Watched>>,
+    callback_url: String,
+    metrics: Arc<crate::metrics::Metrics>,
+}
+
+/// The handle shards and the HTTP server hold.
+#[derive(Clone)]
+pub struct DispatchHandle {
+    pub calls: mpsc::Sender<Call>,
+    pub dispatcher: Arc<Dispatcher>,
+}
+
+impl DispatchHandle {
+    /// Where the provider should post callbacks.
+    pub fn callback_url(&self) -> &str {
+        &self.dispatcher.callback_url
+    }
+}
+
+/// Starts the provider thread.
+pub fn start(
+    config: ProviderConfig,
+    http_addr: std::net::SocketAddr,
+    shards: Vec<mpsc::Sender<ShardMsg>>,
+    metrics: Arc<crate::metrics::Metrics>,
+) -> anyhow::Result<DispatchHandle> {
+    let base = config
+        .callback_base
+        .clone()
+        .unwrap_or_else(|| format!("http://{http_addr}"));
+    let dispatcher = Arc::new(Dispatcher {
+        provider: HttpProvider::new(&config.url, Duration::from_millis(config.timeout_ms)),
+        callback_url: format!("{}/v1/provider/callback", base.trim_end_matches('/')),
+        config,
+        shards,
+        watched: Mutex::new(HashMap::new()),
+        metrics,
+    });
+    let (tx, mut rx) = mpsc::channel::<Call>(CALLS_QUEUE_MAX);
+    let d = dispatcher.clone();
+    std::thread::Builder::new()
+        .name("provider-io".into())
+        .spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("tokio runtime");
+            rt.block_on(async move {
+                while let Some(call) = rx.recv().await {
+                    let d = d.clone();
+                    tokio::spawn(async move { d.run(call).await });
+                }
+            });
+        })?;
+    Ok(DispatchHandle {
+        calls: tx,
+        dispatcher,
+    })
+}
+
+/// A jitter factor in 0.7..=1.3 (milli), from a cheap per-call hash: spreading polls needs no
+/// more randomness than that.
+pub fn jitter_milli(seed: u64) -> u64 {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
+    x ^= x >> 29;
+    x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x ^= x >> 32;
+    700 + x % 601
+}
+
+impl Dispatcher {
+    async fn send(&self, shard: usize, event: ProviderEvent) {
+        if let Some(inbox) = self.shards.get(shard) {
+            // A shard that stopped needs no answer.
+            let _ = inbox.send(ShardMsg::Provider(event)).await;
+        }
+    }
+
+    async fn run(self: Arc<Self>, call: Call) {
+        match call {
+            Call::Submit {
+                shard,
+                task,
+                token,
+                submission,
+            } => {
+                let result = self.provider.submit(&submission).await;
+                self.metrics.provider_call(match &result {
+                    Ok(_) => "accepted",
+                    Err(SubmitError::RateLimited { .. }) => "rate_limited",
+                    Err(SubmitError::Refused { .. }) => "refused",
+                    Err(SubmitError::NotSent(_)) => "not_sent",
+                    Err(SubmitError::Unknown(_)) => "unknown",
+                });
+                self.send(
+                    shard,
+                    ProviderEvent::Submitted {
+                        task,
+                        token,
+                        result,
+                    },
+                )
+                .await;
+            }
+            Call::Resolve {
+                shard,
+                task,
+                token,
+                account,
+                request_key,
+            } => {
+                let mut lookup = None;
+                for attempt in 0..RESOLVE_TRIES_MAX {
+                    match self.provider.find_by_key(&account, &request_key).await {
+                        Ok(l) => {
+                            lookup = Some(l);
+                            break;
+                        }
+                        Err(e) => {
+                            tracing::warn!("resolving {request_key}: {e}");
+                            self.pause(attempt, task.0).await;
+                        }
+                    }
+                }
+                self.send(
+                    shard,
+                    ProviderEvent::Resolved {
+                        task,
+                        token,
+                        lookup,
+                    },
+                )
+                .await;
+            }
+            Call::Watch {
+                shard,
+                task,
+                token,
+                account,
+                job_id,
+            } => {
+                self.lock()
+                    .insert(job_id.clone(), Watched { shard, task, token });
+                self.poll(&account, &job_id).await;
+            }
+            Call::Cancel { account, job_id } => {
+                if let Err(e) = self.provider.cancel(&account, &job_id).await {
+                    tracing::warn!("canceling {job_id} at the provider: {e}");
+                }
+            }
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Watched>> {
+        self.watched.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The `i`-th staged wait, jittered.
+    async fn pause(&self, i: u32, seed: u64) {
+        let stages = &self.config.poll_ms;
+        let base = stages[(i as usize).min(stages.len() - 1)];
+        let ms = base * jitter_milli(seed ^ u64::from(i)) / 1_000;
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+
+    /// Polls `job_id` in stages until it is final or a callback ended the watch.
+    async fn poll(&self, account: &str, job_id: &str) {
+        for i in 0..POLLS_MAX {
+            self.pause(i, job_id.len() as u64 ^ u64::from(i)).await;
+            if !self.lock().contains_key(job_id) {
+                return; // a callback finished it
+            }
+            match self.provider.job(account, job_id).await {
+                Ok(Lookup::Found(view)) if view.state.is_final() => {
+                    self.metrics.callback("polled");
+                    self.finish(view).await;
+                    return;
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!("polling {job_id}: {e}"),
+            }
+        }
+        tracing::warn!("{job_id}: no final state after {POLLS_MAX} polls; left to the reconciler");
+        self.lock().remove(job_id);
+    }
+
+    /// Ends the watch of a final job (once) and tells its shard.
+    async fn finish(&self, view: JobView) {
+        let Some(w) = self.lock().remove(&view.job_id) else {
+            return;
+        };
+        self.send(
+            w.shard,
+            ProviderEvent::Finished {
+                task: w.task,
+                token: w.token,
+                view,
+            },
+        )
+        .await;
+    }
+
+    /// A callback's body, signature checked by the caller. Final states end the watch; a
+    /// callback for a job nobody watches (a duplicate, or one already polled) changes nothing.
+    pub async fn on_callback(&self, view: JobView) {
+        if !view.state.is_final() {
+            self.metrics.callback("progress");
+            return;
+        }
+        let watched = self.lock().contains_key(&view.job_id);
+        self.metrics
+            .callback(if watched { "final" } else { "ignored" });
+        self.finish(view).await;
+    }
+
+    pub fn secret(&self) -> &[u8] {
+        self.config.secret.as_bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn jitter_stays_in_its_band_and_varies() {
+        let all: Vec<u64> = (0..10_000).map(jitter_milli).collect();
+        assert!(all.iter().all(|j| (700..=1300).contains(j)));
+        assert!(all.iter().any(|&j| j < 800) && all.iter().any(|&j| j > 1200));
+    }
+}
