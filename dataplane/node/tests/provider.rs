@@ -1,0 +1,452 @@
+//! spindled against spindle-mock-provider (in-process, real sockets): one test per fault mode,
+//! asserting final states, reservations, budgets and the mock's counters (no concurrency or RPM
+//! violation, no request key sent twice), plus callbacks that must change nothing.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{http_get, start_with, task, Daemon};
+use spindle_client::Client;
+use spindle_control::testing::TestDb;
+use spindle_core::{TaskId, TenantId};
+use spindle_providers::api::{AccountStats, Fault};
+use spindle_providers::{HttpProvider, MockConfig, MockProvider};
+
+const SECRET: &str = "mock-secret";
+const ACCOUNTS: [&str; 2] = [
+    "vendor-0:acct-1:us:video-model-0",
+    "vendor-1:acct-1:us:video-model-0",
+];
+
+async fn mock(job_ms: u64) -> (MockProvider, HttpProvider) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let m = MockProvider::serve(
+        listener,
+        MockConfig {
+            accounts: ACCOUNTS
+                .iter()
+                .map(|a| format!("{a}:4:6000").parse().unwrap())
+                .collect(),
+            secret: SECRET.into(),
+            job_ms,
+            cost_milli: 1_234,
+            hang_ms: 1_500,
+        },
+    );
+    let admin = m.client(Duration::from_secs(5));
+    (m, admin)
+}
+
+async fn node(test: &TestDb, provider: &MockProvider) -> Daemon {
+    let config = format!(
+        r#"
+node_id = "provider-node"
+listen = "127.0.0.1:0"
+http_listen = "127.0.0.1:0"
+shards = 2
+partitions = 8
+provider_concurrency = 4
+provider_rpm = 6000
+lane_capacity_units = 100000
+retry_backoff_base_ms = 20
+retry_backoff_max_ms = 200
+
+[provider]
+url = "{}"
+secret = "{SECRET}"
+timeout_ms = 400
+poll_ms = [100, 200]
+
+[[tenants]]
+id = 1
+credential = "one"
+"#,
+        provider.base_url()
+    );
+    start_with(test, &config).await
+}
+
+async fn set_fault(admin: &HttpProvider, fault: Fault) {
+    for a in ACCOUNTS {
+        admin.set_fault(a, fault).await.unwrap();
+    }
+}
+
+/// Submits `n` tasks and waits (bounded) until every one is in a final state; returns the
+/// final states in order.
+async fn run(daemon: &Daemon, test: &TestDb, prefix: &str, n: usize) -> (Vec<TaskId>, Vec<String>) {
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let batch: Vec<_> = (0..n).map(|i| task(&format!("{prefix}{i}"))).collect();
+    let ids: Vec<TaskId> = client
+        .submit_batch(batch)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| {
+            assert!(a.decision.is_accepted(), "{a:?}");
+            a.task
+        })
+        .collect();
+    let keys: Vec<i64> = ids.iter().map(|t| t.0 as i64).collect();
+    let sql = test.sql().await.unwrap();
+    for _ in 0..3_000 {
+        let open: i64 = sql
+            .query_one(
+                "SELECT count(*) FROM task WHERE task_id = ANY ($1)
+                    AND state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELED', 'EXPIRED')",
+                &[&keys],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if open == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let states = sql
+        .query(
+            "SELECT state FROM task WHERE task_id = ANY ($1) ORDER BY task_id",
+            &[&keys],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .collect();
+    (ids, states)
+}
+
+/// Nothing held, nothing reserved from the budget, no contract broken, no key sent twice.
+async fn assert_clean(test: &TestDb, admin: &HttpProvider) -> AccountStats {
+    let sql = test.sql().await.unwrap();
+    let row = sql
+        .query_one(
+            "SELECT (SELECT count(*) FROM resource_reservation WHERE status = 'ACTIVE'),
+                    (SELECT coalesce(sum(used), 0)::bigint FROM resource_pool_shard),
+                    (SELECT coalesce(sum(reserved_milli), 0)::bigint FROM tenant_quota)",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            row.get::<_, i64>(0),
+            row.get::<_, i64>(1),
+            row.get::<_, i64>(2)
+        ),
+        (0, 0, 0),
+        "reservations, pool usage and budget reservations all given back"
+    );
+    let stats = admin.mock_stats().await.unwrap();
+    let mut total = AccountStats::default();
+    for (name, s) in &stats.accounts {
+        assert_eq!(
+            (s.concurrency_violations, s.rpm_violations, s.duplicate_keys),
+            (0, 0, 0),
+            "{name}: {s:?}"
+        );
+        total.accepted += s.accepted;
+        total.completed += s.completed;
+        total.rate_limited += s.rate_limited;
+        total.max_in_flight = total.max_in_flight.max(s.max_in_flight);
+    }
+    total
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthy_provider_runs_everything_once_with_its_actual_cost() {
+    let test = TestDb::new().await;
+    let (m, admin) = mock(30).await;
+    let daemon = node(&test, &m).await;
+    let (_, states) = run(&daemon, &test, "ok", 40).await;
+    assert!(states.iter().all(|s| s == "SUCCEEDED"), "{states:?}");
+    let total = assert_clean(&test, &admin).await;
+    assert_eq!((total.accepted, total.completed), (40, 40));
+    assert!(total.max_in_flight <= 4);
+    let sql = test.sql().await.unwrap();
+    let costs: i64 = sql
+        .query_one(
+            "SELECT count(*) FROM task WHERE cost_actual_milli = 1234",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(costs, 40, "the provider's cost is recorded");
+    let (_, metrics) = http_get(daemon.http, "/metrics").await;
+    assert!(
+        metrics.contains("spindle_provider_submits_total{result=\"accepted\"} 40"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_429_storm_is_retried_with_backoff_and_never_breaks_the_contract() {
+    let test = TestDb::new().await;
+    let (m, admin) = mock(30).await;
+    set_fault(&admin, Fault::RateLimit).await;
+    let daemon = node(&test, &m).await;
+    let (_, states) = run(&daemon, &test, "rl", 30).await;
+    assert!(states.iter().all(|s| s == "SUCCEEDED"), "{states:?}");
+    let total = assert_clean(&test, &admin).await;
+    assert_eq!(total.accepted, 30, "each task accepted once");
+    assert!(total.rate_limited > 0, "the storm never hit: {total:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_after_acceptance_is_resolved_by_request_key_not_resubmitted() {
+    let test = TestDb::new().await;
+    let (m, admin) = mock(30).await;
+    set_fault(&admin, Fault::TimeoutAfterAccept).await;
+    let daemon = node(&test, &m).await;
+    let (_, states) = run(&daemon, &test, "to", 8).await;
+    assert!(states.iter().all(|s| s == "SUCCEEDED"), "{states:?}");
+    let total = assert_clean(&test, &admin).await;
+    assert_eq!(total.accepted, 8, "found by key, never sent again");
+    let (_, metrics) = http_get(daemon.http, "/metrics").await;
+    assert!(
+        metrics.contains("spindle_provider_submits_total{result=\"unknown\"} 8"),
+        "{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_errors_are_retried_then_fail_with_the_reason() {
+    let test = TestDb::new().await;
+    let (m, admin) = mock(30).await;
+    set_fault(&admin, Fault::ServerError).await;
+    let daemon = node(&test, &m).await;
+    let (ids, states) = run(&daemon, &test, "5xx", 3).await;
+    assert!(states.iter().all(|s| s == "FAILED"), "{states:?}");
+    let total = assert_clean(&test, &admin).await;
+    assert_eq!(total.accepted, 0);
+    let sql = test.sql().await.unwrap();
+    let keys: Vec<i64> = ids.iter().map(|t| t.0 as i64).collect();
+    let rows = sql
+        .query(
+            "SELECT attempt_no, failure_reason FROM task WHERE task_id = ANY ($1)",
+            &[&keys],
+        )
+        .await
+        .unwrap();
+    for r in rows {
+        let (attempts, reason): (i32, Option<String>) = (r.get(0), r.get(1));
+        assert_eq!(attempts, 4, "the first attempt and the lane's 3 retries");
+        assert!(
+            reason.unwrap_or_default().contains("never accepted"),
+            "the reason names what happened"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_fail_at_once_and_refund_the_budget() {
+    let test = TestDb::new().await;
+    let mut db = spindle_control::Db::open(&test.config()).await.unwrap();
+    db.set_tenant_budget(
+        TenantId(1),
+        1_000_000_000,
+        "test",
+        "a budget to refund into",
+    )
+    .await
+    .unwrap();
+    let (m, admin) = mock(30).await;
+    let daemon = node(&test, &m).await;
+    for (fault, class) in [
+        (Fault::Auth, "Auth"),
+        (Fault::Balance, "Balance"),
+        (Fault::InvalidParameters, "InvalidParameters"),
+        (Fault::Moderation, "Moderation"),
+    ] {
+        set_fault(&admin, fault).await;
+        let (ids, states) = run(&daemon, &test, &format!("{class}-"), 2).await;
+        assert!(
+            states.iter().all(|s| s == "FAILED"),
+            "{fault:?}: {states:?}"
+        );
+        let sql = test.sql().await.unwrap();
+        let keys: Vec<i64> = ids.iter().map(|t| t.0 as i64).collect();
+        for r in sql
+            .query(
+                "SELECT attempt_no, failure_reason FROM task WHERE task_id = ANY ($1)",
+                &[&keys],
+            )
+            .await
+            .unwrap()
+        {
+            assert_eq!(r.get::<_, i32>(0), 1, "{fault:?}: never retried");
+            let reason: String = r.get(1);
+            assert!(reason.contains(class), "{fault:?}: {reason}");
+        }
+    }
+    let total = assert_clean(&test, &admin).await;
+    assert_eq!(total.accepted, 0);
+    let sql = test.sql().await.unwrap();
+    let refunds: i64 = sql
+        .query_one(
+            "SELECT count(*) FROM quota_ledger WHERE kind = 'REFUND'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(refunds, 8, "every failed task's budget came back");
+    let spent: i64 = sql
+        .query_one(
+            "SELECT spent_milli FROM tenant_quota WHERE tenant_id = 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(spent, 0, "nothing was charged");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_callbacks_are_covered_by_polling_and_duplicates_change_nothing() {
+    let test = TestDb::new().await;
+    let (m, admin) = mock(30).await;
+    let daemon = node(&test, &m).await;
+    set_fault(&admin, Fault::LostCallback).await;
+    let (_, states) = run(&daemon, &test, "lost", 6).await;
+    assert!(states.iter().all(|s| s == "SUCCEEDED"), "{states:?}");
+    set_fault(&admin, Fault::DuplicateCallback).await;
+    let (_, states) = run(&daemon, &test, "dup", 6).await;
+    assert!(states.iter().all(|s| s == "SUCCEEDED"), "{states:?}");
+    set_fault(&admin, Fault::Slow).await;
+    let (_, states) = run(&daemon, &test, "slow", 2).await;
+    assert!(states.iter().all(|s| s == "SUCCEEDED"), "{states:?}");
+    let total = assert_clean(&test, &admin).await;
+    assert_eq!((total.accepted, total.completed), (14, 14));
+    let (_, metrics) = http_get(daemon.http, "/metrics").await;
+    let count = |kind: &str| -> u64 {
+        let prefix = format!("spindle_provider_callbacks_total{{kind=\"{kind}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix)?.parse().ok())
+            .unwrap_or(0)
+    };
+    assert!(
+        count("polled") >= 6,
+        "lost callbacks found by polling\n{metrics}"
+    );
+    assert!(
+        count("ignored") >= 1,
+        "duplicate callbacks ignored\n{metrics}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_and_stale_callbacks_change_nothing() {
+    let test = TestDb::new().await;
+    let (m, admin) = mock(30).await;
+    let daemon = node(&test, &m).await;
+    let (ids, states) = run(&daemon, &test, "done", 1).await;
+    assert_eq!(states, vec!["SUCCEEDED".to_string()]);
+    let view = spindle_providers::JobView {
+        job_id: "job-1".into(),
+        account: ACCOUNTS[0].into(),
+        request_key: format!("spindle-{}-1", ids[0]),
+        state: spindle_providers::JobState::Failed,
+        progress: 100,
+        cost_milli: None,
+        error: Some("late".into()),
+        retryable: false,
+    };
+    let body = serde_json::to_vec(&view).unwrap();
+    let post = |signature: String| {
+        let body = body.clone();
+        async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let mut s = tokio::net::TcpStream::connect(daemon.http).await.unwrap();
+            let head = format!(
+                "POST /v1/provider/callback HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nx-signature: {signature}\r\ncontent-length: {}\r\n\r\n",
+                body.len()
+            );
+            s.write_all(head.as_bytes()).await.unwrap();
+            s.write_all(&body).await.unwrap();
+            let mut out = String::new();
+            s.read_to_string(&mut out).await.unwrap();
+            out
+        }
+    };
+    let forged = post("sha256=".to_string() + &"0".repeat(64)).await;
+    assert!(forged.starts_with("HTTP/1.1 401"), "{forged}");
+    // Signed, but for an attempt that already ended: nobody watches it.
+    let stale = post(spindle_providers::signature::sign(SECRET.as_bytes(), &body)).await;
+    assert!(stale.starts_with("HTTP/1.1 200"), "{stale}");
+    let sql = test.sql().await.unwrap();
+    let state: String = sql
+        .query_one(
+            "SELECT state FROM task WHERE task_id = $1",
+            &[&(ids[0].0 as i64)],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        state, "SUCCEEDED",
+        "a late callback cannot undo a finished task"
+    );
+    assert_clean(&test, &admin).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_racing_the_callback_ends_canceled_with_nothing_held() {
+    let test = TestDb::new().await;
+    let (m, admin) = mock(300).await;
+    let daemon = node(&test, &m).await;
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for i in 0..6 {
+        let a = client.submit(task(&format!("c{i}"))).await.unwrap();
+        ids.push(a.task);
+    }
+    // Cancel while they run at the provider (jobs take 300 ms); some may already be done.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut canceled = Vec::new();
+    for t in &ids {
+        if client.cancel(*t).await.is_ok() {
+            canceled.push(t.0 as i64);
+        }
+    }
+    assert!(!canceled.is_empty(), "nothing was cancelable");
+    let sql = test.sql().await.unwrap();
+    let keys: Vec<i64> = ids.iter().map(|t| t.0 as i64).collect();
+    for _ in 0..1_000 {
+        let open: i64 = sql
+            .query_one(
+                "SELECT count(*) FROM task WHERE task_id = ANY ($1)
+                    AND state NOT IN ('SUCCEEDED', 'CANCELED')",
+                &[&keys],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if open == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let ended_canceled: i64 = sql
+        .query_one(
+            "SELECT count(*) FROM task WHERE task_id = ANY ($1) AND state = 'CANCELED'",
+            &[&canceled],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        ended_canceled,
+        canceled.len() as i64,
+        "every acknowledged cancel holds"
+    );
+    assert_clean(&test, &admin).await;
+}
