@@ -246,7 +246,7 @@ async fn server_errors_are_retried_then_fail_with_the_reason() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_fail_at_once_and_refund_the_budget() {
     let test = TestDb::new().await;
-    let mut db = spindle_control::Db::open(&test.config()).await.unwrap();
+    let mut db = spindle_control::Db::open(test.config()).await.unwrap();
     db.set_tenant_budget(
         TenantId(1),
         1_000_000_000,
