@@ -129,6 +129,20 @@ impl Db {
             .collect())
     }
 
+    /// Nodes that are up and heartbeated within `within_ms`.
+    pub async fn live_nodes(&self, within_ms: u32) -> Result<u32, StoreError> {
+        let row = self
+            .client()
+            .query_one(
+                "SELECT count(*) FROM node
+                  WHERE state = 'UP'
+                    AND heartbeat_at > now() - $1::float8 * interval '1 millisecond'",
+                &[&f64::from(within_ms)],
+            )
+            .await?;
+        Ok(row.get::<_, i64>(0) as u32)
+    }
+
     pub async fn release_partitions(&self, node: &str) -> Result<u64, StoreError> {
         Ok(self
             .client()

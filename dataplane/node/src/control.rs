@@ -524,6 +524,7 @@ pub async fn start(
         ownership.set(*p, true);
     }
     ownership.set_owners(&admin.partition_owners().await?, &config.node_id);
+    ownership.set_live_nodes(admin.live_nodes(config.lease_ms).await?);
     let mut pipes = Vec::new();
     let mut id_blocks = Vec::new();
     let open_pipeline = async || -> anyhow::Result<mpsc::Sender<CpMsg>> {
@@ -659,6 +660,15 @@ impl LeaseLoop {
             }
             if let Err(e) = self.admin.heartbeat(node).await {
                 tracing::warn!("heartbeat failed: {e}");
+            }
+            match self.admin.live_nodes(self.config.lease_ms).await {
+                Ok(n) => {
+                    self.ownership.set_live_nodes(n);
+                    self.metrics
+                        .live_nodes
+                        .store(u64::from(n), std::sync::atomic::Ordering::Relaxed);
+                }
+                Err(e) => tracing::warn!("counting live nodes: {e}"),
             }
         }
     }

@@ -138,6 +138,7 @@ pub struct Dispatcher {
     watched: Mutex<HashMap<String, Watched>>,
     callback_url: String,
     metrics: Arc<crate::metrics::Metrics>,
+    health: Arc<crate::health::ProviderHealth>,
 }
 
 /// The handle shards and the HTTP server hold.
@@ -160,6 +161,7 @@ pub fn start(
     http_addr: std::net::SocketAddr,
     shards: Vec<mpsc::Sender<ShardMsg>>,
     metrics: Arc<crate::metrics::Metrics>,
+    health: Arc<crate::health::ProviderHealth>,
 ) -> anyhow::Result<DispatchHandle> {
     let base = config
         .callback_base
@@ -172,6 +174,7 @@ pub fn start(
         shards,
         watched: Mutex::new(HashMap::new()),
         metrics,
+        health,
     });
     let (tx, mut rx) = mpsc::channel::<Call>(CALLS_QUEUE_MAX);
     let d = dispatcher.clone();
@@ -222,6 +225,11 @@ impl Dispatcher {
                 submission,
             } => {
                 let result = self.provider.submit(&submission).await;
+                let definite = !matches!(
+                    result,
+                    Err(SubmitError::NotSent(_) | SubmitError::Unknown(_))
+                );
+                self.health.record(&submission.account, definite);
                 self.metrics.provider_call(match &result {
                     Ok(_) => "accepted",
                     Err(SubmitError::RateLimited { .. }) => "rate_limited",

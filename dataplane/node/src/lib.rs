@@ -10,6 +10,7 @@
 pub mod config;
 pub mod control;
 pub mod dispatch;
+pub mod health;
 pub mod metrics;
 pub mod ownership;
 pub mod server;
@@ -39,9 +40,13 @@ pub fn policy(config: &Config) -> Policy {
     presets::lift_node_limits(&mut policy);
     for p in &mut policy.providers {
         p.concurrency = config.provider_concurrency;
+        // The node keeps 5 % below the contract: requests leave here evenly spaced but reach
+        // the provider with network jitter, and a provider counting in its own clock must
+        // never see more than the contract.
+        let per_minute = (config.provider_rpm * 95 / 100).max(1);
         p.rpm = spindle_core::policy::RateSpec {
-            per_minute: config.provider_rpm,
-            burst: (config.provider_rpm / 60).max(1),
+            per_minute,
+            burst: (per_minute / 60).max(1),
         };
     }
     for lane in [
@@ -154,11 +159,20 @@ fn run_node(config: Config) -> anyhow::Result<()> {
         .recv()
         .context("the control plane thread died")??;
 
+    let health = std::sync::Arc::new(health::ProviderHealth::new(
+        policy.providers.iter().map(|p| p.name.clone()).collect(),
+    ));
+    let _ = metrics.health.set(health.clone());
     let dispatch = match &config.provider {
         Some(p) => {
-            let handle =
-                dispatch::start(p.clone(), http_addr, shard_senders.clone(), metrics.clone())
-                    .context("starting the provider thread")?;
+            let handle = dispatch::start(
+                p.clone(),
+                http_addr,
+                shard_senders.clone(),
+                metrics.clone(),
+                health.clone(),
+            )
+            .context("starting the provider thread")?;
             let _ = callbacks.set(handle.dispatcher.clone());
             tracing::info!(
                 "provider {} (callbacks to {})",
@@ -214,6 +228,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
         let shard_metrics = metrics.clone();
         let ownership = ownership.clone();
         let dispatch = dispatch.clone();
+        let health = health.clone();
         let handle = LocalExecutorBuilder::new(Placement::Unbound)
             .name(&format!("shard-{i}"))
             .spin_before_park(std::time::Duration::from_micros(config.idle_spin_us))
@@ -232,6 +247,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
                     board,
                     ownership: ownership.clone(),
                     dispatch,
+                    health,
                 });
                 if let Err(e) = shard.restore(restore) {
                     let _ = bound_tx.send(Err(e.to_string()));

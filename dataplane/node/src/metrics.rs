@@ -131,9 +131,12 @@ pub struct Metrics {
     pub shards: Vec<ShardGauges>,
     /// Set once the shards' board exists.
     pub split: std::sync::OnceLock<SplitView>,
+    pub health: std::sync::OnceLock<Arc<crate::health::ProviderHealth>>,
     /// The last control-plane call reached PostgreSQL.
     pub postgres_ok: AtomicBool,
     pub stopping: AtomicBool,
+    /// Live nodes of the cluster as this node last counted them.
+    pub live_nodes: AtomicU64,
     /// Reports queued or sent whose answer has not come back (what a drain also waits for).
     pub reports_pending: AtomicU64,
 }
@@ -154,8 +157,10 @@ impl Metrics {
                 .collect(),
             shards: (0..shards).map(|_| ShardGauges::default()).collect(),
             split: std::sync::OnceLock::new(),
+            health: std::sync::OnceLock::new(),
             postgres_ok: AtomicBool::new(true),
             stopping: AtomicBool::new(false),
+            live_nodes: AtomicU64::new(1),
             reports_pending: AtomicU64::new(0),
         })
     }
@@ -281,6 +286,20 @@ impl Metrics {
                 c.load(Ordering::Relaxed)
             );
         }
+        if let Some(health) = self.health.get() {
+            let _ = writeln!(w, "# HELP spindle_provider_circuit_open Whether a provider account's circuit is open (no new work), and how often it opened.\n# TYPE spindle_provider_circuit_open gauge");
+            for (name, open, opened) in health.snapshot() {
+                let _ = writeln!(
+                    w,
+                    "spindle_provider_circuit_open{{provider=\"{name}\"}} {}",
+                    u8::from(open)
+                );
+                let _ = writeln!(
+                    w,
+                    "spindle_provider_circuit_opened_total{{provider=\"{name}\"}} {opened}"
+                );
+            }
+        }
         let _ = writeln!(w, "# HELP spindle_submit_answer_seconds Submit frames, decoded to answered, by outcome (accepted: anything in the frame was; they wait for the group commit).\n# TYPE spindle_submit_answer_seconds histogram");
         for (outcome, h) in ["rejected", "accepted"].iter().zip(&self.answers) {
             h.render(
@@ -335,6 +354,11 @@ impl Metrics {
                 }
             }
         }
+        let _ = writeln!(
+            w,
+            "# TYPE spindle_live_nodes gauge\nspindle_live_nodes {}",
+            self.live_nodes.load(Ordering::Relaxed)
+        );
         let _ = writeln!(
             w,
             "# TYPE spindle_ready gauge\nspindle_ready {}",

@@ -2,7 +2,7 @@
 //! and writes here; connections and shards read here to refuse tenants another node serves.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Mutex;
 
 use spindle_control::lease::PartitionOwner;
@@ -10,6 +10,8 @@ use spindle_control::PartitionId;
 
 pub struct Ownership {
     owned: Vec<AtomicBool>,
+    /// Live nodes of the cluster (this one included), from their heartbeats.
+    live_nodes: AtomicU32,
     /// Partitions other nodes hold, with "node at address", for the WrongNode answer.
     elsewhere: Mutex<HashMap<u32, String>>,
 }
@@ -18,8 +20,17 @@ impl Ownership {
     pub fn new(partitions: u32) -> Ownership {
         Ownership {
             owned: (0..partitions).map(|_| AtomicBool::new(false)).collect(),
+            live_nodes: AtomicU32::new(1),
             elsewhere: Mutex::new(HashMap::new()),
         }
+    }
+
+    pub fn live_nodes(&self) -> u32 {
+        self.live_nodes.load(Ordering::Acquire)
+    }
+
+    pub fn set_live_nodes(&self, n: u32) {
+        self.live_nodes.store(n.max(1), Ordering::Release);
     }
 
     pub fn owns(&self, partition: u32) -> bool {

@@ -185,6 +185,7 @@ pub struct ShardState {
     split_limits: Vec<(LimitId, NodeCapacity)>,
     ownership: std::sync::Arc<crate::ownership::Ownership>,
     dispatch: Option<crate::dispatch::DispatchHandle>,
+    health: std::sync::Arc<crate::health::ProviderHealth>,
 }
 
 pub type SharedShard = Rc<RefCell<ShardState>>;
@@ -211,6 +212,7 @@ pub struct ShardSetup {
     pub ownership: std::sync::Arc<crate::ownership::Ownership>,
     /// The provider thread, when an HTTP provider is configured (else the local provider).
     pub dispatch: Option<crate::dispatch::DispatchHandle>,
+    pub health: std::sync::Arc<crate::health::ProviderHealth>,
 }
 
 /// The names of the board's limits, in its order (for `/metrics`).
@@ -251,6 +253,7 @@ impl ShardState {
             split_limits,
             ownership: setup.ownership,
             dispatch: setup.dispatch,
+            health: setup.health,
             policy: setup.policy,
             epoch,
             pipes: setup.pipes,
@@ -977,7 +980,16 @@ fn fold_reports(reports: impl Iterator<Item = Report>) -> Vec<Vec<Report>> {
 /// gives back units through the board's free pool, never below what it uses.
 fn resplit(s: &mut ShardState) {
     let now = s.now();
-    for (k, &(id, capacity)) in s.split_limits.iter().enumerate() {
+    // Rates are the node's part of the cluster's: several live nodes share one account's RPM.
+    let nodes = u64::from(s.ownership.live_nodes().max(1));
+    for (k, &(id, full)) in s.split_limits.iter().enumerate() {
+        let capacity = match full {
+            NodeCapacity::Rate(r) => NodeCapacity::Rate(spindle_core::policy::RateSpec {
+                per_minute: r.per_minute / nodes,
+                burst: (r.burst / nodes).max(1),
+            }),
+            slots => slots,
+        };
         let load = s.core.split_load(id);
         // Nobody holds a rate: a rate's part can shrink at once.
         let used = match capacity {
@@ -998,7 +1010,13 @@ fn resplit(s: &mut ShardState) {
                 s.board.set_targets(k, &capacity.split_targets(&loads));
             }
         }
-        let held = s.board.rebalance(k, s.index, used);
+        let mut held = s.board.rebalance(k, s.index, used);
+        if let spindle_core::ledger::LimitKey::ProviderConcurrency(p) = s.core.ledger().key(id) {
+            if s.health.is_open(p.0 as usize) {
+                // An open circuit: what runs there finishes; nothing new goes there.
+                held = held.min(load.used);
+            }
+        }
         s.core.set_share(id, capacity.part(held), now);
     }
 }

@@ -450,3 +450,32 @@ async fn a_cancel_racing_the_callback_ends_canceled_with_nothing_held() {
     );
     assert_clean(&test, &admin).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_provider_opens_its_circuit_and_work_fails_over_to_a_compatible_one() {
+    let test = TestDb::new().await;
+    let (m, admin) = mock(30).await;
+    admin
+        .set_fault(ACCOUNTS[0], Fault::ServerError)
+        .await
+        .unwrap();
+    let daemon = node(&test, &m).await;
+    let (_, states) = run(&daemon, &test, "fo", 12).await;
+    assert!(states.iter().all(|s| s == "SUCCEEDED"), "{states:?}");
+    assert_clean(&test, &admin).await;
+    let stats = admin.mock_stats().await.unwrap();
+    assert_eq!(stats.accounts[ACCOUNTS[0]].accepted, 0);
+    assert_eq!(
+        stats.accounts[ACCOUNTS[1]].accepted, 12,
+        "each task accepted once, there"
+    );
+    let (_, metrics) = http_get(daemon.http, "/metrics").await;
+    let opened = format!(
+        "spindle_provider_circuit_opened_total{{provider=\"{}\"}} 0",
+        ACCOUNTS[0]
+    );
+    assert!(
+        !metrics.contains(&opened),
+        "the circuit never opened\n{metrics}"
+    );
+}
