@@ -3,6 +3,7 @@
 
 mod report;
 mod run;
+mod storm;
 mod workload;
 
 use std::net::SocketAddr;
@@ -59,6 +60,17 @@ enum Command {
         #[command(flatten)]
         common: Common,
     },
+    /// Private PostgreSQL + mock provider in a 429 storm + in-process spindled: the accepted
+    /// rate per second against the provider's real limit.
+    Storm {
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        /// Tasks a second offered (the storm's real limit is 20/s).
+        #[arg(long, default_value_t = 40)]
+        rate: u64,
+        #[arg(long, default_value = "target/loadgen")]
+        out: PathBuf,
+    },
     /// Private PostgreSQL + in-process spindled + the noisy-neighbour mix.
     Demo {
         /// Tasks per second of each of the nine quiet tenants (the loud one sends 100×).
@@ -84,6 +96,10 @@ fn main() -> anyhow::Result<()> {
             drive(addr, tenants, &common)
         }
         Command::Demo { quiet_rate, common } => demo(quiet_rate, &common),
+        Command::Storm { seconds, rate, out } => {
+            quiet_logs();
+            storm::run(storm::Options { seconds, rate, out })
+        }
     }
 }
 
@@ -181,17 +197,7 @@ fn demo(quiet_rate: f64, common: &Common) -> anyhow::Result<()> {
                 eprintln!("spindled stopped: {e:#}");
             }
         })?;
-    let mut addr = None;
-    for _ in 0..600 {
-        if let Ok(text) = std::fs::read_to_string(&ready) {
-            addr = text.lines().next().and_then(|l| l.parse().ok());
-            if addr.is_some() {
-                break;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let addr = addr.context("spindled did not start within 30 s")?;
+    let addr = wait_ready(&ready)?;
     let result = drive(addr, loads, common);
     // The node's threads end with the process; the private PostgreSQL is stopped here.
     QUIET.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -199,6 +205,37 @@ fn demo(quiet_rate: f64, common: &Common) -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     result?;
     std::process::exit(0);
+}
+
+/// Waits (bounded: 30 s) for an in-process spindled's ready file; its client address.
+fn wait_ready(ready: &std::path::Path) -> anyhow::Result<SocketAddr> {
+    for _ in 0..600 {
+        if let Ok(text) = std::fs::read_to_string(ready) {
+            if let Some(addr) = text.lines().next().and_then(|l| l.parse().ok()) {
+                return Ok(addr);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    anyhow::bail!("spindled did not start within 30 s")
+}
+
+/// Tasks per state in the database at `conninfo`.
+async fn final_states(conninfo: &str) -> anyhow::Result<std::collections::BTreeMap<String, i64>> {
+    let db = spindle_control::Db::open(&spindle_control::DbConfig::new(conninfo)).await?;
+    let rows = db
+        .client()
+        .query("SELECT state, count(*) FROM task GROUP BY state", &[])
+        .await?;
+    Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+}
+
+/// Warnings only, on stderr.
+fn quiet_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
+        .try_init();
 }
 
 fn toml_config(

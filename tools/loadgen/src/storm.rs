@@ -1,0 +1,259 @@
+//! `storm`: a private PostgreSQL, spindle-mock-provider and an in-process spindled, with both
+//! provider accounts in a 429 storm (their real limits are half of the contract the node is
+//! configured with). One tenant offers more than the real limits for a while; every second the
+//! mock's counters are sampled. The curve shows whether the accepted rate converges to the
+//! provider's real limit (the node halves an account's rate for two minutes after a 429) or
+//! oscillates, and the end shows whether any task failed that a later retry could have served.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use spindle_client::Client;
+use spindle_core::{Band, ModelId, TaskSpec, TenantId, UserId};
+use spindle_providers::api::Fault;
+use spindle_providers::{MockConfig, MockProvider};
+use spindle_wire::SubmitTask;
+
+/// The contract per account; the storm's real limits are half of it.
+const CONCURRENCY: u64 = 40;
+const RPM: u64 = 1_200;
+const ACCOUNTS: [&str; 2] = [
+    "vendor-0:acct-1:us:video-model-0",
+    "vendor-1:acct-1:us:video-model-0",
+];
+
+pub struct Options {
+    pub seconds: u64,
+    /// Tasks a second the tenant offers.
+    pub rate: u64,
+    pub out: std::path::PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+struct Second {
+    second: u64,
+    accepted: u64,
+    rate_limited: u64,
+    violations: u64,
+}
+
+pub fn run(opts: Options) -> anyhow::Result<()> {
+    let pg = spindle_control::EmbeddedPostgres::start(spindle_control::EmbeddedOptions::default())
+        .context("starting a private PostgreSQL")?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let dir = std::env::temp_dir().join(format!("spindle-storm-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let result = rt.block_on(storm(&opts, &pg.conninfo("postgres"), &dir));
+    drop(pg);
+    let _ = std::fs::remove_dir_all(&dir);
+    result?;
+    // The in-process node's threads end with the process.
+    std::process::exit(0);
+}
+
+async fn storm(opts: &Options, conninfo: &str, dir: &Path) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let mock = MockProvider::serve(
+        listener,
+        MockConfig {
+            accounts: ACCOUNTS
+                .iter()
+                .map(|a| format!("{a}:{CONCURRENCY}:{RPM}").parse())
+                .collect::<Result<_, _>>()
+                .map_err(|e: String| anyhow::anyhow!(e))?,
+            secret: "storm".into(),
+            job_ms: 500,
+            cost_milli: 1_000,
+            hang_ms: 5_000,
+        },
+    );
+    let admin = mock.client(Duration::from_secs(5));
+    for a in ACCOUNTS {
+        admin.set_fault(a, Fault::RateLimit).await?;
+    }
+    let ready = dir.join("ready");
+    let config_text = format!(
+        r#"node_id = "storm"
+listen = "127.0.0.1:0"
+http_listen = "127.0.0.1:0"
+postgres = "{conninfo}"
+provider_concurrency = {CONCURRENCY}
+provider_rpm = {RPM}
+lane_capacity_units = 100000
+
+[provider]
+url = "{}"
+secret = "storm"
+poll_ms = [500, 1000]
+
+[[tenants]]
+id = 1
+credential = "storm"
+"#,
+        mock.base_url()
+    );
+    let config = crate::toml_config(&config_text, &ready)?;
+    std::thread::Builder::new()
+        .name("spindled".into())
+        .spawn(move || {
+            if let Err(e) = spindle_node::run(config) {
+                eprintln!("spindled stopped: {e:#}");
+            }
+        })?;
+    let addr = crate::wait_ready(&ready)?;
+    let client = Client::connect(addr, TenantId(1), "storm").await?;
+    let real = 2 * RPM / 2 / 60;
+    println!(
+        "storm: 2 accounts, contract {RPM}/min each, real limit {}/min each ({real}/s together); \
+         offering {}/s for {} s",
+        RPM / 2,
+        opts.rate,
+        opts.seconds
+    );
+
+    // Offer load in a task of its own; sample the mock every second meanwhile.
+    let rate = opts.rate.max(1);
+    let seconds = opts.seconds;
+    let sender = tokio::spawn(async move {
+        let gap = Duration::from_nanos(1_000_000_000 / rate);
+        let start = tokio::time::Instant::now();
+        let mut n = 0u64;
+        let mut accepted = 0u64;
+        while start.elapsed() < Duration::from_secs(seconds) {
+            tokio::time::sleep_until(start + gap * n as u32).await;
+            n += 1;
+            let t = SubmitTask {
+                idempotency_key: format!("storm-{n}"),
+                user: UserId(1),
+                spec: TaskSpec {
+                    model: ModelId(0),
+                    width: 1280,
+                    height: 720,
+                    duration_ms: 5_000,
+                    fps: 24,
+                    audio: false,
+                    references: 0,
+                },
+                band_hint: Some(Band::P3),
+                deadline_ms: None,
+            };
+            if let Ok(a) = client.submit(t).await {
+                accepted += u64::from(a.decision.is_accepted());
+            }
+        }
+        accepted
+    });
+    let mut curve = Vec::new();
+    let mut last = (0u64, 0u64);
+    let start = Instant::now();
+    for second in 1..=seconds {
+        tokio::time::sleep_until(tokio::time::Instant::from_std(
+            start + Duration::from_secs(second),
+        ))
+        .await;
+        let stats = admin.mock_stats().await?;
+        let (acc, rl, viol) = stats.accounts.values().fold((0, 0, 0), |(a, r, v), s| {
+            (
+                a + s.accepted,
+                r + s.rate_limited,
+                v + s.concurrency_violations + s.rpm_violations + s.duplicate_keys,
+            )
+        });
+        curve.push(Second {
+            second,
+            accepted: acc - last.0,
+            rate_limited: rl - last.1,
+            violations: viol,
+        });
+        last = (acc, rl);
+    }
+    let submitted = sender.await?;
+    println!("second  accepted/s  429/s  violations");
+    for s in &curve {
+        println!(
+            "{:>6}  {:>10}  {:>5}  {:>10}",
+            s.second, s.accepted, s.rate_limited, s.violations
+        );
+    }
+    let tail: Vec<&Second> = curve.iter().skip(curve.len() / 2).collect();
+    let mean = tail.iter().map(|s| s.accepted).sum::<u64>() as f64 / tail.len().max(1) as f64;
+    let tail_429: u64 = tail.iter().map(|s| s.rate_limited).sum();
+    println!(
+        "second half: {mean:.1} accepted/s against a real limit of {real}/s ({:.0} %), {tail_429} answers 429",
+        100.0 * mean / real as f64
+    );
+    let states = crate::final_states(conninfo).await?;
+    println!("tasks: {submitted} accepted by the node; by state at the end: {states:?}");
+    std::fs::create_dir_all(&opts.out)?;
+    let report = serde_json::json!({
+        "contract_rpm_per_account": RPM,
+        "real_per_s": real,
+        "offered_per_s": opts.rate,
+        "curve": curve,
+        "second_half_mean_accepted_per_s": mean,
+        "second_half_429": tail_429,
+        "states": states,
+    });
+    std::fs::write(
+        opts.out.join("storm.json"),
+        serde_json::to_string_pretty(&report)?,
+    )?;
+    std::fs::write(opts.out.join("storm.svg"), svg(&curve, real))?;
+    println!(
+        "report: {}/storm.json; plot: {}/storm.svg",
+        opts.out.display(),
+        opts.out.display()
+    );
+    Ok(())
+}
+
+fn svg(curve: &[Second], real: u64) -> String {
+    let (w, h, pad) = (720.0, 320.0, 48.0);
+    let n = curve.len().max(2) as f64;
+    let max = curve
+        .iter()
+        .map(|s| s.accepted.max(s.rate_limited))
+        .max()
+        .unwrap_or(1)
+        .max(real * 2) as f64;
+    let x = |i: f64| pad + (w - 2.0 * pad) * i / (n - 1.0);
+    let y = |v: f64| h - pad - (h - 2.0 * pad) * v / max;
+    let line = |f: &dyn Fn(&Second) -> u64, color: &str| {
+        let pts: Vec<String> = curve
+            .iter()
+            .enumerate()
+            .map(|(i, s)| format!("{:.1},{:.1}", x(i as f64), y(f(s) as f64)))
+            .collect();
+        format!(
+            r#"<polyline fill="none" stroke="{color}" stroke-width="2" points="{}"/>"#,
+            pts.join(" ")
+        )
+    };
+    format!(
+        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">
+<rect width="100%" height="100%" fill="white"/>
+<line x1="{pad}" y1="{ry:.1}" x2="{rx:.1}" y2="{ry:.1}" stroke="#999" stroke-dasharray="4 4"/>
+<text x="{rx:.1}" y="{ryt:.1}" text-anchor="end" fill="#666">real limit {real}/s</text>
+{acc}
+{rl}
+<text x="{pad}" y="20">accepted/s (blue) and 429 answers/s (red) during a 429 storm, per second</text>
+<line x1="{pad}" y1="{base:.1}" x2="{rx:.1}" y2="{base:.1}" stroke="black"/>
+<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{base:.1}" stroke="black"/>
+<text x="{pad}" y="{lbl:.1}">0 s</text><text x="{rx:.1}" y="{lbl:.1}" text-anchor="end">{secs} s</text>
+<text x="4" y="{topy:.1}">{max:.0}/s</text>
+</svg>"##,
+        ry = y(real as f64),
+        rx = w - pad,
+        ryt = y(real as f64) - 4.0,
+        acc = line(&|s| s.accepted, "#1f77b4"),
+        rl = line(&|s| s.rate_limited, "#d62728"),
+        base = h - pad,
+        lbl = h - pad + 16.0,
+        secs = curve.len(),
+        topy = pad + 4.0,
+    )
+}
