@@ -31,6 +31,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "report_via",
         sql: include_str!("../migrations/0003_report_via.sql"),
     },
+    Migration {
+        version: 4,
+        name: "dead_letter",
+        sql: include_str!("../migrations/0004_dead_letter.sql"),
+    },
 ];
 
 /// FNV-1a over the migration's text: stable across builds and platforms.

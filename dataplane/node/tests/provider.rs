@@ -226,15 +226,22 @@ async fn server_errors_are_retried_then_fail_with_the_reason() {
     assert_eq!(total.accepted, 0);
     let sql = test.sql().await.unwrap();
     let keys: Vec<i64> = ids.iter().map(|t| t.0 as i64).collect();
+    // The dead-letter view names them, their attempts, the reason and the last provider.
     let rows = sql
         .query(
-            "SELECT attempt_no, failure_reason FROM task WHERE task_id = ANY ($1)",
+            "SELECT attempts, failure_reason, last_provider FROM dead_letter
+              WHERE task_id = ANY ($1)",
             &[&keys],
         )
         .await
         .unwrap();
+    assert_eq!(rows.len(), 3);
     for r in rows {
         let (attempts, reason): (i32, Option<String>) = (r.get(0), r.get(1));
+        assert!(
+            r.get::<_, Option<String>>(2).is_some(),
+            "the last provider is named"
+        );
         assert_eq!(attempts, 4, "the first attempt and the lane's 3 retries");
         assert!(
             reason.unwrap_or_default().contains("never accepted"),

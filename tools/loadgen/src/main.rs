@@ -3,6 +3,7 @@
 
 mod report;
 mod run;
+mod soak;
 mod storm;
 mod workload;
 
@@ -71,6 +72,15 @@ enum Command {
         #[arg(long, default_value = "target/loadgen")]
         out: PathBuf,
     },
+    /// Private PostgreSQL + mock provider + three spindled nodes under steady load: the mock's
+    /// violation counters must stay at zero (exit status 1 otherwise).
+    Soak {
+        #[arg(long, default_value_t = 300)]
+        seconds: u64,
+        /// Tasks a second offered across six tenants.
+        #[arg(long, default_value_t = 30)]
+        rate: u64,
+    },
     /// Private PostgreSQL + in-process spindled + the noisy-neighbour mix.
     Demo {
         /// Tasks per second of each of the nine quiet tenants (the loud one sends 100×).
@@ -96,6 +106,10 @@ fn main() -> anyhow::Result<()> {
             drive(addr, tenants, &common)
         }
         Command::Demo { quiet_rate, common } => demo(quiet_rate, &common),
+        Command::Soak { seconds, rate } => {
+            quiet_logs();
+            soak::run(soak::Options { seconds, rate })
+        }
         Command::Storm { seconds, rate, out } => {
             quiet_logs();
             storm::run(storm::Options { seconds, rate, out })
@@ -242,7 +256,17 @@ fn toml_config(
     text: &str,
     ready: &std::path::Path,
 ) -> anyhow::Result<spindle_node::config::Config> {
-    let path = ready.with_file_name("spindled.toml");
+    toml_config_at(text, ready, "spindled.toml")
+}
+
+/// A node's configuration from `text`, written beside `ready` as `file` and loaded like the
+/// daemon loads it.
+fn toml_config_at(
+    text: &str,
+    ready: &std::path::Path,
+    file: &str,
+) -> anyhow::Result<spindle_node::config::Config> {
+    let path = ready.with_file_name(file);
     std::fs::write(&path, text)?;
     let args = spindle_node::config::Args {
         config: Some(path),
