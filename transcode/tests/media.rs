@@ -1,0 +1,144 @@
+//! Real FFmpeg, clips made here from lavfi test sources (no downloads): probe values, renditions
+//! verified frame by frame, corrupt and truncated inputs refused with nothing left behind,
+//! cancellation, timeouts and quotas.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::Duration;
+
+use spindle_transcode::{
+    decode_all, probe, transcode, JobLimits, MediaError, Rendition, Source, MILESTONES,
+};
+
+/// A 2 s, 25 fps clip of `w`x`h` in `dir`, made by transcoding a lavfi source.
+fn clip(dir: &Path, w: u32, h: u32) -> PathBuf {
+    let out = dir.join(format!("src-{w}x{h}.mp4"));
+    let source = Source::Lavfi(format!("testsrc2=size={w}x{h}:rate=25:duration=2"));
+    let lossless = Rendition {
+        name: "source".into(),
+        height: h,
+        crf: 18,
+        preset: "ultrafast".into(),
+    };
+    transcode(&source, &out, &lossless, &JobLimits::default(), &mut |_| {}).unwrap();
+    out
+}
+
+fn files_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn probe_reports_what_the_clip_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = clip(dir.path(), 640, 360);
+    let info = probe(&src).unwrap();
+    assert_eq!((info.width, info.height), (640, 360));
+    assert!((info.fps - 25.0).abs() < 0.01, "{info:?}");
+    assert!((1_900..=2_100).contains(&info.duration_ms), "{info:?}");
+    assert_eq!(info.video_codec, "h264");
+    assert_eq!(info.audio, None);
+    assert!(info.container.contains("mp4"), "{info:?}");
+}
+
+#[test]
+fn a_rendition_has_its_size_its_duration_and_every_frame_decodes() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = clip(dir.path(), 1280, 720);
+    let out = dir.path().join("preview.mp4");
+    let preview = Rendition {
+        name: "360p".into(),
+        height: 360,
+        crf: 28,
+        preset: "veryfast".into(),
+    };
+    let mut seen = Vec::new();
+    let done = transcode(
+        &Source::File(src.clone()),
+        &out,
+        &preview,
+        &JobLimits::default(),
+        &mut |p| seen.push(p),
+    )
+    .unwrap();
+    assert_eq!(seen, MILESTONES.to_vec(), "each milestone once, in order");
+    assert_eq!((done.width, done.height), (640, 360));
+    assert_eq!(done.frames, 50);
+    let (frames, w, h) = decode_all(&out).unwrap();
+    assert_eq!((frames, w, h), (50, 640, 360), "every frame decodes");
+    let info = probe(&out).unwrap();
+    // Within a frame or two of the source (2 s at 25 fps: 40 ms a frame).
+    assert!(info.duration_ms.abs_diff(2_000) <= 80, "{info:?}");
+}
+
+#[test]
+fn corrupt_and_truncated_inputs_are_refused_and_nothing_is_left() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = clip(dir.path(), 320, 240);
+    let bytes = std::fs::read(&src).unwrap();
+    let garbage = dir.path().join("garbage.mp4");
+    std::fs::write(&garbage, b"this is not a video at all").unwrap();
+    let truncated = dir.path().join("truncated.mp4");
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).unwrap();
+    let before = files_in(dir.path());
+    for input in [&garbage, &truncated] {
+        let out = dir.path().join("out.mp4");
+        let e = transcode(
+            &Source::File(input.clone()),
+            &out,
+            &Rendition::preview_720p(),
+            &JobLimits::default(),
+            &mut |_| {},
+        )
+        .unwrap_err();
+        assert!(matches!(e, MediaError::Corrupt { .. }), "{input:?}: {e}");
+        assert!(!e.is_retryable());
+        assert!(probe(input).is_err(), "{input:?} probes");
+    }
+    assert_eq!(files_in(dir.path()), before, "no output left behind");
+}
+
+#[test]
+fn cancel_timeout_and_quota_stop_a_job_and_remove_its_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = clip(dir.path(), 640, 360);
+    let out = dir.path().join("out.mp4");
+    let canceled = JobLimits {
+        cancel: Arc::new(AtomicBool::new(true)),
+        ..JobLimits::default()
+    };
+    let timed = JobLimits {
+        timeout: Duration::ZERO,
+        ..JobLimits::default()
+    };
+    let tiny = JobLimits {
+        quota_bytes: 1_000,
+        ..JobLimits::default()
+    };
+    let r = Rendition::preview_720p();
+    let run = |limits: &JobLimits| {
+        transcode(&Source::File(src.clone()), &out, &r, limits, &mut |_| {}).unwrap_err()
+    };
+    assert!(matches!(run(&canceled), MediaError::Canceled));
+    assert!(matches!(run(&timed), MediaError::TimedOut(_)));
+    assert!(matches!(
+        run(&tiny),
+        MediaError::QuotaExceeded { quota_bytes: 1_000 }
+    ));
+    assert!(!out.exists(), "the output of a stopped job is removed");
+}
+
+#[test]
+fn a_missing_input_is_an_io_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope.mp4");
+    let e = probe(&missing).unwrap_err();
+    assert!(e.to_string().contains("nope.mp4"), "{e}");
+    assert!(e.is_retryable());
+}
