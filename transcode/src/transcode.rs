@@ -377,8 +377,8 @@ impl Job<'_> {
             enc.send_frame(scaled).map_err(ff)?;
             self.frames += 1;
             self.last_pts_ms = ts.max(0).rescale(self.ist_tb, Rational(1, 1_000)) as u64;
-            if self.in_duration_ms > 0 {
-                let pct = (self.last_pts_ms * 100 / self.in_duration_ms) as u8;
+            if let Some(pct) = (self.last_pts_ms * 100).checked_div(self.in_duration_ms) {
+                let pct = pct.min(100) as u8;
                 while self.next_milestone < MILESTONES.len()
                     && pct >= MILESTONES[self.next_milestone]
                 {
