@@ -36,15 +36,29 @@ fn in_process(input: &Path, out: &Path) -> Duration {
         threads: 1,
         ..JobLimits::default()
     };
-    transcode(&Source::File(input.into()), out, &rendition(), &limits, &mut |_| {})
-        .expect("in-process transcode");
+    transcode(
+        &Source::File(input.into()),
+        out,
+        &rendition(),
+        &limits,
+        &mut |_| {},
+    )
+    .expect("in-process transcode");
     t.elapsed()
 }
 
 fn cli(input: &Path, out: &Path) -> Duration {
     let t = Instant::now();
     let status = Command::new("ffmpeg")
-        .args(["-hide_banner", "-loglevel", "error", "-y", "-threads", "1", "-i"])
+        .args([
+            "-hide_banner",
+            "-loglevel",
+            "error",
+            "-y",
+            "-threads",
+            "1",
+            "-i",
+        ])
         .arg(input)
         .args([
             "-an",
