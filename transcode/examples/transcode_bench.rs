@@ -124,7 +124,7 @@ fn main() {
 
     // N concurrent jobs, one thread (one CPU slot) each.
     let slots = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let mut concurrent = |n: usize, f: fn(&Path, &Path) -> Duration| {
+    let concurrent = |n: usize, f: fn(&Path, &Path) -> Duration| {
         let t = Instant::now();
         let handles: Vec<_> = (0..n)
             .map(|i| {
