@@ -64,6 +64,9 @@ pub struct JobView {
     /// Whether a failed job may succeed if tried again.
     #[serde(default)]
     pub retryable: bool,
+    /// Where the generated video can be fetched, once the job succeeded.
+    #[serde(default)]
+    pub output_url: Option<String>,
 }
 
 /// The error classes a provider answers with.

@@ -68,6 +68,8 @@ pub struct MockConfig {
     pub cost_milli: u64,
     /// How long `timeout_after_accept` holds its answer.
     pub hang_ms: u64,
+    /// The video every succeeded job returns (as a `file://` URL), if any.
+    pub clip: Option<std::path::PathBuf>,
 }
 
 /// Jobs the mock keeps (oldest finished ones are forgotten beyond this).
@@ -451,6 +453,7 @@ async fn submit(shared: &Arc<Shared>, body: &[u8]) -> Response<Full<Bytes>> {
             cost_milli: None,
             error: None,
             retryable: false,
+            output_url: None,
         };
         if s.jobs.len() >= JOBS_MAX {
             // Bounded: forget finished jobs (their keys stay answered only while kept).
@@ -508,6 +511,11 @@ async fn finish(shared: &Arc<Shared>, id: &str, state: JobState) -> Option<JobVi
         job.view.progress = 100;
         if state == JobState::Succeeded {
             job.view.cost_milli = Some(shared.config.cost_milli);
+            job.view.output_url = shared
+                .config
+                .clip
+                .as_ref()
+                .map(|p| format!("file://{}", p.display()));
         }
         let view = job.view.clone();
         if let Some(a) = s.accounts.get_mut(&view.account) {

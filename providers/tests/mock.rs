@@ -30,6 +30,7 @@ async fn mock(job_ms: u64) -> MockProvider {
             job_ms,
             cost_milli: 1_500,
             hang_ms: 1_000,
+            clip: None,
         },
     )
 }

@@ -83,6 +83,10 @@ pub struct Config {
     /// runs every task after its modelled time.
     #[serde(default)]
     pub provider: Option<crate::dispatch::ProviderConfig>,
+    /// The media stage (probe and transcode of each finished job's video on worker threads).
+    /// Without it the media step completes at once.
+    #[serde(default)]
+    pub media: Option<crate::media::MediaConfig>,
     /// Microseconds a shard's executor keeps polling after it runs out of work before it
     /// sleeps: a wake-up from another thread (a connection on another executor, an answer from
     /// the control plane) then costs nothing instead of tens of microseconds. 0 turns it off
@@ -252,6 +256,9 @@ impl Config {
         );
         if let Some(p) = &self.provider {
             p.check()?;
+        }
+        if let Some(m) = &self.media {
+            m.check()?;
         }
         anyhow::ensure!(
             (1..=3_600_000).contains(&self.retry_backoff_base_ms)

@@ -254,19 +254,7 @@ impl Dispatcher {
                 account,
                 request_key,
             } => {
-                let mut lookup = None;
-                for attempt in 0..RESOLVE_TRIES_MAX {
-                    match self.provider.find_by_key(&account, &request_key).await {
-                        Ok(l) => {
-                            lookup = Some(l);
-                            break;
-                        }
-                        Err(e) => {
-                            tracing::warn!("resolving {request_key}: {e}");
-                            self.pause(attempt, task.0).await;
-                        }
-                    }
-                }
+                let lookup = self.resolve(&account, &request_key, task.0).await;
                 self.send(
                     shard,
                     ProviderEvent::Resolved {
@@ -294,6 +282,32 @@ impl Dispatcher {
                 }
             }
         }
+    }
+
+    /// Finds an attempt whose submit got no answer. The submit may still be on its way to the
+    /// provider (queued in a socket, or read and not yet processed), so a "not found" is only
+    /// believed once the provider has had time to process anything we sent: the first query
+    /// waits one call timeout, and a "not found" must hold again two timeouts later. `None`
+    /// when no query got an answer.
+    async fn resolve(&self, account: &str, request_key: &str, seed: u64) -> Option<Lookup> {
+        let timeout = Duration::from_millis(self.config.timeout_ms);
+        tokio::time::sleep(timeout).await;
+        let mut not_found_once = false;
+        for attempt in 0..RESOLVE_TRIES_MAX {
+            match self.provider.find_by_key(account, request_key).await {
+                Ok(Lookup::Found(view)) => return Some(Lookup::Found(view)),
+                Ok(Lookup::NotFound) if not_found_once => return Some(Lookup::NotFound),
+                Ok(Lookup::NotFound) => {
+                    not_found_once = true;
+                    tokio::time::sleep(2 * timeout).await;
+                }
+                Err(e) => {
+                    tracing::warn!("resolving {request_key}: {e}");
+                    self.pause(attempt, seed).await;
+                }
+            }
+        }
+        None
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Watched>> {

@@ -11,6 +11,7 @@ pub mod config;
 pub mod control;
 pub mod dispatch;
 pub mod health;
+pub mod media;
 pub mod metrics;
 pub mod ownership;
 pub mod server;
@@ -183,6 +184,15 @@ fn run_node(config: Config) -> anyhow::Result<()> {
         }
         None => None,
     };
+    let media = match &config.media {
+        Some(m) => {
+            let pool = media::MediaPool::start(m, &config.node_id, shard_senders.clone())
+                .context("starting the media workers")?;
+            let _ = metrics.media.set(pool.clone());
+            Some(pool)
+        }
+        None => None,
+    };
     let credentials: HashMap<u32, String> = config
         .tenants
         .iter()
@@ -229,6 +239,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
         let ownership = ownership.clone();
         let dispatch = dispatch.clone();
         let health = health.clone();
+        let media = media.clone();
         let handle = LocalExecutorBuilder::new(Placement::Unbound)
             .name(&format!("shard-{i}"))
             .spin_before_park(std::time::Duration::from_micros(config.idle_spin_us))
@@ -248,6 +259,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
                     ownership: ownership.clone(),
                     dispatch,
                     health,
+                    media,
                 });
                 if let Err(e) = shard.restore(restore) {
                     let _ = bound_tx.send(Err(e.to_string()));

@@ -132,6 +132,7 @@ pub struct Metrics {
     /// Set once the shards' board exists.
     pub split: std::sync::OnceLock<SplitView>,
     pub health: std::sync::OnceLock<Arc<crate::health::ProviderHealth>>,
+    pub media: std::sync::OnceLock<crate::media::MediaPool>,
     /// The last control-plane call reached PostgreSQL.
     pub postgres_ok: AtomicBool,
     pub stopping: AtomicBool,
@@ -158,6 +159,7 @@ impl Metrics {
             shards: (0..shards).map(|_| ShardGauges::default()).collect(),
             split: std::sync::OnceLock::new(),
             health: std::sync::OnceLock::new(),
+            media: std::sync::OnceLock::new(),
             postgres_ok: AtomicBool::new(true),
             stopping: AtomicBool::new(false),
             live_nodes: AtomicU64::new(1),
@@ -297,6 +299,30 @@ impl Metrics {
                 let _ = writeln!(
                     w,
                     "spindle_provider_circuit_opened_total{{provider=\"{name}\"}} {opened}"
+                );
+            }
+        }
+        if let Some(media) = self.media.get() {
+            let (source, why) = match &media.inventory.source {
+                spindle_gpu::Source::Nvml { driver } => ("nvml", driver.clone()),
+                spindle_gpu::Source::Declared { why } => ("declared", why.clone()),
+            };
+            let _ = writeln!(w, "# HELP spindle_media_inventory Where the media inventory came from (declared: NVML unavailable, the detail says why).\n# TYPE spindle_media_inventory gauge");
+            let detail = why.replace(['"', '\\', '\n'], " ");
+            let _ = writeln!(
+                w,
+                "spindle_media_inventory{{source=\"{source}\",detail=\"{detail}\",gpus=\"{}\"}} 1",
+                media.inventory.devices.len()
+            );
+            let _ = writeln!(w, "# HELP spindle_media_engine_units Media units per engine: capacity and used.\n# TYPE spindle_media_engine_units gauge");
+            for (engine, capacity, used) in media.ledger.snapshot() {
+                let _ = writeln!(
+                    w,
+                    "spindle_media_engine_units{{engine=\"{engine}\",kind=\"capacity\"}} {capacity}"
+                );
+                let _ = writeln!(
+                    w,
+                    "spindle_media_engine_units{{engine=\"{engine}\",kind=\"used\"}} {used}"
                 );
             }
         }

@@ -64,6 +64,8 @@ pub enum ShardMsg {
     Restore(Vec<crate::control::Restore>),
     /// An answer from the provider thread.
     Provider(crate::dispatch::ProviderEvent),
+    /// A media job ended.
+    Media(crate::media::MediaEvent),
     /// Removes this connection's subscriptions of `task` (a connection is one tenant's, so
     /// nothing else can be touched).
     Unsubscribe {
@@ -153,6 +155,8 @@ struct ProviderAttempt {
     account: String,
     request_key: String,
     job_id: Option<String>,
+    /// The provider's video, once the job succeeded: the media stage's input.
+    output_url: Option<String>,
 }
 
 pub struct ShardState {
@@ -186,6 +190,7 @@ pub struct ShardState {
     ownership: std::sync::Arc<crate::ownership::Ownership>,
     dispatch: Option<crate::dispatch::DispatchHandle>,
     health: std::sync::Arc<crate::health::ProviderHealth>,
+    media: Option<crate::media::MediaPool>,
 }
 
 pub type SharedShard = Rc<RefCell<ShardState>>;
@@ -213,6 +218,8 @@ pub struct ShardSetup {
     /// The provider thread, when an HTTP provider is configured (else the local provider).
     pub dispatch: Option<crate::dispatch::DispatchHandle>,
     pub health: std::sync::Arc<crate::health::ProviderHealth>,
+    /// The media workers, when the media stage is configured (else media completes at once).
+    pub media: Option<crate::media::MediaPool>,
 }
 
 /// The names of the board's limits, in its order (for `/metrics`).
@@ -254,6 +261,7 @@ impl ShardState {
             ownership: setup.ownership,
             dispatch: setup.dispatch,
             health: setup.health,
+            media: setup.media,
             policy: setup.policy,
             epoch,
             pipes: setup.pipes,
@@ -357,6 +365,10 @@ pub async fn run(state: SharedShard, mut inbox: mpsc::Receiver<ShardMsg>) {
             ShardMsg::Provider(event) => {
                 let state = state.clone();
                 glommio::spawn_local(async move { provider_event(&state, event).await }).detach();
+            }
+            ShardMsg::Media(event) => {
+                media_event(&mut state.borrow_mut(), event);
+                pump(&state).await;
             }
             ShardMsg::Restore(restores) => {
                 if let Err(e) = state.borrow_mut().restore(restores) {
@@ -1249,6 +1261,7 @@ async fn submit_to_provider(
             account: account.clone(),
             request_key: request_key.clone(),
             job_id: None,
+            output_url: None,
         });
         crate::dispatch::Call::Submit {
             shard: index,
@@ -1338,8 +1351,10 @@ async fn provider_event(state: &SharedShard, event: crate::dispatch::ProviderEve
             ProviderEvent::Finished { task, token, view } => {
                 match view.state {
                     JobState::Succeeded => {
-                        let actual = view.cost_milli;
-                        provider_succeeded(s, now, task, token, actual);
+                        if let Some(a) = s.meta.get_mut(&task).and_then(|m| m.attempt.as_mut()) {
+                            a.output_url = view.output_url.clone();
+                        }
+                        provider_succeeded(s, now, task, token, view.cost_milli);
                     }
                     JobState::Failed | JobState::Canceled => {
                         let f = if view.retryable || view.state == JobState::Canceled {
@@ -1592,32 +1607,99 @@ fn provider_succeeded(
             }
         }
     }
-    // The media stage (issue 6) is not built: media work completes at once.
+    start_media(s, now);
+}
+
+/// Starts every media step the core lets run now: on the media workers when the stage is
+/// configured and the provider gave a video, else (the local provider, no media stage) at once.
+fn start_media(s: &mut ShardState, now: Time) {
     while let Some(m) = s.core.poll_media(now) {
         let media_task = m.task;
         let Some(meta) = s.meta.get(&media_task) else {
             continue;
         };
         let Some(t) = meta.token else { continue };
-        if let Err(e) = s.core.handle_media_done(media_task, t, true) {
-            tracing::warn!("media done {media_task}: {e}");
-            continue;
-        }
-        let meta = s.meta.remove(&media_task).expect("checked above");
-        notify(s, media_task, TaskState::Succeeded);
-        s.metrics
-            .completed
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let cost = meta.estimate.map(|e| e.cost_milli);
+        let input = meta.attempt.as_ref().and_then(|a| a.output_url.clone());
         let advance = |to| Report::new(media_task, Some(t), ReportAction::Advance(to));
         send_reports(
             s,
             vec![
                 vec![advance(TaskState::ProviderSucceeded)],
                 vec![advance(TaskState::MediaProcessing)],
-                vec![finish(media_task, Some(t), TaskState::Succeeded, cost)],
             ],
         );
+        let Some((pool, input_url)) = s.media.clone().zip(input) else {
+            media_finished(s, media_task, t, Ok(()));
+            continue;
+        };
+        let job = crate::media::MediaJob {
+            shard: s.index,
+            task: media_task,
+            token: t,
+            input_url,
+        };
+        match pool.submit(job) {
+            Ok(()) => notify(s, media_task, TaskState::MediaProcessing),
+            // Bounded: a full media queue fails the step, with the reason.
+            Err(_) => {
+                media_finished(s, media_task, t, Err("the media queue is full".into()));
+            }
+        }
+    }
+}
+
+/// A media step ended (`Err`: why it failed): the core settles the task; the end is reported.
+fn media_finished(
+    s: &mut ShardState,
+    task: TaskId,
+    token: FencingToken,
+    result: Result<(), String>,
+) -> bool {
+    let outcome = match s.core.handle_media_done(task, token, result.is_ok()) {
+        Ok(o) => o,
+        Err(e) => {
+            tracing::warn!("media done {task}: {e}");
+            return false;
+        }
+    };
+    let Some(meta) = s.meta.remove(&task) else {
+        return true;
+    };
+    let (state, cost, reason) = match outcome {
+        CompleteOutcome::Succeeded => {
+            s.metrics
+                .completed
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            (
+                TaskState::Succeeded,
+                meta.estimate.map(|e| e.cost_milli),
+                None,
+            )
+        }
+        CompleteOutcome::Canceled => (TaskState::Canceled, None, None),
+        _ => (TaskState::Failed, None, result.err()),
+    };
+    notify(s, task, state);
+    let action = ReportAction::Finish {
+        state,
+        cost_actual_milli: cost,
+        reason: reason.map(|r| format!("media: {r}")),
+    };
+    send_reports(s, vec![vec![Report::new(task, Some(token), action)]]);
+    true
+}
+
+/// A media worker's answer.
+fn media_event(s: &mut ShardState, event: crate::media::MediaEvent) {
+    use crate::media::MediaOutcome;
+    let result = match &event.outcome {
+        MediaOutcome::Done { .. } => Ok(()),
+        MediaOutcome::Failed { reason, .. } => Err(reason.clone()),
+    };
+    let applied = media_finished(s, event.task, event.token, result);
+    if let (false, MediaOutcome::Done { output, .. }) = (applied, &event.outcome) {
+        // A stale attempt's output is nobody's.
+        let _ = std::fs::remove_file(output);
     }
 }
 

@@ -72,6 +72,7 @@ async fn three_nodes_share_one_provider_without_a_violation() {
             job_ms: 150,
             cost_milli: 1_000,
             hang_ms: 2_000,
+            clip: None,
         },
     );
     let url = mock.base_url();

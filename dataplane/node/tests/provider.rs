@@ -32,6 +32,7 @@ async fn mock(job_ms: u64) -> (MockProvider, HttpProvider) {
             job_ms,
             cost_milli: 1_234,
             hang_ms: 1_500,
+            clip: None,
         },
     );
     let admin = m.client(Duration::from_secs(5));
@@ -364,6 +365,7 @@ async fn forged_and_stale_callbacks_change_nothing() {
         cost_milli: None,
         error: Some("late".into()),
         retryable: false,
+        output_url: None,
     };
     let body = serde_json::to_vec(&view).unwrap();
     let post = |signature: String| {
@@ -485,4 +487,122 @@ async fn a_failing_provider_opens_its_circuit_and_work_fails_over_to_a_compatibl
         !metrics.contains(&opened),
         "the circuit never opened\n{metrics}"
     );
+}
+
+/// The media stage: the provider's video (a clip made here) is probed and transcoded on a media
+/// worker before the task succeeds; a video that is not one fails the task with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_media_stage_transcodes_each_video_and_fails_what_it_cannot_read() {
+    use spindle_transcode::{JobLimits, Rendition, Source};
+    let dir = tempfile::tempdir().unwrap();
+    let clip = dir.path().join("clip.mp4");
+    let make = Rendition {
+        name: "src".into(),
+        height: 480,
+        crf: 23,
+        preset: "ultrafast".into(),
+    };
+    spindle_transcode::transcode(
+        &Source::Lavfi("testsrc2=size=854x480:rate=25:duration=1".into()),
+        &clip,
+        &make,
+        &JobLimits::default(),
+        &mut |_| {},
+    )
+    .unwrap();
+    let garbage = dir.path().join("garbage.mp4");
+    std::fs::write(&garbage, b"not a video").unwrap();
+    let out = dir.path().join("out");
+
+    for (input, expect_ok) in [(&clip, true), (&garbage, false)] {
+        let test = TestDb::new().await;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let m = MockProvider::serve(
+            listener,
+            MockConfig {
+                accounts: ACCOUNTS
+                    .iter()
+                    .map(|a| format!("{a}:4:6000").parse().unwrap())
+                    .collect(),
+                secret: SECRET.into(),
+                job_ms: 20,
+                cost_milli: 1_234,
+                hang_ms: 1_500,
+                clip: Some(input.clone()),
+            },
+        );
+        let admin = m.client(Duration::from_secs(5));
+        let config = format!(
+            r#"
+node_id = "media-node"
+listen = "127.0.0.1:0"
+http_listen = "127.0.0.1:0"
+shards = 2
+partitions = 8
+provider_concurrency = 4
+lane_capacity_units = 100000
+
+[provider]
+url = "{}"
+secret = "{SECRET}"
+poll_ms = [100, 200]
+
+[media]
+workers = 1
+output_dir = "{}"
+rendition_height = 240
+
+[[tenants]]
+id = 1
+credential = "one"
+"#,
+            m.base_url(),
+            out.display()
+        );
+        let daemon = start_with(&test, &config).await;
+        let (ids, states) = run(&daemon, &test, "media", 3).await;
+        let sql = test.sql().await.unwrap();
+        if expect_ok {
+            assert!(states.iter().all(|s| s == "SUCCEEDED"), "{states:?}");
+            for t in &ids {
+                let token: i64 = sql
+                    .query_one(
+                        "SELECT fencing_token FROM task_attempt WHERE task_id = $1",
+                        &[&(t.0 as i64)],
+                    )
+                    .await
+                    .unwrap()
+                    .get(0);
+                let file = out.join(format!("task-{}-{token}.mp4", t.0));
+                let (frames, w, h) = spindle_transcode::decode_all(&file).unwrap();
+                assert_eq!((frames, w, h), (25, 426, 240), "{file:?}");
+            }
+            let (_, metrics) = http_get(daemon.http, "/metrics").await;
+            assert!(
+                metrics.contains("spindle_media_inventory{source=\"declared\""),
+                "{metrics}"
+            );
+            assert!(
+                metrics.contains("spindle_media_engine_units{engine=\"cpu\",kind=\"used\"} 0"),
+                "{metrics}"
+            );
+        } else {
+            assert!(states.iter().all(|s| s == "FAILED"), "{states:?}");
+            let reasons: Vec<String> = sql
+                .query("SELECT failure_reason FROM dead_letter", &[])
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            assert_eq!(reasons.len(), 3);
+            assert!(
+                reasons
+                    .iter()
+                    .all(|r| r.contains("media: probe: unreadable input")),
+                "{reasons:?}"
+            );
+        }
+        assert_clean(&test, &admin).await;
+    }
 }

@@ -35,6 +35,9 @@ struct Args {
     /// How long the timeout_after_accept fault holds its answer, in milliseconds.
     #[arg(long, default_value_t = 10_000)]
     hang_ms: u64,
+    /// A video every succeeded job returns (as a file:// URL).
+    #[arg(long)]
+    clip: Option<PathBuf>,
     /// Once serving, write the base URL to this file.
     #[arg(long)]
     ready_file: Option<PathBuf>,
@@ -66,6 +69,7 @@ async fn main() -> anyhow::Result<()> {
             job_ms: args.job_ms,
             cost_milli: args.cost_milli,
             hang_ms: args.hang_ms,
+            clip: args.clip,
         },
     );
     let admin = mock.client(std::time::Duration::from_secs(5));

@@ -75,6 +75,7 @@ async fn soak(opts: &Options, conninfo: &str, dir: &Path) -> anyhow::Result<bool
             job_ms: 400,
             cost_milli: 1_000,
             hang_ms: 5_000,
+            clip: None,
         },
     );
     let admin = mock.client(Duration::from_secs(5));

@@ -69,6 +69,7 @@ async fn storm(opts: &Options, conninfo: &str, dir: &Path) -> anyhow::Result<()>
             job_ms: 500,
             cost_milli: 1_000,
             hang_ms: 5_000,
+            clip: None,
         },
     );
     let admin = mock.client(Duration::from_secs(5));

@@ -1,0 +1,267 @@
+//! The media stage in the node: worker threads (never a shard) that take a finished provider
+//! job's video, probe it and transcode it to the configured rendition, each job holding the
+//! media units the ledger placed it on (GPU engines where the inventory has them, CPU slots
+//! otherwise). Results go back to the task's shard, carrying the attempt's fencing token.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use spindle_core::{FencingToken, TaskId};
+use spindle_gpu::{Inventory, MediaDemand, MediaLedger, Source};
+use spindle_transcode::{JobLimits, MediaError, Rendition};
+use tokio::sync::mpsc;
+
+use crate::shard::ShardMsg;
+
+/// Jobs waiting for a worker before the shard refuses more (the task then fails with the
+/// reason; nothing waits unbounded).
+pub const MEDIA_QUEUE_MAX: usize = 1024;
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MediaConfig {
+    /// Worker threads (each job runs on one, with one decoder and one encoder thread).
+    #[serde(default = "default_workers")]
+    pub workers: usize,
+    /// Where outputs go (one file per task); default: the system temp dir.
+    #[serde(default)]
+    pub output_dir: Option<PathBuf>,
+    /// Bytes one job's output may take.
+    #[serde(default = "default_quota_mb")]
+    pub quota_mb: u64,
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+    /// The rendition's height (its width follows the input's aspect).
+    #[serde(default = "default_height")]
+    pub rendition_height: u32,
+    /// What to assume where NVML is absent; CPU units default to two per worker.
+    #[serde(default)]
+    pub declared: Option<spindle_gpu::Declared>,
+}
+
+fn default_workers() -> usize {
+    2
+}
+fn default_quota_mb() -> u64 {
+    2_048
+}
+fn default_timeout_ms() -> u64 {
+    600_000
+}
+fn default_height() -> u32 {
+    720
+}
+
+impl MediaConfig {
+    pub fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            (1..=256).contains(&self.workers),
+            "media.workers must be 1..=256"
+        );
+        anyhow::ensure!(
+            (1..=1_000_000).contains(&self.quota_mb),
+            "media.quota_mb must be 1..=1000000"
+        );
+        anyhow::ensure!(
+            (1_000..=86_400_000).contains(&self.timeout_ms),
+            "media.timeout_ms must be 1000..=86400000"
+        );
+        anyhow::ensure!(
+            (2..=4_320).contains(&self.rendition_height),
+            "media.rendition_height must be 2..=4320"
+        );
+        Ok(())
+    }
+}
+
+/// One job: the task's video at `input_url` (a `file://` URL).
+#[derive(Debug)]
+pub struct MediaJob {
+    pub shard: usize,
+    pub task: TaskId,
+    pub token: FencingToken,
+    pub input_url: String,
+}
+
+#[derive(Debug)]
+pub enum MediaOutcome {
+    Done {
+        output: PathBuf,
+        width: u32,
+        height: u32,
+        duration_ms: u64,
+    },
+    Failed {
+        reason: String,
+        retryable: bool,
+    },
+}
+
+#[derive(Debug)]
+pub struct MediaEvent {
+    pub task: TaskId,
+    pub token: FencingToken,
+    pub outcome: MediaOutcome,
+}
+
+/// The pool every shard submits to.
+#[derive(Clone)]
+pub struct MediaPool {
+    jobs: std::sync::mpsc::SyncSender<MediaJob>,
+    pub ledger: Arc<MediaLedger>,
+    pub inventory: Arc<Inventory>,
+}
+
+/// Per job: CPU units per stage that cannot run on a device, and temp disk.
+const JOB_DEMAND: MediaDemand = MediaDemand {
+    gpu_units: 25,
+    gpu_mem_mb: 2_048,
+    cpu_units_per_stage: 1,
+    temp_disk_mb: 256,
+};
+
+impl MediaPool {
+    pub fn start(
+        config: &MediaConfig,
+        node: &str,
+        shards: Vec<mpsc::Sender<ShardMsg>>,
+    ) -> anyhow::Result<MediaPool> {
+        let declared = config.declared.clone().unwrap_or(spindle_gpu::Declared {
+            cpu_units: 2 * config.workers as u64,
+            temp_disk_mb: config.quota_mb * config.workers as u64,
+            devices: Vec::new(),
+        });
+        let inventory = Arc::new(Inventory::discover(&declared));
+        match &inventory.source {
+            Source::Nvml { driver } => tracing::info!(
+                "media: NVML driver {driver}, {} GPU(s), {} CPU units",
+                inventory.devices.len(),
+                inventory.cpu_units
+            ),
+            Source::Declared { why } => tracing::warn!(
+                "media: no NVML ({why}); {} declared GPU(s), {} CPU units",
+                inventory.devices.len(),
+                inventory.cpu_units
+            ),
+        }
+        let ledger = Arc::new(MediaLedger::new(&inventory));
+        let dir = config
+            .output_dir
+            .clone()
+            .unwrap_or_else(|| std::env::temp_dir().join(format!("spindle-media-{node}")));
+        std::fs::create_dir_all(&dir)?;
+        let (tx, rx) = std::sync::mpsc::sync_channel::<MediaJob>(MEDIA_QUEUE_MAX);
+        let rx = Arc::new(Mutex::new(rx));
+        let devices: Vec<u32> = inventory.devices.iter().map(|d| d.index).collect();
+        for w in 0..config.workers {
+            let rx = rx.clone();
+            let shards = shards.clone();
+            let ledger = ledger.clone();
+            let devices = devices.clone();
+            let dir = dir.clone();
+            let config = config.clone();
+            std::thread::Builder::new()
+                .name(format!("media-{w}"))
+                .spawn(move || loop {
+                    let job = match rx.lock() {
+                        Ok(r) => match r.recv() {
+                            Ok(j) => j,
+                            Err(_) => return,
+                        },
+                        Err(_) => return,
+                    };
+                    let outcome = run(&job, &config, &ledger, &devices, &dir);
+                    let event = MediaEvent {
+                        task: job.task,
+                        token: job.token,
+                        outcome,
+                    };
+                    if let Some(inbox) = shards.get(job.shard) {
+                        let _ = inbox.blocking_send(ShardMsg::Media(event));
+                    }
+                })?;
+        }
+        Ok(MediaPool {
+            jobs: tx,
+            ledger,
+            inventory,
+        })
+    }
+
+    /// Queues `job`; `Err` (with the job) when the queue is full.
+    pub fn submit(&self, job: MediaJob) -> Result<(), MediaJob> {
+        self.jobs.try_send(job).map_err(|e| match e {
+            std::sync::mpsc::TrySendError::Full(j)
+            | std::sync::mpsc::TrySendError::Disconnected(j) => j,
+        })
+    }
+}
+
+fn run(
+    job: &MediaJob,
+    config: &MediaConfig,
+    ledger: &Arc<MediaLedger>,
+    devices: &[u32],
+    dir: &std::path::Path,
+) -> MediaOutcome {
+    let failed = |reason: String, retryable: bool| MediaOutcome::Failed { reason, retryable };
+    let Some(path) = job.input_url.strip_prefix("file://") else {
+        return failed(
+            format!("unsupported media URL {:?} (file:// only)", job.input_url),
+            false,
+        );
+    };
+    // Hold the units for the whole job; wait (bounded by the job's timeout) while none fit.
+    let deadline = Instant::now() + Duration::from_millis(config.timeout_ms);
+    let placement = loop {
+        match spindle_gpu::place(ledger, devices, JOB_DEMAND, None) {
+            Ok(p) => break p,
+            Err(e) if Instant::now() < deadline => {
+                tracing::debug!("media job for {} waits: {e}", job.task);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => return failed(format!("no media capacity: {e}"), true),
+        }
+    };
+    let input = PathBuf::from(path);
+    let info = match spindle_transcode::probe(&input) {
+        Ok(i) => i,
+        Err(e) => return failed(format!("probe: {e}"), e.is_retryable()),
+    };
+    let output = dir.join(format!("task-{}-{}.mp4", job.task.0, job.token.0));
+    let rendition = Rendition {
+        name: format!("{}p", config.rendition_height),
+        height: config.rendition_height,
+        crf: 28,
+        preset: "veryfast".into(),
+    };
+    let limits = JobLimits {
+        threads: 1,
+        timeout: deadline.saturating_duration_since(Instant::now()),
+        quota_bytes: config.quota_mb << 20,
+        cancel: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+    };
+    let result = spindle_transcode::transcode(
+        &spindle_transcode::Source::File(input),
+        &output,
+        &rendition,
+        &limits,
+        &mut |_| {},
+    );
+    drop(placement);
+    match result {
+        Ok(t) => MediaOutcome::Done {
+            output,
+            width: t.width,
+            height: t.height,
+            duration_ms: t.duration_ms.max(info.duration_ms.min(t.duration_ms)),
+        },
+        Err(e @ MediaError::Corrupt { .. }) => failed(e.to_string(), false),
+        Err(e) => {
+            let retryable = e.is_retryable();
+            failed(e.to_string(), retryable)
+        }
+    }
+}
