@@ -33,9 +33,14 @@ pub struct MediaConfig {
     pub quota_mb: u64,
     #[serde(default = "default_timeout_ms")]
     pub timeout_ms: u64,
-    /// The rendition's height (its width follows the input's aspect).
-    #[serde(default = "default_height")]
-    pub rendition_height: u32,
+    /// The ladder: one rendition per height (each width follows the input's aspect), made in
+    /// this order within the job.
+    #[serde(default = "default_heights")]
+    pub renditions: Vec<u32>,
+    /// What to do when the probe finds more than the task declared (longer, or more pixels):
+    /// `correct` charges what the video really is, `reject` fails the task.
+    #[serde(default)]
+    pub declaration: DeclarationPolicy,
     /// What to assume where NVML is absent; CPU units default to two per worker.
     #[serde(default)]
     pub declared: Option<spindle_gpu::Declared>,
@@ -50,8 +55,16 @@ fn default_quota_mb() -> u64 {
 fn default_timeout_ms() -> u64 {
     600_000
 }
-fn default_height() -> u32 {
-    720
+fn default_heights() -> Vec<u32> {
+    vec![720]
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeclarationPolicy {
+    #[default]
+    Correct,
+    Reject,
 }
 
 impl MediaConfig {
@@ -69,8 +82,10 @@ impl MediaConfig {
             "media.timeout_ms must be 1000..=86400000"
         );
         anyhow::ensure!(
-            (2..=4_320).contains(&self.rendition_height),
-            "media.rendition_height must be 2..=4320"
+            !self.renditions.is_empty()
+                && self.renditions.len() <= 8
+                && self.renditions.iter().all(|h| (2..=4_320).contains(h)),
+            "media.renditions must hold 1..=8 heights of 2..=4320"
         );
         Ok(())
     }
@@ -88,10 +103,10 @@ pub struct MediaJob {
 #[derive(Debug)]
 pub enum MediaOutcome {
     Done {
-        output: PathBuf,
-        width: u32,
-        height: u32,
-        duration_ms: u64,
+        /// One file per rendition, in the ladder's order.
+        outputs: Vec<PathBuf>,
+        /// What the video really is.
+        probed: spindle_transcode::MediaInfo,
     },
     Failed {
         reason: String,
@@ -110,6 +125,9 @@ pub struct MediaEvent {
 #[derive(Clone)]
 pub struct MediaPool {
     jobs: std::sync::mpsc::SyncSender<MediaJob>,
+    /// Cancel flags of queued and running jobs, by task.
+    cancels: Arc<Mutex<std::collections::HashMap<TaskId, Arc<std::sync::atomic::AtomicBool>>>>,
+    pub declaration: DeclarationPolicy,
     pub ledger: Arc<MediaLedger>,
     pub inventory: Arc<Inventory>,
 }
@@ -154,6 +172,9 @@ impl MediaPool {
         std::fs::create_dir_all(&dir)?;
         let (tx, rx) = std::sync::mpsc::sync_channel::<MediaJob>(MEDIA_QUEUE_MAX);
         let rx = Arc::new(Mutex::new(rx));
+        let cancels: Arc<
+            Mutex<std::collections::HashMap<TaskId, Arc<std::sync::atomic::AtomicBool>>>,
+        > = Arc::default();
         let devices: Vec<u32> = inventory.devices.iter().map(|d| d.index).collect();
         for w in 0..config.workers {
             let rx = rx.clone();
@@ -162,6 +183,7 @@ impl MediaPool {
             let devices = devices.clone();
             let dir = dir.clone();
             let config = config.clone();
+            let cancels = cancels.clone();
             std::thread::Builder::new()
                 .name(format!("media-{w}"))
                 .spawn(move || loop {
@@ -172,7 +194,15 @@ impl MediaPool {
                         },
                         Err(_) => return,
                     };
-                    let outcome = run(&job, &config, &ledger, &devices, &dir);
+                    let cancel = cancels
+                        .lock()
+                        .ok()
+                        .and_then(|c| c.get(&job.task).cloned())
+                        .unwrap_or_default();
+                    let outcome = run(&job, &config, &ledger, &devices, &dir, cancel);
+                    if let Ok(mut c) = cancels.lock() {
+                        c.remove(&job.task);
+                    }
                     let event = MediaEvent {
                         task: job.task,
                         token: job.token,
@@ -185,13 +215,27 @@ impl MediaPool {
         }
         Ok(MediaPool {
             jobs: tx,
+            cancels,
+            declaration: config.declaration,
             ledger,
             inventory,
         })
     }
 
+    /// Stops `task`'s job, queued or running (its output is removed; the job ends Canceled).
+    pub fn cancel(&self, task: TaskId) {
+        if let Ok(c) = self.cancels.lock() {
+            if let Some(flag) = c.get(&task) {
+                flag.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    }
+
     /// Queues `job`; `Err` (with the job) when the queue is full.
     pub fn submit(&self, job: MediaJob) -> Result<(), MediaJob> {
+        if let Ok(mut c) = self.cancels.lock() {
+            c.insert(job.task, Arc::default());
+        }
         self.jobs.try_send(job).map_err(|e| match e {
             std::sync::mpsc::TrySendError::Full(j)
             | std::sync::mpsc::TrySendError::Disconnected(j) => j,
@@ -205,8 +249,12 @@ fn run(
     ledger: &Arc<MediaLedger>,
     devices: &[u32],
     dir: &std::path::Path,
+    cancel: Arc<std::sync::atomic::AtomicBool>,
 ) -> MediaOutcome {
     let failed = |reason: String, retryable: bool| MediaOutcome::Failed { reason, retryable };
+    if cancel.load(std::sync::atomic::Ordering::Relaxed) {
+        return failed(MediaError::Canceled.to_string(), false);
+    }
     let Some(path) = job.input_url.strip_prefix("file://") else {
         return failed(
             format!("unsupported media URL {:?} (file:// only)", job.input_url),
@@ -226,42 +274,49 @@ fn run(
         }
     };
     let input = PathBuf::from(path);
-    let info = match spindle_transcode::probe(&input) {
+    let probed = match spindle_transcode::probe(&input) {
         Ok(i) => i,
         Err(e) => return failed(format!("probe: {e}"), e.is_retryable()),
     };
-    let output = dir.join(format!("task-{}-{}.mp4", job.task.0, job.token.0));
-    let rendition = Rendition {
-        name: format!("{}p", config.rendition_height),
-        height: config.rendition_height,
-        crf: 28,
-        preset: "veryfast".into(),
-    };
-    let limits = JobLimits {
-        threads: 1,
-        timeout: deadline.saturating_duration_since(Instant::now()),
-        quota_bytes: config.quota_mb << 20,
-        cancel: Arc::new(std::sync::atomic::AtomicBool::new(false)),
-    };
-    let result = spindle_transcode::transcode(
-        &spindle_transcode::Source::File(input),
-        &output,
-        &rendition,
-        &limits,
-        &mut |_| {},
-    );
-    drop(placement);
-    match result {
-        Ok(t) => MediaOutcome::Done {
-            output,
-            width: t.width,
-            height: t.height,
-            duration_ms: t.duration_ms.max(info.duration_ms.min(t.duration_ms)),
-        },
-        Err(e @ MediaError::Corrupt { .. }) => failed(e.to_string(), false),
-        Err(e) => {
-            let retryable = e.is_retryable();
-            failed(e.to_string(), retryable)
+    let mut outputs = Vec::new();
+    let quota = config.quota_mb << 20;
+    let mut used = 0u64;
+    for &height in &config.renditions {
+        let output = dir.join(format!("task-{}-{}-{height}p.mp4", job.task.0, job.token.0));
+        let rendition = Rendition {
+            name: format!("{height}p"),
+            height,
+            crf: 28,
+            preset: "veryfast".into(),
+        };
+        let limits = JobLimits {
+            threads: 1,
+            timeout: deadline.saturating_duration_since(Instant::now()),
+            quota_bytes: quota.saturating_sub(used),
+            cancel: cancel.clone(),
+        };
+        let result = spindle_transcode::transcode(
+            &spindle_transcode::Source::File(input.clone()),
+            &output,
+            &rendition,
+            &limits,
+            &mut |_| {},
+        );
+        match result {
+            Ok(t) => {
+                used += t.bytes;
+                outputs.push(output);
+            }
+            Err(e) => {
+                // The job's earlier renditions go too: nothing of a failed job stays on disk.
+                for o in &outputs {
+                    let _ = std::fs::remove_file(o);
+                }
+                let retryable = e.is_retryable();
+                return failed(e.to_string(), retryable);
+            }
         }
     }
+    drop(placement);
+    MediaOutcome::Done { outputs, probed }
 }

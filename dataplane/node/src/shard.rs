@@ -142,6 +142,8 @@ struct Meta {
     estimate: Option<CostEstimate>,
     /// When it was admitted (or restored): its queue wait ends at dispatch.
     queued_at: Time,
+    /// What the client declared (checked against the probed video).
+    spec: Option<spindle_core::TaskSpec>,
     /// The current attempt at an HTTP provider: account and request key once claimed, the
     /// job id once accepted.
     attempt: Option<ProviderAttempt>,
@@ -292,6 +294,7 @@ impl ShardState {
         for r in restores {
             let task = r.request.submit.task;
             let tenant = r.request.submit.tenant;
+            let spec = r.request.submit.spec;
             self.core
                 .handle_restore(now, r.request)
                 .map_err(|e| anyhow::anyhow!("restoring task {task}: {e}"))?;
@@ -306,6 +309,7 @@ impl ShardState {
                     queued_at: now,
                     attempt: None,
                     pending_reports: 0,
+                    spec: Some(spec),
                 },
             );
         }
@@ -507,6 +511,7 @@ async fn submit(
                 queued_at: now,
                 attempt: None,
                 pending_reports: 0,
+                spec: Some(t.spec),
             },
         );
         commit.push((
@@ -797,6 +802,12 @@ fn cancel(state: &SharedShard, tenant: TenantId, task: TaskId, reply: oneshot::S
                 .get(&task)
                 .and_then(|m| m.attempt.as_ref())
                 .and_then(|a| Some((a.account.clone(), a.job_id.clone()?)));
+            if s.core.task_state(task) == Some(TaskState::Canceled) {
+                if let Some(pool) = &s.media {
+                    // A media job of this task, queued or running, stops and cleans up.
+                    pool.cancel(task);
+                }
+            }
             if let (Some(d), Some((account, job_id))) = (&s.dispatch, at_provider) {
                 let call = crate::dispatch::Call::Cancel { account, job_id };
                 if d.calls.try_send(call).is_err() {
@@ -1689,18 +1700,84 @@ fn media_finished(
     true
 }
 
-/// A media worker's answer.
+/// A media worker's answer. The probed video is checked against what the task declared: a
+/// longer or larger video than declared is charged as what it is (`correct`) or fails the task
+/// (`reject`), so a client cannot pay for less than it gets.
 fn media_event(s: &mut ShardState, event: crate::media::MediaEvent) {
-    use crate::media::MediaOutcome;
+    use crate::media::{DeclarationPolicy, MediaOutcome};
     let result = match &event.outcome {
-        MediaOutcome::Done { .. } => Ok(()),
+        MediaOutcome::Done { probed, .. } => check_declaration(s, event.task, probed),
         MediaOutcome::Failed { reason, .. } => Err(reason.clone()),
     };
+    let result = match (result, s.media.as_ref().map(|m| m.declaration)) {
+        (Err(why), _) => Err(why),
+        (Ok(None), _) => Ok(()),
+        (Ok(Some((why, _))), Some(DeclarationPolicy::Reject)) => Err(why),
+        (Ok(Some((why, corrected))), _) => {
+            tracing::info!("{}: {why}; charged as probed", event.task);
+            if let Some(e) = s
+                .meta
+                .get_mut(&event.task)
+                .and_then(|m| m.estimate.as_mut())
+            {
+                e.cost_milli = e.cost_milli.max(corrected);
+            }
+            Ok(())
+        }
+    };
+    let failed = result.is_err();
     let applied = media_finished(s, event.task, event.token, result);
-    if let (false, MediaOutcome::Done { output, .. }) = (applied, &event.outcome) {
-        // A stale attempt's output is nobody's.
-        let _ = std::fs::remove_file(output);
+    if let MediaOutcome::Done { outputs, .. } = &event.outcome {
+        if failed || !applied {
+            // A rejected or stale attempt's outputs are nobody's.
+            for o in outputs {
+                let _ = std::fs::remove_file(o);
+            }
+        }
     }
+}
+
+/// `Some((why, corrected cost))` when the video is longer (by more than a tenth) or has more
+/// pixels than the task declared.
+fn check_declaration(
+    s: &ShardState,
+    task: TaskId,
+    probed: &spindle_transcode::MediaInfo,
+) -> Result<Option<(String, u64)>, String> {
+    let Some(declared) = s.meta.get(&task).and_then(|m| m.spec) else {
+        return Ok(None);
+    };
+    let longer = probed.duration_ms * 10 > u64::from(declared.duration_ms) * 11;
+    let larger = u64::from(probed.width) * u64::from(probed.height)
+        > u64::from(declared.width) * u64::from(declared.height);
+    if !(longer || larger) {
+        return Ok(None);
+    }
+    let truth = spindle_core::TaskSpec {
+        width: probed.width,
+        height: probed.height,
+        duration_ms: u32::try_from(probed.duration_ms).unwrap_or(u32::MAX),
+        ..declared
+    };
+    let model = s
+        .policy
+        .models
+        .get(declared.model.0 as usize)
+        .ok_or_else(|| format!("model {} is gone", declared.model.0))?;
+    let corrected = spindle_core::cost::estimate(&truth, model, &s.policy.cost_bases)
+        .map_err(|e| format!("the probed video cannot be priced: {e}"))?;
+    Ok(Some((
+        format!(
+            "declared {}x{} {} ms, the video is {}x{} {} ms",
+            declared.width,
+            declared.height,
+            declared.duration_ms,
+            probed.width,
+            probed.height,
+            probed.duration_ms
+        ),
+        corrected.cost_milli,
+    )))
 }
 
 #[cfg(test)]

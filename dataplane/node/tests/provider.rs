@@ -489,32 +489,62 @@ async fn a_failing_provider_opens_its_circuit_and_work_fails_over_to_a_compatibl
     );
 }
 
-/// The media stage: the provider's video (a clip made here) is probed and transcoded on a media
-/// worker before the task succeeds; a video that is not one fails the task with the reason.
+/// The media stage: the provider's video (a clip made here) is probed and transcoded to the
+/// ladder on a media worker before the task succeeds; a video that is not one fails the task
+/// with the reason; a video larger than the task declared is charged as what it is (`correct`)
+/// or fails the task (`reject`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_media_stage_transcodes_each_video_and_fails_what_it_cannot_read() {
+async fn the_media_stage_transcodes_checks_declarations_and_fails_what_it_cannot_read() {
     use spindle_transcode::{JobLimits, Rendition, Source};
     let dir = tempfile::tempdir().unwrap();
-    let clip = dir.path().join("clip.mp4");
-    let make = Rendition {
-        name: "src".into(),
-        height: 480,
-        crf: 23,
-        preset: "ultrafast".into(),
+    let make = |name: &str, w: u32, h: u32| {
+        let path = dir.path().join(name);
+        let r = Rendition {
+            name: "src".into(),
+            height: h,
+            crf: 23,
+            preset: "ultrafast".into(),
+        };
+        spindle_transcode::transcode(
+            &Source::Lavfi(format!("testsrc2=size={w}x{h}:rate=25:duration=1")),
+            &path,
+            &r,
+            &JobLimits::default(),
+            &mut |_| {},
+        )
+        .unwrap();
+        path
     };
-    spindle_transcode::transcode(
-        &Source::Lavfi("testsrc2=size=854x480:rate=25:duration=1".into()),
-        &clip,
-        &make,
-        &JobLimits::default(),
-        &mut |_| {},
-    )
-    .unwrap();
+    // The tasks declare 1280x720, 5 s.
+    let small = make("small.mp4", 854, 480);
+    let large = make("large.mp4", 1920, 1080);
     let garbage = dir.path().join("garbage.mp4");
     std::fs::write(&garbage, b"not a video").unwrap();
     let out = dir.path().join("out");
 
-    for (input, expect_ok) in [(&clip, true), (&garbage, false)] {
+    enum Expect {
+        Ladder,
+        Failed(&'static str),
+        ChargedMore,
+    }
+    for (case, (input, policy, expect)) in [
+        (&small, "correct", Expect::Ladder),
+        (
+            &garbage,
+            "correct",
+            Expect::Failed("media: probe: unreadable input"),
+        ),
+        (
+            &large,
+            "reject",
+            Expect::Failed("declared 1280x720 5000 ms, the video is 1920x1080"),
+        ),
+        (&large, "correct", Expect::ChargedMore),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let out = out.join(case.to_string());
         let test = TestDb::new().await;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let m = MockProvider::serve(
@@ -550,7 +580,8 @@ poll_ms = [100, 200]
 [media]
 workers = 1
 output_dir = "{}"
-rendition_height = 240
+renditions = [240, 120]
+declaration = "{policy}"
 
 [[tenants]]
 id = 1
@@ -560,49 +591,72 @@ credential = "one"
             out.display()
         );
         let daemon = start_with(&test, &config).await;
-        let (ids, states) = run(&daemon, &test, "media", 3).await;
+        let (ids, states) = run(&daemon, &test, "media", 2).await;
         let sql = test.sql().await.unwrap();
-        if expect_ok {
-            assert!(states.iter().all(|s| s == "SUCCEEDED"), "{states:?}");
-            for t in &ids {
-                let token: i64 = sql
-                    .query_one(
-                        "SELECT fencing_token FROM task_attempt WHERE task_id = $1",
-                        &[&(t.0 as i64)],
-                    )
+        match expect {
+            Expect::Ladder => {
+                assert!(states.iter().all(|s| s == "SUCCEEDED"), "{states:?}");
+                for t in &ids {
+                    let token: i64 = sql
+                        .query_one(
+                            "SELECT fencing_token FROM task_attempt WHERE task_id = $1",
+                            &[&(t.0 as i64)],
+                        )
+                        .await
+                        .unwrap()
+                        .get(0);
+                    for (h, w) in [(240, 426), (120, 212)] {
+                        let file = out.join(format!("task-{}-{token}-{h}p.mp4", t.0));
+                        let (frames, fw, fh) = spindle_transcode::decode_all(&file).unwrap();
+                        assert_eq!((frames, fw, fh), (25, w, h), "{file:?}");
+                    }
+                }
+                let (_, metrics) = http_get(daemon.http, "/metrics").await;
+                assert!(
+                    metrics.contains("spindle_media_inventory{source=\"declared\""),
+                    "{metrics}"
+                );
+                assert!(
+                    metrics.contains("spindle_media_engine_units{engine=\"cpu\",kind=\"used\"} 0"),
+                    "{metrics}"
+                );
+            }
+            Expect::Failed(why) => {
+                assert!(states.iter().all(|s| s == "FAILED"), "{states:?}");
+                let reasons: Vec<String> = sql
+                    .query("SELECT failure_reason FROM dead_letter", &[])
                     .await
                     .unwrap()
-                    .get(0);
-                let file = out.join(format!("task-{}-{token}.mp4", t.0));
-                let (frames, w, h) = spindle_transcode::decode_all(&file).unwrap();
-                assert_eq!((frames, w, h), (25, 426, 240), "{file:?}");
-            }
-            let (_, metrics) = http_get(daemon.http, "/metrics").await;
-            assert!(
-                metrics.contains("spindle_media_inventory{source=\"declared\""),
-                "{metrics}"
-            );
-            assert!(
-                metrics.contains("spindle_media_engine_units{engine=\"cpu\",kind=\"used\"} 0"),
-                "{metrics}"
-            );
-        } else {
-            assert!(states.iter().all(|s| s == "FAILED"), "{states:?}");
-            let reasons: Vec<String> = sql
-                .query("SELECT failure_reason FROM dead_letter", &[])
-                .await
-                .unwrap()
-                .iter()
-                .map(|r| r.get(0))
-                .collect();
-            assert_eq!(reasons.len(), 3);
-            assert!(
-                reasons
                     .iter()
-                    .all(|r| r.contains("media: probe: unreadable input")),
-                "{reasons:?}"
-            );
+                    .map(|r| r.get(0))
+                    .collect();
+                assert_eq!(reasons.len(), 2);
+                assert!(reasons.iter().all(|r| r.contains(why)), "{reasons:?}");
+            }
+            Expect::ChargedMore => {
+                assert!(states.iter().all(|s| s == "SUCCEEDED"), "{states:?}");
+                let rows = sql
+                    .query(
+                        "SELECT cost_estimate_milli, cost_actual_milli FROM task",
+                        &[],
+                    )
+                    .await
+                    .unwrap();
+                for r in rows {
+                    let (est, actual): (i64, Option<i64>) = (r.get(0), r.get(1));
+                    assert!(
+                        actual.unwrap_or(0) > est,
+                        "1080p charged as declared 720p: {est} -> {actual:?}"
+                    );
+                }
+            }
         }
         assert_clean(&test, &admin).await;
     }
+    let left: Vec<_> = (0..4)
+        .filter_map(|case| std::fs::read_dir(out.join(case.to_string())).ok())
+        .flat_map(|d| d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()))
+        .collect();
+    // Two successful cases × 2 tasks × 2 renditions; nothing of the failed ones.
+    assert_eq!(left.len(), 8, "{left:?}");
 }
