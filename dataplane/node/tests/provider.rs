@@ -660,3 +660,117 @@ credential = "one"
     // Two successful cases × 2 tasks × 2 renditions; nothing of the failed ones.
     assert_eq!(left.len(), 8, "{left:?}");
 }
+
+/// A client's cancel stops the task's running media job: the task ends CANCELED, its partial
+/// output is removed and its media units come back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_stops_a_running_media_job() {
+    use spindle_transcode::{JobLimits, Rendition, Source};
+    let dir = tempfile::tempdir().unwrap();
+    let clip = dir.path().join("long.mp4");
+    let r = Rendition {
+        name: "src".into(),
+        height: 1080,
+        crf: 30,
+        preset: "ultrafast".into(),
+    };
+    spindle_transcode::transcode(
+        &Source::Lavfi("testsrc2=size=1920x1080:rate=25:duration=20".into()),
+        &clip,
+        &r,
+        &JobLimits {
+            threads: 2,
+            ..JobLimits::default()
+        },
+        &mut |_| {},
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let test = TestDb::new().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let m = MockProvider::serve(
+        listener,
+        MockConfig {
+            accounts: ACCOUNTS
+                .iter()
+                .map(|a| format!("{a}:4:6000").parse().unwrap())
+                .collect(),
+            secret: SECRET.into(),
+            job_ms: 20,
+            cost_milli: 1_234,
+            hang_ms: 1_500,
+            clip: Some(clip.clone()),
+        },
+    );
+    let admin = m.client(Duration::from_secs(5));
+    let config = format!(
+        r#"
+node_id = "media-cancel"
+listen = "127.0.0.1:0"
+http_listen = "127.0.0.1:0"
+shards = 2
+partitions = 8
+lane_capacity_units = 100000
+
+[provider]
+url = "{}"
+secret = "{SECRET}"
+poll_ms = [100, 200]
+
+[media]
+workers = 1
+output_dir = "{}"
+renditions = [1080, 720]
+declaration = "correct"
+
+[[tenants]]
+id = 1
+credential = "one"
+"#,
+        m.base_url(),
+        out.display()
+    );
+    let daemon = start_with(&test, &config).await;
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let a = client.submit(task("long")).await.unwrap();
+    common::wait_for(&client, a.task, spindle_core::TaskState::MediaProcessing).await;
+    client.cancel(a.task).await.unwrap();
+    // Stored CANCELED once the worker stopped and the shard settled the task.
+    let sql = test.sql().await.unwrap();
+    let mut state = String::new();
+    for _ in 0..1_000 {
+        state = sql
+            .query_one(
+                "SELECT state FROM task WHERE task_id = $1",
+                &[&(a.task.0 as i64)],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if state == "CANCELED" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(state, "CANCELED");
+    assert_clean(&test, &admin).await;
+    // The worker notices between packets; give it its bounded moment to clean up.
+    let mut left = Vec::new();
+    for _ in 0..500 {
+        left = std::fs::read_dir(&out)
+            .map(|d| d.map(|e| e.unwrap().file_name()).collect())
+            .unwrap_or_default();
+        if left.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(left.is_empty(), "outputs of a canceled job: {left:?}");
+    let (_, metrics) = http_get(daemon.http, "/metrics").await;
+    assert!(
+        metrics.contains("spindle_media_engine_units{engine=\"cpu\",kind=\"used\"} 0"),
+        "{metrics}"
+    );
+}
