@@ -20,6 +20,11 @@ const ACCOUNTS: [&str; 2] = [
 ];
 
 async fn mock(job_ms: u64) -> (MockProvider, HttpProvider) {
+    mock_with(job_ms, None).await
+}
+
+/// A mock whose succeeded jobs return `clip`.
+async fn mock_with(job_ms: u64, clip: Option<std::path::PathBuf>) -> (MockProvider, HttpProvider) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let m = MockProvider::serve(
         listener,
@@ -32,7 +37,7 @@ async fn mock(job_ms: u64) -> (MockProvider, HttpProvider) {
             job_ms,
             cost_milli: 1_234,
             hang_ms: 1_500,
-            clip: None,
+            clip,
         },
     );
     let admin = m.client(Duration::from_secs(5));
@@ -546,22 +551,7 @@ async fn the_media_stage_transcodes_checks_declarations_and_fails_what_it_cannot
     {
         let out = out.join(case.to_string());
         let test = TestDb::new().await;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let m = MockProvider::serve(
-            listener,
-            MockConfig {
-                accounts: ACCOUNTS
-                    .iter()
-                    .map(|a| format!("{a}:4:6000").parse().unwrap())
-                    .collect(),
-                secret: SECRET.into(),
-                job_ms: 20,
-                cost_milli: 1_234,
-                hang_ms: 1_500,
-                clip: Some(input.clone()),
-            },
-        );
-        let admin = m.client(Duration::from_secs(5));
+        let (m, admin) = mock_with(20, Some(input.clone())).await;
         let config = format!(
             r#"
 node_id = "media-node"
@@ -687,22 +677,7 @@ async fn a_cancel_stops_a_running_media_job() {
     .unwrap();
     let out = dir.path().join("out");
     let test = TestDb::new().await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let m = MockProvider::serve(
-        listener,
-        MockConfig {
-            accounts: ACCOUNTS
-                .iter()
-                .map(|a| format!("{a}:4:6000").parse().unwrap())
-                .collect(),
-            secret: SECRET.into(),
-            job_ms: 20,
-            cost_milli: 1_234,
-            hang_ms: 1_500,
-            clip: Some(clip.clone()),
-        },
-    );
-    let admin = m.client(Duration::from_secs(5));
+    let (m, admin) = mock_with(20, Some(clip.clone())).await;
     let config = format!(
         r#"
 node_id = "media-cancel"

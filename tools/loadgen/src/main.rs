@@ -1,6 +1,7 @@
 //! spindle-loadgen: `run` drives a node you point it at; `demo` starts a private PostgreSQL and
 //! an in-process spindled and runs the noisy-neighbour mix (one tenant at 100× the others).
 
+mod harness;
 mod report;
 mod run;
 mod soak;

@@ -6,16 +6,9 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use spindle_client::Client;
-use spindle_core::{Band, ModelId, TaskSpec, TenantId, UserId};
-use spindle_providers::{MockConfig, MockProvider};
-use spindle_wire::SubmitTask;
+use spindle_core::TenantId;
 
-const ACCOUNTS: [&str; 2] = [
-    "vendor-0:acct-1:us:video-model-0",
-    "vendor-1:acct-1:us:video-model-0",
-];
 const CONCURRENCY: u64 = 20;
 const RPM: u64 = 1_200;
 const NODES: u32 = 3;
@@ -28,56 +21,13 @@ pub struct Options {
 }
 
 pub fn run(opts: Options) -> anyhow::Result<()> {
-    let pg = spindle_control::EmbeddedPostgres::start(spindle_control::EmbeddedOptions::default())
-        .context("starting a private PostgreSQL")?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let dir = std::env::temp_dir().join(format!("spindle-soak-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let result = rt.block_on(soak(&opts, &pg.conninfo("postgres"), &dir));
-    drop(pg);
-    let _ = std::fs::remove_dir_all(&dir);
-    let ok = result?;
-    std::process::exit(if ok { 0 } else { 1 });
-}
-
-fn task(key: String) -> SubmitTask {
-    SubmitTask {
-        idempotency_key: key,
-        user: UserId(1),
-        spec: TaskSpec {
-            model: ModelId(0),
-            width: 1280,
-            height: 720,
-            duration_ms: 5_000,
-            fps: 24,
-            audio: false,
-            references: 0,
-        },
-        band_hint: Some(Band::P3),
-        deadline_ms: None,
-    }
+    crate::harness::with_private_postgres("soak", |conninfo, dir| async move {
+        soak(&opts, &conninfo, &dir).await
+    })
 }
 
 async fn soak(opts: &Options, conninfo: &str, dir: &Path) -> anyhow::Result<bool> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let mock = MockProvider::serve(
-        listener,
-        MockConfig {
-            accounts: ACCOUNTS
-                .iter()
-                .map(|a| format!("{a}:{CONCURRENCY}:{RPM}").parse())
-                .collect::<Result<_, _>>()
-                .map_err(|e: String| anyhow::anyhow!(e))?,
-            secret: "soak".into(),
-            job_ms: 400,
-            cost_milli: 1_000,
-            hang_ms: 5_000,
-            clip: None,
-        },
-    );
+    let mock = crate::harness::mock(CONCURRENCY, RPM, 400, "soak").await?;
     let admin = mock.client(Duration::from_secs(5));
     let mut addrs = Vec::new();
     for n in 0..NODES {
@@ -140,7 +90,10 @@ poll_ms = [500, 1000]
             while start.elapsed() < Duration::from_secs(seconds) {
                 tokio::time::sleep_until(start + gap * n).await;
                 n += 1;
-                if let Ok(a) = client.submit(task(format!("soak-{t}-{n}"))).await {
+                if let Ok(a) = client
+                    .submit(crate::harness::video_task(format!("soak-{t}-{n}")))
+                    .await
+                {
                     if a.decision.is_accepted() {
                         ids.push(a.task.0 as i64);
                     }

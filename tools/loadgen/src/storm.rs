@@ -8,20 +8,13 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use spindle_client::Client;
-use spindle_core::{Band, ModelId, TaskSpec, TenantId, UserId};
+use spindle_core::TenantId;
 use spindle_providers::api::Fault;
-use spindle_providers::{MockConfig, MockProvider};
-use spindle_wire::SubmitTask;
 
 /// The contract per account; the storm's real limits are half of it.
 const CONCURRENCY: u64 = 40;
 const RPM: u64 = 1_200;
-const ACCOUNTS: [&str; 2] = [
-    "vendor-0:acct-1:us:video-model-0",
-    "vendor-1:acct-1:us:video-model-0",
-];
 
 pub struct Options {
     pub seconds: u64,
@@ -39,41 +32,15 @@ struct Second {
 }
 
 pub fn run(opts: Options) -> anyhow::Result<()> {
-    let pg = spindle_control::EmbeddedPostgres::start(spindle_control::EmbeddedOptions::default())
-        .context("starting a private PostgreSQL")?;
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
-    let dir = std::env::temp_dir().join(format!("spindle-storm-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let result = rt.block_on(storm(&opts, &pg.conninfo("postgres"), &dir));
-    drop(pg);
-    let _ = std::fs::remove_dir_all(&dir);
-    result?;
-    // The in-process node's threads end with the process.
-    std::process::exit(0);
+    crate::harness::with_private_postgres("storm", |conninfo, dir| async move {
+        storm(&opts, &conninfo, &dir).await.map(|()| true)
+    })
 }
 
 async fn storm(opts: &Options, conninfo: &str, dir: &Path) -> anyhow::Result<()> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let mock = MockProvider::serve(
-        listener,
-        MockConfig {
-            accounts: ACCOUNTS
-                .iter()
-                .map(|a| format!("{a}:{CONCURRENCY}:{RPM}").parse())
-                .collect::<Result<_, _>>()
-                .map_err(|e: String| anyhow::anyhow!(e))?,
-            secret: "storm".into(),
-            job_ms: 500,
-            cost_milli: 1_000,
-            hang_ms: 5_000,
-            clip: None,
-        },
-    );
+    let mock = crate::harness::mock(CONCURRENCY, RPM, 500, "storm").await?;
     let admin = mock.client(Duration::from_secs(5));
-    for a in ACCOUNTS {
+    for a in crate::harness::ACCOUNTS {
         admin.set_fault(a, Fault::RateLimit).await?;
     }
     let ready = dir.join("ready");
@@ -127,21 +94,7 @@ credential = "storm"
         while start.elapsed() < Duration::from_secs(seconds) {
             tokio::time::sleep_until(start + gap * n as u32).await;
             n += 1;
-            let t = SubmitTask {
-                idempotency_key: format!("storm-{n}"),
-                user: UserId(1),
-                spec: TaskSpec {
-                    model: ModelId(0),
-                    width: 1280,
-                    height: 720,
-                    duration_ms: 5_000,
-                    fps: 24,
-                    audio: false,
-                    references: 0,
-                },
-                band_hint: Some(Band::P3),
-                deadline_ms: None,
-            };
+            let t = crate::harness::video_task(format!("storm-{n}"));
             if let Ok(a) = client.submit(t).await {
                 accepted += u64::from(a.decision.is_accepted());
             }
