@@ -73,6 +73,38 @@ credential = "one"
     start_with(test, &config).await
 }
 
+/// spindled with the mock at `m` and a media stage writing to `out`.
+async fn media_node(test: &TestDb, m: &MockProvider, out: &std::path::Path, media: &str) -> Daemon {
+    let config = format!(
+        r#"
+node_id = "media-node"
+listen = "127.0.0.1:0"
+http_listen = "127.0.0.1:0"
+shards = 2
+partitions = 8
+provider_concurrency = 4
+lane_capacity_units = 100000
+
+[provider]
+url = "{}"
+secret = "{SECRET}"
+poll_ms = [100, 200]
+
+[media]
+workers = 1
+output_dir = "{}"
+{media}
+
+[[tenants]]
+id = 1
+credential = "one"
+"#,
+        m.base_url(),
+        out.display()
+    );
+    start_with(test, &config).await
+}
+
 async fn set_fault(admin: &HttpProvider, fault: Fault) {
     for a in ACCOUNTS {
         admin.set_fault(a, fault).await.unwrap();
@@ -552,35 +584,8 @@ async fn the_media_stage_transcodes_checks_declarations_and_fails_what_it_cannot
         let out = out.join(case.to_string());
         let test = TestDb::new().await;
         let (m, admin) = mock_with(20, Some(input.clone())).await;
-        let config = format!(
-            r#"
-node_id = "media-node"
-listen = "127.0.0.1:0"
-http_listen = "127.0.0.1:0"
-shards = 2
-partitions = 8
-provider_concurrency = 4
-lane_capacity_units = 100000
-
-[provider]
-url = "{}"
-secret = "{SECRET}"
-poll_ms = [100, 200]
-
-[media]
-workers = 1
-output_dir = "{}"
-renditions = [240, 120]
-declaration = "{policy}"
-
-[[tenants]]
-id = 1
-credential = "one"
-"#,
-            m.base_url(),
-            out.display()
-        );
-        let daemon = start_with(&test, &config).await;
+        let media = format!("renditions = [240, 120]\ndeclaration = \"{policy}\"");
+        let daemon = media_node(&test, &m, &out, &media).await;
         let (ids, states) = run(&daemon, &test, "media", 2).await;
         let sql = test.sql().await.unwrap();
         match expect {
@@ -678,34 +683,13 @@ async fn a_cancel_stops_a_running_media_job() {
     let out = dir.path().join("out");
     let test = TestDb::new().await;
     let (m, admin) = mock_with(20, Some(clip.clone())).await;
-    let config = format!(
-        r#"
-node_id = "media-cancel"
-listen = "127.0.0.1:0"
-http_listen = "127.0.0.1:0"
-shards = 2
-partitions = 8
-lane_capacity_units = 100000
-
-[provider]
-url = "{}"
-secret = "{SECRET}"
-poll_ms = [100, 200]
-
-[media]
-workers = 1
-output_dir = "{}"
-renditions = [1080, 720]
-declaration = "correct"
-
-[[tenants]]
-id = 1
-credential = "one"
-"#,
-        m.base_url(),
-        out.display()
-    );
-    let daemon = start_with(&test, &config).await;
+    let daemon = media_node(
+        &test,
+        &m,
+        &out,
+        "renditions = [1080, 720]\ndeclaration = \"correct\"",
+    )
+    .await;
     let client = Client::connect(daemon.addr, TenantId(1), "one")
         .await
         .unwrap();

@@ -3,9 +3,6 @@
 
 mod common;
 
-use std::collections::HashSet;
-use std::time::Duration;
-
 use common::{start_with, task};
 use spindle_client::Client;
 use spindle_control::testing::TestDb;
@@ -65,21 +62,7 @@ credential = "two"
     let _restarted = start_with(&test, &config).await;
     let sql = test.sql().await.unwrap();
     let ids: Vec<i64> = acked.iter().map(|t| t.0 as i64).collect();
-    let mut done = 0i64;
-    for _ in 0..3_000 {
-        done = sql
-            .query_one(
-                "SELECT count(*) FROM task WHERE task_id = ANY ($1) AND state = 'SUCCEEDED'",
-                &[&ids],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if done == ids.len() as i64 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let done = common::wait_all_succeeded(&sql, &ids).await;
     assert_eq!(
         done,
         ids.len() as i64,
@@ -87,17 +70,8 @@ credential = "two"
     );
 
     // Exactly once per attempt: no (task, attempt) line twice; every task ran at least once.
+    let ran = common::executed_once_per_attempt(&[&log]);
     let text = std::fs::read_to_string(&log).unwrap();
-    let mut seen = HashSet::new();
-    let mut ran = HashSet::new();
-    for line in text.lines() {
-        assert!(
-            seen.insert(line.to_string()),
-            "attempt executed twice: {line}"
-        );
-        let task: u64 = line.split_whitespace().next().unwrap().parse().unwrap();
-        ran.insert(task);
-    }
     for t in &acked {
         assert!(ran.contains(&t.0), "task {t} completed without running");
     }

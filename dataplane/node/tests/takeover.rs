@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::collections::HashSet;
 use std::time::Duration;
 
 use common::{start_with, task};
@@ -98,21 +97,7 @@ async fn a_second_node_takes_over_after_the_first_dies_and_completes_every_acked
 
     let sql = test.sql().await.unwrap();
     let ids: Vec<i64> = acked.iter().map(|t| t.0 as i64).collect();
-    let mut done = 0i64;
-    for _ in 0..3_000 {
-        done = sql
-            .query_one(
-                "SELECT count(*) FROM task WHERE task_id = ANY ($1) AND state = 'SUCCEEDED'",
-                &[&ids],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if done == ids.len() as i64 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let done = common::wait_all_succeeded(&sql, &ids).await;
     assert_eq!(
         done,
         ids.len() as i64,
@@ -128,24 +113,7 @@ async fn a_second_node_takes_over_after_the_first_dies_and_completes_every_acked
     assert_eq!(owners, vec!["node-b".to_string()]);
 
     // Exactly once per attempt across both nodes; every task ran.
-    let mut seen = HashSet::new();
-    let mut ran = HashSet::new();
-    for log in [&log_a, &log_b] {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        for line in text.lines() {
-            assert!(
-                seen.insert(line.to_string()),
-                "attempt executed twice: {line}"
-            );
-            ran.insert(
-                line.split_whitespace()
-                    .next()
-                    .unwrap()
-                    .parse::<u64>()
-                    .unwrap(),
-            );
-        }
-    }
+    let ran = common::executed_once_per_attempt(&[&log_a, &log_b]);
     for t in &acked {
         assert!(ran.contains(&t.0), "task {t} completed without running");
     }

@@ -139,3 +139,48 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String
     let (head, body) = text.split_once("\r\n\r\n").unwrap();
     (head.lines().next().unwrap().to_string(), body.to_string())
 }
+
+/// Polls (bounded: 30 s) until every task in `ids` is SUCCEEDED in PostgreSQL; returns how many
+/// are.
+pub async fn wait_all_succeeded(sql: &tokio_postgres::Client, ids: &[i64]) -> i64 {
+    let mut done = 0i64;
+    for _ in 0..3_000 {
+        done = sql
+            .query_one(
+                "SELECT count(*) FROM task WHERE task_id = ANY ($1) AND state = 'SUCCEEDED'",
+                &[&ids],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if done == ids.len() as i64 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    done
+}
+
+/// The local provider's execution logs: no (task, attempt) line appears twice across them;
+/// returns the tasks that ran.
+pub fn executed_once_per_attempt(logs: &[&std::path::Path]) -> std::collections::HashSet<u64> {
+    let mut seen = std::collections::HashSet::new();
+    let mut ran = std::collections::HashSet::new();
+    for log in logs {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        for line in text.lines() {
+            assert!(
+                seen.insert(line.to_string()),
+                "attempt executed twice: {line}"
+            );
+            ran.insert(
+                line.split_whitespace()
+                    .next()
+                    .unwrap()
+                    .parse::<u64>()
+                    .unwrap(),
+            );
+        }
+    }
+    ran
+}
