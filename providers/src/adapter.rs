@@ -219,3 +219,82 @@ impl AsyncJobProvider for HttpProvider {
             .await
     }
 }
+
+/// Why a download failed.
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    #[error("{url}: HTTP {status}")]
+    Status { url: String, status: u16 },
+    #[error("{url}: larger than {max_bytes} bytes")]
+    TooLarge { url: String, max_bytes: u64 },
+    #[error("{url}: {reason}")]
+    Failed { url: String, reason: String },
+}
+
+impl FetchError {
+    /// Whether trying again could help (a refused or oversized file will not change).
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            FetchError::Status { status, .. } => *status >= 500,
+            FetchError::TooLarge { .. } => false,
+            FetchError::Failed { .. } => true,
+        }
+    }
+}
+
+/// Downloads `url` (http://) into `dest`, at most `max_bytes`, within `timeout`. A partial file
+/// is removed.
+pub async fn download(
+    url: &str,
+    dest: &std::path::Path,
+    max_bytes: u64,
+    timeout: Duration,
+) -> Result<u64, FetchError> {
+    use tokio::io::AsyncWriteExt;
+    let failed = |reason: String| FetchError::Failed {
+        url: url.to_string(),
+        reason,
+    };
+    let fetch = async {
+        let client: Client<HttpConnector, Full<Bytes>> =
+            Client::builder(TokioExecutor::new()).build_http();
+        let uri: hyper::Uri = url.parse().map_err(|e| failed(format!("bad URL: {e}")))?;
+        let response = client.get(uri).await.map_err(|e| failed(e.to_string()))?;
+        if !response.status().is_success() {
+            return Err(FetchError::Status {
+                url: url.to_string(),
+                status: response.status().as_u16(),
+            });
+        }
+        let mut body = response.into_body();
+        let mut file = tokio::fs::File::create(dest)
+            .await
+            .map_err(|e| failed(format!("creating {}: {e}", dest.display())))?;
+        let mut written = 0u64;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| failed(e.to_string()))?;
+            if let Ok(chunk) = frame.into_data() {
+                written += chunk.len() as u64;
+                if written > max_bytes {
+                    return Err(FetchError::TooLarge {
+                        url: url.to_string(),
+                        max_bytes,
+                    });
+                }
+                file.write_all(&chunk)
+                    .await
+                    .map_err(|e| failed(format!("writing {}: {e}", dest.display())))?;
+            }
+        }
+        file.flush().await.map_err(|e| failed(e.to_string()))?;
+        Ok(written)
+    };
+    let result = match tokio::time::timeout(timeout, fetch).await {
+        Ok(r) => r,
+        Err(_) => Err(failed(format!("no complete answer within {timeout:?}"))),
+    };
+    if result.is_err() {
+        let _ = std::fs::remove_file(dest);
+    }
+    result
+}

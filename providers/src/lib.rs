@@ -7,6 +7,9 @@ pub mod api;
 pub mod mock;
 pub mod signature;
 
-pub use adapter::{AsyncJobProvider, HttpProvider, Lookup, QueryError, Submission, SubmitError};
+pub use adapter::{
+    download, AsyncJobProvider, FetchError, HttpProvider, Lookup, QueryError, Submission,
+    SubmitError,
+};
 pub use api::{Fault, JobState, JobView, ProblemKind, Stats};
 pub use mock::{AccountSpec, MockConfig, MockProvider};

@@ -131,6 +131,8 @@ struct State {
 
 struct Shared {
     config: MockConfig,
+    /// Where this mock serves (for the output URLs it hands out).
+    addr: SocketAddr,
     state: Mutex<State>,
     callbacks: hyper_util::client::legacy::Client<
         hyper_util::client::legacy::connect::HttpConnector,
@@ -172,6 +174,7 @@ impl MockProvider {
             .collect();
         let shared = Arc::new(Shared {
             config,
+            addr,
             state: Mutex::new(State {
                 accounts,
                 ..State::default()
@@ -287,6 +290,7 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Full<By
             None => problem(ProblemKind::NotFound, format!("no job {id}"), None),
         },
         (&Method::POST, ["v1", "jobs", id, "cancel"]) => cancel(shared, id),
+        (&Method::GET, ["v1", "jobs", id, "output"]) => output(shared, id).await,
         (&Method::GET, ["v1", "stats"]) => json(StatusCode::OK, &stats(shared)),
         (&Method::POST, ["v1", "admin", "faults"]) => {
             let Ok(f) = serde_json::from_slice::<FaultBody>(&body) else {
@@ -515,7 +519,7 @@ async fn finish(shared: &Arc<Shared>, id: &str, state: JobState) -> Option<JobVi
                 .config
                 .clip
                 .as_ref()
-                .map(|p| format!("file://{}", p.display()));
+                .map(|_| format!("http://{}/v1/jobs/{id}/output", shared.addr));
         }
         let view = job.view.clone();
         if let Some(a) = s.accounts.get_mut(&view.account) {
@@ -530,6 +534,34 @@ async fn finish(shared: &Arc<Shared>, id: &str, state: JobState) -> Option<JobVi
     };
     callback(shared, id).await;
     Some(view)
+}
+
+/// A succeeded job's video (the configured clip).
+async fn output(shared: &Arc<Shared>, id: &str) -> Response<Full<Bytes>> {
+    let done = shared
+        .lock()
+        .jobs
+        .get(id)
+        .is_some_and(|j| j.view.state == JobState::Succeeded);
+    let Some(clip) = shared.config.clip.as_ref().filter(|_| done) else {
+        return problem(
+            ProblemKind::NotFound,
+            format!("no output for job {id}"),
+            None,
+        );
+    };
+    match tokio::fs::read(clip).await {
+        Ok(bytes) => Response::builder()
+            .status(StatusCode::OK)
+            .header("content-type", "video/mp4")
+            .body(Full::new(Bytes::from(bytes)))
+            .expect("a valid response"),
+        Err(e) => problem(
+            ProblemKind::Unavailable,
+            format!("reading the clip: {e}"),
+            None,
+        ),
+    }
 }
 
 fn cancel(shared: &Arc<Shared>, id: &str) -> Response<Full<Bytes>> {

@@ -232,3 +232,50 @@ async fn callbacks_are_signed_and_follow_the_fault_mode() {
     }
     assert_eq!((count("once"), count("twice"), count("never")), (1, 2, 0));
 }
+
+#[tokio::test]
+async fn a_succeeded_job_serves_its_video_and_downloads_are_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let clip = dir.path().join("clip.bin");
+    std::fs::write(&clip, vec![7u8; 10_000]).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let m = MockProvider::serve(
+        listener,
+        MockConfig {
+            accounts: vec!["acme:2:6000".parse::<AccountSpec>().unwrap()],
+            secret: SECRET.into(),
+            job_ms: 10,
+            cost_milli: 1,
+            hang_ms: 1_000,
+            clip: Some(clip.clone()),
+        },
+    );
+    let p = m.client(Duration::from_secs(2));
+    p.submit(&job("acme", "v", None)).await.unwrap();
+    let done = until_final(&p, "acme", "v").await;
+    let url = done.output_url.expect("a succeeded job names its video");
+    let dest = dir.path().join("got.bin");
+    let n = spindle_providers::download(&url, &dest, 1 << 20, Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(n, 10_000);
+    assert_eq!(std::fs::read(&dest).unwrap(), vec![7u8; 10_000]);
+    let small = dir.path().join("small.bin");
+    let e = spindle_providers::download(&url, &small, 1_000, Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, spindle_providers::FetchError::TooLarge { .. }),
+        "{e}"
+    );
+    assert!(!e.is_retryable());
+    assert!(!small.exists(), "a partial download is removed");
+    let missing = url.replace(&done.job_id, "job-999");
+    let e = spindle_providers::download(&missing, &small, 1 << 20, Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, spindle_providers::FetchError::Status { status: 404, .. }),
+        "{e}"
+    );
+}

@@ -91,7 +91,8 @@ impl MediaConfig {
     }
 }
 
-/// One job: the task's video at `input_url` (a `file://` URL).
+/// One job: the task's video at `input_url` (`http://`, fetched into the output directory
+/// under the job's quota, or `file://`).
 #[derive(Debug)]
 pub struct MediaJob {
     pub shard: usize,
@@ -186,30 +187,43 @@ impl MediaPool {
             let cancels = cancels.clone();
             std::thread::Builder::new()
                 .name(format!("media-{w}"))
-                .spawn(move || loop {
-                    let job = match rx.lock() {
-                        Ok(r) => match r.recv() {
-                            Ok(j) => j,
+                .spawn(move || {
+                    // Downloads of provider outputs run on this worker's own small runtime.
+                    let rt = match tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                    {
+                        Ok(rt) => rt,
+                        Err(e) => {
+                            tracing::error!("media worker {w}: no runtime: {e}");
+                            return;
+                        }
+                    };
+                    loop {
+                        let job = match rx.lock() {
+                            Ok(r) => match r.recv() {
+                                Ok(j) => j,
+                                Err(_) => return,
+                            },
                             Err(_) => return,
-                        },
-                        Err(_) => return,
-                    };
-                    let cancel = cancels
-                        .lock()
-                        .ok()
-                        .and_then(|c| c.get(&job.task).cloned())
-                        .unwrap_or_default();
-                    let outcome = run(&job, &config, &ledger, &devices, &dir, cancel);
-                    if let Ok(mut c) = cancels.lock() {
-                        c.remove(&job.task);
-                    }
-                    let event = MediaEvent {
-                        task: job.task,
-                        token: job.token,
-                        outcome,
-                    };
-                    if let Some(inbox) = shards.get(job.shard) {
-                        let _ = inbox.blocking_send(ShardMsg::Media(event));
+                        };
+                        let cancel = cancels
+                            .lock()
+                            .ok()
+                            .and_then(|c| c.get(&job.task).cloned())
+                            .unwrap_or_default();
+                        let outcome = run(&job, &config, &ledger, &devices, &dir, cancel, &rt);
+                        if let Ok(mut c) = cancels.lock() {
+                            c.remove(&job.task);
+                        }
+                        let event = MediaEvent {
+                            task: job.task,
+                            token: job.token,
+                            outcome,
+                        };
+                        if let Some(inbox) = shards.get(job.shard) {
+                            let _ = inbox.blocking_send(ShardMsg::Media(event));
+                        }
                     }
                 })?;
         }
@@ -250,17 +264,12 @@ fn run(
     devices: &[u32],
     dir: &std::path::Path,
     cancel: Arc<std::sync::atomic::AtomicBool>,
+    rt: &tokio::runtime::Runtime,
 ) -> MediaOutcome {
     let failed = |reason: String, retryable: bool| MediaOutcome::Failed { reason, retryable };
     if cancel.load(std::sync::atomic::Ordering::Relaxed) {
         return failed(MediaError::Canceled.to_string(), false);
     }
-    let Some(path) = job.input_url.strip_prefix("file://") else {
-        return failed(
-            format!("unsupported media URL {:?} (file:// only)", job.input_url),
-            false,
-        );
-    };
     // Hold the units for the whole job; wait (bounded by the job's timeout) while none fit.
     let deadline = Instant::now() + Duration::from_millis(config.timeout_ms);
     let placement = loop {
@@ -273,13 +282,53 @@ fn run(
             Err(e) => return failed(format!("no media capacity: {e}"), true),
         }
     };
-    let input = PathBuf::from(path);
-    let probed = match spindle_transcode::probe(&input) {
+    let quota = config.quota_mb << 20;
+    let fetched = dir.join(format!("input-{}-{}", job.task.0, job.token.0));
+    let input = if let Some(path) = job.input_url.strip_prefix("file://") {
+        PathBuf::from(path)
+    } else if job.input_url.starts_with("http://") {
+        let timeout = deadline.saturating_duration_since(Instant::now());
+        match rt.block_on(spindle_providers::download(
+            &job.input_url,
+            &fetched,
+            quota,
+            timeout,
+        )) {
+            Ok(_) => fetched.clone(),
+            Err(e) => return failed(format!("fetch: {e}"), e.is_retryable()),
+        }
+    } else {
+        return failed(
+            format!(
+                "unsupported media URL {:?} (http:// or file://)",
+                job.input_url
+            ),
+            false,
+        );
+    };
+    let outcome = transcode_ladder(job, config, dir, &input, deadline, quota, cancel);
+    // A fetched input is the job's own: it goes whatever happened.
+    let _ = std::fs::remove_file(&fetched);
+    drop(placement);
+    outcome
+}
+
+/// Probes `input` and makes every rung of the ladder from it.
+fn transcode_ladder(
+    job: &MediaJob,
+    config: &MediaConfig,
+    dir: &std::path::Path,
+    input: &std::path::Path,
+    deadline: Instant,
+    quota: u64,
+    cancel: Arc<std::sync::atomic::AtomicBool>,
+) -> MediaOutcome {
+    let failed = |reason: String, retryable: bool| MediaOutcome::Failed { reason, retryable };
+    let probed = match spindle_transcode::probe(input) {
         Ok(i) => i,
         Err(e) => return failed(format!("probe: {e}"), e.is_retryable()),
     };
     let mut outputs = Vec::new();
-    let quota = config.quota_mb << 20;
     let mut used = 0u64;
     for &height in &config.renditions {
         let output = dir.join(format!("task-{}-{}-{height}p.mp4", job.task.0, job.token.0));
@@ -296,7 +345,7 @@ fn run(
             cancel: cancel.clone(),
         };
         let result = spindle_transcode::transcode(
-            &spindle_transcode::Source::File(input.clone()),
+            &spindle_transcode::Source::File(input.to_path_buf()),
             &output,
             &rendition,
             &limits,
@@ -317,6 +366,5 @@ fn run(
             }
         }
     }
-    drop(placement);
     MediaOutcome::Done { outputs, probed }
 }
