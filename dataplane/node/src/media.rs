@@ -130,8 +130,14 @@ pub struct MediaPool {
     cancels: Arc<Mutex<std::collections::HashMap<TaskId, Arc<std::sync::atomic::AtomicBool>>>>,
     pub declaration: DeclarationPolicy,
     pub ledger: Arc<MediaLedger>,
+    /// The inventory the ledger was built from.
     pub inventory: Arc<Inventory>,
+    /// The latest refresh (NVML only: utilization, and devices that went missing).
+    pub latest: Arc<Mutex<Inventory>>,
 }
+
+/// How often an NVML inventory is read again.
+pub const INVENTORY_REFRESH: Duration = Duration::from_secs(30);
 
 /// Per job: CPU units per stage that cannot run on a device, and temp disk.
 const JOB_DEMAND: MediaDemand = MediaDemand {
@@ -166,6 +172,27 @@ impl MediaPool {
             ),
         }
         let ledger = Arc::new(MediaLedger::new(&inventory));
+        let latest = Arc::new(Mutex::new((*inventory).clone()));
+        if matches!(inventory.source, Source::Nvml { .. }) {
+            let (latest, first) = (latest.clone(), inventory.clone());
+            let declared = declared.clone();
+            std::thread::Builder::new()
+                .name("gpu-inventory".into())
+                .spawn(move || loop {
+                    std::thread::sleep(INVENTORY_REFRESH);
+                    let now = Inventory::discover(&declared);
+                    if now.devices.len() != first.devices.len() {
+                        tracing::error!(
+                            "GPUs: {} at start, {} now; media placed on a missing device fails",
+                            first.devices.len(),
+                            now.devices.len()
+                        );
+                    }
+                    if let Ok(mut l) = latest.lock() {
+                        *l = now;
+                    }
+                })?;
+        }
         let dir = config
             .output_dir
             .clone()
@@ -233,6 +260,7 @@ impl MediaPool {
             declaration: config.declaration,
             ledger,
             inventory,
+            latest,
         })
     }
 

@@ -314,6 +314,20 @@ impl Metrics {
                 "spindle_media_inventory{{source=\"{source}\",detail=\"{detail}\",gpus=\"{}\"}} 1",
                 media.inventory.devices.len()
             );
+            if let Ok(latest) = media.latest.lock() {
+                let _ = writeln!(
+                    w,
+                    "# TYPE spindle_media_gpus gauge\nspindle_media_gpus{{when=\"start\"}} {}\nspindle_media_gpus{{when=\"latest\"}} {}",
+                    media.inventory.devices.len(),
+                    latest.devices.len()
+                );
+                for d in &latest.devices {
+                    if let Some(u) = d.utilization_pct {
+                        let _ =
+                            writeln!(w, "spindle_gpu_utilization_pct{{gpu=\"{}\"}} {u}", d.index);
+                    }
+                }
+            }
             let _ = writeln!(w, "# HELP spindle_media_engine_units Media units per engine: capacity and used.\n# TYPE spindle_media_engine_units gauge");
             for (engine, capacity, used) in media.ledger.snapshot() {
                 let _ = writeln!(
