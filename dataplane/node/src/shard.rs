@@ -863,9 +863,12 @@ const REPORTS_PER_MESSAGE_MAX: usize = 1024;
 /// a task twice and each task's reports stay in order (the pipeline executes messages in the
 /// order they were sent). Answers matter only when they fail (logged; the reconciler repairs
 /// what a lost report leaves behind).
-fn flush_reports(s: &mut ShardState, shared: &SharedShard) {
+///
+/// Takes the outbox under the caller's borrow; `send_rounds` must be spawned only after that
+/// borrow ends (glommio may run a spawned task at once, and it borrows the shard).
+fn take_reports(s: &mut ShardState) -> Option<Vec<Vec<Report>>> {
     if s.outbox.is_empty() {
-        return;
+        return None;
     }
     let queued = s.outbox.len();
     let rounds = fold_reports(s.outbox.drain(..));
@@ -878,10 +881,16 @@ fn flush_reports(s: &mut ShardState, shared: &SharedShard) {
     s.metrics
         .reports_pending
         .fetch_sub(folded as u64, std::sync::atomic::Ordering::Relaxed);
-    let cp = s.pipes.work.clone();
-    let metrics = s.metrics.clone();
-    let shared = shared.clone();
-    glommio::spawn_local(async move {
+    Some(rounds)
+}
+
+/// Sends report rounds down the work pipeline and handles the answers.
+async fn send_rounds(shared: SharedShard, rounds: Vec<Vec<Report>>) {
+    let (cp, metrics) = {
+        let s = shared.borrow();
+        (s.pipes.work.clone(), s.metrics.clone())
+    };
+    {
         let pending = |n: usize| {
             metrics
                 .reports_pending
@@ -947,8 +956,7 @@ fn flush_reports(s: &mut ShardState, shared: &SharedShard) {
             retry.append(&mut s.outbox);
             s.outbox = retry;
         }
-    })
-    .detach();
+    }
 }
 
 /// Report rows came back (or failed as a batch): each task learns its stored version, and a
@@ -1081,71 +1089,77 @@ fn publish_gauges(s: &ShardState) {
 
 /// Drains the core's dispatches into one claim message and handles the answers.
 async fn pump(state: &SharedShard) {
-    let claims: Vec<ClaimRequest> = {
+    let (claims, reports) = {
         let mut s = state.borrow_mut();
-        flush_reports(&mut s, state);
+        let reports = take_reports(&mut s);
         publish_gauges(&s);
         if s.metrics.stopping() {
-            // Draining: what is queued stays QUEUED in PostgreSQL for the next owner.
-            return;
-        }
-        let now = s.now();
-        let ready = s.ready_claims.len().min(CLAIMS_PER_PUMP_MAX);
-        let mut claims: Vec<ClaimRequest> = s.ready_claims.drain(..ready).collect();
-        while claims.len() < CLAIMS_PER_PUMP_MAX {
-            match s.core.poll_dispatch(now) {
-                Poll::Dispatch(d) => {
-                    let (version, committed, queued_at) = match s.meta.get_mut(&d.task) {
-                        Some(m) => {
-                            m.estimate = Some(d.estimate);
-                            (
-                                m.db_version,
-                                m.committed && m.pending_reports == 0,
-                                m.queued_at,
-                            )
+            // Draining: what is queued stays QUEUED in PostgreSQL for the next owner; reports
+            // still go out.
+            (Vec::new(), reports)
+        } else {
+            let now = s.now();
+            let ready = s.ready_claims.len().min(CLAIMS_PER_PUMP_MAX);
+            let mut claims: Vec<ClaimRequest> = s.ready_claims.drain(..ready).collect();
+            while claims.len() < CLAIMS_PER_PUMP_MAX {
+                match s.core.poll_dispatch(now) {
+                    Poll::Dispatch(d) => {
+                        let (version, committed, queued_at) = match s.meta.get_mut(&d.task) {
+                            Some(m) => {
+                                m.estimate = Some(d.estimate);
+                                (
+                                    m.db_version,
+                                    m.committed && m.pending_reports == 0,
+                                    m.queued_at,
+                                )
+                            }
+                            None => (0, true, now),
+                        };
+                        s.metrics
+                            .waited(d.lane, d.band, now.since(queued_at) / 1_000);
+                        let provider = s.policy.providers[d.provider.0 as usize].name.clone();
+                        let claim = ClaimRequest {
+                            task: d.task,
+                            expected_version: version,
+                            provider: provider.clone(),
+                            demands: vec![Demand {
+                                shard: PoolShard::new(provider_pool(&provider), 0),
+                                amount: 1,
+                            }],
+                        };
+                        if committed {
+                            claims.push(claim);
+                        } else {
+                            s.held_claims.insert(d.task, claim);
                         }
-                        None => (0, true, now),
-                    };
-                    s.metrics
-                        .waited(d.lane, d.band, now.since(queued_at) / 1_000);
-                    let provider = s.policy.providers[d.provider.0 as usize].name.clone();
-                    let claim = ClaimRequest {
-                        task: d.task,
-                        expected_version: version,
-                        provider: provider.clone(),
-                        demands: vec![Demand {
-                            shard: PoolShard::new(provider_pool(&provider), 0),
-                            amount: 1,
-                        }],
-                    };
-                    if committed {
-                        claims.push(claim);
-                    } else {
-                        s.held_claims.insert(d.task, claim);
                     }
-                }
-                Poll::Expired(task) => {
-                    let committed = s.meta.remove(&task).is_some_and(|m| m.committed);
-                    notify(&mut s, task, TaskState::Expired);
-                    if committed {
-                        send_reports(
-                            &mut s,
-                            vec![vec![finish(task, None, TaskState::Expired, None)]],
-                        );
-                    } else {
-                        // Its submit is still on the way (on another connection): the end is
-                        // reported once it committed.
-                        s.expired_uncommitted.insert(task);
+                    Poll::Expired(task) => {
+                        let committed = s.meta.remove(&task).is_some_and(|m| m.committed);
+                        notify(&mut s, task, TaskState::Expired);
+                        if committed {
+                            send_reports(
+                                &mut s,
+                                vec![vec![finish(task, None, TaskState::Expired, None)]],
+                            );
+                        } else {
+                            // Its submit is still on the way (on another connection): the end is
+                            // reported once it committed.
+                            s.expired_uncommitted.insert(task);
+                        }
                     }
+                    Poll::Yield => continue,
+                    Poll::Idle => break,
                 }
-                Poll::Yield => continue,
-                Poll::Idle => break,
             }
+            // Again after dispatching: a drain must count what was just picked.
+            publish_gauges(&s);
+            (claims, reports)
         }
-        // Again after dispatching: a drain must count what was just picked.
-        publish_gauges(&s);
-        claims
     };
+    // Spawned only now that the borrow is gone: glommio may run a new task at once.
+    if let Some(rounds) = reports {
+        glommio::spawn_local(send_rounds(state.clone(), rounds)).detach();
+    }
     if claims.is_empty() {
         return;
     }

@@ -214,7 +214,8 @@ async fn batches_across_task_id_blocks_all_complete() {
             .map(|r| (r.get(0), r.get(1)))
             .collect();
         let (_, metrics) = http_get(daemon.http, "/metrics").await;
-        panic!("{done} of 5000 completed; states {states:?}\n{metrics}");
+        let log = daemon.log_tail(60);
+        panic!("{done} of 5000 completed; states {states:?}\n{metrics}\nlog:\n{log}");
     }
     let (_, metrics) = http_get(daemon.http, "/metrics").await;
     assert!(

@@ -18,6 +18,15 @@ pub struct Daemon {
     _dir: tempfile::TempDir,
 }
 
+impl Daemon {
+    /// The last `n` lines the daemon logged (for failure messages).
+    pub fn log_tail(&self, n: usize) -> String {
+        let text = std::fs::read_to_string(self._dir.path().join("stderr.log")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+}
+
 impl Drop for Daemon {
     fn drop(&mut self) {
         let _ = self.child.kill();
