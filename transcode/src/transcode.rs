@@ -234,11 +234,32 @@ fn run(
         ost.set_rate(frame_rate);
         ost.index()
     };
+    // Audio MP4 can carry as it is goes through untouched; anything else is left out (said in
+    // the log): renditions are for viewing, and a re-encode would cost a CPU slot of its own.
+    let audio = ictx.streams().best(media::Type::Audio).and_then(|ast| {
+        let id = ast.parameters().id();
+        let fits = matches!(
+            id,
+            codec::Id::AAC | codec::Id::MP3 | codec::Id::OPUS | codec::Id::AC3
+        );
+        if !fits {
+            tracing::info!("audio {id:?} is left out of the rendition");
+            return None;
+        }
+        let mut aost = octx.add_stream(encoder::find(codec::Id::None)).ok()?;
+        aost.set_parameters(ast.parameters());
+        aost.set_time_base(ast.time_base());
+        Some((ast.index(), ast.time_base(), aost.index()))
+    });
     octx.write_header().map_err(ff)?;
     let ost_tb = octx
         .stream(ost_index)
         .map(|s| s.time_base())
         .unwrap_or(enc_tb);
+    let audio = audio.map(|(ist, ist_tb, ost)| {
+        let ost_tb = octx.stream(ost).map_or(ist_tb, |s| s.time_base());
+        (ist, ist_tb, ost, ost_tb)
+    });
 
     let mut scaler = scaling::Context::get(
         decoder.format(),
@@ -266,8 +287,18 @@ fn run(
     };
     let mut decoded = frame::Video::empty();
     let mut scaled = frame::Video::empty();
-    for (stream, packet) in ictx.packets() {
+    for (stream, mut packet) in ictx.packets() {
         job.check()?;
+        if let Some((a_ist, a_ist_tb, a_ost, a_ost_tb)) = audio {
+            if stream.index() == a_ist {
+                job.bytes += packet.size() as u64;
+                packet.rescale_ts(a_ist_tb, a_ost_tb);
+                packet.set_position(-1);
+                packet.set_stream(a_ost);
+                packet.write_interleaved(&mut octx).map_err(ff)?;
+                continue;
+            }
+        }
         if stream.index() != ist_index {
             continue;
         }

@@ -142,3 +142,68 @@ fn a_missing_input_is_an_io_error_naming_it() {
     assert!(e.to_string().contains("nope.mp4"), "{e}");
     assert!(e.is_retryable());
 }
+
+#[test]
+fn audio_mp4_can_carry_goes_through_and_is_probed() {
+    let dir = tempfile::tempdir().unwrap();
+    // A clip with AAC audio, made here with the ffmpeg CLI from lavfi sources (ffmpeg-next can
+    // read but this crate does not encode audio).
+    let src = dir.path().join("av.mp4");
+    let status = std::process::Command::new("ffmpeg")
+        .args([
+            "-hide_banner",
+            "-loglevel",
+            "error",
+            "-y",
+            "-f",
+            "lavfi",
+            "-i",
+        ])
+        .arg("testsrc2=size=640x360:rate=25:duration=2")
+        .args([
+            "-f",
+            "lavfi",
+            "-i",
+            "sine=frequency=440:sample_rate=48000:duration=2",
+        ])
+        .args([
+            "-c:v",
+            "libx264",
+            "-preset",
+            "ultrafast",
+            "-c:a",
+            "aac",
+            "-shortest",
+        ])
+        .arg(&src)
+        .status()
+        .expect("the ffmpeg CLI (scripts/setup-system installs it)");
+    assert!(status.success());
+    let info = probe(&src).unwrap();
+    let audio = info.audio.clone().expect("the clip has audio");
+    assert_eq!((audio.codec.as_str(), audio.sample_rate), ("aac", 48_000));
+
+    let out = dir.path().join("out.mp4");
+    transcode(
+        &Source::File(src),
+        &out,
+        &Rendition {
+            name: "180p".into(),
+            height: 180,
+            crf: 30,
+            preset: "veryfast".into(),
+        },
+        &JobLimits::default(),
+        &mut |_| {},
+    )
+    .unwrap();
+    let out_info = probe(&out).unwrap();
+    assert_eq!((out_info.width, out_info.height), (320, 180));
+    assert_eq!(
+        out_info.audio,
+        Some(audio),
+        "the audio is carried unchanged"
+    );
+    assert!(out_info.duration_ms.abs_diff(2_000) <= 80, "{out_info:?}");
+    assert_eq!(decode_all(&out).unwrap().0, 50);
+}
