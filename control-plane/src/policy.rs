@@ -238,6 +238,55 @@ impl Db {
             .collect())
     }
 
+    /// Records an operator action that was refused (no change, no version bump): who tried what
+    /// and why it was refused, at the current policy version.
+    pub async fn audit_refusal(
+        &mut self,
+        actor: &str,
+        what: &str,
+        why: &str,
+    ) -> Result<(), StoreError> {
+        self.audit_action(actor, "refused", what, why).await
+    }
+
+    /// Records an operator action that changes no policy object (a drain, a refusal) at the
+    /// current policy version.
+    pub async fn audit_action(
+        &mut self,
+        actor: &str,
+        kind: &str,
+        what: &str,
+        why: &str,
+    ) -> Result<(), StoreError> {
+        let actor: String = actor.chars().take(NAME_BYTES_MAX).collect();
+        let what: String = what.chars().take(NAME_BYTES_MAX).collect();
+        let why: String = why.chars().take(REASON_BYTES_MAX).collect();
+        let tx = self.client_mut().transaction().await?;
+        let version: i64 = tx
+            .query_one("SELECT version FROM policy_version", &[])
+            .await?
+            .get(0);
+        audit(
+            &tx,
+            Audit {
+                actor: if actor.is_empty() {
+                    "anonymous"
+                } else {
+                    &actor
+                },
+                object: kind,
+                key: &what,
+                old: None,
+                new: None,
+                reason: &why,
+                version: PolicyVersion(version as u64),
+            },
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
     /// Sets a tenant's cost budget (creating it), audited like a policy change.
     pub async fn set_tenant_budget(
         &mut self,

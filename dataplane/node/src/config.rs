@@ -87,6 +87,9 @@ pub struct Config {
     /// Without it the media step completes at once.
     #[serde(default)]
     pub media: Option<crate::media::MediaConfig>,
+    /// Tokens of the admin API on the HTTP port (none: the admin API answers 404).
+    #[serde(default)]
+    pub admin_tokens: Vec<crate::admin::AdminToken>,
     /// Microseconds a shard's executor keeps polling after it runs out of work before it
     /// sleeps: a wake-up from another thread (a connection on another executor, an answer from
     /// the control plane) then costs nothing instead of tens of microseconds. 0 turns it off
@@ -259,6 +262,14 @@ impl Config {
         }
         if let Some(m) = &self.media {
             m.check()?;
+        }
+        for t in &self.admin_tokens {
+            anyhow::ensure!(
+                t.token.len() >= 16,
+                "admin token of {} is shorter than 16 bytes",
+                t.name
+            );
+            anyhow::ensure!(!t.name.is_empty(), "an admin token needs a name");
         }
         anyhow::ensure!(
             (1..=3_600_000).contains(&self.retry_backoff_base_ms)

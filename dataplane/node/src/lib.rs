@@ -7,6 +7,7 @@
 //! submit acknowledged after group commit, get, cancel), claims with fencing tokens, fenced
 //! completion. Not yet: subscriptions, drain on SIGTERM, queue rebuild on restart, metrics.
 
+pub mod admin;
 pub mod config;
 pub mod control;
 pub mod dispatch;
@@ -121,6 +122,13 @@ fn run_node(config: Config) -> anyhow::Result<()> {
         let shard_inboxes = shard_senders.clone();
         let db_config = db_config.clone();
         let callbacks = callbacks.clone();
+        let admin = (!config.admin_tokens.is_empty()).then(|| {
+            std::sync::Arc::new(admin::Admin::new(
+                config.admin_tokens.clone(),
+                db_config.clone(),
+                metrics.clone(),
+            ))
+        });
         std::thread::Builder::new()
             .name("control-plane".into())
             .spawn(move || {
@@ -134,7 +142,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
                             .await
                             .with_context(|| format!("binding {}", config.http_listen))?;
                         let http_addr = http.local_addr()?;
-                        tokio::spawn(metrics::serve(http, metrics.clone(), callbacks));
+                        tokio::spawn(metrics::serve(http, metrics.clone(), callbacks, admin));
                         let started = control::start(
                             &config,
                             &db_config,

@@ -416,24 +416,35 @@ pub type CallbackSink = Arc<std::sync::OnceLock<Arc<crate::dispatch::Dispatcher>
 
 /// Serves `/livez`, `/readyz`, `/metrics` and `POST /v1/provider/callback` until the runtime
 /// stops. One request per connection, bounded head and body, 5 s to send it.
-pub async fn serve(listener: tokio::net::TcpListener, metrics: Arc<Metrics>, sink: CallbackSink) {
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<Metrics>,
+    sink: CallbackSink,
+    admin: Option<Arc<crate::admin::Admin>>,
+) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             continue;
         };
         let metrics = metrics.clone();
         let sink = sink.clone();
+        let admin = admin.clone();
         tokio::spawn(async move {
             let _ = tokio::time::timeout(
                 std::time::Duration::from_secs(5),
-                answer(stream, &metrics, &sink),
+                answer(stream, &metrics, &sink, admin.as_deref()),
             )
             .await;
         });
     }
 }
 
-async fn answer(mut stream: tokio::net::TcpStream, metrics: &Metrics, sink: &CallbackSink) {
+async fn answer(
+    mut stream: tokio::net::TcpStream,
+    metrics: &Metrics,
+    sink: &CallbackSink,
+    admin: Option<&crate::admin::Admin>,
+) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = Vec::with_capacity(2048);
     let mut chunk = [0u8; 4096];
@@ -468,25 +479,36 @@ async fn answer(mut stream: tokio::net::TcpStream, metrics: &Metrics, sink: &Cal
                 .then(|| v.trim().to_string())
         })
     };
+    let len: usize = header("content-length")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    if len > spindle_providers::api::BODY_BYTES_MAX {
+        let _ = stream
+            .write_all(
+                b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+            )
+            .await;
+        return;
+    }
+    let mut body = buf[head_end..].to_vec();
+    while body.len() < len {
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => body.extend_from_slice(&chunk[..n]),
+        }
+    }
+    body.truncate(len);
     let (status, body) = match (method.as_str(), path.as_str()) {
         ("POST", "/v1/provider/callback") => {
-            let len: usize = header("content-length")
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            if len > spindle_providers::api::BODY_BYTES_MAX {
-                ("413 Payload Too Large", "callback too large\n".to_string())
-            } else {
-                let mut body = buf[head_end..].to_vec();
-                while body.len() < len {
-                    match stream.read(&mut chunk).await {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => body.extend_from_slice(&chunk[..n]),
-                    }
-                }
-                body.truncate(len);
-                callback(metrics, sink, &body, header("x-signature").as_deref()).await
-            }
+            callback(metrics, sink, &body, header("x-signature").as_deref()).await
         }
+        (_, p) if p.starts_with("/admin/") => match admin {
+            Some(a) => {
+                a.handle(&method, p, header("authorization").as_deref(), &body)
+                    .await
+            }
+            None => ("404 Not Found", "no admin tokens configured\n".to_string()),
+        },
         (_, "/livez") => ("200 OK", "ok\n".to_string()),
         (_, "/readyz") if metrics.ready() => ("200 OK", "ready\n".to_string()),
         (_, "/readyz") => (

@@ -1,0 +1,282 @@
+//! The admin API on the node's HTTP port (not the client protocol port): read the policy and
+//! the audit log, change policy objects, drain the node. Bearer tokens from the configuration
+//! carry a role — `viewer` reads, `operator` changes tenants and lanes, `admin` changes
+//! everything and drains. Every change needs a reason and goes through the control plane's
+//! policy store (new version, object row and audit row in one transaction); every refused call
+//! is audited as refused.
+
+use std::sync::Arc;
+
+use serde::Deserialize;
+use serde_json::{json, Value};
+use spindle_control::policy::{PolicyChange, PolicyObject};
+use spindle_control::{Db, DbConfig};
+
+use crate::metrics::Metrics;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    Viewer,
+    Operator,
+    Admin,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminToken {
+    /// Who the token belongs to (the audit log's actor).
+    pub name: String,
+    pub token: String,
+    pub role: Role,
+}
+
+/// What the admin endpoints share.
+pub struct Admin {
+    tokens: Vec<AdminToken>,
+    db_config: DbConfig,
+    db: tokio::sync::Mutex<Option<Db>>,
+    metrics: Arc<Metrics>,
+}
+
+/// An admin answer: HTTP status line and JSON body.
+pub type Answer = (&'static str, String);
+
+fn answer(status: &'static str, body: Value) -> Answer {
+    (status, format!("{body}\n"))
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = (a.len() ^ b.len()) as u64;
+    for (i, y) in b.iter().enumerate() {
+        diff |= u64::from(a.get(i).copied().unwrap_or(0) ^ y);
+    }
+    diff == 0
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ChangeBody {
+    reason: String,
+    /// The object's new body; absent: delete it.
+    #[serde(default)]
+    body: Option<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DrainBody {
+    reason: String,
+}
+
+fn object(name: &str) -> Option<PolicyObject> {
+    PolicyObject::ALL.into_iter().find(|o| o.name() == name)
+}
+
+impl Admin {
+    pub fn new(tokens: Vec<AdminToken>, db_config: DbConfig, metrics: Arc<Metrics>) -> Admin {
+        Admin {
+            tokens,
+            db_config,
+            db: tokio::sync::Mutex::new(None),
+            metrics,
+        }
+    }
+
+    /// The token's holder, compared in constant time against every configured token.
+    fn holder(&self, authorization: Option<&str>) -> Option<&AdminToken> {
+        let presented = authorization?.strip_prefix("Bearer ")?.trim();
+        let mut found = None;
+        for t in &self.tokens {
+            if constant_time_eq(t.token.as_bytes(), presented.as_bytes()) {
+                found = Some(t);
+            }
+        }
+        found
+    }
+
+    async fn with_db<T>(
+        &self,
+        f: impl AsyncFnOnce(&mut Db) -> Result<T, spindle_control::StoreError>,
+    ) -> Result<T, spindle_control::StoreError> {
+        let mut slot = self.db.lock().await;
+        if slot.as_ref().is_none_or(Db::is_closed) {
+            *slot = Some(Db::open(&self.db_config).await?);
+        }
+        f(slot.as_mut().expect("opened above")).await
+    }
+
+    /// Refuses a call and audits the refusal.
+    async fn refuse(&self, status: &'static str, actor: &str, what: &str, why: String) -> Answer {
+        if let Err(e) = self
+            .with_db(async |db| db.audit_refusal(actor, what, &why).await)
+            .await
+        {
+            tracing::warn!("auditing a refused admin call: {e}");
+        }
+        answer(status, json!({ "error": why }))
+    }
+
+    /// Handles `method path` with `body`; `authorization` is the request's header.
+    pub async fn handle(
+        &self,
+        method: &str,
+        path: &str,
+        authorization: Option<&str>,
+        body: &[u8],
+    ) -> Answer {
+        let what = format!("{method} {}", path.split('?').next().unwrap_or(path));
+        let Some(holder) = self.holder(authorization) else {
+            return self
+                .refuse(
+                    "401 Unauthorized",
+                    "anonymous",
+                    &what,
+                    "no valid admin token".into(),
+                )
+                .await;
+        };
+        let segments: Vec<&str> = path
+            .split('?')
+            .next()
+            .unwrap_or("")
+            .trim_matches('/')
+            .split('/')
+            .collect();
+        let needed = match (method, segments.as_slice()) {
+            ("GET", ["admin", "v1", "policy"]) | ("GET", ["admin", "v1", "audit"]) => Role::Viewer,
+            ("PUT" | "DELETE", ["admin", "v1", "policy", kind, _]) => match object(kind) {
+                Some(PolicyObject::Tenant | PolicyObject::Lane) => Role::Operator,
+                Some(_) => Role::Admin,
+                None => {
+                    return answer(
+                        "404 Not Found",
+                        json!({ "error": format!("no policy object kind {kind:?}") }),
+                    )
+                }
+            },
+            ("POST", ["admin", "v1", "drain"]) => Role::Admin,
+            _ => return answer("404 Not Found", json!({ "error": what })),
+        };
+        if holder.role < needed {
+            let why = format!(
+                "{} is {:?}; {what} needs {needed:?}",
+                holder.name, holder.role
+            );
+            return self.refuse("403 Forbidden", &holder.name, &what, why).await;
+        }
+        let actor = holder.name.clone();
+        match (method, segments.as_slice()) {
+            ("GET", [_, _, "policy"]) => {
+                match self.with_db(async |db| db.policy_snapshot().await).await {
+                    Ok((version, rows)) => answer(
+                        "200 OK",
+                        json!({
+                            "version": version.0,
+                            "objects": rows.iter().map(|r| json!({
+                                "object": r.object.name(),
+                                "key": r.key,
+                                "version": r.version.0,
+                                "body": r.body,
+                            })).collect::<Vec<_>>(),
+                        }),
+                    ),
+                    Err(e) => answer("503 Service Unavailable", json!({ "error": e.to_string() })),
+                }
+            }
+            ("GET", [_, _, "audit"]) => {
+                let limit = path
+                    .split_once("limit=")
+                    .and_then(|(_, v)| v.split('&').next()?.parse::<u32>().ok())
+                    .unwrap_or(50)
+                    .min(1_000);
+                match self.with_db(async |db| db.audit_log(limit).await).await {
+                    Ok(entries) => answer(
+                        "200 OK",
+                        json!(entries
+                            .iter()
+                            .map(|e| json!({
+                                "actor": e.actor,
+                                "object": e.object,
+                                "key": e.key,
+                                "old": e.old,
+                                "new": e.new,
+                                "reason": e.reason,
+                                "version": e.version.0,
+                                "at_ms": e.at.duration_since(std::time::UNIX_EPOCH)
+                                    .map_or(0, |d| d.as_millis() as u64),
+                            }))
+                            .collect::<Vec<_>>()),
+                    ),
+                    Err(e) => answer("503 Service Unavailable", json!({ "error": e.to_string() })),
+                }
+            }
+            (_, [_, _, "policy", kind, key]) => {
+                let change: ChangeBody = match serde_json::from_slice(body) {
+                    Ok(c) => c,
+                    Err(e) => {
+                        return answer(
+                            "400 Bad Request",
+                            json!({ "error": format!("expected {{reason, body}}: {e}") }),
+                        )
+                    }
+                };
+                if change.reason.trim().is_empty() {
+                    return self
+                        .refuse(
+                            "400 Bad Request",
+                            &actor,
+                            &what,
+                            "a change needs a reason".into(),
+                        )
+                        .await;
+                }
+                let change = PolicyChange {
+                    object: object(kind).expect("checked above"),
+                    key: (*key).to_string(),
+                    body: if method == "DELETE" {
+                        None
+                    } else {
+                        change.body
+                    },
+                    actor,
+                    reason: change.reason,
+                };
+                match self
+                    .with_db(async |db| db.change_policy(&change).await)
+                    .await
+                {
+                    Ok(version) => answer("200 OK", json!({ "version": version.0 })),
+                    Err(e) if e.is_unavailable() => {
+                        answer("503 Service Unavailable", json!({ "error": e.to_string() }))
+                    }
+                    Err(e) => answer("400 Bad Request", json!({ "error": e.to_string() })),
+                }
+            }
+            ("POST", [_, _, "drain"]) => {
+                let drain = match serde_json::from_slice::<DrainBody>(body) {
+                    Ok(d) if !d.reason.trim().is_empty() => d,
+                    _ => {
+                        return answer(
+                            "400 Bad Request",
+                            json!({ "error": "expected {reason} with a reason" }),
+                        )
+                    }
+                };
+                let reason = format!("drain: {}", drain.reason);
+                let audited = self
+                    .with_db(async |db| db.audit_action(&actor, "node", "drain", &reason).await)
+                    .await;
+                if let Err(e) = audited {
+                    return answer("503 Service Unavailable", json!({ "error": e.to_string() }));
+                }
+                self.metrics
+                    .stopping
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                tracing::warn!("{reason} (by {})", holder.name);
+                answer("200 OK", json!({ "draining": true }))
+            }
+            _ => answer("404 Not Found", json!({ "error": what })),
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! spindlectl: the admin API of a spindled node from the command line.
+//!
+//!   spindlectl --node 127.0.0.1:7472 --token $TOKEN policy show
+//!   spindlectl … policy set tenant 42 --body tenant.json --reason "raise the queue cap"
+//!   spindlectl … policy delete lane BEST_EFFORT --reason "closing the lane"
+//!   spindlectl … audit --limit 20
+//!   spindlectl … drain --reason "kernel upgrade"
+//!
+//! `--json` prints the node's JSON answer as it is; otherwise a short human form.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use serde_json::{json, Value};
+
+#[derive(Parser)]
+#[command(
+    name = "spindlectl",
+    about = "Administer a spindled node over its HTTP port"
+)]
+struct Cli {
+    /// The node's HTTP address (its /metrics port).
+    #[arg(long, env = "SPINDLE_ADMIN_NODE")]
+    node: SocketAddr,
+    /// An admin token from the node's configuration.
+    #[arg(long, env = "SPINDLE_ADMIN_TOKEN", hide_env_values = true)]
+    token: String,
+    /// Print the node's JSON answer.
+    #[arg(long)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The effective policy, or a change to it.
+    Policy {
+        #[command(subcommand)]
+        action: PolicyAction,
+    },
+    /// The latest audit entries (changes, drains, refusals).
+    Audit {
+        #[arg(long, default_value_t = 20)]
+        limit: u32,
+    },
+    /// Stop admitting and dispatching on this node.
+    Drain {
+        #[arg(long)]
+        reason: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum PolicyAction {
+    Show,
+    /// Create or replace an object (tenant_policy, lane, provider_account, model_capability).
+    Set {
+        object: String,
+        key: String,
+        /// A JSON file with the object's body.
+        #[arg(long)]
+        body: PathBuf,
+        #[arg(long)]
+        reason: String,
+    },
+    Delete {
+        object: String,
+        key: String,
+        #[arg(long)]
+        reason: String,
+    },
+}
+
+/// One request, `Connection: close`; the status code and the JSON body.
+fn call(cli: &Cli, method: &str, path: &str, body: Option<&Value>) -> anyhow::Result<(u16, Value)> {
+    let mut stream = TcpStream::connect_timeout(&cli.node, Duration::from_secs(5))
+        .with_context(|| format!("connecting to {}", cli.node))?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let payload = body.map(|b| b.to_string()).unwrap_or_default();
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nhost: {}\r\nauthorization: Bearer {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{payload}",
+        cli.node,
+        cli.token,
+        payload.len()
+    )?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text)?;
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .context("the node's answer has no header end")?;
+    let status: u16 = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .context("the node's answer has no status")?;
+    let value = serde_json::from_str(body.trim()).unwrap_or(Value::String(body.trim().into()));
+    Ok((status, value))
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let (status, value) = match &cli.command {
+        Command::Policy {
+            action: PolicyAction::Show,
+        } => call(&cli, "GET", "/admin/v1/policy", None)?,
+        Command::Policy {
+            action:
+                PolicyAction::Set {
+                    object,
+                    key,
+                    body,
+                    reason,
+                },
+        } => {
+            let text = std::fs::read_to_string(body)
+                .with_context(|| format!("reading {}", body.display()))?;
+            let body: Value = serde_json::from_str(&text)
+                .with_context(|| format!("{} is not JSON", body.display()))?;
+            let path = format!("/admin/v1/policy/{object}/{key}");
+            call(
+                &cli,
+                "PUT",
+                &path,
+                Some(&json!({ "reason": reason, "body": body })),
+            )?
+        }
+        Command::Policy {
+            action:
+                PolicyAction::Delete {
+                    object,
+                    key,
+                    reason,
+                },
+        } => {
+            let path = format!("/admin/v1/policy/{object}/{key}");
+            call(&cli, "DELETE", &path, Some(&json!({ "reason": reason })))?
+        }
+        Command::Audit { limit } => {
+            call(&cli, "GET", &format!("/admin/v1/audit?limit={limit}"), None)?
+        }
+        Command::Drain { reason } => call(
+            &cli,
+            "POST",
+            "/admin/v1/drain",
+            Some(&json!({ "reason": reason })),
+        )?,
+    };
+    if cli.json {
+        println!("{}", serde_json::to_string_pretty(&value)?);
+    } else {
+        print_human(&cli.command, &value);
+    }
+    if !(200..300).contains(&status) {
+        anyhow::bail!("the node refused ({status}): {}", value["error"]);
+    }
+    Ok(())
+}
+
+fn print_human(command: &Command, v: &Value) {
+    match command {
+        Command::Policy {
+            action: PolicyAction::Show,
+        } => {
+            println!("policy version {}", v["version"]);
+            for o in v["objects"].as_array().into_iter().flatten() {
+                println!(
+                    "  {:<18} {:<40} v{}",
+                    o["object"].as_str().unwrap_or(""),
+                    o["key"].as_str().unwrap_or(""),
+                    o["version"]
+                );
+            }
+        }
+        Command::Audit { .. } => {
+            for e in v.as_array().into_iter().flatten() {
+                println!(
+                    "v{:<5} {:<12} {:<18} {:<30} {}",
+                    e["version"],
+                    e["actor"].as_str().unwrap_or(""),
+                    e["object"].as_str().unwrap_or(""),
+                    e["key"].as_str().unwrap_or(""),
+                    e["reason"].as_str().unwrap_or("")
+                );
+            }
+        }
+        _ => println!("{v}"),
+    }
+}

@@ -1,0 +1,199 @@
+//! The admin API and spindlectl against a running node: roles, reasons, the policy store's
+//! versions and audit rows, refusals audited as refused, drain.
+
+mod common;
+
+use common::{http_get, start_with};
+use spindle_control::testing::TestDb;
+
+const CONFIG: &str = r#"
+node_id = "admin-node"
+listen = "127.0.0.1:0"
+http_listen = "127.0.0.1:0"
+shards = 2
+partitions = 8
+
+[[admin_tokens]]
+name = "vera"
+token = "viewer-token-0123456789"
+role = "viewer"
+
+[[admin_tokens]]
+name = "otto"
+token = "operator-token-0123456789"
+role = "operator"
+
+[[admin_tokens]]
+name = "ada"
+token = "admin-token-0123456789"
+role = "admin"
+
+[[tenants]]
+id = 1
+credential = "one"
+"#;
+
+/// Runs spindlectl; (success, stdout).
+fn ctl(http: std::net::SocketAddr, token: &str, args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_spindlectl"))
+        .arg("--node")
+        .arg(http.to_string())
+        .arg("--token")
+        .arg(token)
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn roles_reasons_versions_and_refusals_are_all_audited() {
+    let test = TestDb::new().await;
+    let daemon = start_with(&test, CONFIG).await;
+    let http = daemon.http;
+    let dir = tempfile::tempdir().unwrap();
+    let tenant = dir.path().join("tenant.json");
+    let body = serde_json::to_string(&spindle_core::presets::tenant(
+        spindle_core::Lane::Standard,
+        3,
+    ))
+    .unwrap();
+    std::fs::write(&tenant, body).unwrap();
+    let tenant = tenant.to_str().unwrap();
+
+    // The operator changes a tenant, with a reason: a new version and an audit row.
+    let (ok, out) = ctl(
+        http,
+        "operator-token-0123456789",
+        &[
+            "--json",
+            "policy",
+            "set",
+            "tenant_policy",
+            "7",
+            "--body",
+            tenant,
+            "--reason",
+            "onboarding",
+        ],
+    );
+    assert!(ok, "{out}");
+    let version = serde_json::from_str::<serde_json::Value>(&out).unwrap()["version"]
+        .as_u64()
+        .unwrap();
+    // A viewer reads it back.
+    let (ok, out) = ctl(
+        http,
+        "viewer-token-0123456789",
+        &["--json", "policy", "show"],
+    );
+    assert!(ok, "{out}");
+    let policy: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(policy["version"].as_u64(), Some(version));
+    assert!(policy["objects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|o| o["object"] == "tenant_policy" && o["key"] == "7" && o["body"]["weight"] == 3));
+
+    // Refused: a viewer changing, an operator touching a provider account, no token at all.
+    let (ok, _) = ctl(
+        http,
+        "viewer-token-0123456789",
+        &[
+            "policy",
+            "set",
+            "tenant_policy",
+            "8",
+            "--body",
+            tenant,
+            "--reason",
+            "sneaky",
+        ],
+    );
+    assert!(!ok, "a viewer changed policy");
+    let (ok, _) = ctl(
+        http,
+        "operator-token-0123456789",
+        &[
+            "policy",
+            "delete",
+            "provider_account",
+            "vendor-0",
+            "--reason",
+            "cleanup",
+        ],
+    );
+    assert!(!ok, "an operator changed a provider account");
+    let (ok, _) = ctl(http, "not-a-token-at-all-xx", &["policy", "show"]);
+    assert!(!ok, "no token, yet served");
+    // A change without a reason is refused too.
+    let (ok, _) = ctl(
+        http,
+        "admin-token-0123456789",
+        &[
+            "policy",
+            "set",
+            "tenant_policy",
+            "9",
+            "--body",
+            tenant,
+            "--reason",
+            " ",
+        ],
+    );
+    assert!(!ok, "a change without a reason went through");
+
+    let (ok, out) = ctl(
+        http,
+        "admin-token-0123456789",
+        &["--json", "audit", "--limit", "10"],
+    );
+    assert!(ok, "{out}");
+    let audit: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
+    let has = |actor: &str, object: &str, needle: &str| {
+        audit.iter().any(|e| {
+            e["actor"] == actor
+                && e["object"] == object
+                && (e["reason"].as_str().unwrap_or("").contains(needle)
+                    || e["key"].as_str().unwrap_or("").contains(needle))
+        })
+    };
+    assert!(has("otto", "tenant_policy", "onboarding"), "{audit:#?}");
+    assert!(
+        has("vera", "refused", "PUT /admin/v1/policy/tenant_policy/8"),
+        "{audit:#?}"
+    );
+    assert!(has("otto", "refused", "provider_account"), "{audit:#?}");
+    assert!(
+        has("anonymous", "refused", "no valid admin token"),
+        "{audit:#?}"
+    );
+    assert!(
+        has("ada", "refused", "a change needs a reason"),
+        "{audit:#?}"
+    );
+    // The policy version moved only for the accepted change.
+    let (_, out) = ctl(
+        http,
+        "viewer-token-0123456789",
+        &["--json", "policy", "show"],
+    );
+    let after: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(after["version"].as_u64(), Some(version));
+
+    // An admin drains the node: not ready any more, and the drain is in the audit log.
+    let (ok, out) = ctl(
+        http,
+        "admin-token-0123456789",
+        &["drain", "--reason", "kernel upgrade"],
+    );
+    assert!(ok, "{out}");
+    let (status, _) = http_get(http, "/readyz").await;
+    assert!(status.contains("503"), "{status}");
+    let (_, out) = ctl(http, "viewer-token-0123456789", &["--json", "audit"]);
+    assert!(out.contains("drain: kernel upgrade"), "{out}");
+}
