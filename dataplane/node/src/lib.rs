@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod ownership;
 pub mod server;
 pub mod shard;
+pub mod systemd;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -317,6 +318,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
         "serving on {addr} with {} shards; /metrics, /livez, /readyz on {http_addr}",
         config.shards
     );
+    systemd::notify(&format!("READY=1\nSTATUS=serving on {addr}"));
     if let Some(path) = &config.ready_file {
         // Written aside and renamed: a reader never sees half of it.
         let tmp = path.with_extension("partial");
@@ -352,10 +354,26 @@ async fn wait_for_stop(config: &Config, db_config: &DbConfig, metrics: &metrics:
         tracing::warn!("cannot install signal handlers");
         return std::future::pending().await;
     };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+    // The systemd watchdog is fed from the control plane's runtime: a wedged runtime stops
+    // feeding it. A PostgreSQL outage does not (the node keeps running work through one).
+    if let Some(every) = systemd::watchdog_interval() {
+        let mut tick = tokio::time::interval(every);
+        loop {
+            tokio::select! {
+                _ = term.recv() => break,
+                _ = int.recv() => break,
+                _ = tick.tick() => {
+                    systemd::notify("WATCHDOG=1");
+                }
+            }
+        }
+    } else {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
     }
+    systemd::notify("STOPPING=1");
     tracing::info!(
         "stopping: no new work; draining running work for up to {} ms",
         config.drain_ms

@@ -1,0 +1,141 @@
+//! The deployment files, checked against what the node really is: the Kubernetes manifests parse
+//! and are consistent (selectors, probes on real ports and paths, the PostgreSQL Secret, GPU
+//! placement, a grace period that covers the drain), their configuration loads as spindled's own
+//! configuration type, and the systemd unit is a notify unit whose stop timeout covers the drain.
+
+use std::path::PathBuf;
+
+use serde_yaml::Value;
+
+fn repo(path: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(path)
+}
+
+fn str_at<'a>(v: &'a Value, path: &[&str]) -> &'a str {
+    let mut cur = v;
+    for p in path {
+        cur = &cur[*p];
+    }
+    cur.as_str()
+        .unwrap_or_else(|| panic!("{path:?} is not a string: {cur:?}"))
+}
+
+#[test]
+fn the_kubernetes_manifests_are_consistent_with_the_node() {
+    let text = std::fs::read_to_string(repo("deploy/kubernetes/spindled.yaml")).unwrap();
+    let docs: Vec<Value> = serde_yaml::Deserializer::from_str(&text)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .collect();
+    for d in &docs {
+        assert!(!str_at(d, &["apiVersion"]).is_empty());
+        assert!(!str_at(d, &["kind"]).is_empty());
+        assert!(!str_at(d, &["metadata", "name"]).is_empty());
+    }
+    let find = |kind: &str| {
+        docs.iter()
+            .find(|d| d["kind"].as_str() == Some(kind))
+            .unwrap_or_else(|| panic!("no {kind}"))
+    };
+    let (config_map, secret, ds) = (find("ConfigMap"), find("Secret"), find("DaemonSet"));
+
+    // The configuration is spindled's own type.
+    let toml_text = str_at(config_map, &["data", "spindled.toml"]);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("spindled.toml");
+    std::fs::write(&path, toml_text).unwrap();
+    let config = spindle_node::config::Config::load(&spindle_node::config::Args {
+        config: Some(path),
+        listen: None,
+        http_listen: None,
+        postgres: None,
+        shards: None,
+        node_id: None,
+        ready_file: None,
+    })
+    .unwrap();
+
+    let spec = &ds["spec"];
+    let labels = &spec["template"]["metadata"]["labels"];
+    for (k, v) in spec["selector"]["matchLabels"].as_mapping().unwrap() {
+        assert_eq!(&labels[k.as_str().unwrap()], v, "selector label {k:?}");
+    }
+    let pod = &spec["template"]["spec"];
+    assert_eq!(
+        str_at(pod, &["nodeSelector", "nvidia.com/gpu.present"]),
+        "true"
+    );
+    assert!(pod["tolerations"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .any(|t| t["key"].as_str() == Some("nvidia.com/gpu")));
+    let grace_s = pod["terminationGracePeriodSeconds"].as_u64().unwrap();
+    assert!(
+        grace_s * 1_000 > config.drain_ms,
+        "a {grace_s} s grace period cuts a {} ms drain short",
+        config.drain_ms
+    );
+    let c = &pod["containers"][0];
+    let env = c["env"].as_sequence().unwrap();
+    let var = |name: &str| env.iter().find(|e| e["name"].as_str() == Some(name));
+    let caps = str_at(var("NVIDIA_DRIVER_CAPABILITIES").unwrap(), &["value"]);
+    assert!(
+        caps.split(',').any(|c| c == "video"),
+        "NVDEC/NVENC need the video capability"
+    );
+    let pg = var("SPINDLE_POSTGRES").expect("PostgreSQL from a Secret");
+    let key = &pg["valueFrom"]["secretKeyRef"];
+    assert_eq!(
+        str_at(key, &["name"]),
+        str_at(secret, &["metadata", "name"])
+    );
+    assert!(secret["stringData"][str_at(key, &["key"])].is_string());
+    // Probes hit the node's real endpoints on a declared port that is the configured one.
+    let ports = c["ports"].as_sequence().unwrap();
+    let port = |name: &str| {
+        ports
+            .iter()
+            .find(|p| p["name"].as_str() == Some(name))
+            .and_then(|p| p["containerPort"].as_u64())
+            .unwrap_or_else(|| panic!("no port {name}"))
+    };
+    assert_eq!(port("http"), u64::from(config.http_listen.port()));
+    assert_eq!(port("protocol"), u64::from(config.listen.port()));
+    for (probe, path) in [("readinessProbe", "/readyz"), ("livenessProbe", "/livez")] {
+        assert_eq!(str_at(c, &[probe, "httpGet", "path"]), path);
+        assert_eq!(str_at(c, &[probe, "httpGet", "port"]), "http");
+    }
+    assert!(c["securityContext"]["capabilities"]["add"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .any(|c| c.as_str() == Some("IPC_LOCK")));
+}
+
+#[test]
+fn the_systemd_unit_is_a_notify_unit_that_outlasts_the_drain() {
+    let unit = std::fs::read_to_string(repo("deploy/systemd/spindled.service")).unwrap();
+    let get = |key: &str| {
+        unit.lines()
+            .find_map(|l| l.strip_prefix(&format!("{key}=")))
+            .unwrap_or_else(|| panic!("no {key}="))
+    };
+    assert_eq!(get("Type"), "notify");
+    assert!(get("WatchdogSec").ends_with('s'));
+    let stop: u64 = get("TimeoutStopSec").trim_end_matches('s').parse().unwrap();
+    let example = std::fs::read_to_string(repo("dataplane/node/spindled.example.toml")).unwrap();
+    let drain_ms: u64 = example
+        .lines()
+        .find_map(|l| l.strip_prefix("drain_ms = "))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    assert!(
+        stop * 1_000 > drain_ms,
+        "TimeoutStopSec {stop} s < drain {drain_ms} ms"
+    );
+    assert_eq!(get("LimitMEMLOCK"), "infinity");
+    assert!(get("LimitNOFILE").parse::<u64>().unwrap() >= 65_536);
+    assert_eq!(get("KillSignal"), "SIGTERM");
+}
