@@ -353,6 +353,34 @@ mod tests {
         assert_eq!(reject.tenants[1].submit_per_minute, Some(60));
     }
 
+    /// docs/operations.md's configuration reference names every key of `Config` (read from this
+    /// file's source, so a new field without documentation fails here).
+    #[test]
+    fn the_operations_guide_lists_every_key() {
+        let source = include_str!("config.rs");
+        let body = source
+            .split("pub struct Config {")
+            .nth(1)
+            .and_then(|b| b.split("\n}\n").next())
+            .expect("the Config struct");
+        let fields: Vec<&str> = body
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("pub "))
+            .filter_map(|l| l.split(':').next())
+            .collect();
+        assert!(fields.len() > 20, "{fields:?}");
+        let guide = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/operations.md"),
+        )
+        .unwrap();
+        for f in fields {
+            assert!(
+                guide.contains(&format!("| `{f}` |")),
+                "docs/operations.md lacks `{f}`"
+            );
+        }
+    }
+
     #[test]
     fn a_bad_tenant_limit_is_named() {
         let dir = tempfile::tempdir().unwrap();
