@@ -966,6 +966,34 @@ impl Shard {
         rt.rate_bucket_start = rt.rate_bucket_start.plus_ns(buckets * RATE_BUCKET_NS);
     }
 
+    /// A tenant's policy changed (a newer policy version). Its limits and DRR weight apply from
+    /// now on; its queued and running tasks keep the lane, band and estimate they were admitted
+    /// with (they carry the version they were admitted under).
+    pub fn set_tenant_policy(&mut self, tenant: TenantId, policy: TenantPolicy, now: Time) {
+        self.policy.tenants.insert(tenant, policy.clone());
+        let Some(&slot) = self.tenant_slots.get(&tenant) else {
+            return;
+        };
+        let t = &mut self.tenants[slot as usize];
+        let (old_w, new_w) = (u64::from(t.policy.weight), u64::from(policy.weight));
+        for lane in Lane::ALL {
+            if t.queues[lane.index()].as_ref().is_some_and(|q| q.in_ring) {
+                let rt = &mut self.lanes[lane.index()];
+                rt.backlog_weight = rt.backlog_weight - old_w + new_w;
+            }
+        }
+        let l = &mut self.ledger;
+        l.set_rate(t.submit_rate, policy.submit_rate, now);
+        l.set_capacity(t.queued_tasks, policy.queued_tasks_max);
+        l.set_capacity(t.queued_units, policy.queued_units_max.milli());
+        l.set_capacity(t.running_tasks, policy.running_tasks_max);
+        l.set_capacity(t.running_units, policy.running_units_max.milli());
+        l.set_rate(t.cost_per_minute, policy.cost_per_minute, now);
+        t.policy = policy;
+        // More room may let a stalled lane go on.
+        self.unstall_all();
+    }
+
     fn ensure_tenant(&mut self, tenant: TenantId) -> Result<u32, SubmitError> {
         if let Some(&slot) = self.tenant_slots.get(&tenant) {
             return Ok(slot);

@@ -558,6 +558,12 @@ pub async fn start(
         ownership: ownership.clone(),
         preferred,
     };
+    tokio::spawn(watch_policy(
+        db_config.clone(),
+        config.clone(),
+        metrics.clone(),
+        shard_inboxes.clone(),
+    ));
     tokio::spawn(lease.run(shard_inboxes));
     let (reads, read_rx) = mpsc::channel(READ_QUEUE_MAX);
     tokio::spawn(reader(
@@ -695,6 +701,73 @@ impl LeaseLoop {
             self.ownership.set(*p, true);
         }
         Ok(n)
+    }
+}
+
+/// How often a node looks for a newer policy version.
+const POLICY_POLL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Applies tenant policies from the policy store to the shards as their versions appear (at
+/// start: every stored one, over the configuration's). One cheap version read a second; the
+/// snapshot only when it moved.
+async fn watch_policy(
+    db_config: DbConfig,
+    config: crate::config::Config,
+    metrics: Arc<Metrics>,
+    shards: Vec<mpsc::Sender<crate::shard::ShardMsg>>,
+) {
+    use spindle_control::policy::PolicyObject;
+    let mut db: Option<Db> = None;
+    let mut applied: u64 = 0;
+    let mut tick = tokio::time::interval(POLICY_POLL);
+    loop {
+        tick.tick().await;
+        if db.as_ref().is_none_or(Db::is_closed) {
+            db = Db::open(&db_config).await.ok();
+        }
+        let Some(conn) = db.as_mut() else { continue };
+        let version = match conn.policy_version().await {
+            Ok(v) => v.0,
+            Err(e) => {
+                tracing::warn!("reading the policy version: {e}");
+                continue;
+            }
+        };
+        if version <= applied {
+            continue;
+        }
+        let rows = match conn.policy_snapshot().await {
+            Ok((_, rows)) => rows,
+            Err(e) => {
+                tracing::warn!("reading the policy: {e}");
+                continue;
+            }
+        };
+        for row in rows.iter().filter(|r| r.object == PolicyObject::Tenant) {
+            if row.version.0 <= applied {
+                continue;
+            }
+            let (Ok(tenant), Ok(policy)) = (
+                row.key.parse::<u32>(),
+                serde_json::from_value::<spindle_core::policy::TenantPolicy>(row.body.clone()),
+            ) else {
+                tracing::warn!("tenant policy {} is unreadable; skipped", row.key);
+                continue;
+            };
+            let shard = &shards[config.shard_of(tenant)];
+            let msg = crate::shard::ShardMsg::TenantPolicy {
+                tenant: spindle_core::TenantId(tenant),
+                policy,
+            };
+            if shard.send(msg).await.is_err() {
+                return;
+            }
+        }
+        applied = version;
+        metrics
+            .policy_version
+            .store(applied, std::sync::atomic::Ordering::Relaxed);
+        tracing::info!("policy version {applied} applied");
     }
 }
 

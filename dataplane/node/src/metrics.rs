@@ -138,6 +138,8 @@ pub struct Metrics {
     pub stopping: AtomicBool,
     /// Live nodes of the cluster as this node last counted them.
     pub live_nodes: AtomicU64,
+    /// The policy store's version this node has applied.
+    pub policy_version: AtomicU64,
     /// Reports queued or sent whose answer has not come back (what a drain also waits for).
     pub reports_pending: AtomicU64,
 }
@@ -163,6 +165,7 @@ impl Metrics {
             postgres_ok: AtomicBool::new(true),
             stopping: AtomicBool::new(false),
             live_nodes: AtomicU64::new(1),
+            policy_version: AtomicU64::new(0),
             reports_pending: AtomicU64::new(0),
         })
     }
@@ -394,6 +397,11 @@ impl Metrics {
                 }
             }
         }
+        let _ = writeln!(
+            w,
+            "# TYPE spindle_policy_version gauge\nspindle_policy_version {}",
+            self.policy_version.load(Ordering::Relaxed)
+        );
         let _ = writeln!(
             w,
             "# TYPE spindle_live_nodes gauge\nspindle_live_nodes {}",

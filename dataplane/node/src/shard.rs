@@ -66,6 +66,11 @@ pub enum ShardMsg {
     Provider(crate::dispatch::ProviderEvent),
     /// A media job ended.
     Media(crate::media::MediaEvent),
+    /// A tenant's policy changed in the policy store (applies to new work).
+    TenantPolicy {
+        tenant: TenantId,
+        policy: spindle_core::policy::TenantPolicy,
+    },
     /// Removes this connection's subscriptions of `task` (a connection is one tenant's, so
     /// nothing else can be touched).
     Unsubscribe {
@@ -369,6 +374,12 @@ pub async fn run(state: SharedShard, mut inbox: mpsc::Receiver<ShardMsg>) {
             ShardMsg::Provider(event) => {
                 let state = state.clone();
                 glommio::spawn_local(async move { provider_event(&state, event).await }).detach();
+            }
+            ShardMsg::TenantPolicy { tenant, policy } => {
+                let mut s = state.borrow_mut();
+                let now = s.now();
+                s.policy.tenants.insert(tenant, policy.clone());
+                s.core.set_tenant_policy(tenant, policy, now);
             }
             ShardMsg::Media(event) => {
                 media_event(&mut state.borrow_mut(), event);

@@ -197,3 +197,63 @@ async fn roles_reasons_versions_and_refusals_are_all_audited() {
     let (_, out) = ctl(http, "viewer-token-0123456789", &["--json", "audit"]);
     assert!(out.contains("drain: kernel upgrade"), "{out}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_change_reaches_the_running_node_within_two_seconds() {
+    let test = TestDb::new().await;
+    let daemon = start_with(&test, CONFIG).await;
+    let client = spindle_client::Client::connect(daemon.addr, spindle_core::TenantId(1), "one")
+        .await
+        .unwrap();
+    let a = client.submit(common::task("before")).await.unwrap();
+    assert!(a.decision.is_accepted(), "{a:?}");
+
+    // Tenant 1 may now submit once a second.
+    let mut slow = spindle_core::presets::tenant(spindle_core::Lane::Standard, 1);
+    slow.submit_rate = spindle_core::policy::RateSpec {
+        per_minute: 60,
+        burst: 1,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let body = dir.path().join("slow.json");
+    std::fs::write(&body, serde_json::to_string(&slow).unwrap()).unwrap();
+    let started = std::time::Instant::now();
+    let (ok, out) = ctl(
+        daemon.http,
+        "operator-token-0123456789",
+        &[
+            "--json",
+            "policy",
+            "set",
+            "tenant_policy",
+            "1",
+            "--body",
+            body.to_str().unwrap(),
+            "--reason",
+            "abuse",
+        ],
+    );
+    assert!(ok, "{out}");
+    let version = serde_json::from_str::<serde_json::Value>(&out).unwrap()["version"]
+        .as_u64()
+        .unwrap();
+    let applied = format!("spindle_policy_version {version}");
+    let mut seen = false;
+    while started.elapsed() < std::time::Duration::from_secs(2) {
+        if http_get(daemon.http, "/metrics").await.1.contains(&applied) {
+            seen = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(seen, "version {version} not applied within 2 s");
+    let mut accepted = 0;
+    for i in 0..5 {
+        let a = client
+            .submit(common::task(&format!("after{i}")))
+            .await
+            .unwrap();
+        accepted += u32::from(a.decision.is_accepted());
+    }
+    assert!(accepted <= 2, "{accepted} of 5 accepted at one a second");
+}
