@@ -416,6 +416,10 @@ impl Metrics {
     }
 }
 
+/// The operator dashboard: one static page that reads `/metrics` (and, with a viewer token,
+/// the audit log) and redraws every second. No build step, no external assets.
+const DASHBOARD: &str = include_str!("dashboard.html");
+
 /// Bytes of a request's head (request line and headers) the HTTP port reads.
 const HEAD_BYTES_MAX: usize = 8 * 1024;
 
@@ -517,6 +521,7 @@ async fn answer(
             }
             None => ("404 Not Found", "no admin tokens configured\n".to_string()),
         },
+        ("GET", "/dashboard") => ("200 OK", DASHBOARD.to_string()),
         (_, "/livez") => ("200 OK", "ok\n".to_string()),
         (_, "/readyz") if metrics.ready() => ("200 OK", "ready\n".to_string()),
         (_, "/readyz") => (
@@ -526,8 +531,15 @@ async fn answer(
         (_, "/metrics") => ("200 OK", metrics.render()),
         _ => ("404 Not Found", "not found\n".to_string()),
     };
+    let content_type = if path == "/dashboard" {
+        "text/html; charset=utf-8"
+    } else if path.starts_with("/admin/") {
+        "application/json"
+    } else {
+        "text/plain; version=0.0.4"
+    };
     let response = format!(
-        "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        "HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
         body.len()
     );
     let _ = stream.write_all(response.as_bytes()).await;

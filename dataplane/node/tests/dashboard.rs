@@ -1,0 +1,160 @@
+//! The operator dashboard in Debian's headless Chromium against a running node under load: the
+//! page renders the node's numbers, they change as work runs, a policy change made through
+//! spindlectl shows up in its audit list, and a screenshot is kept in
+//! target/test-artifacts/dashboard.png.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::{start_with, task};
+use spindle_client::Client;
+use spindle_control::testing::TestDb;
+use spindle_core::TenantId;
+
+const CONFIG: &str = r#"
+node_id = "dash-node"
+listen = "127.0.0.1:0"
+http_listen = "127.0.0.1:0"
+shards = 2
+partitions = 8
+local_provider_time_scale = 0.01
+
+[[admin_tokens]]
+name = "vera"
+token = "viewer-token-0123456789"
+role = "viewer"
+
+[[admin_tokens]]
+name = "otto"
+token = "operator-token-0123456789"
+role = "operator"
+
+[[tenants]]
+id = 1
+credential = "one"
+"#;
+
+/// The page's DOM after its scripts ran (Chromium's virtual time lets its timers fire).
+fn dump_dom(url: &str) -> String {
+    let out = std::process::Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--virtual-time-budget=3000",
+            "--dump-dom",
+        ])
+        .arg(url)
+        .output()
+        .expect("Debian's chromium (scripts/setup-system installs it)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The "completed N" the page shows.
+fn completed(dom: &str) -> u64 {
+    dom.split("completed ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no completed count on the page:\n{dom}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_renders_live_numbers_and_the_audit_list_in_chromium() {
+    let test = TestDb::new().await;
+    let daemon = start_with(&test, CONFIG).await;
+    let url = format!(
+        "http://{}/dashboard#token=viewer-token-0123456789",
+        daemon.http
+    );
+    let before = dump_dom(&url);
+    assert!(
+        before.contains("<th>lane</th>") && before.contains("STANDARD"),
+        "{before}"
+    );
+
+    // Load: the numbers move.
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let batch: Vec<_> = (0..40).map(|i| task(&format!("d{i}"))).collect();
+    let last = client.submit_batch(batch).await.unwrap().pop().unwrap();
+    common::wait_for(&client, last.task, spindle_core::TaskState::Succeeded).await;
+    let during = dump_dom(&url);
+    assert!(
+        completed(&during) > completed(&before),
+        "the page did not follow the load"
+    );
+    assert!(during.contains("<td>ACCEPTED</td>"), "{during}");
+
+    // A policy change through spindlectl appears in the page's audit list.
+    let dir = tempfile::tempdir().unwrap();
+    let body = dir.path().join("t.json");
+    std::fs::write(
+        &body,
+        serde_json::to_string(&spindle_core::presets::tenant(
+            spindle_core::Lane::Standard,
+            2,
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_spindlectl"))
+        .arg("--node")
+        .arg(daemon.http.to_string())
+        .args([
+            "--token",
+            "operator-token-0123456789",
+            "policy",
+            "set",
+            "tenant_policy",
+            "1",
+        ])
+        .arg("--body")
+        .arg(&body)
+        .args(["--reason", "dashboard-check"])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let after = dump_dom(&url);
+    assert!(
+        after.contains("dashboard-check") && after.contains("<td>otto</td>"),
+        "{after}"
+    );
+
+    // The screenshot, kept as the test's artifact.
+    let artifacts = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/test-artifacts");
+    std::fs::create_dir_all(&artifacts).unwrap();
+    let shot = artifacts.join("dashboard.png");
+    let _ = std::fs::remove_file(&shot);
+    let out = std::process::Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--window-size=1280,900",
+            "--virtual-time-budget=3000",
+        ])
+        .arg(format!("--screenshot={}", shot.display()))
+        .arg(&url)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let png = std::fs::read(&shot).unwrap();
+    assert!(
+        png.starts_with(b"\x89PNG") && png.len() > 10_000,
+        "{} bytes",
+        png.len()
+    );
+}
