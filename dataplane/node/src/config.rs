@@ -188,6 +188,21 @@ fn default_weight() -> u32 {
     1
 }
 
+impl Args {
+    /// Only a configuration file (no flag or environment overrides), optionally a ready file.
+    pub fn file(config: PathBuf, ready_file: Option<PathBuf>) -> Args {
+        Args {
+            config: Some(config),
+            listen: None,
+            http_listen: None,
+            postgres: None,
+            shards: None,
+            node_id: None,
+            ready_file,
+        }
+    }
+}
+
 impl Config {
     /// The file (if any), then flags and environment on top; checks the result.
     pub fn load(args: &Args) -> anyhow::Result<Config> {
@@ -329,15 +344,7 @@ mod tests {
 
     fn load(file: &str) -> anyhow::Result<Config> {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
-        Config::load(&Args {
-            config: Some(path),
-            listen: None,
-            http_listen: None,
-            postgres: None,
-            shards: None,
-            node_id: None,
-            ready_file: None,
-        })
+        Config::load(&Args::file(path, None))
     }
 
     #[test]
@@ -390,16 +397,7 @@ mod tests {
             "[[tenants]]\nid = 3\ncredential = \"x\"\nsubmit_per_minute = 0\n",
         )
         .unwrap();
-        let e = Config::load(&Args {
-            config: Some(path),
-            listen: None,
-            http_listen: None,
-            postgres: None,
-            shards: None,
-            node_id: None,
-            ready_file: None,
-        })
-        .unwrap_err();
+        let e = Config::load(&Args::file(path, None)).unwrap_err();
         assert_eq!(
             e.to_string(),
             "tenant 3: submit_per_minute must be 1..=1000000000"

@@ -45,16 +45,8 @@ fn the_kubernetes_manifests_are_consistent_with_the_node() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("spindled.toml");
     std::fs::write(&path, toml_text).unwrap();
-    let config = spindle_node::config::Config::load(&spindle_node::config::Args {
-        config: Some(path),
-        listen: None,
-        http_listen: None,
-        postgres: None,
-        shards: None,
-        node_id: None,
-        ready_file: None,
-    })
-    .unwrap();
+    let config =
+        spindle_node::config::Config::load(&spindle_node::config::Args::file(path, None)).unwrap();
 
     let spec = &ds["spec"];
     let labels = &spec["template"]["metadata"]["labels"];

@@ -269,15 +269,7 @@ fn toml_config_at(
 ) -> anyhow::Result<spindle_node::config::Config> {
     let path = ready.with_file_name(file);
     std::fs::write(&path, text)?;
-    let args = spindle_node::config::Args {
-        config: Some(path),
-        listen: None,
-        http_listen: None,
-        postgres: None,
-        shards: None,
-        node_id: None,
-        ready_file: Some(ready.to_path_buf()),
-    };
+    let args = spindle_node::config::Args::file(path, Some(ready.to_path_buf()));
     spindle_node::config::Config::load(&args)
 }
 
