@@ -97,6 +97,8 @@ pub struct TenantRunning {
     pub tenant: u32,
     pub tasks: u64,
     pub units_milli: u64,
+    /// The tenant's DRR weight (its entitlement, relative to the others').
+    pub weight: u32,
 }
 
 /// The node-wide limits split among shards, for `/metrics`: their names and the board.
@@ -373,6 +375,11 @@ impl Metrics {
                     w,
                     "spindle_tenant_running_tasks{{shard=\"{i}\",tenant=\"{}\"}} {}",
                     t.tenant, t.tasks
+                );
+                let _ = writeln!(
+                    w,
+                    "spindle_tenant_weight{{shard=\"{i}\",tenant=\"{}\"}} {}",
+                    t.tenant, t.weight
                 );
             }
         }

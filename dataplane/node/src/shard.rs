@@ -1074,6 +1074,7 @@ fn publish_tenants(s: &ShardState) {
                     tenant: m.tenant.0,
                     tasks: 0,
                     units_milli: 0,
+                    weight: s.policy.tenants.get(&m.tenant).map_or(1, |p| p.weight),
                 });
             t.tasks += 1;
             t.units_milli += e.fairness.milli();
