@@ -116,6 +116,8 @@ pub struct ShardGauges {
     pub running_tasks: AtomicU64,
     /// Tenants with running work, rewritten every shard tick.
     pub tenants: std::sync::Mutex<Vec<TenantRunning>>,
+    /// Provider accounts whose RPM this shard has halved after a 429 (per tick).
+    pub penalized: std::sync::Mutex<Vec<String>>,
 }
 
 pub struct Metrics {
@@ -293,7 +295,22 @@ impl Metrics {
                 c.load(Ordering::Relaxed)
             );
         }
+        let mut penalized: Vec<String> = self
+            .shards
+            .iter()
+            .flat_map(|g| g.penalized.lock().map(|p| p.clone()).unwrap_or_default())
+            .collect();
+        penalized.sort();
+        penalized.dedup();
         if let Some(health) = self.health.get() {
+            let _ = writeln!(w, "# HELP spindle_provider_penalized Whether a provider account's rate is halved after a 429 (on any shard).\n# TYPE spindle_provider_penalized gauge");
+            for (name, _, _) in health.snapshot() {
+                let _ = writeln!(
+                    w,
+                    "spindle_provider_penalized{{provider=\"{name}\"}} {}",
+                    u8::from(penalized.contains(&name))
+                );
+            }
             let _ = writeln!(w, "# HELP spindle_provider_circuit_open Whether a provider account's circuit is open (no new work), and how often it opened.\n# TYPE spindle_provider_circuit_open gauge");
             for (name, open, opened) in health.snapshot() {
                 let _ = writeln!(

@@ -1085,6 +1085,23 @@ fn publish_tenants(s: &ShardState) {
     if let Ok(mut slot) = s.metrics.shards[s.index].tenants.lock() {
         *slot = tenants;
     }
+    let now = s.now();
+    let penalized: Vec<String> = s
+        .core
+        .ledger()
+        .ids()
+        .filter_map(|(id, key)| match key {
+            spindle_core::ledger::LimitKey::ProviderRpm(p)
+                if s.core.ledger().is_penalized(id, now) =>
+            {
+                s.policy.providers.get(p.0 as usize).map(|p| p.name.clone())
+            }
+            _ => None,
+        })
+        .collect();
+    if let Ok(mut slot) = s.metrics.shards[s.index].penalized.lock() {
+        *slot = penalized;
+    }
 }
 
 fn publish_gauges(s: &ShardState) {

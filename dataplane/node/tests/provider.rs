@@ -233,6 +233,19 @@ async fn a_429_storm_is_retried_with_backoff_and_never_breaks_the_contract() {
     let total = assert_clean(&test, &admin).await;
     assert_eq!(total.accepted, 30, "each task accepted once");
     assert!(total.rate_limited > 0, "the storm never hit: {total:?}");
+    // The 429s halved an account's rate for two minutes; /metrics (and the dashboard) say so.
+    let mut penalized = false;
+    for _ in 0..200 {
+        let (_, metrics) = http_get(daemon.http, "/metrics").await;
+        penalized = metrics
+            .lines()
+            .any(|l| l.starts_with("spindle_provider_penalized") && l.ends_with(" 1"));
+        if penalized {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(penalized, "no account shown as penalized after a 429 storm");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
