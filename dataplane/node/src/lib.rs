@@ -208,9 +208,10 @@ fn run_node(config: Config) -> anyhow::Result<()> {
         .map(|t| (t.id, t.credential.clone()))
         .collect();
 
-    let board = std::sync::Arc::new(shard::split_board(&policy, config.shards));
+    let (board, limit_names) = shard::split_board(&policy, config.shards);
+    let board = std::sync::Arc::new(board);
     let _ = metrics.split.set(metrics::SplitView {
-        names: shard::split_limit_names(&policy, config.shards),
+        names: limit_names,
         board: board.clone(),
     });
     let mut handles = Vec::new();

@@ -194,6 +194,8 @@ pub struct ShardState {
     /// Node-wide limits sub-leased among the shards, and which of the core's limits they are.
     board: std::sync::Arc<ShareBoard>,
     split_limits: Vec<(LimitId, NodeCapacity)>,
+    /// Each provider account's RPM bucket in the core, with the account's name.
+    provider_rpm: Vec<(LimitId, String)>,
     ownership: std::sync::Arc<crate::ownership::Ownership>,
     dispatch: Option<crate::dispatch::DispatchHandle>,
     health: std::sync::Arc<crate::health::ProviderHealth>,
@@ -229,26 +231,18 @@ pub struct ShardSetup {
     pub media: Option<crate::media::MediaPool>,
 }
 
-/// The names of the board's limits, in its order (for `/metrics`).
-pub fn split_limit_names(policy: &Policy, shards: u32) -> Vec<String> {
+/// The board every shard of a node shares: one entry per node limit that can bind, in the order
+/// the core lists them (every shard's core lists the same limits under the same ids), with the
+/// limits' names in that order (for `/metrics`).
+pub fn split_board(policy: &Policy, shards: u32) -> (ShareBoard, Vec<String>) {
     let probe = Shard::new(policy.clone(), shards, Time::ZERO);
-    probe
-        .bounded_node_limits()
+    let limits = probe.bounded_node_limits();
+    let capacities: Vec<u64> = limits.iter().map(|(_, c)| c.units()).collect();
+    let names = limits
         .iter()
         .map(|&(id, _)| probe.ledger().key(id).to_string())
-        .collect()
-}
-
-/// The board every shard of a node shares: one entry per node limit that can bind, in the order
-/// the core lists them (every shard's core lists the same limits under the same ids).
-pub fn split_board(policy: &Policy, shards: u32) -> ShareBoard {
-    let probe = Shard::new(policy.clone(), shards, Time::ZERO);
-    let capacities: Vec<u64> = probe
-        .bounded_node_limits()
-        .iter()
-        .map(|(_, c)| c.units())
         .collect();
-    ShareBoard::new(&capacities, shards as usize)
+    (ShareBoard::new(&capacities, shards as usize), names)
 }
 
 impl ShardState {
@@ -256,6 +250,18 @@ impl ShardState {
         let epoch = Instant::now();
         let core = Shard::new(setup.policy.clone(), setup.shards, Time::ZERO);
         let split_limits = core.bounded_node_limits();
+        let provider_rpm = core
+            .ledger()
+            .ids()
+            .filter_map(|(id, key)| match key {
+                spindle_core::ledger::LimitKey::ProviderRpm(p) => setup
+                    .policy
+                    .providers
+                    .get(p.0 as usize)
+                    .map(|p| (id, p.name.clone())),
+                _ => None,
+            })
+            .collect();
         assert_eq!(
             split_limits.len(),
             setup.board.limits(),
@@ -265,6 +271,7 @@ impl ShardState {
             core,
             board: setup.board,
             split_limits,
+            provider_rpm,
             ownership: setup.ownership,
             dispatch: setup.dispatch,
             health: setup.health,
@@ -1087,17 +1094,10 @@ fn publish_tenants(s: &ShardState) {
     }
     let now = s.now();
     let penalized: Vec<String> = s
-        .core
-        .ledger()
-        .ids()
-        .filter_map(|(id, key)| match key {
-            spindle_core::ledger::LimitKey::ProviderRpm(p)
-                if s.core.ledger().is_penalized(id, now) =>
-            {
-                s.policy.providers.get(p.0 as usize).map(|p| p.name.clone())
-            }
-            _ => None,
-        })
+        .provider_rpm
+        .iter()
+        .filter(|(id, _)| s.core.ledger().is_penalized(*id, now))
+        .map(|(_, name)| name.clone())
         .collect();
     if let Ok(mut slot) = s.metrics.shards[s.index].penalized.lock() {
         *slot = penalized;
