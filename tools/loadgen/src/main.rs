@@ -205,14 +205,7 @@ fn demo(quiet_rate: f64, common: &Common) -> anyhow::Result<()> {
         quiet_rate * 100.0,
         common.duration
     );
-    std::thread::Builder::new()
-        .name("spindled".into())
-        .spawn(move || {
-            if let Err(e) = spindle_node::run(config) {
-                eprintln!("spindled stopped: {e:#}");
-            }
-        })?;
-    let addr = wait_ready(&ready)?;
+    let addr = start_node("spindled", config, &ready)?;
     let result = drive(addr, loads, common);
     // The node's threads end with the process; the private PostgreSQL is stopped here.
     QUIET.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -220,6 +213,23 @@ fn demo(quiet_rate: f64, common: &Common) -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     result?;
     std::process::exit(0);
+}
+
+/// Runs spindled in this process on a thread named `name`; its client address once it serves.
+fn start_node(
+    name: &str,
+    config: spindle_node::config::Config,
+    ready: &std::path::Path,
+) -> anyhow::Result<SocketAddr> {
+    let thread = name.to_string();
+    std::thread::Builder::new()
+        .name(thread.clone())
+        .spawn(move || {
+            if let Err(e) = spindle_node::run(config) {
+                eprintln!("{thread} stopped: {e:#}");
+            }
+        })?;
+    wait_ready(ready)
 }
 
 /// Waits (bounded: 30 s) for an in-process spindled's ready file; its client address.

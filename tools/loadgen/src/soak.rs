@@ -59,14 +59,7 @@ poll_ms = [500, 1000]
             ));
         }
         let config = crate::toml_config_at(&text, &ready, &format!("spindled-{n}.toml"))?;
-        std::thread::Builder::new()
-            .name(format!("spindled-{n}"))
-            .spawn(move || {
-                if let Err(e) = spindle_node::run(config) {
-                    eprintln!("spindled-{n} stopped: {e:#}");
-                }
-            })?;
-        addrs.push(crate::wait_ready(&ready)?);
+        addrs.push(crate::start_node(&format!("spindled-{n}"), config, &ready)?);
     }
     // Let every node count the others (their RPM shares depend on it): a third of a lease.
     tokio::time::sleep(Duration::from_secs(11)).await;

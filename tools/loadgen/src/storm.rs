@@ -65,14 +65,7 @@ credential = "storm"
         mock.base_url()
     );
     let config = crate::toml_config(&config_text, &ready)?;
-    std::thread::Builder::new()
-        .name("spindled".into())
-        .spawn(move || {
-            if let Err(e) = spindle_node::run(config) {
-                eprintln!("spindled stopped: {e:#}");
-            }
-        })?;
-    let addr = crate::wait_ready(&ready)?;
+    let addr = crate::start_node("spindled", config, &ready)?;
     let client = Client::connect(addr, TenantId(1), "storm").await?;
     let real = 2 * RPM / 2 / 60;
     println!(
