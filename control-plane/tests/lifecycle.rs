@@ -484,6 +484,17 @@ async fn bad_batches_are_refused_before_any_round_trip_with_the_row_named() {
         e.to_string(),
         "invalid input: row 0: finish in non-terminal state RUNNING"
     );
+    let mut long_way = Report::new(TaskId(1), None, ReportAction::Advance(TaskState::Running));
+    long_way.via = vec![TaskState::Running; spindle_control::report::VIA_MAX + 1];
+    let e = db.report_batch(&[long_way]).await.unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "invalid input: row 0: {} states on the way (at most {})",
+            spindle_control::report::VIA_MAX + 1,
+            spindle_control::report::VIA_MAX
+        )
+    );
     let many: Vec<_> = (0..5_000).map(|i| task(i, 1, &format!("k{i}"))).collect();
     let e = db.submit_batch(&many, V1).await.unwrap_err();
     assert_eq!(
