@@ -21,6 +21,16 @@ impl Hasher for IdHasher {
         }
     }
 
+    // Derived `Hash` impls write small integers one at a time; without these they would go
+    // through `write` byte by byte.
+    fn write_u8(&mut self, n: u8) {
+        self.write_u64(u64::from(n));
+    }
+
+    fn write_u16(&mut self, n: u16) {
+        self.write_u64(u64::from(n));
+    }
+
     fn write_u32(&mut self, n: u32) {
         self.write_u64(u64::from(n));
     }

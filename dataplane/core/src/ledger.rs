@@ -292,7 +292,6 @@ impl Default for Demand {
 }
 
 impl Demand {
-    /// Adds `amount` of `id`; zero amounts are skipped, a repeated id adds up.
     /// Adds `amount` of `id`; zero amounts are skipped, a repeated id adds up. One task's
     /// amount of any limit fits in 32 bits (specs are bounded by `limits.rs`).
     #[inline]
@@ -443,6 +442,33 @@ impl Ledger {
         }
     }
 
+    /// Takes one need if it fits; changes nothing otherwise (a bucket is refilled either way,
+    /// which only brings it up to date).
+    #[inline]
+    fn take(&mut self, need: Need, now: Time) -> bool {
+        match need.id.semaphore_index() {
+            Some(i) => {
+                let s = &mut self.semaphores[i];
+                match s.used.checked_add(need.amount()) {
+                    Some(after) if after <= s.capacity => {
+                        s.used = after;
+                        true
+                    }
+                    _ => false,
+                }
+            }
+            None => {
+                let bucket = &mut self.buckets[need.id.index()];
+                bucket.refill(now);
+                let fits = bucket.fits(need.amount());
+                if fits {
+                    bucket.take(need.amount());
+                }
+                fits
+            }
+        }
+    }
+
     /// Whether every need of `demand` would fit now, without taking anything.
     pub fn check(&mut self, demand: &Demand, now: Time) -> Result<(), LimitId> {
         for &need in demand.needs() {
@@ -455,15 +481,31 @@ impl Ledger {
 
     /// Acquires every need of `demand` or none. On refusal returns the first limit, in the fixed
     /// order, that did not fit.
+    ///
+    /// Needs are taken one by one and, on the first refusal, the ones already taken are given
+    /// back: one pass in the common case instead of a check pass and a take pass. Giving back is
+    /// exact (a bucket's level after a take plus the same tokens is the level before, never above
+    /// its burst), so nothing observable differs from checking first.
     pub fn try_acquire(&mut self, demand: &Demand, now: Time) -> Result<(), LimitId> {
-        self.check(demand, now)?;
-        for &need in demand.needs() {
-            match need.id.semaphore_index() {
-                Some(i) => self.semaphores[i].used += need.amount(),
-                None => self.buckets[need.id.index()].take(need.amount()),
+        let needs = demand.needs();
+        for (taken, &need) in needs.iter().enumerate() {
+            if !self.take(need, now) {
+                self.give_back(&needs[..taken]);
+                return Err(need.id);
             }
         }
         Ok(())
+    }
+
+    /// Undoes the takes of a refused `try_acquire`.
+    #[cold]
+    fn give_back(&mut self, needs: &[Need]) {
+        for &need in needs {
+            match need.id.semaphore_index() {
+                Some(i) => self.semaphores[i].used -= need.amount(),
+                None => self.buckets[need.id.index()].refund(need.amount()),
+            }
+        }
     }
 
     /// Takes semaphore units past capacity: only for admission gates re-entered by work that was
@@ -574,6 +616,35 @@ mod tests {
         ledger.try_acquire(&small, Time::ZERO).unwrap();
         ledger.release(&small);
         assert_eq!((ledger.used(a), ledger.used(b)), (0, 0));
+    }
+
+    #[test]
+    fn a_refused_demand_gives_back_what_it_took_before_the_refusal() {
+        let mut ledger = Ledger::new();
+        let sem = ledger.add_semaphore(LimitKey::GpuUnits, 5);
+        let rate = |burst| RateSpec {
+            per_minute: 60,
+            burst,
+        };
+        let rich = ledger.add_bucket(LimitKey::PlatformCostPerMinute, rate(10), Time::ZERO);
+        let poor = ledger.add_bucket(LimitKey::ProviderRpm(ProviderId(0)), rate(1), Time::ZERO);
+        let mut demand = Demand::default();
+        demand.add(sem, 3);
+        demand.add(rich, 4);
+        demand.add(poor, 2);
+        assert_eq!(ledger.try_acquire(&demand, Time::ZERO), Err(poor));
+        assert_eq!(
+            ledger.used(sem),
+            0,
+            "the semaphore taken first is given back"
+        );
+        assert_eq!(
+            ledger.free(rich),
+            10,
+            "the bucket taken first is refilled exactly"
+        );
+        assert_eq!(ledger.free(poor), 1);
+        ledger.check_invariants();
     }
 
     #[test]
