@@ -225,8 +225,28 @@ impl TokenBucket {
         self.level -= need;
     }
 
-    fn refund(&mut self, tokens: u64) {
+    pub(crate) fn refund(&mut self, tokens: u64) {
         self.level = (self.level + u128::from(tokens) * u128::from(WINDOW_NS)).min(self.cap());
+    }
+
+    /// Takes `tokens` if the bucket holds them now; changes nothing else otherwise. Zero always
+    /// fits and refills nothing (a demand never lists a zero need).
+    #[inline]
+    pub(crate) fn try_take(&mut self, tokens: u64, now: Time) -> bool {
+        if tokens == 0 {
+            return true;
+        }
+        self.refill(now);
+        let fits = self.fits(tokens);
+        if fits {
+            self.take(tokens);
+        }
+        fits
+    }
+
+    /// Whether the stored tokens are within the burst (the bucket's invariant).
+    pub(crate) fn within_burst(&self) -> bool {
+        self.level <= self.cap()
     }
 
     pub fn penalize(&mut self, now: Time) {
@@ -251,11 +271,50 @@ impl TokenBucket {
     }
 }
 
-/// A counting semaphore: 16 bytes, so a tenant's or user's semaphores share cache lines.
+/// A counting semaphore: 16 bytes, so an owner's semaphores share cache lines. Node limits keep
+/// theirs in the [`Ledger`]; tenants and users keep theirs inline in their own records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Semaphore {
-    capacity: u64,
-    used: u64,
+pub(crate) struct Semaphore {
+    pub capacity: u64,
+    pub used: u64,
+}
+
+impl Semaphore {
+    pub(crate) fn new(capacity: u64) -> Semaphore {
+        Semaphore { capacity, used: 0 }
+    }
+
+    /// Takes `amount` if it fits under the capacity; changes nothing otherwise. Zero always
+    /// fits (a demand never lists a zero need).
+    #[inline]
+    pub(crate) fn try_take(&mut self, amount: u64) -> bool {
+        if amount == 0 {
+            return true;
+        }
+        match self.used.checked_add(amount) {
+            Some(after) if after <= self.capacity => {
+                self.used = after;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Takes `amount` past the capacity: admission gates re-entered by accepted work.
+    pub(crate) fn force(&mut self, amount: u64) {
+        self.used += amount;
+    }
+
+    /// Gives back `amount`; below zero is a double release, a bug, named by `key`.
+    #[inline]
+    pub(crate) fn release(&mut self, amount: u64, key: impl Fn() -> LimitKey) {
+        self.used = self.used.checked_sub(amount).unwrap_or_else(|| {
+            panic!(
+                "release of {amount} below zero on {}: double release",
+                key()
+            )
+        });
+    }
 }
 
 /// One entry of a demand: the limit and how much of it.
@@ -333,6 +392,12 @@ impl Demand {
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// The needs split into semaphores and buckets (ids order every semaphore first).
+    pub(crate) fn split_buckets(&self) -> (&[Need], &[Need]) {
+        let needs = self.needs();
+        needs.split_at(needs.partition_point(|n| n.id.semaphore_index().is_some()))
     }
 }
 
@@ -447,25 +512,8 @@ impl Ledger {
     #[inline]
     fn take(&mut self, need: Need, now: Time) -> bool {
         match need.id.semaphore_index() {
-            Some(i) => {
-                let s = &mut self.semaphores[i];
-                match s.used.checked_add(need.amount()) {
-                    Some(after) if after <= s.capacity => {
-                        s.used = after;
-                        true
-                    }
-                    _ => false,
-                }
-            }
-            None => {
-                let bucket = &mut self.buckets[need.id.index()];
-                bucket.refill(now);
-                let fits = bucket.fits(need.amount());
-                if fits {
-                    bucket.take(need.amount());
-                }
-                fits
-            }
+            Some(i) => self.semaphores[i].try_take(need.amount()),
+            None => self.buckets[need.id.index()].try_take(need.amount(), now),
         }
     }
 
@@ -487,7 +535,11 @@ impl Ledger {
     /// exact (a bucket's level after a take plus the same tokens is the level before, never above
     /// its burst), so nothing observable differs from checking first.
     pub fn try_acquire(&mut self, demand: &Demand, now: Time) -> Result<(), LimitId> {
-        let needs = demand.needs();
+        self.try_acquire_needs(demand.needs(), now)
+    }
+
+    /// [`Ledger::try_acquire`] over a part of a demand (its semaphores, or its buckets).
+    pub(crate) fn try_acquire_needs(&mut self, needs: &[Need], now: Time) -> Result<(), LimitId> {
         for (taken, &need) in needs.iter().enumerate() {
             if !self.take(need, now) {
                 self.give_back(&needs[..taken]);
@@ -497,9 +549,10 @@ impl Ledger {
         Ok(())
     }
 
-    /// Undoes the takes of a refused `try_acquire`.
+    /// Undoes the takes of a refused acquisition — or of one whose later part, in limits kept
+    /// outside the ledger, was refused: semaphore units and bucket tokens both.
     #[cold]
-    fn give_back(&mut self, needs: &[Need]) {
+    pub(crate) fn give_back(&mut self, needs: &[Need]) {
         for &need in needs {
             match need.id.semaphore_index() {
                 Some(i) => self.semaphores[i].used -= need.amount(),
@@ -518,7 +571,7 @@ impl Ledger {
                 "only gates may be forced"
             );
             if let Some(i) = need.id.semaphore_index() {
-                self.semaphores[i].used += need.amount();
+                self.semaphores[i].force(need.amount());
             }
         }
     }
@@ -527,14 +580,8 @@ impl Ledger {
     pub fn release(&mut self, demand: &Demand) {
         for &need in demand.needs() {
             if let Some(i) = need.id.semaphore_index() {
-                let used = &mut self.semaphores[i].used;
-                *used = used.checked_sub(need.amount()).unwrap_or_else(|| {
-                    panic!(
-                        "release of {} below zero on {}: double release",
-                        need.amount(),
-                        self.semaphore_keys[i]
-                    )
-                });
+                let keys = &self.semaphore_keys;
+                self.semaphores[i].release(need.amount(), || keys[i]);
             }
         }
     }
@@ -591,7 +638,7 @@ impl Ledger {
             }
         }
         for (b, key) in self.buckets.iter().zip(&self.bucket_keys) {
-            assert!(b.level <= b.cap(), "{key} bucket above its burst");
+            assert!(b.within_burst(), "{key} bucket above its burst");
         }
     }
 }

@@ -11,6 +11,7 @@
 
 pub mod admission;
 pub mod cost;
+mod estimates;
 pub mod fairness;
 mod hash;
 pub mod ids;
@@ -18,7 +19,7 @@ pub mod ledger;
 pub mod limits;
 pub mod policy;
 pub mod presets;
-pub mod queue;
+mod queue;
 pub mod shard;
 pub mod share;
 pub mod state;

@@ -1,30 +1,38 @@
 //! One tenant's queue inside one lane: five priority bands, FIFO within a band, lazy aging, and the
 //! DRR state (deficit, fairness debt, head-skip count) that goes with it.
 //!
+//! A band is an intrusive singly linked list through the shard's task table: each queued task's
+//! entry holds the slot of the task behind it, and the queue holds only head and tail slots. A
+//! queue is a few words, a queued task needs no allocation of its own, and a pick reads the task
+//! it is about to start and nothing besides.
+//!
 //! Aging is computed from band head timestamps when a choice is made (seed 000 §18.6.6): no task
 //! is ever rewritten as time passes.
 
-use std::collections::VecDeque;
-
-use crate::ids::{Band, TaskId};
+use crate::ids::Band;
 use crate::time::Time;
 
-/// A queued task as the band deque stores it: small on purpose (memory per queued task).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct QueuedRef {
-    pub task: TaskId,
-    /// The task's slot in the shard's task table: the scheduling path never hashes.
-    pub entry: u32,
-    /// When it entered the band (aging starts here).
-    pub enqueued_at: Time,
-    /// Fairness cost in milli-units.
-    pub cost_milli: u64,
+/// The end of a band list, or no slot.
+pub(crate) const NIL: u32 = u32::MAX;
+
+/// How a queue reads its tasks: their links, enqueue times and fairness costs, kept in the
+/// shard's task table.
+pub(crate) trait Links {
+    fn next(&self, slot: u32) -> u32;
+    fn enqueued_at(&self, slot: u32) -> Time;
+    fn cost_milli(&self, slot: u32) -> u64;
 }
 
-#[derive(Debug, Clone, Default)]
-pub struct TenantQueue {
-    bands: [VecDeque<QueuedRef>; Band::COUNT],
-    tasks: u64,
+/// How a queue relinks its tasks.
+pub(crate) trait LinksMut: Links {
+    fn set_next(&mut self, slot: u32, next: u32);
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TenantQueue {
+    heads: [u32; Band::COUNT],
+    tails: [u32; Band::COUNT],
+    tasks: u32,
     units_milli: u64,
     /// DRR deficit in milli-units; negative after a task larger than the credit ran at the cap.
     pub deficit: i64,
@@ -34,9 +42,27 @@ pub struct TenantQueue {
     pub needs_quantum: bool,
     /// Listed in its lane's DRR ring.
     pub in_ring: bool,
-    /// The head that has been skipped by the fit-scan, and how often.
-    pub skipped_head: Option<TaskId>,
+    /// The head (a task slot) the fit-scan has skipped, and how often; `NIL` when none. It is
+    /// always a task of this queue: it is cleared when that task leaves.
+    pub skipped_head: u32,
     pub skips: u32,
+}
+
+impl Default for TenantQueue {
+    fn default() -> Self {
+        TenantQueue {
+            heads: [NIL; Band::COUNT],
+            tails: [NIL; Band::COUNT],
+            tasks: 0,
+            units_milli: 0,
+            deficit: 0,
+            debt: 0,
+            needs_quantum: false,
+            in_ring: false,
+            skipped_head: NIL,
+            skips: 0,
+        }
+    }
 }
 
 impl TenantQueue {
@@ -45,84 +71,144 @@ impl TenantQueue {
     }
 
     pub fn tasks(&self) -> u64 {
-        self.tasks
+        u64::from(self.tasks)
     }
 
+    #[cfg(test)]
     pub fn units_milli(&self) -> u64 {
         self.units_milli
     }
 
-    pub fn band(&self, band: Band) -> &VecDeque<QueuedRef> {
-        &self.bands[band.index()]
+    /// The first task of `band`, if any.
+    pub fn head(&self, band: Band) -> Option<u32> {
+        let head = self.heads[band.index()];
+        (head != NIL).then_some(head)
     }
 
-    pub fn push_back(&mut self, band: Band, item: QueuedRef) {
-        self.bands[band.index()].push_back(item);
-        self.count_in(item);
+    pub fn push_back(&mut self, links: &mut impl LinksMut, band: Band, slot: u32) {
+        let b = band.index();
+        links.set_next(slot, NIL);
+        match self.tails[b] {
+            NIL => self.heads[b] = slot,
+            tail => links.set_next(tail, slot),
+        }
+        self.tails[b] = slot;
+        self.count_in(links, slot);
     }
 
     /// A task coming back (retry) keeps its place ahead of newer work in its band.
-    pub fn push_front(&mut self, band: Band, item: QueuedRef) {
-        self.bands[band.index()].push_front(item);
-        self.count_in(item);
+    pub fn push_front(&mut self, links: &mut impl LinksMut, band: Band, slot: u32) {
+        let b = band.index();
+        links.set_next(slot, self.heads[b]);
+        self.heads[b] = slot;
+        if self.tails[b] == NIL {
+            self.tails[b] = slot;
+        }
+        self.count_in(links, slot);
     }
 
-    fn count_in(&mut self, item: QueuedRef) {
+    fn count_in(&mut self, links: &impl LinksMut, slot: u32) {
         self.tasks += 1;
-        self.units_milli += item.cost_milli;
+        self.units_milli += links.cost_milli(slot);
     }
 
-    /// Removes the item at `pos` of `band`.
-    pub fn remove_at(&mut self, band: Band, pos: usize) -> QueuedRef {
-        let item = self.bands[band.index()]
-            .remove(pos)
-            .expect("position inside the band");
+    /// Removes `slot` from `band`, where it follows `prev` (`NIL` when it is the head).
+    pub fn unlink(&mut self, links: &mut impl LinksMut, band: Band, prev: u32, slot: u32) {
+        let b = band.index();
+        let next = links.next(slot);
+        match prev {
+            NIL => {
+                assert_eq!(self.heads[b], slot, "unlinking a head that is not the head");
+                self.heads[b] = next;
+            }
+            prev => {
+                assert_eq!(
+                    links.next(prev),
+                    slot,
+                    "unlinking a slot after the wrong one"
+                );
+                links.set_next(prev, next);
+            }
+        }
+        if self.tails[b] == slot {
+            self.tails[b] = prev;
+        }
+        links.set_next(slot, NIL);
         self.tasks -= 1;
-        self.units_milli -= item.cost_milli;
-        item
+        self.units_milli -= links.cost_milli(slot);
     }
 
-    /// Finds and removes `task` (a cancel): O(band length), cancels are rare.
-    pub fn remove_task(&mut self, band: Band, task: TaskId) -> Option<QueuedRef> {
-        let pos = self.bands[band.index()]
-            .iter()
-            .position(|q| q.task == task)?;
-        Some(self.remove_at(band, pos))
+    /// Finds and removes `slot` (a cancel): O(band length), cancels are rare. Whether it was there.
+    pub fn remove_task(&mut self, links: &mut impl LinksMut, band: Band, slot: u32) -> bool {
+        let mut prev = NIL;
+        let mut cur = self.heads[band.index()];
+        while cur != NIL {
+            if cur == slot {
+                self.unlink(links, band, prev, slot);
+                return true;
+            }
+            prev = cur;
+            cur = links.next(cur);
+        }
+        false
+    }
+
+    /// The slots of `band`, head first.
+    pub fn band<'a>(&self, links: &'a impl Links, band: Band) -> impl Iterator<Item = u32> + 'a {
+        let mut cur = self.heads[band.index()];
+        std::iter::from_fn(move || {
+            (cur != NIL).then(|| {
+                let slot = cur;
+                cur = links.next(slot);
+                slot
+            })
+        })
     }
 
     /// The band whose head should go next: lowest effective band after aging, then the oldest
-    /// head. Returns the band the head sits in (not its aged band).
-    pub fn best_band(&self, now: Time, aging_step_ns: u64) -> Option<Band> {
-        let mut best: Option<(Band, Time, Band)> = None;
-        for band in Band::ALL {
-            let Some(head) = self.bands[band.index()].front() else {
-                continue;
-            };
-            let steps = now.since(head.enqueued_at) / aging_step_ns;
-            let effective = band.aged(steps);
-            let better = match best {
-                None => true,
-                Some((b, at, _)) => (effective, head.enqueued_at) < (b, at),
-            };
-            if better {
-                best = Some((effective, head.enqueued_at, band));
+    /// head. Returns the band the head sits in (not its aged band). With one band holding work
+    /// there is nothing to compare and no task is read.
+    pub fn best_band(&self, links: &impl Links, now: Time, aging_step_ns: u64) -> Option<Band> {
+        let mut held = Band::ALL
+            .into_iter()
+            .filter(|b| self.heads[b.index()] != NIL);
+        let first = held.next()?;
+        let Some(second) = held.next() else {
+            return Some(first);
+        };
+        let key = |band: Band| {
+            let at = links.enqueued_at(self.heads[band.index()]);
+            (band.aged(now.since(at) / aging_step_ns), at)
+        };
+        let mut best = (key(first), first);
+        for band in [second].into_iter().chain(held) {
+            let k = key(band);
+            if k < best.0 {
+                best = (k, band);
             }
         }
-        best.map(|(_, _, band)| band)
+        Some(best.1)
     }
 
-    pub fn check_invariants(&self) {
-        let tasks: u64 = self.bands.iter().map(|b| b.len() as u64).sum();
-        let units: u64 = self.bands.iter().flatten().map(|q| q.cost_milli).sum();
+    pub fn check_invariants(&self, links: &impl Links) {
+        let mut tasks = 0u32;
+        let mut units = 0u64;
+        for band in Band::ALL {
+            let mut last = NIL;
+            for slot in self.band(links, band) {
+                tasks += 1;
+                units += links.cost_milli(slot);
+                assert!(links.cost_milli(slot) > 0, "a queued task with zero cost");
+                last = slot;
+            }
+            assert_eq!(self.tails[band.index()], last, "band {band} tail drifted");
+        }
         assert_eq!(tasks, self.tasks, "queued task count drifted");
         assert_eq!(units, self.units_milli, "queued units drifted");
-        for band in &self.bands {
-            // FIFO within a band: retries go to the front, so only check what is unambiguous.
-            assert!(
-                band.iter().all(|q| q.cost_milli > 0),
-                "a queued task with zero cost"
-            );
-        }
+        assert!(
+            self.skips == 0 || self.skipped_head != NIL,
+            "skips counted without a skipped head"
+        );
     }
 }
 
@@ -130,33 +216,86 @@ impl TenantQueue {
 mod tests {
     use super::*;
 
-    fn item(task: u64, at_ms: u64) -> QueuedRef {
-        QueuedRef {
-            task: TaskId(task),
-            entry: 0,
-            enqueued_at: Time::from_ms(at_ms),
-            cost_milli: 1000,
+    /// Tasks as a vector of (next, enqueued_at): a stand-in for the task table.
+    struct Table(Vec<(u32, Time)>);
+
+    impl Links for Table {
+        fn next(&self, slot: u32) -> u32 {
+            self.0[slot as usize].0
         }
+        fn enqueued_at(&self, slot: u32) -> Time {
+            self.0[slot as usize].1
+        }
+        fn cost_milli(&self, _: u32) -> u64 {
+            1000
+        }
+    }
+
+    impl LinksMut for Table {
+        fn set_next(&mut self, slot: u32, next: u32) {
+            self.0[slot as usize].0 = next;
+        }
+    }
+
+    fn table(at_ms: &[u64]) -> Table {
+        Table(at_ms.iter().map(|&ms| (NIL, Time::from_ms(ms))).collect())
     }
 
     #[test]
     fn aging_promotes_lazily_and_stops_at_p1() {
+        let mut t = table(&[0, 250_000, 260_000]);
         let mut q = TenantQueue::default();
-        q.push_back(Band::P4, item(1, 0));
-        q.push_back(Band::P2, item(2, 250_000));
+        q.push_back(&mut t, Band::P4, 0);
+        assert_eq!(
+            q.best_band(&t, Time::ZERO, 1),
+            Some(Band::P4),
+            "one band: no compare"
+        );
+        q.push_back(&mut t, Band::P2, 1);
         let step = 100_000 * 1_000_000; // 100 s
-                                        // At 250 s the P4 head has aged 2 steps, to P2, and ties with the fresh P2 head on band.
-                                        // At 260 s the P4 head has aged 2 steps (P2) and is older than the P2 head.
-        assert_eq!(q.best_band(Time::from_ms(260_000), step), Some(Band::P4));
-        // At 255 s, 2 steps: the P4 head is P2 now, older than the P2 head, so it wins the tie.
-        assert_eq!(q.best_band(Time::from_ms(255_000), step), Some(Band::P4));
-        q.push_back(Band::P1, item(3, 260_000));
+                                        // At 255 s and 260 s the P4 head has aged 2 steps, to P2, and is older than the P2 head.
+        assert_eq!(
+            q.best_band(&t, Time::from_ms(260_000), step),
+            Some(Band::P4)
+        );
+        assert_eq!(
+            q.best_band(&t, Time::from_ms(255_000), step),
+            Some(Band::P4)
+        );
+        q.push_back(&mut t, Band::P1, 2);
         // A fresh P1 beats a P4 aged to P2.
-        assert_eq!(q.best_band(Time::from_ms(260_000), step), Some(Band::P1));
+        assert_eq!(
+            q.best_band(&t, Time::from_ms(260_000), step),
+            Some(Band::P1)
+        );
         // After enough steps the P4 task reaches P1 and, being older, goes first.
-        assert_eq!(q.best_band(Time::from_ms(1_000_000), step), Some(Band::P4));
+        assert_eq!(
+            q.best_band(&t, Time::from_ms(1_000_000), step),
+            Some(Band::P4)
+        );
         assert_eq!(Band::P4.aged(100), Band::P1);
         assert_eq!(Band::P0.aged(100), Band::P0);
-        q.check_invariants();
+        q.check_invariants(&t);
+    }
+
+    #[test]
+    fn bands_are_fifo_with_retries_in_front_and_unlink_anywhere() {
+        let mut t = table(&[0, 0, 0, 0, 0]);
+        let mut q = TenantQueue::default();
+        for slot in [0, 1, 2] {
+            q.push_back(&mut t, Band::P3, slot);
+        }
+        q.push_front(&mut t, Band::P3, 3);
+        let order = |q: &TenantQueue, t: &Table| q.band(t, Band::P3).collect::<Vec<_>>();
+        assert_eq!(order(&q, &t), [3, 0, 1, 2]);
+        q.unlink(&mut t, Band::P3, 1, 2); // the tail
+        q.unlink(&mut t, Band::P3, NIL, 3); // the head
+        assert_eq!(order(&q, &t), [0, 1]);
+        q.push_back(&mut t, Band::P3, 4);
+        assert!(q.remove_task(&mut t, Band::P3, 1), "a middle task");
+        assert!(!q.remove_task(&mut t, Band::P3, 1), "already gone");
+        assert_eq!(order(&q, &t), [0, 4]);
+        assert_eq!((q.tasks(), q.units_milli()), (2, 2000));
+        q.check_invariants(&t);
     }
 }

@@ -11,17 +11,16 @@ use std::fmt;
 
 use crate::admission::{Admission, Decision, QueueLevel, RejectReason, SubmitError};
 use crate::cost::{estimate, CostEstimate, ResourceClass, TaskSpec};
+use crate::estimates::{EstimateRef, Estimates};
 use crate::hash::IdMap;
-use crate::ids::{
-    Band, FencingToken, Lane, ModelId, PolicyVersion, ProviderId, TaskId, TenantId, UserId,
-};
-use crate::ledger::{Demand, Ledger, LimitId, LimitKey, Scope};
+use crate::ids::{Band, FencingToken, Lane, PolicyVersion, ProviderId, TaskId, TenantId, UserId};
+use crate::ledger::{Demand, Ledger, LimitId, LimitKey, Scope, Semaphore, TokenBucket};
 use crate::limits::{
     ATTEMPTS_MAX, DELAYED_MAX, FIT_SCAN_MAX, MEDIA_QUEUE_MAX, TASKS_MAX, TENANTS_MAX,
     TENANT_VISITS_PER_POLL_MAX, USERS_MAX,
 };
 use crate::policy::{Policy, RateSpec, TenantPolicy, WaitOverflow};
-use crate::queue::{QueuedRef, TenantQueue};
+use crate::queue::{Links, LinksMut, TenantQueue, NIL};
 use crate::share::{split, ShardLoad};
 use crate::state::{Actor, TaskState, TransitionError, Versioned};
 use crate::table::TaskTable;
@@ -208,33 +207,260 @@ struct NodeIds {
     temp_disk_mb: LimitId,
 }
 
+/// The limits an owner — a tenant or a user — has for itself, kept inline in its record: an
+/// admission reads one owner's rate, gates and running limits from the lines it already reads for
+/// the owner, instead of from among every other owner's limits in the ledger.
 #[derive(Debug, Clone)]
-struct TenantRt {
-    id: TenantId,
-    policy: TenantPolicy,
-    submit_rate: LimitId,
-    queued_tasks: LimitId,
-    queued_units: LimitId,
-    running_tasks: LimitId,
-    running_units: LimitId,
-    cost_per_minute: LimitId,
-    cost_reserved_milli: u64,
-    queues: [Option<Box<TenantQueue>>; Lane::COUNT],
+struct OwnerLimits {
+    submit_rate: TokenBucket,
+    queued_tasks: Semaphore,
+    queued_units: Semaphore,
+    running_tasks: Semaphore,
+    running_units: Semaphore,
 }
 
-#[derive(Debug, Clone, Copy)]
+/// Which of an owner's semaphore pairs (a task count and units) a step holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hold {
+    /// Queue gates, while the task waits in a band.
+    Queued,
+    /// Running limits, while the provider stage holds it.
+    Running,
+}
+
+impl OwnerLimits {
+    fn new(submit_rate: RateSpec, queued: (u64, Units), running: (u64, Units)) -> OwnerLimits {
+        OwnerLimits {
+            submit_rate: TokenBucket::new(submit_rate, Time::ZERO),
+            queued_tasks: Semaphore::new(queued.0),
+            queued_units: Semaphore::new(queued.1.milli()),
+            running_tasks: Semaphore::new(running.0),
+            running_units: Semaphore::new(running.1.milli()),
+        }
+    }
+
+    fn pair(&mut self, hold: Hold) -> (&mut Semaphore, &mut Semaphore) {
+        match hold {
+            Hold::Queued => (&mut self.queued_tasks, &mut self.queued_units),
+            Hold::Running => (&mut self.running_tasks, &mut self.running_units),
+        }
+    }
+
+    fn used(&self, hold: Hold) -> (u64, u64) {
+        match hold {
+            Hold::Queued => (self.queued_tasks.used, self.queued_units.used),
+            Hold::Running => (self.running_tasks.used, self.running_units.used),
+        }
+    }
+
+    /// Takes one task and `units` of `hold`, both or neither; on refusal says which (0: tasks,
+    /// 1: units).
+    fn try_take(&mut self, hold: Hold, units: u64) -> Result<(), usize> {
+        let (tasks, units_sem) = self.pair(hold);
+        if !tasks.try_take(1) {
+            return Err(0);
+        }
+        if !units_sem.try_take(units) {
+            tasks.used -= 1;
+            return Err(1);
+        }
+        Ok(())
+    }
+
+    fn release(&mut self, hold: Hold, units: u64, keys: [LimitKey; 2]) {
+        let (tasks, units_sem) = self.pair(hold);
+        tasks.release(1, || keys[0]);
+        units_sem.release(units, || keys[1]);
+    }
+
+    fn force(&mut self, hold: Hold, units: u64) {
+        let (tasks, units_sem) = self.pair(hold);
+        tasks.force(1);
+        units_sem.force(units);
+    }
+
+    /// Running semaphores never exceed capacity; gates only through forced re-entry.
+    fn check_invariants(&self, keys: impl Fn(Hold) -> [LimitKey; 2]) {
+        let [tasks, units] = keys(Hold::Running);
+        assert!(
+            self.running_tasks.used <= self.running_tasks.capacity,
+            "{tasks} above capacity"
+        );
+        assert!(
+            self.running_units.used <= self.running_units.capacity,
+            "{units} above capacity"
+        );
+        assert!(
+            self.submit_rate.within_burst(),
+            "submit bucket above its burst"
+        );
+    }
+}
+
+/// Resource classes a tenant may submit, as a bit set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ClassSet(u8);
+
+impl ClassSet {
+    fn of(classes: &[ResourceClass]) -> ClassSet {
+        ClassSet(classes.iter().fold(0, |bits, &c| bits | ClassSet::bit(c)))
+    }
+
+    fn bit(class: ResourceClass) -> u8 {
+        match class {
+            ResourceClass::Standard => 1,
+            ResourceClass::Expensive => 2,
+        }
+    }
+
+    fn contains(self, class: ResourceClass) -> bool {
+        self.0 & ClassSet::bit(class) != 0
+    }
+}
+
+/// A tenant in this shard. What admission and the pick read sits here, inline — the policy
+/// fields they need, the tenant's own limits, its queue in its home lane — so that serving a
+/// tenant reads a few adjacent lines found from one address (the full policy stays in
+/// `Policy::tenants`, read only when a user is first seen).
+#[derive(Debug, Clone)]
+#[repr(align(64))]
+struct TenantRt {
+    id: TenantId,
+    weight: u32,
+    lane: Lane,
+    base_band: Band,
+    wait_overflow: WaitOverflow,
+    classes: ClassSet,
+    max_wait_ms: u64,
+    cost_quota_milli: u64,
+    cost_reserved_milli: u64,
+    limits: OwnerLimits,
+    cost_per_minute: TokenBucket,
+    /// The lane its standard work went to when it was first seen: its queue there is inline.
+    home_lane: Lane,
+    home: TenantQueue,
+    /// Its queues in every other lane (expensive work, best-effort overflow, a changed lane),
+    /// made when first needed.
+    away: Option<Box<[TenantQueue; Lane::COUNT]>>,
+}
+
+impl TenantRt {
+    fn new(id: TenantId, policy: &TenantPolicy) -> TenantRt {
+        TenantRt {
+            id,
+            weight: policy.weight,
+            lane: policy.lane,
+            base_band: policy.base_band,
+            wait_overflow: policy.wait_overflow,
+            classes: ClassSet::of(&policy.allowed_classes),
+            max_wait_ms: policy.max_wait_ms,
+            cost_quota_milli: policy.cost_quota_milli,
+            cost_reserved_milli: 0,
+            limits: OwnerLimits::new(
+                policy.submit_rate,
+                (policy.queued_tasks_max, policy.queued_units_max),
+                (policy.running_tasks_max, policy.running_units_max),
+            ),
+            cost_per_minute: TokenBucket::new(policy.cost_per_minute, Time::ZERO),
+            home_lane: policy.lane,
+            home: TenantQueue::default(),
+            away: None,
+        }
+    }
+
+    /// The lane a task of `class` goes to (`TenantPolicy::lane_for`).
+    fn lane_for(&self, class: ResourceClass) -> Lane {
+        match class {
+            ResourceClass::Expensive => Lane::Expensive,
+            ResourceClass::Standard => self.lane,
+        }
+    }
+
+    /// The band a task starts in (`TenantPolicy::band_for`): a hint can only lower it.
+    fn band_for(&self, hint: Option<Band>) -> Band {
+        hint.map_or(self.base_band, |hint| hint.max(self.base_band))
+    }
+
+    /// Applies a changed policy to the hot fields and limits (queues keep their tasks).
+    fn set_policy(&mut self, policy: &TenantPolicy, now: Time) {
+        self.weight = policy.weight;
+        self.lane = policy.lane;
+        self.base_band = policy.base_band;
+        self.wait_overflow = policy.wait_overflow;
+        self.classes = ClassSet::of(&policy.allowed_classes);
+        self.max_wait_ms = policy.max_wait_ms;
+        self.cost_quota_milli = policy.cost_quota_milli;
+        let l = &mut self.limits;
+        l.submit_rate.set_rate(policy.submit_rate, now);
+        l.queued_tasks.capacity = policy.queued_tasks_max;
+        l.queued_units.capacity = policy.queued_units_max.milli();
+        l.running_tasks.capacity = policy.running_tasks_max;
+        l.running_units.capacity = policy.running_units_max.milli();
+        self.cost_per_minute.set_rate(policy.cost_per_minute, now);
+    }
+
+    fn queue(&self, lane: Lane) -> Option<&TenantQueue> {
+        if lane == self.home_lane {
+            return Some(&self.home);
+        }
+        self.away.as_ref().map(|away| &away[lane.index()])
+    }
+
+    fn queue_mut(&mut self, lane: Lane) -> &mut TenantQueue {
+        if lane == self.home_lane {
+            return &mut self.home;
+        }
+        &mut self.away.get_or_insert_with(Default::default)[lane.index()]
+    }
+
+    /// Every queue the tenant has, with its lane.
+    fn queues(&self) -> impl Iterator<Item = (Lane, &TenantQueue)> {
+        let away = self.away.iter().flat_map(|away| {
+            Lane::ALL
+                .into_iter()
+                .filter(|&l| l != self.home_lane)
+                .map(|l| (l, &away[l.index()]))
+        });
+        std::iter::once((self.home_lane, &self.home)).chain(away)
+    }
+
+    fn keys(&self, hold: Hold) -> [LimitKey; 2] {
+        let t = self.id;
+        match hold {
+            Hold::Queued => [
+                LimitKey::TenantQueuedTasks(t),
+                LimitKey::TenantQueuedUnits(t),
+            ],
+            Hold::Running => [
+                LimitKey::TenantRunningTasks(t),
+                LimitKey::TenantRunningUnits(t),
+            ],
+        }
+    }
+}
+
+/// A user in this shard, with its own limits inline.
+#[derive(Debug, Clone)]
+#[repr(align(64))]
 struct UserRt {
-    submit_rate: LimitId,
-    queued_tasks: LimitId,
-    queued_units: LimitId,
-    running_tasks: LimitId,
-    running_units: LimitId,
+    id: UserId,
+    limits: OwnerLimits,
+}
+
+impl UserRt {
+    fn keys(&self, hold: Hold) -> [LimitKey; 2] {
+        let u = self.id;
+        match hold {
+            Hold::Queued => [LimitKey::UserQueuedTasks(u), LimitKey::UserQueuedUnits(u)],
+            Hold::Running => [LimitKey::UserRunningTasks(u), LimitKey::UserRunningUnits(u)],
+        }
+    }
 }
 
 /// Where a task is, besides its state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Place {
-    /// In its band deque; holds queue gates.
+    /// In its band list; holds queue gates.
     Band,
     /// Waiting for `eligible_at` in the delay heap; holds nothing.
     Delayed,
@@ -246,27 +472,72 @@ enum Place {
     Media,
 }
 
+/// No deadline: the largest time.
+const NO_DEADLINE: Time = Time(u64::MAX);
+
+/// A task's hot part: everything admission and the pick read or write, in 56 bytes, so that with
+/// its id it fills one cache line of the task table.
 #[derive(Debug, Clone)]
 struct TaskEntry {
+    enqueued_at: Time,
+    /// `NO_DEADLINE` when it has none.
+    deadline: Time,
     tenant_slot: u32,
-    user: UserId,
-    /// The user's limit ids, so that demands need no lookup of the user table.
-    user_limits: UserRt,
+    user_slot: u32,
+    estimate: EstimateRef,
+    /// The next task in its band list (`queue::NIL` at the tail or outside a band).
+    next: u32,
+    state: Versioned,
+    attempt_no: u32,
+    provider: Option<ProviderId>,
+    /// How the provider stage holds lane capacity, while it does (the lane key follows from it).
+    hold: Option<CapacityMode>,
     lane: Lane,
     band: Band,
-    model: ModelId,
-    estimate: CostEstimate,
-    state: Versioned,
     place: Place,
-    enqueued_at: Time,
-    deadline: Option<Time>,
-    attempt_no: u32,
+}
+
+/// A task's cold part: what only reports read and write.
+#[derive(Debug, Clone, Default)]
+struct TaskCold {
+    fencing: Option<FencingToken>,
     retries: u32,
     rate_limit_retries: u32,
-    provider: Option<ProviderId>,
-    lane_hold: Option<(LimitId, CapacityMode)>,
-    fencing: Option<FencingToken>,
-    policy_version: PolicyVersion,
+}
+
+type Tasks = TaskTable<TaskEntry, TaskCold>;
+
+/// The band lists as the queues see them: links and enqueue times in the task table, costs in
+/// the interned estimates.
+struct Bands<'a, T> {
+    tasks: T,
+    estimates: &'a Estimates,
+}
+
+impl<T: std::ops::Deref<Target = Tasks>> Links for Bands<'_, T> {
+    #[inline]
+    fn next(&self, slot: u32) -> u32 {
+        self.tasks.at(slot).next
+    }
+
+    fn enqueued_at(&self, slot: u32) -> Time {
+        self.tasks.at(slot).enqueued_at
+    }
+
+    #[inline]
+    fn cost_milli(&self, slot: u32) -> u64 {
+        self.estimates
+            .get(self.tasks.at(slot).estimate)
+            .fairness
+            .milli()
+    }
+}
+
+impl<T: std::ops::DerefMut<Target = Tasks>> LinksMut for Bands<'_, T> {
+    #[inline]
+    fn set_next(&mut self, slot: u32, next: u32) {
+        self.tasks.at_mut(slot).next = next;
+    }
 }
 
 #[derive(Debug, Clone, Default)]
@@ -330,55 +601,22 @@ pub struct Shard {
     node_limit_ids: Vec<LimitId>,
     tenants: Vec<TenantRt>,
     tenant_slots: IdMap<TenantId, u32>,
-    users: IdMap<UserId, UserRt>,
-    tasks: TaskTable<TaskEntry>,
+    users: Vec<UserRt>,
+    user_slots: IdMap<UserId, u32>,
+    tasks: Tasks,
+    estimates: Estimates,
     lanes: [LaneRt; Lane::COUNT],
     delayed: BinaryHeap<Reverse<(Time, TaskId)>>,
     media_queue: VecDeque<TaskId>,
     media_head_skips: u32,
-    estimates: EstimateCache,
     stats: ShardStats,
 }
 
-/// Slots of the estimate cache (direct-mapped by a hash of the spec).
-const ESTIMATE_CACHE_SLOTS: usize = 1024;
+const _: () = assert!(
+    std::mem::size_of::<TaskEntry>() <= 56,
+    "a task's hot part and its id fill one cache line"
+);
 
-/// Pricing a spec costs a dozen integer divisions; real traffic repeats a few specs, so a small
-/// direct-mapped cache of exact results keeps admission cheap. It is deterministic and never
-/// grows; the matrix is immutable for a shard's lifetime, so entries never go stale.
-#[derive(Debug, Clone)]
-struct EstimateCache {
-    slots: Vec<Option<(TaskSpec, Result<CostEstimate, crate::cost::CostError>)>>,
-}
-
-impl EstimateCache {
-    fn new() -> EstimateCache {
-        EstimateCache {
-            slots: vec![None; ESTIMATE_CACHE_SLOTS],
-        }
-    }
-
-    fn get_or_insert(
-        &mut self,
-        spec: &TaskSpec,
-        compute: impl FnOnce() -> Result<CostEstimate, crate::cost::CostError>,
-    ) -> Result<CostEstimate, crate::cost::CostError> {
-        use std::hash::{Hash, Hasher};
-        let mut h = crate::hash::IdHasher::default();
-        spec.hash(&mut h);
-        let slot = &mut self.slots[(h.finish() >> 54) as usize % ESTIMATE_CACHE_SLOTS];
-        match slot {
-            Some((cached, result)) if cached == spec => result.clone(),
-            _ => {
-                let result = compute();
-                *slot = Some((*spec, result.clone()));
-                result
-            }
-        }
-    }
-}
-
-/// A node-wide limit's full capacity, before it is split among shards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NodeCapacity {
     Slots(u64),
@@ -563,13 +801,14 @@ impl Shard {
             node_limit_ids,
             tenants: Vec::new(),
             tenant_slots: IdMap::default(),
-            users: IdMap::default(),
-            tasks: TaskTable::default(),
+            users: Vec::new(),
+            user_slots: IdMap::default(),
+            tasks: Tasks::default(),
+            estimates: Estimates::default(),
             lanes,
             delayed: BinaryHeap::new(),
             media_queue: VecDeque::new(),
             media_head_skips: 0,
-            estimates: EstimateCache::new(),
             stats: ShardStats::default(),
         }
     }
@@ -580,6 +819,8 @@ impl Shard {
         &self.policy
     }
 
+    /// The node-wide limits this shard holds a share of (tenants' and users' own limits live in
+    /// their records).
     pub fn ledger(&self) -> &Ledger {
         &self.ledger
     }
@@ -618,7 +859,7 @@ impl Shard {
     pub fn tenant_queued(&self, tenant: TenantId, lane: Lane) -> u64 {
         self.tenant_slots
             .get(&tenant)
-            .and_then(|&s| self.tenants[s as usize].queues[lane.index()].as_ref())
+            .and_then(|&s| self.tenants[s as usize].queue(lane))
             .map_or(0, |q| q.tasks())
     }
 
@@ -718,8 +959,9 @@ impl Shard {
 
     // ---------------------------------------------------------------- admission
 
-    /// The server's price of a spec, from the model's capability row (cached per spec).
-    fn price(&mut self, spec: &TaskSpec) -> Result<CostEstimate, SubmitError> {
+    /// The server's price of a spec, from the model's capability row, interned with one more
+    /// holder: every path that does not keep the task releases it.
+    fn intern(&mut self, spec: &TaskSpec) -> Result<EstimateRef, SubmitError> {
         let model =
             self.policy
                 .models
@@ -727,8 +969,9 @@ impl Shard {
                 .ok_or(SubmitError::InvalidSpec(
                     crate::cost::CostError::UnknownModel(spec.model),
                 ))?;
+        let bases = &self.policy.cost_bases;
         self.estimates
-            .get_or_insert(spec, || estimate(spec, model, &self.policy.cost_bases))
+            .acquire(spec, || estimate(spec, model, bases))
             .map_err(SubmitError::InvalidSpec)
     }
 
@@ -740,13 +983,36 @@ impl Shard {
         req: SubmitRequest,
     ) -> Result<Admission, SubmitError> {
         let slot = self.ensure_tenant(req.tenant)?;
-        let est = self.price(&req.spec)?;
+        let estimate = self.intern(&req.spec)?;
         if self.tasks.contains_key(&req.task) {
+            self.estimates.release(estimate);
             return Err(SubmitError::DuplicateTask(req.task));
         }
+        match self.admit(now, &req, slot, estimate) {
+            Ok(accepted) => {
+                self.stats.admitted += 1;
+                Ok(accepted)
+            }
+            Err(rejected) => {
+                self.estimates.release(estimate);
+                self.stats.rejected += 1;
+                Ok(rejected)
+            }
+        }
+    }
+
+    /// Admission proper: every check in order, then the queue. `Err` is the rejection.
+    fn admit(
+        &mut self,
+        now: Time,
+        req: &SubmitRequest,
+        slot: u32,
+        estimate: EstimateRef,
+    ) -> Result<Admission, Admission> {
+        let est = *self.estimates.get(estimate);
         let tenant = &self.tenants[slot as usize];
-        let band = tenant.policy.band_for(req.band_hint);
-        let mut lane = tenant.policy.lane_for(est.class);
+        let band = tenant.band_for(req.band_hint);
+        let mut lane = tenant.lane_for(est.class);
         let reject = |decision, reason, lane| Admission {
             task: req.task,
             decision,
@@ -758,112 +1024,79 @@ impl Shard {
             queue_level: None,
         };
         if self.tasks.len() >= TASKS_MAX || self.users.len() >= USERS_MAX {
-            self.stats.rejected += 1;
-            return Ok(reject(
-                Decision::RejectPlatformOverloaded,
-                RejectReason::ShardFull,
-                lane,
-            ));
+            let reason = RejectReason::ShardFull;
+            return Err(reject(Decision::RejectPlatformOverloaded, reason, lane));
         }
-        if !tenant.policy.allowed_classes.contains(&est.class) {
-            self.stats.rejected += 1;
+        if !tenant.classes.contains(est.class) {
             let reason = RejectReason::ClassNotAllowed(est.class);
-            return Ok(reject(Decision::RejectResourceClassDisabled, reason, lane));
+            return Err(reject(Decision::RejectResourceClassDisabled, reason, lane));
         }
         if !self.policy.lane(lane).open {
-            self.stats.rejected += 1;
-            return Ok(reject(
-                Decision::RejectResourceClassDisabled,
-                RejectReason::LaneClosed(lane),
-                lane,
-            ));
+            let reason = RejectReason::LaneClosed(lane);
+            return Err(reject(Decision::RejectResourceClassDisabled, reason, lane));
         }
-        let user = self.ensure_user(req.user, slot);
+        let user_slot = self.ensure_user(req.user, slot);
         // Rate buckets first: a flood of requests spends tokens even when rejected later.
-        let mut rate = Demand::default();
-        rate.add(self.tenants[slot as usize].submit_rate, 1);
-        rate.add(user.submit_rate, 1);
-        if let Err(id) = self.ledger.try_acquire(&rate, now) {
-            self.stats.rejected += 1;
-            let reason = RejectReason::Limit(self.ledger.key(id));
-            return Ok(reject(Decision::RejectUserRateLimit, reason, lane));
+        if let Err(key) = self.take_submit_tokens(slot, user_slot, now) {
+            let reason = RejectReason::Limit(key);
+            return Err(reject(Decision::RejectUserRateLimit, reason, lane));
         }
         let tenant = &self.tenants[slot as usize];
         let remaining = tenant
-            .policy
             .cost_quota_milli
             .saturating_sub(tenant.cost_reserved_milli);
-        if est.cost_milli > remaining || est.cost_milli > tenant.policy.cost_per_minute.burst {
-            self.stats.rejected += 1;
+        if est.cost_milli > remaining || est.cost_milli > tenant.cost_per_minute.rate().burst {
             let reason = RejectReason::CostQuota {
                 needed_milli: est.cost_milli,
                 remaining_milli: remaining,
             };
-            return Ok(reject(Decision::RejectCostBudget, reason, lane));
+            return Err(reject(Decision::RejectCostBudget, reason, lane));
         }
-        let max_wait_ms = tenant.policy.max_wait_ms;
-        let overflow = tenant.policy.wait_overflow;
+        let (max_wait_ms, overflow) = (tenant.max_wait_ms, tenant.wait_overflow);
         let mut wait_ms = self.expected_wait_ms(lane, now);
         if wait_ms > max_wait_ms {
             let overflow_to_be = overflow == WaitOverflow::BestEffort
                 && self.policy.lane(Lane::BestEffort).open
                 && lane != Lane::BestEffort;
             if !overflow_to_be {
-                self.stats.rejected += 1;
                 let reason = RejectReason::ExpectedWait {
                     wait_ms,
                     max_ms: max_wait_ms,
                 };
-                return Ok(reject(Decision::RejectExpectedWaitTooLong, reason, lane));
+                return Err(reject(Decision::RejectExpectedWaitTooLong, reason, lane));
             }
             lane = Lane::BestEffort;
             wait_ms = self.expected_wait_ms(lane, now);
         }
-        let entry = TaskEntry {
+        let mut entry = TaskEntry {
+            enqueued_at: now,
+            deadline: req.deadline.unwrap_or(NO_DEADLINE),
             tenant_slot: slot,
-            user: req.user,
-            user_limits: user,
+            user_slot,
+            estimate,
+            next: NIL,
+            state: Versioned::new(TaskState::Created),
+            attempt_no: 0,
+            provider: None,
+            hold: None,
             lane,
             band,
-            model: req.spec.model,
-            estimate: est,
-            state: Versioned::new(TaskState::Created),
             place: Place::Band,
-            enqueued_at: now,
-            deadline: req.deadline,
-            attempt_no: 0,
-            retries: 0,
-            rate_limit_retries: 0,
-            provider: None,
-            lane_hold: None,
-            fencing: None,
-            policy_version: self.policy.version,
         };
-        let gates = self.queue_gates(&entry);
-        if let Err(id) = self.ledger.try_acquire(&gates, now) {
-            self.stats.rejected += 1;
-            let key = self.ledger.key(id);
+        if let Err(key) = self.take_gates(&entry, now) {
             let decision = match key.scope() {
                 Scope::Shard => Decision::RejectTenantQueueFull,
                 Scope::Node => Decision::RejectPlatformOverloaded,
             };
-            return Ok(reject(decision, RejectReason::Limit(key), lane));
+            return Err(reject(decision, RejectReason::Limit(key), lane));
         }
-        let mut entry = entry;
         entry
             .state
             .transition(TaskState::Queued, Actor::System)
             .expect("CREATED → QUEUED");
         self.tenants[slot as usize].cost_reserved_milli += est.cost_milli;
-        let entry = self.tasks.insert(req.task, entry);
-        let item = QueuedRef {
-            task: req.task,
-            entry,
-            enqueued_at: now,
-            cost_milli: est.fairness.milli(),
-        };
-        self.enqueue(slot, lane, band, item, End::Back);
-        self.stats.admitted += 1;
+        let entry = self.tasks.insert(req.task, entry, TaskCold::default());
+        self.enqueue(slot, lane, band, entry, End::Back);
         let decision = if lane == Lane::BestEffort {
             Decision::AcceptedBestEffort
         } else {
@@ -881,6 +1114,26 @@ impl Shard {
         })
     }
 
+    /// One submit token from the tenant's and then the user's bucket, both or neither.
+    fn take_submit_tokens(
+        &mut self,
+        tenant_slot: u32,
+        user_slot: u32,
+        now: Time,
+    ) -> Result<(), LimitKey> {
+        let tenant = &mut self.tenants[tenant_slot as usize];
+        if !tenant.limits.submit_rate.try_take(1, now) {
+            return Err(LimitKey::TenantSubmitRate(tenant.id));
+        }
+        let user = &mut self.users[user_slot as usize];
+        if !user.limits.submit_rate.try_take(1, now) {
+            let key = LimitKey::UserSubmitRate(user.id);
+            tenant.limits.submit_rate.refund(1);
+            return Err(key);
+        }
+        Ok(())
+    }
+
     /// Puts back a task that PostgreSQL holds as QUEUED (after a restart or a partition
     /// takeover). It was admitted before, so no admission check can refuse it now: its queue
     /// gates are taken by force, like a retry's. Its lane and band are the stored ones.
@@ -891,46 +1144,35 @@ impl Shard {
     ) -> Result<(), SubmitError> {
         let req = restore.submit;
         let slot = self.ensure_tenant(req.tenant)?;
-        let est = self.price(&req.spec)?;
+        let estimate = self.intern(&req.spec)?;
         if self.tasks.contains_key(&req.task) {
+            self.estimates.release(estimate);
             return Err(SubmitError::DuplicateTask(req.task));
         }
-        let user = self.ensure_user(req.user, slot);
+        let user_slot = self.ensure_user(req.user, slot);
         let mut state = Versioned::new(TaskState::Created);
         state
             .transition(TaskState::Queued, Actor::System)
             .expect("CREATED → QUEUED");
         let entry = TaskEntry {
+            enqueued_at: now,
+            deadline: req.deadline.unwrap_or(NO_DEADLINE),
             tenant_slot: slot,
-            user: req.user,
-            user_limits: user,
+            user_slot,
+            estimate,
+            next: NIL,
+            state,
+            attempt_no: restore.attempts_before,
+            provider: None,
+            hold: None,
             lane: restore.lane,
             band: restore.band,
-            model: req.spec.model,
-            estimate: est,
-            state,
             place: Place::Band,
-            enqueued_at: now,
-            deadline: req.deadline,
-            attempt_no: restore.attempts_before,
-            retries: 0,
-            rate_limit_retries: 0,
-            provider: None,
-            lane_hold: None,
-            fencing: None,
-            policy_version: self.policy.version,
         };
-        let gates = self.queue_gates(&entry);
-        self.ledger.force_acquire_gates(&gates);
-        self.tenants[slot as usize].cost_reserved_milli += est.cost_milli;
-        let entry_slot = self.tasks.insert(req.task, entry);
-        let item = QueuedRef {
-            task: req.task,
-            entry: entry_slot,
-            enqueued_at: now,
-            cost_milli: est.fairness.milli(),
-        };
-        self.enqueue(slot, restore.lane, restore.band, item, End::Back);
+        self.force_gates(&entry);
+        self.tenants[slot as usize].cost_reserved_milli += self.estimates.get(estimate).cost_milli;
+        let entry_slot = self.tasks.insert(req.task, entry, TaskCold::default());
+        self.enqueue(slot, restore.lane, restore.band, entry_slot, End::Back);
         self.stats.restored += 1;
         Ok(())
     }
@@ -968,28 +1210,22 @@ impl Shard {
 
     /// A tenant's policy changed (a newer policy version). Its limits and DRR weight apply from
     /// now on; its queued and running tasks keep the lane, band and estimate they were admitted
-    /// with (they carry the version they were admitted under).
+    /// with.
     pub fn set_tenant_policy(&mut self, tenant: TenantId, policy: TenantPolicy, now: Time) {
-        self.policy.tenants.insert(tenant, policy.clone());
         let Some(&slot) = self.tenant_slots.get(&tenant) else {
+            self.policy.tenants.insert(tenant, policy);
             return;
         };
         let t = &mut self.tenants[slot as usize];
-        let (old_w, new_w) = (u64::from(t.policy.weight), u64::from(policy.weight));
+        let (old_w, new_w) = (u64::from(t.weight), u64::from(policy.weight));
         for lane in Lane::ALL {
-            if t.queues[lane.index()].as_ref().is_some_and(|q| q.in_ring) {
+            if t.queue(lane).is_some_and(|q| q.in_ring) {
                 let rt = &mut self.lanes[lane.index()];
                 rt.backlog_weight = rt.backlog_weight - old_w + new_w;
             }
         }
-        let l = &mut self.ledger;
-        l.set_rate(t.submit_rate, policy.submit_rate, now);
-        l.set_capacity(t.queued_tasks, policy.queued_tasks_max);
-        l.set_capacity(t.queued_units, policy.queued_units_max.milli());
-        l.set_capacity(t.running_tasks, policy.running_tasks_max);
-        l.set_capacity(t.running_units, policy.running_units_max.milli());
-        l.set_rate(t.cost_per_minute, policy.cost_per_minute, now);
-        t.policy = policy;
+        t.set_policy(&policy, now);
+        self.policy.tenants.insert(tenant, policy);
         // More room may let a stalled lane go on.
         self.unstall_all();
     }
@@ -1002,134 +1238,194 @@ impl Shard {
             .policy
             .tenants
             .get(&tenant)
-            .ok_or(SubmitError::UnknownTenant(tenant))?
-            .clone();
+            .ok_or(SubmitError::UnknownTenant(tenant))?;
         assert!(
             self.tenants.len() < TENANTS_MAX,
             "more tenants than TENANTS_MAX in one shard"
         );
-        let now = Time::ZERO;
-        let l = &mut self.ledger;
-        let rt = TenantRt {
-            id: tenant,
-            submit_rate: l.add_bucket(LimitKey::TenantSubmitRate(tenant), policy.submit_rate, now),
-            queued_tasks: l
-                .add_semaphore(LimitKey::TenantQueuedTasks(tenant), policy.queued_tasks_max),
-            queued_units: l.add_semaphore(
-                LimitKey::TenantQueuedUnits(tenant),
-                policy.queued_units_max.milli(),
-            ),
-            running_tasks: l.add_semaphore(
-                LimitKey::TenantRunningTasks(tenant),
-                policy.running_tasks_max,
-            ),
-            running_units: l.add_semaphore(
-                LimitKey::TenantRunningUnits(tenant),
-                policy.running_units_max.milli(),
-            ),
-            cost_per_minute: l.add_bucket(
-                LimitKey::TenantCostPerMinute(tenant),
-                policy.cost_per_minute,
-                now,
-            ),
-            cost_reserved_milli: 0,
-            queues: Default::default(),
-            policy,
-        };
         let slot = self.tenants.len() as u32;
-        self.tenants.push(rt);
+        self.tenants.push(TenantRt::new(tenant, policy));
         self.tenant_slots.insert(tenant, slot);
         Ok(slot)
     }
 
-    fn ensure_user(&mut self, user: UserId, tenant_slot: u32) -> UserRt {
-        if let Some(&rt) = self.users.get(&user) {
-            return rt;
+    fn ensure_user(&mut self, user: UserId, tenant_slot: u32) -> u32 {
+        if let Some(&slot) = self.user_slots.get(&user) {
+            return slot;
         }
-        let p = self.tenants[tenant_slot as usize].policy.user.clone();
-        let l = &mut self.ledger;
-        let rt = UserRt {
-            submit_rate: l.add_bucket(LimitKey::UserSubmitRate(user), p.submit_rate, Time::ZERO),
-            queued_tasks: l.add_semaphore(LimitKey::UserQueuedTasks(user), p.queued_tasks_max),
-            queued_units: l
-                .add_semaphore(LimitKey::UserQueuedUnits(user), p.queued_units_max.milli()),
-            running_tasks: l.add_semaphore(LimitKey::UserRunningTasks(user), p.running_tasks_max),
-            running_units: l.add_semaphore(
-                LimitKey::UserRunningUnits(user),
-                p.running_units_max.milli(),
-            ),
-        };
-        self.users.insert(user, rt);
-        rt
+        let tenant = self.tenants[tenant_slot as usize].id;
+        let p = &self.policy.tenants[&tenant].user;
+        let limits = OwnerLimits::new(
+            p.submit_rate,
+            (p.queued_tasks_max, p.queued_units_max),
+            (p.running_tasks_max, p.running_units_max),
+        );
+        let slot = u32::try_from(self.users.len()).expect("users bounded by USERS_MAX");
+        self.users.push(UserRt { id: user, limits });
+        self.user_slots.insert(user, slot);
+        slot
     }
 
-    // ---------------------------------------------------------------- demands
+    // ---------------------------------------------------------------- limits
 
-    // Demands are built in limit registration order (node limits, then the tenant's, then the
-    // user's, see `Shard::new`/`ensure_*`), so every `Demand::add` is an append.
+    // Every acquisition keeps one global order: node semaphores (in ledger id order), then the
+    // tenant's own semaphores, then its user's, then node buckets, then the tenant's cost
+    // bucket. (It is the order of the limits' ids from when all of them lived in the ledger;
+    // the first refused limit names the rejection and classifies a blocked task.) Demands are
+    // built in registration order, so every `Demand::add` is an append.
 
-    fn queue_gates(&self, e: &TaskEntry) -> Demand {
-        let user = e.user_limits;
-        let tenant = &self.tenants[e.tenant_slot as usize];
-        let units = e.estimate.fairness.milli();
+    /// One task and `units` from the tenant's and then the user's `hold` pair, all or nothing.
+    fn take_owned(
+        &mut self,
+        tenant_slot: u32,
+        user_slot: u32,
+        hold: Hold,
+        units: u64,
+    ) -> Result<(), LimitKey> {
+        let tenant = &mut self.tenants[tenant_slot as usize];
+        if let Err(i) = tenant.limits.try_take(hold, units) {
+            return Err(tenant.keys(hold)[i]);
+        }
+        let user = &mut self.users[user_slot as usize];
+        if let Err(i) = user.limits.try_take(hold, units) {
+            let key = user.keys(hold)[i];
+            let keys = tenant.keys(hold);
+            tenant.limits.release(hold, units, keys);
+            return Err(key);
+        }
+        Ok(())
+    }
+
+    fn release_owned(&mut self, tenant_slot: u32, user_slot: u32, hold: Hold, units: u64) {
+        let tenant = &mut self.tenants[tenant_slot as usize];
+        let keys = tenant.keys(hold);
+        tenant.limits.release(hold, units, keys);
+        let user = &mut self.users[user_slot as usize];
+        let keys = user.keys(hold);
+        user.limits.release(hold, units, keys);
+    }
+
+    /// The node-wide queue gates of a task of `lane` with fairness `units`.
+    fn node_gates(&self, lane: Lane, units: u64) -> Demand {
         let mut d = Demand::default();
-        d.add(self.node.lane_queued_tasks[e.lane.index()], 1);
-        d.add(self.node.lane_queued_units[e.lane.index()], units);
+        d.add(self.node.lane_queued_tasks[lane.index()], 1);
+        d.add(self.node.lane_queued_units[lane.index()], units);
         d.add(self.node.global_queued_tasks, 1);
         d.add(self.node.global_queued_units, units);
-        d.add(tenant.queued_tasks, 1);
-        d.add(tenant.queued_units, units);
-        d.add(user.queued_tasks, 1);
-        d.add(user.queued_units, units);
         d
     }
 
-    /// Semaphores the task's own tenant and user hold while it runs.
-    fn add_tenant_running(&self, e: &TaskEntry, d: &mut Demand) {
-        let user = e.user_limits;
-        let tenant = &self.tenants[e.tenant_slot as usize];
-        let units = e.estimate.slots.milli();
-        d.add(tenant.running_tasks, 1);
-        d.add(tenant.running_units, units);
-        d.add(user.running_tasks, 1);
-        d.add(user.running_units, units);
+    /// Takes every queue gate of `e`: the node's, its tenant's, its user's.
+    fn take_gates(&mut self, e: &TaskEntry, now: Time) -> Result<(), LimitKey> {
+        let units = self.estimates.get(e.estimate).fairness.milli();
+        let node = self.node_gates(e.lane, units);
+        if let Err(id) = self.ledger.try_acquire(&node, now) {
+            return Err(self.ledger.key(id));
+        }
+        if let Err(key) = self.take_owned(e.tenant_slot, e.user_slot, Hold::Queued, units) {
+            self.ledger.give_back(node.needs());
+            return Err(key);
+        }
+        Ok(())
     }
 
-    /// Everything the provider stage holds: running counts and units per user, tenant, lane,
-    /// model, provider and high-cost class (semaphores), then RPM and cost-per-minute tokens
-    /// (buckets), in that order because ids order all semaphores before all buckets.
-    fn provider_demand(
-        &self,
-        e: &TaskEntry,
-        provider: ProviderId,
-        lane_key: LimitId,
-        mode: CapacityMode,
-    ) -> Demand {
-        let units = e.estimate.slots.milli();
-        let cost = e.estimate.cost_milli;
+    /// Takes the gates of accepted work coming back (a retry, a restore), past capacity if need
+    /// be (see [`crate::ledger::Role::AdmissionGate`]).
+    fn force_gates(&mut self, e: &TaskEntry) {
+        let units = self.estimates.get(e.estimate).fairness.milli();
+        self.ledger
+            .force_acquire_gates(&self.node_gates(e.lane, units));
+        self.tenants[e.tenant_slot as usize]
+            .limits
+            .force(Hold::Queued, units);
+        self.users[e.user_slot as usize]
+            .limits
+            .force(Hold::Queued, units);
+    }
+
+    fn release_gates(&mut self, e: &TaskEntry) {
+        let units = self.estimates.get(e.estimate).fairness.milli();
+        self.ledger.release(&self.node_gates(e.lane, units));
+        self.release_owned(e.tenant_slot, e.user_slot, Hold::Queued, units);
+    }
+
+    /// The lane pool a provider stage held in `mode` draws on.
+    fn lane_key(&self, lane: Lane, mode: CapacityMode) -> LimitId {
+        match mode {
+            CapacityMode::Normal => self.node.lane_units[lane.index()],
+            CapacityMode::Borrowed(donor) => self.node.lane_units[donor.index()],
+        }
+    }
+
+    /// The node limits the provider stage holds: running counts and units per lane, model,
+    /// provider and high-cost class (semaphores), then RPM and platform cost tokens (buckets).
+    /// The tenant's and user's running limits and the tenant's cost bucket are its other part.
+    fn provider_demand(&self, e: &TaskEntry, provider: ProviderId, mode: CapacityMode) -> Demand {
+        let est = self.estimates.get(e.estimate);
+        let model = self.estimates.model(e.estimate);
+        let units = est.slots.milli();
         let mut d = Demand::default();
-        d.add(lane_key, units);
+        d.add(self.lane_key(e.lane, mode), units);
         if mode == CapacityMode::Borrowed(Lane::EnterpriseReserved) {
             d.add(self.node.enterprise_borrowed, units);
         }
         d.add(self.node.lane_running_tasks[e.lane.index()], 1);
-        d.add(self.node.model_running[e.model.0 as usize], 1);
-        d.add(self.node.model_running_units[e.model.0 as usize], units);
+        d.add(self.node.model_running[model.0 as usize], 1);
+        d.add(self.node.model_running_units[model.0 as usize], units);
         d.add(self.node.provider_concurrency[provider.0 as usize], 1);
-        if e.estimate.class == ResourceClass::Expensive {
+        if est.class == ResourceClass::Expensive {
             d.add(self.node.high_cost, 1);
         }
         d.add(self.node.global_running_tasks, 1);
         d.add(self.node.global_running_units, units);
-        self.add_tenant_running(e, &mut d);
         d.add(self.node.provider_rpm[provider.0 as usize], 1);
-        d.add(self.node.platform_cost, cost);
-        d.add(self.tenants[e.tenant_slot as usize].cost_per_minute, cost);
+        d.add(self.node.platform_cost, est.cost_milli);
         d
     }
 
+    /// Acquires the whole provider stage of the task in `slot`, all or nothing, in the global
+    /// order; on refusal names the first limit that did not fit.
+    fn try_provider_stage(
+        &mut self,
+        slot: u32,
+        provider: ProviderId,
+        mode: CapacityMode,
+        now: Time,
+    ) -> Result<(), LimitKey> {
+        let e = self.tasks.at(slot);
+        let (tenant_slot, user_slot) = (e.tenant_slot, e.user_slot);
+        let est = self.estimates.get(e.estimate);
+        let (units, cost) = (est.slots.milli(), est.cost_milli);
+        let demand = self.provider_demand(e, provider, mode);
+        let (sems, buckets) = demand.split_buckets();
+        if let Err(id) = self.ledger.try_acquire_needs(sems, now) {
+            return Err(self.ledger.key(id));
+        }
+        if let Err(key) = self.take_owned(tenant_slot, user_slot, Hold::Running, units) {
+            self.ledger.give_back(sems);
+            return Err(key);
+        }
+        let refused = match self.ledger.try_acquire_needs(buckets, now) {
+            Err(id) => Some(self.ledger.key(id)),
+            Ok(()) => {
+                let tenant = &mut self.tenants[tenant_slot as usize];
+                let taken = tenant.cost_per_minute.try_take(cost, now);
+                if !taken {
+                    self.ledger.give_back(buckets);
+                }
+                (!taken).then_some(LimitKey::TenantCostPerMinute(tenant.id))
+            }
+        };
+        if let Some(key) = refused {
+            self.release_owned(tenant_slot, user_slot, Hold::Running, units);
+            self.ledger.give_back(sems);
+            return Err(key);
+        }
+        Ok(())
+    }
+
     fn media_demand(&self, e: &TaskEntry) -> Demand {
-        let m = e.estimate.media;
+        let m = self.estimates.get(e.estimate).media;
         let mut d = Demand::default();
         d.add(self.node.gpu_units, m.gpu_units.into());
         d.add(self.node.gpu_mem_mb, m.gpu_mem_mb.into());
@@ -1140,9 +1436,8 @@ impl Shard {
 
     /// Lane capacity a task of `lane` may use, in preference order: its own pool, then what it
     /// may borrow (DESIGN §4: enterprise reserve with headroom; best effort on leftovers only).
-    fn lane_options(&self, lane: Lane, units: u64) -> ([(LimitId, CapacityMode); 3], usize) {
-        let own = (self.node.lane_units[lane.index()], CapacityMode::Normal);
-        let mut options = [own; 3];
+    fn lane_options(&self, lane: Lane, units: u64) -> ([CapacityMode; 3], usize) {
+        let mut options = [CapacityMode::Normal; 3];
         let mut n = 1;
         let idle = |l: Lane| self.lanes[l.index()].queued_tasks == 0;
         match lane {
@@ -1150,17 +1445,14 @@ impl Shard {
                 let ent = Lane::EnterpriseReserved;
                 let id = self.node.lane_units[ent.index()];
                 if idle(ent) && self.ledger.free(id) >= units + self.headroom_share(id) {
-                    options[n] = (id, CapacityMode::Borrowed(ent));
+                    options[n] = CapacityMode::Borrowed(ent);
                     n += 1;
                 }
             }
             Lane::BestEffort => {
                 for donor in [Lane::Standard, Lane::PaidShared] {
                     if idle(donor) {
-                        options[n] = (
-                            self.node.lane_units[donor.index()],
-                            CapacityMode::Borrowed(donor),
-                        );
+                        options[n] = CapacityMode::Borrowed(donor);
                         n += 1;
                     }
                 }
@@ -1184,18 +1476,30 @@ impl Shard {
 
     // ---------------------------------------------------------------- queues
 
-    fn enqueue(&mut self, slot: u32, lane: Lane, band: Band, item: QueuedRef, end: End) {
-        let weight = u64::from(self.tenants[slot as usize].policy.weight);
+    fn fairness_milli(&self, entry: u32) -> u64 {
+        self.estimates
+            .get(self.tasks.at(entry).estimate)
+            .fairness
+            .milli()
+    }
+
+    fn enqueue(&mut self, slot: u32, lane: Lane, band: Band, entry: u32, end: End) {
+        let cost_milli = self.fairness_milli(entry);
         let initial_credit = self.policy.drr.initial_burst_credit.milli() as i64;
-        let q =
-            self.tenants[slot as usize].queues[lane.index()].get_or_insert_with(Default::default);
+        let tenant = &mut self.tenants[slot as usize];
+        let weight = u64::from(tenant.weight);
+        let q = tenant.queue_mut(lane);
+        let mut bands = Bands {
+            tasks: &mut self.tasks,
+            estimates: &self.estimates,
+        };
         match end {
-            End::Back => q.push_back(band, item),
-            End::Front => q.push_front(band, item),
+            End::Back => q.push_back(&mut bands, band, entry),
+            End::Front => q.push_front(&mut bands, band, entry),
         }
         let rt = &mut self.lanes[lane.index()];
         rt.queued_tasks += 1;
-        rt.queued_units_milli += item.cost_milli;
+        rt.queued_units_milli += cost_milli;
         if !q.in_ring {
             // A tenant becoming active again starts from min(previous, initial burst credit).
             q.in_ring = true;
@@ -1208,16 +1512,29 @@ impl Shard {
         rt.blocked_streak = 0;
     }
 
-    /// Bookkeeping after `item` left tenant `slot`'s queue in `lane`.
-    fn dequeued(&mut self, slot: u32, lane: Lane, item: QueuedRef) {
+    /// Takes `entry`, which follows `prev` (`NIL`: it is the head), out of tenant `slot`'s
+    /// `band` in `lane`, with the bookkeeping that goes with it.
+    fn dequeue(&mut self, slot: u32, lane: Lane, band: Band, prev: u32, entry: u32) {
+        let cost_milli = self.fairness_milli(entry);
+        let tenant = &mut self.tenants[slot as usize];
+        let weight = u64::from(tenant.weight);
+        let q = tenant.queue_mut(lane);
+        let mut bands = Bands {
+            tasks: &mut self.tasks,
+            estimates: &self.estimates,
+        };
+        q.unlink(&mut bands, band, prev, entry);
+        self.dequeued(slot, lane, entry, cost_milli, weight);
+    }
+
+    /// Bookkeeping after `entry` left tenant `slot`'s queue in `lane`.
+    fn dequeued(&mut self, slot: u32, lane: Lane, entry: u32, cost_milli: u64, weight: u64) {
         let rt = &mut self.lanes[lane.index()];
         rt.queued_tasks -= 1;
-        rt.queued_units_milli -= item.cost_milli;
-        let q = self.tenants[slot as usize].queues[lane.index()]
-            .as_mut()
-            .expect("queue exists");
-        if q.skipped_head == Some(item.task) {
-            q.skipped_head = None;
+        rt.queued_units_milli -= cost_milli;
+        let q = self.tenants[slot as usize].queue_mut(lane);
+        if q.skipped_head == entry {
+            q.skipped_head = NIL;
             q.skips = 0;
         }
         if q.is_empty() && q.in_ring {
@@ -1228,7 +1545,7 @@ impl Shard {
                 .position(|&s| s == slot)
                 .expect("active tenant is in the ring");
             rt.ring.remove(pos);
-            rt.backlog_weight -= u64::from(self.tenants[slot as usize].policy.weight);
+            rt.backlog_weight -= weight;
         }
     }
 
@@ -1253,16 +1570,9 @@ impl Shard {
                 continue;
             }
             e.place = Place::Band;
-            let (slot, lane, band) = (e.tenant_slot, e.lane, e.band);
-            let item = QueuedRef {
-                task,
-                entry,
-                enqueued_at: e.enqueued_at,
-                cost_milli: e.estimate.fairness.milli(),
-            };
-            let gates = self.queue_gates(self.tasks.at(entry));
-            self.ledger.force_acquire_gates(&gates);
-            self.enqueue(slot, lane, band, item, End::Front);
+            let e = e.clone();
+            self.force_gates(&e);
+            self.enqueue(e.tenant_slot, e.lane, e.band, entry, End::Front);
         }
     }
 
@@ -1350,12 +1660,10 @@ impl Shard {
             return None;
         }
         let drr = self.policy.drr;
-        let weight = i64::from(self.tenants[slot as usize].policy.weight);
-        let quantum = drr.base_quantum.milli() as i64 * weight;
+        let tenant = &mut self.tenants[slot as usize];
+        let quantum = drr.base_quantum.milli() as i64 * i64::from(tenant.weight);
         let cap = quantum * i64::from(drr.burst_rounds);
-        let q = self.tenants[slot as usize].queues[lane.index()]
-            .as_mut()
-            .expect("ringed tenant has a queue");
+        let q = tenant.queue_mut(lane);
         if q.needs_quantum {
             q.needs_quantum = false;
             // Fairness debt is paid out of the quantum (a refund adds to it), at most one quantum.
@@ -1370,10 +1678,7 @@ impl Shard {
             TurnResult::OutOfCredit => {
                 rt.blocked_streak = 0;
                 rt.ring.rotate_left(1);
-                let q = self.tenants[slot as usize].queues[lane.index()]
-                    .as_mut()
-                    .expect("queue");
-                q.needs_quantum = true;
+                self.tenants[slot as usize].queue_mut(lane).needs_quantum = true;
             }
             TurnResult::Blocked(Block::LanePool) => {
                 rt.stalled_until = Some(now.plus_ns(STALL_RETRY_NS));
@@ -1393,110 +1698,100 @@ impl Shard {
         let aging_ns = self.policy.aging.aging_step_ms * NANOS_PER_MS;
         let fit_scan = self.policy.aging.fit_scan_max.min(FIT_SCAN_MAX);
         let skips_max = self.policy.aging.skips_max;
-        let q = self.tenants[slot as usize].queues[lane.index()]
-            .as_ref()
-            .expect("queue");
-        let band = q
-            .best_band(now, aging_ns)
-            .expect("a ringed tenant has queued work");
-        let head = *q.band(band).front().expect("best band has a head");
-        if let Some(deadline) = self.tasks.at(head.entry).deadline {
-            if deadline <= now {
-                self.expire_head(slot, lane, band, head);
-                return TurnResult::Expired(head.task);
-            }
-        }
-        let may_skip = !(q.skipped_head == Some(head.task) && q.skips >= skips_max);
-        let scan = if may_skip {
-            (fit_scan + 1).min(q.band(band).len())
-        } else {
-            1
+        let q = self.tenants[slot as usize]
+            .queue(lane)
+            .expect("a ringed tenant has a queue");
+        let bands = Bands {
+            tasks: &self.tasks,
+            estimates: &self.estimates,
         };
+        let band = q
+            .best_band(&bands, now, aging_ns)
+            .expect("a ringed tenant has queued work");
+        let head = q.head(band).expect("best band has a head");
+        let deadline = self.tasks.at(head).deadline;
+        if deadline != NO_DEADLINE && deadline <= now {
+            let task = self.tasks.id_at(head);
+            self.expire_head(slot, lane, band, head);
+            return TurnResult::Expired(task);
+        }
+        let may_skip = !(q.skipped_head == head && q.skips >= skips_max);
+        let scan = if may_skip { fit_scan + 1 } else { 1 };
         let deficit = q.deficit;
         let mut first_failure = TurnResult::Blocked(Block::Resource);
         // A candidate at least as large as one the lane pool refused cannot fit either.
         let mut lane_refused_milli = u64::MAX;
+        let (mut prev, mut cand) = (NIL, head);
         for pos in 0..scan {
-            let q = self.tenants[slot as usize].queues[lane.index()]
-                .as_ref()
-                .expect("queue");
-            let cand = q.band(band)[pos];
-            let credit_ok = cand.cost_milli as i64 <= deficit || deficit >= cap;
+            if cand == NIL {
+                break;
+            }
+            let next = self.tasks.at(cand).next;
+            let cost_milli = self.fairness_milli(cand);
+            let credit_ok = cost_milli as i64 <= deficit || deficit >= cap;
             if !credit_ok {
                 if pos == 0 {
                     first_failure = TurnResult::OutOfCredit;
                 }
-                continue;
-            }
-            if cand.cost_milli >= lane_refused_milli {
-                continue;
-            }
-            let started = self.try_start(cand.entry, now);
-            if let Err(block) = started {
-                if pos == 0 {
-                    first_failure = TurnResult::Blocked(block);
-                }
-                if block == Block::LanePool {
-                    lane_refused_milli = lane_refused_milli.min(cand.cost_milli);
-                }
-            }
-            if let Ok(d) = started {
-                let q = self.tenants[slot as usize].queues[lane.index()]
-                    .as_mut()
-                    .expect("queue");
-                q.deficit -= cand.cost_milli as i64;
-                if pos > 0 {
-                    if q.skipped_head != Some(head.task) {
-                        q.skipped_head = Some(head.task);
-                        q.skips = 0;
+            } else if cost_milli < lane_refused_milli {
+                match self.try_start(cand, now) {
+                    Ok(d) => {
+                        let q = self.tenants[slot as usize].queue_mut(lane);
+                        q.deficit -= cost_milli as i64;
+                        if pos > 0 {
+                            if q.skipped_head != head {
+                                q.skipped_head = head;
+                                q.skips = 0;
+                            }
+                            q.skips += 1;
+                            self.stats.fit_scan_skips += 1;
+                        }
+                        self.dequeue(slot, lane, band, prev, cand);
+                        return TurnResult::Dispatched(d);
                     }
-                    q.skips += 1;
-                    self.stats.fit_scan_skips += 1;
+                    Err(block) => {
+                        if pos == 0 {
+                            first_failure = TurnResult::Blocked(block);
+                        }
+                        if block == Block::LanePool {
+                            lane_refused_milli = lane_refused_milli.min(cost_milli);
+                        }
+                    }
                 }
-                let item = q.remove_at(band, pos);
-                self.dequeued(slot, lane, item);
-                return TurnResult::Dispatched(d);
             }
+            (prev, cand) = (cand, next);
         }
         first_failure
     }
 
-    fn expire_head(&mut self, slot: u32, lane: Lane, band: Band, head: QueuedRef) {
-        let q = self.tenants[slot as usize].queues[lane.index()]
-            .as_mut()
-            .expect("queue");
-        let item = q.remove_at(band, 0);
-        self.dequeued(slot, lane, item);
-        let e = self
-            .tasks
-            .remove(&head.task)
-            .expect("queued task has an entry");
-        let gates = self.queue_gates(&e);
-        self.ledger.release(&gates);
-        self.tenants[slot as usize].cost_reserved_milli -= e.estimate.cost_milli;
-        let mut state = e.state;
-        state
+    fn expire_head(&mut self, slot: u32, lane: Lane, band: Band, head: u32) {
+        self.dequeue(slot, lane, band, NIL, head);
+        let e = self.tasks.at_mut(head);
+        e.state
             .transition(TaskState::Expired, Actor::System)
             .expect("QUEUED → EXPIRED");
+        let e = e.clone();
+        self.release_gates(&e);
+        self.finish(self.tasks.id_at(head));
     }
 
     /// Tries every provider of the task's model with every lane option; on the first complete
     /// acquisition moves the task QUEUED → DISPATCHING. Changes nothing otherwise, and says why.
     fn try_start(&mut self, entry: u32, now: Time) -> Result<Dispatch, Block> {
         let e = self.tasks.at(entry);
-        let units = e.estimate.slots.milli();
+        let units = self.estimates.get(e.estimate).slots.milli();
+        let model = self.estimates.model(e.estimate).0 as usize;
         let (lane_opts, n_opts) = self.lane_options(e.lane, units);
-        let providers = &self.policy.models[e.model.0 as usize].providers;
+        let n_providers = self.policy.models[model].providers.len();
         // The first refused limit in the fixed order classifies the block: node limits come
         // first, so a tenant block shows only once the shared ones would fit.
         let mut block = Block::LanePool;
-        for &(lane_key, mode) in &lane_opts[..n_opts] {
-            for &provider in providers {
-                let demand = self.provider_demand(e, provider, lane_key, mode);
-                let Err(id) = self.ledger.try_acquire(&demand, now) else {
-                    return Ok(self.started(entry, provider, lane_key, mode));
+        for &mode in &lane_opts[..n_opts] {
+            for i in 0..n_providers {
+                let provider = self.policy.models[model].providers[i];
+                let Err(key) = self.try_provider_stage(entry, provider, mode, now) else {
+                    return Ok(self.started(entry, provider, mode));
                 };
-                let key = self.ledger.key(id);
                 block = match (key, key.scope()) {
                     (_, Scope::Shard) => return Err(Block::Tenant),
                     (LimitKey::LaneUnits(_) | LimitKey::EnterpriseBorrowed, _) => block,
@@ -1508,42 +1803,39 @@ impl Shard {
     }
 
     /// QUEUED → DISPATCHING once the provider-stage demand is held.
-    fn started(
-        &mut self,
-        entry: u32,
-        provider: ProviderId,
-        lane_key: LimitId,
-        mode: CapacityMode,
-    ) -> Dispatch {
+    fn started(&mut self, entry: u32, provider: ProviderId, mode: CapacityMode) -> Dispatch {
         let task = self.tasks.id_at(entry);
-        let gates = self.queue_gates(self.tasks.at(entry));
-        self.ledger.release(&gates);
+        let e = self.tasks.at(entry).clone();
+        self.release_gates(&e);
+        debug_assert!(
+            self.tasks.cold(entry).fencing.is_none(),
+            "a queued task holds no fencing token"
+        );
         let e = self.tasks.at_mut(entry);
         e.state
             .transition(TaskState::Dispatching, Actor::System)
             .expect("QUEUED → DISPATCHING");
         e.place = Place::Provider;
         e.provider = Some(provider);
-        e.lane_hold = Some((lane_key, mode));
+        e.hold = Some(mode);
         e.attempt_no += 1;
-        e.fencing = None;
         assert!(
             e.attempt_no <= ATTEMPTS_MAX,
             "attempts bounded by retry limits"
         );
+        let e = e.clone();
         self.lanes[e.lane.index()].running_tasks += 1;
-        let tenant = self.tenants[e.tenant_slot as usize].id;
         Dispatch {
             task,
-            tenant,
-            user: e.user,
+            tenant: self.tenants[e.tenant_slot as usize].id,
+            user: self.users[e.user_slot as usize].id,
             lane: e.lane,
             band: e.band,
             provider,
             mode,
             attempt_no: e.attempt_no,
-            estimate: e.estimate,
-            policy_version: e.policy_version,
+            estimate: *self.estimates.get(e.estimate),
+            policy_version: self.policy.version,
         }
     }
 
@@ -1554,60 +1846,59 @@ impl Shard {
     }
 
     fn release_provider_hold(&mut self, task: TaskId) {
-        let e = &self.tasks[&task];
+        let slot = self.tasks.slot(task).expect("entry");
+        let e = self.tasks.at(slot).clone();
         assert_eq!(
             e.place,
             Place::Provider,
             "task {task} holds no provider reservation"
         );
-        let (lane_key, mode) = e.lane_hold.expect("provider hold has a lane key");
+        let mode = e.hold.expect("provider hold has a capacity mode");
         let provider = e.provider.expect("provider hold has a provider");
-        let demand = self.provider_demand(e, provider, lane_key, mode);
+        let demand = self.provider_demand(&e, provider, mode);
         self.ledger.release(&demand);
-        let lane = e.lane;
-        self.lanes[lane.index()].running_tasks -= 1;
-        let e = self.tasks.get_mut(&task).expect("entry");
-        e.lane_hold = None;
+        let units = self.estimates.get(e.estimate).slots.milli();
+        self.release_owned(e.tenant_slot, e.user_slot, Hold::Running, units);
+        self.lanes[e.lane.index()].running_tasks -= 1;
+        self.tasks.at_mut(slot).hold = None;
         self.unstall_all();
     }
 
     // ---------------------------------------------------------------- provider reports
 
-    fn fenced(&mut self, task: TaskId, token: FencingToken) -> Result<&mut TaskEntry, ShardError> {
-        let e = self
-            .tasks
-            .get_mut(&task)
-            .ok_or(ShardError::UnknownTask(task))?;
-        if e.fencing != Some(token) {
+    /// The slot of `task` if `token` is its current fencing token.
+    fn fenced(&self, task: TaskId, token: FencingToken) -> Result<u32, ShardError> {
+        let slot = self.tasks.slot(task).ok_or(ShardError::UnknownTask(task))?;
+        let current = self.tasks.cold(slot).fencing;
+        if current != Some(token) {
             return Err(ShardError::StaleFencing {
                 task,
                 presented: token,
-                current: e.fencing,
+                current,
             });
         }
-        Ok(e)
+        Ok(slot)
     }
 
     fn transition(&mut self, task: TaskId, to: TaskState) -> Result<(), ShardError> {
-        let e = self
-            .tasks
-            .get_mut(&task)
-            .ok_or(ShardError::UnknownTask(task))?;
-        e.state
+        let slot = self.tasks.slot(task).ok_or(ShardError::UnknownTask(task))?;
+        self.tasks
+            .at_mut(slot)
+            .state
             .transition(to, Actor::System)
             .map(|_| ())
             .map_err(|error| ShardError::Transition { task, error })
     }
 
     /// Like `fenced`, and the task must be in its provider stage (a report about an attempt
-    /// that has already moved on is refused, whatever its token).
+    /// that has already moved on is refused, whatever its token). Returns its state.
     fn fenced_provider(
-        &mut self,
+        &self,
         task: TaskId,
         token: FencingToken,
         to: TaskState,
-    ) -> Result<&mut TaskEntry, ShardError> {
-        let e = self.fenced(task, token)?;
+    ) -> Result<TaskState, ShardError> {
+        let e = self.tasks.at(self.fenced(task, token)?);
         if e.place != Place::Provider {
             let from = e.state.state;
             return Err(ShardError::Transition {
@@ -1615,7 +1906,24 @@ impl Shard {
                 error: TransitionError::Illegal { from, to },
             });
         }
-        Ok(self.tasks.get_mut(&task).expect("entry"))
+        Ok(e.state.state)
+    }
+
+    /// The slot of a task whose claim is outstanding (dispatched, no token yet), refusing
+    /// anything else as an illegal move to `to`.
+    fn claim_pending(&self, task: TaskId, to: TaskState) -> Result<u32, ShardError> {
+        let slot = self.tasks.slot(task).ok_or(ShardError::UnknownTask(task))?;
+        let e = self.tasks.at(slot);
+        if e.place != Place::Provider || self.tasks.cold(slot).fencing.is_some() {
+            return Err(ShardError::Transition {
+                task,
+                error: TransitionError::Illegal {
+                    from: e.state.state,
+                    to,
+                },
+            });
+        }
+        Ok(slot)
     }
 
     /// The control plane committed the claim and issued `token` for this attempt. Returns
@@ -1625,21 +1933,9 @@ impl Shard {
         task: TaskId,
         token: FencingToken,
     ) -> Result<ClaimOutcome, ShardError> {
-        let e = self
-            .tasks
-            .get_mut(&task)
-            .ok_or(ShardError::UnknownTask(task))?;
-        if e.place != Place::Provider || e.fencing.is_some() {
-            return Err(ShardError::Transition {
-                task,
-                error: TransitionError::Illegal {
-                    from: e.state.state,
-                    to: TaskState::Dispatching,
-                },
-            });
-        }
-        e.fencing = Some(token);
-        if e.state.state == TaskState::Canceled {
+        let slot = self.claim_pending(task, TaskState::Dispatching)?;
+        self.tasks.cold_mut(slot).fencing = Some(token);
+        if self.tasks.at(slot).state.state == TaskState::Canceled {
             self.drop_canceled_attempt(task);
             return Ok(ClaimOutcome::Canceled);
         }
@@ -1649,24 +1945,14 @@ impl Shard {
     /// The control plane refused the claim (the task moved, or a global pool key was full): undo
     /// the local reservation and put the task back at the front of its band.
     pub fn handle_claim_refused(&mut self, now: Time, task: TaskId) -> Result<(), ShardError> {
-        let e = self.tasks.get(&task).ok_or(ShardError::UnknownTask(task))?;
-        if e.place != Place::Provider || e.fencing.is_some() {
-            return Err(ShardError::Transition {
-                task,
-                error: TransitionError::Illegal {
-                    from: e.state.state,
-                    to: TaskState::Queued,
-                },
-            });
-        }
-        if e.state.state == TaskState::Canceled {
+        let slot = self.claim_pending(task, TaskState::Queued)?;
+        if self.tasks.at(slot).state.state == TaskState::Canceled {
             self.drop_canceled_attempt(task);
             return Ok(());
         }
         self.release_provider_hold(task);
         self.transition(task, TaskState::Queued)?;
-        let e = self.tasks.get_mut(&task).expect("entry");
-        e.attempt_no -= 1;
+        self.tasks.at_mut(slot).attempt_no -= 1;
         self.requeue_at(task, now);
         Ok(())
     }
@@ -1677,8 +1963,7 @@ impl Shard {
         task: TaskId,
         token: FencingToken,
     ) -> Result<(), ShardError> {
-        let e = self.fenced_provider(task, token, TaskState::Running)?;
-        if e.state.state == TaskState::Canceled {
+        if self.fenced_provider(task, token, TaskState::Running)? == TaskState::Canceled {
             return Ok(());
         }
         self.transition(task, TaskState::Running)
@@ -1690,8 +1975,8 @@ impl Shard {
         task: TaskId,
         token: FencingToken,
     ) -> Result<(), ShardError> {
-        let e = self.fenced_provider(task, token, TaskState::SubmitUnknown)?;
-        if e.state.state == TaskState::Canceled {
+        let state = self.fenced_provider(task, token, TaskState::SubmitUnknown)?;
+        if state == TaskState::Canceled {
             return Ok(());
         }
         self.transition(task, TaskState::SubmitUnknown)
@@ -1705,8 +1990,7 @@ impl Shard {
         task: TaskId,
         token: FencingToken,
     ) -> Result<FailOutcome, ShardError> {
-        let e = self.fenced_provider(task, token, TaskState::Queued)?;
-        if e.state.state == TaskState::Canceled {
+        if self.fenced_provider(task, token, TaskState::Queued)? == TaskState::Canceled {
             self.drop_canceled_attempt(task);
             return Ok(FailOutcome::Canceled);
         }
@@ -1727,8 +2011,7 @@ impl Shard {
         jitter_milli: u64,
     ) -> Result<FailOutcome, ShardError> {
         assert!((700..=1300).contains(&jitter_milli), "jitter is 0.7–1.3");
-        let e = self.fenced_provider(task, token, TaskState::Queued)?;
-        let (state, lane) = (e.state.state, e.lane);
+        let state = self.fenced_provider(task, token, TaskState::Queued)?;
         if state == TaskState::Canceled {
             self.drop_canceled_attempt(task);
             return Ok(FailOutcome::Canceled);
@@ -1743,34 +2026,34 @@ impl Shard {
                 },
             });
         }
-        let (retries_max, rate_limit_retries_max) = (
-            self.policy.lane(lane).retries_max,
-            self.policy.lane(lane).rate_limit_retries_max,
-        );
-        let e = self.tasks.get_mut(&task).expect("entry");
+        let slot = self.tasks.slot(task).expect("entry");
+        let e = self.tasks.at(slot).clone();
+        let lane = self.policy.lane(e.lane);
+        let (retries_max, rate_limit_retries_max) = (lane.retries_max, lane.rate_limit_retries_max);
+        let cold = self.tasks.cold_mut(slot);
         let (retry_no, limit) = match failure {
             Failure::RateLimited => {
-                e.rate_limit_retries += 1;
-                (e.rate_limit_retries, rate_limit_retries_max)
+                cold.rate_limit_retries += 1;
+                (cold.rate_limit_retries, rate_limit_retries_max)
             }
             Failure::Retryable => {
-                e.retries += 1;
-                (e.retries, retries_max)
+                cold.retries += 1;
+                (cold.retries, retries_max)
             }
             Failure::NonRetryable => (u32::MAX, 0),
         };
         let provider = e.provider.expect("a failed attempt had a provider");
-        let tenant_slot = e.tenant_slot;
-        let cost = e.estimate.cost_milli;
         if failure == Failure::RateLimited {
             // Not accepted, so not billed: refund cost tokens; slow the provider's bucket down.
+            let cost = self.estimates.get(e.estimate).cost_milli;
             let rpm = self.node.provider_rpm[provider.0 as usize];
             self.ledger.penalize(rpm, now);
-            self.ledger
-                .refund(self.tenants[tenant_slot as usize].cost_per_minute, cost);
+            self.tenants[e.tenant_slot as usize]
+                .cost_per_minute
+                .refund(cost);
             self.ledger.refund(self.node.platform_cost, cost);
         }
-        let exhausted = retry_no > limit || self.tasks[&task].attempt_no >= ATTEMPTS_MAX;
+        let exhausted = retry_no > limit || e.attempt_no >= ATTEMPTS_MAX;
         if exhausted {
             self.transition(task, TaskState::Failed)?;
             self.release_provider_hold(task);
@@ -1787,8 +2070,9 @@ impl Shard {
     }
 
     fn requeue_at(&mut self, task: TaskId, eligible_at: Time) {
-        let e = self.tasks.get_mut(&task).expect("entry");
-        e.fencing = None;
+        let slot = self.tasks.slot(task).expect("entry");
+        self.tasks.cold_mut(slot).fencing = None;
+        let e = self.tasks.at_mut(slot);
         e.provider = None;
         e.place = Place::Delayed;
         assert!(
@@ -1807,24 +2091,23 @@ impl Shard {
         token: FencingToken,
         actual: Units,
     ) -> Result<CompleteOutcome, ShardError> {
-        let e = self.fenced_provider(task, token, TaskState::ProviderSucceeded)?;
-        if e.state.state == TaskState::Canceled {
+        let state = self.fenced_provider(task, token, TaskState::ProviderSucceeded)?;
+        if state == TaskState::Canceled {
             self.drop_canceled_attempt(task);
             return Ok(CompleteOutcome::Canceled);
         }
         self.transition(task, TaskState::ProviderSucceeded)?;
         self.release_provider_hold(task);
-        let e = &self.tasks[&task];
-        let (slot, lane, estimated) = (e.tenant_slot, e.lane, e.estimate.fairness.milli() as i64);
+        let slot = self.tasks.slot(task).expect("entry");
+        let e = self.tasks.at(slot);
+        let (tenant_slot, lane) = (e.tenant_slot, e.lane);
+        let estimated = self.estimates.get(e.estimate).fairness.milli() as i64;
         let cap = self.policy.drr.debt_cap_per_task.milli() as i64;
         let delta = (actual.milli() as i64 - estimated).clamp(-cap, cap);
-        if let Some(q) = self.tenants[slot as usize].queues[lane.index()].as_mut() {
-            q.debt += delta;
-        }
+        self.tenants[tenant_slot as usize].queue_mut(lane).debt += delta;
         self.roll_rate(lane, now);
         self.lanes[lane.index()].rate_bucket_milli += actual.milli();
-        let e = self.tasks.get_mut(&task).expect("entry");
-        e.place = Place::MediaQueue;
+        self.tasks.at_mut(slot).place = Place::MediaQueue;
         assert!(
             self.media_queue.len() < MEDIA_QUEUE_MAX,
             "media queue bounded by TASKS_MAX"
@@ -1855,13 +2138,14 @@ impl Shard {
             };
             self.transition(task, TaskState::MediaProcessing)
                 .expect("PROVIDER_SUCCEEDED → MEDIA_PROCESSING");
-            let e = self.tasks.get_mut(&task).expect("entry");
+            let slot = self.tasks.slot(task).expect("entry");
+            let e = self.tasks.at_mut(slot);
             e.place = Place::Media;
-            let tenant = self.tenants[e.tenant_slot as usize].id;
+            let (tenant_slot, estimate) = (e.tenant_slot, e.estimate);
             return Some(MediaStart {
                 task,
-                tenant,
-                estimate: e.estimate,
+                tenant: self.tenants[tenant_slot as usize].id,
+                estimate: *self.estimates.get(estimate),
             });
         }
         None
@@ -1874,7 +2158,7 @@ impl Shard {
         token: FencingToken,
         ok: bool,
     ) -> Result<CompleteOutcome, ShardError> {
-        let e = self.fenced(task, token)?;
+        let e = self.tasks.at(self.fenced(task, token)?);
         if e.place != Place::Media {
             return Err(ShardError::Transition {
                 task,
@@ -1885,7 +2169,7 @@ impl Shard {
             });
         }
         let canceled = e.state.state == TaskState::Canceled;
-        let demand = self.media_demand(&self.tasks[&task]);
+        let demand = self.media_demand(e);
         if !canceled {
             let to = if ok {
                 TaskState::Succeeded
@@ -1913,21 +2197,25 @@ impl Shard {
     /// Cancels a task: at once if it waits; otherwise it becomes CANCELED and keeps its
     /// reservations until its running step reports (a canceled task is never submitted again).
     pub fn handle_cancel(&mut self, task: TaskId) -> Result<CancelOutcome, ShardError> {
-        let e = self.tasks.get(&task).ok_or(ShardError::UnknownTask(task))?;
-        let (place, slot, lane, band) = (e.place, e.tenant_slot, e.lane, e.band);
+        let slot = self.tasks.slot(task).ok_or(ShardError::UnknownTask(task))?;
+        let e = self.tasks.at(slot).clone();
         self.transition(task, TaskState::Canceled)?;
         self.stats.canceled += 1;
-        match place {
+        match e.place {
             Place::Band => {
-                let q = self.tenants[slot as usize].queues[lane.index()]
-                    .as_mut()
-                    .expect("queue");
-                let item = q
-                    .remove_task(band, task)
-                    .expect("a queued task is in its band");
-                self.dequeued(slot, lane, item);
-                let gates = self.queue_gates(&self.tasks[&task]);
-                self.ledger.release(&gates);
+                let cost_milli = self.fairness_milli(slot);
+                let tenant = &mut self.tenants[e.tenant_slot as usize];
+                let weight = u64::from(tenant.weight);
+                let mut bands = Bands {
+                    tasks: &mut self.tasks,
+                    estimates: &self.estimates,
+                };
+                let found = tenant
+                    .queue_mut(e.lane)
+                    .remove_task(&mut bands, e.band, slot);
+                assert!(found, "a queued task is in its band");
+                self.dequeued(e.tenant_slot, e.lane, slot, cost_milli, weight);
+                self.release_gates(&e);
                 self.finish(task);
                 Ok(CancelOutcome::Canceled)
             }
@@ -1958,7 +2246,9 @@ impl Shard {
             "finishing a task in {}",
             e.state.state
         );
-        self.tenants[e.tenant_slot as usize].cost_reserved_milli -= e.estimate.cost_milli;
+        let cost = self.estimates.get(e.estimate).cost_milli;
+        self.tenants[e.tenant_slot as usize].cost_reserved_milli -= cost;
+        self.estimates.release(e.estimate);
     }
 
     // ---------------------------------------------------------------- invariants
@@ -1975,25 +2265,44 @@ impl Shard {
                 }
             }
         };
+        // Per owner: (queued tasks, queued units, running tasks, running units).
+        let mut tenant_held = vec![[0u64; 4]; self.tenants.len()];
+        let mut user_held = vec![[0u64; 4]; self.users.len()];
+        let mut hold = |e: &TaskEntry, h: Hold, units: u64| {
+            let at = if h == Hold::Queued { 0 } else { 2 };
+            for held in [
+                &mut tenant_held[e.tenant_slot as usize],
+                &mut user_held[e.user_slot as usize],
+            ] {
+                held[at] += 1;
+                held[at + 1] += units;
+            }
+        };
+        let mut holders = vec![0u32; self.estimates.slots()];
         let mut lane_tasks = [0u64; Lane::COUNT];
         let mut lane_units = [0u64; Lane::COUNT];
         let mut lane_running = [0u64; Lane::COUNT];
         let mut reserved = vec![0u64; self.tenants.len()];
-        for (task, e) in self.tasks.iter() {
-            reserved[e.tenant_slot as usize] += e.estimate.cost_milli;
+        for (task, _, e) in self.tasks.iter() {
+            holders[e.estimate.index()] += 1;
+            let est = self.estimates.get(e.estimate);
+            reserved[e.tenant_slot as usize] += est.cost_milli;
             match e.place {
                 Place::Band => {
                     assert_eq!(e.state.state, TaskState::Queued, "task {task} in a band");
-                    add(&self.queue_gates(e));
+                    let units = est.fairness.milli();
+                    add(&self.node_gates(e.lane, units));
+                    hold(e, Hold::Queued, units);
                     lane_tasks[e.lane.index()] += 1;
-                    lane_units[e.lane.index()] += e.estimate.fairness.milli();
+                    lane_units[e.lane.index()] += units;
                 }
                 Place::Delayed => {
                     assert_eq!(e.state.state, TaskState::Queued, "task {task} delayed")
                 }
                 Place::Provider => {
-                    let (key, mode) = e.lane_hold.expect("provider hold");
-                    add(&self.provider_demand(e, e.provider.expect("provider"), key, mode));
+                    let mode = e.hold.expect("provider hold");
+                    add(&self.provider_demand(e, e.provider.expect("provider"), mode));
+                    hold(e, Hold::Running, est.slots.milli());
                     lane_running[e.lane.index()] += 1;
                     assert!(
                         matches!(
@@ -2025,12 +2334,75 @@ impl Shard {
                 expected[i]
             );
         }
+        let owned = |limits: &OwnerLimits, keys: &dyn Fn(Hold) -> [LimitKey; 2], held: [u64; 4]| {
+            for (at, h) in [(0, Hold::Queued), (2, Hold::Running)] {
+                let used = limits.used(h);
+                let [tasks, units] = keys(h);
+                assert_eq!(used.0, held[at], "{tasks} differs from its reservations");
+                assert_eq!(
+                    used.1,
+                    held[at + 1],
+                    "{units} differs from its reservations"
+                );
+            }
+            limits.check_invariants(keys);
+        };
         for (slot, t) in self.tenants.iter().enumerate() {
+            owned(&t.limits, &|h| t.keys(h), tenant_held[slot]);
+            assert!(
+                t.cost_per_minute.within_burst(),
+                "tenant {} cost bucket above its burst",
+                t.id
+            );
             assert_eq!(
                 t.cost_reserved_milli, reserved[slot],
                 "tenant {} cost reservation drifted",
                 t.id
             );
+        }
+        for (slot, u) in self.users.iter().enumerate() {
+            owned(&u.limits, &|h| u.keys(h), user_held[slot]);
+        }
+        self.estimates.check_invariants(&holders);
+        self.check_queues(&lane_tasks, &lane_units, &lane_running);
+    }
+
+    /// Lanes, rings and every tenant queue against the counts taken from the tasks.
+    fn check_queues(
+        &self,
+        lane_tasks: &[u64; Lane::COUNT],
+        lane_units: &[u64; Lane::COUNT],
+        lane_running: &[u64; Lane::COUNT],
+    ) {
+        let bands = Bands {
+            tasks: &self.tasks,
+            estimates: &self.estimates,
+        };
+        let cap =
+            self.policy.drr.base_quantum.milli() as i64 * i64::from(self.policy.drr.burst_rounds);
+        let mut ringed = [0usize; Lane::COUNT];
+        for (slot, t) in self.tenants.iter().enumerate() {
+            for (lane, q) in t.queues() {
+                q.check_invariants(&bands);
+                for band in Band::ALL {
+                    for s in q.band(&bands, band) {
+                        let e = self.tasks.at(s);
+                        assert_eq!(e.place, Place::Band, "a listed task out of its band");
+                        assert_eq!(
+                            (e.tenant_slot as usize, e.lane, e.band),
+                            (slot, lane, band),
+                            "task {} listed in another tenant's, lane's or band's queue",
+                            self.tasks.id_at(s)
+                        );
+                    }
+                }
+                assert_eq!(q.in_ring, !q.is_empty(), "tenant {} ring flag", t.id);
+                ringed[lane.index()] += usize::from(q.in_ring);
+                assert!(
+                    q.deficit <= cap * i64::from(t.weight),
+                    "deficit above its cap"
+                );
+            }
         }
         for lane in Lane::ALL {
             let rt = &self.lanes[lane.index()];
@@ -2051,40 +2423,13 @@ impl Shard {
             );
             let mut weight = 0;
             for &slot in &rt.ring {
-                let q = self.tenants[slot as usize].queues[lane.index()]
-                    .as_ref()
-                    .expect("ringed queue");
+                let t = &self.tenants[slot as usize];
+                let q = t.queue(lane).expect("ringed queue");
                 assert!(q.in_ring && !q.is_empty(), "ring holds an idle tenant");
-                weight += u64::from(self.tenants[slot as usize].policy.weight);
+                weight += u64::from(t.weight);
             }
             assert_eq!(weight, rt.backlog_weight, "{lane} backlog weight drifted");
-            let cap = self.policy.drr.base_quantum.milli() as i64
-                * i64::from(self.policy.drr.burst_rounds);
-            for t in &self.tenants {
-                if let Some(q) = &t.queues[lane.index()] {
-                    q.check_invariants();
-                    for item in Band::ALL.iter().flat_map(|&b| q.band(b)) {
-                        let slot = self.tasks.slot(item.task);
-                        assert_eq!(
-                            slot,
-                            Some(item.entry),
-                            "queued task {} points at a wrong slot",
-                            item.task
-                        );
-                    }
-                    assert_eq!(q.in_ring, !q.is_empty(), "tenant {} ring flag", t.id);
-                    assert!(
-                        q.deficit <= cap * i64::from(t.policy.weight),
-                        "deficit above its cap"
-                    );
-                }
-            }
-            let ringed: usize = self
-                .tenants
-                .iter()
-                .filter(|t| t.queues[lane.index()].as_ref().is_some_and(|q| q.in_ring))
-                .count();
-            assert_eq!(ringed, rt.ring.len(), "{lane} ring length");
+            assert_eq!(ringed[lane.index()], rt.ring.len(), "{lane} ring length");
         }
     }
 }

@@ -93,8 +93,8 @@ impl fmt::Display for TaskState {
 pub enum TransitionError {
     /// The state or version moved since the caller read it: someone else won the race.
     Conflict {
-        expected: (TaskState, u64),
-        actual: (TaskState, u64),
+        expected: (TaskState, u32),
+        actual: (TaskState, u32),
     },
     /// Not in the whitelist.
     Illegal { from: TaskState, to: TaskState },
@@ -121,7 +121,9 @@ impl std::error::Error for TransitionError {}
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Versioned {
     pub state: TaskState,
-    pub version: u64,
+    /// Moves at most a few times per attempt, attempts are bounded: 32 bits keep a task's hot
+    /// part in one cache line.
+    pub version: u32,
 }
 
 impl Versioned {
@@ -133,10 +135,10 @@ impl Versioned {
     /// legal. Returns the new version.
     pub fn compare_and_set(
         &mut self,
-        expected: (TaskState, u64),
+        expected: (TaskState, u32),
         to: TaskState,
         actor: Actor,
-    ) -> Result<u64, TransitionError> {
+    ) -> Result<u32, TransitionError> {
         if (self.state, self.version) != expected {
             return Err(TransitionError::Conflict {
                 expected,
@@ -150,12 +152,15 @@ impl Versioned {
             });
         }
         self.state = to;
-        self.version += 1;
+        self.version = self
+            .version
+            .checked_add(1)
+            .expect("a task's version fits 32 bits");
         Ok(self.version)
     }
 
     /// CAS against the current value: for the single owner of the state.
-    pub fn transition(&mut self, to: TaskState, actor: Actor) -> Result<u64, TransitionError> {
+    pub fn transition(&mut self, to: TaskState, actor: Actor) -> Result<u32, TransitionError> {
         self.compare_and_set((self.state, self.version), to, actor)
     }
 }

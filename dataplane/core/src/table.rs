@@ -1,30 +1,41 @@
 //! The shard's task table: a slab with a free list, plus an id → slot index. The scheduling path
-//! reaches tasks by slot (the band deque carries it) and never hashes; reports from outside
-//! arrive by `TaskId` and go through the index.
+//! reaches tasks by slot (band lists link slots) and never hashes; reports from outside arrive by
+//! `TaskId` and go through the index.
+//!
+//! Each slot keeps a task's hot part — what admission and the pick read and write — in one
+//! cache-line-aligned cell, and its cold part (what only reports touch) in a parallel vector, so
+//! that the pick of a task costs one line of memory.
 
 use std::ops::Index;
 
 use crate::hash::IdMap;
 use crate::ids::TaskId;
 
+/// A hot cell: the task id beside its hot part, one cache line for hot parts up to 56 bytes.
 #[derive(Debug, Clone)]
-pub(crate) struct TaskTable<E> {
-    slots: Vec<Option<(TaskId, E)>>,
+#[repr(align(64))]
+struct Cell<E>(Option<(TaskId, E)>);
+
+#[derive(Debug, Clone)]
+pub(crate) struct TaskTable<E, C> {
+    hot: Vec<Cell<E>>,
+    cold: Vec<C>,
     free: Vec<u32>,
     index: IdMap<TaskId, u32>,
 }
 
-impl<E> Default for TaskTable<E> {
+impl<E, C> Default for TaskTable<E, C> {
     fn default() -> Self {
         TaskTable {
-            slots: Vec::new(),
+            hot: Vec::new(),
+            cold: Vec::new(),
             free: Vec::new(),
             index: IdMap::default(),
         }
     }
 }
 
-impl<E> TaskTable<E> {
+impl<E, C> TaskTable<E, C> {
     pub fn len(&self) -> usize {
         self.index.len()
     }
@@ -43,21 +54,18 @@ impl<E> TaskTable<E> {
         Some(self.at(slot))
     }
 
-    pub fn get_mut(&mut self, task: &TaskId) -> Option<&mut E> {
-        let slot = *self.index.get(task)?;
-        Some(self.at_mut(slot))
-    }
-
     /// Inserts a task that is not in the table; returns its slot.
-    pub fn insert(&mut self, task: TaskId, entry: E) -> u32 {
+    pub fn insert(&mut self, task: TaskId, entry: E, cold: C) -> u32 {
         let slot = match self.free.pop() {
             Some(slot) => {
-                self.slots[slot as usize] = Some((task, entry));
+                self.hot[slot as usize] = Cell(Some((task, entry)));
+                self.cold[slot as usize] = cold;
                 slot
             }
             None => {
-                self.slots.push(Some((task, entry)));
-                u32::try_from(self.slots.len() - 1).expect("fewer than 2^32 tasks (TASKS_MAX)")
+                self.hot.push(Cell(Some((task, entry))));
+                self.cold.push(cold);
+                u32::try_from(self.hot.len() - 1).expect("fewer than 2^32 tasks (TASKS_MAX)")
             }
         };
         let previous = self.index.insert(task, slot);
@@ -65,9 +73,11 @@ impl<E> TaskTable<E> {
         slot
     }
 
+    /// Removes a task; its cold part stays in the vacant slot until the slot is reused.
     pub fn remove(&mut self, task: &TaskId) -> Option<E> {
         let slot = self.index.remove(task)?;
-        let (_, entry) = self.slots[slot as usize]
+        let (_, entry) = self.hot[slot as usize]
+            .0
             .take()
             .expect("indexed slot is occupied");
         self.free.push(slot);
@@ -75,26 +85,37 @@ impl<E> TaskTable<E> {
     }
 
     pub fn id_at(&self, slot: u32) -> TaskId {
-        self.slots[slot as usize].as_ref().expect("occupied slot").0
+        self.hot[slot as usize].0.as_ref().expect("occupied slot").0
     }
 
+    #[inline]
     pub fn at(&self, slot: u32) -> &E {
-        &self.slots[slot as usize].as_ref().expect("occupied slot").1
+        &self.hot[slot as usize].0.as_ref().expect("occupied slot").1
     }
 
+    #[inline]
     pub fn at_mut(&mut self, slot: u32) -> &mut E {
-        &mut self.slots[slot as usize].as_mut().expect("occupied slot").1
+        &mut self.hot[slot as usize].0.as_mut().expect("occupied slot").1
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = (TaskId, &E)> {
-        self.slots
+    pub fn cold(&self, slot: u32) -> &C {
+        &self.cold[slot as usize]
+    }
+
+    pub fn cold_mut(&mut self, slot: u32) -> &mut C {
+        &mut self.cold[slot as usize]
+    }
+
+    /// Every task with its slot.
+    pub fn iter(&self) -> impl Iterator<Item = (TaskId, u32, &E)> {
+        self.hot
             .iter()
-            .flatten()
-            .map(|(task, entry)| (*task, entry))
+            .enumerate()
+            .filter_map(|(slot, cell)| cell.0.as_ref().map(|(task, e)| (*task, slot as u32, e)))
     }
 }
 
-impl<E> Index<&TaskId> for TaskTable<E> {
+impl<E, C> Index<&TaskId> for TaskTable<E, C> {
     type Output = E;
 
     fn index(&self, task: &TaskId) -> &E {
@@ -109,15 +130,20 @@ mod tests {
 
     #[test]
     fn slots_are_reused_and_the_index_follows() {
-        let mut t: TaskTable<&str> = TaskTable::default();
-        let a = t.insert(TaskId(1), "a");
-        let b = t.insert(TaskId(2), "b");
+        let mut t: TaskTable<&str, u8> = TaskTable::default();
+        let a = t.insert(TaskId(1), "a", 1);
+        let b = t.insert(TaskId(2), "b", 2);
         assert_eq!(t.remove(&TaskId(1)), Some("a"));
-        let c = t.insert(TaskId(3), "c");
+        let c = t.insert(TaskId(3), "c", 3);
         assert_eq!(c, a, "a freed slot is reused");
         assert_eq!((t.len(), t[&TaskId(3)], t.id_at(b)), (2, "c", TaskId(2)));
+        assert_eq!(
+            (*t.cold(c), *t.cold(b)),
+            (3, 2),
+            "cold parts follow their slot"
+        );
         assert_eq!(t.get(&TaskId(1)), None);
-        let mut ids: Vec<u64> = t.iter().map(|(id, _)| id.0).collect();
+        let mut ids: Vec<u64> = t.iter().map(|(id, _, _)| id.0).collect();
         ids.sort_unstable();
         assert_eq!(ids, vec![2, 3]);
     }
