@@ -19,6 +19,7 @@ pub mod ledger;
 pub mod limits;
 pub mod policy;
 pub mod presets;
+mod prefetch;
 mod queue;
 pub mod shard;
 pub mod share;

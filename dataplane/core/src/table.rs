@@ -98,6 +98,14 @@ impl<E, C> TaskTable<E, C> {
         &mut self.hot[slot as usize].0.as_mut().expect("occupied slot").1
     }
 
+    /// Hints that the hot part in `slot` is read next (see [`crate::prefetch`]).
+    #[inline]
+    pub fn prefetch(&self, slot: u32) {
+        if let Some(cell) = self.hot.get(slot as usize) {
+            crate::prefetch::prefetch(cell);
+        }
+    }
+
     pub fn cold(&self, slot: u32) -> &C {
         &self.cold[slot as usize]
     }
