@@ -325,6 +325,12 @@ pub struct Need {
 }
 
 impl Need {
+    /// One entry of a fixed, id-ordered list of needs (a short demand built in place).
+    pub fn new(id: LimitId, amount: u64) -> Need {
+        let amount = u32::try_from(amount).expect("one task's demand of a limit fits in 32 bits");
+        Need { id, amount }
+    }
+
     pub fn amount(self) -> u64 {
         u64::from(self.amount)
     }
@@ -392,12 +398,6 @@ impl Demand {
 
     pub fn is_empty(&self) -> bool {
         self.len == 0
-    }
-
-    /// The needs split into semaphores and buckets (ids order every semaphore first).
-    pub(crate) fn split_buckets(&self) -> (&[Need], &[Need]) {
-        let needs = self.needs();
-        needs.split_at(needs.partition_point(|n| n.id.semaphore_index().is_some()))
     }
 }
 
@@ -564,7 +564,11 @@ impl Ledger {
     /// Takes semaphore units past capacity: only for admission gates re-entered by work that was
     /// already accepted (see [`Role::AdmissionGate`]). Buckets in the demand are not touched.
     pub fn force_acquire_gates(&mut self, demand: &Demand) {
-        for &need in demand.needs() {
+        self.force_acquire_gate_needs(demand.needs());
+    }
+
+    pub(crate) fn force_acquire_gate_needs(&mut self, needs: &[Need]) {
+        for &need in needs {
             assert_eq!(
                 self.key(need.id).role(),
                 Role::AdmissionGate,
@@ -578,7 +582,11 @@ impl Ledger {
 
     /// Gives back the semaphore units of `demand`. Bucket tokens were spent and stay spent.
     pub fn release(&mut self, demand: &Demand) {
-        for &need in demand.needs() {
+        self.release_needs(demand.needs());
+    }
+
+    pub(crate) fn release_needs(&mut self, needs: &[Need]) {
+        for &need in needs {
             if let Some(i) = need.id.semaphore_index() {
                 let keys = &self.semaphore_keys;
                 self.semaphores[i].release(need.amount(), || keys[i]);

@@ -14,7 +14,7 @@ use crate::cost::{estimate, CostEstimate, ResourceClass, TaskSpec};
 use crate::estimates::{EstimateRef, Estimates};
 use crate::hash::IdMap;
 use crate::ids::{Band, FencingToken, Lane, PolicyVersion, ProviderId, TaskId, TenantId, UserId};
-use crate::ledger::{Demand, Ledger, LimitId, LimitKey, Scope, Semaphore, TokenBucket};
+use crate::ledger::{Demand, Ledger, LimitId, LimitKey, Need, Scope, Semaphore, TokenBucket};
 use crate::limits::{
     ATTEMPTS_MAX, DELAYED_MAX, FIT_SCAN_MAX, MEDIA_QUEUE_MAX, TASKS_MAX, TENANTS_MAX,
     TENANT_VISITS_PER_POLL_MAX, USERS_MAX,
@@ -485,8 +485,6 @@ struct TaskEntry {
     tenant_slot: u32,
     user_slot: u32,
     estimate: EstimateRef,
-    /// The next task in its band list (`queue::NIL` at the tail or outside a band).
-    next: u32,
     state: Versioned,
     attempt_no: u32,
     provider: Option<ProviderId>,
@@ -507,6 +505,13 @@ struct TaskCold {
 
 type Tasks = TaskTable<TaskEntry, TaskCold>;
 
+/// The node limits of a task's provider stage, semaphores and buckets apart: the tenant's and
+/// user's own limits are taken between the two.
+struct StageNeeds {
+    semaphores: [Need; 9],
+    buckets: [Need; 2],
+}
+
 /// The band lists as the queues see them: links and enqueue times in the task table, costs in
 /// the interned estimates.
 struct Bands<'a, T> {
@@ -517,7 +522,7 @@ struct Bands<'a, T> {
 impl<T: std::ops::Deref<Target = Tasks>> Links for Bands<'_, T> {
     #[inline]
     fn next(&self, slot: u32) -> u32 {
-        self.tasks.at(slot).next
+        self.tasks.link(slot)
     }
 
     fn enqueued_at(&self, slot: u32) -> Time {
@@ -536,7 +541,7 @@ impl<T: std::ops::Deref<Target = Tasks>> Links for Bands<'_, T> {
 impl<T: std::ops::DerefMut<Target = Tasks>> LinksMut for Bands<'_, T> {
     #[inline]
     fn set_next(&mut self, slot: u32, next: u32) {
-        self.tasks.at_mut(slot).next = next;
+        self.tasks.set_link(slot, next);
     }
 }
 
@@ -1074,7 +1079,6 @@ impl Shard {
             tenant_slot: slot,
             user_slot,
             estimate,
-            next: NIL,
             state: Versioned::new(TaskState::Created),
             attempt_no: 0,
             provider: None,
@@ -1160,7 +1164,6 @@ impl Shard {
             tenant_slot: slot,
             user_slot,
             estimate,
-            next: NIL,
             state,
             attempt_no: restore.attempts_before,
             provider: None,
@@ -1305,27 +1308,26 @@ impl Shard {
         user.limits.release(hold, units, keys);
     }
 
-    /// The node-wide queue gates of a task of `lane` with fairness `units`.
-    // Inlined: a demand returned from a call is copied out (136 bytes).
-    #[inline(always)]
-    fn node_gates(&self, lane: Lane, units: u64) -> Demand {
-        let mut d = Demand::default();
-        d.add(self.node.lane_queued_tasks[lane.index()], 1);
-        d.add(self.node.lane_queued_units[lane.index()], units);
-        d.add(self.node.global_queued_tasks, 1);
-        d.add(self.node.global_queued_units, units);
-        d
+    /// The node-wide queue gates of a task of `lane` with fairness `units`, in id order.
+    #[inline]
+    fn node_gates(&self, lane: Lane, units: u64) -> [Need; 4] {
+        [
+            Need::new(self.node.lane_queued_tasks[lane.index()], 1),
+            Need::new(self.node.lane_queued_units[lane.index()], units),
+            Need::new(self.node.global_queued_tasks, 1),
+            Need::new(self.node.global_queued_units, units),
+        ]
     }
 
     /// Takes every queue gate of `e`: the node's, its tenant's, its user's.
     fn take_gates(&mut self, e: &TaskEntry, now: Time) -> Result<(), LimitKey> {
         let units = self.estimates.get(e.estimate).fairness.milli();
         let node = self.node_gates(e.lane, units);
-        if let Err(id) = self.ledger.try_acquire(&node, now) {
+        if let Err(id) = self.ledger.try_acquire_needs(&node, now) {
             return Err(self.ledger.key(id));
         }
         if let Err(key) = self.take_owned(e.tenant_slot, e.user_slot, Hold::Queued, units) {
-            self.ledger.give_back(node.needs());
+            self.ledger.give_back(&node);
             return Err(key);
         }
         Ok(())
@@ -1336,7 +1338,7 @@ impl Shard {
     fn force_gates(&mut self, e: &TaskEntry) {
         let units = self.estimates.get(e.estimate).fairness.milli();
         self.ledger
-            .force_acquire_gates(&self.node_gates(e.lane, units));
+            .force_acquire_gate_needs(&self.node_gates(e.lane, units));
         self.tenants[e.tenant_slot as usize]
             .limits
             .force(Hold::Queued, units);
@@ -1347,7 +1349,7 @@ impl Shard {
 
     fn release_gates(&mut self, e: &TaskEntry) {
         let units = self.estimates.get(e.estimate).fairness.milli();
-        self.ledger.release(&self.node_gates(e.lane, units));
+        self.ledger.release_needs(&self.node_gates(e.lane, units));
         self.release_owned(e.tenant_slot, e.user_slot, Hold::Queued, units);
     }
 
@@ -1360,32 +1362,42 @@ impl Shard {
         }
     }
 
-    /// The node limits the provider stage holds: running counts and units per lane, model,
-    /// provider and high-cost class (semaphores), then RPM and platform cost tokens (buckets).
-    /// The tenant's and user's running limits and the tenant's cost bucket are its other part.
-    // Inlined: a demand returned from a call is copied out (136 bytes).
-    #[inline(always)]
-    fn provider_demand(&self, e: &TaskEntry, provider: ProviderId, mode: CapacityMode) -> Demand {
+    /// The node limits the provider stage holds, in id order: running counts and units per lane,
+    /// model, provider and high-cost class (semaphores), then RPM and platform cost tokens
+    /// (buckets). The tenant's and user's running limits and the tenant's cost bucket are its
+    /// other part. A need that does not apply (no borrowing, not high-cost) is there with zero,
+    /// which always fits and releases nothing, so the shape is fixed and built in place.
+    #[inline]
+    fn provider_demand(
+        &self,
+        e: &TaskEntry,
+        provider: ProviderId,
+        mode: CapacityMode,
+    ) -> StageNeeds {
         let est = self.estimates.get(e.estimate);
-        let model = self.estimates.model(e.estimate);
+        let model = self.estimates.model(e.estimate).0 as usize;
+        let p = provider.0 as usize;
         let units = est.slots.milli();
-        let mut d = Demand::default();
-        d.add(self.lane_key(e.lane, mode), units);
-        if mode == CapacityMode::Borrowed(Lane::EnterpriseReserved) {
-            d.add(self.node.enterprise_borrowed, units);
+        let borrowed = mode == CapacityMode::Borrowed(Lane::EnterpriseReserved);
+        let high_cost = est.class == ResourceClass::Expensive;
+        let n = &self.node;
+        StageNeeds {
+            semaphores: [
+                Need::new(self.lane_key(e.lane, mode), units),
+                Need::new(n.enterprise_borrowed, if borrowed { units } else { 0 }),
+                Need::new(n.lane_running_tasks[e.lane.index()], 1),
+                Need::new(n.model_running[model], 1),
+                Need::new(n.model_running_units[model], units),
+                Need::new(n.provider_concurrency[p], 1),
+                Need::new(n.high_cost, u64::from(high_cost)),
+                Need::new(n.global_running_tasks, 1),
+                Need::new(n.global_running_units, units),
+            ],
+            buckets: [
+                Need::new(n.provider_rpm[p], 1),
+                Need::new(n.platform_cost, est.cost_milli),
+            ],
         }
-        d.add(self.node.lane_running_tasks[e.lane.index()], 1);
-        d.add(self.node.model_running[model.0 as usize], 1);
-        d.add(self.node.model_running_units[model.0 as usize], units);
-        d.add(self.node.provider_concurrency[provider.0 as usize], 1);
-        if est.class == ResourceClass::Expensive {
-            d.add(self.node.high_cost, 1);
-        }
-        d.add(self.node.global_running_tasks, 1);
-        d.add(self.node.global_running_units, units);
-        d.add(self.node.provider_rpm[provider.0 as usize], 1);
-        d.add(self.node.platform_cost, est.cost_milli);
-        d
     }
 
     /// Acquires the whole provider stage of the task in `slot`, all or nothing, in the global
@@ -1402,7 +1414,7 @@ impl Shard {
         let est = self.estimates.get(e.estimate);
         let (units, cost) = (est.slots.milli(), est.cost_milli);
         let demand = self.provider_demand(e, provider, mode);
-        let (sems, buckets) = demand.split_buckets();
+        let (sems, buckets) = (&demand.semaphores, &demand.buckets);
         if let Err(id) = self.ledger.try_acquire_needs(sems, now) {
             return Err(self.ledger.key(id));
         }
@@ -1738,7 +1750,7 @@ impl Shard {
             if cand == NIL {
                 break;
             }
-            let next = self.tasks.at(cand).next;
+            let next = self.tasks.link(cand);
             let cost_milli = self.fairness_milli(cand);
             let credit_ok = cost_milli as i64 <= deficit || deficit >= cap;
             if !credit_ok {
@@ -1870,7 +1882,7 @@ impl Shard {
         let mode = e.hold.expect("provider hold has a capacity mode");
         let provider = e.provider.expect("provider hold has a provider");
         let demand = self.provider_demand(&e, provider, mode);
-        self.ledger.release(&demand);
+        self.ledger.release_needs(&demand.semaphores);
         let units = self.estimates.get(e.estimate).slots.milli();
         self.release_owned(e.tenant_slot, e.user_slot, Hold::Running, units);
         self.lanes[e.lane.index()].running_tasks -= 1;
@@ -2272,8 +2284,8 @@ impl Shard {
     pub fn check_invariants(&self) {
         self.ledger.check_invariants();
         let mut expected = vec![0u64; self.ledger.semaphore_count()];
-        let mut add = |d: &Demand| {
-            for n in d.needs() {
+        let mut add = |needs: &[Need]| {
+            for n in needs {
                 if let Some(i) = n.id.semaphore_index() {
                     expected[i] += n.amount();
                 }
@@ -2315,7 +2327,9 @@ impl Shard {
                 }
                 Place::Provider => {
                     let mode = e.hold.expect("provider hold");
-                    add(&self.provider_demand(e, e.provider.expect("provider"), mode));
+                    add(&self
+                        .provider_demand(e, e.provider.expect("provider"), mode)
+                        .semaphores);
                     hold(e, Hold::Running, est.slots.milli());
                     lane_running[e.lane.index()] += 1;
                     assert!(
@@ -2337,7 +2351,7 @@ impl Shard {
                         "task {task} in media queue"
                     )
                 }
-                Place::Media => add(&self.media_demand(e)),
+                Place::Media => add(self.media_demand(e).needs()),
             }
         }
         for (id, key, used) in self.ledger.semaphores() {

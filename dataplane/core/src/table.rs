@@ -4,12 +4,15 @@
 //!
 //! Each slot keeps a task's hot part — what admission and the pick read and write — in one
 //! cache-line-aligned cell, and its cold part (what only reports touch) in a parallel vector, so
-//! that the pick of a task costs one line of memory.
+//! that the pick of a task costs one line of memory. A third vector holds one link per slot for
+//! the band lists: 4 bytes a task, dense enough to stay in cache, so appending behind a task that
+//! was queued long ago does not fetch that task's line.
 
 use std::ops::Index;
 
 use crate::hash::IdMap;
 use crate::ids::TaskId;
+use crate::queue::NIL;
 
 /// A hot cell: the task id beside its hot part, one cache line for hot parts up to 56 bytes.
 #[derive(Debug, Clone)]
@@ -20,6 +23,7 @@ struct Cell<E>(Option<(TaskId, E)>);
 pub(crate) struct TaskTable<E, C> {
     hot: Vec<Cell<E>>,
     cold: Vec<C>,
+    links: Vec<u32>,
     free: Vec<u32>,
     index: IdMap<TaskId, u32>,
 }
@@ -29,6 +33,7 @@ impl<E, C> Default for TaskTable<E, C> {
         TaskTable {
             hot: Vec::new(),
             cold: Vec::new(),
+            links: Vec::new(),
             free: Vec::new(),
             index: IdMap::default(),
         }
@@ -60,11 +65,13 @@ impl<E, C> TaskTable<E, C> {
             Some(slot) => {
                 self.hot[slot as usize] = Cell(Some((task, entry)));
                 self.cold[slot as usize] = cold;
+                self.links[slot as usize] = NIL;
                 slot
             }
             None => {
                 self.hot.push(Cell(Some((task, entry))));
                 self.cold.push(cold);
+                self.links.push(NIL);
                 u32::try_from(self.hot.len() - 1).expect("fewer than 2^32 tasks (TASKS_MAX)")
             }
         };
@@ -104,6 +111,17 @@ impl<E, C> TaskTable<E, C> {
         if let Some(cell) = self.hot.get(slot as usize) {
             crate::prefetch::prefetch(cell);
         }
+    }
+
+    /// The slot's band-list link (`queue::NIL` when none).
+    #[inline]
+    pub fn link(&self, slot: u32) -> u32 {
+        self.links[slot as usize]
+    }
+
+    #[inline]
+    pub fn set_link(&mut self, slot: u32, next: u32) {
+        self.links[slot as usize] = next;
     }
 
     pub fn cold(&self, slot: u32) -> &C {
