@@ -33,46 +33,75 @@ pub struct RelayReport {
     pub failed_at: Option<u64>,
 }
 
+/// Events per outbox row at most (a batch of the hot paths; the row's check constraint).
+pub const EVENTS_PER_ROW_MAX: u64 = 4096;
+
 impl Db {
-    /// Hands up to `limit` pending events to `sink` in id order and marks those it took as
-    /// delivered. Rows are locked SKIP LOCKED so two relays never hand out the same event at
-    /// once; a crash between delivery and commit delivers again (at least once).
+    /// Hands up to `limit` pending events to `sink` in id order and records how far each outbox
+    /// row got. Events are stored one row per batch (`outbox_batch`, migration 5); an event's id
+    /// is its row's id × [`EVENTS_PER_ROW_MAX`] + its position. Rows are locked SKIP LOCKED so
+    /// two relays never hand out the same event at once; a crash between delivery and commit
+    /// delivers again (at least once).
     pub async fn relay_events<S: EventSink>(
         &mut self,
         sink: &mut S,
         limit: usize,
     ) -> Result<RelayReport, StoreError> {
+        let limit = limit.min(SCAN_MAX);
         let tx = self.client_mut().transaction().await?;
         let rows = tx
             .query(
-                "SELECT event_id, task_id, tenant_id, kind, body FROM outbox_event
-                  WHERE delivered_at IS NULL ORDER BY event_id LIMIT $1 FOR UPDATE SKIP LOCKED",
-                &[&(limit.min(SCAN_MAX) as i64)],
+                "SELECT batch_id, kinds, tasks, tenants, bodies, delivered FROM outbox_batch
+                  WHERE delivered_at IS NULL ORDER BY batch_id LIMIT $1 FOR UPDATE SKIP LOCKED",
+                &[&(limit as i64)],
             )
             .await?;
         let mut report = RelayReport::default();
-        let mut delivered: Vec<i64> = Vec::with_capacity(rows.len());
-        for r in &rows {
-            let event = Event {
-                id: r.get::<_, i64>(0) as u64,
-                task: r.get::<_, Option<i64>>(1).map(|t| TaskId(t as u64)),
-                tenant: r.get::<_, Option<i32>>(2).map(|t| TenantId(t as u32)),
-                kind: r.get(3),
-                body: r.get(4),
-            };
-            if sink.deliver(&event).await.is_err() {
-                report.failed_at = Some(event.id);
+        // Per row: (batch id, events delivered up to now, events in the row).
+        let mut progress: Vec<(i64, i32, i32)> = Vec::with_capacity(rows.len());
+        'rows: for r in &rows {
+            let batch: i64 = r.get(0);
+            let kinds: Vec<String> = r.get(1);
+            let tasks: Vec<i64> = r.get(2);
+            let tenants: Vec<i32> = r.get(3);
+            let bodies: Vec<Value> = r.get(4);
+            let mut delivered: i32 = r.get(5);
+            let total = tasks.len() as i32;
+            while delivered < total && (report.delivered as usize) < limit {
+                let i = delivered as usize;
+                let event = Event {
+                    id: batch as u64 * EVENTS_PER_ROW_MAX + i as u64,
+                    task: Some(TaskId(tasks[i] as u64)),
+                    tenant: Some(TenantId(tenants[i] as u32)),
+                    kind: kinds[i].clone(),
+                    body: bodies[i].clone(),
+                };
+                if sink.deliver(&event).await.is_err() {
+                    report.failed_at = Some(event.id);
+                    progress.push((batch, delivered, total));
+                    break 'rows;
+                }
+                delivered += 1;
+                report.delivered += 1;
+            }
+            progress.push((batch, delivered, total));
+            if delivered < total {
                 break;
             }
-            delivered.push(event.id as i64);
         }
+        let (ids, counts): (Vec<i64>, Vec<i32>) = progress
+            .iter()
+            .map(|&(batch, delivered, _)| (batch, delivered))
+            .unzip();
         tx.execute(
-            "UPDATE outbox_event SET delivered_at = now() WHERE event_id = ANY ($1)",
-            &[&delivered],
+            "UPDATE outbox_batch b SET delivered = p.delivered,
+                    delivered_at = CASE WHEN p.delivered = cardinality(b.tasks) THEN now() END
+               FROM unnest($1::bigint[], $2::integer[]) AS p (batch, delivered)
+              WHERE b.batch_id = p.batch",
+            &[&ids, &counts],
         )
         .await?;
         tx.commit().await?;
-        report.delivered = delivered.len() as u32;
         Ok(report)
     }
 
@@ -95,7 +124,8 @@ impl Db {
         let n: i64 = self
             .client()
             .query_one(
-                "SELECT count(*) FROM outbox_event WHERE delivered_at IS NULL",
+                "SELECT coalesce(sum(cardinality(tasks) - delivered), 0)::bigint
+                   FROM outbox_batch WHERE delivered_at IS NULL",
                 &[],
             )
             .await?

@@ -1,7 +1,7 @@
 //! Leases: the node registry with heartbeats, partition leases (owner, lease_until, epoch) that
 //! move a dead node's tenants to a live one, and batched renewal of running attempts.
 
-use spindle_core::{AttemptId, FencingToken};
+use spindle_core::{AttemptId, FencingToken, TaskId};
 
 use crate::db::Db;
 use crate::error::{check_batch_len, check_text, StoreError};
@@ -165,15 +165,15 @@ impl Db {
         Ok(())
     }
 
-    /// Extends the leases of live attempts in one statement; returns those renewed (an attempt
-    /// that ended or whose token moved on is not).
+    /// Extends the leases of live attempts, named by task and fencing token, in one statement;
+    /// returns the attempts renewed (an attempt that ended or whose token moved on is not).
     pub async fn renew_attempts(
         &self,
-        attempts: &[(AttemptId, FencingToken)],
+        attempts: &[(TaskId, FencingToken)],
         ttl_ms: u32,
     ) -> Result<Vec<AttemptId>, StoreError> {
         check_batch_len(attempts.len())?;
-        let ids: Vec<i64> = attempts.iter().map(|(a, _)| a.0 as i64).collect();
+        let ids: Vec<i64> = attempts.iter().map(|(t, _)| t.0 as i64).collect();
         let tokens: Vec<i64> = attempts.iter().map(|(_, t)| t.0 as i64).collect();
         let rows = self
             .client()

@@ -92,8 +92,13 @@ pub struct Starved {
     pub waited_ms: u64,
 }
 
-const LIVE_ATTEMPT_COLUMNS: &str = "t.task_id, t.state, a.attempt_id, a.fencing_token, a.provider,
-                                    a.provider_request_key";
+/// A live attempt lives in its task's row (migration 5); its request key is derived from
+/// (task, attempt no). Nothing indexes live attempts (an index there would make every claim and
+/// finish a non-HOT update): these queries walk the task table, and run at start, at takeover
+/// and in the reconciler, never on the hot path.
+const LIVE_ATTEMPT_COLUMNS: &str = "t.task_id, t.state, t.current_attempt, t.current_fencing,
+                                    t.attempt_provider,
+                                    'spindle-' || t.task_id || '-' || t.attempt_no";
 
 fn live_attempt(r: &tokio_postgres::Row) -> Result<LiveAttempt, StoreError> {
     Ok(LiveAttempt {
@@ -114,9 +119,9 @@ impl Db {
             .query(
                 &format!(
                     "SELECT {LIVE_ATTEMPT_COLUMNS}
-                       FROM task t JOIN task_attempt a ON a.attempt_id = t.current_attempt
-                      WHERE t.current_attempt IS NOT NULL AND a.lease_until < now()
-                      ORDER BY a.lease_until LIMIT $1"
+                       FROM task t
+                      WHERE t.current_attempt IS NOT NULL AND t.attempt_lease_until < now()
+                      ORDER BY t.attempt_lease_until LIMIT $1"
                 ),
                 &[&(limit.min(SCAN_MAX) as i64)],
             )
@@ -138,7 +143,7 @@ impl Db {
             .query(
                 &format!(
                     "SELECT {LIVE_ATTEMPT_COLUMNS}
-                       FROM task t JOIN task_attempt a ON a.attempt_id = t.current_attempt
+                       FROM task t
                       WHERE t.current_attempt IS NOT NULL AND t.partition = ANY ($1)
                       ORDER BY t.task_id LIMIT $2"
                 ),
@@ -160,7 +165,7 @@ impl Db {
             .query(
                 &format!(
                     "SELECT {LIVE_ATTEMPT_COLUMNS}
-                       FROM task t JOIN task_attempt a ON a.attempt_id = t.current_attempt
+                       FROM task t
                       WHERE t.current_attempt IS NOT NULL
                         AND t.state IN ('DISPATCHING', 'SUBMIT_UNKNOWN')
                         AND t.updated_at < now() - $1::float8 * interval '1 millisecond'
@@ -189,9 +194,7 @@ impl Db {
                     continue;
                 }
                 ProviderView::Running | ProviderView::Succeeded => {
-                    let renewed = self
-                        .renew_attempts(&[(a.attempt, a.token)], lease_ms)
-                        .await?;
+                    let renewed = self.renew_attempts(&[(a.task, a.token)], lease_ms).await?;
                     if renewed.is_empty() {
                         report.raced += 1;
                         continue;
@@ -245,13 +248,17 @@ impl Db {
         .await?;
         let rows = tx
             .query(
-                "WITH derived AS (
+                "WITH active AS (
+                     SELECT r.pool_key, r.shard, sum(r.amount)::bigint AS amount
+                       FROM task t,
+                            unnest(t.res_pool, t.res_shard, t.res_amount) AS r (pool_key, shard, amount)
+                      WHERE t.current_attempt IS NOT NULL AND t.res_released_at IS NULL
+                      GROUP BY r.pool_key, r.shard
+                 ), derived AS (
                      SELECT p.pool_key, p.shard, p.used AS stored,
-                            coalesce(sum(r.amount), 0)::bigint AS derived
+                            coalesce(a.amount, 0)::bigint AS derived
                        FROM resource_pool_shard p
-                       LEFT JOIN resource_reservation r
-                         ON r.pool_key = p.pool_key AND r.shard = p.shard AND r.status = 'ACTIVE'
-                      GROUP BY p.pool_key, p.shard, p.used
+                       LEFT JOIN active a ON a.pool_key = p.pool_key AND a.shard = p.shard
                  ), fixed AS (
                      UPDATE resource_pool_shard p SET used = d.derived, version = p.version + 1
                        FROM derived d
@@ -273,9 +280,12 @@ impl Db {
             .collect())
     }
 
-    /// One page of the QUEUED tasks of `partitions`, in (partition, created_at, task) order,
-    /// after `after` (the last row of the previous page): what a node rebuilds its in-memory
-    /// queues from after a restart or a takeover.
+    /// One page of the QUEUED tasks of `partitions`, in task id order, after `after` (the last
+    /// row of the previous page): what a node rebuilds its in-memory queues from after a restart
+    /// or a takeover. Ids grow with submission within a shard, so each tenant's tasks come back
+    /// in the order they were accepted. No index holds QUEUED tasks (the state changes on every
+    /// claim, and an index on it would make those updates non-HOT): the pages walk the primary
+    /// key once, from the first page to the last.
     pub async fn load_queued(
         &self,
         partitions: &[PartitionId],
@@ -284,10 +294,7 @@ impl Db {
     ) -> Result<Vec<QueuedTask>, StoreError> {
         crate::error::check_batch_len(partitions.len())?;
         let parts: Vec<i32> = partitions.iter().map(|p| p.0 as i32).collect();
-        let (after_part, after_at, after_task) = match after {
-            Some(q) => (q.partition.0 as i32, q.created_at, q.task.0 as i64),
-            None => (-1, std::time::UNIX_EPOCH, -1),
-        };
+        let after_task = after.map_or(-1, |q| q.task.0 as i64);
         let rows = self
             .client()
             .query(
@@ -295,17 +302,10 @@ impl Db {
                         policy_version, cost_estimate_milli, fairness_milli, payload,
                         created_at, next_eligible_at, attempt_no
                    FROM task
-                  WHERE state = 'QUEUED' AND partition = ANY ($1)
-                    AND (partition, created_at, task_id) > ($2, $3, $4)
-                  ORDER BY partition, created_at, task_id
-                  LIMIT $5",
-                &[
-                    &parts,
-                    &after_part,
-                    &after_at,
-                    &after_task,
-                    &(limit.min(SCAN_MAX) as i64),
-                ],
+                  WHERE task_id > $2 AND state = 'QUEUED' AND partition = ANY ($1)
+                  ORDER BY task_id
+                  LIMIT $3",
+                &[&parts, &after_task, &(limit.min(SCAN_MAX) as i64)],
             )
             .await?;
         Ok(rows

@@ -122,7 +122,13 @@ async fn attempt_leases_renew_in_one_batch_and_only_for_the_current_token() {
     let (a2, t2) = grant(1);
     let stale = spindle_core::FencingToken(t2.0 + 1_000);
     let renewed = db
-        .renew_attempts(&[(a1, t1), (a2, stale)], 60_000)
+        .renew_attempts(
+            &[
+                (spindle_core::TaskId(1), t1),
+                (spindle_core::TaskId(2), stale),
+            ],
+            60_000,
+        )
         .await
         .unwrap();
     assert_eq!(renewed, vec![a1]);

@@ -78,3 +78,113 @@ async fn the_stored_transition_whitelist_is_the_cores() {
         assert_eq!(spindle_control::types::parse_state(s.name()).unwrap(), s);
     }
 }
+
+/// Version 5 moves live attempts and their reservations into their task rows, ended attempts
+/// into the history and events into batches: a database with work in flight at version 4 comes
+/// out with the same facts, readable under the old names, and the work goes on.
+#[tokio::test]
+async fn version_5_carries_work_in_flight_over() {
+    let test = TestDb::new().await;
+    let mut sql = test.sql().await.unwrap();
+    migrate::apply_through(&mut sql, 4).await.unwrap();
+    sql.batch_execute(
+        "INSERT INTO node (node_id) VALUES ('n');
+         INSERT INTO partition_lease VALUES (0, 'n', now() + interval '1 hour', 1);
+         INSERT INTO resource_pool_shard (pool_key, shard, capacity, used)
+              VALUES ('p', 0, 10, 2), ('q', 0, 10, 1);
+         INSERT INTO task (task_id, tenant_id, user_id, idempotency_key, payload, partition, lane,
+                           band, state, version, policy_version, cost_estimate_milli,
+                           fairness_milli, attempt_no, current_attempt, current_fencing)
+              VALUES (1, 7, 70, 'live', '\\x01', 0, 2, 2, 'RUNNING', 3, 1, 100, 10, 2, 12, 22),
+                     (2, 7, 70, 'done', '\\x02', 0, 2, 2, 'SUCCEEDED', 4, 1, 100, 10, 1, NULL,
+                      NULL);
+         INSERT INTO task_attempt (attempt_id, task_id, attempt_no, fencing_token, node_id,
+                                   provider, provider_request_key, lease_until, ended_at, outcome)
+              VALUES (11, 1, 1, 21, 'n', 'acme', 'spindle-1-1', now(), now(), 'QUEUED'),
+                     (12, 1, 2, 22, 'n', 'acme', 'spindle-1-2', now() + interval '1 hour', NULL,
+                      NULL),
+                     (13, 2, 1, 23, 'n', 'acme', 'spindle-2-1', now(), now(), 'SUCCEEDED');
+         INSERT INTO resource_reservation (attempt_id, pool_key, shard, task_id, amount, status,
+                                           fencing_token)
+              VALUES (12, 'p', 0, 1, 2, 'ACTIVE', 22), (12, 'q', 0, 1, 1, 'ACTIVE', 22),
+                     (13, 'p', 0, 2, 2, 'RELEASED', 23);
+         INSERT INTO outbox_event (task_id, tenant_id, kind, delivered_at)
+              VALUES (2, 7, 'DISPATCHING', now()), (2, 7, 'SUCCEEDED', NULL);",
+    )
+    .await
+    .unwrap();
+    let mut db = test.open().await;
+    let active: Vec<(String, i64)> = sql
+        .query(
+            "SELECT pool_key, amount FROM resource_reservation
+              WHERE status = 'ACTIVE' AND attempt_id = 12 ORDER BY pool_key",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(active, vec![("p".into(), 2), ("q".into(), 1)]);
+    let attempts: Vec<(i64, i32, Option<String>)> = sql
+        .query(
+            "SELECT attempt_id, attempt_no, outcome FROM task_attempt ORDER BY attempt_id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .collect();
+    assert_eq!(
+        attempts,
+        vec![
+            (11, 1, Some("QUEUED".into())),
+            (12, 2, None),
+            (13, 1, Some("SUCCEEDED".into())),
+        ]
+    );
+    assert!(db.rebuild_counters().await.unwrap().is_empty(), "no drift");
+    assert_eq!(
+        db.pending_events().await.unwrap(),
+        1,
+        "the undelivered event"
+    );
+    let live = db
+        .live_attempts_in(&[spindle_control::PartitionId(0)], 10)
+        .await
+        .unwrap();
+    assert_eq!(live.len(), 1);
+    assert_eq!(live[0].request_key, "spindle-1-2");
+    // The live attempt finishes and gives back what it held.
+    let done = db
+        .report_batch(&[spindle_control::Report::new(
+            spindle_core::TaskId(1),
+            Some(live[0].token),
+            spindle_control::ReportAction::Finish {
+                state: TaskState::Failed,
+                cost_actual_milli: None,
+                reason: Some("migrated".into()),
+            },
+        )])
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            done[0],
+            spindle_control::ReportResult::Applied { released: 2, .. }
+        ),
+        "{done:?}"
+    );
+    let used: Vec<i64> = sql
+        .query(
+            "SELECT used FROM resource_pool_shard ORDER BY pool_key",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(used, vec![0, 0]);
+}

@@ -34,6 +34,8 @@ pub const SHARD_QUEUE_MAX: usize = 8192;
 const CLAIMS_PER_PUMP_MAX: usize = 512;
 /// How often the shard looks at its timers (retries, aging) without other input.
 const TICK: Duration = Duration::from_millis(20);
+/// Ticks between two publications of per-tenant running work (every 200 ms).
+const TENANT_TICKS: u64 = 10;
 
 pub enum ShardMsg {
     Submit {
@@ -175,6 +177,9 @@ pub struct ShardState {
     ids: std::ops::Range<u64>,
     partitions: u32,
     meta: HashMap<TaskId, Meta>,
+    /// Live tasks whose attempt holds provider-stage capacity (their `Meta::estimate` is set):
+    /// kept as they change, so that every pump can publish it without walking the tasks.
+    running: u64,
     /// Claims of tasks dispatched before their submit committed, sent once it has (a claim
     /// must never reach PostgreSQL before its task). At most one per uncommitted task.
     held_claims: HashMap<TaskId, ClaimRequest>,
@@ -286,6 +291,7 @@ impl ShardState {
             ids: setup.ids,
             partitions: setup.partitions,
             meta: HashMap::new(),
+            running: 0,
             time_scale: setup.time_scale,
             outbox: Vec::new(),
             subs: HashMap::new(),
@@ -334,10 +340,12 @@ pub async fn run(state: SharedShard, mut inbox: mpsc::Receiver<ShardMsg>) {
     let ticker = {
         let state = state.clone();
         glommio::spawn_local(async move {
-            loop {
+            for tick in 0u64.. {
                 glommio::timer::sleep(TICK).await;
                 resplit(&mut state.borrow_mut());
-                publish_tenants(&state.borrow());
+                if tick % TENANT_TICKS == 0 {
+                    publish_tenants(&state.borrow());
+                }
                 pump(&state).await;
             }
         })
@@ -484,7 +492,9 @@ async fn submit(
     }
     // Decide every task in the core first; accepted ones go to the group commit.
     let mut answers: Vec<Option<Admission>> = Vec::with_capacity(tasks.len());
-    let mut commit: Vec<(usize, NewTask)> = Vec::new();
+    // What goes to the group commit, and where each row's answer goes.
+    let mut rows: Vec<NewTask> = Vec::new();
+    let mut commit: Vec<(usize, TaskId)> = Vec::new();
     // Every id first, so that a batch is admitted and sent without an await in between.
     let mut ids = Vec::with_capacity(tasks.len());
     for _ in &tasks {
@@ -532,41 +542,38 @@ async fn submit(
                 spec: Some(t.spec),
             },
         );
-        commit.push((
-            i,
-            NewTask {
-                task: id,
-                tenant,
-                user: t.user,
-                idempotency_key: t.idempotency_key.clone(),
-                payload: payload(t),
-                partition,
-                lane: admission.lane,
-                band: admission.band,
-                cost_estimate_milli: admission.estimate.cost_milli,
-                fairness_milli: admission.estimate.fairness.milli(),
-            },
-        ));
+        commit.push((i, id));
+        rows.push(NewTask {
+            task: id,
+            tenant,
+            user: t.user,
+            idempotency_key: t.idempotency_key.clone(),
+            payload: payload(t),
+            partition,
+            lane: admission.lane,
+            band: admission.band,
+            cost_estimate_milli: admission.estimate.cost_milli,
+            fairness_milli: admission.estimate.fairness.milli(),
+        });
         answers.push(Some(wire_admission(&admission, false)));
     }
     if !commit.is_empty() {
-        let rows: Vec<NewTask> = commit.iter().map(|(_, t)| t.clone()).collect();
         let cp = state.borrow().pipes.submits.clone();
         let outcome = ask(&cp, |reply| CpMsg::Submit { tasks: rows, reply }).await;
         let mut s = state.borrow_mut();
         match outcome {
             Ok(outcomes) => {
-                for ((i, row), outcome) in commit.iter().zip(outcomes) {
-                    apply_submit_outcome(&mut s, row.task, outcome, &mut answers[*i]);
+                for (&(i, task), outcome) in commit.iter().zip(outcomes) {
+                    apply_submit_outcome(&mut s, task, outcome, &mut answers[i]);
                 }
             }
             Err(e) => {
                 // Nothing committed: forget the tasks, refuse as overloaded (paid work is not
                 // buffered while PostgreSQL is away).
-                for (i, row) in &commit {
-                    forget(&mut s, row.task);
-                    answers[*i] = Some(Admission {
-                        task: row.task,
+                for &(i, task) in &commit {
+                    forget(&mut s, task);
+                    answers[i] = Some(Admission {
+                        task,
                         decision: Decision::RejectPlatformOverloaded,
                         reason: Some(format!("control plane unavailable: {e}")),
                         replay: false,
@@ -643,9 +650,18 @@ fn apply_submit_outcome(
     }
 }
 
+/// Forgets a live task, keeping the count of running ones.
+fn remove_meta(s: &mut ShardState, task: &TaskId) -> Option<Meta> {
+    let meta = s.meta.remove(task);
+    if meta.as_ref().is_some_and(|m| m.estimate.is_some()) {
+        s.running -= 1;
+    }
+    meta
+}
+
 /// Drops a task that never became durable (or was a replay).
 fn forget(s: &mut ShardState, task: TaskId) {
-    s.meta.remove(&task);
+    remove_meta(s, &task);
     // A cancel of a task the core already let go of is nothing to do.
     let _ = s.core.handle_cancel(task);
     s.expired_uncommitted.remove(&task);
@@ -833,7 +849,7 @@ fn cancel(state: &SharedShard, tenant: TenantId, task: TaskId, reply: oneshot::S
                 }
             }
             if !running {
-                s.meta.remove(&task);
+                remove_meta(&mut s, &task);
                 notify(&mut s, task, TaskState::Canceled);
                 send_reports(
                     &mut s,
@@ -1070,11 +1086,14 @@ fn resplit(s: &mut ShardState) {
     }
 }
 
-/// Per-tenant running work for `/metrics` (once per tick: it walks the live tasks).
+/// Per-tenant running work for `/metrics` (every `TENANT_TICKS` ticks: it walks the live
+/// tasks, which at tens of thousands in flight is not work for every tick).
 fn publish_tenants(s: &ShardState) {
     let mut per: HashMap<u32, crate::metrics::TenantRunning> = HashMap::new();
+    let mut running = 0;
     for m in s.meta.values() {
         if let Some(e) = m.estimate {
+            running += 1;
             let t = per
                 .entry(m.tenant.0)
                 .or_insert(crate::metrics::TenantRunning {
@@ -1087,6 +1106,10 @@ fn publish_tenants(s: &ShardState) {
             t.units_milli += e.fairness.milli();
         }
     }
+    debug_assert_eq!(
+        running, s.running,
+        "the running count drifted from the live tasks"
+    );
     let mut tenants: Vec<_> = per.into_values().collect();
     tenants.sort_by_key(|t| t.tenant);
     if let Ok(mut slot) = s.metrics.shards[s.index].tenants.lock() {
@@ -1112,16 +1135,17 @@ fn publish_gauges(s: &ShardState) {
         g.queued_units_milli[lane.index()].store(s.core.queued_units(lane).milli(), Relaxed);
     }
     g.live_tasks.store(s.meta.len() as u64, Relaxed);
-    let running = s.meta.values().filter(|m| m.estimate.is_some()).count();
-    g.running_tasks.store(running as u64, Relaxed);
+    g.running_tasks.store(s.running, Relaxed);
 }
 
 /// Drains the core's dispatches into one claim message and handles the answers.
 async fn pump(state: &SharedShard) {
     let (claims, reports) = {
-        let mut s = state.borrow_mut();
-        let reports = take_reports(&mut s);
-        publish_gauges(&s);
+        let mut guard = state.borrow_mut();
+        // Through a plain reference, so that fields borrow apart (the live tasks and their count).
+        let s = &mut *guard;
+        let reports = take_reports(s);
+        publish_gauges(s);
         if s.metrics.stopping() {
             // Draining: what is queued stays QUEUED in PostgreSQL for the next owner; reports
             // still go out.
@@ -1135,7 +1159,9 @@ async fn pump(state: &SharedShard) {
                     Poll::Dispatch(d) => {
                         let (version, committed, queued_at) = match s.meta.get_mut(&d.task) {
                             Some(m) => {
-                                m.estimate = Some(d.estimate);
+                                if m.estimate.replace(d.estimate).is_none() {
+                                    s.running += 1;
+                                }
                                 (
                                     m.db_version,
                                     m.committed && m.pending_reports == 0,
@@ -1163,11 +1189,11 @@ async fn pump(state: &SharedShard) {
                         }
                     }
                     Poll::Expired(task) => {
-                        let committed = s.meta.remove(&task).is_some_and(|m| m.committed);
-                        notify(&mut s, task, TaskState::Expired);
+                        let committed = remove_meta(s, &task).is_some_and(|m| m.committed);
+                        notify(s, task, TaskState::Expired);
                         if committed {
                             send_reports(
-                                &mut s,
+                                s,
                                 vec![vec![finish(task, None, TaskState::Expired, None)]],
                             );
                         } else {
@@ -1181,7 +1207,7 @@ async fn pump(state: &SharedShard) {
                 }
             }
             // Again after dispatching: a drain must count what was just picked.
-            publish_gauges(&s);
+            publish_gauges(s);
             (claims, reports)
         }
     };
@@ -1226,7 +1252,7 @@ async fn claim(state: &SharedShard, claims: Vec<ClaimRequest>) {
                                     started.push((*task, token, attempt_no, request_key))
                                 }
                                 Ok(ClaimOutcome::Canceled) => {
-                                    s.meta.remove(task);
+                                    remove_meta(&mut s, task);
                                     notify(&mut s, *task, TaskState::Canceled);
                                     send_reports(
                                         &mut s,
@@ -1255,7 +1281,7 @@ async fn claim(state: &SharedShard, claims: Vec<ClaimRequest>) {
                                 // writer moved it, or its partition went to another node: it
                                 // is not ours to run.
                                 let _ = s.core.handle_cancel(*task);
-                                s.meta.remove(task);
+                                remove_meta(&mut s, task);
                             }
                             if let Err(e) = s.core.handle_claim_refused(now, *task) {
                                 tracing::warn!("claim refused for {task}: {e}");
@@ -1544,7 +1570,9 @@ fn after_failure(
             if let Some(m) = s.meta.get_mut(&task) {
                 m.token = None;
                 m.attempt = None;
-                m.estimate = None;
+                if m.estimate.take().is_some() {
+                    s.running -= 1;
+                }
                 m.queued_at = now;
             }
             notify(s, task, TaskState::Queued);
@@ -1554,7 +1582,7 @@ fn after_failure(
             }
         }
         FailOutcome::Failed => {
-            s.meta.remove(&task);
+            remove_meta(s, &task);
             notify(s, task, TaskState::Failed);
             ReportAction::Finish {
                 state: TaskState::Failed,
@@ -1563,7 +1591,7 @@ fn after_failure(
             }
         }
         FailOutcome::Canceled => {
-            s.meta.remove(&task);
+            remove_meta(s, &task);
             notify(s, task, TaskState::Canceled);
             ReportAction::Finish {
                 state: TaskState::Canceled,
@@ -1637,7 +1665,7 @@ fn provider_succeeded(
         Ok(CompleteOutcome::AwaitingMedia) => notify(s, task, TaskState::ProviderSucceeded),
         Ok(CompleteOutcome::Canceled) => {
             // Canceled while running: its reservation is released now; persist the end.
-            s.meta.remove(&task);
+            remove_meta(s, &task);
             notify(s, task, TaskState::Canceled);
             send_reports(
                 s,
@@ -1716,7 +1744,7 @@ fn media_finished(
             return false;
         }
     };
-    let Some(meta) = s.meta.remove(&task) else {
+    let Some(meta) = remove_meta(s, &task) else {
         return true;
     };
     let (state, cost, reason) = match outcome {
