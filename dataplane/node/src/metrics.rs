@@ -1,7 +1,7 @@
 //! What the node exposes on its HTTP port: `/livez`, `/readyz` (not ready while PostgreSQL is
 //! unreachable or the node is stopping) and `/metrics` in Prometheus text format. Shards and
 //! pipelines write plain atomics; the HTTP task reads them. The one lock is each shard's
-//! per-tenant table, written once per shard tick.
+//! per-tenant table, written every 10 shard ticks (200 ms).
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

@@ -279,7 +279,7 @@ credential = "two"
     }
     let (_, metrics) = http_get(daemon.http, "/metrics").await;
     assert_eq!(seen, 8, "tenant 1 stayed at its shard's half\n{metrics}");
-    // The per-tenant gauges are written once per shard tick.
+    // The per-tenant gauges are written every 10 shard ticks (200 ms).
     let gauge = "spindle_tenant_running_tasks{shard=\"1\",tenant=\"1\"} 8";
     let mut metrics = metrics;
     for _ in 0..500 {
