@@ -164,11 +164,12 @@ SELECT b.batch_id * 4096 + (e.i - 1) AS event_id, b.tasks[e.i] AS task_id,
 -- sequence) holding its demands, the pools are charged and an event announces it.
 -- Demands of claim i are p_pool/p_shard/p_amount[p_dstart[i] .. p_dstart[i] + p_dcount[i] - 1].
 --
--- Lock order: partition_lease (share) → resource_pool_shard (by key) → task (by the CAS
--- update). Tasks are read without a lock and written with a compare-and-set on (state,
--- version): a task another writer moved after the read is answered VERSION_MOVED and its
--- demands are not charged (a claim refused POOL_FULL in the same batch may have fitted in the
--- room it left: it is offered again by its shard).
+-- Lock order: partition_lease (share) → task (by the compare-and-set update) →
+-- resource_pool_shard (by key, at the end). Tasks and pools are first read without a lock: a
+-- task another writer moved after the read is answered VERSION_MOVED; a claim that no longer
+-- fits once the pools are locked is put back exactly as it was and answered POOL_FULL (a claim
+-- refused POOL_FULL in the first decision may have fitted in room a lost claim left: its shard
+-- offers it again).
 DROP FUNCTION spindle_claim(text, bigint, bigint[], integer[], text[], integer[], integer[], text[], smallint[], bigint[]);
 CREATE FUNCTION spindle_claim(
     p_node text, p_lease_ms bigint,
@@ -209,6 +210,7 @@ DECLARE
     granted integer[] := '{}';
     won integer[];
     lost integer[];
+    reverted integer[];
     v_state text;
     v_version integer;
 BEGIN
@@ -228,16 +230,17 @@ BEGIN
          WHERE pl.owner_node = p_node AND pl.lease_until > now()
            AND pl.partition = ANY (t_partition)
          ORDER BY pl.partition FOR SHARE) l;
-    WITH locked AS MATERIALIZED (
+    -- The pool shards as they are now, unlocked: a first decision. They are locked only at the
+    -- end, for as short a time as the batch allows (every batch of every shard and node that
+    -- draws on a pool waits for that lock), and the decision is checked again under it.
+    WITH seen AS MATERIALIZED (
         SELECT p.pool_key, p.shard, p.capacity, p.used FROM resource_pool_shard p
-         WHERE (p.pool_key, p.shard) IN (SELECT * FROM unnest(p_pool, p_shard))
-         ORDER BY p.pool_key, p.shard FOR UPDATE)
+         WHERE (p.pool_key, p.shard) IN (SELECT * FROM unnest(p_pool, p_shard)))
     SELECT coalesce(array_agg(l.pool_key ORDER BY l.pool_key, l.shard), '{}'),
            coalesce(array_agg(l.shard ORDER BY l.pool_key, l.shard), '{}'),
            coalesce(array_agg(l.capacity ORDER BY l.pool_key, l.shard), '{}'),
            coalesce(array_agg(l.used ORDER BY l.pool_key, l.shard), '{}')
-      INTO pk_key, pk_shard, pk_cap, pk_used FROM locked l;
-    pk_used0 := pk_used;
+      INTO pk_key, pk_shard, pk_cap, pk_used FROM seen l;
     SELECT array_agg(x.pos ORDER BY d.ord) INTO d_pos
       FROM unnest(p_pool, p_shard) WITH ORDINALITY AS d (k, s, ord)
       LEFT JOIN unnest(pk_key, pk_shard) WITH ORDINALITY AS x (k, s, pos)
@@ -318,12 +321,9 @@ BEGIN
             RETURNING dem.g)
         SELECT coalesce(array_agg(upd.g), '{}') INTO won FROM upd;
         IF cardinality(won) < cardinality(granted) THEN
-            -- Moved by another writer after the read: not granted, not charged.
+            -- Moved by another writer after the read: not granted (nor charged below).
             SELECT array_agg(g) INTO lost FROM unnest(granted) AS g WHERE NOT g = ANY (won);
             FOREACH i IN ARRAY lost LOOP
-                FOR j IN p_dstart[i] .. p_dstart[i] + p_dcount[i] - 1 LOOP
-                    pk_used[d_pos[j]] := pk_used[d_pos[j]] - p_amount[j];
-                END LOOP;
                 SELECT t.state, t.version INTO v_state, v_version
                   FROM task t WHERE t.task_id = p_task[i];
                 r_outcome[i] := CASE WHEN v_state IS NULL THEN 'TASK_GONE' ELSE 'VERSION_MOVED' END;
@@ -333,9 +333,53 @@ BEGIN
                 r_no[i] := NULL;
             END LOOP;
         END IF;
-        UPDATE resource_pool_shard p SET used = x.used, version = p.version + 1
-          FROM unnest(pk_key, pk_shard, pk_used, pk_used0) AS x (k, s, used, used0)
-         WHERE p.pool_key = x.k AND p.shard = x.s AND x.used <> x.used0;
+        IF cardinality(won) > 0 THEN
+            -- Now the pools, locked in key order, and every won claim checked again against
+            -- what they hold (another batch may have charged them since the first read).
+            WITH locked AS MATERIALIZED (
+                SELECT p.pool_key, p.shard, p.capacity, p.used FROM resource_pool_shard p
+                 WHERE (p.pool_key, p.shard) IN (SELECT * FROM unnest(pk_key, pk_shard))
+                 ORDER BY p.pool_key, p.shard FOR UPDATE)
+            SELECT coalesce(array_agg(l.capacity ORDER BY l.pool_key, l.shard), '{}'),
+                   coalesce(array_agg(l.used ORDER BY l.pool_key, l.shard), '{}')
+              INTO pk_cap, pk_used FROM locked l;
+            pk_used0 := pk_used;
+            reverted := '{}';
+            FOREACH i IN ARRAY won LOOP
+                fits := true;
+                FOR j IN p_dstart[i] .. p_dstart[i] + p_dcount[i] - 1 LOOP
+                    IF pk_used[d_pos[j]] + p_amount[j] > pk_cap[d_pos[j]] THEN
+                        r_outcome[i] := 'POOL_FULL';
+                        r_detail[i] := p_pool[j] || '/' || p_shard[j];
+                        fits := false;
+                        EXIT;
+                    END IF;
+                END LOOP;
+                IF fits THEN
+                    FOR j IN p_dstart[i] .. p_dstart[i] + p_dcount[i] - 1 LOOP
+                        pk_used[d_pos[j]] := pk_used[d_pos[j]] + p_amount[j];
+                    END LOOP;
+                ELSE
+                    reverted := reverted || i;
+                    r_attempt[i] := NULL;
+                    r_token[i] := NULL;
+                    r_no[i] := NULL;
+                END IF;
+            END LOOP;
+            IF cardinality(reverted) > 0 THEN
+                -- Back to exactly what they were (nobody outside this transaction saw the
+                -- change): the caller's version stays right.
+                UPDATE task t SET state = 'QUEUED', version = t.version - 1,
+                       attempt_no = t.attempt_no - 1, current_attempt = NULL,
+                       current_fencing = NULL
+                  FROM unnest(reverted) AS u (g) WHERE t.task_id = p_task[u.g];
+                SELECT coalesce(array_agg(g), '{}') INTO won
+                  FROM unnest(won) AS g WHERE NOT g = ANY (reverted);
+            END IF;
+            UPDATE resource_pool_shard p SET used = x.used, version = p.version + 1
+              FROM unnest(pk_key, pk_shard, pk_used, pk_used0) AS x (k, s, used, used0)
+             WHERE p.pool_key = x.k AND p.shard = x.s AND x.used <> x.used0;
+        END IF;
         IF cardinality(won) > 0 THEN
             INSERT INTO outbox_batch (kinds, tasks, tenants, bodies)
             SELECT array_agg('DISPATCHING'::text ORDER BY g), array_agg(p_task[g] ORDER BY g),
@@ -360,9 +404,10 @@ $$;
 -- (res_released_at goes from NULL to the time); an attempt that ends is copied into the
 -- history and the task holds none.
 --
--- Lock order: resource_pool_shard (by key) → task → tenant_quota. Rows are first read without a
--- lock and written with a compare-and-set on their version; a row another writer moved in
--- between is read again under a lock and decided again (a second round that cannot lose).
+-- Lock order: task (by the compare-and-set update, or FOR UPDATE in a second round) →
+-- resource_pool_shard (by key) → tenant_quota. Rows are first read without a lock and written
+-- with a compare-and-set on their version; a row another writer moved in between is read again
+-- under a lock and decided again (a second round that cannot lose).
 DROP FUNCTION spindle_report(bigint[], bigint[], text[], text[], bigint[], bigint[], text[], text[]);
 CREATE FUNCTION spindle_report(
     p_task bigint[], p_token bigint[], in_mode text[], in_to text[], p_cost_actual bigint[],
@@ -409,6 +454,9 @@ DECLARE
     won integer[];
     won_all integer[] := '{}';
     lost integer[];
+    g_key text[];
+    g_shard smallint[];
+    g_amount bigint[];
 BEGIN
     IF n = 0 THEN
         RETURN;
@@ -500,13 +548,6 @@ BEGIN
         IF cardinality(applied) = 0 THEN
             EXIT;
         END IF;
-        -- Pools before tasks (the claims' order): lock what these releases give back.
-        PERFORM 1 FROM resource_pool_shard p
-         WHERE (p.pool_key, p.shard) IN (
-                SELECT r.k, r.s FROM task t, unnest(t.res_pool, t.res_shard) AS r (k, s)
-                 WHERE t.task_id = ANY (ARRAY(SELECT p_task[g] FROM unnest(applied) g
-                                              WHERE releases[g])))
-         ORDER BY p.pool_key, p.shard FOR UPDATE;
         WITH upd AS (
             UPDATE task t SET state = to_state[u.g], version = t.version + 1, updated_at = now(),
                    cost_actual_milli = coalesce(p_cost_actual[u.g], t.cost_actual_milli),
@@ -522,13 +563,10 @@ BEGIN
             RETURNING u.g, t.task_id, t.attempt_no, t.attempt_node, t.attempt_provider,
                       t.attempt_lease_until, t.attempt_started_at, t.res_pool, t.res_shard,
                       t.res_amount, t.res_released_at
-        ), dec AS (
-            UPDATE resource_pool_shard p SET used = p.used - x.amount, version = p.version + 1
-              FROM (SELECT r.k, r.s, sum(r.a) AS amount
-                      FROM upd, unnest(upd.res_pool, upd.res_shard, upd.res_amount) AS r (k, s, a)
-                     WHERE releases[upd.g] GROUP BY r.k, r.s) x
-             WHERE p.pool_key = x.k AND p.shard = x.s
-            RETURNING 1
+        ), given AS (
+            SELECT r.k, r.s, sum(r.a)::bigint AS amount
+              FROM upd, unnest(upd.res_pool, upd.res_shard, upd.res_amount) AS r (k, s, a)
+             WHERE releases[upd.g] GROUP BY r.k, r.s
         ), hist AS (
             INSERT INTO attempt_history (task_id, attempt_no, attempt_id, fencing_token, node_id,
                                          provider, provider_request_key, lease_until, created_at,
@@ -543,7 +581,21 @@ BEGIN
             ON CONFLICT (task_id, attempt_no) DO NOTHING
             RETURNING 1
         )
-        SELECT coalesce(array_agg(upd.g), '{}') INTO won FROM upd;
+        SELECT (SELECT coalesce(array_agg(upd.g), '{}') FROM upd),
+               (SELECT coalesce(array_agg(given.k ORDER BY given.k, given.s), '{}') FROM given),
+               (SELECT coalesce(array_agg(given.s ORDER BY given.k, given.s), '{}') FROM given),
+               (SELECT coalesce(array_agg(given.amount ORDER BY given.k, given.s), '{}')
+                  FROM given)
+          INTO won, g_key, g_shard, g_amount;
+        IF cardinality(g_key) > 0 THEN
+            -- The pools last, in key order, held only for the rest of the batch.
+            PERFORM 1 FROM resource_pool_shard p
+             WHERE (p.pool_key, p.shard) IN (SELECT * FROM unnest(g_key, g_shard))
+             ORDER BY p.pool_key, p.shard FOR UPDATE;
+            UPDATE resource_pool_shard p SET used = p.used - x.amount, version = p.version + 1
+              FROM unnest(g_key, g_shard, g_amount) AS x (k, s, amount)
+             WHERE p.pool_key = x.k AND p.shard = x.s;
+        END IF;
         FOREACH i IN ARRAY won LOOP
             r_outcome[i] := 'APPLIED';
             r_state[i] := to_state[i];

@@ -123,6 +123,8 @@ pub struct ShardGauges {
 pub struct Metrics {
     pub admissions: [AtomicU64; 8],
     pub completed: AtomicU64,
+    /// Tasks whose SUCCEEDED is committed in PostgreSQL (their finish report was applied).
+    pub succeeded_durable: AtomicU64,
     pub claims_granted: AtomicU64,
     pub claims_refused: AtomicU64,
     pub batches: [Histogram; 4],
@@ -153,6 +155,7 @@ impl Metrics {
         Arc::new(Metrics {
             admissions: Default::default(),
             completed: AtomicU64::new(0),
+            succeeded_durable: AtomicU64::new(0),
             claims_granted: AtomicU64::new(0),
             claims_refused: AtomicU64::new(0),
             batches: std::array::from_fn(|_| Histogram::new(LATENCY_BUCKETS_US)),
@@ -232,6 +235,11 @@ impl Metrics {
             w,
             "# TYPE spindle_tasks_completed_total counter\nspindle_tasks_completed_total {}",
             self.completed.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            w,
+            "# TYPE spindle_tasks_succeeded_total counter\nspindle_tasks_succeeded_total {}",
+            self.succeeded_durable.load(Ordering::Relaxed)
         );
         let _ = writeln!(w, "# TYPE spindle_claims_total counter");
         let _ = writeln!(

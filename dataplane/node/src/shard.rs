@@ -998,6 +998,26 @@ async fn send_rounds(shared: SharedShard, rounds: Vec<Vec<Report>>) {
 fn answered(shared: &SharedShard, reports: &[Report], results: Option<&Vec<ReportResult>>) {
     let mut s = shared.borrow_mut();
     let s = &mut *s;
+    let committed_successes = reports
+        .iter()
+        .zip(results.into_iter().flatten())
+        .filter(|(r, result)| {
+            matches!(
+                (&r.action, result),
+                (
+                    ReportAction::Finish {
+                        state: TaskState::Succeeded,
+                        ..
+                    },
+                    ReportResult::Applied { .. }
+                )
+            )
+        })
+        .count();
+    s.metrics.succeeded_durable.fetch_add(
+        committed_successes as u64,
+        std::sync::atomic::Ordering::Relaxed,
+    );
     for (i, r) in reports.iter().enumerate() {
         let Some(m) = s.meta.get_mut(&r.task) else {
             continue;

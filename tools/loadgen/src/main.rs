@@ -59,6 +59,12 @@ enum Command {
         /// `ID:CREDENTIAL:RATE`, one per tenant.
         #[arg(long = "tenant", required = true)]
         tenants: Vec<String>,
+        /// The node's HTTP port: completions are then counted from its committed-success
+        /// counter (`spindle_tasks_succeeded_total`), sampled every 100 ms, instead of by asking
+        /// for every task until it ends — which loads the node it measures. Every accepted task
+        /// is still checked once, after the measurement.
+        #[arg(long)]
+        metrics: Option<SocketAddr>,
         #[command(flatten)]
         common: Common,
     },
@@ -98,13 +104,14 @@ fn main() -> anyhow::Result<()> {
         Command::Run {
             addr,
             tenants,
+            metrics,
             common,
         } => {
             let tenants = tenants
                 .iter()
                 .map(|t| TenantLoad::parse(t))
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            drive(addr, tenants, &common)
+            drive(addr, metrics, tenants, &common)
         }
         Command::Demo { quiet_rate, common } => demo(quiet_rate, &common),
         Command::Soak { seconds, rate } => {
@@ -118,7 +125,12 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-fn drive(addr: SocketAddr, tenants: Vec<TenantLoad>, common: &Common) -> anyhow::Result<()> {
+fn drive(
+    addr: SocketAddr,
+    metrics: Option<SocketAddr>,
+    tenants: Vec<TenantLoad>,
+    common: &Common,
+) -> anyhow::Result<()> {
     anyhow::ensure!(
         (1..=spindle_wire::limits::BATCH_MAX).contains(&common.batch),
         "--batch must be 1..=1024"
@@ -133,6 +145,7 @@ fn drive(addr: SocketAddr, tenants: Vec<TenantLoad>, common: &Common) -> anyhow:
         seed: common.seed,
         progress: !common.json,
         drain: Duration::from_secs(common.drain),
+        metrics,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -206,7 +219,7 @@ fn demo(quiet_rate: f64, common: &Common) -> anyhow::Result<()> {
         common.duration
     );
     let addr = start_node("spindled", config, &ready)?;
-    let result = drive(addr, loads, common);
+    let result = drive(addr, None, loads, common);
     // The node's threads end with the process; the private PostgreSQL is stopped here.
     QUIET.store(true, std::sync::atomic::Ordering::Relaxed);
     drop(pg);

@@ -25,9 +25,17 @@ pub struct Options {
     pub arrival: Arrival,
     pub seed: u64,
     pub progress: bool,
-    /// How long to keep polling accepted tasks after the send window (bounded).
+    /// How long to wait for accepted tasks after the send window (bounded).
     pub drain: Duration,
+    /// The node's HTTP port: count completions from its committed-success counter instead of by
+    /// polling every task (see `--metrics`).
+    pub metrics: Option<SocketAddr>,
 }
+
+/// How often the committed-success counter is sampled.
+const METRICS_SAMPLE: Duration = Duration::from_millis(100);
+/// Status reads in flight at once when accepted tasks are checked after the measurement.
+const CHECKS_IN_FLIGHT_MAX: usize = 512;
 
 /// What happened, per tenant and over time.
 pub struct Outcome {
@@ -72,6 +80,10 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
         reject_us: Some(histogram()),
         ..Shared::default()
     }));
+    let counted = match opts.metrics {
+        Some(addr) => Some(Counter::start(addr).await?),
+        None => None,
+    };
     let start = Instant::now();
     let bar = progress_bar(opts.progress, opts.duration);
     let mut handles = Vec::new();
@@ -105,43 +117,29 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
     }
     let elapsed_send = start.elapsed();
 
-    // Drain: every accepted task polled until it ends (bounded).
     let accepted = std::mem::take(&mut shared.lock().expect("shared").accepted);
-    let mut completions: Vec<u64> = Vec::new();
-    let mut by_tenant: HashMap<u32, u64> = HashMap::new();
     let client_of: HashMap<u32, Arc<Client>> = opts
         .tenants
         .iter()
         .zip(clients)
         .map(|(l, c)| (l.tenant, c))
         .collect();
-    let mut pending: Vec<(u32, TaskId)> = accepted;
     let drain_start = Instant::now();
-    while !pending.is_empty() && drain_start.elapsed() < opts.drain {
-        let mut still = Vec::new();
-        let mut gets = Vec::new();
-        for (tenant, task) in pending {
-            let c = client_of[&tenant].clone();
-            gets.push(tokio::spawn(
-                async move { (tenant, task, c.get(task).await) },
-            ));
-        }
-        for g in gets {
-            let (tenant, task, status) = g.await?;
-            match status {
-                Ok(s) if s.state == TaskState::Succeeded => {
-                    completions.push(start.elapsed().as_secs());
-                    *by_tenant.entry(tenant).or_default() += 1;
-                }
-                Ok(s) if s.state.is_terminal() => {}
-                _ => still.push((tenant, task)),
+    let (completions, by_tenant, pending) = match counted {
+        // Drain: the node's counter until it has every accepted task, then one check of each.
+        Some(counter) => {
+            let target = accepted.len() as u64;
+            while counter.done() < target && drain_start.elapsed() < opts.drain {
+                tokio::time::sleep(METRICS_SAMPLE).await;
             }
+            let completions = counter.stop(start).await;
+            let (by_tenant, pending) = check_all(&client_of, accepted).await?;
+            (completions, by_tenant, pending)
         }
-        pending = still;
-        if !pending.is_empty() {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
+        // Drain: every accepted task polled until it ends (bounded).
+        None => poll_until_done(&client_of, accepted, start, drain_start, opts.drain).await?,
+    };
+    let completed_within = drain_start.elapsed();
     for t in &mut per_tenant {
         t.completed = by_tenant.get(&t.tenant).copied().unwrap_or(0);
     }
@@ -166,9 +164,154 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
         reject_us: s.reject_us.take().expect("histogram"),
         per_tenant,
         timeline,
-        completed_within: drain_start.elapsed(),
+        completed_within,
         unfinished,
     })
+}
+
+/// Completion seconds (since start), completions per tenant, and what had not ended.
+type Drained = (Vec<u64>, HashMap<u32, u64>, Vec<(u32, TaskId)>);
+
+/// Asks for every pending task, every 50 ms, until each has ended or the window closes.
+async fn poll_until_done(
+    client_of: &HashMap<u32, Arc<Client>>,
+    mut pending: Vec<(u32, TaskId)>,
+    start: Instant,
+    drain_start: Instant,
+    drain: Duration,
+) -> anyhow::Result<Drained> {
+    let mut completions: Vec<u64> = Vec::new();
+    let mut by_tenant: HashMap<u32, u64> = HashMap::new();
+    while !pending.is_empty() && drain_start.elapsed() < drain {
+        let mut still = Vec::new();
+        let mut gets = Vec::new();
+        for (tenant, task) in pending {
+            let c = client_of[&tenant].clone();
+            gets.push(tokio::spawn(
+                async move { (tenant, task, c.get(task).await) },
+            ));
+        }
+        for g in gets {
+            let (tenant, task, status) = g.await?;
+            match status {
+                Ok(s) if s.state == TaskState::Succeeded => {
+                    completions.push(start.elapsed().as_secs());
+                    *by_tenant.entry(tenant).or_default() += 1;
+                }
+                Ok(s) if s.state.is_terminal() => {}
+                _ => still.push((tenant, task)),
+            }
+        }
+        pending = still;
+        if !pending.is_empty() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    Ok((completions, by_tenant, pending))
+}
+
+/// One status read of every accepted task, after the measurement: completions per tenant, and
+/// the tasks that had not ended.
+async fn check_all(
+    client_of: &HashMap<u32, Arc<Client>>,
+    accepted: Vec<(u32, TaskId)>,
+) -> anyhow::Result<(HashMap<u32, u64>, Vec<(u32, TaskId)>)> {
+    let mut by_tenant: HashMap<u32, u64> = HashMap::new();
+    let mut pending = Vec::new();
+    for chunk in accepted.chunks(CHECKS_IN_FLIGHT_MAX) {
+        let gets: Vec<_> = chunk
+            .iter()
+            .map(|&(tenant, task)| {
+                let c = client_of[&tenant].clone();
+                tokio::spawn(async move { (tenant, task, c.get(task).await) })
+            })
+            .collect();
+        for g in gets {
+            let (tenant, task, status) = g.await?;
+            match status {
+                Ok(s) if s.state == TaskState::Succeeded => {
+                    *by_tenant.entry(tenant).or_default() += 1
+                }
+                Ok(s) if s.state.is_terminal() => {}
+                _ => pending.push((tenant, task)),
+            }
+        }
+    }
+    Ok((by_tenant, pending))
+}
+
+/// The node's committed-success counter, sampled in the background from the start of the run.
+struct Counter {
+    base: u64,
+    last: Arc<std::sync::atomic::AtomicU64>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    sampler: tokio::task::JoinHandle<Vec<(Instant, u64)>>,
+}
+
+impl Counter {
+    async fn start(addr: SocketAddr) -> anyhow::Result<Counter> {
+        let base = succeeded_total(addr).await?;
+        let last = Arc::new(std::sync::atomic::AtomicU64::new(base));
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let seen = last.clone();
+        let sampler = tokio::spawn(async move {
+            let mut samples = Vec::new();
+            loop {
+                tokio::select! {
+                    _ = &mut stopped => return samples,
+                    _ = tokio::time::sleep(METRICS_SAMPLE) => {}
+                }
+                // A failed scrape is a missing sample, not a failed run.
+                if let Ok(v) = succeeded_total(addr).await {
+                    seen.store(v, std::sync::atomic::Ordering::Relaxed);
+                    samples.push((Instant::now(), v));
+                }
+            }
+        });
+        Ok(Counter {
+            base,
+            last,
+            stop,
+            sampler,
+        })
+    }
+
+    /// Committed successes since the run started.
+    fn done(&self) -> u64 {
+        self.last.load(std::sync::atomic::Ordering::Relaxed) - self.base
+    }
+
+    /// Stops sampling; one completion second (since `start`) per committed success.
+    async fn stop(self, start: Instant) -> Vec<u64> {
+        let _ = self.stop.send(());
+        let samples = self.sampler.await.unwrap_or_default();
+        let mut completions = Vec::new();
+        let mut before = self.base;
+        for (at, v) in samples {
+            let second = at.duration_since(start).as_secs();
+            completions.extend(std::iter::repeat_n(
+                second,
+                v.saturating_sub(before) as usize,
+            ));
+            before = before.max(v);
+        }
+        completions
+    }
+}
+
+/// `spindle_tasks_succeeded_total` from the node's `/metrics`.
+async fn succeeded_total(addr: SocketAddr) -> anyhow::Result<u64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nhost: loadgen\r\n\r\n")
+        .await?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("spindle_tasks_succeeded_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("{addr}/metrics has no spindle_tasks_succeeded_total"))
 }
 
 fn progress_bar(show: bool, duration: Duration) -> Option<indicatif::ProgressBar> {
