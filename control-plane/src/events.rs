@@ -33,6 +33,25 @@ pub struct RelayReport {
     pub failed_at: Option<u64>,
 }
 
+/// The body of event `i` of an outbox row: each key of the row's details holds an array with
+/// one entry per event, or a value every event of the row shares (as `spindle_event_body`).
+fn event_body(details: &Value, i: usize) -> Value {
+    let Value::Object(keys) = details else {
+        return Value::Object(Default::default());
+    };
+    let body = keys
+        .iter()
+        .map(|(k, v)| {
+            let value = match v {
+                Value::Array(per_event) => per_event.get(i).cloned().unwrap_or(Value::Null),
+                shared => shared.clone(),
+            };
+            (k.clone(), value)
+        })
+        .collect();
+    Value::Object(body)
+}
+
 /// Events per outbox row at most (a batch of the hot paths; the row's check constraint).
 pub const EVENTS_PER_ROW_MAX: u64 = 4096;
 
@@ -51,7 +70,7 @@ impl Db {
         let tx = self.client_mut().transaction().await?;
         let rows = tx
             .query(
-                "SELECT batch_id, kinds, tasks, tenants, bodies, delivered FROM outbox_batch
+                "SELECT batch_id, kinds, tasks, tenants, details, delivered FROM outbox_batch
                   WHERE delivered_at IS NULL ORDER BY batch_id LIMIT $1 FOR UPDATE SKIP LOCKED",
                 &[&(limit as i64)],
             )
@@ -64,7 +83,7 @@ impl Db {
             let kinds: Vec<String> = r.get(1);
             let tasks: Vec<i64> = r.get(2);
             let tenants: Vec<i32> = r.get(3);
-            let bodies: Vec<Value> = r.get(4);
+            let details: Value = r.get(4);
             let mut delivered: i32 = r.get(5);
             let total = tasks.len() as i32;
             while delivered < total && (report.delivered as usize) < limit {
@@ -74,7 +93,7 @@ impl Db {
                     task: Some(TaskId(tasks[i] as u64)),
                     tenant: Some(TenantId(tenants[i] as u32)),
                     kind: kinds[i].clone(),
-                    body: bodies[i].clone(),
+                    body: event_body(&details, i),
                 };
                 if sink.deliver(&event).await.is_err() {
                     report.failed_at = Some(event.id);

@@ -302,6 +302,7 @@ async fn the_starvation_detector_reports_long_waits_but_not_backoffs() {
 struct FlakySink {
     fail_at: Option<u64>,
     got: Vec<u64>,
+    bodies: Vec<serde_json::Value>,
 }
 
 impl EventSink for FlakySink {
@@ -312,6 +313,7 @@ impl EventSink for FlakySink {
             return Err("sink down".into());
         }
         self.got.push(event.id);
+        self.bodies.push(event.body.clone());
         Ok(())
     }
 }
@@ -329,6 +331,7 @@ async fn the_outbox_is_relayed_at_least_once_and_consumers_apply_each_event_once
     let mut sink = FlakySink {
         fail_at: None,
         got: Vec::new(),
+        bodies: Vec::new(),
     };
     let first_id = {
         let sql = db.client();
@@ -348,6 +351,20 @@ async fn the_outbox_is_relayed_at_least_once_and_consumers_apply_each_event_once
         "in order, none skipped"
     );
     assert_eq!(db.pending_events().await.unwrap(), 0);
+    // Each event's body comes out of its batch row's details, the same through the relay and
+    // through the view.
+    let viewed: Vec<serde_json::Value> = db
+        .client()
+        .query("SELECT body FROM outbox_event ORDER BY event_id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(sink.bodies, viewed);
+    assert_eq!(sink.bodies[3]["attempt_no"], 1);
+    assert_eq!(sink.bodies[3]["node"], NODE);
+    assert!(sink.bodies[3]["attempt"].as_i64().is_some(), "{:?}", sink.bodies[3]);
 
     // A consumer that sees an event twice (a relay crashed before its commit) applies it once.
     let mut applied = 0;

@@ -108,8 +108,9 @@ async fn version_5_carries_work_in_flight_over() {
                                            fencing_token)
               VALUES (12, 'p', 0, 1, 2, 'ACTIVE', 22), (12, 'q', 0, 1, 1, 'ACTIVE', 22),
                      (13, 'p', 0, 2, 2, 'RELEASED', 23);
-         INSERT INTO outbox_event (task_id, tenant_id, kind, delivered_at)
-              VALUES (2, 7, 'DISPATCHING', now()), (2, 7, 'SUCCEEDED', NULL);",
+         INSERT INTO outbox_event (task_id, tenant_id, kind, body, delivered_at)
+              VALUES (2, 7, 'DISPATCHING', '{}', now()),
+                     (2, 7, 'SUCCEEDED', '{\"reason\": \"moved\"}', NULL);",
     )
     .await
     .unwrap();
