@@ -364,7 +364,11 @@ async fn the_outbox_is_relayed_at_least_once_and_consumers_apply_each_event_once
     assert_eq!(sink.bodies, viewed);
     assert_eq!(sink.bodies[3]["attempt_no"], 1);
     assert_eq!(sink.bodies[3]["node"], NODE);
-    assert!(sink.bodies[3]["attempt"].as_i64().is_some(), "{:?}", sink.bodies[3]);
+    assert!(
+        sink.bodies[3]["attempt"].as_i64().is_some(),
+        "{:?}",
+        sink.bodies[3]
+    );
 
     // A consumer that sees an event twice (a relay crashed before its commit) applies it once.
     let mut applied = 0;

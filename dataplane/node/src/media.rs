@@ -239,7 +239,21 @@ impl MediaPool {
                             .ok()
                             .and_then(|c| c.get(&job.task).cloned())
                             .unwrap_or_default();
-                        let outcome = run(&job, &config, &ledger, &devices, &dir, cancel, &rt);
+                        // Progress is best effort: a full shard inbox drops it (the end
+                        // still comes, on the blocking send below).
+                        let inbox = shards.get(job.shard).cloned();
+                        let progress = |pct: u8| {
+                            if let Some(inbox) = &inbox {
+                                let _ = inbox.try_send(ShardMsg::MediaProgress {
+                                    task: job.task,
+                                    token: job.token,
+                                    pct,
+                                });
+                            }
+                        };
+                        let outcome = run(
+                            &job, &config, &ledger, &devices, &dir, cancel, &rt, &progress,
+                        );
                         if let Ok(mut c) = cancels.lock() {
                             c.remove(&job.task);
                         }
@@ -285,6 +299,7 @@ impl MediaPool {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run(
     job: &MediaJob,
     config: &MediaConfig,
@@ -293,6 +308,7 @@ fn run(
     dir: &std::path::Path,
     cancel: Arc<std::sync::atomic::AtomicBool>,
     rt: &tokio::runtime::Runtime,
+    progress: &dyn Fn(u8),
 ) -> MediaOutcome {
     let failed = |reason: String, retryable: bool| MediaOutcome::Failed { reason, retryable };
     if cancel.load(std::sync::atomic::Ordering::Relaxed) {
@@ -334,14 +350,20 @@ fn run(
             false,
         );
     };
-    let outcome = transcode_ladder(job, config, dir, &input, deadline, quota, cancel);
+    let outcome = transcode_ladder(job, config, dir, &input, deadline, quota, cancel, progress);
     // A fetched input is the job's own: it goes whatever happened.
     let _ = std::fs::remove_file(&fetched);
     drop(placement);
     outcome
 }
 
-/// Probes `input` and makes every rung of the ladder from it.
+/// The share of the whole ladder at which the media stage reports its milestone (DESIGN §5's
+/// 90 %: the task's last milestone before it ends).
+pub const MEDIA_MILESTONE_PCT: u8 = 90;
+
+/// Probes `input` and makes every rung of the ladder from it. `progress` hears
+/// [`MEDIA_MILESTONE_PCT`] once, when the ladder as a whole is that far.
+#[allow(clippy::too_many_arguments)]
 fn transcode_ladder(
     job: &MediaJob,
     config: &MediaConfig,
@@ -350,6 +372,7 @@ fn transcode_ladder(
     deadline: Instant,
     quota: u64,
     cancel: Arc<std::sync::atomic::AtomicBool>,
+    progress: &dyn Fn(u8),
 ) -> MediaOutcome {
     let failed = |reason: String, retryable: bool| MediaOutcome::Failed { reason, retryable };
     let probed = match spindle_transcode::probe(input) {
@@ -358,7 +381,9 @@ fn transcode_ladder(
     };
     let mut outputs = Vec::new();
     let mut used = 0u64;
-    for &height in &config.renditions {
+    let rungs = config.renditions.len().max(1) as u64;
+    let mut reported = false;
+    for (rung, &height) in config.renditions.iter().enumerate() {
         let output = dir.join(format!("task-{}-{}-{height}p.mp4", job.task.0, job.token.0));
         let rendition = Rendition {
             name: format!("{height}p"),
@@ -377,7 +402,13 @@ fn transcode_ladder(
             &output,
             &rendition,
             &limits,
-            &mut |_| {},
+            &mut |pct| {
+                let whole = (rung as u64 * 100 + u64::from(pct)) / rungs;
+                if !reported && whole >= u64::from(MEDIA_MILESTONE_PCT) {
+                    reported = true;
+                    progress(MEDIA_MILESTONE_PCT);
+                }
+            },
         );
         match result {
             Ok(t) => {

@@ -68,6 +68,12 @@ pub enum ShardMsg {
     Provider(crate::dispatch::ProviderEvent),
     /// A media job ended.
     Media(crate::media::MediaEvent),
+    /// A media job of `task`'s attempt `token` passed a progress milestone.
+    MediaProgress {
+        task: TaskId,
+        token: FencingToken,
+        pct: u8,
+    },
     /// A tenant's policy changed in the policy store (applies to new work).
     TenantPolicy {
         tenant: TenantId,
@@ -97,15 +103,21 @@ fn progress_of(state: TaskState) -> u8 {
         TaskState::Created | TaskState::Queued => 0,
         TaskState::Dispatching | TaskState::SubmitUnknown => 10,
         TaskState::Running => 30,
-        TaskState::ProviderSucceeded => 60,
-        TaskState::MediaProcessing => 90,
+        // The media stage is the last part of the way: it starts where the provider's ends and
+        // reports its own 90 % milestone (`MediaProgress`).
+        TaskState::ProviderSucceeded | TaskState::MediaProcessing => 60,
         TaskState::Succeeded | TaskState::Failed | TaskState::Canceled | TaskState::Expired => 100,
     }
 }
 
+/// Pushes an event to `task`'s subscribers at its state's milestone.
+fn notify(s: &mut ShardState, task: TaskId, state: TaskState) {
+    notify_at(s, task, state, progress_of(state));
+}
+
 /// Pushes an event to `task`'s subscribers. A subscriber whose connection is gone or whose
 /// queue is full is dropped (a slow reader cannot hold the shard); the task's end drops all.
-fn notify(s: &mut ShardState, task: TaskId, state: TaskState) {
+fn notify_at(s: &mut ShardState, task: TaskId, state: TaskState, progress_pct: u8) {
     let Some(subs) = s.subs.get_mut(&task) else {
         return;
     };
@@ -115,7 +127,7 @@ fn notify(s: &mut ShardState, task: TaskId, state: TaskState) {
     let event = spindle_wire::Event {
         task,
         state,
-        progress_pct: progress_of(state),
+        progress_pct,
         at_ms,
     };
     let before = subs.len();
@@ -399,6 +411,14 @@ pub async fn run(state: SharedShard, mut inbox: mpsc::Receiver<ShardMsg>) {
             ShardMsg::Media(event) => {
                 media_event(&mut state.borrow_mut(), event);
                 pump(&state).await;
+            }
+            ShardMsg::MediaProgress { task, token, pct } => {
+                let mut s = state.borrow_mut();
+                // Only the live attempt's job, while its media stage runs.
+                let current = s.meta.get(&task).is_some_and(|m| m.token == Some(token));
+                if current && s.core.task_state(task) == Some(TaskState::MediaProcessing) {
+                    notify_at(&mut s, task, TaskState::MediaProcessing, pct);
+                }
             }
             ShardMsg::Restore(restores) => {
                 if let Err(e) = state.borrow_mut().restore(restores) {

@@ -746,3 +746,64 @@ async fn a_cancel_stops_a_running_media_job() {
         "{metrics}"
     );
 }
+
+/// A subscriber follows a task through the media stage: it enters at 60 %, the ladder's 90 %
+/// milestone arrives while it runs, and the end is 100 %.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribers_hear_the_media_stage_milestone() {
+    use spindle_core::TaskState;
+    use spindle_transcode::{JobLimits, Rendition, Source};
+    let dir = tempfile::tempdir().unwrap();
+    let clip = dir.path().join("clip.mp4");
+    let r = Rendition {
+        name: "src".into(),
+        height: 480,
+        crf: 23,
+        preset: "ultrafast".into(),
+    };
+    spindle_transcode::transcode(
+        &Source::Lavfi("testsrc2=size=854x480:rate=25:duration=2".into()),
+        &clip,
+        &r,
+        &JobLimits::default(),
+        &mut |_| {},
+    )
+    .unwrap();
+    let test = TestDb::new().await;
+    // 300 ms at the provider: time to subscribe before the media stage.
+    let (m, admin) = mock_with(300, Some(clip)).await;
+    let media = "renditions = [240, 120]\ndeclaration = \"correct\"";
+    let daemon = media_node(&test, &m, &dir.path().join("out"), media).await;
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let a = client.submit(task("followed")).await.unwrap();
+    client.subscribe(a.task).await.unwrap();
+    let mut seen = Vec::new();
+    loop {
+        let e = tokio::time::timeout(Duration::from_secs(30), client.next_event())
+            .await
+            .expect("an event within 30 s")
+            .expect("the connection stays open");
+        seen.push((e.state, e.progress_pct));
+        if e.state.is_terminal() {
+            break;
+        }
+    }
+    let at = |x: (TaskState, u8)| seen.iter().position(|&s| s == x);
+    let entered = at((TaskState::MediaProcessing, 60)).expect("entered the media stage");
+    let milestone = at((TaskState::MediaProcessing, 90)).expect("the media milestone");
+    assert!(entered < milestone, "{seen:?}");
+    assert_eq!(seen.last(), Some(&(TaskState::Succeeded, 100)), "{seen:?}");
+    assert!(
+        seen.windows(2).all(|w| w[0].1 <= w[1].1),
+        "progress only grows: {seen:?}"
+    );
+    // Subscribers hear the end as the shard decides it; the store has it once reported.
+    let sql = test.sql().await.unwrap();
+    assert_eq!(
+        common::wait_all_succeeded(&sql, &[a.task.0 as i64]).await,
+        1
+    );
+    assert_clean(&test, &admin).await;
+}
