@@ -4,8 +4,13 @@
 //! taken in a fixed order and given back if any part does not fit, so no engine ever goes
 //! above its capacity and nothing is left held by a demand that failed. A [`Grant`] gives its
 //! units back when dropped, so a job that ends any way at all releases exactly once.
+//!
+//! A device that goes missing (an inventory refresh no longer finds it) is marked offline: its
+//! engines then have no capacity for new work, while the grants already held on it are given
+//! back as they end; it comes back online if a later refresh finds it again.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use spindle_sync::SlotCounter;
@@ -21,6 +26,18 @@ pub enum Engine {
     Nvdec(u32),
     Cpu,
     TempDiskMb,
+}
+
+impl Engine {
+    /// The device whose engine this is (`None` for the CPU and temp disk).
+    pub fn device(self) -> Option<u32> {
+        match self {
+            Engine::GpuCompute(d) | Engine::GpuMemMb(d) | Engine::Nvenc(d) | Engine::Nvdec(d) => {
+                Some(d)
+            }
+            Engine::Cpu | Engine::TempDiskMb => None,
+        }
+    }
 }
 
 impl std::fmt::Display for Engine {
@@ -49,6 +66,8 @@ pub struct Exhausted {
 #[derive(Debug)]
 pub struct MediaLedger {
     engines: BTreeMap<Engine, SlotCounter>,
+    /// Per device of the inventory: whether new work may be placed on it.
+    online: BTreeMap<u32, AtomicBool>,
 }
 
 /// Units held on engines; given back on drop.
@@ -91,23 +110,70 @@ impl MediaLedger {
         }
         add(Engine::Cpu, inventory.cpu_units);
         add(Engine::TempDiskMb, inventory.temp_disk_mb);
-        MediaLedger { engines }
+        let online = inventory
+            .devices
+            .iter()
+            .map(|d| (d.index, AtomicBool::new(true)))
+            .collect();
+        MediaLedger { engines, online }
     }
 
     pub fn has(&self, engine: Engine) -> bool {
         self.engines.contains_key(&engine)
     }
 
-    /// (capacity, used) of `engine`.
-    pub fn usage(&self, engine: Engine) -> Option<(u64, u64)> {
-        self.engines.get(&engine).map(|c| (c.capacity(), c.used()))
+    /// Whether `engine` may take new work: not an engine of an offline device.
+    fn available(&self, engine: Engine) -> bool {
+        engine.device().is_none_or(|d| self.is_online(d))
     }
 
-    /// Every engine with its capacity and usage, for `/metrics`.
+    /// Whether new work may be placed on device `device` (false for an unknown one).
+    pub fn is_online(&self, device: u32) -> bool {
+        self.online
+            .get(&device)
+            .is_some_and(|o| o.load(Ordering::Acquire))
+    }
+
+    /// Marks `device` online or offline; returns whether that changed anything. Grants held on
+    /// an offline device stay valid until they are dropped.
+    pub fn set_online(&self, device: u32, online: bool) -> bool {
+        self.online
+            .get(&device)
+            .is_some_and(|o| o.swap(online, Ordering::AcqRel) != online)
+    }
+
+    /// Applies a fresh inventory: a device of the ledger that `now` no longer lists goes offline,
+    /// one it lists again comes back. Returns each change (device, online) for the log.
+    pub fn apply_refresh(&self, now: &Inventory) -> Vec<(u32, bool)> {
+        self.online
+            .keys()
+            .filter_map(|&d| {
+                let present = now.devices.iter().any(|n| n.index == d);
+                self.set_online(d, present).then_some((d, present))
+            })
+            .collect()
+    }
+
+    /// (capacity, used) of `engine`; an offline device's engines have no capacity.
+    pub fn usage(&self, engine: Engine) -> Option<(u64, u64)> {
+        self.engines.get(&engine).map(|c| {
+            (
+                if self.available(engine) {
+                    c.capacity()
+                } else {
+                    0
+                },
+                c.used(),
+            )
+        })
+    }
+
+    /// Every engine with its capacity (none while its device is offline) and usage, for
+    /// `/metrics`.
     pub fn snapshot(&self) -> Vec<(Engine, u64, u64)> {
         self.engines
-            .iter()
-            .map(|(e, c)| (*e, c.capacity(), c.used()))
+            .keys()
+            .filter_map(|&e| self.usage(e).map(|(cap, used)| (e, cap, used)))
             .collect()
     }
 
@@ -130,7 +196,8 @@ impl MediaLedger {
             held: Vec::with_capacity(parts.len()),
         };
         for (engine, units) in parts {
-            let Some(counter) = self.engines.get(&engine) else {
+            let counter = self.engines.get(&engine).filter(|_| self.available(engine));
+            let Some(counter) = counter else {
                 return Err(Exhausted {
                     engine,
                     free: 0,

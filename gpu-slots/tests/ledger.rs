@@ -165,3 +165,70 @@ fn concurrent_jobs_never_push_an_engine_above_its_capacity() {
         assert_eq!(used, 0, "{engine} leaked");
     }
 }
+
+/// A GPU that a refresh no longer finds takes no new work: placement goes to another device
+/// (or the CPU), its engines show no capacity, and the grant already held on it is given back
+/// as usual; found again, it takes work again.
+#[test]
+fn a_missing_gpu_takes_no_new_work_until_it_is_back() {
+    let (ledger, devices) = ledger(vec![device(0, 8, 8), device(1, 8, 8)], 4);
+    let held = place(&ledger, &devices, JOB, Some(0)).unwrap();
+    assert_eq!(held.device, Some(0));
+    let only_one = Inventory::declared(
+        &Declared {
+            cpu_units: 4,
+            temp_disk_mb: 10_000,
+            devices: vec![device(1, 8, 8)],
+        },
+        "refresh".into(),
+    );
+    assert_eq!(ledger.apply_refresh(&only_one), vec![(0, false)]);
+    assert_eq!(
+        ledger.apply_refresh(&only_one),
+        vec![],
+        "no change, nothing to say"
+    );
+    assert!(!ledger.is_online(0));
+    let (cap, used) = ledger.usage(Engine::GpuCompute(0)).unwrap();
+    assert_eq!(
+        (cap, used),
+        (0, 30),
+        "no capacity for new work; the running job still holds"
+    );
+    let next = place(&ledger, &devices, JOB, Some(0)).unwrap();
+    assert_eq!(
+        next.device,
+        Some(1),
+        "affinity cannot bring work to a missing GPU"
+    );
+    // With every GPU gone, work runs on the CPU.
+    let none = Inventory::declared(
+        &Declared {
+            cpu_units: 4,
+            temp_disk_mb: 10_000,
+            devices: vec![],
+        },
+        "refresh".into(),
+    );
+    assert_eq!(ledger.apply_refresh(&none), vec![(1, false)]);
+    let cpu = place(&ledger, &devices, JOB, None).unwrap();
+    assert_eq!(cpu.device, None);
+    drop((held, next, cpu));
+    assert!(
+        ledger.snapshot().iter().all(|&(_, _, used)| used == 0),
+        "all given back"
+    );
+    let both = Inventory::declared(
+        &Declared {
+            cpu_units: 4,
+            temp_disk_mb: 10_000,
+            devices: vec![device(0, 8, 8), device(1, 8, 8)],
+        },
+        "refresh".into(),
+    );
+    assert_eq!(ledger.apply_refresh(&both), vec![(0, true), (1, true)]);
+    assert_eq!(
+        place(&ledger, &devices, JOB, Some(0)).unwrap().device,
+        Some(0)
+    );
+}

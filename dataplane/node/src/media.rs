@@ -174,19 +174,23 @@ impl MediaPool {
         let ledger = Arc::new(MediaLedger::new(&inventory));
         let latest = Arc::new(Mutex::new((*inventory).clone()));
         if matches!(inventory.source, Source::Nvml { .. }) {
-            let (latest, first) = (latest.clone(), inventory.clone());
+            let (latest, ledger) = (latest.clone(), ledger.clone());
             let declared = declared.clone();
             std::thread::Builder::new()
                 .name("gpu-inventory".into())
                 .spawn(move || loop {
                     std::thread::sleep(INVENTORY_REFRESH);
                     let now = Inventory::discover(&declared);
-                    if now.devices.len() != first.devices.len() {
-                        tracing::error!(
-                            "GPUs: {} at start, {} now; media placed on a missing device fails",
-                            first.devices.len(),
-                            now.devices.len()
-                        );
+                    // A GPU that went missing takes no new media work (what runs on it ends
+                    // as it will); one that is back takes work again.
+                    for (device, online) in ledger.apply_refresh(&now) {
+                        if online {
+                            tracing::warn!("GPU {device} is back: media work is placed on it");
+                        } else {
+                            tracing::error!(
+                                "GPU {device} is missing: no new media work goes to it"
+                            );
+                        }
                     }
                     if let Ok(mut l) = latest.lock() {
                         *l = now;
