@@ -53,3 +53,41 @@ fn overcommitted_targets_never_overshoot() {
     // A stale target plus a fresh one can ask for more than exists: the free pool says no.
     model(3, [3, 3], [1, 3]);
 }
+
+/// The coordinator lowers the capacity while both shards move toward (stale) targets and use
+/// what they hold: in-use never passes the capacity it was when the shards started, and once
+/// the shards are done and hold nothing, nothing is owed and the free pool is exactly the new
+/// capacity.
+#[test]
+fn a_capacity_lowered_under_the_shards_is_paid_back_exactly() {
+    loom::model(|| {
+        let board = Arc::new(ShareBoard::new(&[4], 2));
+        let in_use = Arc::new(AtomicU64::new(0));
+        board.set_targets(0, &[2, 2]);
+        let coordinator = {
+            let board = board.clone();
+            thread::spawn(move || {
+                board.set_capacity(0, 1);
+                board.set_targets(0, &[0, 0]);
+            })
+        };
+        let shards: Vec<_> = (0..2)
+            .map(|i| {
+                let (board, in_use) = (board.clone(), in_use.clone());
+                thread::spawn(move || shard(&board, &in_use, i, 4))
+            })
+            .collect();
+        coordinator.join().unwrap();
+        for s in shards {
+            s.join().unwrap();
+        }
+        // Every shard gives back what it still holds beyond its target of 0.
+        board.set_targets(0, &[0, 0]);
+        for i in 0..2 {
+            board.rebalance(0, i, 0);
+        }
+        assert_eq!(board.owed(0), 0, "units still owed");
+        assert_eq!(board.free(0), 1, "the free pool is the new capacity");
+        assert_eq!(board.accounted(0), 1);
+    });
+}

@@ -10,6 +10,12 @@
 //! Where the holdings should go is decided elsewhere (the core's split rule, by backlogged
 //! weight): a coordinator reads the loads every shard publishes and writes a target per shard.
 //! Targets may be stale or overcommitted; they only say which way each shard moves.
+//!
+//! A limit's capacity may change (a policy change). More capacity goes to the free pool. Less
+//! is taken from the free pool, and what the pool cannot cover becomes `owed`: units the shards
+//! still hold that the next gives-back pay off before anything becomes free again. So at every
+//! instant `Σ holdings + free == capacity + owed`: a shard never grows while units are owed,
+//! and holdings above a lowered capacity are only those its running work already used.
 
 use crate::primitive::{AtomicBool, AtomicU64, Ordering};
 
@@ -38,8 +44,11 @@ struct Slot {
 
 #[derive(Debug)]
 struct LimitBoard {
-    capacity: u64,
+    /// Written by the coordinator only.
+    capacity: AtomicU64,
     free: AtomicU64,
+    /// Held units above the capacity after it was lowered; paid off by gives-back.
+    owed: AtomicU64,
     shards: Vec<Slot>,
 }
 
@@ -63,8 +72,9 @@ impl ShareBoard {
         let limits = capacities
             .iter()
             .map(|&capacity| LimitBoard {
-                capacity,
+                capacity: AtomicU64::new(capacity),
                 free: AtomicU64::new(0),
+                owed: AtomicU64::new(0),
                 shards: (0..shards)
                     .map(|i| {
                         let part = even_part(capacity, shards, i);
@@ -91,7 +101,72 @@ impl ShareBoard {
     }
 
     pub fn capacity(&self, limit: usize) -> u64 {
-        self.limits[limit].capacity
+        self.limits[limit].capacity.load(Ordering::Acquire)
+    }
+
+    /// Units held above a lowered capacity, not yet given back.
+    pub fn owed(&self, limit: usize) -> u64 {
+        self.limits[limit].owed.load(Ordering::Acquire)
+    }
+
+    /// The coordinator changes `limit`'s capacity (a policy change). Only the coordinator may
+    /// call this, and never concurrently with itself.
+    pub fn set_capacity(&self, limit: usize, capacity: u64) {
+        let l = &self.limits[limit];
+        let before = l.capacity.load(Ordering::Acquire);
+        if capacity >= before {
+            // More: first pay off what is owed, then make the rest free.
+            let mut more = capacity - before;
+            let mut owed = l.owed.load(Ordering::Acquire);
+            while more > 0 && owed > 0 {
+                let pay = more.min(owed);
+                match l.owed.compare_exchange_weak(
+                    owed,
+                    owed - pay,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                ) {
+                    Ok(_) => {
+                        more -= pay;
+                        break;
+                    }
+                    Err(actual) => owed = actual,
+                }
+            }
+            l.capacity.store(capacity, Ordering::Release);
+            if more > 0 {
+                l.free.fetch_add(more, Ordering::AcqRel);
+            }
+            return;
+        }
+        // Less: the capacity first (nothing may be taken against the old one from here on),
+        // then from the free pool what it has; the rest is owed by the holdings.
+        l.capacity.store(capacity, Ordering::Release);
+        let mut less = before - capacity;
+        let mut free = l.free.load(Ordering::Acquire);
+        loop {
+            let take = less.min(free);
+            if take == 0 {
+                break;
+            }
+            match l.free.compare_exchange_weak(
+                free,
+                free - take,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    less -= take;
+                    break;
+                }
+                Err(actual) => free = actual,
+            }
+        }
+        if less > 0 {
+            l.owed.fetch_add(less, Ordering::AcqRel);
+            // A give-back that saw nothing owed yet may have freed units meanwhile.
+            settle(l);
+        }
     }
 
     /// Units no shard holds.
@@ -146,15 +221,19 @@ impl ShareBoard {
         if held > target {
             let give = held - target.max(used).min(held);
             if give > 0 {
-                // Lower the holding first, then make the units free: nobody can take them
-                // while this shard still counts them.
+                // Lower the holding first, then pay what is owed and make the rest free:
+                // nobody can take the units while this shard still counts them.
                 s.held.store(held - give, Ordering::Release);
-                l.free.fetch_add(give, Ordering::AcqRel);
+                let freed = pay_owed(&l.owed, give);
+                if freed > 0 {
+                    l.free.fetch_add(freed, Ordering::AcqRel);
+                }
             }
             return held - give;
         }
         let want = target - held;
-        if want == 0 {
+        if want == 0 || settle(l) > 0 {
+            // While units are owed the holdings are above the capacity: nobody grows.
             return held;
         }
         let mut free = l.free.load(Ordering::Acquire);
@@ -178,14 +257,63 @@ impl ShareBoard {
         }
     }
 
-    /// `Σ holdings + free` of `limit`: the capacity whenever no shard is mid-move.
+    /// `Σ holdings + free - owed` of `limit`: the capacity whenever no shard or coordinator is
+    /// mid-move.
     pub fn accounted(&self, limit: usize) -> u64 {
         let l = &self.limits[limit];
-        l.shards
+        (l.shards
             .iter()
             .map(|s| s.held.load(Ordering::Acquire))
             .sum::<u64>()
-            + l.free.load(Ordering::Acquire)
+            + l.free.load(Ordering::Acquire))
+        .saturating_sub(l.owed.load(Ordering::Acquire))
+    }
+}
+
+/// Pays what is owed out of the free pool where both are above zero (a give-back can free
+/// units while a lowered capacity is being recorded as owed); returns what is still owed.
+/// Free units go first and the debt after, so the accounting only ever undercounts mid-way.
+fn settle(l: &LimitBoard) -> u64 {
+    loop {
+        let owed = l.owed.load(Ordering::Acquire);
+        if owed == 0 {
+            return 0;
+        }
+        let free = l.free.load(Ordering::Acquire);
+        let pay = owed.min(free);
+        if pay == 0 {
+            return owed;
+        }
+        if l.free
+            .compare_exchange_weak(free, free - pay, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            let left = pay_owed(&l.owed, pay);
+            if left > 0 {
+                // Someone else paid meanwhile: the units go back to the pool.
+                l.free.fetch_add(left, Ordering::AcqRel);
+            }
+        }
+    }
+}
+
+/// Pays up to `give` of what is `owed`; returns the part left to free.
+fn pay_owed(owed: &AtomicU64, give: u64) -> u64 {
+    let mut current = owed.load(Ordering::Acquire);
+    loop {
+        let pay = give.min(current);
+        if pay == 0 {
+            return give;
+        }
+        match owed.compare_exchange_weak(
+            current,
+            current - pay,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        ) {
+            Ok(_) => return give - pay,
+            Err(actual) => current = actual,
+        }
     }
 }
 
@@ -211,6 +339,45 @@ mod tests {
         assert_eq!(board.rebalance(0, 1, 3), 8);
         assert_eq!(board.accounted(0), 10);
         assert_eq!(board.free(0), 0);
+    }
+
+    #[test]
+    fn a_lowered_capacity_is_owed_until_holdings_come_down_and_a_raised_one_frees_units() {
+        let board = ShareBoard::new(&[10], 2);
+        board.set_targets(0, &[5, 5]);
+        // Both hold 5 and use 4: lowering to 4 leaves 6 owed (nothing is free).
+        board.set_capacity(0, 4);
+        assert_eq!((board.capacity(0), board.owed(0), board.free(0)), (4, 6, 0));
+        assert_eq!(board.accounted(0), 4);
+        board.set_targets(0, &[2, 2]);
+        assert_eq!(
+            board.rebalance(0, 0, 4),
+            4,
+            "in use is kept; 1 given back, to what is owed"
+        );
+        assert_eq!(
+            board.rebalance(0, 1, 1),
+            2,
+            "gives back 3, all to what is owed"
+        );
+        assert_eq!((board.owed(0), board.free(0)), (2, 0));
+        // Shard 1 may not grow while units are owed, whatever its target says.
+        board.set_targets(0, &[2, 5]);
+        assert_eq!(board.rebalance(0, 1, 1), 2);
+        assert_eq!(board.rebalance(0, 0, 1), 2, "gives back 2, all owed");
+        assert_eq!((board.owed(0), board.free(0)), (0, 0));
+        assert_eq!(board.accounted(0), 4);
+        // Raising frees units (after paying off anything still owed).
+        board.set_capacity(0, 7);
+        assert_eq!((board.owed(0), board.free(0)), (0, 3));
+        assert_eq!(board.rebalance(0, 1, 1), 5);
+        assert_eq!(board.accounted(0), 7);
+        // Lowered and raised again before anything came back: the raise pays the debt.
+        board.set_capacity(0, 2);
+        assert_eq!((board.owed(0), board.free(0)), (5, 0));
+        board.set_capacity(0, 5);
+        assert_eq!((board.owed(0), board.free(0)), (2, 0));
+        assert_eq!(board.accounted(0), 5);
     }
 
     #[test]
