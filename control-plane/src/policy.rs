@@ -1,13 +1,14 @@
 //! The policy store: tenant policies, lanes, provider accounts and the model capability matrix,
 //! all versioned. Every change bumps the one global policy version in the same transaction that
 //! writes the object and its audit row (actor, old, new, reason, version, time). Bodies are the
-//! core's own policy types as JSON, checked by deserializing them before anything is written.
+//! core's own policy types as JSON, checked by deserializing them (and their keys against them)
+//! before anything is written.
 
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use spindle_core::cost::ModelCapability;
-use spindle_core::policy::{LanePolicy, ProviderPolicy, TenantPolicy};
-use spindle_core::PolicyVersion;
+use spindle_core::policy::{PolicyPatch, ProviderPolicy};
+use spindle_core::{Lane, PolicyVersion, TenantId};
 use tokio_postgres::Transaction;
 
 use crate::db::Db;
@@ -49,19 +50,55 @@ impl PolicyObject {
         }
     }
 
-    /// Checks `body` deserializes as the core's type for this kind.
-    fn validate(self, body: &Value) -> Result<(), String> {
-        fn parse<T: DeserializeOwned>(body: &Value) -> Result<(), String> {
-            serde_json::from_value::<T>(body.clone())
-                .map(drop)
-                .map_err(|e| e.to_string())
+    /// The core's patch for object `key` of this kind with `body`: the body deserializes as
+    /// the core's type, and the key names it (a tenant id; a lane's name; a provider account's
+    /// or a model's `name`). The error says what is wrong.
+    pub fn patch(self, key: &str, body: &Value) -> Result<PolicyPatch, String> {
+        fn parse<T: DeserializeOwned>(body: &Value) -> Result<T, String> {
+            serde_json::from_value::<T>(body.clone()).map_err(|e| e.to_string())
+        }
+        fn named(kind: &str, key: &str, name: &str) -> Result<(), String> {
+            if key == name {
+                Ok(())
+            } else {
+                Err(format!("the key {key:?} is not the {kind}'s name {name:?}"))
+            }
         }
         match self {
-            PolicyObject::Tenant => parse::<TenantPolicy>(body),
-            PolicyObject::Lane => parse::<LanePolicy>(body),
-            PolicyObject::ProviderAccount => parse::<ProviderPolicy>(body),
-            PolicyObject::ModelCapability => parse::<ModelCapability>(body),
+            PolicyObject::Tenant => {
+                let tenant = key
+                    .parse::<u32>()
+                    .map_err(|_| format!("tenant key {key:?} is not a tenant id"))?;
+                Ok(PolicyPatch::Tenant(TenantId(tenant), parse(body)?))
+            }
+            PolicyObject::Lane => {
+                let lane = Lane::ALL
+                    .into_iter()
+                    .find(|l| l.name() == key)
+                    .ok_or_else(|| {
+                        let names: Vec<_> = Lane::ALL.iter().map(|l| l.name()).collect();
+                        format!("lane key {key:?} is not one of {}", names.join(", "))
+                    })?;
+                Ok(PolicyPatch::Lane(lane, parse(body)?))
+            }
+            PolicyObject::ProviderAccount => {
+                let p: ProviderPolicy = parse(body)?;
+                named("provider account", key, &p.name)?;
+                Ok(PolicyPatch::Provider(p))
+            }
+            PolicyObject::ModelCapability => {
+                let m: ModelCapability = parse(body)?;
+                named("model", key, &m.name)?;
+                Ok(PolicyPatch::Model(m))
+            }
         }
+    }
+}
+
+impl PolicyRow {
+    /// This stored object as the core's patch (see [`PolicyObject::patch`]).
+    pub fn patch(&self) -> Result<PolicyPatch, String> {
+        self.object.patch(&self.key, &self.body)
     }
 }
 
@@ -115,7 +152,7 @@ impl Db {
         if let Some(body) = &change.body {
             change
                 .object
-                .validate(body)
+                .patch(&change.key, body)
                 .map_err(|e| InputError::Illegal {
                     row: 0,
                     reason: format!("{} {}: {e}", change.object.name(), change.key),

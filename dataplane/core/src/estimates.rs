@@ -3,9 +3,11 @@
 //! spec that live tasks already have costs one lookup.
 //!
 //! Entries are reference counted by the tasks that hold them and freed with the last one, so the
-//! table never holds more entries than there are live tasks (`TASKS_MAX`). A shard's capability
-//! matrix and cost bases are fixed for its life, so an entry never goes stale. Errors are not
-//! interned: an unpriceable spec is priced again each time it is submitted.
+//! table never holds more entries than there are live tasks (`TASKS_MAX`). When a model's row of
+//! the capability matrix changes, its entries leave the index ([`Estimates::forget_model`]):
+//! the tasks holding them keep the estimate they were admitted with, new tasks are priced
+//! afresh. Errors are not interned: an unpriceable spec is priced again each time it is
+//! submitted.
 
 use crate::cost::{CostError, CostEstimate, TaskSpec};
 use crate::hash::IdMap;
@@ -75,9 +77,18 @@ impl Estimates {
             .checked_sub(1)
             .expect("an estimate released more often than acquired");
         if entry.refs == 0 {
-            self.index.remove(&entry.spec);
+            // A forgotten entry may share its spec with a newer, indexed one.
+            if self.index.get(&entry.spec) == Some(&r.0) {
+                self.index.remove(&entry.spec);
+            }
             self.free.push(r.0);
         }
+    }
+
+    /// `model`'s price changed: its live entries stay with the tasks that hold them, and the
+    /// next task of such a spec is priced again.
+    pub fn forget_model(&mut self, model: ModelId) {
+        self.index.retain(|spec, _| spec.model != model);
     }
 
     #[inline]
@@ -95,20 +106,25 @@ impl Estimates {
         self.entries.len()
     }
 
-    /// Every live entry has exactly the holders counted in `holders` (by slot), free slots none.
+    /// Every live entry has exactly the holders counted in `holders` (by slot), free slots none,
+    /// and the index points only at live entries of the spec it names.
     pub fn check_invariants(&self, holders: &[u32]) {
-        for (&spec, &i) in &self.index {
-            let entry = &self.entries[i as usize];
-            assert_eq!(entry.spec, spec, "estimate index points at another spec");
-            assert_eq!(entry.refs, holders[i as usize], "estimate holders drifted");
-        }
+        let mut free = vec![false; self.entries.len()];
         for &i in &self.free {
-            assert_eq!(holders[i as usize], 0, "a task holds a freed estimate");
+            assert!(!free[i as usize], "an estimate slot freed twice");
+            free[i as usize] = true;
         }
-        assert_eq!(
-            self.index.len() + self.free.len(),
-            self.entries.len(),
-            "estimate slots leaked"
-        );
+        for (i, entry) in self.entries.iter().enumerate() {
+            let held = if free[i] { 0 } else { entry.refs };
+            assert_eq!(held, holders[i], "estimate holders drifted");
+            assert!(free[i] || entry.refs > 0, "a live estimate without holders");
+        }
+        for (&spec, &i) in &self.index {
+            assert!(!free[i as usize], "estimate index points at a free slot");
+            assert_eq!(
+                self.entries[i as usize].spec, spec,
+                "estimate index points at another spec"
+            );
+        }
     }
 }

@@ -1,5 +1,7 @@
 //! Scheduling policy: lanes, tenants, DRR and aging parameters, providers, the capability matrix and
-//! node capacities. Plain data, validated once; the shard reads it and never mutates it.
+//! node capacities. Plain data, validated once. A newer policy version changes single objects
+//! ([`PolicyPatch`]), each checked before it is applied; provider accounts and models are fixed
+//! at start in number and name (their ids index the shard's limits), their values are not.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -187,6 +189,8 @@ pub enum PolicyError {
         provider: ProviderId,
     },
     NoTiers(ModelId),
+    /// A change the running node cannot take (it needs the configuration and a restart).
+    NotLive(String),
 }
 
 impl fmt::Display for PolicyError {
@@ -216,6 +220,7 @@ impl fmt::Display for PolicyError {
                 )
             }
             PolicyError::NoTiers(model) => write!(f, "model {model} has no resolution tiers"),
+            PolicyError::NotLive(why) => f.write_str(why),
         }
     }
 }
@@ -259,12 +264,7 @@ impl Policy {
             return Err(PolicyError::LaneCount(self.lanes.len()));
         }
         for lane in Lane::ALL {
-            range(
-                format!("lanes.{lane}.weight"),
-                self.lane(lane).weight.into(),
-                1,
-                WEIGHT_MAX.into(),
-            )?;
+            check_lane(lane, self.lane(lane))?;
         }
         range(
             "drr.base_quantum",
@@ -330,42 +330,157 @@ impl Policy {
                     id: m.id.0.into(),
                 });
             }
-            if m.tiers.is_empty() {
-                return Err(PolicyError::NoTiers(m.id));
-            }
-            range(
-                format!("models[{index}].fps_base"),
-                m.fps_base.into(),
-                1,
-                u64::from(u32::MAX),
-            )?;
-            range(
-                format!("models[{index}].providers"),
-                m.providers.len() as u64,
-                1,
-                PROVIDERS_PER_MODEL_MAX as u64,
-            )?;
-            if let Some(&provider) = m
-                .providers
-                .iter()
-                .find(|p| p.0 as usize >= self.providers.len())
-            {
-                return Err(PolicyError::UnknownProvider {
-                    model: m.id,
-                    provider,
-                });
-            }
+            self.check_model(m)?;
         }
-        for (tenant, t) in &self.tenants {
-            range(
-                format!("tenants.{tenant}.weight"),
-                t.weight.into(),
-                1,
-                WEIGHT_MAX.into(),
-            )?;
+        for (&tenant, t) in &self.tenants {
+            check_tenant(tenant, t)?;
         }
         Ok(())
     }
+
+    fn check_model(&self, m: &ModelCapability) -> Result<(), PolicyError> {
+        let index = m.id.0;
+        if m.tiers.is_empty() {
+            return Err(PolicyError::NoTiers(m.id));
+        }
+        range(
+            format!("models[{index}].fps_base"),
+            m.fps_base.into(),
+            1,
+            u64::from(u32::MAX),
+        )?;
+        range(
+            format!("models[{index}].providers"),
+            m.providers.len() as u64,
+            1,
+            PROVIDERS_PER_MODEL_MAX as u64,
+        )?;
+        if let Some(&provider) = m
+            .providers
+            .iter()
+            .find(|p| p.0 as usize >= self.providers.len())
+        {
+            return Err(PolicyError::UnknownProvider {
+                model: m.id,
+                provider,
+            });
+        }
+        Ok(())
+    }
+
+    /// Whether `patch` could be applied to this (valid) policy: the object's own checks, and
+    /// for a provider account or a model, that it is one this policy has under that name.
+    pub fn check(&self, patch: &PolicyPatch) -> Result<(), PolicyError> {
+        match patch {
+            PolicyPatch::Tenant(tenant, t) => check_tenant(*tenant, t),
+            PolicyPatch::Lane(lane, l) => check_lane(*lane, l),
+            PolicyPatch::Provider(p) => match self.providers.get(p.id.0 as usize) {
+                Some(old) if old.name == p.name => Ok(()),
+                Some(old) => Err(PolicyError::NotLive(format!(
+                    "provider {} is {:?}; a live change cannot rename it to {:?}",
+                    p.id, old.name, p.name
+                ))),
+                None => Err(PolicyError::NotLive(format!(
+                    "provider {} is not configured on this node; a new provider account \
+                     needs the configuration and a restart",
+                    p.id
+                ))),
+            },
+            PolicyPatch::Model(m) => match self.models.get(m.id.0 as usize) {
+                Some(old) if old.name == m.name => self.check_model(m),
+                Some(old) => Err(PolicyError::NotLive(format!(
+                    "model {} is {:?}; a live change cannot rename it to {:?}",
+                    m.id, old.name, m.name
+                ))),
+                None => Err(PolicyError::NotLive(format!(
+                    "model {} is not configured on this node; a new model needs the \
+                     configuration and a restart",
+                    m.id
+                ))),
+            },
+        }
+    }
+
+    /// Applies `patch` after [`Policy::check`]; on an error nothing changed.
+    pub fn apply(&mut self, patch: PolicyPatch) -> Result<(), PolicyError> {
+        self.check(&patch)?;
+        match patch {
+            PolicyPatch::Tenant(tenant, t) => {
+                self.tenants.insert(tenant, t);
+            }
+            PolicyPatch::Lane(lane, l) => self.lanes[lane.index()] = l,
+            PolicyPatch::Provider(p) => {
+                let i = p.id.0 as usize;
+                self.providers[i] = p;
+            }
+            PolicyPatch::Model(m) => {
+                let i = m.id.0 as usize;
+                self.models[i] = m;
+            }
+        }
+        Ok(())
+    }
+
+    /// What turns `self` into `to`, object by object (tenants only `to` has, or has changed;
+    /// a tenant is never removed from a running policy). Both must have the same providers and
+    /// models, as every policy of one node does.
+    pub fn diff(&self, to: &Policy) -> Vec<PolicyPatch> {
+        let mut patches = Vec::new();
+        for lane in Lane::ALL {
+            if self.lane(lane) != to.lane(lane) {
+                patches.push(PolicyPatch::Lane(lane, to.lane(lane).clone()));
+            }
+        }
+        for (old, new) in self.providers.iter().zip(&to.providers) {
+            if old != new {
+                patches.push(PolicyPatch::Provider(new.clone()));
+            }
+        }
+        for (old, new) in self.models.iter().zip(&to.models) {
+            if old != new {
+                patches.push(PolicyPatch::Model(new.clone()));
+            }
+        }
+        let mut tenants: Vec<_> = to
+            .tenants
+            .iter()
+            .filter(|(id, t)| self.tenants.get(id) != Some(t))
+            .collect();
+        tenants.sort_by_key(|(id, _)| **id);
+        patches.extend(
+            tenants
+                .into_iter()
+                .map(|(&id, t)| PolicyPatch::Tenant(id, t.clone())),
+        );
+        patches
+    }
+}
+
+/// One policy object of a newer policy version.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub enum PolicyPatch {
+    Tenant(TenantId, TenantPolicy),
+    Lane(Lane, LanePolicy),
+    Provider(ProviderPolicy),
+    Model(ModelCapability),
+}
+
+fn check_lane(lane: Lane, l: &LanePolicy) -> Result<(), PolicyError> {
+    range(
+        format!("lanes.{lane}.weight"),
+        l.weight.into(),
+        1,
+        WEIGHT_MAX.into(),
+    )
+}
+
+fn check_tenant(tenant: TenantId, t: &TenantPolicy) -> Result<(), PolicyError> {
+    range(
+        format!("tenants.{tenant}.weight"),
+        t.weight.into(),
+        1,
+        WEIGHT_MAX.into(),
+    )
 }
 
 #[cfg(test)]
@@ -395,5 +510,62 @@ mod tests {
             .assert_eq(&err(|p| p.drr.burst_rounds = 1));
         expect!["lanes.STANDARD.weight: 0 is outside 1..=10000"]
             .assert_eq(&err(|p| p.lanes[2].weight = 0));
+    }
+
+    #[test]
+    fn patches_are_checked_and_leave_a_refused_policy_unchanged() {
+        use super::PolicyPatch;
+        use crate::ids::{Lane, TenantId};
+        use crate::presets::tenant;
+
+        let base = small_node();
+        let mut p = base.clone();
+        let refuse = |p: &mut super::Policy, patch: PolicyPatch| {
+            let before = p.clone();
+            let e = p.apply(patch).unwrap_err().to_string();
+            assert_eq!(*p, before, "a refused patch changed the policy");
+            e
+        };
+
+        let mut closed = p.lane(Lane::Standard).clone();
+        closed.open = false;
+        p.apply(PolicyPatch::Lane(Lane::Standard, closed.clone()))
+            .unwrap();
+        assert!(!p.lane(Lane::Standard).open);
+        let mut zero = closed;
+        zero.weight = 0;
+        expect!["lanes.STANDARD.weight: 0 is outside 1..=10000"]
+            .assert_eq(&refuse(&mut p, PolicyPatch::Lane(Lane::Standard, zero)));
+
+        let mut renamed = p.providers[1].clone();
+        renamed.name = "elsewhere".into();
+        expect![[r#"provider 1 is "vendor-1:acct-1:us:video-model-0"; a live change cannot rename it to "elsewhere""#]]
+            .assert_eq(&refuse(&mut p, PolicyPatch::Provider(renamed)));
+        let mut new = p.providers[1].clone();
+        new.id = ProviderId(7);
+        expect!["provider 7 is not configured on this node; a new provider account needs the configuration and a restart"]
+            .assert_eq(&refuse(&mut p, PolicyPatch::Provider(new)));
+        let mut model = p.models[0].clone();
+        model.providers.push(ProviderId(5));
+        expect!["model 0 names provider 5, which is not configured"]
+            .assert_eq(&refuse(&mut p, PolicyPatch::Model(model)));
+        let mut model = p.models[0].clone();
+        model.cost_milli_per_output_s *= 2;
+        p.apply(PolicyPatch::Model(model)).unwrap();
+        p.apply(PolicyPatch::Tenant(
+            TenantId(4),
+            tenant(Lane::PaidShared, 3),
+        ))
+        .unwrap();
+
+        // The diff from the old policy replays every change, in a fixed order.
+        let mut replayed = base.clone();
+        let patches = base.diff(&p);
+        assert_eq!(patches.len(), 3);
+        for patch in patches {
+            replayed.apply(patch).unwrap();
+        }
+        assert_eq!(replayed, p);
+        assert!(p.diff(&p).is_empty());
     }
 }

@@ -19,7 +19,7 @@ use crate::limits::{
     ATTEMPTS_MAX, DELAYED_MAX, FIT_SCAN_MAX, MEDIA_QUEUE_MAX, TASKS_MAX, TENANTS_MAX,
     TENANT_VISITS_PER_POLL_MAX, USERS_MAX,
 };
-use crate::policy::{Policy, RateSpec, TenantPolicy, WaitOverflow};
+use crate::policy::{Policy, PolicyError, PolicyPatch, RateSpec, TenantPolicy, WaitOverflow};
 use crate::queue::{Links, LinksMut, TenantQueue, NIL};
 use crate::share::{split, ShardLoad};
 use crate::state::{Actor, TaskState, TransitionError, Versioned};
@@ -873,22 +873,23 @@ impl Shard {
         self.lanes[lane.index()].rate_milli_per_s
     }
 
-    /// Node-wide limits this shard holds a share of.
-    pub fn node_limits(&self) -> &[LimitId] {
-        &self.node_limit_ids
-    }
-
     /// The node-wide limits worth splitting, with their full capacity: those that can bind
     /// (a limit set beyond half of `presets::UNBOUNDED` keeps its first even split, since no
     /// share of it can run out).
     pub fn bounded_node_limits(&self) -> Vec<(LimitId, NodeCapacity)> {
         const UNBOUNDED: u64 = crate::presets::UNBOUNDED / 2;
+        self.node_limits()
+            .into_iter()
+            .filter(|(_, capacity)| capacity.units() < UNBOUNDED)
+            .collect()
+    }
+
+    /// Every node-wide limit with the capacity the current policy gives it (a node whose policy
+    /// may change at run time splits them all: an unbounded one may become bounded).
+    pub fn node_limits(&self) -> Vec<(LimitId, NodeCapacity)> {
         self.node_limit_ids
             .iter()
-            .filter_map(|&id| {
-                let capacity = node_capacity(&self.policy, self.ledger.key(id))?;
-                (capacity.units() < UNBOUNDED).then_some((id, capacity))
-            })
+            .filter_map(|&id| Some((id, node_capacity(&self.policy, self.ledger.key(id))?)))
             .collect()
     }
 
@@ -902,7 +903,8 @@ impl Shard {
     }
 
     /// The weight this shard brings to the split of node limit `id`: the summed weight of its
-    /// backlogged tenants that could use it. Queue gates split evenly.
+    /// backlogged tenants that could use it (media slots: its waiting media jobs). Queue gates
+    /// split evenly.
     pub fn split_weight(&self, id: LimitId) -> u64 {
         let lane_w = |l: Lane| self.lanes[l.index()].backlog_weight;
         match self.ledger.key(id) {
@@ -922,6 +924,11 @@ impl Shard {
             LimitKey::LaneUnits(l) | LimitKey::LaneRunningTasks(l) => lane_w(l),
             LimitKey::EnterpriseBorrowed => {
                 lane_w(Lane::PaidShared) + lane_w(Lane::Standard) + lane_w(Lane::Expensive)
+            }
+            // The media stage's slots are wanted by the tasks whose provider stage is done, not
+            // by the lanes' backlog: a shard with only media waiters must not split to nothing.
+            LimitKey::GpuUnits | LimitKey::GpuMemMb | LimitKey::CpuUnits | LimitKey::TempDiskMb => {
+                self.media_queue.len() as u64
             }
             _ => Lane::ALL.iter().map(|&l| lane_w(l)).sum(),
         }
@@ -1209,6 +1216,33 @@ impl Shard {
         }
         rt.rate_bucket_milli = 0;
         rt.rate_bucket_start = rt.rate_bucket_start.plus_ns(buckets * RATE_BUCKET_NS);
+    }
+
+    /// One object of a newer policy version, checked first ([`Policy::check`]; on an error
+    /// nothing changed). Queued and running tasks keep the lane, band and estimate they were
+    /// admitted with; what reads the policy at each decision (a lane closed or reweighted, retry
+    /// limits, a model's price for new tasks) follows at once. Node-wide capacities are the
+    /// shell's to re-split: see [`Shard::node_limits`].
+    pub fn apply_patch(&mut self, patch: PolicyPatch, now: Time) -> Result<(), PolicyError> {
+        self.policy.check(&patch)?;
+        match patch {
+            PolicyPatch::Tenant(tenant, policy) => self.set_tenant_policy(tenant, policy, now),
+            PolicyPatch::Model(m) => {
+                self.estimates.forget_model(m.id);
+                self.policy.apply(PolicyPatch::Model(m))?;
+            }
+            patch @ (PolicyPatch::Lane(..) | PolicyPatch::Provider(_)) => {
+                self.policy.apply(patch)?;
+                // A lane opened or reweighted may go on.
+                self.unstall_all();
+            }
+        }
+        Ok(())
+    }
+
+    /// The policy version new tasks are admitted under.
+    pub fn set_policy_version(&mut self, version: PolicyVersion) {
+        self.policy.version = version;
     }
 
     /// A tenant's policy changed (a newer policy version). Its limits and DRR weight apply from

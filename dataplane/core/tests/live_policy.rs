@@ -64,3 +64,122 @@ fn a_changed_tenant_policy_applies_to_new_work_and_keeps_the_books() {
     assert_eq!(shard.backlog_weight(Lane::Standard), before);
     assert!(submit(&mut shard, 8, 1).is_accepted());
 }
+
+fn admit(shard: &mut Shard, task: u64, tenant: u32) -> spindle_core::Admission {
+    shard
+        .handle_submit(
+            Time::ZERO,
+            SubmitRequest {
+                task: TaskId(task),
+                tenant: TenantId(tenant),
+                user: UserId(tenant),
+                spec: TaskSpec {
+                    model: ModelId(0),
+                    width: 1280,
+                    height: 720,
+                    duration_ms: 5_000,
+                    fps: 24,
+                    audio: false,
+                    references: 0,
+                },
+                band_hint: None,
+                deadline: None,
+            },
+        )
+        .unwrap()
+}
+
+#[test]
+fn a_closed_lane_refuses_new_work_and_keeps_what_it_queued() {
+    use spindle_core::policy::PolicyPatch;
+    let policy = presets::with_tenants(presets::small_node(), 2);
+    let mut shard = Shard::new(policy, 1, Time::ZERO);
+    assert!(submit(&mut shard, 1, 1).is_accepted());
+    let mut lane = shard.policy().lane(Lane::Standard).clone();
+    lane.open = false;
+    shard
+        .apply_patch(PolicyPatch::Lane(Lane::Standard, lane.clone()), Time::ZERO)
+        .unwrap();
+    shard.check_invariants();
+    let refused = admit(&mut shard, 2, 2);
+    assert_eq!(refused.decision, Decision::RejectResourceClassDisabled);
+    assert_eq!(
+        refused.reason.map(|r| r.to_string()).as_deref(),
+        Some("lane STANDARD is closed to new work")
+    );
+    assert_eq!(shard.queued_tasks(Lane::Standard), 1, "queued work stays");
+
+    // A refused patch changes nothing; reopening admits again.
+    lane.weight = 0;
+    assert!(shard
+        .apply_patch(PolicyPatch::Lane(Lane::Standard, lane.clone()), Time::ZERO)
+        .is_err());
+    assert!(!shard.policy().lane(Lane::Standard).open);
+    lane.weight = 2;
+    lane.open = true;
+    shard
+        .apply_patch(PolicyPatch::Lane(Lane::Standard, lane), Time::ZERO)
+        .unwrap();
+    assert!(submit(&mut shard, 3, 2).is_accepted());
+    shard.check_invariants();
+}
+
+#[test]
+fn a_repriced_model_prices_new_tasks_and_admitted_ones_keep_their_estimate() {
+    use spindle_core::policy::PolicyPatch;
+    let policy = presets::with_tenants(presets::small_node(), 1);
+    let mut shard = Shard::new(policy, 1, Time::ZERO);
+    let old = admit(&mut shard, 1, 1).estimate;
+    let mut model = shard.policy().models[0].clone();
+    model.cost_milli_per_output_s *= 3;
+    shard
+        .apply_patch(PolicyPatch::Model(model), Time::ZERO)
+        .unwrap();
+    shard.check_invariants();
+    let new = admit(&mut shard, 2, 1).estimate;
+    assert_eq!(
+        new.cost_milli,
+        old.cost_milli * 3,
+        "the same spec, repriced"
+    );
+    // The same spec again shares the new entry; the old task still holds the old one.
+    assert_eq!(admit(&mut shard, 3, 1).estimate, new);
+    shard.check_invariants();
+    // Freeing the old entry leaves the new one indexed: a fourth task still gets the new price.
+    shard.handle_cancel(TaskId(1)).unwrap();
+    shard.check_invariants();
+    assert_eq!(admit(&mut shard, 4, 1).estimate, new);
+    shard.check_invariants();
+}
+
+#[test]
+fn a_shard_whose_only_waiters_want_media_slots_asks_for_them() {
+    use spindle_core::ledger::LimitKey;
+    use spindle_core::shard::Poll;
+    let policy = presets::with_tenants(presets::small_node(), 1);
+    let mut shard = Shard::new(policy, 2, Time::ZERO);
+    let cpu = shard
+        .node_limits()
+        .into_iter()
+        .map(|(id, _)| id)
+        .find(|&id| shard.ledger().key(id) == LimitKey::CpuUnits)
+        .unwrap();
+    assert!(submit(&mut shard, 1, 1).is_accepted());
+    let Poll::Dispatch(d) = shard.poll_dispatch(Time::ZERO) else {
+        panic!("nothing dispatched")
+    };
+    let token = spindle_core::FencingToken(1);
+    shard.handle_claim_granted(d.task, token).unwrap();
+    shard.handle_provider_accepted(d.task, token).unwrap();
+    assert_eq!(shard.split_weight(cpu), 0, "nobody waits for media yet");
+    // Its media stage needs more CPU than this shard's even half of the node's: it waits, and
+    // the split must hear that (the lanes' backlog is empty now).
+    shard
+        .handle_provider_succeeded(Time::ZERO, d.task, token, spindle_core::Units::whole(1))
+        .unwrap();
+    shard.set_share(cpu, spindle_core::shard::NodeCapacity::Slots(0), Time::ZERO);
+    assert!(shard.poll_media(Time::ZERO).is_none());
+    assert_eq!(shard.backlog_weight(Lane::Standard), 0);
+    assert_eq!(shard.split_weight(cpu), 1);
+    shard.check_invariants();
+}

@@ -37,6 +37,8 @@ enum Event {
     Stale(usize),
     Refuse(usize),
     Clock(u32),
+    /// A newer policy version: reprice the model, or change the STANDARD lane.
+    Policy(u8, u32),
 }
 
 fn event() -> impl Strategy<Value = Event> {
@@ -57,6 +59,7 @@ fn event() -> impl Strategy<Value = Event> {
         1 => any::<usize>().prop_map(Event::Stale),
         1 => any::<usize>().prop_map(Event::Refuse),
         2 => (0u32..120_000).prop_map(Event::Clock),
+        1 => (0u8..4, 1u32..20).prop_map(|(k, v)| Event::Policy(k, v)),
     ]
 }
 
@@ -134,6 +137,49 @@ impl World {
             unclaimed: Vec::new(),
             media: Vec::new(),
             known: Vec::new(),
+        }
+    }
+
+    /// Applies one policy change as the node does: the patch, then this (only) shard's share of
+    /// every node limit set to the new capacity, never below what it uses (the share board's
+    /// rule: a lowered capacity is paid back as work finishes).
+    fn change_policy(&mut self, kind: u8, v: u32) {
+        use spindle_core::policy::PolicyPatch;
+        let policy = self.shard.policy();
+        let mut lane = policy.lane(Lane::Standard).clone();
+        let patch = match kind {
+            0 => {
+                let mut m = policy.models[0].clone();
+                m.cost_milli_per_output_s = 100 * u64::from(v);
+                m.provider_ms_per_output_s = 1_000 * u64::from(v);
+                PolicyPatch::Model(m)
+            }
+            1 => {
+                lane.open = v % 2 == 0;
+                PolicyPatch::Lane(Lane::Standard, lane)
+            }
+            2 => {
+                lane.capacity = Units::whole(u64::from(v));
+                lane.running_tasks_max = u64::from(v / 4);
+                lane.weight = v;
+                PolicyPatch::Lane(Lane::Standard, lane)
+            }
+            _ => {
+                let mut p = policy.providers[v as usize % 2].clone();
+                p.concurrency = u64::from(v / 3);
+                PolicyPatch::Provider(p)
+            }
+        };
+        self.shard.apply_patch(patch, self.now).unwrap();
+        for (id, capacity) in self.shard.node_limits() {
+            let used = self.shard.ledger().used(id);
+            let share = match capacity {
+                spindle_core::shard::NodeCapacity::Slots(v) => {
+                    spindle_core::shard::NodeCapacity::Slots(v.max(used))
+                }
+                rate => rate,
+            };
+            self.shard.set_share(id, share, self.now);
         }
     }
 
@@ -305,6 +351,7 @@ impl World {
                 }
             }
             Event::Clock(ms) => self.now = self.now.plus_ns(u64::from(ms) * 1_000_000),
+            Event::Policy(kind, v) => self.change_policy(kind, v),
         }
         self.known.retain(|&t| self.shard.task_state(t).is_some());
         self.shard.check_invariants();

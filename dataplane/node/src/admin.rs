@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 use spindle_control::policy::{PolicyChange, PolicyObject};
 use spindle_control::{Db, DbConfig};
 
+use crate::live_policy::LivePolicy;
 use crate::metrics::Metrics;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
@@ -37,6 +38,7 @@ pub struct Admin {
     db_config: DbConfig,
     db: tokio::sync::Mutex<Option<Db>>,
     metrics: Arc<Metrics>,
+    live: Arc<LivePolicy>,
 }
 
 /// An admin answer: HTTP status line and JSON body.
@@ -74,12 +76,18 @@ fn object(name: &str) -> Option<PolicyObject> {
 }
 
 impl Admin {
-    pub fn new(tokens: Vec<AdminToken>, db_config: DbConfig, metrics: Arc<Metrics>) -> Admin {
+    pub fn new(
+        tokens: Vec<AdminToken>,
+        db_config: DbConfig,
+        metrics: Arc<Metrics>,
+        live: Arc<LivePolicy>,
+    ) -> Admin {
         Admin {
             tokens,
             db_config,
             db: tokio::sync::Mutex::new(None),
             metrics,
+            live,
         }
     }
 
@@ -173,6 +181,9 @@ impl Admin {
                         "200 OK",
                         json!({
                             "version": version.0,
+                            // What this node runs with: the configuration and the store's
+                            // objects over it, at the version it last applied.
+                            "effective": &*self.live.current(),
                             "objects": rows.iter().map(|r| json!({
                                 "object": r.object.name(),
                                 "key": r.key,
@@ -231,8 +242,21 @@ impl Admin {
                         )
                         .await;
                 }
+                let kind = object(kind).expect("checked above");
+                if let (Some(body), "PUT") = (&change.body, method) {
+                    // Refused before anything is written: what the node could not take.
+                    let checked = kind
+                        .patch(key, body)
+                        .and_then(|p| self.live.current().check(&p).map_err(|e| e.to_string()));
+                    if let Err(why) = checked {
+                        return answer(
+                            "400 Bad Request",
+                            json!({ "error": format!("{} {key}: {why}", kind.name()) }),
+                        );
+                    }
+                }
                 let change = PolicyChange {
-                    object: object(kind).expect("checked above"),
+                    object: kind,
                     key: (*key).to_string(),
                     body: if method == "DELETE" {
                         None

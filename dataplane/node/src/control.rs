@@ -28,6 +28,8 @@ pub type Reply<T> = oneshot::Sender<Result<Vec<T>, StoreError>>;
 pub enum CpMsg {
     Submit {
         tasks: Vec<NewTask>,
+        /// The policy version the tasks were admitted under.
+        version: PolicyVersion,
         reply: Reply<SubmitOutcome>,
     },
     Claim {
@@ -77,7 +79,6 @@ pub struct PipelineSetup {
     pub node: String,
     pub lease_ms: u32,
     pub batch_max: usize,
-    pub policy_version: PolicyVersion,
     pub metrics: Arc<Metrics>,
 }
 
@@ -89,7 +90,6 @@ pub async fn pipeline(setup: PipelineSetup, mut rx: mpsc::Receiver<CpMsg>) {
         node,
         lease_ms,
         batch_max,
-        policy_version,
         metrics,
     } = setup;
     let mut backlog: VecDeque<CpMsg> = VecDeque::new();
@@ -134,7 +134,7 @@ pub async fn pipeline(setup: PipelineSetup, mut rx: mpsc::Receiver<CpMsg>) {
         };
         let rows: usize = group.iter().map(CpMsg::rows).sum();
         let started = std::time::Instant::now();
-        let ok = run_group(&db, &node, lease_ms, policy_version, group).await;
+        let ok = run_group(&db, &node, lease_ms, group).await;
         if let Some(k) = kind {
             metrics.batches[k].record(started.elapsed().as_micros() as u64, rows as u64);
         }
@@ -180,17 +180,21 @@ async fn reconnect(config: &DbConfig, metrics: &Metrics) -> Db {
 /// Messages one pipeline looks at when it forms the next batch.
 const BACKLOG_MAX: usize = 4 * PIPELINE_QUEUE_MAX;
 
-/// The next batch to run. Submits go first and all together: nothing waits on a task that is
-/// not yet submitted, so moving them ahead of claims and reports is safe, and it keeps
-/// acknowledgements fast and batches large. Everything else runs in the order it was sent,
+/// The next batch to run. Submits go first and all together (those admitted under the first
+/// one's policy version): nothing waits on a task that is not yet submitted, so moving them
+/// ahead of claims and reports is safe, and it keeps acknowledgements fast and batches large. Everything else runs in the order it was sent,
 /// consecutive messages of one kind merged while they fit and name no task twice.
 fn next_group(backlog: &mut VecDeque<CpMsg>, batch_max: usize) -> Vec<CpMsg> {
-    if backlog.iter().any(|m| matches!(m, CpMsg::Submit { .. })) {
+    let first_version = backlog.iter().find_map(|m| match m {
+        CpMsg::Submit { version, .. } => Some(*version),
+        _ => None,
+    });
+    if let Some(first_version) = first_version {
         let mut group = Vec::new();
         let mut rows = 0;
         let mut rest = VecDeque::with_capacity(backlog.len());
         for m in backlog.drain(..) {
-            let take = matches!(m, CpMsg::Submit { .. })
+            let take = matches!(m, CpMsg::Submit { version, .. } if version == first_version)
                 && (group.is_empty() || rows + m.rows() <= batch_max);
             if take {
                 rows += m.rows();
@@ -221,13 +225,7 @@ fn next_group(backlog: &mut VecDeque<CpMsg>, batch_max: usize) -> Vec<CpMsg> {
 }
 
 /// Runs one batch; false when PostgreSQL could not be reached.
-async fn run_group(
-    db: &Db,
-    node: &str,
-    lease_ms: u32,
-    version: PolicyVersion,
-    group: Vec<CpMsg>,
-) -> bool {
+async fn run_group(db: &Db, node: &str, lease_ms: u32, group: Vec<CpMsg>) -> bool {
     match &group[0] {
         CpMsg::TaskIds { .. } => {
             let mut ok = true;
@@ -240,9 +238,9 @@ async fn run_group(
             }
             ok
         }
-        CpMsg::Submit { .. } => {
+        &CpMsg::Submit { version, .. } => {
             let (all, replies) = merge(group, |m| match m {
-                CpMsg::Submit { tasks, reply } => Some((tasks, reply)),
+                CpMsg::Submit { tasks, reply, .. } => Some((tasks, reply)),
                 _ => None,
             });
             answer(db.submit_batch(&all, version).await, replies)
@@ -364,6 +362,8 @@ async fn reader(
 
 /// What the control plane prepared before the shards start.
 pub struct Started {
+    /// The effective policy (the configuration's with the store's objects over it).
+    pub policy: spindle_core::Policy,
     pub reads: mpsc::Sender<ReadMsg>,
     pub pipes: Vec<Pipes>,
     pub id_blocks: Vec<std::ops::Range<u64>>,
@@ -488,12 +488,13 @@ async fn load_restores(
 pub async fn start(
     config: &crate::config::Config,
     db_config: &DbConfig,
-    policy: &spindle_core::Policy,
+    live: &Arc<crate::live_policy::LivePolicy>,
     metrics: &Arc<Metrics>,
     ownership: &Arc<Ownership>,
     shard_inboxes: Vec<mpsc::Sender<crate::shard::ShardMsg>>,
 ) -> anyhow::Result<Started> {
-    let admin = Db::open_with_backoff(db_config).await?;
+    let mut admin = Db::open_with_backoff(db_config).await?;
+    let policy = live.load(&mut admin, metrics).await?;
     admin
         .register_node(&config.node_id, &config.listen.to_string())
         .await?;
@@ -535,7 +536,6 @@ pub async fn start(
             node: config.node_id.clone(),
             lease_ms: config.lease_ms,
             batch_max: config.batch_max,
-            policy_version: policy.version,
             metrics: metrics.clone(),
         };
         tokio::spawn(pipeline(setup, rx));
@@ -558,9 +558,10 @@ pub async fn start(
         ownership: ownership.clone(),
         preferred,
     };
-    tokio::spawn(watch_policy(
+    tokio::spawn(crate::live_policy::watch(
         db_config.clone(),
         config.clone(),
+        live.clone(),
         metrics.clone(),
         shard_inboxes.clone(),
     ));
@@ -573,6 +574,7 @@ pub async fn start(
         read_rx,
     ));
     Ok(Started {
+        policy,
         reads,
         pipes,
         id_blocks,
@@ -701,73 +703,6 @@ impl LeaseLoop {
             self.ownership.set(*p, true);
         }
         Ok(n)
-    }
-}
-
-/// How often a node looks for a newer policy version.
-const POLICY_POLL: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Applies tenant policies from the policy store to the shards as their versions appear (at
-/// start: every stored one, over the configuration's). One cheap version read a second; the
-/// snapshot only when it moved.
-async fn watch_policy(
-    db_config: DbConfig,
-    config: crate::config::Config,
-    metrics: Arc<Metrics>,
-    shards: Vec<mpsc::Sender<crate::shard::ShardMsg>>,
-) {
-    use spindle_control::policy::PolicyObject;
-    let mut db: Option<Db> = None;
-    let mut applied: u64 = 0;
-    let mut tick = tokio::time::interval(POLICY_POLL);
-    loop {
-        tick.tick().await;
-        if db.as_ref().is_none_or(Db::is_closed) {
-            db = Db::open(&db_config).await.ok();
-        }
-        let Some(conn) = db.as_mut() else { continue };
-        let version = match conn.policy_version().await {
-            Ok(v) => v.0,
-            Err(e) => {
-                tracing::warn!("reading the policy version: {e}");
-                continue;
-            }
-        };
-        if version <= applied {
-            continue;
-        }
-        let rows = match conn.policy_snapshot().await {
-            Ok((_, rows)) => rows,
-            Err(e) => {
-                tracing::warn!("reading the policy: {e}");
-                continue;
-            }
-        };
-        for row in rows.iter().filter(|r| r.object == PolicyObject::Tenant) {
-            if row.version.0 <= applied {
-                continue;
-            }
-            let (Ok(tenant), Ok(policy)) = (
-                row.key.parse::<u32>(),
-                serde_json::from_value::<spindle_core::policy::TenantPolicy>(row.body.clone()),
-            ) else {
-                tracing::warn!("tenant policy {} is unreadable; skipped", row.key);
-                continue;
-            };
-            let shard = &shards[config.shard_of(tenant)];
-            let msg = crate::shard::ShardMsg::TenantPolicy {
-                tenant: spindle_core::TenantId(tenant),
-                policy,
-            };
-            if shard.send(msg).await.is_err() {
-                return;
-            }
-        }
-        applied = version;
-        metrics
-            .policy_version
-            .store(applied, std::sync::atomic::Ordering::Relaxed);
-        tracing::info!("policy version {applied} applied");
     }
 }
 

@@ -12,6 +12,7 @@ pub mod config;
 pub mod control;
 pub mod dispatch;
 pub mod health;
+pub mod live_policy;
 pub mod media;
 pub mod metrics;
 pub mod ownership;
@@ -36,8 +37,9 @@ use crate::shard::{ShardMsg, ShardSetup, ShardState, SHARD_QUEUE_MAX};
 /// The embedded PostgreSQL, when the node runs one; stopped on the way out.
 static EMBEDDED: std::sync::Mutex<Option<EmbeddedPostgres>> = std::sync::Mutex::new(None);
 
-/// The policy the node schedules with: the small-node preset with node-wide limits lifted and
-/// the configured tenants. (The policy store drives this once issue 7's admin API exists.)
+/// The configured policy: the small-node preset with node-wide limits lifted and the configured
+/// tenants. The node runs with this and the policy store's objects over it
+/// ([`live_policy`]).
 pub fn policy(config: &Config) -> Policy {
     let mut policy = presets::small_node();
     presets::lift_node_limits(&mut policy);
@@ -89,7 +91,7 @@ pub fn run(config: Config) -> anyhow::Result<()> {
 }
 
 fn run_node(config: Config) -> anyhow::Result<()> {
-    let policy = policy(&config);
+    let live = live_policy::LivePolicy::new(policy(&config));
     let conninfo = if config.postgres == "embedded" {
         let pg = EmbeddedPostgres::start(EmbeddedOptions::default())
             .context("starting the embedded PostgreSQL")?;
@@ -117,7 +119,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
     let callbacks: metrics::CallbackSink = Default::default();
     {
         let config = config.clone();
-        let policy = policy.clone();
+        let live = live.clone();
         let metrics = metrics.clone();
         let ownership = ownership.clone();
         let shard_inboxes = shard_senders.clone();
@@ -128,6 +130,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
                 config.admin_tokens.clone(),
                 db_config.clone(),
                 metrics.clone(),
+                live.clone(),
             ))
         });
         std::thread::Builder::new()
@@ -147,7 +150,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
                         let started = control::start(
                             &config,
                             &db_config,
-                            &policy,
+                            &live,
                             &metrics,
                             &ownership,
                             shard_inboxes,
@@ -168,6 +171,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
     let (mut started, http_addr) = started_rx
         .recv()
         .context("the control plane thread died")??;
+    let policy = started.policy.clone();
 
     let health = std::sync::Arc::new(health::ProviderHealth::new(
         policy.providers.iter().map(|p| p.name.clone()).collect(),

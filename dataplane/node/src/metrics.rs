@@ -146,6 +146,8 @@ pub struct Metrics {
     pub live_nodes: AtomicU64,
     /// The policy store's version this node has applied.
     pub policy_version: AtomicU64,
+    /// Stored policy objects the node could not take (see [`crate::live_policy`]).
+    pub policy_skipped: AtomicU64,
     /// Reports queued or sent whose answer has not come back (what a drain also waits for).
     pub reports_pending: AtomicU64,
 }
@@ -173,6 +175,7 @@ impl Metrics {
             stopping: AtomicBool::new(false),
             live_nodes: AtomicU64::new(1),
             policy_version: AtomicU64::new(0),
+            policy_skipped: AtomicU64::new(0),
             reports_pending: AtomicU64::new(0),
         })
     }
@@ -421,6 +424,11 @@ impl Metrics {
                     "spindle_node_limit_free{{limit=\"{name}\"}} {}",
                     split.board.free(k)
                 );
+                let _ = writeln!(
+                    w,
+                    "spindle_node_limit_owed{{limit=\"{name}\"}} {}",
+                    split.board.owed(k)
+                );
                 for (i, l) in split.board.loads(k).unwrap_or_default().iter().enumerate() {
                     let labels = format!("limit=\"{name}\",shard=\"{i}\"");
                     let _ = writeln!(w, "spindle_node_limit_held{{{labels}}} {}", l.held);
@@ -433,6 +441,11 @@ impl Metrics {
             w,
             "# TYPE spindle_policy_version gauge\nspindle_policy_version {}",
             self.policy_version.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            w,
+            "# TYPE spindle_policy_objects_skipped gauge\nspindle_policy_objects_skipped {}",
+            self.policy_skipped.load(Ordering::Relaxed)
         );
         let _ = writeln!(
             w,

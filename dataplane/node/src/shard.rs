@@ -74,11 +74,10 @@ pub enum ShardMsg {
         token: FencingToken,
         pct: u8,
     },
-    /// A tenant's policy changed in the policy store (applies to new work).
-    TenantPolicy {
-        tenant: TenantId,
-        policy: spindle_core::policy::TenantPolicy,
-    },
+    /// One object of a newer policy version (applies to new work; see [`crate::live_policy`]).
+    Policy(spindle_core::policy::PolicyPatch),
+    /// Every object of this version has been sent: tasks admitted from now on carry it.
+    PolicyVersion(spindle_core::PolicyVersion),
     /// Removes this connection's subscriptions of `task` (a connection is one tenant's, so
     /// nothing else can be touched).
     Unsubscribe {
@@ -182,7 +181,6 @@ struct ProviderAttempt {
 
 pub struct ShardState {
     core: Shard,
-    policy: Policy,
     epoch: Instant,
     pipes: Pipes,
     reads: mpsc::Sender<ReadMsg>,
@@ -248,12 +246,13 @@ pub struct ShardSetup {
     pub media: Option<crate::media::MediaPool>,
 }
 
-/// The board every shard of a node shares: one entry per node limit that can bind, in the order
+/// The board every shard of a node shares: one entry per node limit (any may become binding by
+/// a policy change), in the order
 /// the core lists them (every shard's core lists the same limits under the same ids), with the
 /// limits' names in that order (for `/metrics`).
 pub fn split_board(policy: &Policy, shards: u32) -> (ShareBoard, Vec<String>) {
     let probe = Shard::new(policy.clone(), shards, Time::ZERO);
-    let limits = probe.bounded_node_limits();
+    let limits = probe.node_limits();
     let capacities: Vec<u64> = limits.iter().map(|(_, c)| c.units()).collect();
     let names = limits
         .iter()
@@ -266,7 +265,7 @@ impl ShardState {
     pub fn new(setup: ShardSetup) -> ShardState {
         let epoch = Instant::now();
         let core = Shard::new(setup.policy.clone(), setup.shards, Time::ZERO);
-        let split_limits = core.bounded_node_limits();
+        let split_limits = core.node_limits();
         let provider_rpm = core
             .ledger()
             .ids()
@@ -293,7 +292,6 @@ impl ShardState {
             dispatch: setup.dispatch,
             health: setup.health,
             media: setup.media,
-            policy: setup.policy,
             epoch,
             pipes: setup.pipes,
             held_claims: HashMap::new(),
@@ -402,11 +400,9 @@ pub async fn run(state: SharedShard, mut inbox: mpsc::Receiver<ShardMsg>) {
                 let state = state.clone();
                 glommio::spawn_local(async move { provider_event(&state, event).await }).detach();
             }
-            ShardMsg::TenantPolicy { tenant, policy } => {
-                let mut s = state.borrow_mut();
-                let now = s.now();
-                s.policy.tenants.insert(tenant, policy.clone());
-                s.core.set_tenant_policy(tenant, policy, now);
+            ShardMsg::Policy(patch) => apply_policy(&mut state.borrow_mut(), patch),
+            ShardMsg::PolicyVersion(version) => {
+                state.borrow_mut().core.set_policy_version(version);
             }
             ShardMsg::Media(event) => {
                 media_event(&mut state.borrow_mut(), event);
@@ -578,8 +574,17 @@ async fn submit(
         answers.push(Some(wire_admission(&admission, false)));
     }
     if !commit.is_empty() {
-        let cp = state.borrow().pipes.submits.clone();
-        let outcome = ask(&cp, |reply| CpMsg::Submit { tasks: rows, reply }).await;
+        // No await since the admissions: the version is the one they were made under.
+        let (cp, version) = {
+            let s = state.borrow();
+            (s.pipes.submits.clone(), s.core.policy().version)
+        };
+        let outcome = ask(&cp, |reply| CpMsg::Submit {
+            tasks: rows,
+            version,
+            reply,
+        })
+        .await;
         let mut s = state.borrow_mut();
         match outcome {
             Ok(outcomes) => {
@@ -1080,6 +1085,28 @@ fn fold_reports(reports: impl Iterator<Item = Report>) -> Vec<Vec<Report>> {
     rounds
 }
 
+/// Takes one object of a newer policy version into the core, and the node-wide capacities it
+/// changed into the split: the coordinator (shard 0) resizes them on the board, every shard
+/// splits its own part of the new capacity from the next tick on.
+fn apply_policy(s: &mut ShardState, patch: spindle_core::policy::PolicyPatch) {
+    let now = s.now();
+    if let Err(e) = s.core.apply_patch(patch, now) {
+        tracing::warn!("shard {}: policy object refused: {e}", s.index);
+        return;
+    }
+    let fresh = s.core.node_limits();
+    debug_assert_eq!(fresh.len(), s.split_limits.len(), "node limits are fixed");
+    for (k, (slot, (id, capacity))) in s.split_limits.iter_mut().zip(fresh).enumerate() {
+        debug_assert_eq!(slot.0, id, "node limits keep their order");
+        if slot.1 != capacity {
+            slot.1 = capacity;
+            if s.index == 0 {
+                s.board.set_capacity(k, capacity.units());
+            }
+        }
+    }
+}
+
 /// Moves this shard's parts of the node-wide limits toward their split-rule targets (DESIGN §3):
 /// publishes its load, lets shard 0 set every shard's target from the last loads, and takes or
 /// gives back units through the board's free pool, never below what it uses.
@@ -1140,7 +1167,12 @@ fn publish_tenants(s: &ShardState) {
                     tenant: m.tenant.0,
                     tasks: 0,
                     units_milli: 0,
-                    weight: s.policy.tenants.get(&m.tenant).map_or(1, |p| p.weight),
+                    weight: s
+                        .core
+                        .policy()
+                        .tenants
+                        .get(&m.tenant)
+                        .map_or(1, |p| p.weight),
                 });
             t.tasks += 1;
             t.units_milli += e.fairness.milli();
@@ -1212,7 +1244,9 @@ async fn pump(state: &SharedShard) {
                         };
                         s.metrics
                             .waited(d.lane, d.band, now.since(queued_at) / 1_000);
-                        let provider = s.policy.providers[d.provider.0 as usize].name.clone();
+                        let provider = s.core.policy().providers[d.provider.0 as usize]
+                            .name
+                            .clone();
                         let claim = ClaimRequest {
                             task: d.task,
                             expected_version: version,
@@ -1375,7 +1409,7 @@ async fn submit_to_provider(
             tracing::warn!("{task}: granted without a provider");
             return;
         };
-        let account = s.policy.providers[provider.0 as usize].name.clone();
+        let account = s.core.policy().providers[provider.0 as usize].name.clone();
         let meta = s.meta.get_mut(&task).expect("checked above");
         meta.attempt = Some(ProviderAttempt {
             account: account.clone(),
@@ -1871,11 +1905,12 @@ fn check_declaration(
         ..declared
     };
     let model = s
-        .policy
+        .core
+        .policy()
         .models
         .get(declared.model.0 as usize)
         .ok_or_else(|| format!("model {} is gone", declared.model.0))?;
-    let corrected = spindle_core::cost::estimate(&truth, model, &s.policy.cost_bases)
+    let corrected = spindle_core::cost::estimate(&truth, model, &s.core.policy().cost_bases)
         .map_err(|e| format!("the probed video cannot be priced: {e}"))?;
     Ok(Some((
         format!(

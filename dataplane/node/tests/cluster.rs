@@ -128,11 +128,35 @@ async fn three_nodes_share_one_provider_without_a_violation() {
         .mock_stats()
         .await
         .unwrap();
-    assert_eq!(
-        done,
-        ids.len() as i64,
-        "every task completed; mock: {stats:?}"
-    );
+    if done != ids.len() as i64 {
+        let stuck: Vec<String> = sql
+            .query(
+                "SELECT task_id, state, version, attempt_no, attempt_node, partition
+                   FROM task WHERE task_id = ANY ($1) AND state <> 'SUCCEEDED'",
+                &[&ids],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| {
+                format!(
+                    "task {} {} v{} attempt {} on {:?} partition {}",
+                    r.get::<_, i64>(0),
+                    r.get::<_, &str>(1),
+                    r.get::<_, i32>(2),
+                    r.get::<_, i32>(3),
+                    r.get::<_, Option<&str>>(4),
+                    r.get::<_, i32>(5)
+                )
+            })
+            .collect();
+        let logs: Vec<String> = nodes.iter().map(|n| n.log_tail(40)).collect();
+        panic!(
+            "{done} of {} completed; not: {stuck:#?}\nmock: {stats:?}\nlogs:\n{}",
+            ids.len(),
+            logs.join("\n----\n")
+        );
+    }
     let mut accepted = 0;
     for (name, s) in &stats.accounts {
         assert_eq!(

@@ -2,7 +2,9 @@
 //!
 //!   spindlectl --node 127.0.0.1:7472 --token $TOKEN policy show
 //!   spindlectl … policy set tenant 42 --body tenant.json --reason "raise the queue cap"
-//!   spindlectl … policy delete lane BEST_EFFORT --reason "closing the lane"
+//!   spindlectl … policy delete lane BEST_EFFORT --reason "back to the configured lane"
+//!   spindlectl … lane close EXPENSIVE --reason "GPU pool degraded"   (the high-cost class)
+//!   spindlectl … lane open EXPENSIVE --reason "GPUs back"
 //!   spindlectl … audit --limit 20
 //!   spindlectl … drain --reason "kernel upgrade"
 //!
@@ -43,6 +45,12 @@ enum Command {
         #[command(subcommand)]
         action: PolicyAction,
     },
+    /// Admission switch: close a lane to new work (queued and running work goes on), or open
+    /// it again. Closing EXPENSIVE disables the high-cost resource class on the node.
+    Lane {
+        #[command(subcommand)]
+        action: LaneAction,
+    },
     /// The latest audit entries (changes, drains, refusals).
     Audit {
         #[arg(long, default_value_t = 20)]
@@ -54,6 +62,31 @@ enum Command {
         reason: String,
     },
 }
+
+#[derive(Subcommand)]
+enum LaneAction {
+    Open {
+        /// ENTERPRISE_RESERVED, PAID_SHARED, STANDARD, BEST_EFFORT, EXPENSIVE or RECOVERY.
+        lane: String,
+        #[arg(long)]
+        reason: String,
+    },
+    Close {
+        lane: String,
+        #[arg(long)]
+        reason: String,
+    },
+}
+
+/// Lane names in the order of the policy's `lanes` array.
+const LANES: [&str; 6] = [
+    "ENTERPRISE_RESERVED",
+    "PAID_SHARED",
+    "STANDARD",
+    "BEST_EFFORT",
+    "EXPENSIVE",
+    "RECOVERY",
+];
 
 #[derive(Subcommand)]
 enum PolicyAction {
@@ -141,6 +174,33 @@ fn main() -> anyhow::Result<()> {
             let path = format!("/admin/v1/policy/{object}/{key}");
             call(&cli, "DELETE", &path, Some(&json!({ "reason": reason })))?
         }
+        Command::Lane { action } => {
+            let (lane, open, reason) = match action {
+                LaneAction::Open { lane, reason } => (lane, true, reason),
+                LaneAction::Close { lane, reason } => (lane, false, reason),
+            };
+            let index = LANES
+                .iter()
+                .position(|l| l == lane)
+                .with_context(|| format!("no lane {lane:?}; lanes are {}", LANES.join(", ")))?;
+            // The lane as the node runs it now, with only `open` changed.
+            let (status, policy) = call(&cli, "GET", "/admin/v1/policy", None)?;
+            if !(200..300).contains(&status) {
+                anyhow::bail!("reading the policy ({status}): {}", policy["error"]);
+            }
+            let mut body = policy["effective"]["lanes"][index].clone();
+            if !body.is_object() {
+                anyhow::bail!("the node's answer has no effective lane {lane}");
+            }
+            body["open"] = Value::Bool(open);
+            let path = format!("/admin/v1/policy/lane/{lane}");
+            call(
+                &cli,
+                "PUT",
+                &path,
+                Some(&json!({ "reason": reason, "body": body })),
+            )?
+        }
         Command::Audit { limit } => {
             call(&cli, "GET", &format!("/admin/v1/audit?limit={limit}"), None)?
         }
@@ -167,7 +227,21 @@ fn print_human(command: &Command, v: &Value) {
         Command::Policy {
             action: PolicyAction::Show,
         } => {
-            println!("policy version {}", v["version"]);
+            println!(
+                "policy version {} (this node runs {})",
+                v["version"], v["effective"]["version"]
+            );
+            for (name, l) in LANES
+                .iter()
+                .zip(v["effective"]["lanes"].as_array().into_iter().flatten())
+            {
+                println!(
+                    "  lane {name:<20} {:<6} weight {:<5} capacity {} units",
+                    if l["open"] == true { "open" } else { "CLOSED" },
+                    l["weight"],
+                    l["capacity"].as_u64().map_or(0, |m| m / 1000)
+                );
+            }
             for o in v["objects"].as_array().into_iter().flatten() {
                 println!(
                     "  {:<18} {:<40} v{}",

@@ -1,0 +1,294 @@
+//! Policy changes reach a running node without a restart: a lane closed and reopened through
+//! spindlectl, a provider account's concurrency, a model's price. Tasks keep the version they
+//! were admitted under; changes the node could not take are refused before they are stored.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{http_get, start_with, task, wait_for};
+use spindle_client::Client;
+use spindle_control::testing::TestDb;
+use spindle_core::{Decision, TaskState, TenantId};
+
+const CONFIG: &str = r#"
+node_id = "policy-node"
+listen = "127.0.0.1:0"
+http_listen = "127.0.0.1:0"
+shards = 2
+partitions = 8
+local_provider_time_scale = 0.0001
+
+[[admin_tokens]]
+name = "otto"
+token = "operator-token-0123456789"
+role = "operator"
+
+[[admin_tokens]]
+name = "ada"
+token = "admin-token-0123456789"
+role = "admin"
+
+[[tenants]]
+id = 1
+credential = "one"
+"#;
+
+const PROVIDER: &str = "vendor-0:acct-1:us:video-model-0";
+
+/// Runs spindlectl with `token`; (success, stdout + stderr).
+fn ctl(http: std::net::SocketAddr, token: &str, args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_spindlectl"))
+        .args(["--node", &http.to_string(), "--token", token])
+        .args(args)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+/// Writes `body` to a file spindlectl can read and sets it as `object`/`key`.
+fn set(
+    http: std::net::SocketAddr,
+    object: &str,
+    key: &str,
+    body: &serde_json::Value,
+) -> (bool, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("body.json");
+    std::fs::write(&file, body.to_string()).unwrap();
+    ctl(
+        http,
+        "admin-token-0123456789",
+        &[
+            "--json",
+            "policy",
+            "set",
+            object,
+            key,
+            "--body",
+            file.to_str().unwrap(),
+            "--reason",
+            "live policy test",
+        ],
+    )
+}
+
+fn version_of(out: &str) -> i64 {
+    serde_json::from_str::<serde_json::Value>(out).unwrap()["version"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("no version in {out}"))
+}
+
+/// The effective policy the node reports.
+fn effective(http: std::net::SocketAddr) -> serde_json::Value {
+    let (ok, out) = ctl(
+        http,
+        "operator-token-0123456789",
+        &["--json", "policy", "show"],
+    );
+    assert!(ok, "{out}");
+    serde_json::from_str::<serde_json::Value>(&out).unwrap()["effective"].clone()
+}
+
+/// Polls (bounded: 4 s) until `f` holds; how long it took.
+async fn within(what: &str, mut f: impl AsyncFnMut() -> bool) -> Duration {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(4) {
+        if f().await {
+            return start.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("{what}: not within 4 s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lanes_providers_and_models_change_on_a_running_node() {
+    let test = TestDb::new().await;
+    let daemon = start_with(&test, CONFIG).await;
+    let http = daemon.http;
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let sql = test.sql().await.unwrap();
+    let first = client.submit(task("before")).await.unwrap();
+    assert_eq!(first.decision, Decision::Accepted, "{first:?}");
+    wait_for(&client, first.task, TaskState::Succeeded).await;
+
+    // Close STANDARD (tenant 1's lane) through the admission switch.
+    let (ok, out) = ctl(
+        http,
+        "operator-token-0123456789",
+        &[
+            "--json",
+            "lane",
+            "close",
+            "STANDARD",
+            "--reason",
+            "incident 42",
+        ],
+    );
+    assert!(ok, "{out}");
+    let closed_at = version_of(&out);
+    let mut n = 0;
+    let took = within("the closed lane refuses new work", async || {
+        n += 1;
+        let a = client.submit(task(&format!("closed-{n}"))).await.unwrap();
+        a.decision == Decision::RejectResourceClassDisabled
+            && a.reason
+                .is_some_and(|r| r.contains("lane STANDARD is closed"))
+    })
+    .await;
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    assert_eq!(effective(http)["lanes"][2]["open"], false);
+
+    // Open again: accepted, and the task carries the version it was admitted under.
+    let (ok, out) = ctl(
+        http,
+        "operator-token-0123456789",
+        &[
+            "--json",
+            "lane",
+            "open",
+            "STANDARD",
+            "--reason",
+            "incident 42 over",
+        ],
+    );
+    assert!(ok, "{out}");
+    let opened_at = version_of(&out);
+    assert!(opened_at > closed_at);
+    let mut n = 0;
+    let mut reopened = None;
+    within("the reopened lane admits", async || {
+        n += 1;
+        let a = client.submit(task(&format!("open-{n}"))).await.unwrap();
+        let accepted = a.decision == Decision::Accepted;
+        reopened = accepted.then_some(a.task);
+        accepted
+    })
+    .await;
+    let versions: Vec<(i64, i64)> = sql
+        .query(
+            "SELECT task_id, policy_version FROM task WHERE task_id = ANY($1) ORDER BY task_id",
+            &[&vec![first.task.0 as i64, reopened.unwrap().0 as i64]],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(versions.len(), 2);
+    assert!(versions[0].1 < closed_at, "{versions:?}");
+    assert_eq!(versions[1].1, opened_at, "{versions:?}");
+
+    // A provider account's concurrency: the node's split and the pool in PostgreSQL follow.
+    let mut account = effective(http)["providers"][0].clone();
+    assert_eq!(account["name"], PROVIDER);
+    account["concurrency"] = 3.into();
+    let (ok, out) = set(http, "provider_account", PROVIDER, &account);
+    assert!(ok, "{out}");
+    within("the provider's concurrency is split anew", async || {
+        let (_, metrics) = http_get(http, "/metrics").await;
+        metrics.contains("spindle_node_limit_capacity{limit=\"provider:0:concurrency\"} 3\n")
+    })
+    .await;
+    within("the provider pool is resized", async || {
+        let row = sql
+            .query_one(
+                "SELECT sum(capacity)::bigint FROM resource_pool_shard WHERE pool_key = $1",
+                &[&format!("provider:{PROVIDER}")],
+            )
+            .await
+            .unwrap();
+        row.get::<_, Option<i64>>(0) == Some(3)
+    })
+    .await;
+
+    // A model's price: new tasks of the same spec are priced anew, the old ones keep theirs.
+    let cost = async |id: spindle_core::TaskId| -> i64 {
+        sql.query_one(
+            "SELECT cost_estimate_milli FROM task WHERE task_id = $1",
+            &[&(id.0 as i64)],
+        )
+        .await
+        .unwrap()
+        .get(0)
+    };
+    let old_cost = cost(first.task).await;
+    let mut model = effective(http)["models"][0].clone();
+    let per_s = model["cost_milli_per_output_s"].as_i64().unwrap();
+    model["cost_milli_per_output_s"] = (per_s * 3).into();
+    let (ok, out) = set(http, "model_capability", "video-model-0", &model);
+    assert!(ok, "{out}");
+    let mut n = 0;
+    within("the repriced model prices new tasks", async || {
+        n += 1;
+        let a = client.submit(task(&format!("priced-{n}"))).await.unwrap();
+        assert_eq!(a.decision, Decision::Accepted, "{a:?}");
+        cost(a.task).await == old_cost * 3
+    })
+    .await;
+    assert_eq!(
+        cost(first.task).await,
+        old_cost,
+        "an admitted task was repriced"
+    );
+
+    // Refused before anything is stored: a lane that does not exist, a provider account the
+    // node does not have, a key that is not the object's name.
+    let lane = effective(http)["lanes"][2].clone();
+    let (ok, out) = set(http, "lane", "standard", &lane);
+    assert!(
+        !ok && out.contains("is not one of ENTERPRISE_RESERVED"),
+        "{out}"
+    );
+    let mut new_account = account.clone();
+    new_account["id"] = 9.into();
+    let (ok, out) = set(http, "provider_account", PROVIDER, &new_account);
+    assert!(!ok && out.contains("not configured on this node"), "{out}");
+    let (ok, out) = set(http, "provider_account", "vendor-9", &account);
+    assert!(
+        !ok && out.contains("is not the provider account's name"),
+        "{out}"
+    );
+    let mut bad = lane;
+    bad["weight"] = 0.into();
+    let (ok, out) = set(http, "lane", "STANDARD", &bad);
+    assert!(!ok && out.contains("lanes.STANDARD.weight: 0"), "{out}");
+    let (_, metrics) = http_get(http, "/metrics").await;
+    assert!(
+        metrics.contains("spindle_policy_objects_skipped 0\n"),
+        "{metrics}"
+    );
+
+    // Deleting the lane row returns it to the configured lane (open); the audit log has it all.
+    let (ok, out) = ctl(
+        http,
+        "operator-token-0123456789",
+        &[
+            "policy",
+            "delete",
+            "lane",
+            "STANDARD",
+            "--reason",
+            "back to the configuration",
+        ],
+    );
+    assert!(ok, "{out}");
+    let (ok, out) = ctl(
+        http,
+        "operator-token-0123456789",
+        &["--json", "audit", "--limit", "20"],
+    );
+    assert!(ok, "{out}");
+    for reason in [
+        "incident 42",
+        "incident 42 over",
+        "back to the configuration",
+    ] {
+        assert!(out.contains(&format!("\"{reason}\"")), "{reason}: {out}");
+    }
+}
