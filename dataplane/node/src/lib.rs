@@ -105,6 +105,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
     };
     let db_config = DbConfig::new(conninfo);
     let metrics = metrics::Metrics::new(config.shards as usize);
+    let _ = metrics.live.set(live.clone());
     let ownership = std::sync::Arc::new(ownership::Ownership::new(config.partitions));
     let mut inboxes = Vec::new();
     let mut shard_senders = Vec::new();

@@ -139,6 +139,8 @@ pub struct Metrics {
     pub split: std::sync::OnceLock<SplitView>,
     pub health: std::sync::OnceLock<Arc<crate::health::ProviderHealth>>,
     pub media: std::sync::OnceLock<crate::media::MediaPool>,
+    /// The effective policy (lanes open or closed, their weights).
+    pub live: std::sync::OnceLock<Arc<crate::live_policy::LivePolicy>>,
     /// The last control-plane call reached PostgreSQL.
     pub postgres_ok: AtomicBool,
     pub stopping: AtomicBool,
@@ -169,6 +171,7 @@ impl Metrics {
                 .collect(),
             shards: (0..shards).map(|_| ShardGauges::default()).collect(),
             split: std::sync::OnceLock::new(),
+            live: std::sync::OnceLock::new(),
             health: std::sync::OnceLock::new(),
             media: std::sync::OnceLock::new(),
             postgres_ok: AtomicBool::new(true),
@@ -442,6 +445,18 @@ impl Metrics {
             "# TYPE spindle_policy_version gauge\nspindle_policy_version {}",
             self.policy_version.load(Ordering::Relaxed)
         );
+        if let Some(live) = self.live.get() {
+            let policy = live.current();
+            let _ = writeln!(w, "# HELP spindle_lane_open 1 while a lane admits new work.\n# TYPE spindle_lane_open gauge");
+            for lane in spindle_core::Lane::ALL {
+                let _ = writeln!(
+                    w,
+                    "spindle_lane_open{{lane=\"{lane}\"}} {}\nspindle_lane_weight{{lane=\"{lane}\"}} {}",
+                    u8::from(policy.lane(lane).open),
+                    policy.lane(lane).weight
+                );
+            }
+        }
         let _ = writeln!(
             w,
             "# TYPE spindle_policy_objects_skipped gauge\nspindle_policy_objects_skipped {}",

@@ -93,6 +93,10 @@ async fn the_dashboard_renders_live_numbers_and_the_audit_list_in_chromium() {
     );
     assert!(during.contains("<td>ACCEPTED</td>"), "{during}");
     assert!(during.contains("<th>entitlement</th>"), "{during}");
+    assert!(
+        during.contains("<th>admits</th><th>weight</th>"),
+        "{during}"
+    );
 
     // A policy change through spindlectl appears in the page's audit list.
     let dir = tempfile::tempdir().unwrap();

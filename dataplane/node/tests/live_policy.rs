@@ -143,6 +143,12 @@ async fn lanes_providers_and_models_change_on_a_running_node() {
     .await;
     assert!(took < Duration::from_secs(2), "took {took:?}");
     assert_eq!(effective(http)["lanes"][2]["open"], false);
+    let (_, metrics) = http_get(http, "/metrics").await;
+    assert!(
+        metrics.contains("spindle_lane_open{lane=\"STANDARD\"} 0\n")
+            && metrics.contains("spindle_lane_open{lane=\"PAID_SHARED\"} 1\n"),
+        "the dashboard's lane switch: {metrics}"
+    );
 
     // Open again: accepted, and the task carries the version it was admitted under.
     let (ok, out) = ctl(
