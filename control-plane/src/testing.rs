@@ -23,7 +23,7 @@ pub struct TestDb {
 }
 
 impl TestDb {
-    /// Creates an empty database named after the test process and a counter.
+    /// Creates an empty database named after the test process, a counter and the clock.
     pub async fn new() -> TestDb {
         let (admin_conninfo, server) = match std::env::var(TEST_PG_ENV) {
             Ok(conninfo) => (conninfo, None),
@@ -33,8 +33,12 @@ impl TestDb {
                 (pg.conninfo("postgres"), Some(Arc::new(pg)))
             }
         };
+        // The clock too: process ids come round again on a server that outlives many runs.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() % 1_000_000_000_000);
         let name = format!(
-            "spindle_test_{}_{}",
+            "spindle_test_{}_{}_{nanos}",
             std::process::id(),
             NEXT_DB.fetch_add(1, Ordering::Relaxed)
         );

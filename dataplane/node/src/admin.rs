@@ -249,10 +249,8 @@ impl Admin {
                         .patch(key, body)
                         .and_then(|p| self.live.current().check(&p).map_err(|e| e.to_string()));
                     if let Err(why) = checked {
-                        return answer(
-                            "400 Bad Request",
-                            json!({ "error": format!("{} {key}: {why}", kind.name()) }),
-                        );
+                        let why = format!("{} {key}: {why}", kind.name());
+                        return self.refuse("400 Bad Request", &actor, &what, why).await;
                     }
                 }
                 let change = PolicyChange {

@@ -297,4 +297,8 @@ async fn lanes_providers_and_models_change_on_a_running_node() {
     ] {
         assert!(out.contains(&format!("\"{reason}\"")), "{reason}: {out}");
     }
+    assert!(
+        out.contains("provider 9 is not configured on this node"),
+        "refused changes are audited: {out}"
+    );
 }
