@@ -10,7 +10,7 @@
 
 use std::ops::Index;
 
-use crate::hash::IdMap;
+use crate::hash::RunMap;
 use crate::ids::TaskId;
 use crate::queue::NIL;
 
@@ -25,7 +25,7 @@ pub(crate) struct TaskTable<E, C> {
     cold: Vec<C>,
     links: Vec<u32>,
     free: Vec<u32>,
-    index: IdMap<TaskId, u32>,
+    index: RunMap<TaskId, u32>,
 }
 
 impl<E, C> Default for TaskTable<E, C> {
@@ -35,7 +35,7 @@ impl<E, C> Default for TaskTable<E, C> {
             cold: Vec::new(),
             links: Vec::new(),
             free: Vec::new(),
-            index: IdMap::default(),
+            index: RunMap::default(),
         }
     }
 }
