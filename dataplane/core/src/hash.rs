@@ -71,6 +71,7 @@ impl Hasher for RunHasher {
 }
 
 pub type RunMap<K, V> = HashMap<K, V, BuildHasherDefault<RunHasher>>;
+pub type RunSet<K> = std::collections::HashSet<K, BuildHasherDefault<RunHasher>>;
 
 #[cfg(test)]
 mod tests {

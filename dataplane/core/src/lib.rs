@@ -13,7 +13,7 @@ pub mod admission;
 pub mod cost;
 mod estimates;
 pub mod fairness;
-mod hash;
+pub mod hash;
 pub mod ids;
 pub mod ledger;
 pub mod limits;

@@ -16,6 +16,7 @@ use spindle_control::{
     ClaimRefusal, ClaimRequest, ClaimResult, Demand, NewTask, PartitionId, PoolShard, Report,
     ReportAction, ReportResult, StoreError, SubmitOutcome,
 };
+use spindle_core::hash::{RunMap, RunSet};
 use spindle_core::ledger::LimitId;
 use spindle_core::shard::{ClaimOutcome, CompleteOutcome, NodeCapacity, Poll, SubmitRequest};
 use spindle_core::share::ShardLoad;
@@ -186,21 +187,21 @@ pub struct ShardState {
     reads: mpsc::Sender<ReadMsg>,
     ids: std::ops::Range<u64>,
     partitions: u32,
-    meta: HashMap<TaskId, Meta>,
-    /// Live tasks whose attempt holds provider-stage capacity (their `Meta::estimate` is set):
-    /// kept as they change, so that every pump can publish it without walking the tasks.
-    running: u64,
+    meta: RunMap<TaskId, Meta>,
+    /// Live tasks whose attempt holds provider-stage capacity (their `Meta::estimate` is set),
+    /// in all and per tenant: kept as they change, so that publishing them never walks the tasks.
+    running: Running,
     /// Claims of tasks dispatched before their submit committed, sent once it has (a claim
     /// must never reach PostgreSQL before its task). At most one per uncommitted task.
-    held_claims: HashMap<TaskId, ClaimRequest>,
+    held_claims: RunMap<TaskId, ClaimRequest>,
     /// Claims whose submit committed since the last pump.
     ready_claims: Vec<ClaimRequest>,
     /// Tasks that expired in the queue before their submit committed.
-    expired_uncommitted: std::collections::HashSet<TaskId>,
+    expired_uncommitted: RunSet<TaskId>,
     time_scale: f64,
     /// Reports waiting for the next flush (every pump).
     outbox: Vec<Report>,
-    subs: HashMap<TaskId, Vec<Subscriber>>,
+    subs: RunMap<TaskId, Vec<Subscriber>>,
     subs_total: usize,
     /// Where the local provider appends one "task attempt" line per execution.
     log: Option<std::fs::File>,
@@ -294,17 +295,17 @@ impl ShardState {
             media: setup.media,
             epoch,
             pipes: setup.pipes,
-            held_claims: HashMap::new(),
+            held_claims: RunMap::default(),
             ready_claims: Vec::new(),
             expired_uncommitted: Default::default(),
             reads: setup.reads,
             ids: setup.ids,
             partitions: setup.partitions,
-            meta: HashMap::new(),
-            running: 0,
+            meta: RunMap::default(),
+            running: Running::default(),
             time_scale: setup.time_scale,
             outbox: Vec::new(),
-            subs: HashMap::new(),
+            subs: RunMap::default(),
             subs_total: 0,
             log: setup.log,
             metrics: setup.metrics,
@@ -678,8 +679,10 @@ fn apply_submit_outcome(
 /// Forgets a live task, keeping the count of running ones.
 fn remove_meta(s: &mut ShardState, task: &TaskId) -> Option<Meta> {
     let meta = s.meta.remove(task);
-    if meta.as_ref().is_some_and(|m| m.estimate.is_some()) {
-        s.running -= 1;
+    if let Some(m) = &meta {
+        if let Some(e) = m.estimate {
+            s.running.stop(m.tenant, e.fairness.milli());
+        }
     }
     meta
 }
@@ -1066,7 +1069,7 @@ fn answered(shared: &SharedShard, reports: &[Report], results: Option<&Vec<Repor
 fn fold_reports(reports: impl Iterator<Item = Report>) -> Vec<Vec<Report>> {
     let mut rounds: Vec<Vec<Report>> = Vec::new();
     // Per task: (its last round, the index of its report there).
-    let mut last: HashMap<TaskId, (usize, usize)> = HashMap::new();
+    let mut last: RunMap<TaskId, (usize, usize)> = RunMap::default();
     for r in reports {
         let r = match last.get(&r.task) {
             Some(&(k, i)) => match rounds[k][i].then(r) {
@@ -1153,36 +1156,68 @@ fn resplit(s: &mut ShardState) {
     }
 }
 
-/// Per-tenant running work for `/metrics` (every `TENANT_TICKS` ticks: it walks the live
-/// tasks, which at tens of thousands in flight is not work for every tick).
-fn publish_tenants(s: &ShardState) {
-    let mut per: HashMap<u32, crate::metrics::TenantRunning> = HashMap::new();
-    let mut running = 0;
-    for m in s.meta.values() {
-        if let Some(e) = m.estimate {
-            running += 1;
-            let t = per
-                .entry(m.tenant.0)
-                .or_insert(crate::metrics::TenantRunning {
-                    tenant: m.tenant.0,
-                    tasks: 0,
-                    units_milli: 0,
-                    weight: s
-                        .core
-                        .policy()
-                        .tenants
-                        .get(&m.tenant)
-                        .map_or(1, |p| p.weight),
-                });
-            t.tasks += 1;
-            t.units_milli += e.fairness.milli();
+/// Live tasks holding provider-stage capacity, in all and per tenant (tasks, fairness units).
+#[derive(Debug, Default)]
+struct Running {
+    total: u64,
+    by_tenant: HashMap<u32, (u64, u64)>,
+}
+
+impl Running {
+    fn start(&mut self, tenant: TenantId, units_milli: u64) {
+        self.total += 1;
+        let t = self.by_tenant.entry(tenant.0).or_default();
+        t.0 += 1;
+        t.1 += units_milli;
+    }
+
+    fn stop(&mut self, tenant: TenantId, units_milli: u64) {
+        self.total -= 1;
+        if let Some(t) = self.by_tenant.get_mut(&tenant.0) {
+            t.0 -= 1;
+            t.1 -= units_milli;
+            if t.0 == 0 {
+                self.by_tenant.remove(&tenant.0);
+            }
         }
     }
-    debug_assert_eq!(
-        running, s.running,
-        "the running count drifted from the live tasks"
-    );
-    let mut tenants: Vec<_> = per.into_values().collect();
+}
+
+/// Per-tenant running work for `/metrics` (every `TENANT_TICKS` ticks), from the tally kept as
+/// tasks start and stop. Debug builds check the tally against a walk of the live tasks.
+fn publish_tenants(s: &ShardState) {
+    #[cfg(debug_assertions)]
+    {
+        let mut walked: HashMap<u32, (u64, u64)> = HashMap::new();
+        for m in s.meta.values() {
+            if let Some(e) = m.estimate {
+                let t = walked.entry(m.tenant.0).or_default();
+                t.0 += 1;
+                t.1 += e.fairness.milli();
+            }
+        }
+        assert_eq!(
+            walked, s.running.by_tenant,
+            "the running tally drifted from the live tasks"
+        );
+    }
+    let policy = s.core.policy();
+    let mut tenants: Vec<_> = s
+        .running
+        .by_tenant
+        .iter()
+        .map(
+            |(&tenant, &(tasks, units_milli))| crate::metrics::TenantRunning {
+                tenant,
+                tasks,
+                units_milli,
+                weight: policy
+                    .tenants
+                    .get(&TenantId(tenant))
+                    .map_or(1, |p| p.weight),
+            },
+        )
+        .collect();
     tenants.sort_by_key(|t| t.tenant);
     if let Ok(mut slot) = s.metrics.shards[s.index].tenants.lock() {
         *slot = tenants;
@@ -1207,7 +1242,7 @@ fn publish_gauges(s: &ShardState) {
         g.queued_units_milli[lane.index()].store(s.core.queued_units(lane).milli(), Relaxed);
     }
     g.live_tasks.store(s.meta.len() as u64, Relaxed);
-    g.running_tasks.store(s.running, Relaxed);
+    g.running_tasks.store(s.running.total, Relaxed);
 }
 
 /// Drains the core's dispatches into one claim message and handles the answers.
@@ -1231,9 +1266,11 @@ async fn pump(state: &SharedShard) {
                     Poll::Dispatch(d) => {
                         let (version, committed, queued_at) = match s.meta.get_mut(&d.task) {
                             Some(m) => {
-                                if m.estimate.replace(d.estimate).is_none() {
-                                    s.running += 1;
+                                // A task dispatched again holds the new attempt's units.
+                                if let Some(old) = m.estimate.replace(d.estimate) {
+                                    s.running.stop(m.tenant, old.fairness.milli());
                                 }
+                                s.running.start(m.tenant, d.estimate.fairness.milli());
                                 (
                                     m.db_version,
                                     m.committed && m.pending_reports == 0,
@@ -1644,8 +1681,8 @@ fn after_failure(
             if let Some(m) = s.meta.get_mut(&task) {
                 m.token = None;
                 m.attempt = None;
-                if m.estimate.take().is_some() {
-                    s.running -= 1;
+                if let Some(e) = m.estimate.take() {
+                    s.running.stop(m.tenant, e.fairness.milli());
                 }
                 m.queued_at = now;
             }
