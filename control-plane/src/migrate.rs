@@ -41,6 +41,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "lean_hot_path",
         sql: include_str!("../migrations/0005_lean_hot_path.sql"),
     },
+    Migration {
+        version: 6,
+        name: "submit_fast_path",
+        sql: include_str!("../migrations/0006_submit_fast_path.sql"),
+    },
 ];
 
 /// FNV-1a over the migration's text: stable across builds and platforms.

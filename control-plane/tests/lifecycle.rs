@@ -205,6 +205,79 @@ async fn submits_are_idempotent_and_a_changed_replay_is_a_conflict() {
     assert_eq!(n, 2);
 }
 
+/// A batch of new keys that fits its budgets is inserted as it is (the fast path); one replayed
+/// key in a batch sends the whole batch to the row-by-row path, and nothing of the attempt
+/// stays: every task once, every budget reserved once.
+#[tokio::test]
+async fn a_batch_with_a_replayed_key_is_decided_row_by_row_and_reserves_once() {
+    let (test, mut db) = setup().await;
+    db.set_tenant_budget(spindle_core::TenantId(1), 10_000, "ops", "test budget")
+        .await
+        .unwrap();
+    // Budgeted tenant 1 and unbudgeted tenant 2 in one batch that fits: all created.
+    let out = db
+        .submit_batch(&[task(1, 1, "a"), task(2, 2, "a"), task(3, 1, "b")], V1)
+        .await
+        .unwrap();
+    assert_eq!(out, vec![SubmitOutcome::Created; 3]);
+    // New keys around a replay of "b": the replay is answered with task 3, the rest created.
+    let out = db
+        .submit_batch(&[task(4, 1, "c"), task(5, 1, "b"), task(6, 1, "d")], V1)
+        .await
+        .unwrap();
+    assert_eq!(
+        out,
+        vec![
+            SubmitOutcome::Created,
+            SubmitOutcome::Replay {
+                task: TaskId(3),
+                state: TaskState::Queued
+            },
+            SubmitOutcome::Created,
+        ]
+    );
+    let sql = test.sql().await.unwrap();
+    let tasks: Vec<i64> = sql
+        .query("SELECT task_id FROM task ORDER BY task_id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(tasks, vec![1, 2, 3, 4, 6]);
+    let r = sql
+        .query_one(
+            "SELECT reserved_milli FROM tenant_quota WHERE tenant_id = 1",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        r.get::<_, i64>(0),
+        4_000,
+        "tasks 1, 3, 4 and 6 at 1,000 each"
+    );
+    let reserves: Vec<(i64, bool)> = sql
+        .query(
+            "SELECT l.task_id, t.budget_reserved FROM quota_ledger l JOIN task t USING (task_id)
+              WHERE l.kind = 'RESERVE' ORDER BY l.task_id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(reserves, vec![(1, true), (3, true), (4, true), (6, true)]);
+    let unbudgeted: bool = sql
+        .query_one("SELECT budget_reserved FROM task WHERE task_id = 2", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!unbudgeted);
+    assert_counters_derived(&test).await;
+}
+
 #[tokio::test]
 async fn budgets_are_reserved_at_submit_and_settled_or_refunded_once() {
     let (test, mut db) = setup().await;
