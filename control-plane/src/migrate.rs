@@ -46,6 +46,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "submit_fast_path",
         sql: include_str!("../migrations/0006_submit_fast_path.sql"),
     },
+    Migration {
+        version: 7,
+        name: "claim_fast_path",
+        sql: include_str!("../migrations/0007_claim_fast_path.sql"),
+    },
 ];
 
 /// FNV-1a over the migration's text: stable across builds and platforms.

@@ -163,6 +163,56 @@ async fn a_claim_is_all_or_nothing_and_names_the_full_pool() {
     assert_counters_derived(&test).await;
 }
 
+/// A batch granted whole (the fast path) charges each pool the batch's total and gives every
+/// claim its own token; a batch whose total does not fit, though each claim would alone, is
+/// decided claim by claim: the first ones granted, the rest refused, nothing charged for them.
+#[tokio::test]
+async fn a_batch_is_granted_whole_or_claim_by_claim_when_its_total_does_not_fit() {
+    let (test, db) = setup().await;
+    db.set_pool("provider:acme", 5, 1).await.unwrap();
+    db.set_pool("gpu:h200", 3, 1).await.unwrap();
+    let tasks: Vec<_> = (1..=5).map(|i| task(i, 1, &format!("k{i}"))).collect();
+    db.submit_batch(&tasks, V1).await.unwrap();
+    let both = [("provider:acme", 0, 1), ("gpu:h200", 0, 1)];
+    let res = db
+        .claim_batch(NODE, LEASE_MS, &[claim(1, 0, &both), claim(2, 0, &both)])
+        .await
+        .unwrap();
+    let (a, b) = (granted(&res[0]), granted(&res[1]));
+    assert!(b.0 > a.0, "one token per claim, growing");
+    assert_eq!(db.pool_usage("provider:acme").await.unwrap()[0].used, 2);
+    assert_eq!(db.pool_usage("gpu:h200").await.unwrap()[0].used, 2);
+    // One unit of gpu:h200 left for three claims.
+    let res = db
+        .claim_batch(
+            NODE,
+            LEASE_MS,
+            &[claim(3, 0, &both), claim(4, 0, &both), claim(5, 0, &both)],
+        )
+        .await
+        .unwrap();
+    granted(&res[0]);
+    let full = ClaimResult::Refused(ClaimRefusal::PoolFull(PoolShard::new("gpu:h200", 0)));
+    assert_eq!(res[1..], [full.clone(), full]);
+    assert_eq!(db.pool_usage("provider:acme").await.unwrap()[0].used, 3);
+    assert_eq!(db.pool_usage("gpu:h200").await.unwrap()[0].used, 3);
+    let sql = test.sql().await.unwrap();
+    let states: Vec<(i64, String, i32)> = sql
+        .query(
+            "SELECT task_id, state, cardinality(res_pool) FROM task ORDER BY task_id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get::<_, Option<i32>>(2).unwrap_or(0)))
+        .collect();
+    let d = |id| (id, "DISPATCHING".to_string(), 2);
+    let q = |id| (id, "QUEUED".to_string(), 0);
+    assert_eq!(states, vec![d(1), d(2), d(3), q(4), q(5)]);
+    assert_counters_derived(&test).await;
+}
+
 #[tokio::test]
 async fn submits_are_idempotent_and_a_changed_replay_is_a_conflict() {
     let (test, db) = setup().await;
