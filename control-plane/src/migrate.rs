@@ -51,6 +51,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "claim_fast_path",
         sql: include_str!("../migrations/0007_claim_fast_path.sql"),
     },
+    Migration {
+        version: 8,
+        name: "report_batch_check",
+        sql: include_str!("../migrations/0008_report_batch_check.sql"),
+    },
 ];
 
 /// FNV-1a over the migration's text: stable across builds and platforms.

@@ -723,6 +723,37 @@ async fn a_multi_step_report_checks_every_hop_and_writes_once() {
         .get(0);
     assert_eq!(state2, "DISPATCHING", "a refused path changes nothing");
 
+    // A batch with nothing to refuse is checked as a whole: task 2 the whole way, with a
+    // repeated hop, and a repeat of task 1's finish now refused as terminal — not in the same
+    // batch, so the first one takes the whole-batch check and the second the row-by-row loop.
+    let again = vec![
+        S::Running,
+        S::Running,
+        S::ProviderSucceeded,
+        S::MediaProcessing,
+    ];
+    let r = db
+        .report_batch(&[succeed(2, tokens[1], again)])
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            r[0],
+            ReportResult::Applied {
+                state: S::Succeeded,
+                released: 1,
+                ..
+            }
+        ),
+        "{r:?}"
+    );
+    assert_eq!(db.pool_usage("provider:acme").await.unwrap()[0].used, 0);
+    let r = db
+        .report_batch(&[succeed(1, tokens[0], Vec::new())])
+        .await
+        .unwrap();
+    assert_eq!(r[0], ReportResult::StaleToken { current: None });
+
     let mut through_terminal = succeed(1, tokens[0], vec![S::Failed]);
     through_terminal.task = TaskId(9);
     let e = db.report_batch(&[through_terminal]).await.unwrap_err();
