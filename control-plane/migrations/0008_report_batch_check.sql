@@ -78,29 +78,38 @@ BEGIN
     -- Version 8: the whole batch checked at once. Nearly every batch is tasks at their current
     -- tokens going along the whitelist; then the first round takes every row without the
     -- per-row loop below. Any row that is not (gone, stale, illegal) sends the first round
-    -- through that loop, with the same answers as before. A row whose check is NULL counts as
-    -- not simple.
-    SELECT coalesce(bool_and(coalesce(
-               x.f_state IS NOT NULL
-               AND x.f_token IS NOT DISTINCT FROM p_token[x.g]
-               AND NOT x.f_last = ANY (ARRAY['SUCCEEDED', 'FAILED', 'CANCELED', 'EXPIRED'])
-               AND (NOT (x.f_ends OR x.f_to <> x.f_last)
-                    OR (x.f_last || '>' || x.f_to) = ANY (allowed))
-               AND NOT EXISTS (
-                   SELECT 1 FROM generate_series(2, cardinality(x.f_ch)) AS h (i)
-                    WHERE x.f_ch[h.i - 1] = ANY (ARRAY['SUCCEEDED', 'FAILED', 'CANCELED', 'EXPIRED'])
-                       OR (x.f_ch[h.i] <> x.f_ch[h.i - 1]
-                           AND NOT (x.f_ch[h.i - 1] || '>' || x.f_ch[h.i]) = ANY (allowed))),
-               false)), false)
-      INTO v_fast
-      FROM (SELECT c.g, c.f_state, c.f_token, c.f_ch, c.f_to, c.f_ends,
-                   c.f_ch[cardinality(c.f_ch)] AS f_last
-              FROM (SELECT g, t_state[g] AS f_state, t_token[g] AS f_token,
-                           ARRAY[t_state[g]] || coalesce(string_to_array(p_via[g], '>'), '{}')
-                               AS f_ch,
+    -- through that loop, with the same answers as before. A row whose check is NULL is refused
+    -- here (and decided by the loop).
+    -- A batch holds a handful of distinct ways (state, hops, target, mode): each is checked
+    -- once, and each row only for its token.
+    IF EXISTS (SELECT 1 FROM generate_series(1, n) AS g
+                WHERE t_state[g] IS NULL OR t_token[g] IS DISTINCT FROM p_token[g]) THEN
+        v_fast := false;
+    ELSE
+        WITH way AS MATERIALIZED (
+            SELECT w.f_to, w.f_ends,
+                   ARRAY[w.f_state] || coalesce(string_to_array(w.f_via, '>'), '{}') AS f_ch
+              FROM (SELECT DISTINCT t_state[g] AS f_state, p_via[g] AS f_via,
                            coalesce(p_to[g], t_state[g]) AS f_to,
                            p_mode[g] IN ('REQUEUE', 'FINISH') AS f_ends
-                      FROM generate_series(1, n) AS g) c) x;
+                      FROM generate_series(1, n) AS g) w
+        ), refused AS (
+            -- A final step from a terminal state or off the whitelist.
+            SELECT 1 FROM way, LATERAL (SELECT way.f_ch[cardinality(way.f_ch)] AS f_last) l
+             WHERE NOT coalesce(
+                       NOT l.f_last = ANY (ARRAY['SUCCEEDED', 'FAILED', 'CANCELED', 'EXPIRED'])
+                       AND (NOT (way.f_ends OR way.f_to <> l.f_last)
+                            OR (l.f_last || '>' || way.f_to) = ANY (allowed)),
+                       false)
+            UNION ALL
+            -- A hop from a terminal state, or off the whitelist (a hop to the same state is none).
+            SELECT 1 FROM way, generate_series(2, cardinality(way.f_ch)) AS h (i)
+             WHERE way.f_ch[h.i - 1] = ANY (ARRAY['SUCCEEDED', 'FAILED', 'CANCELED', 'EXPIRED'])
+                OR (way.f_ch[h.i] <> way.f_ch[h.i - 1]
+                    AND NOT (way.f_ch[h.i - 1] || '>' || way.f_ch[h.i]) = ANY (allowed))
+        )
+        SELECT NOT EXISTS (SELECT 1 FROM refused) INTO v_fast;
+    END IF;
 
     FOR v_round IN 1 .. 2 LOOP
         IF v_round = 2 THEN
