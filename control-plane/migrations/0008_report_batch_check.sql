@@ -2,11 +2,12 @@
 --
 -- Version 5's `spindle_report` decides every row in a PL/pgSQL loop: the task's token, each
 -- hop of the states on the way against the whitelist, the final step, then what the row ends
--- and releases — about twenty statements per row, ~16 µs of the ~63 µs a report row cost at
--- 20,000 tasks/s (pg_stat_statements). Nearly every batch is tasks at their current tokens
--- moving along the whitelist, so version 8 first checks all rows in one set-based query; when
--- every row passes, the first round takes them all without the loop. A batch with any row that
--- would be refused (gone, stale token, illegal hop or step) runs the loop exactly as before.
+-- and releases — about twenty PL/pgSQL statements per row. Nearly every batch is tasks at their
+-- current tokens moving along the whitelist, and a batch holds only a handful of distinct ways
+-- (state, hops, target, mode), so version 8 first checks the tokens row by row in one query and
+-- each distinct way once; when all pass, the first round takes every row without the loop. A
+-- batch with any row that would be refused (gone, stale token, illegal hop or step) runs the
+-- loop exactly as before.
 -- Everything after the decision — the compare-and-set update, history, releases, budgets,
 -- outbox, the locked second round — is version 5's, unchanged.
 
