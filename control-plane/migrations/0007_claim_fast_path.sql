@@ -26,7 +26,8 @@ ALTER FUNCTION spindle_claim(text, bigint, bigint[], integer[], text[], integer[
 CREATE FUNCTION spindle_claim(
     p_node text, p_lease_ms bigint,
     p_task bigint[], p_version integer[], in_provider text[], p_dstart integer[],
-    p_dcount integer[], in_pool text[], p_shard smallint[], p_amount bigint[])
+    p_dcount integer[], in_pool text[], p_shard smallint[], p_amount bigint[],
+    in_pools_joined text[])
 RETURNS TABLE (o_idx integer, o_outcome text, o_attempt bigint, o_token bigint,
                o_attempt_no integer, o_detail text)
 LANGUAGE plpgsql SET enable_seqscan = off SET jit = off AS $$
@@ -34,6 +35,10 @@ DECLARE
     -- Copied into variables for O(1) element access (see version 5).
     p_provider text[] := in_provider;
     p_pool text[] := in_pool;
+    -- Claim i's pool keys joined by chr(31) (keys hold no control characters): its
+    -- `res_pool` is split from it, and its shards and amounts are slices of the fixed-width
+    -- arrays — per-claim aggregation of the demands cost ~20 µs per claim.
+    p_pools_joined text[] := in_pools_joined;
     n integer := coalesce(array_length(p_task, 1), 0);
     v_lease timestamptz := now() + p_lease_ms * interval '1 millisecond';
     v_whole boolean;
@@ -81,30 +86,19 @@ BEGIN
         BEGIN
             -- One number is the attempt's id and its fencing token (see version 5).
             r_token := ARRAY(SELECT nextval('fencing_token_seq') FROM generate_series(1, n));
-            WITH dem AS MATERIALIZED (
-                SELECT u.g,
-                       coalesce(array_agg(p_pool[d.dj] ORDER BY d.dj)
-                                    FILTER (WHERE d.dj IS NOT NULL), '{}') AS pools,
-                       coalesce(array_agg(p_shard[d.dj] ORDER BY d.dj)
-                                    FILTER (WHERE d.dj IS NOT NULL), '{}') AS shards,
-                       coalesce(array_agg(p_amount[d.dj] ORDER BY d.dj)
-                                    FILTER (WHERE d.dj IS NOT NULL), '{}') AS amounts
-                  FROM generate_series(1, n) AS u (g)
-                  LEFT JOIN LATERAL generate_series(p_dstart[u.g],
-                                                    p_dstart[u.g] + p_dcount[u.g] - 1)
-                            AS d (dj) ON true
-                 GROUP BY u.g
-            ), upd AS (
+            WITH upd AS (
                 UPDATE task t SET state = 'DISPATCHING', version = t.version + 1,
-                       attempt_no = t_no[dem.g], current_attempt = r_token[dem.g],
-                       current_fencing = r_token[dem.g], attempt_node = p_node,
-                       attempt_provider = p_provider[dem.g], attempt_lease_until = v_lease,
-                       attempt_started_at = now(), res_pool = dem.pools,
-                       res_shard = dem.shards, res_amount = dem.amounts,
+                       attempt_no = t_no[u.g], current_attempt = r_token[u.g],
+                       current_fencing = r_token[u.g], attempt_node = p_node,
+                       attempt_provider = p_provider[u.g], attempt_lease_until = v_lease,
+                       attempt_started_at = now(),
+                       res_pool = string_to_array(p_pools_joined[u.g], chr(31)),
+                       res_shard = p_shard[p_dstart[u.g] : p_dstart[u.g] + p_dcount[u.g] - 1],
+                       res_amount = p_amount[p_dstart[u.g] : p_dstart[u.g] + p_dcount[u.g] - 1],
                        res_released_at = NULL, updated_at = now(), next_eligible_at = NULL
-                  FROM dem
-                 WHERE t.task_id = p_task[dem.g] AND t.state = 'QUEUED'
-                   AND t.version = p_version[dem.g]
+                  FROM generate_series(1, n) AS u (g)
+                 WHERE t.task_id = p_task[u.g] AND t.state = 'QUEUED'
+                   AND t.version = p_version[u.g]
                 RETURNING 1)
             SELECT count(*) INTO v_won FROM upd;
             IF v_won < n THEN

@@ -55,6 +55,11 @@ pub enum ClaimRefusal {
     UnknownPool(PoolShard),
 }
 
+/// Joins a claim's pool keys into one text for `spindle_claim` (migration 7), which splits it
+/// into the attempt's `res_pool` without aggregating the flat demand arrays per claim. Pool
+/// keys never contain control characters (checked in `validate`).
+const POOL_KEY_SEPARATOR: char = '\u{1f}';
+
 /// The provider request key of an attempt (also built by `spindle_claim` in SQL).
 pub fn request_key(task: TaskId, attempt_no: u32) -> String {
     format!("spindle-{}-{attempt_no}", task.0)
@@ -79,6 +84,13 @@ fn validate(node: &str, batch: &[ClaimRequest]) -> Result<(), InputError> {
         }
         for (i, d) in c.demands.iter().enumerate() {
             check_text(row, "pool", &d.shard.pool, POOL_KEY_BYTES_MAX)?;
+            // The claim's pool keys travel joined by a control character (POOL_KEY_SEPARATOR).
+            if d.shard.pool.chars().any(char::is_control) {
+                return Err(InputError::Illegal {
+                    row,
+                    reason: format!("pool key {:?} contains a control character", d.shard.pool),
+                });
+            }
             if d.amount == 0 {
                 return Err(InputError::OutOfRange {
                     row,
@@ -120,6 +132,7 @@ impl Db {
         let mut pool = Vec::with_capacity(demands_total);
         let mut shard = Vec::with_capacity(demands_total);
         let mut amount = Vec::with_capacity(demands_total);
+        let mut pools_joined = Vec::with_capacity(batch.len());
         for c in batch {
             task.push(c.task.0 as i64);
             version.push(c.expected_version as i32);
@@ -127,11 +140,17 @@ impl Db {
             // PostgreSQL arrays are 1-based.
             dstart.push(pool.len() as i32 + 1);
             dcount.push(c.demands.len() as i32);
-            for d in &c.demands {
+            let mut joined = String::new();
+            for (i, d) in c.demands.iter().enumerate() {
                 pool.push(d.shard.pool.as_str());
                 shard.push(d.shard.shard as i16);
                 amount.push(d.amount as i64);
+                if i > 0 {
+                    joined.push(POOL_KEY_SEPARATOR);
+                }
+                joined.push_str(&d.shard.pool);
             }
+            pools_joined.push(joined);
         }
         let lease_ms = i64::from(lease_ms);
         let rows = self
@@ -139,8 +158,17 @@ impl Db {
             .query(
                 &self.stmts.claim,
                 &[
-                    &node, &lease_ms, &task, &version, &provider, &dstart, &dcount, &pool, &shard,
+                    &node,
+                    &lease_ms,
+                    &task,
+                    &version,
+                    &provider,
+                    &dstart,
+                    &dcount,
+                    &pool,
+                    &shard,
                     &amount,
+                    &pools_joined,
                 ],
             )
             .await?;

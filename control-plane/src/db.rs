@@ -151,7 +151,7 @@ async fn prepare(client: &Client) -> Result<Statements, StoreError> {
             .prepare("SELECT * FROM spindle_submit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)")
             .await?,
         claim: client
-            .prepare("SELECT * FROM spindle_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)")
+            .prepare("SELECT * FROM spindle_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)")
             .await?,
         report: client
             .prepare("SELECT * FROM spindle_report($1, $2, $3, $4, $5, $6, $7, $8)")

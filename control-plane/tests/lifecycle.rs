@@ -618,6 +618,14 @@ async fn bad_batches_are_refused_before_any_round_trip_with_the_row_named() {
             spindle_control::report::VIA_MAX
         )
     );
+    let e = db
+        .claim_batch(NODE, LEASE_MS, &[claim(1, 0, &[("pool\u{1f}x", 0, 1)])])
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "invalid input: row 0: pool key \"pool\\u{1f}x\" contains a control character"
+    );
     let many: Vec<_> = (0..5_000).map(|i| task(i, 1, &format!("k{i}"))).collect();
     let e = db.submit_batch(&many, V1).await.unwrap_err();
     assert_eq!(
