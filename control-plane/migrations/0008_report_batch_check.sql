@@ -9,7 +9,8 @@
 -- batch with any row that would be refused (gone, stale token, illegal hop or step) runs the
 -- loop exactly as before.
 -- Everything after the decision — the compare-and-set update, history, releases, budgets,
--- outbox, the locked second round — is version 5's, unchanged.
+-- outbox, the locked second round — is version 5's, but for the history insert, which is
+-- plain (see there).
 
 CREATE OR REPLACE FUNCTION spindle_report(
     p_task bigint[], p_token bigint[], in_mode text[], in_to text[], p_cost_actual bigint[],
@@ -217,6 +218,12 @@ BEGIN
               FROM upd, unnest(upd.res_pool, upd.res_shard, upd.res_amount) AS r (k, s, a)
              WHERE releases[upd.g] GROUP BY r.k, r.s
         ), hist AS (
+            -- Version 8: a plain insert. An attempt ends once: the compare-and-set above clears
+            -- the task's current attempt in the same statement, so no second report can end it
+            -- again, and a retried batch finds the token gone (STALE_TOKEN). Version 5's
+            -- ON CONFLICT DO NOTHING guarded against what cannot happen and cost ~8 µs per
+            -- ended attempt (psql, 51,200 rows: 31 → 23 µs per update with its history row);
+            -- should it ever happen, the batch fails loudly instead of losing the row quietly.
             INSERT INTO attempt_history (task_id, attempt_no, attempt_id, fencing_token, node_id,
                                          provider, provider_request_key, lease_until, created_at,
                                          outcome, res_pool, res_shard, res_amount, released_at)
@@ -227,7 +234,6 @@ BEGIN
                    to_state[upd.g], coalesce(upd.res_pool, '{}'), coalesce(upd.res_shard, '{}'),
                    coalesce(upd.res_amount, '{}'), upd.res_released_at
               FROM upd WHERE ends[upd.g]
-            ON CONFLICT (task_id, attempt_no) DO NOTHING
             RETURNING 1
         )
         SELECT (SELECT coalesce(array_agg(upd.g), '{}') FROM upd),
