@@ -145,56 +145,57 @@ BEGIN
             r_state := t_state;
             r_version := t_version;
             applied := pending;
+        ELSE
+            FOREACH i IN ARRAY pending LOOP
+                r_outcome[i] := NULL;
+                r_detail[i] := NULL;
+                IF t_state[i] IS NULL THEN
+                    r_outcome[i] := 'TASK_GONE';
+                    CONTINUE;
+                END IF;
+                r_state[i] := t_state[i];
+                r_version[i] := t_version[i];
+                IF t_token[i] IS DISTINCT FROM p_token[i] THEN
+                    r_outcome[i] := 'STALE_TOKEN';
+                    r_detail[i] := coalesce(t_token[i]::text, 'none');
+                    CONTINUE;
+                END IF;
+                v_to := coalesce(p_to[i], t_state[i]);
+                v_ends := p_mode[i] IN ('REQUEUE', 'FINISH');
+                -- The states passed on the way, each hop on the whitelist: a hop to the state the
+                -- task is already in repeats a report and is harmless.
+                v_cur := t_state[i];
+                v_bad := false;
+                IF p_via[i] IS NOT NULL THEN
+                    FOREACH v_hop IN ARRAY string_to_array(p_via[i], '>') LOOP
+                        IF v_cur IN ('SUCCEEDED', 'FAILED', 'CANCELED', 'EXPIRED')
+                           OR (v_hop <> v_cur AND NOT (v_cur || '>' || v_hop) = ANY (allowed)) THEN
+                            r_outcome[i] := 'ILLEGAL_TRANSITION';
+                            r_detail[i] := v_cur || ' -> ' || v_hop;
+                            v_bad := true;
+                            EXIT;
+                        END IF;
+                        v_cur := v_hop;
+                    END LOOP;
+                END IF;
+                IF v_bad THEN
+                    CONTINUE;
+                END IF;
+                -- Terminal states stay terminal; a requeue or finish is always a transition; an
+                -- advance to the state the task is already in repeats a report and is harmless.
+                IF v_cur IN ('SUCCEEDED', 'FAILED', 'CANCELED', 'EXPIRED')
+                   OR ((v_ends OR v_to <> v_cur)
+                       AND NOT (v_cur || '>' || v_to) = ANY (allowed)) THEN
+                    r_outcome[i] := 'ILLEGAL_TRANSITION';
+                    r_detail[i] := v_cur || ' -> ' || v_to;
+                    CONTINUE;
+                END IF;
+                ends[i] := v_ends AND t_attempt[i] IS NOT NULL;
+                releases[i] := p_mode[i] <> 'ADVANCE' AND t_held[i] > 0;
+                to_state[i] := v_to;
+                applied := applied || i;
+            END LOOP;
         END IF;
-        FOREACH i IN ARRAY CASE WHEN v_round = 1 AND v_fast THEN '{}'::integer[] ELSE pending END LOOP
-            r_outcome[i] := NULL;
-            r_detail[i] := NULL;
-            IF t_state[i] IS NULL THEN
-                r_outcome[i] := 'TASK_GONE';
-                CONTINUE;
-            END IF;
-            r_state[i] := t_state[i];
-            r_version[i] := t_version[i];
-            IF t_token[i] IS DISTINCT FROM p_token[i] THEN
-                r_outcome[i] := 'STALE_TOKEN';
-                r_detail[i] := coalesce(t_token[i]::text, 'none');
-                CONTINUE;
-            END IF;
-            v_to := coalesce(p_to[i], t_state[i]);
-            v_ends := p_mode[i] IN ('REQUEUE', 'FINISH');
-            -- The states passed on the way, each hop on the whitelist: a hop to the state the
-            -- task is already in repeats a report and is harmless.
-            v_cur := t_state[i];
-            v_bad := false;
-            IF p_via[i] IS NOT NULL THEN
-                FOREACH v_hop IN ARRAY string_to_array(p_via[i], '>') LOOP
-                    IF v_cur IN ('SUCCEEDED', 'FAILED', 'CANCELED', 'EXPIRED')
-                       OR (v_hop <> v_cur AND NOT (v_cur || '>' || v_hop) = ANY (allowed)) THEN
-                        r_outcome[i] := 'ILLEGAL_TRANSITION';
-                        r_detail[i] := v_cur || ' -> ' || v_hop;
-                        v_bad := true;
-                        EXIT;
-                    END IF;
-                    v_cur := v_hop;
-                END LOOP;
-            END IF;
-            IF v_bad THEN
-                CONTINUE;
-            END IF;
-            -- Terminal states stay terminal; a requeue or finish is always a transition; an
-            -- advance to the state the task is already in repeats a report and is harmless.
-            IF v_cur IN ('SUCCEEDED', 'FAILED', 'CANCELED', 'EXPIRED')
-               OR ((v_ends OR v_to <> v_cur)
-                   AND NOT (v_cur || '>' || v_to) = ANY (allowed)) THEN
-                r_outcome[i] := 'ILLEGAL_TRANSITION';
-                r_detail[i] := v_cur || ' -> ' || v_to;
-                CONTINUE;
-            END IF;
-            ends[i] := v_ends AND t_attempt[i] IS NOT NULL;
-            releases[i] := p_mode[i] <> 'ADVANCE' AND t_held[i] > 0;
-            to_state[i] := v_to;
-            applied := applied || i;
-        END LOOP;
         IF cardinality(applied) = 0 THEN
             EXIT;
         END IF;

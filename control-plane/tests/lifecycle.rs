@@ -659,6 +659,16 @@ async fn a_multi_step_report_checks_every_hop_and_writes_once() {
         r.via = via;
         r
     };
+    let succeeded_releasing_one = |r: &ReportResult| {
+        matches!(
+            r,
+            ReportResult::Applied {
+                state: S::Succeeded,
+                released: 1,
+                ..
+            }
+        )
+    };
     let whole = vec![S::Running, S::ProviderSucceeded, S::MediaProcessing];
     // Task 2 skips MEDIA_PROCESSING: PROVIDER_SUCCEEDED → SUCCEEDED is not on the whitelist.
     let skipping = vec![S::Running, S::ProviderSucceeded];
@@ -677,17 +687,7 @@ async fn a_multi_step_report_checks_every_hop_and_writes_once() {
         ])
         .await
         .unwrap();
-    assert!(
-        matches!(
-            r[0],
-            ReportResult::Applied {
-                state: S::Succeeded,
-                released: 1,
-                ..
-            }
-        ),
-        "{r:?}"
-    );
+    assert!(succeeded_releasing_one(&r[0]), "{r:?}");
     assert_eq!(
         r[1],
         ReportResult::IllegalTransition {
@@ -732,8 +732,8 @@ async fn a_multi_step_report_checks_every_hop_and_writes_once() {
     assert_eq!(state2, "DISPATCHING", "a refused path changes nothing");
 
     // A batch with nothing to refuse is checked as a whole: task 2 the whole way, with a
-    // repeated hop, and a repeat of task 1's finish now refused as terminal — not in the same
-    // batch, so the first one takes the whole-batch check and the second the row-by-row loop.
+    // repeated hop. Then a repeat of task 1's finish, alone in its batch: its token is gone, so
+    // the whole-batch check refuses it and the row-by-row loop answers STALE_TOKEN.
     let again = vec![
         S::Running,
         S::Running,
@@ -744,17 +744,7 @@ async fn a_multi_step_report_checks_every_hop_and_writes_once() {
         .report_batch(&[succeed(2, tokens[1], again)])
         .await
         .unwrap();
-    assert!(
-        matches!(
-            r[0],
-            ReportResult::Applied {
-                state: S::Succeeded,
-                released: 1,
-                ..
-            }
-        ),
-        "{r:?}"
-    );
+    assert!(succeeded_releasing_one(&r[0]), "{r:?}");
     assert_eq!(db.pool_usage("provider:acme").await.unwrap()[0].used, 0);
     let r = db
         .report_batch(&[succeed(1, tokens[0], Vec::new())])
