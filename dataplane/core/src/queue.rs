@@ -28,24 +28,33 @@ pub(crate) trait LinksMut: Links {
     fn set_next(&mut self, slot: u32, next: u32);
 }
 
+/// In field order (`repr(C)`): an admission's append touches only the first 56 bytes (bands,
+/// counts, ring membership), so a queue that starts a cache line costs it one line.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[repr(C)]
 pub(crate) struct TenantQueue {
     heads: [u32; Band::COUNT],
     tails: [u32; Band::COUNT],
     tasks: u32,
-    units_milli: u64,
-    /// DRR deficit in milli-units; negative after a task larger than the credit ran at the cap.
-    pub deficit: i64,
-    /// Fairness debt (actual − estimated, capped per task), paid out of later quanta.
-    pub debt: i64,
-    /// The tenant is due a quantum on its next visit (its last turn ended for lack of credit).
-    pub needs_quantum: bool,
     /// Listed in its lane's DRR ring.
     pub in_ring: bool,
+    /// The tenant is due a quantum on its next visit (its last turn ended for lack of credit).
+    pub needs_quantum: bool,
+    units_milli: u64,
     /// The head (a task slot) the fit-scan has skipped, and how often; `NIL` when none. It is
     /// always a task of this queue: it is cleared when that task leaves.
     pub skipped_head: u32,
     pub skips: u32,
+    /// DRR deficit in milli-units; negative after a task larger than the credit ran at the cap.
+    pub deficit: i64,
+    /// Fairness debt (actual − estimated, capped per task), paid out of later quanta.
+    pub debt: i64,
+}
+
+impl TenantQueue {
+    /// Bytes from the start that an admission reads or writes (through `in_ring`, `push_back`).
+    #[cfg(test)]
+    pub(crate) const APPEND_BYTES: usize = std::mem::offset_of!(TenantQueue, skipped_head);
 }
 
 impl Default for TenantQueue {

@@ -207,19 +207,18 @@ struct NodeIds {
     temp_disk_mb: LimitId,
 }
 
-/// The limits an owner — a tenant or a user — has for itself, kept inline in its record: an
-/// admission reads one owner's rate, gates and running limits from the lines it already reads for
-/// the owner, instead of from among every other owner's limits in the ledger.
-#[derive(Debug, Clone)]
-struct OwnerLimits {
-    submit_rate: TokenBucket,
-    queued_tasks: Semaphore,
-    queued_units: Semaphore,
-    running_tasks: Semaphore,
-    running_units: Semaphore,
+/// A task count and units an owner — a tenant or a user — holds for itself: its queue gates or
+/// its running limits. Owners keep theirs inline in their records, where each pair sits in the
+/// cache line of the step that uses it (admission reads the gates, the pick the running pair),
+/// instead of among every other owner's limits in the ledger.
+#[derive(Debug, Clone, Copy)]
+#[repr(C)]
+struct OwnedPair {
+    tasks: Semaphore,
+    units: Semaphore,
 }
 
-/// Which of an owner's semaphore pairs (a task count and units) a step holds.
+/// Which of an owner's pairs a step holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Hold {
     /// Queue gates, while the task waits in a band.
@@ -228,71 +227,56 @@ enum Hold {
     Running,
 }
 
-impl OwnerLimits {
-    fn new(submit_rate: RateSpec, queued: (u64, Units), running: (u64, Units)) -> OwnerLimits {
-        OwnerLimits {
-            submit_rate: TokenBucket::new(submit_rate, Time::ZERO),
-            queued_tasks: Semaphore::new(queued.0),
-            queued_units: Semaphore::new(queued.1.milli()),
-            running_tasks: Semaphore::new(running.0),
-            running_units: Semaphore::new(running.1.milli()),
+impl OwnedPair {
+    fn new((tasks, units): (u64, Units)) -> OwnedPair {
+        OwnedPair {
+            tasks: Semaphore::new(tasks),
+            units: Semaphore::new(units.milli()),
         }
     }
 
-    fn pair(&mut self, hold: Hold) -> (&mut Semaphore, &mut Semaphore) {
-        match hold {
-            Hold::Queued => (&mut self.queued_tasks, &mut self.queued_units),
-            Hold::Running => (&mut self.running_tasks, &mut self.running_units),
-        }
+    fn set_capacity(&mut self, tasks: u64, units: Units) {
+        self.tasks.capacity = tasks;
+        self.units.capacity = units.milli();
     }
 
-    fn used(&self, hold: Hold) -> (u64, u64) {
-        match hold {
-            Hold::Queued => (self.queued_tasks.used, self.queued_units.used),
-            Hold::Running => (self.running_tasks.used, self.running_units.used),
-        }
+    fn used(&self) -> (u64, u64) {
+        (self.tasks.used, self.units.used)
     }
 
-    /// Takes one task and `units` of `hold`, both or neither; on refusal says which (0: tasks,
-    /// 1: units).
-    fn try_take(&mut self, hold: Hold, units: u64) -> Result<(), usize> {
-        let (tasks, units_sem) = self.pair(hold);
-        if !tasks.try_take(1) {
+    /// Takes one task and `units`, both or neither; on refusal says which (0: tasks, 1: units).
+    fn try_take(&mut self, units: u64) -> Result<(), usize> {
+        if !self.tasks.try_take(1) {
             return Err(0);
         }
-        if !units_sem.try_take(units) {
-            tasks.used -= 1;
+        if !self.units.try_take(units) {
+            self.tasks.used -= 1;
             return Err(1);
         }
         Ok(())
     }
 
-    fn release(&mut self, hold: Hold, units: u64, keys: [LimitKey; 2]) {
-        let (tasks, units_sem) = self.pair(hold);
-        tasks.release(1, || keys[0]);
-        units_sem.release(units, || keys[1]);
+    fn release(&mut self, units: u64, keys: [LimitKey; 2]) {
+        self.tasks.release(1, || keys[0]);
+        self.units.release(units, || keys[1]);
     }
 
-    fn force(&mut self, hold: Hold, units: u64) {
-        let (tasks, units_sem) = self.pair(hold);
-        tasks.force(1);
-        units_sem.force(units);
+    fn force(&mut self, units: u64) {
+        self.tasks.force(1);
+        self.units.force(units);
     }
 
-    /// Running semaphores never exceed capacity; gates only through forced re-entry.
-    fn check_invariants(&self, keys: impl Fn(Hold) -> [LimitKey; 2]) {
-        let [tasks, units] = keys(Hold::Running);
+    /// Running pairs never exceed capacity (gates may, through forced re-entry).
+    fn check_within(&self, keys: [LimitKey; 2]) {
         assert!(
-            self.running_tasks.used <= self.running_tasks.capacity,
-            "{tasks} above capacity"
+            self.tasks.used <= self.tasks.capacity,
+            "{} above capacity",
+            keys[0]
         );
         assert!(
-            self.running_units.used <= self.running_units.capacity,
-            "{units} above capacity"
-        );
-        assert!(
-            self.submit_rate.within_burst(),
-            "submit bucket above its burst"
+            self.units.used <= self.units.capacity,
+            "{} above capacity",
+            keys[1]
         );
     }
 }
@@ -322,50 +306,78 @@ impl ClassSet {
 /// fields they need, the tenant's own limits, its queue in its home lane — so that serving a
 /// tenant reads a few adjacent lines found from one address (the full policy stays in
 /// `Policy::tenants`, read only when a user is first seen).
+///
+/// The fields are in cache-line order (`repr(C)`, five lines): an admission reads lines 0–2 and
+/// nothing else of the record — line 0 its submit bucket and the policy flags, line 1 its gates,
+/// budget and home lane, line 2 the part of its home queue an append touches — while the pick
+/// reads lines 1–4 (weight, queue, running limits, cost bucket). A test pins the offsets.
 #[derive(Debug, Clone)]
-#[repr(align(64))]
+#[repr(C, align(64))]
 struct TenantRt {
-    id: TenantId,
-    weight: u32,
+    // line 0
+    submit_rate: TokenBucket,
     lane: Lane,
     base_band: Band,
     wait_overflow: WaitOverflow,
     classes: ClassSet,
     max_wait_ms: u64,
+    // line 1
+    gates: OwnedPair,
     cost_quota_milli: u64,
     cost_reserved_milli: u64,
-    limits: OwnerLimits,
-    cost_per_minute: TokenBucket,
+    /// `cost_per_minute`'s burst, here for admission (a task costing more can never run).
+    cost_burst_milli: u64,
+    weight: u32,
     /// The lane its standard work went to when it was first seen: its queue there is inline.
     home_lane: Lane,
+    // lines 2–3
     home: TenantQueue,
+    running: OwnedPair,
     /// Its queues in every other lane (expensive work, best-effort overflow, a changed lane),
     /// made when first needed.
     away: Option<Box<[TenantQueue; Lane::COUNT]>>,
+    id: TenantId,
+    // line 4
+    cost_per_minute: TokenBucket,
 }
 
 impl TenantRt {
     fn new(id: TenantId, policy: &TenantPolicy) -> TenantRt {
         TenantRt {
-            id,
-            weight: policy.weight,
+            submit_rate: TokenBucket::new(policy.submit_rate, Time::ZERO),
             lane: policy.lane,
             base_band: policy.base_band,
             wait_overflow: policy.wait_overflow,
             classes: ClassSet::of(&policy.allowed_classes),
             max_wait_ms: policy.max_wait_ms,
+            gates: OwnedPair::new((policy.queued_tasks_max, policy.queued_units_max)),
             cost_quota_milli: policy.cost_quota_milli,
             cost_reserved_milli: 0,
-            limits: OwnerLimits::new(
-                policy.submit_rate,
-                (policy.queued_tasks_max, policy.queued_units_max),
-                (policy.running_tasks_max, policy.running_units_max),
-            ),
-            cost_per_minute: TokenBucket::new(policy.cost_per_minute, Time::ZERO),
+            cost_burst_milli: policy.cost_per_minute.burst,
+            weight: policy.weight,
             home_lane: policy.lane,
             home: TenantQueue::default(),
+            running: OwnedPair::new((policy.running_tasks_max, policy.running_units_max)),
             away: None,
+            id,
+            cost_per_minute: TokenBucket::new(policy.cost_per_minute, Time::ZERO),
         }
+    }
+
+    fn pair_mut(&mut self, hold: Hold) -> &mut OwnedPair {
+        match hold {
+            Hold::Queued => &mut self.gates,
+            Hold::Running => &mut self.running,
+        }
+    }
+
+    /// Hints the lines a turn of this tenant reads (1–4; line 0 is admission's).
+    #[inline]
+    fn prefetch_for_pick(&self) {
+        crate::prefetch::prefetch(&self.weight);
+        crate::prefetch::prefetch(&self.home);
+        crate::prefetch::prefetch(&self.running);
+        crate::prefetch::prefetch(&self.cost_per_minute);
     }
 
     /// The lane a task of `class` goes to (`TenantPolicy::lane_for`).
@@ -390,13 +402,13 @@ impl TenantRt {
         self.classes = ClassSet::of(&policy.allowed_classes);
         self.max_wait_ms = policy.max_wait_ms;
         self.cost_quota_milli = policy.cost_quota_milli;
-        let l = &mut self.limits;
-        l.submit_rate.set_rate(policy.submit_rate, now);
-        l.queued_tasks.capacity = policy.queued_tasks_max;
-        l.queued_units.capacity = policy.queued_units_max.milli();
-        l.running_tasks.capacity = policy.running_tasks_max;
-        l.running_units.capacity = policy.running_units_max.milli();
+        self.submit_rate.set_rate(policy.submit_rate, now);
+        self.gates
+            .set_capacity(policy.queued_tasks_max, policy.queued_units_max);
+        self.running
+            .set_capacity(policy.running_tasks_max, policy.running_units_max);
         self.cost_per_minute.set_rate(policy.cost_per_minute, now);
+        self.cost_burst_milli = policy.cost_per_minute.burst;
     }
 
     fn queue(&self, lane: Lane) -> Option<&TenantQueue> {
@@ -439,15 +451,26 @@ impl TenantRt {
     }
 }
 
-/// A user in this shard, with its own limits inline.
+/// A user in this shard, with its own limits inline, in field order (`repr(C)`, two lines): an
+/// admission reads the submit bucket and the gates (lines 0–1), the pick only the running pair
+/// (line 1).
 #[derive(Debug, Clone)]
-#[repr(align(64))]
+#[repr(C, align(64))]
 struct UserRt {
+    submit_rate: TokenBucket,
+    gates: OwnedPair,
+    running: OwnedPair,
     id: UserId,
-    limits: OwnerLimits,
 }
 
 impl UserRt {
+    fn pair_mut(&mut self, hold: Hold) -> &mut OwnedPair {
+        match hold {
+            Hold::Queued => &mut self.gates,
+            Hold::Running => &mut self.running,
+        }
+    }
+
     fn keys(&self, hold: Hold) -> [LimitKey; 2] {
         let u = self.id;
         match hold {
@@ -1057,7 +1080,7 @@ impl Shard {
         let remaining = tenant
             .cost_quota_milli
             .saturating_sub(tenant.cost_reserved_milli);
-        if est.cost_milli > remaining || est.cost_milli > tenant.cost_per_minute.rate().burst {
+        if est.cost_milli > remaining || est.cost_milli > tenant.cost_burst_milli {
             let reason = RejectReason::CostQuota {
                 needed_milli: est.cost_milli,
                 remaining_milli: remaining,
@@ -1133,13 +1156,13 @@ impl Shard {
         now: Time,
     ) -> Result<(), LimitKey> {
         let tenant = &mut self.tenants[tenant_slot as usize];
-        if !tenant.limits.submit_rate.try_take(1, now) {
+        if !tenant.submit_rate.try_take(1, now) {
             return Err(LimitKey::TenantSubmitRate(tenant.id));
         }
         let user = &mut self.users[user_slot as usize];
-        if !user.limits.submit_rate.try_take(1, now) {
+        if !user.submit_rate.try_take(1, now) {
             let key = LimitKey::UserSubmitRate(user.id);
-            tenant.limits.submit_rate.refund(1);
+            tenant.submit_rate.refund(1);
             return Err(key);
         }
         Ok(())
@@ -1292,13 +1315,14 @@ impl Shard {
         }
         let tenant = self.tenants[tenant_slot as usize].id;
         let p = &self.policy.tenants[&tenant].user;
-        let limits = OwnerLimits::new(
-            p.submit_rate,
-            (p.queued_tasks_max, p.queued_units_max),
-            (p.running_tasks_max, p.running_units_max),
-        );
+        let record = UserRt {
+            submit_rate: TokenBucket::new(p.submit_rate, Time::ZERO),
+            gates: OwnedPair::new((p.queued_tasks_max, p.queued_units_max)),
+            running: OwnedPair::new((p.running_tasks_max, p.running_units_max)),
+            id: user,
+        };
         let slot = u32::try_from(self.users.len()).expect("users bounded by USERS_MAX");
-        self.users.push(UserRt { id: user, limits });
+        self.users.push(record);
         self.user_slots.insert(user, slot);
         slot
     }
@@ -1320,14 +1344,14 @@ impl Shard {
         units: u64,
     ) -> Result<(), LimitKey> {
         let tenant = &mut self.tenants[tenant_slot as usize];
-        if let Err(i) = tenant.limits.try_take(hold, units) {
+        if let Err(i) = tenant.pair_mut(hold).try_take(units) {
             return Err(tenant.keys(hold)[i]);
         }
         let user = &mut self.users[user_slot as usize];
-        if let Err(i) = user.limits.try_take(hold, units) {
+        if let Err(i) = user.pair_mut(hold).try_take(units) {
             let key = user.keys(hold)[i];
             let keys = tenant.keys(hold);
-            tenant.limits.release(hold, units, keys);
+            tenant.pair_mut(hold).release(units, keys);
             return Err(key);
         }
         Ok(())
@@ -1336,10 +1360,10 @@ impl Shard {
     fn release_owned(&mut self, tenant_slot: u32, user_slot: u32, hold: Hold, units: u64) {
         let tenant = &mut self.tenants[tenant_slot as usize];
         let keys = tenant.keys(hold);
-        tenant.limits.release(hold, units, keys);
+        tenant.pair_mut(hold).release(units, keys);
         let user = &mut self.users[user_slot as usize];
         let keys = user.keys(hold);
-        user.limits.release(hold, units, keys);
+        user.pair_mut(hold).release(units, keys);
     }
 
     /// The node-wide queue gates of a task of `lane` with fairness `units`, in id order.
@@ -1373,12 +1397,8 @@ impl Shard {
         let units = self.estimates.get(e.estimate).fairness.milli();
         self.ledger
             .force_acquire_gate_needs(&self.node_gates(e.lane, units));
-        self.tenants[e.tenant_slot as usize]
-            .limits
-            .force(Hold::Queued, units);
-        self.users[e.user_slot as usize]
-            .limits
-            .force(Hold::Queued, units);
+        self.tenants[e.tenant_slot as usize].gates.force(units);
+        self.users[e.user_slot as usize].gates.force(units);
     }
 
     fn release_gates(&mut self, e: &TaskEntry) {
@@ -1715,7 +1735,7 @@ impl Shard {
         }
         // The tenant the ring serves after this one is read when this one's turn ends.
         if let Some(&after) = rt.ring.get(1) {
-            crate::prefetch::prefetch(&self.tenants[after as usize]);
+            self.tenants[after as usize].prefetch_for_pick();
         }
         let drr = self.policy.drr;
         let tenant = &mut self.tenants[slot as usize];
@@ -2396,9 +2416,12 @@ impl Shard {
                 expected[i]
             );
         }
-        let owned = |limits: &OwnerLimits, keys: &dyn Fn(Hold) -> [LimitKey; 2], held: [u64; 4]| {
-            for (at, h) in [(0, Hold::Queued), (2, Hold::Running)] {
-                let used = limits.used(h);
+        let owned = |pairs: [&OwnedPair; 2],
+                     keys: &dyn Fn(Hold) -> [LimitKey; 2],
+                     submit: &TokenBucket,
+                     held: [u64; 4]| {
+            for (pair, at, h) in [(pairs[0], 0, Hold::Queued), (pairs[1], 2, Hold::Running)] {
+                let used = pair.used();
                 let [tasks, units] = keys(h);
                 assert_eq!(used.0, held[at], "{tasks} differs from its reservations");
                 assert_eq!(
@@ -2407,10 +2430,18 @@ impl Shard {
                     "{units} differs from its reservations"
                 );
             }
-            limits.check_invariants(keys);
+            pairs[1].check_within(keys(Hold::Running));
+            assert!(submit.within_burst(), "submit bucket above its burst");
         };
         for (slot, t) in self.tenants.iter().enumerate() {
-            owned(&t.limits, &|h| t.keys(h), tenant_held[slot]);
+            let pairs = [&t.gates, &t.running];
+            owned(pairs, &|h| t.keys(h), &t.submit_rate, tenant_held[slot]);
+            assert_eq!(
+                t.cost_burst_milli,
+                t.cost_per_minute.rate().burst,
+                "tenant {} admission copy of its cost burst drifted",
+                t.id
+            );
             assert!(
                 t.cost_per_minute.within_burst(),
                 "tenant {} cost bucket above its burst",
@@ -2423,7 +2454,8 @@ impl Shard {
             );
         }
         for (slot, u) in self.users.iter().enumerate() {
-            owned(&u.limits, &|h| u.keys(h), user_held[slot]);
+            let pairs = [&u.gates, &u.running];
+            owned(pairs, &|h| u.keys(h), &u.submit_rate, user_held[slot]);
         }
         self.estimates.check_invariants(&holders);
         self.check_queues(&lane_tasks, &lane_units, &lane_running);
@@ -2500,4 +2532,49 @@ impl Shard {
 enum End {
     Back,
     Front,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::mem::{offset_of, size_of};
+
+    const LINE: usize = 64;
+
+    fn line_of(offset: usize) -> usize {
+        offset / LINE
+    }
+
+    /// The lines an admission reads of a tenant (0–2) and of a user (0–1) stay where the
+    /// records' comments say; a field added in the wrong place fails here, not in a bench.
+    #[test]
+    fn owner_records_keep_their_cache_lines() {
+        assert_eq!(size_of::<TenantRt>(), 5 * LINE);
+        let admission = [
+            offset_of!(TenantRt, submit_rate),
+            offset_of!(TenantRt, submit_rate) + size_of::<TokenBucket>() - 1,
+            offset_of!(TenantRt, lane),
+            offset_of!(TenantRt, base_band),
+            offset_of!(TenantRt, wait_overflow),
+            offset_of!(TenantRt, classes),
+            offset_of!(TenantRt, max_wait_ms),
+            offset_of!(TenantRt, gates),
+            offset_of!(TenantRt, cost_quota_milli),
+            offset_of!(TenantRt, cost_reserved_milli),
+            offset_of!(TenantRt, cost_burst_milli),
+            offset_of!(TenantRt, home_lane),
+            offset_of!(TenantRt, home) + TenantQueue::APPEND_BYTES - 1,
+        ];
+        for offset in admission {
+            assert!(line_of(offset) <= 2, "admission field at {offset}");
+        }
+        assert_eq!(offset_of!(TenantRt, home) % LINE, 0);
+        assert_eq!(line_of(offset_of!(TenantRt, weight)), 1);
+        assert_eq!(line_of(offset_of!(TenantRt, cost_per_minute)), 4);
+
+        assert_eq!(size_of::<UserRt>(), 2 * LINE);
+        let running = offset_of!(UserRt, running);
+        assert_eq!(line_of(running), 1);
+        assert_eq!(line_of(running + size_of::<OwnedPair>() - 1), 1);
+    }
 }
