@@ -48,7 +48,8 @@ pub type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
 /// 16 consecutive ids in 16 consecutive buckets — hashbrown takes the bucket from the low bits
 /// and the 7-bit tag from the top ones — and scatters the runs themselves, so a stride in the
 /// ids (every 16th, every 1024th) spreads over the table instead of piling into a few buckets.
-/// Only the speed depends on that layout, never a lookup's answer.
+/// Only the speed depends on that layout, never a lookup's answer. The shard's tenant and user
+/// maps use it too: ids handed out in sequence are looked up in sequence.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct RunHasher(u64);
 
@@ -63,6 +64,16 @@ impl Hasher for RunHasher {
         for &b in bytes {
             self.0 = (self.0 << 8) | u64::from(b);
         }
+    }
+
+    // Narrower ids (tenants, users) are the same number: without these they would go through
+    // `write` in native byte order, which on a little-endian machine reverses them.
+    fn write_u16(&mut self, n: u16) {
+        self.0 = u64::from(n);
+    }
+
+    fn write_u32(&mut self, n: u32) {
+        self.0 = u64::from(n);
     }
 
     fn write_u64(&mut self, n: u64) {
@@ -103,5 +114,15 @@ mod tests {
         tags.sort_unstable();
         tags.dedup();
         assert!(tags.len() > 100, "{} distinct tags", tags.len());
+    }
+
+    #[test]
+    fn narrow_ids_hash_as_their_value() {
+        let build = BuildHasherDefault::<RunHasher>::default();
+        for id in [0u32, 1, 17, 4096, u32::MAX] {
+            assert_eq!(build.hash_one(id), hash(u64::from(id)));
+            assert_eq!(build.hash_one(crate::TenantId(id)), hash(u64::from(id)));
+        }
+        assert_eq!(build.hash_one(300u16), hash(300));
     }
 }

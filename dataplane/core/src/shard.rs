@@ -12,7 +12,7 @@ use std::fmt;
 use crate::admission::{Admission, Decision, QueueLevel, RejectReason, SubmitError};
 use crate::cost::{estimate, CostEstimate, ResourceClass, TaskSpec};
 use crate::estimates::{EstimateRef, Estimates};
-use crate::hash::IdMap;
+use crate::hash::RunMap;
 use crate::ids::{Band, FencingToken, Lane, PolicyVersion, ProviderId, TaskId, TenantId, UserId};
 use crate::ledger::{Demand, Ledger, LimitId, LimitKey, Need, Scope, Semaphore, TokenBucket};
 use crate::limits::{
@@ -628,9 +628,9 @@ pub struct Shard {
     node: NodeIds,
     node_limit_ids: Vec<LimitId>,
     tenants: Vec<TenantRt>,
-    tenant_slots: IdMap<TenantId, u32>,
+    tenant_slots: RunMap<TenantId, u32>,
     users: Vec<UserRt>,
-    user_slots: IdMap<UserId, u32>,
+    user_slots: RunMap<UserId, u32>,
     tasks: Tasks,
     estimates: Estimates,
     lanes: [LaneRt; Lane::COUNT],
@@ -828,9 +828,9 @@ impl Shard {
             node,
             node_limit_ids,
             tenants: Vec::new(),
-            tenant_slots: IdMap::default(),
+            tenant_slots: RunMap::default(),
             users: Vec::new(),
-            user_slots: IdMap::default(),
+            user_slots: RunMap::default(),
             tasks: Tasks::default(),
             estimates: Estimates::default(),
             lanes,
