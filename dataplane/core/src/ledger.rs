@@ -271,6 +271,80 @@ impl TokenBucket {
     }
 }
 
+/// The largest submit burst a [`SubmitBucket`] keeps exactly: its level, tokens × `WINDOW_NS`,
+/// is 64 bits. 307 million submits, more than a shard can hold queued many times over.
+pub const SUBMIT_BURST_MAX: u64 = u64::MAX / WINDOW_NS;
+
+/// An owner's submit-rate bucket: a [`TokenBucket`] without the penalty (only node buckets are
+/// penalized) and with a 64-bit level, in 32 bytes, so that a user's bucket and gates share one
+/// cache line. Exact for bursts up to [`SUBMIT_BURST_MAX`]; a larger burst (the presets'
+/// unlimited rate) is held at that.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SubmitBucket {
+    per_minute: u64,
+    /// The burst × `WINDOW_NS`.
+    cap: u64,
+    level: u64,
+    refilled_at: Time,
+}
+
+impl SubmitBucket {
+    pub(crate) fn new(rate: RateSpec, now: Time) -> SubmitBucket {
+        let cap = rate.burst.min(SUBMIT_BURST_MAX) * WINDOW_NS;
+        SubmitBucket {
+            per_minute: rate.per_minute,
+            cap,
+            level: cap,
+            refilled_at: now,
+        }
+    }
+
+    fn refill(&mut self, now: Time) {
+        if now <= self.refilled_at {
+            return;
+        }
+        let gained = u128::from(now.since(self.refilled_at)) * u128::from(self.per_minute);
+        // At most `cap`, which is a u64.
+        self.level = (u128::from(self.level) + gained).min(u128::from(self.cap)) as u64;
+        self.refilled_at = now;
+    }
+
+    /// Takes one token if the bucket holds it now; changes nothing else otherwise.
+    #[inline]
+    pub(crate) fn try_take_one(&mut self, now: Time) -> bool {
+        self.refill(now);
+        match self.level.checked_sub(WINDOW_NS) {
+            Some(left) => {
+                self.level = left;
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub(crate) fn refund_one(&mut self) {
+        self.level = self.level.saturating_add(WINDOW_NS).min(self.cap);
+    }
+
+    #[cfg(test)]
+    pub(crate) fn tokens(&self) -> u64 {
+        self.level / WINDOW_NS
+    }
+
+    /// Changes rate and burst; stored tokens above the new burst are dropped, never created.
+    pub(crate) fn set_rate(&mut self, rate: RateSpec, now: Time) {
+        self.refill(now);
+        self.per_minute = rate.per_minute;
+        self.cap = rate.burst.min(SUBMIT_BURST_MAX) * WINDOW_NS;
+        self.level = self.level.min(self.cap);
+    }
+
+    /// Whether the stored tokens are within the burst (the bucket's invariant).
+    pub(crate) fn within_burst(&self) -> bool {
+        self.level <= self.cap
+    }
+}
+
 /// A counting semaphore: 16 bytes, so an owner's semaphores share cache lines. Node limits keep
 /// theirs in the [`Ledger`]; tenants and users keep theirs inline in their own records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -739,5 +813,74 @@ mod tests {
         ledger.try_acquire(&demand, Time::ZERO).unwrap();
         ledger.release(&demand);
         ledger.release(&demand);
+    }
+
+    /// One step on both buckets: advance the clock, then take, refund or change the rate.
+    #[derive(Debug, Clone)]
+    enum BucketStep {
+        Take { after_ms: u64 },
+        Refund,
+        SetRate { per_minute: u64, burst: u64 },
+    }
+
+    fn bucket_step() -> impl proptest::strategy::Strategy<Value = BucketStep> {
+        use proptest::prelude::*;
+        prop_oneof![
+            6 => (0u64..5_000).prop_map(|after_ms| BucketStep::Take { after_ms }),
+            1 => Just(BucketStep::Refund),
+            1 => (0u64..100_000, 1u64..1_000)
+                .prop_map(|(per_minute, burst)| BucketStep::SetRate { per_minute, burst }),
+        ]
+    }
+
+    proptest::proptest! {
+        /// The owners' 64-bit submit bucket answers exactly as the 128-bit one without a penalty.
+        #[test]
+        fn submit_bucket_answers_as_the_token_bucket(
+            per_minute in 0u64..100_000,
+            burst in 1u64..1_000,
+            steps in proptest::collection::vec(bucket_step(), 1..200),
+        ) {
+            let rate = RateSpec { per_minute, burst };
+            let mut small = SubmitBucket::new(rate, Time::ZERO);
+            let mut wide = TokenBucket::new(rate, Time::ZERO);
+            let mut now = Time::ZERO;
+            for step in steps {
+                match step {
+                    BucketStep::Take { after_ms } => {
+                        now = now.plus_ns(after_ms * 1_000_000);
+                        proptest::prop_assert_eq!(small.try_take_one(now), wide.try_take(1, now));
+                    }
+                    BucketStep::Refund => {
+                        small.refund_one();
+                        wide.refund(1);
+                    }
+                    BucketStep::SetRate { per_minute, burst } => {
+                        let rate = RateSpec { per_minute, burst };
+                        small.set_rate(rate, now);
+                        wide.set_rate(rate, now);
+                    }
+                }
+                proptest::prop_assert_eq!(small.tokens(), wide.tokens());
+                proptest::prop_assert!(small.within_burst());
+            }
+        }
+    }
+
+    #[test]
+    fn a_submit_burst_beyond_the_exact_range_is_held_at_it() {
+        let huge = RateSpec {
+            per_minute: 1 << 40,
+            burst: 1 << 40,
+        };
+        let mut bucket = SubmitBucket::new(huge, Time::ZERO);
+        assert_eq!(bucket.tokens(), SUBMIT_BURST_MAX);
+        assert!(bucket.try_take_one(Time::ZERO));
+        assert_eq!(bucket.tokens(), SUBMIT_BURST_MAX - 1);
+        // A day at 2^40 per minute refills to the cap without overflowing.
+        bucket.refill(Time::from_secs(86_400));
+        assert_eq!(bucket.tokens(), SUBMIT_BURST_MAX);
+        bucket.refund_one();
+        assert!(bucket.within_burst());
     }
 }

@@ -14,7 +14,9 @@ use crate::cost::{estimate, CostEstimate, ResourceClass, TaskSpec};
 use crate::estimates::{EstimateRef, Estimates};
 use crate::hash::RunMap;
 use crate::ids::{Band, FencingToken, Lane, PolicyVersion, ProviderId, TaskId, TenantId, UserId};
-use crate::ledger::{Demand, Ledger, LimitId, LimitKey, Need, Scope, Semaphore, TokenBucket};
+use crate::ledger::{
+    Demand, Ledger, LimitId, LimitKey, Need, Scope, Semaphore, SubmitBucket, TokenBucket,
+};
 use crate::limits::{
     ATTEMPTS_MAX, DELAYED_MAX, FIT_SCAN_MAX, MEDIA_QUEUE_MAX, TASKS_MAX, TENANTS_MAX,
     TENANT_VISITS_PER_POLL_MAX, USERS_MAX,
@@ -308,59 +310,59 @@ impl ClassSet {
 /// `Policy::tenants`, read only when a user is first seen).
 ///
 /// The fields are in cache-line order (`repr(C)`, five lines): an admission reads lines 0–2 and
-/// nothing else of the record — line 0 its submit bucket and the policy flags, line 1 its gates,
+/// nothing else of the record — line 0 its submit bucket and gates, line 1 the policy flags, its
 /// budget and home lane, line 2 the part of its home queue an append touches — while the pick
-/// reads lines 1–4 (weight, queue, running limits, cost bucket). A test pins the offsets.
+/// reads lines 1–4 (weight, queue, cost bucket, running limits). A test pins the offsets.
 #[derive(Debug, Clone)]
 #[repr(C, align(64))]
 struct TenantRt {
     // line 0
-    submit_rate: TokenBucket,
+    submit_rate: SubmitBucket,
+    gates: OwnedPair,
+    // line 1
     lane: Lane,
     base_band: Band,
     wait_overflow: WaitOverflow,
     classes: ClassSet,
+    /// The lane its standard work went to when it was first seen: its queue there is inline.
+    home_lane: Lane,
+    weight: u32,
     max_wait_ms: u64,
-    // line 1
-    gates: OwnedPair,
     cost_quota_milli: u64,
     cost_reserved_milli: u64,
     /// `cost_per_minute`'s burst, here for admission (a task costing more can never run).
     cost_burst_milli: u64,
-    weight: u32,
-    /// The lane its standard work went to when it was first seen: its queue there is inline.
-    home_lane: Lane,
-    // lines 2–3
-    home: TenantQueue,
-    running: OwnedPair,
     /// Its queues in every other lane (expensive work, best-effort overflow, a changed lane),
     /// made when first needed.
     away: Option<Box<[TenantQueue; Lane::COUNT]>>,
     id: TenantId,
-    // line 4
+    // lines 2–3
+    home: TenantQueue,
     cost_per_minute: TokenBucket,
+    // line 4
+    running: OwnedPair,
 }
 
 impl TenantRt {
     fn new(id: TenantId, policy: &TenantPolicy) -> TenantRt {
         TenantRt {
-            submit_rate: TokenBucket::new(policy.submit_rate, Time::ZERO),
+            submit_rate: SubmitBucket::new(policy.submit_rate, Time::ZERO),
+            gates: OwnedPair::new((policy.queued_tasks_max, policy.queued_units_max)),
             lane: policy.lane,
             base_band: policy.base_band,
             wait_overflow: policy.wait_overflow,
             classes: ClassSet::of(&policy.allowed_classes),
+            home_lane: policy.lane,
+            weight: policy.weight,
             max_wait_ms: policy.max_wait_ms,
-            gates: OwnedPair::new((policy.queued_tasks_max, policy.queued_units_max)),
             cost_quota_milli: policy.cost_quota_milli,
             cost_reserved_milli: 0,
             cost_burst_milli: policy.cost_per_minute.burst,
-            weight: policy.weight,
-            home_lane: policy.lane,
-            home: TenantQueue::default(),
-            running: OwnedPair::new((policy.running_tasks_max, policy.running_units_max)),
             away: None,
             id,
+            home: TenantQueue::default(),
             cost_per_minute: TokenBucket::new(policy.cost_per_minute, Time::ZERO),
+            running: OwnedPair::new((policy.running_tasks_max, policy.running_units_max)),
         }
     }
 
@@ -451,13 +453,12 @@ impl TenantRt {
     }
 }
 
-/// A user in this shard, with its own limits inline, in field order (`repr(C)`, two lines): an
-/// admission reads the submit bucket and the gates (lines 0–1), the pick only the running pair
-/// (line 1).
+/// A user in this shard, with its own limits inline, in cache-line order (`repr(C)`, two
+/// lines): an admission reads line 0 (submit bucket and gates), the pick line 1 (running pair).
 #[derive(Debug, Clone)]
 #[repr(C, align(64))]
 struct UserRt {
-    submit_rate: TokenBucket,
+    submit_rate: SubmitBucket,
     gates: OwnedPair,
     running: OwnedPair,
     id: UserId,
@@ -1156,13 +1157,13 @@ impl Shard {
         now: Time,
     ) -> Result<(), LimitKey> {
         let tenant = &mut self.tenants[tenant_slot as usize];
-        if !tenant.submit_rate.try_take(1, now) {
+        if !tenant.submit_rate.try_take_one(now) {
             return Err(LimitKey::TenantSubmitRate(tenant.id));
         }
         let user = &mut self.users[user_slot as usize];
-        if !user.submit_rate.try_take(1, now) {
+        if !user.submit_rate.try_take_one(now) {
             let key = LimitKey::UserSubmitRate(user.id);
-            tenant.submit_rate.refund(1);
+            tenant.submit_rate.refund_one();
             return Err(key);
         }
         Ok(())
@@ -1316,7 +1317,7 @@ impl Shard {
         let tenant = self.tenants[tenant_slot as usize].id;
         let p = &self.policy.tenants[&tenant].user;
         let record = UserRt {
-            submit_rate: TokenBucket::new(p.submit_rate, Time::ZERO),
+            submit_rate: SubmitBucket::new(p.submit_rate, Time::ZERO),
             gates: OwnedPair::new((p.queued_tasks_max, p.queued_units_max)),
             running: OwnedPair::new((p.running_tasks_max, p.running_units_max)),
             id: user,
@@ -2418,7 +2419,7 @@ impl Shard {
         }
         let owned = |pairs: [&OwnedPair; 2],
                      keys: &dyn Fn(Hold) -> [LimitKey; 2],
-                     submit: &TokenBucket,
+                     submit: &SubmitBucket,
                      held: [u64; 4]| {
             for (pair, at, h) in [(pairs[0], 0, Hold::Queued), (pairs[1], 2, Hold::Running)] {
                 let used = pair.used();
@@ -2552,7 +2553,7 @@ mod tests {
         assert_eq!(size_of::<TenantRt>(), 5 * LINE);
         let admission = [
             offset_of!(TenantRt, submit_rate),
-            offset_of!(TenantRt, submit_rate) + size_of::<TokenBucket>() - 1,
+            offset_of!(TenantRt, submit_rate) + size_of::<SubmitBucket>() - 1,
             offset_of!(TenantRt, lane),
             offset_of!(TenantRt, base_band),
             offset_of!(TenantRt, wait_overflow),
@@ -2570,11 +2571,12 @@ mod tests {
         }
         assert_eq!(offset_of!(TenantRt, home) % LINE, 0);
         assert_eq!(line_of(offset_of!(TenantRt, weight)), 1);
-        assert_eq!(line_of(offset_of!(TenantRt, cost_per_minute)), 4);
+        let cost = offset_of!(TenantRt, cost_per_minute);
+        assert_eq!((line_of(cost), line_of(cost + size_of::<TokenBucket>() - 1)), (3, 3));
+        assert_eq!(line_of(offset_of!(TenantRt, running)), 4);
 
         assert_eq!(size_of::<UserRt>(), 2 * LINE);
-        let running = offset_of!(UserRt, running);
-        assert_eq!(line_of(running), 1);
-        assert_eq!(line_of(running + size_of::<OwnedPair>() - 1), 1);
+        assert_eq!(offset_of!(UserRt, gates) + size_of::<OwnedPair>(), LINE);
+        assert_eq!(offset_of!(UserRt, running), LINE);
     }
 }
