@@ -17,7 +17,7 @@ use crate::limits::{
 use crate::units::Units;
 
 /// A token bucket: `per_minute` tokens refill continuously, at most `burst` stored. A tenant's or
-/// user's submit rate keeps bursts exactly up to `ledger::SUBMIT_BURST_MAX` (307 million submits);
+/// user's submit rate keeps bursts exactly up to [`crate::ledger::SUBMIT_BURST_MAX`] (307 million submits);
 /// a larger one, like the presets' unlimited rate, is held at that.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RateSpec {
