@@ -271,8 +271,9 @@ impl TokenBucket {
     }
 }
 
-/// The largest submit burst an owner's submit bucket keeps exactly: its level, tokens × `WINDOW_NS`,
-/// is 64 bits. 307 million submits, more than a shard can hold queued many times over.
+/// The largest submit burst an owner's submit bucket keeps exactly: its level, tokens ×
+/// `WINDOW_NS`, is 64 bits. 307 million submits, more than a shard can hold queued many times
+/// over.
 pub const SUBMIT_BURST_MAX: u64 = u64::MAX / WINDOW_NS;
 
 /// An owner's submit-rate bucket: a [`TokenBucket`] without the penalty (only node buckets are

@@ -2572,7 +2572,10 @@ mod tests {
         assert_eq!(offset_of!(TenantRt, home) % LINE, 0);
         assert_eq!(line_of(offset_of!(TenantRt, weight)), 1);
         let cost = offset_of!(TenantRt, cost_per_minute);
-        assert_eq!((line_of(cost), line_of(cost + size_of::<TokenBucket>() - 1)), (3, 3));
+        assert_eq!(
+            (line_of(cost), line_of(cost + size_of::<TokenBucket>() - 1)),
+            (3, 3)
+        );
         assert_eq!(line_of(offset_of!(TenantRt, running)), 4);
 
         assert_eq!(size_of::<UserRt>(), 2 * LINE);
