@@ -106,6 +106,21 @@ async fn a_stopped_server_is_unavailable_and_the_store_reconnects_when_it_return
     config.backoff_initial_ms = 20;
     config.backoff_max_ms = 200;
     let db = Db::open(&config).await.unwrap();
+    // The embedded default trades no durability for speed: only how new WAL segments are made
+    // differs from PostgreSQL's defaults.
+    for (setting, expected) in [
+        ("fsync", "on"),
+        ("synchronous_commit", "on"),
+        ("full_page_writes", "on"),
+        ("wal_init_zero", "off"),
+    ] {
+        let row = db
+            .client()
+            .query_one(&format!("SHOW {setting}"), &[])
+            .await
+            .unwrap();
+        assert_eq!(row.get::<_, String>(0), expected, "{setting}");
+    }
     db.submit_batch(&[task(1, 1, "a")], PolicyVersion(1))
         .await
         .unwrap();
