@@ -373,15 +373,6 @@ impl TenantRt {
         }
     }
 
-    /// Hints the lines a turn of this tenant reads (1–4; line 0 is admission's).
-    #[inline]
-    fn prefetch_for_pick(&self) {
-        crate::prefetch::prefetch(&self.weight);
-        crate::prefetch::prefetch(&self.home);
-        crate::prefetch::prefetch(&self.running);
-        crate::prefetch::prefetch(&self.cost_per_minute);
-    }
-
     /// The lane a task of `class` goes to (`TenantPolicy::lane_for`).
     fn lane_for(&self, class: ResourceClass) -> Lane {
         match class {
@@ -1733,10 +1724,6 @@ impl Shard {
             let rt = &mut self.lanes[lane.index()];
             rt.stalled_until = Some(now.plus_ns(STALL_RETRY_NS));
             return None;
-        }
-        // The tenant the ring serves after this one is read when this one's turn ends.
-        if let Some(&after) = rt.ring.get(1) {
-            self.tenants[after as usize].prefetch_for_pick();
         }
         let drr = self.policy.drr;
         let tenant = &mut self.tenants[slot as usize];
