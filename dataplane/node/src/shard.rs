@@ -1173,12 +1173,16 @@ impl Running {
 
     fn stop(&mut self, tenant: TenantId, units_milli: u64) {
         self.total -= 1;
-        if let Some(t) = self.by_tenant.get_mut(&tenant.0) {
-            t.0 -= 1;
-            t.1 -= units_milli;
-            if t.0 == 0 {
-                self.by_tenant.remove(&tenant.0);
-            }
+        let Some(t) = self.by_tenant.get_mut(&tenant.0) else {
+            // A stop without its start is a bug; debug builds say so here, as the walk in
+            // `publish_tenants` would a tick later.
+            debug_assert!(false, "tenant {} stopped work it never started", tenant.0);
+            return;
+        };
+        t.0 -= 1;
+        t.1 -= units_milli;
+        if t.0 == 0 {
+            self.by_tenant.remove(&tenant.0);
         }
     }
 }
