@@ -31,6 +31,11 @@ const WAIT_BUCKETS_US: &[u64] = &[
     120_000_000,
     600_000_000,
 ];
+/// Submit to dispatch buckets (µs): fine around the few milliseconds a dispatch should take.
+const DISPATCH_BUCKETS_US: &[u64] = &[
+    250, 500, 1_000, 1_500, 2_000, 3_000, 4_000, 5_000, 7_500, 10_000, 15_000, 20_000, 30_000,
+    50_000, 100_000, 250_000, 500_000, 1_000_000, 5_000_000,
+];
 pub const KINDS: [&str; 4] = ["submit", "claim", "report", "read"];
 /// Provider submit results.
 pub const PROVIDER_RESULTS: [&str; 5] =
@@ -134,6 +139,9 @@ pub struct Metrics {
     pub answers: [Histogram; 2],
     /// Admission → dispatch, per lane and band (`lane * Band::COUNT + band`).
     pub waits: Vec<Histogram>,
+    /// A task's first attempt: admission to its claim committed and the attempt started
+    /// (what a provider call waits for), over every lane.
+    pub dispatch: Histogram,
     pub shards: Vec<ShardGauges>,
     /// Set once the shards' board exists.
     pub split: std::sync::OnceLock<SplitView>,
@@ -169,6 +177,7 @@ impl Metrics {
             waits: (0..Lane::COUNT * Band::COUNT)
                 .map(|_| Histogram::new(WAIT_BUCKETS_US))
                 .collect(),
+            dispatch: Histogram::new(DISPATCH_BUCKETS_US),
             shards: (0..shards).map(|_| ShardGauges::default()).collect(),
             split: std::sync::OnceLock::new(),
             live: std::sync::OnceLock::new(),
@@ -392,6 +401,9 @@ impl Metrics {
                 h.render(w, "spindle_dispatch_wait_seconds", &labels);
             }
         }
+        let _ = writeln!(w, "# HELP spindle_submit_dispatch_seconds A first attempt's admission to its claim committed and the attempt started.\n# TYPE spindle_submit_dispatch_seconds histogram");
+        self.dispatch
+            .render(w, "spindle_submit_dispatch_seconds", "attempt=\"first\"");
         let _ = writeln!(w, "# HELP spindle_tenant_running_units Cost units a tenant runs now, per shard.\n# TYPE spindle_tenant_running_units gauge");
         for (i, g) in self.shards.iter().enumerate() {
             let tenants = g.tenants.lock().map(|t| t.clone()).unwrap_or_default();

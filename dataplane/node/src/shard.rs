@@ -1358,12 +1358,16 @@ async fn claim(state: &SharedShard, claims: Vec<ClaimRequest>) {
                             s.metrics
                                 .claims_granted
                                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            if let Some(m) = s.meta.get_mut(task) {
+                            let queued_at = s.meta.get_mut(task).map(|m| {
                                 m.token = Some(token);
                                 m.db_version += 1;
-                            }
+                                m.queued_at
+                            });
                             match s.core.handle_claim_granted(*task, token) {
                                 Ok(ClaimOutcome::Submit) => {
+                                    if let (1, Some(at)) = (attempt_no, queued_at) {
+                                        s.metrics.dispatch.record(now.since(at) / 1_000, 1);
+                                    }
                                     started.push((*task, token, attempt_no, request_key))
                                 }
                                 Ok(ClaimOutcome::Canceled) => {

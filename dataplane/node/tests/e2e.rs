@@ -222,6 +222,11 @@ async fn batches_across_task_id_blocks_all_complete() {
         metrics.contains("spindle_claims_total{result=\"refused\"} 0"),
         "{metrics}"
     );
+    // Every task's first dispatch is in the submit → dispatch histogram, once.
+    assert!(
+        metrics.contains("spindle_submit_dispatch_seconds_count{attempt=\"first\"} 5000\n"),
+        "{metrics}"
+    );
 }
 
 /// DESIGN §3: a node-wide limit is split among shards by backlogged weight. Tenant 1 lives on

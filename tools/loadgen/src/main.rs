@@ -4,6 +4,7 @@
 mod harness;
 mod report;
 mod run;
+mod scrape;
 mod soak;
 mod storm;
 mod workload;

@@ -11,6 +11,7 @@ use hdrhistogram::Histogram;
 use spindle_client::Client;
 use spindle_core::{TaskId, TaskState, TenantId};
 
+use crate::scrape::{metrics_text, succeeded_total, Buckets};
 use crate::workload::{gap, task, Arrival, Rng, TenantLoad};
 
 /// Requests one tenant may have in flight before the generator records it as a backlog drop
@@ -48,6 +49,16 @@ pub struct Outcome {
     pub completed_within: Duration,
     /// Accepted tasks still unfinished when the drain window closed.
     pub unfinished: u64,
+    /// The node's submit → dispatch histogram over the run (with `--metrics`).
+    pub dispatch: Option<Buckets>,
+}
+
+/// The node's histogram of a first attempt's admission to its dispatch.
+const DISPATCH_HISTOGRAM: &str = "spindle_submit_dispatch_seconds";
+
+async fn dispatch_buckets(addr: SocketAddr) -> Option<Buckets> {
+    let text = metrics_text(addr).await.ok()?;
+    Buckets::parse(&text, DISPATCH_HISTOGRAM)
 }
 
 #[derive(Debug, Clone, Default, serde::Serialize)]
@@ -82,6 +93,10 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
     }));
     let counted = match opts.metrics {
         Some(addr) => Some(Counter::start(addr).await?),
+        None => None,
+    };
+    let dispatch_before = match opts.metrics {
+        Some(addr) => dispatch_buckets(addr).await,
         None => None,
     };
     let start = Instant::now();
@@ -140,6 +155,10 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
         None => poll_until_done(&client_of, accepted, start, drain_start, opts.drain).await?,
     };
     let completed_within = drain_start.elapsed();
+    let dispatch = match (opts.metrics, dispatch_before) {
+        (Some(addr), Some(before)) => dispatch_buckets(addr).await.map(|b| b.since(&before)),
+        _ => None,
+    };
     for t in &mut per_tenant {
         t.completed = by_tenant.get(&t.tenant).copied().unwrap_or(0);
     }
@@ -166,6 +185,7 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
         timeline,
         completed_within,
         unfinished,
+        dispatch,
     })
 }
 
@@ -297,21 +317,6 @@ impl Counter {
         }
         completions
     }
-}
-
-/// `spindle_tasks_succeeded_total` from the node's `/metrics`.
-async fn succeeded_total(addr: SocketAddr) -> anyhow::Result<u64> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nhost: loadgen\r\n\r\n")
-        .await?;
-    let mut text = String::new();
-    stream.read_to_string(&mut text).await?;
-    text.lines()
-        .find_map(|l| l.strip_prefix("spindle_tasks_succeeded_total "))
-        .and_then(|v| v.trim().parse().ok())
-        .ok_or_else(|| anyhow::anyhow!("{addr}/metrics has no spindle_tasks_succeeded_total"))
 }
 
 fn progress_bar(show: bool, duration: Duration) -> Option<indicatif::ProgressBar> {
