@@ -56,6 +56,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "report_batch_check",
         sql: include_str!("../migrations/0008_report_batch_check.sql"),
     },
+    Migration {
+        version: 9,
+        name: "generic_plans",
+        sql: include_str!("../migrations/0009_generic_plans.sql"),
+    },
 ];
 
 /// FNV-1a over the migration's text: stable across builds and platforms.

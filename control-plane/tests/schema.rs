@@ -189,3 +189,38 @@ async fn version_5_carries_work_in_flight_over() {
         .collect();
     assert_eq!(used, vec![0, 0]);
 }
+
+/// Version 9: the functions every batch runs plan once per session (generic plans), and keep
+/// the settings that make those plans probe indexes instead of scanning.
+#[tokio::test]
+async fn the_batch_functions_use_generic_plans_over_index_probes() {
+    let test = TestDb::new().await;
+    test.open().await;
+    let sql = test.sql().await.unwrap();
+    let rows = sql
+        .query(
+            "SELECT proname, array_to_string(proconfig, ' ') FROM pg_proc
+              WHERE proname IN ('spindle_submit', 'spindle_claim', 'spindle_report',
+                                'spindle_submit_checked', 'spindle_claim_checked')
+              ORDER BY proname",
+            &[],
+        )
+        .await
+        .unwrap();
+    let config: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(config.len(), 5, "{config:?}");
+    for (name, settings) in &config {
+        let generic = settings.contains("plan_cache_mode=force_generic_plan");
+        let hot = !name.ends_with("_checked");
+        assert_eq!(generic, hot, "{name}: {settings}");
+        assert!(
+            settings.contains("enable_seqscan=off"),
+            "{name}: {settings}"
+        );
+    }
+    let claim = &config.iter().find(|(n, _)| n == "spindle_claim").unwrap().1;
+    assert!(
+        claim.contains("enable_mergejoin=off") && claim.contains("enable_hashjoin=off"),
+        "{claim}"
+    );
+}
