@@ -96,6 +96,17 @@ pub struct Config {
     /// (for nodes where a spinning core is worth more elsewhere).
     #[serde(default = "default_idle_spin_us")]
     pub idle_spin_us: u64,
+    /// Ended tasks (SUCCEEDED, CANCELED, EXPIRED) leave PostgreSQL this long after they ended,
+    /// with their attempt history; their idempotency keys are forgotten with them. 0 keeps
+    /// every task forever.
+    #[serde(default = "default_retention_finished_s")]
+    pub retention_finished_s: u64,
+    /// The same for FAILED tasks (the dead-letter queue); 0 keeps them forever.
+    #[serde(default = "default_retention_failed_s")]
+    pub retention_failed_s: u64,
+    /// Rows of the task table one retention pass looks at (one pass per lease renewal).
+    #[serde(default = "default_retention_scan_rows")]
+    pub retention_scan_rows: usize,
     /// Concurrency of each of the two local provider accounts (global: a pool in PostgreSQL).
     #[serde(default = "default_provider_concurrency")]
     pub provider_concurrency: u64,
@@ -177,6 +188,15 @@ fn default_backoff_base_ms() -> u64 {
 }
 fn default_backoff_max_ms() -> u64 {
     60_000
+}
+fn default_retention_finished_s() -> u64 {
+    7 * 24 * 3600
+}
+fn default_retention_failed_s() -> u64 {
+    30 * 24 * 3600
+}
+fn default_retention_scan_rows() -> usize {
+    5_000
 }
 fn default_idle_spin_us() -> u64 {
     200
@@ -271,6 +291,11 @@ impl Config {
         anyhow::ensure!(
             self.idle_spin_us <= 10_000,
             "idle_spin_us must be 0..=10000"
+        );
+        anyhow::ensure!(
+            (1..=spindle_control::limits::SCAN_MAX).contains(&self.retention_scan_rows),
+            "retention_scan_rows must be 1..={}",
+            spindle_control::limits::SCAN_MAX
         );
         if let Some(p) = &self.provider {
             p.check()?;

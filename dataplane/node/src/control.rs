@@ -9,7 +9,7 @@ use std::collections::{HashSet, VecDeque};
 
 use spindle_control::query::StoredTask;
 use spindle_control::{
-    ClaimRequest, ClaimResult, Db, DbConfig, NewTask, PartitionId, Report, ReportResult,
+    ClaimRequest, ClaimResult, Db, DbConfig, NewTask, PartitionId, Report, ReportResult, Retention,
     StoreError, SubmitOutcome,
 };
 use std::sync::Arc;
@@ -557,6 +557,7 @@ pub async fn start(
         metrics: metrics.clone(),
         ownership: ownership.clone(),
         preferred,
+        prune_from: None,
     };
     tokio::spawn(crate::live_policy::watch(
         db_config.clone(),
@@ -603,6 +604,8 @@ struct LeaseLoop {
     metrics: Arc<Metrics>,
     ownership: Arc<Ownership>,
     preferred: Vec<PartitionId>,
+    /// Where the next retention pass starts (`None`: at the oldest task).
+    prune_from: Option<TaskId>,
 }
 
 impl LeaseLoop {
@@ -678,6 +681,37 @@ impl LeaseLoop {
                 }
                 Err(e) => tracing::warn!("counting live nodes: {e}"),
             }
+            self.prune(&held).await;
+        }
+    }
+
+    /// One bounded retention pass over the partitions this node holds (after the renewal, so
+    /// that it never delays it by more than one pass).
+    async fn prune(&mut self, held: &[PartitionId]) {
+        let window = |s: u64| (s > 0).then(|| std::time::Duration::from_secs(s));
+        let keep = Retention {
+            finished: window(self.config.retention_finished_s),
+            failed: window(self.config.retention_failed_s),
+        };
+        if keep.finished.is_none() && keep.failed.is_none() {
+            return;
+        }
+        let scan = self.config.retention_scan_rows;
+        match self
+            .admin
+            .prune_finished(held, keep, self.prune_from, scan)
+            .await
+        {
+            Ok(p) => {
+                self.prune_from = p.next;
+                self.metrics
+                    .retention_pruned
+                    .fetch_add(p.tasks, std::sync::atomic::Ordering::Relaxed);
+                if p.tasks > 0 {
+                    tracing::debug!("retention: {} ended tasks removed", p.tasks);
+                }
+            }
+            Err(e) => tracing::warn!("retention pass failed: {e}"),
         }
     }
 

@@ -132,6 +132,8 @@ pub struct Metrics {
     pub succeeded_durable: AtomicU64,
     pub claims_granted: AtomicU64,
     pub claims_refused: AtomicU64,
+    /// Ended tasks the retention passes removed from PostgreSQL.
+    pub retention_pruned: AtomicU64,
     pub batches: [Histogram; 4],
     pub provider_calls: [AtomicU64; PROVIDER_RESULTS.len()],
     pub callbacks: [AtomicU64; CALLBACK_KINDS.len()],
@@ -170,6 +172,7 @@ impl Metrics {
             succeeded_durable: AtomicU64::new(0),
             claims_granted: AtomicU64::new(0),
             claims_refused: AtomicU64::new(0),
+            retention_pruned: AtomicU64::new(0),
             batches: std::array::from_fn(|_| Histogram::new(LATENCY_BUCKETS_US)),
             answers: std::array::from_fn(|_| Histogram::new(ANSWER_BUCKETS_US)),
             provider_calls: Default::default(),
@@ -266,6 +269,11 @@ impl Metrics {
             w,
             "spindle_claims_total{{result=\"refused\"}} {}",
             self.claims_refused.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            w,
+            "# HELP spindle_retention_pruned_total Ended tasks removed by retention.\n# TYPE spindle_retention_pruned_total counter\nspindle_retention_pruned_total {}",
+            self.retention_pruned.load(Ordering::Relaxed)
         );
         let _ = writeln!(w, "# HELP spindle_queued_tasks Queued tasks per shard and lane.\n# TYPE spindle_queued_tasks gauge");
         for (i, g) in self.shards.iter().enumerate() {

@@ -360,3 +360,65 @@ submit_per_minute = 60
         "{metrics}"
     );
 }
+
+/// Retention: a node removes its partitions' ended tasks once their window has passed, and
+/// leaves what still runs or waits alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ended_tasks_leave_postgres_after_their_retention_window() {
+    let test = TestDb::new().await;
+    let config = common::CONFIG.replace(
+        "partitions = 8\n",
+        "partitions = 8\nlease_ms = 1000\nretention_finished_s = 1\n",
+    );
+    let daemon = common::start_with(&test, &config).await;
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let done: Vec<_> = client
+        .submit_batch((0..20).map(|i| task(&format!("r{i}"))).collect())
+        .await
+        .unwrap();
+    for a in &done {
+        wait_for(&client, a.task, TaskState::Succeeded).await;
+    }
+    let sql = test.sql().await.unwrap();
+    let ids: Vec<i64> = done.iter().map(|a| a.task.0 as i64).collect();
+    let mut left = i64::MAX;
+    for _ in 0..300 {
+        left = sql
+            .query_one(
+                "SELECT count(*) FROM task WHERE task_id = ANY ($1)",
+                &[&ids],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(left, 0, "{}", daemon.log_tail(40));
+    let (_, metrics) = http_get(daemon.http, "/metrics").await;
+    assert!(
+        metrics.contains("spindle_retention_pruned_total 20\n"),
+        "{metrics}"
+    );
+    let history: i64 = sql
+        .query_one(
+            "SELECT count(*) FROM attempt_history WHERE task_id = ANY ($1)",
+            &[&ids],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(history, 0);
+    // Gone for the client too; a new task of the same tenant still runs.
+    let err = client.get(done[0].task).await.unwrap_err();
+    assert!(
+        matches!(&err, ClientError::Refused(e) if e.code == ErrorCode::NotFound),
+        "{err:?}"
+    );
+    let again = client.submit(task("after")).await.unwrap();
+    wait_for(&client, again.task, TaskState::Succeeded).await;
+}

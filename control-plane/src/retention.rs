@@ -1,0 +1,105 @@
+//! Retention: finished tasks leave the hot table after a while, so that it (and the walks of it
+//! that restarts and takeovers make) stays the size of the recent work, not of all work ever.
+//!
+//! A pass walks at most `scan` rows of `task` in id order from a cursor (ids grow with time, so
+//! the oldest rows come first) and deletes, among those of the given partitions, the ones that
+//! ended long enough ago, with their attempt history. The cost of a pass is bounded by `scan`
+//! whatever the table holds; the caller keeps the cursor and starts again from the beginning
+//! once a pass reaches the end.
+//!
+//! What leaves with a task: its status (GetTask answers not found) and its idempotency key — a
+//! submit with that key after the retention window is a new task. Budget ledger rows stay (they
+//! are the record of what was reserved and spent).
+
+use std::time::Duration;
+
+use spindle_core::TaskId;
+
+use crate::db::Db;
+use crate::error::{InputError, StoreError};
+use crate::limits::SCAN_MAX;
+use crate::types::PartitionId;
+
+/// How long ended tasks stay after they ended; `None` keeps them forever.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// SUCCEEDED, CANCELED and EXPIRED tasks.
+    pub finished: Option<Duration>,
+    /// FAILED tasks (the dead-letter queue, which an operator may still requeue).
+    pub failed: Option<Duration>,
+}
+
+/// What one pass did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pruned {
+    /// Rows of `task` the pass looked at.
+    pub walked: u64,
+    pub tasks: u64,
+    pub attempts: u64,
+    /// Where the next pass starts; `None` once this one reached the end of the table.
+    pub next: Option<TaskId>,
+}
+
+impl Db {
+    /// One bounded retention pass over the tasks after `after` (see the module docs).
+    pub async fn prune_finished(
+        &self,
+        partitions: &[PartitionId],
+        keep: Retention,
+        after: Option<TaskId>,
+        scan: usize,
+    ) -> Result<Pruned, StoreError> {
+        if scan == 0 || scan > SCAN_MAX {
+            return Err(InputError::OutOfRange {
+                row: 0,
+                field: "scan",
+                value: scan.to_string(),
+            }
+            .into());
+        }
+        // NULL (kept forever) compares as unknown: no row of that kind is deleted.
+        let ms = |d: Option<Duration>| d.map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let parts: Vec<i32> = partitions.iter().map(|p| p.0 as i32).collect();
+        let after = after.map_or(-1, |t| t.0 as i64);
+        // The conditions name the table's row, not the walk's copy: a task that changed since
+        // the walk read it (an operator requeued a FAILED one) is checked again as it is now.
+        let row = self
+            .client()
+            .query_one(
+                "WITH walked AS MATERIALIZED (
+                     SELECT task_id FROM task WHERE task_id > $1 ORDER BY task_id LIMIT $2),
+                 gone AS (
+                     DELETE FROM task t USING walked w
+                      WHERE t.task_id = w.task_id AND t.partition = ANY ($3)
+                        AND ((t.state IN ('SUCCEEDED', 'CANCELED', 'EXPIRED')
+                              AND t.updated_at < now() - $4::bigint * interval '1 millisecond')
+                          OR (t.state = 'FAILED'
+                              AND t.updated_at < now() - $5::bigint * interval '1 millisecond'))
+                     RETURNING t.task_id),
+                 history AS (
+                     DELETE FROM attempt_history h USING gone g WHERE h.task_id = g.task_id
+                     RETURNING 1)
+                 SELECT (SELECT count(*) FROM walked), (SELECT max(task_id) FROM walked),
+                        (SELECT count(*) FROM gone), (SELECT count(*) FROM history)",
+                &[
+                    &after,
+                    &(scan as i64),
+                    &parts,
+                    &ms(keep.finished),
+                    &ms(keep.failed),
+                ],
+            )
+            .await?;
+        let walked: i64 = row.get(0);
+        let last: Option<i64> = row.get(1);
+        Ok(Pruned {
+            walked: walked as u64,
+            tasks: row.get::<_, i64>(2) as u64,
+            attempts: row.get::<_, i64>(3) as u64,
+            next: (walked as usize == scan)
+                .then_some(last)
+                .flatten()
+                .map(|t| TaskId(t as u64)),
+        })
+    }
+}

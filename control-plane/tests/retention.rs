@@ -1,0 +1,181 @@
+//! Retention against a real PostgreSQL: ended tasks leave after their window with their
+//! history, nothing live ever does, and a pass is bounded by its scan whatever the table holds.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{claim, setup, task, LEASE_MS, NODE};
+use spindle_control::{
+    ClaimResult, PartitionId, Report, ReportAction, Retention, StoreError, SubmitOutcome,
+};
+use spindle_core::{PolicyVersion, TaskId, TaskState};
+
+const V1: PolicyVersion = PolicyVersion(1);
+const POOL: &str = "provider:acme";
+const ALL: [PartitionId; 4] = [
+    PartitionId(0),
+    PartitionId(1),
+    PartitionId(2),
+    PartitionId(3),
+];
+
+fn finish(task: u64, token: spindle_core::FencingToken, state: TaskState) -> Report {
+    Report {
+        task: TaskId(task),
+        token: Some(token),
+        via: if state == TaskState::Succeeded {
+            vec![
+                TaskState::Running,
+                TaskState::ProviderSucceeded,
+                TaskState::MediaProcessing,
+            ]
+        } else {
+            vec![TaskState::Running]
+        },
+        action: ReportAction::Finish {
+            state,
+            cost_actual_milli: None,
+            reason: Some("test".into()),
+        },
+    }
+}
+
+#[tokio::test]
+async fn ended_tasks_leave_after_their_window_and_live_ones_never() {
+    let (test, db) = setup().await;
+    db.set_pool(POOL, 100, 1).await.unwrap();
+    // Tasks 1..=6 of tenant 1 (partition 1); 7 of tenant 2 (partition 2).
+    let batch: Vec<_> = (1..=7)
+        .map(|i| task(i, if i == 7 { 2 } else { 1 }, &format!("k{i}")))
+        .collect();
+    db.submit_batch(&batch, V1).await.unwrap();
+    let claims: Vec<_> = [1, 2, 3, 4, 7]
+        .iter()
+        .map(|&i| claim(i, 0, &[(POOL, 0, 1)]))
+        .collect();
+    let tokens: Vec<_> = db
+        .claim_batch(NODE, LEASE_MS, &claims)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| match r {
+            ClaimResult::Granted { token, .. } => token,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    // 1 succeeded, 2 failed, 3 canceled, 7 succeeded (another partition); 4 runs; 5, 6 queue.
+    let reports = vec![
+        finish(1, tokens[0], TaskState::Succeeded),
+        finish(2, tokens[1], TaskState::Failed),
+        finish(3, tokens[2], TaskState::Canceled),
+        finish(7, tokens[4], TaskState::Succeeded),
+    ];
+    for r in db.report_batch(&reports).await.unwrap() {
+        assert!(
+            matches!(r, spindle_control::ReportResult::Applied { .. }),
+            "{r:?}"
+        );
+    }
+    let sql = test.sql().await.unwrap();
+    let left = || async {
+        let ids: Vec<i64> = sql
+            .query("SELECT task_id FROM task ORDER BY task_id", &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let history: i64 = sql
+            .query_one("SELECT count(*) FROM attempt_history", &[])
+            .await
+            .unwrap()
+            .get(0);
+        (ids, history)
+    };
+    assert_eq!(left().await, (vec![1, 2, 3, 4, 5, 6, 7], 4));
+
+    // Within the window nothing goes.
+    let long = Retention {
+        finished: Some(Duration::from_secs(3600)),
+        failed: Some(Duration::from_secs(3600)),
+    };
+    let p = db.prune_finished(&ALL, long, None, 100).await.unwrap();
+    assert_eq!((p.walked, p.tasks, p.next), (7, 0, None));
+    // Make the ended tasks an hour old, as if the window had passed.
+    sql.execute(
+        "UPDATE task SET updated_at = now() - interval '2 hours' WHERE task_id IN (1, 2, 3, 7)",
+        &[],
+    )
+    .await
+    .unwrap();
+    // Failed tasks keep a window of their own (here: forever); only the partitions asked for
+    // are touched.
+    let keep_failed = Retention {
+        finished: Some(Duration::from_secs(3600)),
+        failed: None,
+    };
+    let p = db
+        .prune_finished(&[PartitionId(1)], keep_failed, None, 100)
+        .await
+        .unwrap();
+    assert_eq!((p.tasks, p.attempts), (2, 2), "{p:?}");
+    assert_eq!(left().await, (vec![2, 4, 5, 6, 7], 2));
+    // The running task is untouched by a window of zero; the failed one goes now.
+    let now = Retention {
+        finished: Some(Duration::ZERO),
+        failed: Some(Duration::ZERO),
+    };
+    db.prune_finished(&ALL, now, None, 100).await.unwrap();
+    assert_eq!(left().await, (vec![4, 5, 6], 0));
+
+    // A pruned key is forgotten: the same submit is a new task.
+    let out = db.submit_batch(&[task(8, 1, "k1")], V1).await.unwrap();
+    assert_eq!(out, vec![SubmitOutcome::Created]);
+    // The running one still finishes as usual.
+    let r = db
+        .report_batch(&[finish(4, tokens[3], TaskState::Succeeded)])
+        .await
+        .unwrap();
+    assert!(
+        matches!(r[0], spindle_control::ReportResult::Applied { .. }),
+        "{r:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_pass_walks_at_most_its_scan_and_hands_back_a_cursor() {
+    let (test, db) = setup().await;
+    let batch: Vec<_> = (1..=10).map(|i| task(i, 1, &format!("k{i}"))).collect();
+    db.submit_batch(&batch, V1).await.unwrap();
+    let sql = test.sql().await.unwrap();
+    sql.execute(
+        "UPDATE task SET state = 'CANCELED', updated_at = now() - interval '1 hour'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let keep = Retention {
+        finished: Some(Duration::from_secs(60)),
+        failed: None,
+    };
+    let mut cursor = None;
+    let mut passes = Vec::new();
+    loop {
+        let p = db.prune_finished(&ALL, keep, cursor, 4).await.unwrap();
+        passes.push((p.walked, p.tasks));
+        cursor = p.next;
+        if cursor.is_none() {
+            break;
+        }
+    }
+    assert_eq!(passes, vec![(4, 4), (4, 4), (2, 2)]);
+    let left: i64 = sql
+        .query_one("SELECT count(*) FROM task", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0);
+    let err = db.prune_finished(&ALL, keep, None, 0).await.unwrap_err();
+    assert!(matches!(err, StoreError::Invalid(_)), "{err:?}");
+}
