@@ -5,7 +5,8 @@
 //! the oldest rows come first) and deletes, among those of the given partitions, the ones that
 //! ended long enough ago, with their attempt history. The cost of a pass is bounded by `scan`
 //! whatever the table holds; the caller keeps the cursor and starts again from the beginning
-//! once a pass reaches the end.
+//! once a pass reaches the end — or reaches tasks created within the window, since none after
+//! them can have ended before it (so the recent part of the table is not walked over and over).
 //!
 //! What leaves with a task: its status (GetTask answers not found) and its idempotency key — a
 //! submit with that key after the retention window is a new task. Budget ledger rows stay (they
@@ -36,7 +37,8 @@ pub struct Pruned {
     pub walked: u64,
     pub tasks: u64,
     pub attempts: u64,
-    /// Where the next pass starts; `None` once this one reached the end of the table.
+    /// Where the next pass starts; `None` once this one reached the end of the table, or tasks
+    /// too young to have ended before the window (then the next pass starts at the oldest).
     pub next: Option<TaskId>,
 }
 
@@ -67,7 +69,8 @@ impl Db {
             .client()
             .query_one(
                 "WITH walked AS MATERIALIZED (
-                     SELECT task_id FROM task WHERE task_id > $1 ORDER BY task_id LIMIT $2),
+                     SELECT task_id, created_at FROM task WHERE task_id > $1
+                      ORDER BY task_id LIMIT $2),
                  gone AS (
                      DELETE FROM task t USING walked w
                       WHERE t.task_id = w.task_id AND t.partition = ANY ($3)
@@ -80,7 +83,9 @@ impl Db {
                      DELETE FROM attempt_history h USING gone g WHERE h.task_id = g.task_id
                      RETURNING 1)
                  SELECT (SELECT count(*) FROM walked), (SELECT max(task_id) FROM walked),
-                        (SELECT count(*) FROM gone), (SELECT count(*) FROM history)",
+                        (SELECT count(*) FROM gone), (SELECT count(*) FROM history),
+                        EXISTS (SELECT 1 FROM walked WHERE created_at >= now()
+                                  - least($4::bigint, $5::bigint) * interval '1 millisecond')",
                 &[
                     &after,
                     &(scan as i64),
@@ -92,11 +97,14 @@ impl Db {
             .await?;
         let walked: i64 = row.get(0);
         let last: Option<i64> = row.get(1);
+        // Ids grow with creation: past a task created within the shorter window, no task can
+        // have ended before it, so the walk starts over instead of reading the recent rows.
+        let young: bool = row.get(4);
         Ok(Pruned {
             walked: walked as u64,
             tasks: row.get::<_, i64>(2) as u64,
             attempts: row.get::<_, i64>(3) as u64,
-            next: (walked as usize == scan)
+            next: (walked as usize == scan && !young)
                 .then_some(last)
                 .flatten()
                 .map(|t| TaskId(t as u64)),

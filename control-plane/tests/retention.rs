@@ -150,7 +150,8 @@ async fn a_pass_walks_at_most_its_scan_and_hands_back_a_cursor() {
     db.submit_batch(&batch, V1).await.unwrap();
     let sql = test.sql().await.unwrap();
     sql.execute(
-        "UPDATE task SET state = 'CANCELED', updated_at = now() - interval '1 hour'",
+        "UPDATE task SET state = 'CANCELED', created_at = now() - interval '2 hours',
+                         updated_at = now() - interval '1 hour'",
         &[],
     )
     .await
@@ -176,6 +177,15 @@ async fn a_pass_walks_at_most_its_scan_and_hands_back_a_cursor() {
         .unwrap()
         .get(0);
     assert_eq!(left, 0);
+    // Tasks created within the window cannot have ended before it: the walk stops at them and
+    // starts over at the oldest, instead of reading the recent rows pass after pass.
+    let batch: Vec<_> = (11..=20).map(|i| task(i, 1, &format!("k{i}"))).collect();
+    db.submit_batch(&batch, V1).await.unwrap();
+    sql.execute("UPDATE task SET state = 'CANCELED'", &[])
+        .await
+        .unwrap();
+    let p = db.prune_finished(&ALL, keep, None, 4).await.unwrap();
+    assert_eq!((p.walked, p.tasks, p.next), (4, 0, None));
     let err = db.prune_finished(&ALL, keep, None, 0).await.unwrap_err();
     assert!(matches!(err, StoreError::Invalid(_)), "{err:?}");
 }

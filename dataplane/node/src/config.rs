@@ -104,7 +104,8 @@ pub struct Config {
     /// The same for FAILED tasks (the dead-letter queue); 0 keeps them forever.
     #[serde(default = "default_retention_failed_s")]
     pub retention_failed_s: u64,
-    /// Rows of the task table one retention pass looks at (one pass per lease renewal).
+    /// Rows of the task table one retention pass looks at (passes run after each lease renewal,
+    /// for up to a quarter of the renewal interval).
     #[serde(default = "default_retention_scan_rows")]
     pub retention_scan_rows: usize,
     /// Concurrency of each of the two local provider accounts (global: a pool in PostgreSQL).

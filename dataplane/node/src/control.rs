@@ -681,13 +681,14 @@ impl LeaseLoop {
                 }
                 Err(e) => tracing::warn!("counting live nodes: {e}"),
             }
-            self.prune(&held).await;
+            self.prune(&held, every).await;
         }
     }
 
-    /// One bounded retention pass over the partitions this node holds (after the renewal, so
-    /// that it never delays it by more than one pass).
-    async fn prune(&mut self, held: &[PartitionId]) {
+    /// Retention over the partitions this node holds, after the renewal: bounded passes until
+    /// they reach the newest task or a quarter of the renewal interval is spent (the next
+    /// renewal is never delayed; a backlog is worked off over the following rounds).
+    async fn prune(&mut self, held: &[PartitionId], every: std::time::Duration) {
         let window = |s: u64| (s > 0).then(|| std::time::Duration::from_secs(s));
         let keep = Retention {
             finished: window(self.config.retention_finished_s),
@@ -697,21 +698,27 @@ impl LeaseLoop {
             return;
         }
         let scan = self.config.retention_scan_rows;
-        match self
-            .admin
-            .prune_finished(held, keep, self.prune_from, scan)
-            .await
-        {
-            Ok(p) => {
-                self.prune_from = p.next;
-                self.metrics
-                    .retention_pruned
-                    .fetch_add(p.tasks, std::sync::atomic::Ordering::Relaxed);
-                if p.tasks > 0 {
-                    tracing::debug!("retention: {} ended tasks removed", p.tasks);
+        let started = std::time::Instant::now();
+        loop {
+            match self
+                .admin
+                .prune_finished(held, keep, self.prune_from, scan)
+                .await
+            {
+                Ok(p) => {
+                    self.prune_from = p.next;
+                    self.metrics
+                        .retention_pruned
+                        .fetch_add(p.tasks, std::sync::atomic::Ordering::Relaxed);
+                    if p.next.is_none() || started.elapsed() >= every / 4 {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!("retention pass failed: {e}");
+                    return;
                 }
             }
-            Err(e) => tracing::warn!("retention pass failed: {e}"),
         }
     }
 
