@@ -429,4 +429,15 @@ mod tests {
             "tenant 3: submit_per_minute must be 1..=1000000000"
         );
     }
+
+    #[test]
+    fn a_retention_scan_outside_its_bounds_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        for rows in [0, spindle_control::limits::SCAN_MAX + 1] {
+            std::fs::write(&path, format!("retention_scan_rows = {rows}\n")).unwrap();
+            let e = Config::load(&Args::file(path.clone(), None)).unwrap_err();
+            assert_eq!(e.to_string(), "retention_scan_rows must be 1..=10000");
+        }
+    }
 }
