@@ -5,8 +5,9 @@ use std::fmt;
 use serde::Serialize;
 
 use crate::cost::{CostError, CostEstimate, ResourceClass};
-use crate::ids::{Band, Lane, TaskId, TenantId};
+use crate::ids::{Band, Lane, ProviderId, TaskId, TenantId};
 use crate::ledger::LimitKey;
+use crate::state::TaskState;
 use crate::time::Time;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -145,6 +146,10 @@ pub enum SubmitError {
     UnknownTenant(TenantId),
     DuplicateTask(TaskId),
     InvalidSpec(CostError),
+    /// A resumed attempt names a provider the policy does not have.
+    UnknownProvider(ProviderId),
+    /// Only attempts in SUBMIT_UNKNOWN or RUNNING can be resumed.
+    NotResumable(TaskId, TaskState),
 }
 
 impl fmt::Display for SubmitError {
@@ -153,6 +158,10 @@ impl fmt::Display for SubmitError {
             SubmitError::UnknownTenant(t) => write!(f, "tenant {t} has no policy"),
             SubmitError::DuplicateTask(t) => write!(f, "task {t} is already known to this shard"),
             SubmitError::InvalidSpec(e) => write!(f, "invalid task spec: {e}"),
+            SubmitError::UnknownProvider(p) => write!(f, "provider {} is not in the policy", p.0),
+            SubmitError::NotResumable(t, s) => {
+                write!(f, "task {t}: an attempt in {s} cannot be resumed")
+            }
         }
     }
 }

@@ -38,7 +38,8 @@ pub use ledger::{Demand, Ledger, LimitId, LimitKey};
 pub use policy::{Policy, PolicyError};
 pub use shard::{
     CancelOutcome, CapacityMode, ClaimOutcome, CompleteOutcome, Dispatch, FailOutcome, Failure,
-    MediaStart, NodeCapacity, Poll, RestoreRequest, Shard, ShardError, ShardStats, SubmitRequest,
+    MediaStart, NodeCapacity, Poll, RestoreRequest, ResumeRequest, Shard, ShardError, ShardStats,
+    SubmitRequest,
 };
 pub use state::{TaskState, TransitionError};
 pub use time::Time;

@@ -185,6 +185,25 @@ pub struct RestoreRequest {
     pub attempts_before: u32,
 }
 
+/// A task PostgreSQL holds in its provider stage with a live attempt (DISPATCHING,
+/// SUBMIT_UNKNOWN or RUNNING), put back after a restart or takeover so that the provider's job
+/// is followed to its end instead of being submitted again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResumeRequest {
+    pub submit: SubmitRequest,
+    pub lane: Lane,
+    pub band: Band,
+    /// The live attempt's number.
+    pub attempt_no: u32,
+    /// Where the attempt went (the stored provider account).
+    pub provider: ProviderId,
+    /// The live attempt's fencing token.
+    pub token: FencingToken,
+    /// SUBMIT_UNKNOWN (the provider may or may not have the job: DISPATCHING comes back as
+    /// this) or RUNNING (the provider accepted it).
+    pub state: TaskState,
+}
+
 /// Limit ids of node-wide keys; identical on every shard built from the same policy.
 #[derive(Debug, Clone)]
 struct NodeIds {
@@ -516,6 +535,9 @@ struct TaskCold {
     fencing: Option<FencingToken>,
     retries: u32,
     rate_limit_retries: u32,
+    /// A resumed attempt that did not fit the capacity it came back to (see
+    /// [`Shard::handle_resume`]): its provider stage was taken past the capacity.
+    over_capacity: bool,
 }
 
 type Tasks = TaskTable<TaskEntry, TaskCold>;
@@ -610,6 +632,8 @@ pub struct ShardStats {
     pub expired: u64,
     /// Tasks put back from PostgreSQL by `handle_restore`.
     pub restored: u64,
+    /// Live attempts put back by `handle_resume`.
+    pub resumed: u64,
 }
 
 /// One shard of the scheduling core.
@@ -630,6 +654,10 @@ pub struct Shard {
     media_queue: VecDeque<TaskId>,
     media_head_skips: u32,
     stats: ShardStats,
+    /// Resumed attempts holding their provider stage past a capacity (until they release it,
+    /// new work cannot take what they hold above it, and the capacity checks of
+    /// `check_invariants` allow the excess).
+    over_capacity: u32,
 }
 
 const _: () = assert!(
@@ -830,6 +858,7 @@ impl Shard {
             media_queue: VecDeque::new(),
             media_head_skips: 0,
             stats: ShardStats::default(),
+            over_capacity: 0,
         }
     }
 
@@ -1199,6 +1228,84 @@ impl Shard {
         let entry_slot = self.tasks.insert(req.task, entry, TaskCold::default());
         self.enqueue(slot, restore.lane, restore.band, entry_slot, End::Back);
         self.stats.restored += 1;
+        Ok(())
+    }
+
+    /// Puts back a live attempt (after a restart or a partition takeover): its provider stage
+    /// is held again, as it was when the attempt was claimed, and its fencing token is the
+    /// stored one, so the shell can follow the provider's job instead of submitting it anew.
+    ///
+    /// Its semaphores and running limits are taken like a dispatch's when they fit. They may
+    /// not: the shard's part of a node limit can be smaller now than what the resumed work of
+    /// its tenants holds (the parts are re-split as the shards publish their use), or the
+    /// policy lowered a limit. The job runs at the provider regardless, and PostgreSQL counted
+    /// it within the node-wide limit when it was claimed, so it is then held past the capacity:
+    /// nothing new fits there until it ends. Rate and cost tokens were spent when the attempt
+    /// was claimed and are not taken again.
+    pub fn handle_resume(&mut self, now: Time, r: ResumeRequest) -> Result<(), SubmitError> {
+        let req = r.submit;
+        if r.provider.0 as usize >= self.policy.providers.len() {
+            return Err(SubmitError::UnknownProvider(r.provider));
+        }
+        if !matches!(r.state, TaskState::SubmitUnknown | TaskState::Running) {
+            return Err(SubmitError::NotResumable(req.task, r.state));
+        }
+        let slot = self.ensure_tenant(req.tenant)?;
+        let estimate = self.intern(&req.spec)?;
+        if self.tasks.contains_key(&req.task) {
+            self.estimates.release(estimate);
+            return Err(SubmitError::DuplicateTask(req.task));
+        }
+        let user_slot = self.ensure_user(req.user, slot);
+        let mut state = Versioned::new(TaskState::Created);
+        for to in [TaskState::Queued, TaskState::Dispatching, r.state] {
+            state
+                .transition(to, Actor::System)
+                .expect("CREATED → QUEUED → DISPATCHING → SUBMIT_UNKNOWN | RUNNING");
+        }
+        let entry = TaskEntry {
+            enqueued_at: now,
+            deadline: req.deadline.unwrap_or(NO_DEADLINE),
+            tenant_slot: slot,
+            user_slot,
+            estimate,
+            state,
+            attempt_no: r.attempt_no,
+            provider: Some(r.provider),
+            hold: Some(CapacityMode::Normal),
+            lane: r.lane,
+            band: r.band,
+            place: Place::Provider,
+        };
+        let demand = self.provider_demand(&entry, r.provider, CapacityMode::Normal);
+        let units = self.estimates.get(estimate).slots.milli();
+        let fits = match self.ledger.try_acquire_needs(&demand.semaphores, now) {
+            Err(_) => false,
+            Ok(()) => {
+                let taken = self
+                    .take_owned(slot, user_slot, Hold::Running, units)
+                    .is_ok();
+                if !taken {
+                    self.ledger.give_back(&demand.semaphores);
+                }
+                taken
+            }
+        };
+        if !fits {
+            self.ledger.force_acquire_running(&demand.semaphores);
+            self.tenants[slot as usize].running.force(units);
+            self.users[user_slot as usize].running.force(units);
+            self.over_capacity += 1;
+        }
+        self.lanes[r.lane.index()].running_tasks += 1;
+        self.tenants[slot as usize].cost_reserved_milli += self.estimates.get(estimate).cost_milli;
+        let cold = TaskCold {
+            fencing: Some(r.token),
+            over_capacity: !fits,
+            ..TaskCold::default()
+        };
+        self.tasks.insert(req.task, entry, cold);
+        self.stats.resumed += 1;
         Ok(())
     }
 
@@ -1929,6 +2036,10 @@ impl Shard {
         self.release_owned(e.tenant_slot, e.user_slot, Hold::Running, units);
         self.lanes[e.lane.index()].running_tasks -= 1;
         self.tasks.at_mut(slot).hold = None;
+        let cold = self.tasks.cold_mut(slot);
+        if std::mem::take(&mut cold.over_capacity) {
+            self.over_capacity -= 1;
+        }
         self.unstall_all();
     }
 
@@ -2324,7 +2435,8 @@ impl Shard {
     /// Recomputes every counter from the tasks and compares: the in-memory form of "counters are
     /// derived" (DESIGN §2.5). O(tasks + limits): for tests and the simulator.
     pub fn check_invariants(&self) {
-        self.ledger.check_invariants();
+        let within = self.over_capacity == 0;
+        self.ledger.check_invariants(within);
         let mut expected = vec![0u64; self.ledger.semaphore_count()];
         let mut add = |needs: &[Need]| {
             for n in needs {
@@ -2418,7 +2530,9 @@ impl Shard {
                     "{units} differs from its reservations"
                 );
             }
-            pairs[1].check_within(keys(Hold::Running));
+            if within {
+                pairs[1].check_within(keys(Hold::Running));
+            }
             assert!(submit.within_burst(), "submit bucket above its burst");
         };
         for (slot, t) in self.tenants.iter().enumerate() {

@@ -11,6 +11,8 @@
 //!   build                      (freezes the policy; implicit before the first other command)
 //!   submit TASK tenant=T [user=U] [res=720p|1080p|4k] [dur=S] [band=Pn] [audio] [deadline=MS]
 //!   restore TASK tenant=T [lane=LANE] [band=Pn] …   (put back from PostgreSQL: no admission)
+//!   resume TASK tenant=T state=running|unknown|queued [provider=P] [attempt=N] …
+//!                              (a live attempt put back: its provider stage held again)
 //!   tick MS                    (advance the clock)
 //!   dispatch [noaccept]        (drain poll_dispatch; grants claims; providers accept)
 //!   accept TASK
@@ -23,7 +25,7 @@ use std::fmt::Write;
 
 use expect_test::{expect, Expect};
 use spindle_core::presets::{self, tenant};
-use spindle_core::shard::{Failure, Poll, RestoreRequest, SubmitRequest};
+use spindle_core::shard::{Failure, Poll, RestoreRequest, ResumeRequest, SubmitRequest};
 use spindle_core::{
     Band, FencingToken, Lane, ModelId, Policy, Shard, TaskId, TaskSpec, TenantId, Time, Units,
     UserId,
@@ -123,7 +125,7 @@ impl Harness {
         }
     }
 
-    fn submit(&mut self, args: &[&str], restore: bool) {
+    fn submit(&mut self, args: &[&str], how: &str) {
         let task = TaskId(args[0].trim_start_matches('t').parse().unwrap());
         let tenant = TenantId(kv(args, "tenant").unwrap().parse().unwrap());
         let user = UserId(kv(args, "user").map_or(tenant.0 * 100, |u| u.parse().unwrap()));
@@ -154,7 +156,35 @@ impl Harness {
             band_hint,
             deadline,
         };
-        if restore {
+        if how == "resume" {
+            self.next_token += 1;
+            let token = FencingToken(self.next_token);
+            let state = match kv(args, "state").unwrap() {
+                "running" => spindle_core::TaskState::Running,
+                "unknown" => spindle_core::TaskState::SubmitUnknown,
+                "queued" => spindle_core::TaskState::Queued,
+                other => panic!("state {other}"),
+            };
+            let resume = ResumeRequest {
+                submit: req,
+                lane: kv(args, "lane").map_or(Lane::Standard, lane_of),
+                band: band_hint.unwrap_or(Band::P3),
+                attempt_no: kv(args, "attempt").map_or(1, |a| a.parse().unwrap()),
+                provider: spindle_core::ProviderId(
+                    kv(args, "provider").map_or(0, |p| p.parse().unwrap()),
+                ),
+                token,
+                state,
+            };
+            let r = self.shard().handle_resume(now, resume);
+            if r.is_ok() {
+                self.tokens.insert(task, token);
+            }
+            let state = self.shard().task_state(task);
+            writeln!(self.out, "resume {task}: {r:?} state={state:?}").unwrap();
+            return;
+        }
+        if how == "restore" {
             let restore = RestoreRequest {
                 submit: req,
                 lane: kv(args, "lane").map_or(Lane::Standard, lane_of),
@@ -226,8 +256,7 @@ impl Harness {
             "build" => {
                 self.shard();
             }
-            "submit" => self.submit(args, false),
-            "restore" => self.submit(args, true),
+            "submit" | "restore" | "resume" => self.submit(args, cmd),
             "tick" => {
                 self.now = self
                     .now
@@ -838,6 +867,74 @@ fn a_restored_task_skips_admission_and_runs() {
             restore 1: Err(DuplicateTask(TaskId(1)))
             dispatch 3 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=2
             dispatch 1 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+        "#]],
+    );
+}
+
+#[test]
+fn a_resumed_attempt_holds_its_provider_slot_until_it_ends() {
+    check(
+        "
+        provider 0 concurrency=1
+        provider 1 concurrency=0
+        tenant 1
+        resume t1 tenant=1 state=running attempt=2
+        submit t2 tenant=1
+        dispatch
+        done t1
+        dispatch
+        ",
+        expect![[r#"
+            resume 1: Ok(()) state=Some(Running)
+            2: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Immediate
+            done 1 (was Some(Running)): Ok(AwaitingMedia); media 1 Succeeded
+            dispatch 2 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+        "#]],
+    );
+}
+
+#[test]
+fn resumed_work_past_the_capacity_is_held_and_nothing_new_starts_until_it_drains() {
+    check(
+        "
+        provider 0 concurrency=1
+        provider 1 concurrency=0
+        tenant 1
+        resume t1 tenant=1 state=running
+        resume t2 tenant=1 state=unknown
+        submit t3 tenant=1
+        dispatch
+        done t1
+        dispatch
+        notfound t2
+        dispatch
+        ",
+        expect![[r#"
+            resume 1: Ok(()) state=Some(Running)
+            resume 2: Ok(()) state=Some(SubmitUnknown)
+            3: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Immediate
+            done 1 (was Some(Running)): Ok(AwaitingMedia); media 1 Succeeded
+            notfound 2: Ok(Requeued { eligible_at: Time(0) })
+            dispatch 2 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=2
+        "#]],
+    );
+}
+
+#[test]
+fn only_live_attempts_of_known_providers_resume() {
+    check(
+        "
+        tenant 1
+        resume t1 tenant=1 state=queued
+        resume t2 tenant=1 state=running provider=99
+        resume t3 tenant=1 state=running
+        resume t3 tenant=1 state=running
+        ",
+        expect![[r#"
+            resume 1: Err(NotResumable(TaskId(1), Queued)) state=None
+            resume 2: Err(UnknownProvider(ProviderId(99))) state=None
+            resume 3: Ok(()) state=Some(Running)
+            resume 3: Err(DuplicateTask(TaskId(3))) state=Some(Running)
         "#]],
     );
 }

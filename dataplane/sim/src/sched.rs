@@ -635,6 +635,6 @@ impl Scheduler for Baseline {
     }
 
     fn check_invariants(&self) {
-        self.ledger.check_invariants();
+        self.ledger.check_invariants(true);
     }
 }
