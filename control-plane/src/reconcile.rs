@@ -85,6 +85,18 @@ pub struct QueuedTask {
     pub next_eligible_at: Option<std::time::SystemTime>,
 }
 
+/// A task with a live attempt in its provider stage, as [`Db::load_live`] reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveTask {
+    /// Its stored fields; `attempt_no` is the live attempt's number.
+    pub task: QueuedTask,
+    pub state: TaskState,
+    pub token: FencingToken,
+    /// The provider (account) the attempt went to.
+    pub provider: String,
+    pub request_key: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Starved {
     pub task: TaskId,
@@ -129,25 +141,29 @@ impl Db {
         rows.iter().map(live_attempt).collect()
     }
 
-    /// Every live attempt of tasks in `partitions`: what a node that (re)starts owning them
-    /// must resolve before it schedules (its previous incarnation's work, or a dead node's).
+    /// One page of the live attempts of tasks in `partitions`, in task id order after `after`:
+    /// what a node that (re)starts owning them must resolve before it schedules (its previous
+    /// incarnation's work, or a dead node's).
     pub async fn live_attempts_in(
         &self,
         partitions: &[PartitionId],
+        after: Option<TaskId>,
         limit: usize,
     ) -> Result<Vec<LiveAttempt>, StoreError> {
         crate::error::check_batch_len(partitions.len())?;
         let parts: Vec<i32> = partitions.iter().map(|p| p.0 as i32).collect();
+        let after_task = after.map_or(-1, |t| t.0 as i64);
         let rows = self
             .client()
             .query(
                 &format!(
                     "SELECT {LIVE_ATTEMPT_COLUMNS}
                        FROM task t
-                      WHERE t.current_attempt IS NOT NULL AND t.partition = ANY ($1)
-                      ORDER BY t.task_id LIMIT $2"
+                      WHERE t.task_id > $2 AND t.current_attempt IS NOT NULL
+                        AND t.partition = ANY ($1)
+                      ORDER BY t.task_id LIMIT $3"
                 ),
-                &[&parts, &(limit.min(SCAN_MAX) as i64)],
+                &[&parts, &after_task, &(limit.min(SCAN_MAX) as i64)],
             )
             .await?;
         rows.iter().map(live_attempt).collect()
@@ -298,35 +314,59 @@ impl Db {
         let rows = self
             .client()
             .query(
-                "SELECT task_id, tenant_id, user_id, partition, lane, band, version,
-                        policy_version, cost_estimate_milli, fairness_milli, payload,
-                        created_at, next_eligible_at, attempt_no
-                   FROM task
-                  WHERE task_id > $2 AND state = 'QUEUED' AND partition = ANY ($1)
-                  ORDER BY task_id
-                  LIMIT $3",
+                &format!(
+                    "SELECT {QUEUED_COLUMNS}
+                       FROM task
+                      WHERE task_id > $2 AND state = 'QUEUED' AND partition = ANY ($1)
+                      ORDER BY task_id
+                      LIMIT $3"
+                ),
                 &[&parts, &after_task, &(limit.min(SCAN_MAX) as i64)],
             )
             .await?;
-        Ok(rows
-            .iter()
-            .map(|r| QueuedTask {
-                task: TaskId(r.get::<_, i64>(0) as u64),
-                tenant: TenantId(r.get::<_, i32>(1) as u32),
-                user: r.get::<_, i32>(2) as u32,
-                partition: PartitionId(r.get::<_, i32>(3) as u32),
-                lane: r.get(4),
-                band: r.get(5),
-                version: r.get::<_, i32>(6) as u32,
-                policy_version: r.get::<_, i64>(7) as u64,
-                cost_estimate_milli: r.get::<_, i64>(8) as u64,
-                fairness_milli: r.get::<_, i64>(9) as u64,
-                payload: r.get(10),
-                created_at: r.get(11),
-                next_eligible_at: r.get(12),
-                attempt_no: r.get::<_, i32>(13) as u32,
+        Ok(rows.iter().map(queued_task).collect())
+    }
+
+    /// One page of the tasks of `partitions` with a live attempt in its provider stage
+    /// (DISPATCHING, SUBMIT_UNKNOWN or RUNNING), in task id order after `after`: what a node
+    /// resumes after a restart or a takeover, asking the provider about each job instead of
+    /// submitting it again. Walks the primary key like [`Db::load_queued`].
+    pub async fn load_live(
+        &self,
+        partitions: &[PartitionId],
+        after: Option<TaskId>,
+        limit: usize,
+    ) -> Result<Vec<LiveTask>, StoreError> {
+        crate::error::check_batch_len(partitions.len())?;
+        let parts: Vec<i32> = partitions.iter().map(|p| p.0 as i32).collect();
+        let after_task = after.map_or(-1, |t| t.0 as i64);
+        let rows = self
+            .client()
+            .query(
+                &format!(
+                    "SELECT {QUEUED_COLUMNS}, state, current_fencing, attempt_provider,
+                            'spindle-' || task_id || '-' || attempt_no
+                       FROM task
+                      WHERE task_id > $2 AND current_attempt IS NOT NULL
+                        AND state IN ('DISPATCHING', 'SUBMIT_UNKNOWN', 'RUNNING')
+                        AND partition = ANY ($1)
+                      ORDER BY task_id
+                      LIMIT $3"
+                ),
+                &[&parts, &after_task, &(limit.min(SCAN_MAX) as i64)],
+            )
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(LiveTask {
+                    task: queued_task(r),
+                    state: parse_state(r.get(14))?,
+                    token: FencingToken(r.get::<_, i64>(15) as u64),
+                    provider: r.get(16),
+                    request_key: r.get(17),
+                })
             })
-            .collect())
+            .collect()
     }
 
     /// QUEUED tasks (eligible, not backing off) that have waited longer than `max_wait_ms`:
@@ -357,6 +397,30 @@ impl Db {
                 waited_ms: r.get::<_, i64>(2).max(0) as u64,
             })
             .collect())
+    }
+}
+
+/// The columns [`queued_task`] reads, first in a row.
+const QUEUED_COLUMNS: &str = "task_id, tenant_id, user_id, partition, lane, band, version,
+                              policy_version, cost_estimate_milli, fairness_milli, payload,
+                              created_at, next_eligible_at, attempt_no";
+
+fn queued_task(r: &tokio_postgres::Row) -> QueuedTask {
+    QueuedTask {
+        task: TaskId(r.get::<_, i64>(0) as u64),
+        tenant: TenantId(r.get::<_, i32>(1) as u32),
+        user: r.get::<_, i32>(2) as u32,
+        partition: PartitionId(r.get::<_, i32>(3) as u32),
+        lane: r.get(4),
+        band: r.get(5),
+        version: r.get::<_, i32>(6) as u32,
+        policy_version: r.get::<_, i64>(7) as u64,
+        cost_estimate_milli: r.get::<_, i64>(8) as u64,
+        fairness_milli: r.get::<_, i64>(9) as u64,
+        payload: r.get(10),
+        created_at: r.get(11),
+        next_eligible_at: r.get(12),
+        attempt_no: r.get::<_, i32>(13) as u32,
     }
 }
 

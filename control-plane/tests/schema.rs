@@ -152,7 +152,7 @@ async fn version_5_carries_work_in_flight_over() {
         "the undelivered event"
     );
     let live = db
-        .live_attempts_in(&[spindle_control::PartitionId(0)], 10)
+        .live_attempts_in(&[spindle_control::PartitionId(0)], None, 10)
         .await
         .unwrap();
     assert_eq!(live.len(), 1);

@@ -1241,8 +1241,12 @@ impl Shard {
     /// policy lowered a limit. The job runs at the provider regardless, and PostgreSQL counted
     /// it within the node-wide limit when it was claimed, so it is then held past the capacity:
     /// nothing new fits there until it ends. Rate and cost tokens were spent when the attempt
-    /// was claimed and are not taken again.
-    pub fn handle_resume(&mut self, now: Time, r: ResumeRequest) -> Result<(), SubmitError> {
+    /// was claimed and are not taken again. Returns the estimate the attempt holds.
+    pub fn handle_resume(
+        &mut self,
+        now: Time,
+        r: ResumeRequest,
+    ) -> Result<CostEstimate, SubmitError> {
         let req = r.submit;
         if r.provider.0 as usize >= self.policy.providers.len() {
             return Err(SubmitError::UnknownProvider(r.provider));
@@ -1306,7 +1310,7 @@ impl Shard {
         };
         self.tasks.insert(req.task, entry, cold);
         self.stats.resumed += 1;
-        Ok(())
+        Ok(*self.estimates.get(estimate))
     }
 
     /// Queued units ahead in the lane over its measured service rate (seed 000 §18.11.3).

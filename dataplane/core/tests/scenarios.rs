@@ -176,7 +176,7 @@ impl Harness {
                 token,
                 state,
             };
-            let r = self.shard().handle_resume(now, resume);
+            let r = self.shard().handle_resume(now, resume).map(|_| ());
             if r.is_ok() {
                 self.tokens.insert(task, token);
             }

@@ -380,31 +380,62 @@ pub struct Pipes {
     pub work: mpsc::Sender<CpMsg>,
 }
 
-/// A QUEUED task from PostgreSQL, for its shard.
+/// A task from PostgreSQL for its shard: a QUEUED one, or one whose live attempt the shard
+/// follows at the provider.
 pub struct Restore {
     pub request: spindle_core::RestoreRequest,
     pub version: u32,
+    /// Set for a live attempt (`request.attempts_before` is then its number).
+    pub live: Option<LiveRestore>,
 }
 
-/// Passes of the recovery loop over live attempts before the node gives up starting.
-const RECOVERY_PASSES_MAX: usize = 100;
+/// A live attempt at the HTTP provider, resumed instead of submitted again.
+pub struct LiveRestore {
+    pub provider: spindle_core::ProviderId,
+    pub token: spindle_core::FencingToken,
+    /// As stored: DISPATCHING, SUBMIT_UNKNOWN or RUNNING.
+    pub stored: spindle_core::TaskState,
+    pub request_key: String,
+}
 
-/// Resolves the previous incarnation's live attempts in `mine`. The local provider's work died
-/// with the process: work that had not finished at the provider is requeued (a new attempt runs
-/// it); work the provider had finished is completed (the media stage is instant here).
-async fn recover_attempts(admin: &Db, mine: &[PartitionId]) -> anyhow::Result<()> {
+/// Which live attempts a (re)starting owner follows at their provider instead of ending them:
+/// with an HTTP provider, those of the accounts the policy names (the provider still has their
+/// jobs and can be asked by request key); with the local provider, none (its work died with
+/// the process that ran it).
+pub fn followed_providers(
+    config: &crate::config::Config,
+    policy: &spindle_core::Policy,
+) -> Vec<String> {
+    match config.provider {
+        Some(_) => policy.providers.iter().map(|p| p.name.clone()).collect(),
+        None => Vec::new(),
+    }
+}
+
+/// Resolves the previous owner's live attempts in `mine` that are not followed (see
+/// [`followed_providers`]): in the provider stage they are requeued (a new attempt runs them);
+/// past it the provider had finished, and they are completed (the media stage is not run
+/// again). Followed ones are left live, for [`load_resumes`]. Pages through the partitions
+/// once, in task id order.
+async fn recover_attempts(
+    admin: &Db,
+    mine: &[PartitionId],
+    followed: &[String],
+) -> anyhow::Result<()> {
     use spindle_control::{ReportAction as A, ReportResult};
     use spindle_core::TaskState as S;
-    for _ in 0..RECOVERY_PASSES_MAX {
+    let mut after = None;
+    loop {
         let live = admin
-            .live_attempts_in(mine, spindle_control::limits::SCAN_MAX)
+            .live_attempts_in(mine, after, spindle_control::limits::SCAN_MAX)
             .await?;
-        if live.is_empty() {
+        let Some(last) = live.last() else {
             return Ok(());
-        }
+        };
+        after = Some(last.task);
         let reports: Vec<Report> = live
             .iter()
-            .map(|a| {
+            .filter_map(|a| {
                 let succeeded = A::Finish {
                     state: S::Succeeded,
                     cost_actual_milli: None,
@@ -414,14 +445,20 @@ async fn recover_attempts(admin: &Db, mine: &[PartitionId]) -> anyhow::Result<()
                 match a.state {
                     S::ProviderSucceeded => r.via = vec![S::MediaProcessing],
                     S::MediaProcessing => {}
+                    _ if followed.contains(&a.provider) => return None,
                     _ => {
+                        let reason = if followed.is_empty() {
+                            "node restarted: the local provider lost the attempt".to_string()
+                        } else {
+                            format!("provider {} is no longer configured", a.provider)
+                        };
                         r.action = A::Requeue {
                             delay_ms: 0,
-                            reason: "node restarted: the local provider lost the attempt".into(),
+                            reason,
                         }
                     }
                 }
-                r
+                Some(r)
             })
             .collect();
         for chunk in reports.chunks(spindle_control::limits::BATCH_MAX) {
@@ -432,7 +469,75 @@ async fn recover_attempts(admin: &Db, mine: &[PartitionId]) -> anyhow::Result<()
             }
         }
     }
-    anyhow::bail!("live attempts remain after {RECOVERY_PASSES_MAX} recovery passes")
+}
+
+/// A stored task as its shard's core takes it back.
+fn restore_request(
+    q: &spindle_control::reconcile::QueuedTask,
+) -> anyhow::Result<spindle_core::RestoreRequest> {
+    let stored: crate::shard::StoredRequest = serde_json::from_slice(&q.payload)
+        .map_err(|e| anyhow::anyhow!("task {}: unreadable payload: {e}", q.task))?;
+    let lane = *spindle_core::Lane::ALL
+        .get(q.lane as usize)
+        .ok_or_else(|| anyhow::anyhow!("task {}: lane {}", q.task, q.lane))?;
+    let band = *spindle_core::Band::ALL
+        .get(q.band as usize)
+        .ok_or_else(|| anyhow::anyhow!("task {}: band {}", q.task, q.band))?;
+    Ok(spindle_core::RestoreRequest {
+        submit: spindle_core::SubmitRequest {
+            task: q.task,
+            tenant: q.tenant,
+            user: spindle_core::UserId(q.user),
+            spec: stored.spec,
+            band_hint: stored.band_hint,
+            // A deadline counts from the original submission, which a restart does not
+            // reset: restored tasks keep none rather than a wrong one.
+            deadline: None,
+        },
+        lane,
+        band,
+        attempts_before: q.attempt_no,
+    })
+}
+
+/// The live attempts of `mine` at followed providers (what [`recover_attempts`] left live),
+/// as restores per shard.
+async fn load_resumes(
+    admin: &Db,
+    config: &crate::config::Config,
+    policy: &spindle_core::Policy,
+    mine: &[PartitionId],
+    per_shard: &mut [Vec<Restore>],
+) -> anyhow::Result<()> {
+    let mut after = None;
+    loop {
+        let page = admin
+            .load_live(mine, after, spindle_control::limits::SCAN_MAX)
+            .await?;
+        let Some(last) = page.last() else {
+            return Ok(());
+        };
+        after = Some(last.task.task);
+        for l in page {
+            let Some(i) = policy.providers.iter().position(|p| p.name == l.provider) else {
+                anyhow::bail!(
+                    "task {}: its live attempt's provider {} left the policy meanwhile",
+                    l.task.task,
+                    l.provider
+                );
+            };
+            per_shard[config.shard_of(l.task.tenant.0)].push(Restore {
+                request: restore_request(&l.task)?,
+                version: l.task.version,
+                live: Some(LiveRestore {
+                    provider: spindle_core::ProviderId(i as u16),
+                    token: l.token,
+                    stored: l.state,
+                    request_key: l.request_key,
+                }),
+            });
+        }
+    }
 }
 
 /// Every QUEUED task of `mine`, as restores per shard.
@@ -451,32 +556,10 @@ async fn load_restores(
             return Ok(per_shard);
         };
         for q in page {
-            let stored: crate::shard::StoredRequest = serde_json::from_slice(&q.payload)
-                .map_err(|e| anyhow::anyhow!("task {}: unreadable payload: {e}", q.task))?;
-            let lane = *spindle_core::Lane::ALL
-                .get(q.lane as usize)
-                .ok_or_else(|| anyhow::anyhow!("task {}: lane {}", q.task, q.lane))?;
-            let band = *spindle_core::Band::ALL
-                .get(q.band as usize)
-                .ok_or_else(|| anyhow::anyhow!("task {}: band {}", q.task, q.band))?;
-            let request = spindle_core::RestoreRequest {
-                submit: spindle_core::SubmitRequest {
-                    task: q.task,
-                    tenant: q.tenant,
-                    user: spindle_core::UserId(q.user),
-                    spec: stored.spec,
-                    band_hint: stored.band_hint,
-                    // A deadline counts from the original submission, which a restart does not
-                    // reset: restored tasks keep none rather than a wrong one.
-                    deadline: None,
-                },
-                lane,
-                band,
-                attempts_before: q.attempt_no,
-            };
             per_shard[config.shard_of(q.tenant.0)].push(Restore {
-                request,
+                request: restore_request(&q)?,
                 version: q.version,
+                live: None,
             });
         }
         last = Some(tail);
@@ -519,8 +602,10 @@ pub async fn start(
             .set_pool(&provider_pool(&p.name), p.concurrency, 1)
             .await?;
     }
-    recover_attempts(&admin, &held).await?;
-    let restores = load_restores(&admin, config, &held).await?;
+    let followed = followed_providers(config, &policy);
+    recover_attempts(&admin, &held, &followed).await?;
+    let mut restores = load_restores(&admin, config, &held).await?;
+    load_resumes(&admin, config, &policy, &held, &mut restores).await?;
     for p in &held {
         ownership.set(*p, true);
     }
@@ -556,6 +641,7 @@ pub async fn start(
         db_config: db_config.clone(),
         metrics: metrics.clone(),
         ownership: ownership.clone(),
+        live: live.clone(),
         preferred,
         prune_from: None,
     };
@@ -603,6 +689,8 @@ struct LeaseLoop {
     db_config: DbConfig,
     metrics: Arc<Metrics>,
     ownership: Arc<Ownership>,
+    /// The policy in force (which providers' attempts a takeover follows).
+    live: Arc<crate::live_policy::LivePolicy>,
     preferred: Vec<PartitionId>,
     /// Where the next retention pass starts (`None`: at the oldest task).
     prune_from: Option<TaskId>,
@@ -729,8 +817,11 @@ impl LeaseLoop {
         gained: &[PartitionId],
         shards: &[mpsc::Sender<crate::shard::ShardMsg>],
     ) -> anyhow::Result<usize> {
-        recover_attempts(&self.admin, gained).await?;
-        let restores = load_restores(&self.admin, &self.config, gained).await?;
+        let policy = self.live.current();
+        let followed = followed_providers(&self.config, &policy);
+        recover_attempts(&self.admin, gained, &followed).await?;
+        let mut restores = load_restores(&self.admin, &self.config, gained).await?;
+        load_resumes(&self.admin, &self.config, &policy, gained, &mut restores).await?;
         let mut n = 0;
         for (shard, batch) in shards.iter().zip(restores) {
             n += batch.len();

@@ -276,9 +276,12 @@ fn run_node(config: Config) -> anyhow::Result<()> {
                     health,
                     media,
                 });
-                if let Err(e) = shard.restore(restore) {
-                    let _ = bound_tx.send(Err(e.to_string()));
-                    return;
+                match shard.restore(restore) {
+                    Ok(calls) => shard.send_calls(calls),
+                    Err(e) => {
+                        let _ = bound_tx.send(Err(e.to_string()));
+                        return;
+                    }
                 }
 
                 let listener = match glommio::net::TcpListener::bind(addr) {

@@ -317,32 +317,105 @@ impl ShardState {
         Time(self.epoch.elapsed().as_nanos() as u64)
     }
 
-    /// Puts back the QUEUED tasks PostgreSQL holds for this shard's partitions.
-    pub fn restore(&mut self, restores: Vec<crate::control::Restore>) -> anyhow::Result<()> {
+    /// Puts back the tasks PostgreSQL holds for this shard's partitions: QUEUED ones into
+    /// their queues, live attempts into their provider stage. Returns the queries by request
+    /// key that find each live attempt's job at the provider (to send to the provider thread):
+    /// a job found is followed to its end, one the provider never got is run again as a new
+    /// attempt, so no job is submitted twice.
+    pub fn restore(
+        &mut self,
+        restores: Vec<crate::control::Restore>,
+    ) -> anyhow::Result<Vec<crate::dispatch::Call>> {
         let now = self.now();
+        let mut resolves = Vec::new();
         for r in restores {
             let task = r.request.submit.task;
             let tenant = r.request.submit.tenant;
             let spec = r.request.submit.spec;
-            self.core
-                .handle_restore(now, r.request)
-                .map_err(|e| anyhow::anyhow!("restoring task {task}: {e}"))?;
-            self.meta.insert(
-                task,
-                Meta {
-                    tenant,
-                    db_version: r.version,
-                    token: None,
-                    committed: true,
-                    estimate: None,
-                    queued_at: now,
-                    attempt: None,
-                    pending_reports: 0,
-                    spec: Some(spec),
-                },
-            );
+            let mut meta = Meta {
+                tenant,
+                db_version: r.version,
+                token: None,
+                committed: true,
+                estimate: None,
+                queued_at: now,
+                attempt: None,
+                pending_reports: 0,
+                spec: Some(spec),
+            };
+            match r.live {
+                None => self
+                    .core
+                    .handle_restore(now, r.request)
+                    .map_err(|e| anyhow::anyhow!("restoring task {task}: {e}"))?,
+                Some(live) => {
+                    let state = match live.stored {
+                        TaskState::Running => TaskState::Running,
+                        _ => TaskState::SubmitUnknown,
+                    };
+                    let estimate = self
+                        .core
+                        .handle_resume(
+                            now,
+                            spindle_core::ResumeRequest {
+                                submit: r.request.submit,
+                                lane: r.request.lane,
+                                band: r.request.band,
+                                attempt_no: r.request.attempts_before,
+                                provider: live.provider,
+                                token: live.token,
+                                state,
+                            },
+                        )
+                        .map_err(|e| anyhow::anyhow!("resuming task {task}: {e}"))?;
+                    let account = self.core.policy().providers[live.provider.0 as usize]
+                        .name
+                        .clone();
+                    self.running.start(tenant, estimate.fairness.milli());
+                    meta.token = Some(live.token);
+                    meta.estimate = Some(estimate);
+                    meta.attempt = Some(ProviderAttempt {
+                        account: account.clone(),
+                        request_key: live.request_key.clone(),
+                        job_id: None,
+                        output_url: None,
+                    });
+                    if live.stored == TaskState::Dispatching {
+                        // Whether its submit reached the provider is not known.
+                        let to = ReportAction::Advance(TaskState::SubmitUnknown);
+                        send_reports(self, vec![vec![Report::new(task, Some(live.token), to)]]);
+                    }
+                    resolves.push(crate::dispatch::Call::Resolve {
+                        shard: self.index,
+                        task,
+                        token: live.token,
+                        account,
+                        request_key: live.request_key,
+                    });
+                }
+            }
+            self.meta.insert(task, meta);
         }
-        Ok(())
+        Ok(resolves)
+    }
+
+    /// Sends `calls` to the provider thread (without one, there are none to send).
+    pub fn send_calls(&self, calls: Vec<crate::dispatch::Call>) {
+        let Some(d) = self.dispatch.clone() else {
+            return;
+        };
+        if calls.is_empty() {
+            return;
+        }
+        glommio::spawn_local(async move {
+            for call in calls {
+                if d.calls.send(call).await.is_err() {
+                    tracing::warn!("the provider thread stopped");
+                    return;
+                }
+            }
+        })
+        .detach();
     }
 }
 
@@ -418,8 +491,10 @@ pub async fn run(state: SharedShard, mut inbox: mpsc::Receiver<ShardMsg>) {
                 }
             }
             ShardMsg::Restore(restores) => {
-                if let Err(e) = state.borrow_mut().restore(restores) {
-                    tracing::error!("restoring taken-over tasks: {e:#}");
+                let mut s = state.borrow_mut();
+                match s.restore(restores) {
+                    Ok(calls) => s.send_calls(calls),
+                    Err(e) => tracing::error!("restoring taken-over tasks: {e:#}"),
                 }
             }
             ShardMsg::Unsubscribe { task, out, reply } => {
@@ -1588,10 +1663,16 @@ fn accepted(
     view: spindle_providers::JobView,
 ) -> Option<crate::dispatch::Call> {
     use crate::dispatch::Call;
-    if let Err(e) = s.core.handle_provider_accepted(task, token) {
-        // A stale token (an older attempt's answer): nothing of ours to change.
-        tracing::warn!("provider accepted {task}: {e}");
-        return None;
+    // An attempt resumed after a restart whose job the provider had accepted before it is
+    // RUNNING already: found again, it is only watched.
+    let was_running = s.core.task_state(task) == Some(TaskState::Running)
+        && s.meta.get(&task).is_some_and(|m| m.token == Some(token));
+    if !was_running {
+        if let Err(e) = s.core.handle_provider_accepted(task, token) {
+            // A stale token (an older attempt's answer): nothing of ours to change.
+            tracing::warn!("provider accepted {task}: {e}");
+            return None;
+        }
     }
     let attempt = s.meta.get_mut(&task).and_then(|m| m.attempt.as_mut())?;
     attempt.job_id = Some(view.job_id.clone());
@@ -1602,15 +1683,17 @@ fn accepted(
             job_id: view.job_id,
         });
     }
-    notify(s, task, TaskState::Running);
-    send_reports(
-        s,
-        vec![vec![Report::new(
-            task,
-            Some(token),
-            ReportAction::Advance(TaskState::Running),
-        )]],
-    );
+    if !was_running {
+        notify(s, task, TaskState::Running);
+        send_reports(
+            s,
+            vec![vec![Report::new(
+                task,
+                Some(token),
+                ReportAction::Advance(TaskState::Running),
+            )]],
+        );
+    }
     Some(Call::Watch {
         shard: index,
         task,

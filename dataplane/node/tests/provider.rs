@@ -114,11 +114,18 @@ async fn set_fault(admin: &HttpProvider, fault: Fault) {
 /// Submits `n` tasks and waits (bounded) until every one is in a final state; returns the
 /// final states in order.
 async fn run(daemon: &Daemon, test: &TestDb, prefix: &str, n: usize) -> (Vec<TaskId>, Vec<String>) {
+    let ids = submit(daemon, prefix, n).await;
+    let states = wait_final(test, &ids).await;
+    (ids, states)
+}
+
+/// Submits `n` tasks as tenant 1, all of which must be accepted.
+async fn submit(daemon: &Daemon, prefix: &str, n: usize) -> Vec<TaskId> {
     let client = Client::connect(daemon.addr, TenantId(1), "one")
         .await
         .unwrap();
     let batch: Vec<_> = (0..n).map(|i| task(&format!("{prefix}{i}"))).collect();
-    let ids: Vec<TaskId> = client
+    client
         .submit_batch(batch)
         .await
         .unwrap()
@@ -127,7 +134,11 @@ async fn run(daemon: &Daemon, test: &TestDb, prefix: &str, n: usize) -> (Vec<Tas
             assert!(a.decision.is_accepted(), "{a:?}");
             a.task
         })
-        .collect();
+        .collect()
+}
+
+/// Waits (bounded) until every one of `ids` is in a final state; returns the states in order.
+async fn wait_final(test: &TestDb, ids: &[TaskId]) -> Vec<String> {
     let keys: Vec<i64> = ids.iter().map(|t| t.0 as i64).collect();
     let sql = test.sql().await.unwrap();
     for _ in 0..3_000 {
@@ -145,17 +156,15 @@ async fn run(daemon: &Daemon, test: &TestDb, prefix: &str, n: usize) -> (Vec<Tas
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let states = sql
-        .query(
-            "SELECT state FROM task WHERE task_id = ANY ($1) ORDER BY task_id",
-            &[&keys],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get::<_, String>(0))
-        .collect();
-    (ids, states)
+    sql.query(
+        "SELECT state FROM task WHERE task_id = ANY ($1) ORDER BY task_id",
+        &[&keys],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| r.get::<_, String>(0))
+    .collect()
 }
 
 /// Nothing held, nothing reserved from the budget, no contract broken, no key sent twice.
@@ -220,6 +229,57 @@ async fn healthy_provider_runs_everything_once_with_its_actual_cost() {
         metrics.contains("spindle_provider_submits_total{result=\"accepted\"} 40"),
         "{metrics}"
     );
+}
+
+/// kill -9 while the provider runs jobs, then a restart: the new process asks the provider for
+/// each live attempt by its request key and follows the job it finds to its end. Nothing is
+/// submitted twice (the old process's jobs still run there, so a second submit would also
+/// break the account's concurrency contract), and every task ends with its first attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_follows_the_providers_running_jobs_instead_of_submitting_them_again() {
+    let test = TestDb::new().await;
+    let (m, admin) = mock(1_500).await;
+    let mut daemon = node(&test, &m).await;
+    let ids = submit(&daemon, "resume", 16).await;
+    // Killed once the provider runs all it may for the node (2 accounts × 4).
+    let mut in_flight = 0;
+    for _ in 0..3_000 {
+        let stats = admin.mock_stats().await.unwrap();
+        in_flight = stats.accounts.values().map(|s| s.in_flight).sum::<u64>();
+        if in_flight == 8 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(in_flight, 8, "the provider never ran the node's first jobs");
+    daemon.child.kill().unwrap();
+    daemon.child.wait().unwrap();
+    drop(daemon);
+
+    let daemon = node(&test, &m).await;
+    let states = wait_final(&test, &ids).await;
+    assert!(
+        states.iter().all(|s| s == "SUCCEEDED"),
+        "{states:?}\n{}",
+        daemon.log_tail(30)
+    );
+    let total = assert_clean(&test, &admin).await;
+    assert_eq!(
+        (total.accepted, total.completed),
+        (16, 16),
+        "each task's job accepted and run once"
+    );
+    let keys: Vec<i64> = ids.iter().map(|t| t.0 as i64).collect();
+    let sql = test.sql().await.unwrap();
+    let first: i64 = sql
+        .query_one(
+            "SELECT count(*) FROM task WHERE task_id = ANY ($1) AND attempt_no = 1",
+            &[&keys],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(first, 16, "no task needed a second attempt");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
