@@ -45,9 +45,15 @@ async fn mock_with(job_ms: u64, clip: Option<std::path::PathBuf>) -> (MockProvid
 }
 
 async fn node(test: &TestDb, provider: &MockProvider) -> Daemon {
+    node_named(test, provider, "provider-node").await
+}
+
+/// spindled with the mock at `provider`, as node `id` (leases of 3 s: a takeover is quick).
+async fn node_named(test: &TestDb, provider: &MockProvider, id: &str) -> Daemon {
     let config = format!(
         r#"
-node_id = "provider-node"
+node_id = "{id}"
+lease_ms = 3000
 listen = "127.0.0.1:0"
 http_listen = "127.0.0.1:0"
 shards = 2
@@ -231,17 +237,10 @@ async fn healthy_provider_runs_everything_once_with_its_actual_cost() {
     );
 }
 
-/// kill -9 while the provider runs jobs, then a restart: the new process asks the provider for
-/// each live attempt by its request key and follows the job it finds to its end. Nothing is
-/// submitted twice (the old process's jobs still run there, so a second submit would also
-/// break the account's concurrency contract), and every task ends with its first attempt.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restart_follows_the_providers_running_jobs_instead_of_submitting_them_again() {
-    let test = TestDb::new().await;
-    let (m, admin) = mock(1_500).await;
-    let mut daemon = node(&test, &m).await;
-    let ids = submit(&daemon, "resume", 16).await;
-    // Killed once the provider runs all it may for the node (2 accounts × 4).
+/// Submits 16 tasks to `node` and kills it (-9) once the provider runs all it may for the node
+/// (2 accounts × 4); returns the tasks.
+async fn kill_while_jobs_run(admin: &HttpProvider, mut node: Daemon) -> Vec<TaskId> {
+    let ids = submit(&node, "resume", 16).await;
     let mut in_flight = 0;
     for _ in 0..3_000 {
         let stats = admin.mock_stats().await.unwrap();
@@ -252,21 +251,29 @@ async fn a_restart_follows_the_providers_running_jobs_instead_of_submitting_them
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     assert_eq!(in_flight, 8, "the provider never ran the node's first jobs");
-    daemon.child.kill().unwrap();
-    daemon.child.wait().unwrap();
-    drop(daemon);
+    node.child.kill().unwrap();
+    node.child.wait().unwrap();
+    ids
+}
 
-    let daemon = node(&test, &m).await;
-    let states = wait_final(&test, &ids).await;
+/// Every one of `ids` SUCCEEDED with its first attempt, its job accepted and run once, the
+/// contract never broken, nothing left held.
+async fn assert_each_job_ran_once(
+    test: &TestDb,
+    admin: &HttpProvider,
+    ids: &[TaskId],
+    by: &Daemon,
+) {
+    let states = wait_final(test, ids).await;
     assert!(
         states.iter().all(|s| s == "SUCCEEDED"),
         "{states:?}\n{}",
-        daemon.log_tail(30)
+        by.log_tail(30)
     );
-    let total = assert_clean(&test, &admin).await;
+    let total = assert_clean(test, admin).await;
     assert_eq!(
         (total.accepted, total.completed),
-        (16, 16),
+        (ids.len() as u64, ids.len() as u64),
         "each task's job accepted and run once"
     );
     let keys: Vec<i64> = ids.iter().map(|t| t.0 as i64).collect();
@@ -279,7 +286,32 @@ async fn a_restart_follows_the_providers_running_jobs_instead_of_submitting_them
         .await
         .unwrap()
         .get(0);
-    assert_eq!(first, 16, "no task needed a second attempt");
+    assert_eq!(first, keys.len() as i64, "no task needed a second attempt");
+}
+
+/// kill -9 while the provider runs jobs, then a restart: the new process asks the provider for
+/// each live attempt by its request key and follows the job it finds to its end. Nothing is
+/// submitted twice (the old process's jobs still run there, so a second submit would also
+/// break the account's concurrency contract), and every task ends with its first attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_follows_the_providers_running_jobs_instead_of_submitting_them_again() {
+    let test = TestDb::new().await;
+    let (m, admin) = mock(1_500).await;
+    let ids = kill_while_jobs_run(&admin, node(&test, &m).await).await;
+    let restarted = node(&test, &m).await;
+    assert_each_job_ran_once(&test, &admin, &ids, &restarted).await;
+}
+
+/// The same when another node takes the dead node's partitions over after their leases lapse:
+/// it follows the dead node's jobs (their callbacks go to the dead node; it polls).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_follows_the_dead_nodes_running_jobs() {
+    let test = TestDb::new().await;
+    let (m, admin) = mock(1_500).await;
+    let first = node_named(&test, &m, "node-a").await;
+    let second = node_named(&test, &m, "node-b").await;
+    let ids = kill_while_jobs_run(&admin, first).await;
+    assert_each_job_ran_once(&test, &admin, &ids, &second).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
