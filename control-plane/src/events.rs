@@ -20,17 +20,18 @@ pub struct Event {
     pub body: Value,
 }
 
-/// Where relayed events go (the node's subscription hub, a message bus…).
+/// Where relayed events go (a webhook, a message bus…). A batch is taken whole or not at all.
 pub trait EventSink {
     type Error: std::fmt::Display;
-    fn deliver(&mut self, event: &Event) -> impl Future<Output = Result<(), Self::Error>>;
+    fn deliver(&mut self, events: &[Event]) -> impl Future<Output = Result<(), Self::Error>>;
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RelayReport {
     pub delivered: u32,
-    /// The sink failed on this event: it and everything after it stay pending.
-    pub failed_at: Option<u64>,
+    /// The sink refused the batch starting at this event: it and everything after it stay
+    /// pending, with the sink's reason.
+    pub failed_at: Option<(u64, String)>,
 }
 
 /// The body of event `i` of an outbox row: each key of the row's details holds an array with
@@ -52,15 +53,19 @@ fn event_body(details: &Value, i: usize) -> Value {
     Value::Object(body)
 }
 
+/// The advisory lock key that keeps relays one at a time ("spindle relay").
+const RELAY_LOCK: i64 = 0x5350_494e_5245_4c41;
+
 /// Events per outbox row at most (a batch of the hot paths; the row's check constraint).
 pub const EVENTS_PER_ROW_MAX: u64 = 4096;
 
 impl Db {
-    /// Hands up to `limit` pending events to `sink` in id order and records how far each outbox
-    /// row got. Events are stored one row per batch (`outbox_batch`, migration 5); an event's id
-    /// is its row's id × [`EVENTS_PER_ROW_MAX`] + its position. Rows are locked SKIP LOCKED so
-    /// two relays never hand out the same event at once; a crash between delivery and commit
-    /// delivers again (at least once).
+    /// Hands up to `limit` pending events to `sink`, as one batch in id order, and records how
+    /// far each outbox row got. Events are stored one row per batch (`outbox_batch`, migration
+    /// 5); an event's id is its row's id × [`EVENTS_PER_ROW_MAX`] + its position. One relay runs
+    /// at a time across every node (a transaction-scoped advisory lock; a relay that does not
+    /// get it delivers nothing this pass), so events go out in id order. A crash between the
+    /// delivery and the commit delivers the batch again: at least once.
     pub async fn relay_events<S: EventSink>(
         &mut self,
         sink: &mut S,
@@ -68,17 +73,24 @@ impl Db {
     ) -> Result<RelayReport, StoreError> {
         let limit = limit.min(SCAN_MAX);
         let tx = self.client_mut().transaction().await?;
+        let alone: bool = tx
+            .query_one("SELECT pg_try_advisory_xact_lock($1)", &[&RELAY_LOCK])
+            .await?
+            .get(0);
+        if !alone {
+            return Ok(RelayReport::default());
+        }
         let rows = tx
             .query(
                 "SELECT batch_id, kinds, tasks, tenants, details, delivered FROM outbox_batch
-                  WHERE delivered_at IS NULL ORDER BY batch_id LIMIT $1 FOR UPDATE SKIP LOCKED",
+                  WHERE delivered_at IS NULL ORDER BY batch_id LIMIT $1",
                 &[&(limit as i64)],
             )
             .await?;
-        let mut report = RelayReport::default();
-        // Per row: (batch id, events delivered up to now, events in the row).
-        let mut progress: Vec<(i64, i32, i32)> = Vec::with_capacity(rows.len());
-        'rows: for r in &rows {
+        let mut events = Vec::new();
+        // Per row: (batch id, events delivered with this batch).
+        let mut progress: Vec<(i64, i32)> = Vec::with_capacity(rows.len());
+        for r in &rows {
             let batch: i64 = r.get(0);
             let kinds: Vec<String> = r.get(1);
             let tasks: Vec<i64> = r.get(2);
@@ -86,32 +98,32 @@ impl Db {
             let details: Value = r.get(4);
             let mut delivered: i32 = r.get(5);
             let total = tasks.len() as i32;
-            while delivered < total && (report.delivered as usize) < limit {
+            while delivered < total && events.len() < limit {
                 let i = delivered as usize;
-                let event = Event {
+                events.push(Event {
                     id: batch as u64 * EVENTS_PER_ROW_MAX + i as u64,
                     task: Some(TaskId(tasks[i] as u64)),
                     tenant: Some(TenantId(tenants[i] as u32)),
                     kind: kinds[i].clone(),
                     body: event_body(&details, i),
-                };
-                if sink.deliver(&event).await.is_err() {
-                    report.failed_at = Some(event.id);
-                    progress.push((batch, delivered, total));
-                    break 'rows;
-                }
+                });
                 delivered += 1;
-                report.delivered += 1;
             }
-            progress.push((batch, delivered, total));
+            progress.push((batch, delivered));
             if delivered < total {
                 break;
             }
         }
-        let (ids, counts): (Vec<i64>, Vec<i32>) = progress
-            .iter()
-            .map(|&(batch, delivered, _)| (batch, delivered))
-            .unzip();
+        let Some(first) = events.first() else {
+            return Ok(RelayReport::default());
+        };
+        if let Err(e) = sink.deliver(&events).await {
+            return Ok(RelayReport {
+                delivered: 0,
+                failed_at: Some((first.id, e.to_string())),
+            });
+        }
+        let (ids, counts): (Vec<i64>, Vec<i32>) = progress.into_iter().unzip();
         tx.execute(
             "UPDATE outbox_batch b SET delivered = p.delivered,
                     delivered_at = CASE WHEN p.delivered = cardinality(b.tasks) THEN now() END
@@ -121,7 +133,45 @@ impl Db {
         )
         .await?;
         tx.commit().await?;
-        Ok(report)
+        Ok(RelayReport {
+            delivered: events.len() as u32,
+            failed_at: None,
+        })
+    }
+
+    /// One bounded pass of event retention: of the `scan` oldest outbox rows, deletes those
+    /// created more than `keep` ago that were delivered — or every such row when
+    /// `undelivered_too` (no relay will ever take them). Returns the rows deleted.
+    pub async fn prune_events(
+        &self,
+        keep: std::time::Duration,
+        undelivered_too: bool,
+        scan: usize,
+    ) -> Result<u64, StoreError> {
+        if scan == 0 || scan > SCAN_MAX {
+            return Err(crate::error::InputError::OutOfRange {
+                row: 0,
+                field: "scan",
+                value: scan.to_string(),
+            }
+            .into());
+        }
+        let keep_ms = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX);
+        // The walk reads at most `scan` rows from the oldest (ids grow with time), so a pass
+        // never reads the recent part of the table, however much of it there is.
+        let n = self
+            .client()
+            .execute(
+                "WITH walked AS MATERIALIZED (
+                     SELECT batch_id FROM outbox_batch ORDER BY batch_id LIMIT $1)
+                 DELETE FROM outbox_batch b USING walked w
+                  WHERE b.batch_id = w.batch_id
+                    AND b.created_at < now() - $2::bigint * interval '1 millisecond'
+                    AND (b.delivered_at IS NOT NULL OR $3)",
+                &[&(scan as i64), &keep_ms, &undelivered_too],
+            )
+            .await?;
+        Ok(n)
     }
 
     /// Records that `consumer` took `event`; false when it already had (skip the effect).

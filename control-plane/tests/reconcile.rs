@@ -298,22 +298,23 @@ async fn the_starvation_detector_reports_long_waits_but_not_backoffs() {
     assert!(starved[0].waited_ms >= 600_000, "{starved:?}");
 }
 
-/// A sink that fails once at a chosen event, then takes everything.
+/// A sink that refuses once, then takes everything.
 struct FlakySink {
-    fail_at: Option<u64>,
+    fail_next: bool,
     got: Vec<u64>,
     bodies: Vec<serde_json::Value>,
 }
 
 impl EventSink for FlakySink {
     type Error = String;
-    async fn deliver(&mut self, event: &Event) -> Result<(), String> {
-        if self.fail_at == Some(event.id) {
-            self.fail_at = None;
+    async fn deliver(&mut self, events: &[Event]) -> Result<(), String> {
+        if std::mem::take(&mut self.fail_next) {
             return Err("sink down".into());
         }
-        self.got.push(event.id);
-        self.bodies.push(event.body.clone());
+        for e in events {
+            self.got.push(e.id);
+            self.bodies.push(e.body.clone());
+        }
         Ok(())
     }
 }
@@ -329,7 +330,7 @@ async fn the_outbox_is_relayed_at_least_once_and_consumers_apply_each_event_once
     assert_eq!(db.pending_events().await.unwrap(), 5);
 
     let mut sink = FlakySink {
-        fail_at: None,
+        fail_next: true,
         got: Vec::new(),
         bodies: Vec::new(),
     };
@@ -340,15 +341,21 @@ async fn the_outbox_is_relayed_at_least_once_and_consumers_apply_each_event_once
             .unwrap()
             .get::<_, i64>(0) as u64
     };
-    sink.fail_at = Some(first_id + 2);
+    // A refused batch stays pending, whole.
     let r = db.relay_events(&mut sink, 100).await.unwrap();
-    assert_eq!((r.delivered, r.failed_at), (2, Some(first_id + 2)));
+    assert_eq!(r.delivered, 0);
+    assert_eq!(r.failed_at, Some((first_id, "sink down".to_string())));
+    assert_eq!(db.pending_events().await.unwrap(), 5);
+    // Part of a row, then the rest of it.
+    let r = db.relay_events(&mut sink, 2).await.unwrap();
+    assert_eq!((r.delivered, r.failed_at.clone()), (2, None));
+    assert_eq!(db.pending_events().await.unwrap(), 3);
     let r = db.relay_events(&mut sink, 100).await.unwrap();
     assert_eq!((r.delivered, r.failed_at), (3, None));
     assert_eq!(
         sink.got,
         (first_id..first_id + 5).collect::<Vec<_>>(),
-        "in order, none skipped"
+        "in order, none skipped, none twice"
     );
     assert_eq!(db.pending_events().await.unwrap(), 0);
     // Each event's body comes out of its batch row's details, the same through the relay and
@@ -378,4 +385,55 @@ async fn the_outbox_is_relayed_at_least_once_and_consumers_apply_each_event_once
         }
     }
     assert_eq!(applied, 2);
+}
+
+/// A sink that, while it holds a batch, has a second relay (another connection: another node)
+/// try at the same time.
+struct RacingSink {
+    other: spindle_control::Db,
+    others_report: Option<spindle_control::events::RelayReport>,
+    got: usize,
+}
+
+impl EventSink for RacingSink {
+    type Error = String;
+    async fn deliver(&mut self, events: &[Event]) -> Result<(), String> {
+        let mut inner = FlakySink {
+            fail_next: false,
+            got: Vec::new(),
+            bodies: Vec::new(),
+        };
+        let r = self.other.relay_events(&mut inner, 100).await.unwrap();
+        assert!(
+            inner.got.is_empty(),
+            "a second relay delivered {:?}",
+            inner.got
+        );
+        self.others_report = Some(r);
+        self.got += events.len();
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn one_relay_runs_at_a_time_across_nodes() {
+    let (test, mut db) = setup().await;
+    db.set_pool("p", 100, 1).await.unwrap();
+    let batch: Vec<_> = (1..=3).map(|i| task(i, 1, &format!("k{i}"))).collect();
+    db.submit_batch(&batch, V1).await.unwrap();
+    let claims: Vec<_> = (1..=3).map(|i| claim(i, 0, &[("p", 0, 1)])).collect();
+    db.claim_batch(NODE, LEASE_MS, &claims).await.unwrap();
+    let mut sink = RacingSink {
+        other: spindle_control::Db::open(test.config()).await.unwrap(),
+        others_report: None,
+        got: 0,
+    };
+    let r = db.relay_events(&mut sink, 100).await.unwrap();
+    assert_eq!((r.delivered, sink.got), (3, 3));
+    assert_eq!(
+        sink.others_report,
+        Some(Default::default()),
+        "the second relay stood aside"
+    );
+    assert_eq!(db.pending_events().await.unwrap(), 0);
 }

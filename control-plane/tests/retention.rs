@@ -189,3 +189,59 @@ async fn a_pass_walks_at_most_its_scan_and_hands_back_a_cursor() {
     let err = db.prune_finished(&ALL, keep, None, 0).await.unwrap_err();
     assert!(matches!(err, StoreError::Invalid(_)), "{err:?}");
 }
+
+#[tokio::test]
+async fn old_delivered_events_leave_and_undelivered_ones_wait_for_the_relay() {
+    let (test, db) = setup().await;
+    db.set_pool(POOL, 100, 1).await.unwrap();
+    // One outbox row per claim batch: four rows.
+    for i in 1..=4u64 {
+        db.submit_batch(&[task(i, 1, &format!("k{i}"))], V1)
+            .await
+            .unwrap();
+        db.claim_batch(NODE, LEASE_MS, &[claim(i, 0, &[(POOL, 0, 1)])])
+            .await
+            .unwrap();
+    }
+    let sql = test.sql().await.unwrap();
+    let ids = rows(&sql).await;
+    assert_eq!(ids.len(), 4);
+    // Rows 1–3 are two days old, row 4 is new; rows 1 and 4 were delivered.
+    sql.execute(
+        "UPDATE outbox_batch SET created_at = now() - interval '2 days' WHERE batch_id <> $1",
+        &[&ids[3]],
+    )
+    .await
+    .unwrap();
+    sql.execute(
+        "UPDATE outbox_batch SET delivered = 1, delivered_at = now() WHERE batch_id = ANY ($1)",
+        &[&vec![ids[0], ids[3]]],
+    )
+    .await
+    .unwrap();
+    let day = Duration::from_secs(86_400);
+    assert_eq!(db.prune_events(day, false, 100).await.unwrap(), 1);
+    assert_eq!(
+        rows(&sql).await,
+        ids[1..].to_vec(),
+        "only the old delivered row left"
+    );
+    // Without a relay nobody takes the old undelivered rows: they go too; a pass reads at
+    // most `scan` rows from the oldest.
+    assert_eq!(db.prune_events(day, true, 1).await.unwrap(), 1);
+    assert_eq!(db.prune_events(day, true, 100).await.unwrap(), 1);
+    assert_eq!(rows(&sql).await, vec![ids[3]], "the recent row stays");
+    assert!(matches!(
+        db.prune_events(day, true, 0).await,
+        Err(StoreError::Invalid(_))
+    ));
+}
+
+async fn rows(sql: &tokio_postgres::Client) -> Vec<i64> {
+    sql.query("SELECT batch_id FROM outbox_batch ORDER BY batch_id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get::<_, i64>(0))
+        .collect()
+}

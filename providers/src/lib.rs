@@ -1,11 +1,13 @@
 //! AI provider dispatch: the generic async-job API ([`api`]), the trait spindle dispatches
-//! through and its HTTP adapter ([`adapter`]), callback signatures ([`signature`]) and the mock
+//! through and its HTTP adapter ([`adapter`]), callback signatures ([`signature`]), signed webhooks ([`webhook`]) and a receiver of them ([`receiver`]), and the mock
 //! provider ([`mock`], binary `spindle-mock-provider`).
 
 pub mod adapter;
 pub mod api;
 pub mod mock;
+pub mod receiver;
 pub mod signature;
+pub mod webhook;
 
 pub use adapter::{
     download, AsyncJobProvider, FetchError, HttpProvider, Lookup, QueryError, Submission,
@@ -13,3 +15,5 @@ pub use adapter::{
 };
 pub use api::{Fault, JobState, JobView, ProblemKind, Stats};
 pub use mock::{AccountSpec, MockConfig, MockProvider};
+pub use receiver::{EventReceiver, Received};
+pub use webhook::{Webhook, WebhookError};

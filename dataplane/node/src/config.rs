@@ -104,6 +104,16 @@ pub struct Config {
     /// The same for FAILED tasks (the dead-letter queue); 0 keeps them forever.
     #[serde(default = "default_retention_failed_s")]
     pub retention_failed_s: u64,
+    /// Outbox rows (the events of the changes they were written with) leave this long after
+    /// they were written: delivered ones, and without an `[events]` relay every one (nobody
+    /// would take them). With a relay, undelivered events wait for it however old. 0 keeps
+    /// them forever.
+    #[serde(default = "default_retention_events_s")]
+    pub retention_events_s: u64,
+    /// The event relay: where the outbox's events are posted. None: events stay in
+    /// PostgreSQL (for `retention_events_s`).
+    #[serde(default)]
+    pub events: Option<crate::relay::EventsConfig>,
     /// Rows of the task table one retention pass looks at (passes run after each lease renewal,
     /// for up to a quarter of the renewal interval).
     #[serde(default = "default_retention_scan_rows")]
@@ -195,6 +205,9 @@ fn default_retention_finished_s() -> u64 {
 }
 fn default_retention_failed_s() -> u64 {
     30 * 24 * 3600
+}
+fn default_retention_events_s() -> u64 {
+    24 * 3600
 }
 fn default_retention_scan_rows() -> usize {
     5_000
@@ -303,6 +316,9 @@ impl Config {
         }
         if let Some(m) = &self.media {
             m.check()?;
+        }
+        if let Some(e) = &self.events {
+            e.check()?;
         }
         for t in &self.admin_tokens {
             anyhow::ensure!(

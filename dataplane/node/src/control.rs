@@ -162,7 +162,7 @@ fn fail_group(group: Vec<CpMsg>, e: &StoreError) {
 }
 
 /// Opens a connection again, with backoff, for as long as it takes; readiness says so.
-async fn reconnect(config: &DbConfig, metrics: &Metrics) -> Db {
+pub(crate) async fn reconnect(config: &DbConfig, metrics: &Metrics) -> Db {
     metrics
         .postgres_ok
         .store(false, std::sync::atomic::Ordering::Relaxed);
@@ -653,6 +653,13 @@ pub async fn start(
         shard_inboxes.clone(),
     ));
     tokio::spawn(lease.run(shard_inboxes));
+    if let Some(events) = &config.events {
+        tokio::spawn(crate::relay::run(
+            db_config.clone(),
+            events.clone(),
+            metrics.clone(),
+        ));
+    }
     let (reads, read_rx) = mpsc::channel(READ_QUEUE_MAX);
     tokio::spawn(reader(
         Db::open_with_backoff(db_config).await?,
@@ -782,11 +789,31 @@ impl LeaseLoop {
             finished: window(self.config.retention_finished_s),
             failed: window(self.config.retention_failed_s),
         };
+        let scan = self.config.retention_scan_rows;
+        let started = std::time::Instant::now();
+        if let Some(events) = window(self.config.retention_events_s) {
+            // Without a relay nobody takes the events: they leave after the window too.
+            let undelivered_too = self.config.events.is_none();
+            loop {
+                match self.admin.prune_events(events, undelivered_too, scan).await {
+                    Ok(n) => {
+                        self.metrics
+                            .events_pruned
+                            .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+                        if n < scan as u64 || started.elapsed() >= every / 8 {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!("event retention pass failed: {e}");
+                        break;
+                    }
+                }
+            }
+        }
         if keep.finished.is_none() && keep.failed.is_none() {
             return;
         }
-        let scan = self.config.retention_scan_rows;
-        let started = std::time::Instant::now();
         loop {
             match self
                 .admin

@@ -16,6 +16,7 @@ pub mod live_policy;
 pub mod media;
 pub mod metrics;
 pub mod ownership;
+pub mod relay;
 pub mod server;
 pub mod shard;
 pub mod systemd;

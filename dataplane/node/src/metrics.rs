@@ -134,6 +134,14 @@ pub struct Metrics {
     pub claims_refused: AtomicU64,
     /// Ended tasks the retention passes removed from PostgreSQL.
     pub retention_pruned: AtomicU64,
+    /// Outbox rows (event batches) the retention passes removed.
+    pub events_pruned: AtomicU64,
+    /// The event relay (when `[events]` is configured): events the sink took, batches it
+    /// refused, events pending as last counted, and whether that is above `pending_max`.
+    pub events_relayed: AtomicU64,
+    pub events_refused: AtomicU64,
+    pub events_pending: AtomicU64,
+    pub events_backlogged: AtomicBool,
     pub batches: [Histogram; 4],
     pub provider_calls: [AtomicU64; PROVIDER_RESULTS.len()],
     pub callbacks: [AtomicU64; CALLBACK_KINDS.len()],
@@ -173,6 +181,11 @@ impl Metrics {
             claims_granted: AtomicU64::new(0),
             claims_refused: AtomicU64::new(0),
             retention_pruned: AtomicU64::new(0),
+            events_pruned: AtomicU64::new(0),
+            events_relayed: AtomicU64::new(0),
+            events_refused: AtomicU64::new(0),
+            events_pending: AtomicU64::new(0),
+            events_backlogged: AtomicBool::new(false),
             batches: std::array::from_fn(|_| Histogram::new(LATENCY_BUCKETS_US)),
             answers: std::array::from_fn(|_| Histogram::new(ANSWER_BUCKETS_US)),
             provider_calls: Default::default(),
@@ -274,6 +287,26 @@ impl Metrics {
             w,
             "# HELP spindle_retention_pruned_total Ended tasks removed by retention.\n# TYPE spindle_retention_pruned_total counter\nspindle_retention_pruned_total {}",
             self.retention_pruned.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            w,
+            "# HELP spindle_events_pruned_total Outbox rows removed by retention.\n# TYPE spindle_events_pruned_total counter\nspindle_events_pruned_total {}",
+            self.events_pruned.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            w,
+            "# HELP spindle_events_relayed_total Events the event sink took.\n# TYPE spindle_events_relayed_total counter\nspindle_events_relayed_total {}",
+            self.events_relayed.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            w,
+            "# HELP spindle_events_refused_total Event batches the sink refused or did not answer.\n# TYPE spindle_events_refused_total counter\nspindle_events_refused_total {}",
+            self.events_refused.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            w,
+            "# HELP spindle_events_pending Events not yet relayed, as last counted.\n# TYPE spindle_events_pending gauge\nspindle_events_pending {}",
+            self.events_pending.load(Ordering::Relaxed)
         );
         let _ = writeln!(w, "# HELP spindle_queued_tasks Queued tasks per shard and lane.\n# TYPE spindle_queued_tasks gauge");
         for (i, g) in self.shards.iter().enumerate() {

@@ -582,6 +582,13 @@ async fn submit(
         // The partition moved to another node since this connection said Hello.
         return answer_error(reply, ErrorCode::WrongNode, why);
     }
+    // Past the event relay's bound, new work is refused rather than added to the backlog.
+    let backlog = {
+        let m = &state.borrow().metrics;
+        m.events_backlogged
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .then(|| m.events_pending.load(std::sync::atomic::Ordering::Relaxed))
+    };
     // Decide every task in the core first; accepted ones go to the group commit.
     let mut answers: Vec<Option<Admission>> = Vec::with_capacity(tasks.len());
     // What goes to the group commit, and where each row's answer goes.
@@ -596,6 +603,19 @@ async fn submit(
         }
     }
     for ((i, t), id) in tasks.iter().enumerate().zip(ids) {
+        if let Some(pending) = backlog {
+            answers.push(Some(Admission {
+                task: id,
+                decision: Decision::RejectPlatformOverloaded,
+                reason: Some(format!(
+                    "event relay backlog: {pending} events wait for the events endpoint"
+                )),
+                replay: false,
+                queue_level: 0,
+                expected_start_ms: 0,
+            }));
+            continue;
+        }
         let mut s = state.borrow_mut();
         let now = s.now();
         let req = SubmitRequest {

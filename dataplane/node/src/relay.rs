@@ -1,0 +1,203 @@
+//! The event relay: the transactional outbox's events (a task claimed, running, requeued,
+//! ended: written in the same transaction as the change) go to the platform's endpoint as signed
+//! JSON batches, at least once and in event id order — one relay at a time across the nodes
+//! of a cluster (`Db::relay_events`). A consumer dedupes by event id.
+//!
+//! ```text
+//! POST <events.url>   x-signature: sha256=<hex HMAC-SHA256(events.secret, body)>
+//! {"events": [{"id": 4097, "kind": "SUCCEEDED", "task": 12, "tenant": 1, "body": {...}}, ...]}
+//! ```
+//!
+//! A refused or unanswered batch is tried again, with a backoff, until the endpoint takes it;
+//! while more than `pending_max` events wait, the node refuses new work as
+//! REJECT_PLATFORM_OVERLOADED instead of letting the backlog grow without bound.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use spindle_control::events::{Event, EventSink};
+use spindle_control::DbConfig;
+use spindle_providers::{Webhook, WebhookError};
+
+use crate::metrics::Metrics;
+
+/// The `[events]` section of the node's configuration.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventsConfig {
+    /// Where event batches are posted (http://).
+    pub url: String,
+    /// The secret their bodies are signed with.
+    pub secret: String,
+    /// Each post gives up after this (then it is tried again).
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+    /// Events per post at most.
+    #[serde(default = "default_batch_max")]
+    pub batch_max: usize,
+    /// How long the relay waits when nothing is pending.
+    #[serde(default = "default_idle_ms")]
+    pub idle_ms: u64,
+    /// Above this many pending events, new work is refused as overloaded.
+    #[serde(default = "default_pending_max")]
+    pub pending_max: u64,
+}
+
+fn default_timeout_ms() -> u64 {
+    2_000
+}
+fn default_batch_max() -> usize {
+    1_000
+}
+fn default_idle_ms() -> u64 {
+    100
+}
+fn default_pending_max() -> u64 {
+    1_000_000
+}
+
+impl EventsConfig {
+    pub fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.url.starts_with("http://"),
+            "events.url must be an http:// URL"
+        );
+        anyhow::ensure!(!self.secret.is_empty(), "events.secret must not be empty");
+        anyhow::ensure!(
+            (50..=120_000).contains(&self.timeout_ms),
+            "events.timeout_ms must be 50..=120000"
+        );
+        anyhow::ensure!(
+            (1..=spindle_control::limits::SCAN_MAX).contains(&self.batch_max),
+            "events.batch_max must be 1..={}",
+            spindle_control::limits::SCAN_MAX
+        );
+        anyhow::ensure!(
+            (1..=60_000).contains(&self.idle_ms),
+            "events.idle_ms must be 1..=60000"
+        );
+        anyhow::ensure!(
+            self.pending_max >= 1,
+            "events.pending_max must be at least 1"
+        );
+        Ok(())
+    }
+}
+
+/// The body of one post.
+pub fn batch_body(events: &[Event]) -> Vec<u8> {
+    let events: Vec<serde_json::Value> = events
+        .iter()
+        .map(|e| {
+            serde_json::json!({
+                "id": e.id,
+                "kind": e.kind,
+                "task": e.task.map(|t| t.0),
+                "tenant": e.tenant.map(|t| t.0),
+                "body": e.body,
+            })
+        })
+        .collect();
+    serde_json::to_vec(&serde_json::json!({ "events": events })).expect("JSON values serialize")
+}
+
+struct WebhookSink(Webhook);
+
+impl EventSink for WebhookSink {
+    type Error = WebhookError;
+    async fn deliver(&mut self, events: &[Event]) -> Result<(), WebhookError> {
+        self.0.post(batch_body(events)).await
+    }
+}
+
+/// How often the pending events are counted (the count reads the pending outbox rows).
+const COUNT_EVERY: Duration = Duration::from_secs(1);
+/// The longest wait between tries of a refused batch.
+const BACKOFF_MAX: Duration = Duration::from_secs(10);
+
+/// Runs the relay for the life of the node.
+pub async fn run(db_config: DbConfig, config: EventsConfig, metrics: Arc<Metrics>) {
+    let hook = match Webhook::new(
+        &config.url,
+        config.secret.as_bytes(),
+        Duration::from_millis(config.timeout_ms),
+    ) {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::error!("event relay not started: {e}");
+            return;
+        }
+    };
+    let mut sink = WebhookSink(hook);
+    let mut db = crate::control::reconnect(&db_config, &metrics).await;
+    let idle = Duration::from_millis(config.idle_ms);
+    let mut refusals = 0u32;
+    let mut counted: Option<Instant> = None;
+    loop {
+        if db.is_closed() {
+            db = crate::control::reconnect(&db_config, &metrics).await;
+        }
+        if counted.is_none_or(|at| at.elapsed() >= COUNT_EVERY) {
+            counted = Some(Instant::now());
+            match db.pending_events().await {
+                Ok(n) => {
+                    metrics.events_pending.store(n, Ordering::Relaxed);
+                    metrics
+                        .events_backlogged
+                        .store(n > config.pending_max, Ordering::Relaxed);
+                }
+                Err(e) => tracing::warn!("counting pending events: {e}"),
+            }
+        }
+        let wait = match db.relay_events(&mut sink, config.batch_max).await {
+            Ok(r) => match r.failed_at {
+                Some((id, why)) => {
+                    metrics.events_refused.fetch_add(1, Ordering::Relaxed);
+                    refusals += 1;
+                    tracing::warn!("event relay: the batch from event {id} was not taken: {why}");
+                    backoff(refusals)
+                }
+                None => {
+                    refusals = 0;
+                    metrics
+                        .events_relayed
+                        .fetch_add(u64::from(r.delivered), Ordering::Relaxed);
+                    if r.delivered as usize >= config.batch_max {
+                        Duration::ZERO
+                    } else {
+                        idle
+                    }
+                }
+            },
+            Err(e) => {
+                refusals += 1;
+                tracing::warn!("event relay: {e}");
+                backoff(refusals)
+            }
+        };
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+/// 100 ms doubling per refusal in a row, at most [`BACKOFF_MAX`].
+fn backoff(refusals: u32) -> Duration {
+    (Duration::from_millis(100) * 2u32.saturating_pow(refusals.clamp(1, 10) - 1)).min(BACKOFF_MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_its_cap() {
+        let waits: Vec<u64> = (1..=9).map(|n| backoff(n).as_millis() as u64).collect();
+        assert_eq!(
+            waits,
+            [100, 200, 400, 800, 1600, 3200, 6400, 10_000, 10_000]
+        );
+        assert_eq!(backoff(u32::MAX), BACKOFF_MAX);
+    }
+}

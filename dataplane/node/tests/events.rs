@@ -1,0 +1,195 @@
+//! The event relay against a real PostgreSQL and a real HTTP endpoint: the outbox's events
+//! reach the endpoint signed, in id order and each once while nothing crashes; a refusing
+//! endpoint holds them back without losing any; past `events.pending_max` new work is refused
+//! as overloaded until the backlog drains.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{http_get, start_with, task, Daemon};
+use spindle_client::Client;
+use spindle_control::testing::TestDb;
+use spindle_core::{Decision, TaskId, TenantId};
+use spindle_providers::EventReceiver;
+
+const SECRET: &str = "events-secret";
+
+fn config(url: &str, pending_max: u64) -> String {
+    format!(
+        r#"
+node_id = "events-node"
+listen = "127.0.0.1:0"
+http_listen = "127.0.0.1:0"
+shards = 2
+partitions = 8
+local_provider_time_scale = 0.0001
+
+[events]
+url = "{url}"
+secret = "{SECRET}"
+timeout_ms = 500
+idle_ms = 20
+pending_max = {pending_max}
+
+[[tenants]]
+id = 1
+credential = "one"
+"#
+    )
+}
+
+async fn receiver() -> EventReceiver {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    EventReceiver::serve(listener, SECRET.as_bytes())
+}
+
+async fn submit(daemon: &Daemon, prefix: &str, n: usize) -> Vec<spindle_wire::Admission> {
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let batch: Vec<_> = (0..n).map(|i| task(&format!("{prefix}{i}"))).collect();
+    client.submit_batch(batch).await.unwrap()
+}
+
+/// A counter or gauge of the node's /metrics.
+async fn metric(daemon: &Daemon, name: &str) -> u64 {
+    let (_, text) = http_get(daemon.http, "/metrics").await;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("{name} not in /metrics"))
+}
+
+/// Polls (bounded: 30 s) until `done` holds.
+async fn eventually(what: &str, mut done: impl AsyncFnMut() -> bool) {
+    for _ in 0..3_000 {
+        if done().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("never: {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_reach_the_endpoint_in_order_and_a_refusing_endpoint_loses_none() {
+    let test = TestDb::new().await;
+    let rx = receiver().await;
+    rx.refuse(true);
+    let daemon = start_with(&test, &config(&rx.url(), 1_000_000)).await;
+    let ids: Vec<TaskId> = submit(&daemon, "e", 20)
+        .await
+        .into_iter()
+        .map(|a| {
+            assert!(a.decision.is_accepted(), "{a:?}");
+            a.task
+        })
+        .collect();
+    let sql = test.sql().await.unwrap();
+    let keys: Vec<i64> = ids.iter().map(|t| t.0 as i64).collect();
+    assert_eq!(common::wait_all_succeeded(&sql, &keys).await, 20);
+    // The endpoint refuses: the relay keeps trying, nothing is taken, nothing is lost.
+    eventually("the relay tried the refusing endpoint twice", async || {
+        metric(&daemon, "spindle_events_refused_total").await >= 2
+    })
+    .await;
+    assert!(rx.events().is_empty());
+    let pending: i64 = sql
+        .query_one(
+            "SELECT count(*) FROM outbox_event WHERE task_id = ANY ($1)",
+            &[&keys],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        pending >= 40,
+        "a claim and an end per task at least: {pending}"
+    );
+
+    rx.refuse(false);
+    let finished = |events: &[spindle_providers::Received]| {
+        events
+            .iter()
+            .filter(|e| e.kind == "SUCCEEDED" && e.task.is_some_and(|t| keys.contains(&(t as i64))))
+            .count()
+    };
+    eventually("every task's SUCCEEDED event arrived", async || {
+        finished(&rx.events()) == 20
+    })
+    .await;
+    let events = rx.events();
+    assert!(
+        events.windows(2).all(|w| w[0].id < w[1].id),
+        "in id order, none twice"
+    );
+    // What arrived is what the outbox holds, every one of it.
+    let stored: Vec<i64> = sql
+        .query(
+            "SELECT event_id FROM outbox_event WHERE task_id = ANY ($1) ORDER BY event_id",
+            &[&keys],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let got: Vec<i64> = events
+        .iter()
+        .filter(|e| e.task.is_some_and(|t| keys.contains(&(t as i64))))
+        .map(|e| e.id as i64)
+        .collect();
+    assert_eq!(got, stored);
+    for t in &keys {
+        let kinds: Vec<&str> = events
+            .iter()
+            .filter(|e| e.task == Some(*t as u64))
+            .map(|e| e.kind.as_str())
+            .collect();
+        assert_eq!(kinds.first(), Some(&"DISPATCHING"), "task {t}: {kinds:?}");
+        assert_eq!(kinds.last(), Some(&"SUCCEEDED"), "task {t}: {kinds:?}");
+    }
+    let (_, bad_signatures, _) = rx.counts();
+    assert_eq!(bad_signatures, 0, "every post signed with the secret");
+    eventually("the outbox drained", async || {
+        metric(&daemon, "spindle_events_pending").await == 0
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_backlog_bound_new_work_is_refused_until_the_relay_catches_up() {
+    let test = TestDb::new().await;
+    let rx = receiver().await;
+    rx.refuse(true);
+    let daemon = start_with(&test, &config(&rx.url(), 10)).await;
+    for a in submit(&daemon, "b", 20).await {
+        assert!(a.decision.is_accepted(), "{a:?}");
+    }
+    eventually("the backlog passed its bound", async || {
+        metric(&daemon, "spindle_events_pending").await > 10
+    })
+    .await;
+    let refused = submit(&daemon, "late", 1).await.remove(0);
+    assert_eq!(refused.decision, Decision::RejectPlatformOverloaded);
+    let reason = refused.reason.unwrap_or_default();
+    assert!(reason.contains("event relay backlog"), "{reason}");
+
+    rx.refuse(false);
+    eventually("the backlog drained", async || {
+        metric(&daemon, "spindle_events_pending").await <= 10
+    })
+    .await;
+    let mut accepted = false;
+    for i in 0..100 {
+        if submit(&daemon, &format!("again{i}-"), 1).await[0]
+            .decision
+            .is_accepted()
+        {
+            accepted = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(accepted, "new work still refused after the backlog drained");
+}

@@ -1,0 +1,89 @@
+//! Signed JSON POSTs to one configured endpoint: how the node's event relay hands events to the
+//! platform. The body is signed like provider callbacks (`x-signature: sha256=<hex HMAC>`), so
+//! the receiver checks it with [`crate::signature::verify`].
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WebhookError {
+    /// Not sent, or no answer within the timeout.
+    #[error("{url}: {reason}")]
+    Failed { url: String, reason: String },
+    /// Answered, but not with a 2xx.
+    #[error("{url} answered {status}")]
+    Status { url: String, status: u16 },
+}
+
+/// One endpoint and the secret its bodies are signed with.
+#[derive(Clone)]
+pub struct Webhook {
+    url: hyper::Uri,
+    secret: Vec<u8>,
+    client: Client<HttpConnector, Full<Bytes>>,
+    timeout: Duration,
+}
+
+impl Webhook {
+    /// `url` must be http://; every post gives up after `timeout`.
+    pub fn new(url: &str, secret: &[u8], timeout: Duration) -> Result<Webhook, String> {
+        if !url.starts_with("http://") {
+            return Err(format!("{url}: not an http:// URL"));
+        }
+        let url: hyper::Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(timeout));
+        Ok(Webhook {
+            url,
+            secret: secret.to_vec(),
+            client: Client::builder(TokioExecutor::new())
+                .pool_idle_timeout(Duration::from_secs(30))
+                .build(connector),
+            timeout,
+        })
+    }
+
+    /// Posts `body` (JSON), signed; Ok once the endpoint answered 2xx.
+    pub async fn post(&self, body: Vec<u8>) -> Result<(), WebhookError> {
+        let failed = |reason: String| WebhookError::Failed {
+            url: self.url.to_string(),
+            reason,
+        };
+        let signature = crate::signature::sign(&self.secret, &body);
+        let request = hyper::Request::builder()
+            .method(hyper::Method::POST)
+            .uri(self.url.clone())
+            .header("content-type", "application/json")
+            .header(crate::signature::HEADER, signature)
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| failed(format!("bad request: {e}")))?;
+        let exchange = async {
+            let response = self
+                .client
+                .request(request)
+                .await
+                .map_err(|e| failed(e.to_string()))?;
+            let status = response.status();
+            // The answer's body is not needed; reading it lets the connection be reused.
+            let _ = response.into_body().collect().await;
+            if status.is_success() {
+                Ok(())
+            } else {
+                Err(WebhookError::Status {
+                    url: self.url.to_string(),
+                    status: status.as_u16(),
+                })
+            }
+        };
+        match tokio::time::timeout(self.timeout, exchange).await {
+            Ok(r) => r,
+            Err(_) => Err(failed(format!("no answer within {:?}", self.timeout))),
+        }
+    }
+}
