@@ -85,7 +85,7 @@ pub struct QueuedTask {
     pub next_eligible_at: Option<std::time::SystemTime>,
 }
 
-/// A task with a live attempt in its provider stage, as [`Db::load_live`] reads it.
+/// A task with a live attempt, as [`Db::load_live`] reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LiveTask {
     /// Its stored fields; `attempt_no` is the live attempt's number.
@@ -327,10 +327,9 @@ impl Db {
         Ok(rows.iter().map(queued_task).collect())
     }
 
-    /// One page of the tasks of `partitions` with a live attempt in its provider stage
-    /// (DISPATCHING, SUBMIT_UNKNOWN or RUNNING), in task id order after `after`: what a node
-    /// resumes after a restart or a takeover, asking the provider about each job instead of
-    /// submitting it again. Walks the primary key like [`Db::load_queued`].
+    /// One page of the tasks of `partitions` with a live attempt, in task id order after
+    /// `after`: what a node resumes after a restart or a takeover, asking the provider about each
+    /// job instead of submitting it again. Walks the primary key like [`Db::load_queued`].
     pub async fn load_live(
         &self,
         partitions: &[PartitionId],
@@ -348,7 +347,6 @@ impl Db {
                             'spindle-' || task_id || '-' || attempt_no
                        FROM task
                       WHERE task_id > $2 AND current_attempt IS NOT NULL
-                        AND state IN ('DISPATCHING', 'SUBMIT_UNKNOWN', 'RUNNING')
                         AND partition = ANY ($1)
                       ORDER BY task_id
                       LIMIT $3"

@@ -393,34 +393,50 @@ pub struct Restore {
 pub struct LiveRestore {
     pub provider: spindle_core::ProviderId,
     pub token: spindle_core::FencingToken,
-    /// As stored: DISPATCHING, SUBMIT_UNKNOWN or RUNNING.
+    /// As stored: DISPATCHING, SUBMIT_UNKNOWN, RUNNING, PROVIDER_SUCCEEDED or
+    /// MEDIA_PROCESSING.
     pub stored: spindle_core::TaskState,
     pub request_key: String,
 }
 
-/// Which live attempts a (re)starting owner follows at their provider instead of ending them:
-/// with an HTTP provider, those of the accounts the policy names (the provider still has their
-/// jobs and can be asked by request key); with the local provider, none (its work died with
-/// the process that ran it).
-pub fn followed_providers(
-    config: &crate::config::Config,
-    policy: &spindle_core::Policy,
-) -> Vec<String> {
-    match config.provider {
-        Some(_) => policy.providers.iter().map(|p| p.name.clone()).collect(),
-        None => Vec::new(),
+/// Which live attempts a (re)starting owner follows instead of ending them.
+///
+/// With an HTTP provider, those of the accounts the policy names: the provider still has their
+/// jobs and can be asked by request key. In the provider stage that is every one; past it
+/// (PROVIDER_SUCCEEDED, MEDIA_PROCESSING) only when the media stage is configured — the job's
+/// video is found again through the provider and the media step runs again. With the local
+/// provider, none: its work died with the process that ran it.
+pub struct Followed {
+    providers: Vec<String>,
+    media: bool,
+}
+
+impl Followed {
+    pub fn new(config: &crate::config::Config, policy: &spindle_core::Policy) -> Followed {
+        Followed {
+            providers: match config.provider {
+                Some(_) => policy.providers.iter().map(|p| p.name.clone()).collect(),
+                None => Vec::new(),
+            },
+            media: config.media.is_some(),
+        }
+    }
+
+    fn follows(&self, a: &spindle_control::reconcile::LiveAttempt) -> bool {
+        use spindle_core::TaskState as S;
+        let past_provider = matches!(a.state, S::ProviderSucceeded | S::MediaProcessing);
+        self.providers.contains(&a.provider) && (self.media || !past_provider)
     }
 }
 
 /// Resolves the previous owner's live attempts in `mine` that are not followed (see
-/// [`followed_providers`]): in the provider stage they are requeued (a new attempt runs them);
-/// past it the provider had finished, and they are completed (the media stage is not run
-/// again). Followed ones are left live, for [`load_resumes`]. Pages through the partitions
-/// once, in task id order.
+/// [`Followed`]): in the provider stage they are requeued (a new attempt runs them); past it
+/// the provider had finished, and they are completed. Followed ones are left live, for
+/// [`load_resumes`]. Pages through the partitions once, in task id order.
 async fn recover_attempts(
     admin: &Db,
     mine: &[PartitionId],
-    followed: &[String],
+    followed: &Followed,
 ) -> anyhow::Result<()> {
     use spindle_control::{ReportAction as A, ReportResult};
     use spindle_core::TaskState as S;
@@ -435,7 +451,8 @@ async fn recover_attempts(
         after = Some(last.task);
         let reports: Vec<Report> = live
             .iter()
-            .filter_map(|a| {
+            .filter(|a| !followed.follows(a))
+            .map(|a| {
                 let succeeded = A::Finish {
                     state: S::Succeeded,
                     cost_actual_milli: None,
@@ -445,9 +462,8 @@ async fn recover_attempts(
                 match a.state {
                     S::ProviderSucceeded => r.via = vec![S::MediaProcessing],
                     S::MediaProcessing => {}
-                    _ if followed.contains(&a.provider) => return None,
                     _ => {
-                        let reason = if followed.is_empty() {
+                        let reason = if followed.providers.is_empty() {
                             "node restarted: the local provider lost the attempt".to_string()
                         } else {
                             format!("provider {} is no longer configured", a.provider)
@@ -458,7 +474,7 @@ async fn recover_attempts(
                         }
                     }
                 }
-                Some(r)
+                r
             })
             .collect();
         for chunk in reports.chunks(spindle_control::limits::BATCH_MAX) {
@@ -500,8 +516,8 @@ fn restore_request(
     })
 }
 
-/// The live attempts of `mine` at followed providers (what [`recover_attempts`] left live),
-/// as restores per shard.
+/// The live attempts of `mine` that [`recover_attempts`] left live (the followed ones), as
+/// restores per shard.
 async fn load_resumes(
     admin: &Db,
     config: &crate::config::Config,
@@ -602,8 +618,7 @@ pub async fn start(
             .set_pool(&provider_pool(&p.name), p.concurrency, 1)
             .await?;
     }
-    let followed = followed_providers(config, &policy);
-    recover_attempts(&admin, &held, &followed).await?;
+    recover_attempts(&admin, &held, &Followed::new(config, &policy)).await?;
     let mut restores = load_restores(&admin, config, &held).await?;
     load_resumes(&admin, config, &policy, &held, &mut restores).await?;
     for p in &held {
@@ -845,7 +860,7 @@ impl LeaseLoop {
         shards: &[mpsc::Sender<crate::shard::ShardMsg>],
     ) -> anyhow::Result<usize> {
         let policy = self.live.current();
-        let followed = followed_providers(&self.config, &policy);
+        let followed = Followed::new(&self.config, &policy);
         recover_attempts(&self.admin, gained, &followed).await?;
         let mut restores = load_restores(&self.admin, &self.config, gained).await?;
         load_resumes(&self.admin, &self.config, &policy, gained, &mut restores).await?;

@@ -169,6 +169,9 @@ struct Meta {
     /// Report rows sent and not yet answered. A claim waits for them: its compare-and-set
     /// needs the version they leave behind (a requeue's, say).
     pending_reports: u32,
+    /// For an attempt resumed past its provider stage: the stage PostgreSQL already holds
+    /// (PROVIDER_SUCCEEDED or MEDIA_PROCESSING), which its media step does not report again.
+    stored_stage: Option<TaskState>,
 }
 
 #[derive(Debug, Clone)]
@@ -342,6 +345,7 @@ impl ShardState {
                 attempt: None,
                 pending_reports: 0,
                 spec: Some(spec),
+                stored_stage: None,
             };
             match r.live {
                 None => self
@@ -349,10 +353,20 @@ impl ShardState {
                     .handle_restore(now, r.request)
                     .map_err(|e| anyhow::anyhow!("restoring task {task}: {e}"))?,
                 Some(live) => {
+                    // Past the provider stage the job is found again like a running one: its
+                    // end at the provider hands the media step its video once more.
                     let state = match live.stored {
-                        TaskState::Running => TaskState::Running,
-                        _ => TaskState::SubmitUnknown,
+                        TaskState::Dispatching | TaskState::SubmitUnknown => {
+                            TaskState::SubmitUnknown
+                        }
+                        _ => TaskState::Running,
                     };
+                    if matches!(
+                        live.stored,
+                        TaskState::ProviderSucceeded | TaskState::MediaProcessing
+                    ) {
+                        meta.stored_stage = Some(live.stored);
+                    }
                     let estimate = self
                         .core
                         .handle_resume(
@@ -652,6 +666,7 @@ async fn submit(
                 attempt: None,
                 pending_reports: 0,
                 spec: Some(t.spec),
+                stored_stage: None,
             },
         );
         commit.push((i, id));
@@ -1924,14 +1939,16 @@ fn start_media(s: &mut ShardState, now: Time) {
         };
         let Some(t) = meta.token else { continue };
         let input = meta.attempt.as_ref().and_then(|a| a.output_url.clone());
-        let advance = |to| Report::new(media_task, Some(t), ReportAction::Advance(to));
-        send_reports(
-            s,
-            vec![
-                vec![advance(TaskState::ProviderSucceeded)],
-                vec![advance(TaskState::MediaProcessing)],
+        let advance = |to| vec![Report::new(media_task, Some(t), ReportAction::Advance(to))];
+        let steps = match meta.stored_stage {
+            Some(TaskState::MediaProcessing) => Vec::new(),
+            Some(_) => vec![advance(TaskState::MediaProcessing)],
+            None => vec![
+                advance(TaskState::ProviderSucceeded),
+                advance(TaskState::MediaProcessing),
             ],
-        );
+        };
+        send_reports(s, steps);
         let Some((pool, input_url)) = s.media.clone().zip(input) else {
             media_finished(s, media_task, t, Ok(()));
             continue;

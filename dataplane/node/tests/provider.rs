@@ -763,6 +763,80 @@ async fn the_media_stage_transcodes_checks_declarations_and_fails_what_it_cannot
 
 /// A client's cancel stops the task's running media job: the task ends CANCELED, its partial
 /// output is removed and its media units come back.
+/// kill -9 during the media step: the restarted node finds the job again at the provider
+/// (not submitted again), takes its video and runs the media step once more, writing the whole
+/// ladder under the attempt's own names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_during_the_media_step_runs_it_again_from_the_providers_video() {
+    use spindle_transcode::{JobLimits, Rendition, Source};
+    let dir = tempfile::tempdir().unwrap();
+    // What the tasks declare: 1280x720, 5 s.
+    let clip = dir.path().join("clip.mp4");
+    let r = Rendition {
+        name: "src".into(),
+        height: 720,
+        crf: 30,
+        preset: "ultrafast".into(),
+    };
+    spindle_transcode::transcode(
+        &Source::Lavfi("testsrc2=size=1280x720:rate=25:duration=5".into()),
+        &clip,
+        &r,
+        &JobLimits::default(),
+        &mut |_| {},
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let test = TestDb::new().await;
+    let (m, admin) = mock_with(20, Some(clip)).await;
+    let media = "renditions = [720, 480]\ndeclaration = \"correct\"";
+    let mut daemon = media_node(&test, &m, &out, media).await;
+    let ids = submit(&daemon, "media", 1).await;
+    let sql = test.sql().await.unwrap();
+    let key = ids[0].0 as i64;
+    let mut state = String::new();
+    for _ in 0..3_000 {
+        state = sql
+            .query_one("SELECT state FROM task WHERE task_id = $1", &[&key])
+            .await
+            .unwrap()
+            .get(0);
+        if state != "QUEUED" && state != "DISPATCHING" && state != "RUNNING" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(
+        state, "MEDIA_PROCESSING",
+        "the media step was not caught running"
+    );
+    daemon.child.kill().unwrap();
+    daemon.child.wait().unwrap();
+    drop(daemon);
+
+    let daemon = media_node(&test, &m, &out, media).await;
+    let states = wait_final(&test, &ids).await;
+    assert_eq!(states, ["SUCCEEDED"], "{}", daemon.log_tail(30));
+    let total = assert_clean(&test, &admin).await;
+    assert_eq!(
+        total.accepted, 1,
+        "the job was found again, not submitted again"
+    );
+    let token: i64 = sql
+        .query_one(
+            "SELECT fencing_token FROM task_attempt WHERE task_id = $1",
+            &[&key],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    for (h, w) in [(720, 1280), (480, 852)] {
+        let file = out.join(format!("task-{key}-{token}-{h}p.mp4"));
+        let (frames, fw, fh) = spindle_transcode::decode_all(&file).unwrap();
+        assert_eq!((frames, fw, fh), (125, w, h), "{file:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_stops_a_running_media_job() {
     use spindle_transcode::{JobLimits, Rendition, Source};
