@@ -148,6 +148,8 @@ pub enum Fault {
     LostCallback,
     /// Calls back twice for every change.
     DuplicateCallback,
+    /// Accepts and runs jobs, but every query (by job id or request key) answers 503.
+    QueryOutage,
     /// Non-retryable classes: every submit is refused with it.
     Auth,
     Balance,

@@ -284,11 +284,23 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Full<By
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     match (&method, segments.as_slice()) {
         (&Method::POST, ["v1", "jobs"]) => submit(shared, &body).await,
-        (&Method::GET, ["v1", "jobs"]) => by_key(shared, &query),
-        (&Method::GET, ["v1", "jobs", id]) => match shared.lock().jobs.get(*id) {
-            Some(j) => json(StatusCode::OK, &j.view),
-            None => problem(ProblemKind::NotFound, format!("no job {id}"), None),
-        },
+        (&Method::GET, ["v1", "jobs"]) => {
+            let account = query_param(&query, "account").unwrap_or_default();
+            if queries_down(shared, &account) {
+                return problem(ProblemKind::Unavailable, "queries are down", None);
+            }
+            by_key(shared, &query)
+        }
+        (&Method::GET, ["v1", "jobs", id]) => {
+            let view = shared.lock().jobs.get(*id).map(|j| j.view.clone());
+            match view {
+                Some(v) if queries_down(shared, &v.account) => {
+                    problem(ProblemKind::Unavailable, "queries are down", None)
+                }
+                Some(v) => json(StatusCode::OK, &v),
+                None => problem(ProblemKind::NotFound, format!("no job {id}"), None),
+            }
+        }
         (&Method::POST, ["v1", "jobs", id, "cancel"]) => cancel(shared, id),
         (&Method::GET, ["v1", "jobs", id, "output"]) => output(shared, id).await,
         (&Method::GET, ["v1", "stats"]) => json(StatusCode::OK, &stats(shared)),
@@ -314,6 +326,15 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Full<By
         }
         _ => problem(ProblemKind::NotFound, format!("{method} {path}"), None),
     }
+}
+
+/// Whether `account` answers queries 503 now (fault `query-outage`).
+fn queries_down(shared: &Shared, account: &str) -> bool {
+    shared
+        .lock()
+        .accounts
+        .get(account)
+        .is_some_and(|a| a.fault == Fault::QueryOutage)
 }
 
 impl Shared {

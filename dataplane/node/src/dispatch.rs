@@ -19,8 +19,9 @@ use crate::shard::ShardMsg;
 
 /// Calls waiting for the provider thread before shards wait.
 pub const CALLS_QUEUE_MAX: usize = 16_384;
-/// Queries by request key after an unknown outcome before the attempt is left to the
-/// reconciler (its reservation stays held; the reconciler asks the provider again).
+/// Queries by request key in one round after an unknown outcome. A round without any answer
+/// goes back to the shard, which keeps the reservation and starts another round after the last
+/// polling stage (an attempt in doubt is never given up: only the provider can settle it).
 const RESOLVE_TRIES_MAX: u32 = 20;
 /// Polls of one job before the watch gives up (the reconciler takes over).
 const POLLS_MAX: u32 = 1_000;
@@ -113,7 +114,8 @@ pub enum ProviderEvent {
     Resolved {
         task: TaskId,
         token: FencingToken,
-        /// `None`: every query failed; the attempt stays SUBMIT_UNKNOWN for the reconciler.
+        /// `None`: every query of the round failed; the attempt stays SUBMIT_UNKNOWN and is
+        /// asked about again later.
         lookup: Option<Lookup>,
     },
     /// The job reached a final state (by callback or by poll).
@@ -152,6 +154,19 @@ impl DispatchHandle {
     /// Where the provider should post callbacks.
     pub fn callback_url(&self) -> &str {
         &self.dispatcher.callback_url
+    }
+
+    /// How long an attempt in doubt waits after a round of queries without any answer before
+    /// it is asked about again: the last polling stage.
+    pub fn resolve_again_after(&self) -> Duration {
+        let last = self
+            .dispatcher
+            .config
+            .poll_ms
+            .last()
+            .copied()
+            .unwrap_or(10_000);
+        Duration::from_millis(last)
     }
 }
 

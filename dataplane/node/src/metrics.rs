@@ -144,6 +144,8 @@ pub struct Metrics {
     pub events_backlogged: AtomicBool,
     pub batches: [Histogram; 4],
     pub provider_calls: [AtomicU64; PROVIDER_RESULTS.len()],
+    /// Rounds of queries by request key that got no answer at all (each asked again later).
+    pub provider_unresolved: AtomicU64,
     pub callbacks: [AtomicU64; CALLBACK_KINDS.len()],
     /// Submit frames answered, by outcome: [rejected, accepted (anything in the frame)].
     pub answers: [Histogram; 2],
@@ -189,6 +191,7 @@ impl Metrics {
             batches: std::array::from_fn(|_| Histogram::new(LATENCY_BUCKETS_US)),
             answers: std::array::from_fn(|_| Histogram::new(ANSWER_BUCKETS_US)),
             provider_calls: Default::default(),
+            provider_unresolved: AtomicU64::new(0),
             callbacks: Default::default(),
             waits: (0..Lane::COUNT * Band::COUNT)
                 .map(|_| Histogram::new(WAIT_BUCKETS_US))
@@ -351,6 +354,11 @@ impl Metrics {
                 c.load(Ordering::Relaxed)
             );
         }
+        let _ = writeln!(
+            w,
+            "# HELP spindle_provider_unresolved_total Rounds of queries by request key without any answer.\n# TYPE spindle_provider_unresolved_total counter\nspindle_provider_unresolved_total {}",
+            self.provider_unresolved.load(Ordering::Relaxed)
+        );
         let _ = writeln!(w, "# HELP spindle_provider_callbacks_total Provider callbacks and polls by kind.\n# TYPE spindle_provider_callbacks_total counter");
         for (k, c) in CALLBACK_KINDS.iter().zip(&self.callbacks) {
             let _ = writeln!(

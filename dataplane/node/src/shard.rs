@@ -1652,9 +1652,27 @@ async fn provider_event(state: &SharedShard, event: crate::dispatch::ProviderEve
                 None
             }
             ProviderEvent::Resolved {
-                task, lookup: None, ..
+                task,
+                token,
+                lookup: None,
             } => {
-                tracing::warn!("{task}: outcome still unknown; left to the reconciler");
+                s.metrics
+                    .provider_unresolved
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let again = d.resolve_again_after();
+                tracing::warn!("{task}: outcome still unknown; asked again in {again:?}");
+                let state = state.clone();
+                let d = d.clone();
+                glommio::spawn_local(async move {
+                    glommio::timer::sleep(again).await;
+                    let call = in_doubt(&state.borrow(), task, token);
+                    if let Some(call) = call {
+                        if d.calls.send(call).await.is_err() {
+                            tracing::warn!("the provider thread stopped");
+                        }
+                    }
+                })
+                .detach();
                 None
             }
             ProviderEvent::Finished { task, token, view } => {
@@ -1766,6 +1784,24 @@ fn unknown(
         token,
         account: attempt.account,
         request_key: attempt.request_key,
+    })
+}
+
+/// Another round of queries by request key for `task`'s attempt, if it is still in doubt with
+/// `token` (a cancel that won meanwhile keeps it in doubt too: the job may run there).
+fn in_doubt(s: &ShardState, task: TaskId, token: FencingToken) -> Option<crate::dispatch::Call> {
+    let m = s.meta.get(&task).filter(|m| m.token == Some(token))?;
+    let a = m.attempt.as_ref().filter(|a| a.job_id.is_none())?;
+    matches!(
+        s.core.task_state(task),
+        Some(TaskState::SubmitUnknown | TaskState::Canceled)
+    )
+    .then(|| crate::dispatch::Call::Resolve {
+        shard: s.index,
+        task,
+        token,
+        account: a.account.clone(),
+        request_key: a.request_key.clone(),
     })
 }
 

@@ -357,6 +357,66 @@ async fn a_timeout_after_acceptance_is_resolved_by_request_key_not_resubmitted()
     );
 }
 
+/// A submit without an answer, then the provider's queries down for longer than a round of
+/// them: the attempt stays in doubt, holding its reservation, and is asked about again until
+/// the provider answers — then found and completed, never submitted twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_in_doubt_is_asked_about_again_until_the_provider_answers() {
+    let test = TestDb::new().await;
+    let (m, admin) = mock(30).await;
+    set_fault(&admin, Fault::TimeoutAfterAccept).await;
+    let daemon = node(&test, &m).await;
+    let ids = submit(&daemon, "doubt", 2).await;
+    let mut accepted = 0;
+    for _ in 0..3_000 {
+        let stats = admin.mock_stats().await.unwrap();
+        accepted = stats.accounts.values().map(|s| s.accepted).sum::<u64>();
+        if accepted == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert_eq!(accepted, 2);
+    // Before the node's first query (one call timeout after the unknown outcome).
+    set_fault(&admin, Fault::QueryOutage).await;
+    let mut rounds = 0;
+    for _ in 0..3_000 {
+        let (_, metrics) = http_get(daemon.http, "/metrics").await;
+        rounds = metrics
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("spindle_provider_unresolved_total ")?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(0);
+        if rounds >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(rounds >= 2, "no round of queries went unanswered");
+    let sql = test.sql().await.unwrap();
+    let keys: Vec<i64> = ids.iter().map(|t| t.0 as i64).collect();
+    let doubt: i64 = sql
+        .query_one(
+            "SELECT count(*) FROM task WHERE task_id = ANY ($1) AND state = 'SUBMIT_UNKNOWN'",
+            &[&keys],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        doubt, 2,
+        "in doubt, reservations held, while nobody can tell"
+    );
+    set_fault(&admin, Fault::None).await;
+    let states = wait_final(&test, &ids).await;
+    assert!(states.iter().all(|s| s == "SUCCEEDED"), "{states:?}");
+    let total = assert_clean(&test, &admin).await;
+    assert_eq!(total.accepted, 2, "found by key once the provider answered");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_errors_are_retried_then_fail_with_the_reason() {
     let test = TestDb::new().await;
