@@ -23,8 +23,10 @@ pub const CALLS_QUEUE_MAX: usize = 16_384;
 /// goes back to the shard, which keeps the reservation and starts another round after the last
 /// polling stage (an attempt in doubt is never given up: only the provider can settle it).
 const RESOLVE_TRIES_MAX: u32 = 20;
-/// Polls of one job before the watch gives up (the reconciler takes over).
-const POLLS_MAX: u32 = 1_000;
+/// Polls after a job outlived its watch and was canceled, waiting for the provider to show it
+/// ended (a callback ends the watch too). Past them the watch stops, and the attempt keeps its
+/// reservation: the provider never said the job ended.
+const POLLS_AFTER_CANCEL_MAX: u32 = 100;
 
 /// The provider section of the node's configuration.
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
@@ -44,6 +46,14 @@ pub struct ProviderConfig {
     /// Send callbacks here instead of the node's HTTP address (behind a proxy, say).
     #[serde(default)]
     pub callback_base: Option<String>,
+    /// Polls of one job before it counts as stuck: it is then canceled at the provider and its
+    /// task ends FAILED with the reason (with the default stages, about 2.8 hours of polling).
+    #[serde(default = "default_polls_max")]
+    pub polls_max: u32,
+}
+
+fn default_polls_max() -> u32 {
+    1_000
 }
 
 fn default_timeout_ms() -> u64 {
@@ -69,6 +79,10 @@ impl ProviderConfig {
                 && self.poll_ms.len() <= 16
                 && self.poll_ms.iter().all(|&p| (10..=600_000).contains(&p)),
             "provider.poll_ms must hold 1..=16 waits of 10..=600000 ms"
+        );
+        anyhow::ensure!(
+            (1..=1_000_000).contains(&self.polls_max),
+            "provider.polls_max must be 1..=1000000"
         );
         Ok(())
     }
@@ -130,6 +144,9 @@ struct Watched {
     shard: usize,
     task: TaskId,
     token: FencingToken,
+    /// The job outlived `polls_max` polls and was canceled: any end but success is then the
+    /// attempt's failure, for that reason.
+    stuck: bool,
 }
 
 /// The provider thread's shared state: the client, the shards' inboxes, the watched jobs.
@@ -287,8 +304,15 @@ impl Dispatcher {
                 account,
                 job_id,
             } => {
-                self.lock()
-                    .insert(job_id.clone(), Watched { shard, task, token });
+                self.lock().insert(
+                    job_id.clone(),
+                    Watched {
+                        shard,
+                        task,
+                        token,
+                        stuck: false,
+                    },
+                );
                 self.poll(&account, &job_id).await;
             }
             Call::Cancel { account, job_id } => {
@@ -337,9 +361,12 @@ impl Dispatcher {
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
 
-    /// Polls `job_id` in stages until it is final or a callback ended the watch.
+    /// Polls `job_id` in stages until it is final or a callback ended the watch. A job still not
+    /// final after `polls_max` polls is canceled at the provider, and polled until the provider
+    /// shows it ended.
     async fn poll(&self, account: &str, job_id: &str) {
-        for i in 0..POLLS_MAX {
+        let polls_max = self.config.polls_max;
+        for i in 0..polls_max + POLLS_AFTER_CANCEL_MAX {
             self.pause(i, job_id.len() as u64 ^ u64::from(i)).await;
             if !self.lock().contains_key(job_id) {
                 return; // a callback finished it
@@ -353,16 +380,36 @@ impl Dispatcher {
                 Ok(_) => {}
                 Err(e) => tracing::warn!("polling {job_id}: {e}"),
             }
+            if i + 1 == polls_max {
+                tracing::warn!("{job_id}: no final state after {polls_max} polls; canceling it");
+                if let Some(w) = self.lock().get_mut(job_id) {
+                    w.stuck = true;
+                }
+                if let Err(e) = self.provider.cancel(account, job_id).await {
+                    tracing::warn!("canceling stuck job {job_id}: {e}");
+                }
+            }
         }
-        tracing::warn!("{job_id}: no final state after {POLLS_MAX} polls; left to the reconciler");
+        tracing::warn!(
+            "{job_id}: canceled, and still not ended at the provider after \
+             {POLLS_AFTER_CANCEL_MAX} more polls; its attempt keeps its reservation"
+        );
         self.lock().remove(job_id);
     }
 
     /// Ends the watch of a final job (once) and tells its shard.
-    async fn finish(&self, view: JobView) {
+    async fn finish(&self, mut view: JobView) {
         let Some(w) = self.lock().remove(&view.job_id) else {
             return;
         };
+        if w.stuck && view.state != spindle_providers::JobState::Succeeded {
+            view.state = spindle_providers::JobState::Failed;
+            view.retryable = false;
+            view.error = Some(format!(
+                "no final state after {} polls: canceled at the provider",
+                self.config.polls_max
+            ));
+        }
         self.send(
             w.shard,
             ProviderEvent::Finished {

@@ -50,7 +50,12 @@ async fn node(test: &TestDb, provider: &MockProvider) -> Daemon {
 
 /// spindled with the mock at `provider`, as node `id` (leases of 3 s: a takeover is quick).
 async fn node_named(test: &TestDb, provider: &MockProvider, id: &str) -> Daemon {
-    let config = format!(
+    start_with(test, &node_config(id, provider, "")).await
+}
+
+/// The provider tests' node configuration, with `provider_extra` in its `[provider]` section.
+fn node_config(id: &str, provider: &MockProvider, provider_extra: &str) -> String {
+    format!(
         r#"
 node_id = "{id}"
 lease_ms = 3000
@@ -69,14 +74,14 @@ url = "{}"
 secret = "{SECRET}"
 timeout_ms = 400
 poll_ms = [100, 200]
+{provider_extra}
 
 [[tenants]]
 id = 1
 credential = "one"
 "#,
         provider.base_url()
-    );
-    start_with(test, &config).await
+    )
 }
 
 /// spindled with the mock at `m` and a media stage writing to `out`.
@@ -415,6 +420,45 @@ async fn an_attempt_in_doubt_is_asked_about_again_until_the_provider_answers() {
     assert!(states.iter().all(|s| s == "SUCCEEDED"), "{states:?}");
     let total = assert_clean(&test, &admin).await;
     assert_eq!(total.accepted, 2, "found by key once the provider answered");
+}
+
+/// A job that never ends at the provider (its callbacks lost, polls answering "running"):
+/// after `polls_max` polls it is canceled there and its task ends FAILED with the reason,
+/// its reservations given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_stuck_at_the_provider_is_canceled_after_its_polls_and_fails_with_the_reason() {
+    let test = TestDb::new().await;
+    let (m, admin) = mock(600_000).await;
+    set_fault(&admin, Fault::LostCallback).await;
+    let config = node_config("stuck-node", &m, "polls_max = 5");
+    let daemon = start_with(
+        &test,
+        &config.replace("poll_ms = [100, 200]", "poll_ms = [20]"),
+    )
+    .await;
+    let (ids, states) = run(&daemon, &test, "stuck", 2).await;
+    assert_eq!(states, ["FAILED", "FAILED"]);
+    let sql = test.sql().await.unwrap();
+    let keys: Vec<i64> = ids.iter().map(|t| t.0 as i64).collect();
+    for r in sql
+        .query(
+            "SELECT failure_reason FROM task WHERE task_id = ANY ($1)",
+            &[&keys],
+        )
+        .await
+        .unwrap()
+    {
+        let reason: String = r.get(0);
+        assert!(
+            reason.contains("no final state after 5 polls: canceled at the provider"),
+            "{reason}"
+        );
+    }
+    let total = assert_clean(&test, &admin).await;
+    assert_eq!(
+        total.accepted, 2,
+        "not retried: a stuck job is not run again"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
