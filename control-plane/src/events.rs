@@ -36,15 +36,19 @@ pub struct RelayReport {
 
 /// The body of event `i` of an outbox row: each key of the row's details holds an array with
 /// one entry per event, or a value every event of the row shares (as `spindle_event_body`).
-fn event_body(details: &Value, i: usize) -> Value {
+/// Each array entry belongs to one event only, so it is moved out, not copied.
+fn event_body(details: &mut Value, i: usize) -> Value {
     let Value::Object(keys) = details else {
         return Value::Object(Default::default());
     };
     let body = keys
-        .iter()
+        .iter_mut()
         .map(|(k, v)| {
             let value = match v {
-                Value::Array(per_event) => per_event.get(i).cloned().unwrap_or(Value::Null),
+                Value::Array(per_event) => per_event
+                    .get_mut(i)
+                    .map(std::mem::take)
+                    .unwrap_or(Value::Null),
                 shared => shared.clone(),
             };
             (k.clone(), value)
@@ -103,7 +107,7 @@ impl Db {
             let kinds: Vec<String> = r.get(1);
             let tasks: Vec<i64> = r.get(2);
             let tenants: Vec<i32> = r.get(3);
-            let details: Value = r.get(4);
+            let mut details: Value = r.get(4);
             let mut delivered: i32 = r.get(5);
             let total = tasks.len() as i32;
             while delivered < total && events.len() < limit {
@@ -113,7 +117,7 @@ impl Db {
                     task: Some(TaskId(tasks[i] as u64)),
                     tenant: Some(TenantId(tenants[i] as u32)),
                     kind: kinds[i].clone(),
-                    body: event_body(&details, i),
+                    body: event_body(&mut details, i),
                 });
                 delivered += 1;
             }

@@ -15,5 +15,5 @@ pub use adapter::{
 };
 pub use api::{Fault, JobState, JobView, ProblemKind, Stats};
 pub use mock::{AccountSpec, MockConfig, MockProvider};
-pub use receiver::{EventReceiver, Received};
+pub use receiver::{EventReceiver, Received, ReceiverStats};
 pub use webhook::{Webhook, WebhookError};

@@ -16,6 +16,8 @@ use hyper_util::rt::TokioIo;
 
 /// Bytes of one post the receiver reads at most.
 pub const POST_BYTES_MAX: usize = 16 * 1024 * 1024;
+/// Events it keeps to hand back ([`EventReceiver::events`]); past them it only counts.
+pub const KEPT_MAX: usize = 1_000_000;
 
 /// One event as the receiver took it.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
@@ -35,11 +37,31 @@ struct Batch {
 #[derive(Default)]
 struct Shared {
     secret: Vec<u8>,
-    events: Mutex<Vec<Received>>,
+    events: Mutex<Taken>,
     refusing: AtomicBool,
     refused: AtomicU64,
     bad_signatures: AtomicU64,
     posts: AtomicU64,
+}
+
+#[derive(Default)]
+struct Taken {
+    kept: Vec<Received>,
+    total: u64,
+    last_id: Option<u64>,
+    /// Events whose id was not above the one before (a repeat, or out of order).
+    not_after: u64,
+}
+
+/// What the receiver took, as `GET /stats` answers it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ReceiverStats {
+    pub events: u64,
+    pub posts: u64,
+    pub refused: u64,
+    pub bad_signatures: u64,
+    /// Events whose id was not above the one before.
+    pub not_after: u64,
 }
 
 /// The receiver; it stops serving when dropped.
@@ -87,27 +109,35 @@ impl EventReceiver {
         format!("http://{}/events", self.addr)
     }
 
-    /// Every event taken, in the order they came (a repeat is recorded again).
+    /// The events taken, in the order they came (a repeat is recorded again), up to
+    /// [`KEPT_MAX`].
     pub fn events(&self) -> Vec<Received> {
         self.shared
             .events
             .lock()
             .unwrap_or_else(|p| p.into_inner())
+            .kept
             .clone()
+    }
+
+    pub fn stats(&self) -> ReceiverStats {
+        stats(&self.shared)
     }
 
     /// Answers every post 503 (taking nothing) while `on`.
     pub fn refuse(&self, on: bool) {
         self.shared.refusing.store(on, Ordering::Relaxed);
     }
+}
 
-    /// Posts refused (while refusing), posts with a bad signature, and posts taken.
-    pub fn counts(&self) -> (u64, u64, u64) {
-        (
-            self.shared.refused.load(Ordering::Relaxed),
-            self.shared.bad_signatures.load(Ordering::Relaxed),
-            self.shared.posts.load(Ordering::Relaxed),
-        )
+fn stats(shared: &Shared) -> ReceiverStats {
+    let taken = shared.events.lock().unwrap_or_else(|p| p.into_inner());
+    ReceiverStats {
+        events: taken.total,
+        posts: shared.posts.load(Ordering::Relaxed),
+        refused: shared.refused.load(Ordering::Relaxed),
+        bad_signatures: shared.bad_signatures.load(Ordering::Relaxed),
+        not_after: taken.not_after,
     }
 }
 
@@ -117,6 +147,10 @@ async fn take(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>> 
         *r.status_mut() = status;
         r
     };
+    if req.method() == hyper::Method::GET && req.uri().path() == "/stats" {
+        let body = serde_json::to_vec(&stats(shared)).unwrap_or_default();
+        return Response::new(Full::new(Bytes::from(body)));
+    }
     let signature = req
         .headers()
         .get(crate::signature::HEADER)
@@ -142,10 +176,16 @@ async fn take(shared: &Shared, req: Request<Incoming>) -> Response<Full<Bytes>> 
         return answer(StatusCode::BAD_REQUEST);
     };
     shared.posts.fetch_add(1, Ordering::Relaxed);
-    shared
-        .events
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .extend(batch.events);
+    let mut taken = shared.events.lock().unwrap_or_else(|p| p.into_inner());
+    for e in batch.events {
+        if taken.last_id.is_some_and(|last| e.id <= last) {
+            taken.not_after += 1;
+        }
+        taken.last_id = Some(e.id);
+        taken.total += 1;
+        if taken.kept.len() < KEPT_MAX {
+            taken.kept.push(e);
+        }
+    }
     answer(StatusCode::OK)
 }

@@ -149,8 +149,10 @@ async fn events_reach_the_endpoint_in_order_and_a_refusing_endpoint_loses_none()
         assert_eq!(kinds.first(), Some(&"DISPATCHING"), "task {t}: {kinds:?}");
         assert_eq!(kinds.last(), Some(&"SUCCEEDED"), "task {t}: {kinds:?}");
     }
-    let (_, bad_signatures, _) = rx.counts();
-    assert_eq!(bad_signatures, 0, "every post signed with the secret");
+    let stats = rx.stats();
+    assert_eq!(stats.bad_signatures, 0, "every post signed with the secret");
+    assert_eq!(stats.not_after, 0, "each event's id above the one before");
+    assert!(stats.refused >= 2, "{stats:?}");
     eventually("the outbox drained", async || {
         metric(&daemon, "spindle_events_pending").await == 0
     })

@@ -38,6 +38,10 @@ struct Args {
     /// A video every succeeded job returns (as a file:// URL).
     #[arg(long)]
     clip: Option<PathBuf>,
+    /// Also receive a node's event batches here (`[events] url = "http://ADDR/events"`,
+    /// signed with `--secret`); `GET http://ADDR/stats` counts what arrived.
+    #[arg(long)]
+    events_listen: Option<std::net::SocketAddr>,
     /// Once serving, write the base URL to this file.
     #[arg(long)]
     ready_file: Option<PathBuf>,
@@ -65,13 +69,22 @@ async fn main() -> anyhow::Result<()> {
         listener,
         MockConfig {
             accounts: args.accounts,
-            secret: args.secret,
+            secret: args.secret.clone(),
             job_ms: args.job_ms,
             cost_milli: args.cost_milli,
             hang_ms: args.hang_ms,
             clip: args.clip,
         },
     );
+    let _receiver = match args.events_listen {
+        Some(addr) => {
+            let listener = tokio::net::TcpListener::bind(addr).await?;
+            let r = spindle_providers::EventReceiver::serve(listener, args.secret.as_bytes());
+            tracing::info!("receiving events on {}", r.url());
+            Some(r)
+        }
+        None => None,
+    };
     let admin = mock.client(std::time::Duration::from_secs(5));
     for (account, fault) in faults {
         admin.set_fault(&account, fault).await?;
