@@ -61,6 +61,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "generic_plans",
         sql: include_str!("../migrations/0009_generic_plans.sql"),
     },
+    Migration {
+        version: 10,
+        name: "operator_requeue",
+        sql: include_str!("../migrations/0010_operator_requeue.sql"),
+    },
 ];
 
 /// FNV-1a over the migration's text: stable across builds and platforms.

@@ -399,11 +399,12 @@ impl Db {
 }
 
 /// The columns [`queued_task`] reads, first in a row.
-const QUEUED_COLUMNS: &str = "task_id, tenant_id, user_id, partition, lane, band, version,
+pub(crate) const QUEUED_COLUMNS: &str =
+    "task_id, tenant_id, user_id, partition, lane, band, version,
                               policy_version, cost_estimate_milli, fairness_milli, payload,
                               created_at, next_eligible_at, attempt_no";
 
-fn queued_task(r: &tokio_postgres::Row) -> QueuedTask {
+pub(crate) fn queued_task(r: &tokio_postgres::Row) -> QueuedTask {
     QueuedTask {
         task: TaskId(r.get::<_, i64>(0) as u64),
         tenant: TenantId(r.get::<_, i32>(1) as u32),

@@ -1,5 +1,5 @@
 //! The admin API on the node's HTTP port (not the client protocol port): read the policy and
-//! the audit log, change policy objects, drain the node. Bearer tokens from the configuration
+//! the audit log, change policy objects, requeue FAILED tasks, drain the node. Bearer tokens from the configuration
 //! carry a role — `viewer` reads, `operator` changes tenants and lanes, `admin` changes
 //! everything and drains. Every change needs a reason and goes through the control plane's
 //! policy store (new version, object row and audit row in one transaction); every refused call
@@ -39,6 +39,14 @@ pub struct Admin {
     db: tokio::sync::Mutex<Option<Db>>,
     metrics: Arc<Metrics>,
     live: Arc<LivePolicy>,
+    shards: Shards,
+}
+
+/// How the admin API reaches the shards: requeued tasks go back to the shard that owns them.
+pub struct Shards {
+    pub config: crate::config::Config,
+    pub ownership: Arc<crate::ownership::Ownership>,
+    pub inboxes: Vec<tokio::sync::mpsc::Sender<crate::shard::ShardMsg>>,
 }
 
 /// An admin answer: HTTP status line and JSON body.
@@ -71,6 +79,13 @@ struct DrainBody {
     reason: String,
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RequeueBody {
+    tasks: Vec<u64>,
+    reason: String,
+}
+
 fn object(name: &str) -> Option<PolicyObject> {
     PolicyObject::ALL.into_iter().find(|o| o.name() == name)
 }
@@ -81,6 +96,7 @@ impl Admin {
         db_config: DbConfig,
         metrics: Arc<Metrics>,
         live: Arc<LivePolicy>,
+        shards: Shards,
     ) -> Admin {
         Admin {
             tokens,
@@ -88,6 +104,7 @@ impl Admin {
             db: tokio::sync::Mutex::new(None),
             metrics,
             live,
+            shards,
         }
     }
 
@@ -164,6 +181,7 @@ impl Admin {
                 }
             },
             ("POST", ["admin", "v1", "drain"]) => Role::Admin,
+            ("POST", ["admin", "v1", "tasks", "requeue"]) => Role::Operator,
             _ => return answer("404 Not Found", json!({ "error": what })),
         };
         if holder.role < needed {
@@ -275,6 +293,7 @@ impl Admin {
                     Err(e) => answer("400 Bad Request", json!({ "error": e.to_string() })),
                 }
             }
+            ("POST", [_, _, "tasks", "requeue"]) => self.requeue(&actor, &what, body).await,
             ("POST", [_, _, "drain"]) => {
                 let drain = match serde_json::from_slice::<DrainBody>(body) {
                     Ok(d) if !d.reason.trim().is_empty() => d,
@@ -300,5 +319,90 @@ impl Admin {
             }
             _ => answer("404 Not Found", json!({ "error": what })),
         }
+    }
+
+    /// `POST /admin/v1/tasks/requeue {tasks, reason}`: FAILED tasks of the partitions this node
+    /// serves go back to their queues (`Db::requeue_failed`) and to their shards; the answer
+    /// says per task what became of it, naming the node to ask for tasks it does not serve.
+    async fn requeue(&self, actor: &str, what: &str, body: &[u8]) -> Answer {
+        use spindle_control::RequeueOutcome as O;
+        let request = match serde_json::from_slice::<RequeueBody>(body) {
+            Ok(r) if !r.reason.trim().is_empty() && !r.tasks.is_empty() => r,
+            _ => {
+                let why = "expected {tasks: [ids], reason} with tasks and a reason".to_string();
+                return self.refuse("400 Bad Request", actor, what, why).await;
+            }
+        };
+        let tasks: Vec<spindle_core::TaskId> = request
+            .tasks
+            .iter()
+            .copied()
+            .map(spindle_core::TaskId)
+            .collect();
+        let mine = self.shards.ownership.owned();
+        let outcomes = match self
+            .with_db(async |db| {
+                db.requeue_failed(&tasks, &mine, actor, &request.reason)
+                    .await
+            })
+            .await
+        {
+            Ok(o) => o,
+            Err(e) if e.is_unavailable() => {
+                return answer("503 Service Unavailable", json!({ "error": e.to_string() }))
+            }
+            Err(e) => {
+                return self
+                    .refuse("400 Bad Request", actor, what, e.to_string())
+                    .await
+            }
+        };
+        let config = &self.shards.config;
+        let mut per_shard: Vec<Vec<crate::control::Restore>> =
+            (0..config.shards).map(|_| Vec::new()).collect();
+        let mut answers = Vec::with_capacity(outcomes.len());
+        for (task, outcome) in tasks.iter().zip(outcomes) {
+            let (name, detail) = match outcome {
+                O::Requeued(q) => match crate::control::restore_request(&q) {
+                    Ok(request) => {
+                        per_shard[config.shard_of(q.tenant.0)].push(crate::control::Restore {
+                            request,
+                            version: q.version,
+                            live: None,
+                        });
+                        ("requeued", Value::Null)
+                    }
+                    // Stored QUEUED: the next restart or takeover of its partition reads it
+                    // (and fails it the same way).
+                    Err(e) => ("requeued_unreadable", json!(format!("{e:#}"))),
+                },
+                O::NotFound => ("not_found", Value::Null),
+                O::NotFailed(state) => ("not_failed", json!(state.to_string())),
+                O::NotOwned(p) => (
+                    "not_served_here",
+                    json!(self
+                        .shards
+                        .ownership
+                        .owner_of(p.0)
+                        .unwrap_or_else(|| format!("partition {} has no live owner now", p.0))),
+                ),
+                O::BudgetExhausted { remaining_milli } => (
+                    "budget_exhausted",
+                    json!({ "remaining_milli": remaining_milli }),
+                ),
+            };
+            answers.push(json!({ "task": task.0, "outcome": name, "detail": detail }));
+        }
+        for (inbox, batch) in self.shards.inboxes.iter().zip(per_shard) {
+            if !batch.is_empty()
+                && inbox
+                    .send(crate::shard::ShardMsg::Restore(batch))
+                    .await
+                    .is_err()
+            {
+                tracing::warn!("a shard stopped; its requeued tasks wait in PostgreSQL");
+            }
+        }
+        answer("200 OK", json!({ "tasks": answers }))
     }
 }

@@ -488,7 +488,7 @@ async fn recover_attempts(
 }
 
 /// A stored task as its shard's core takes it back.
-fn restore_request(
+pub(crate) fn restore_request(
     q: &spindle_control::reconcile::QueuedTask,
 ) -> anyhow::Result<spindle_core::RestoreRequest> {
     let stored: crate::shard::StoredRequest = serde_json::from_slice(&q.payload)

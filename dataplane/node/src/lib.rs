@@ -133,6 +133,11 @@ fn run_node(config: Config) -> anyhow::Result<()> {
                 db_config.clone(),
                 metrics.clone(),
                 live.clone(),
+                admin::Shards {
+                    config: config.clone(),
+                    ownership: ownership.clone(),
+                    inboxes: shard_inboxes.clone(),
+                },
             ))
         });
         std::thread::Builder::new()

@@ -64,14 +64,17 @@ impl Ownership {
         }
     }
 
-    /// Why this node refuses `tenant` of `partition`, naming the owner when one is known.
-    pub fn refusal(&self, tenant: u32, partition: u32) -> String {
-        let owner = self
-            .elsewhere
+    /// "node N at ADDR" for a partition another node holds, when one does.
+    pub fn owner_of(&self, partition: u32) -> Option<String> {
+        self.elsewhere
             .lock()
             .ok()
-            .and_then(|m| m.get(&partition).cloned());
-        match owner {
+            .and_then(|m| m.get(&partition).cloned())
+    }
+
+    /// Why this node refuses `tenant` of `partition`, naming the owner when one is known.
+    pub fn refusal(&self, tenant: u32, partition: u32) -> String {
+        match self.owner_of(partition) {
             Some(o) => format!("tenant {tenant} (partition {partition}) is served by {o}"),
             None => format!(
                 "tenant {tenant} (partition {partition}) has no live owner now; retry shortly"

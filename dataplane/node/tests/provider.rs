@@ -461,6 +461,92 @@ async fn a_job_stuck_at_the_provider_is_canceled_after_its_polls_and_fails_with_
     );
 }
 
+/// Runs spindlectl against `daemon`'s admin API; (success, stdout).
+fn ctl(daemon: &Daemon, token: &str, args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_spindlectl"))
+        .arg("--node")
+        .arg(daemon.http.to_string())
+        .arg("--token")
+        .arg(token)
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+/// Dead letters from a provider that refused every submit: once it is fixed, an operator
+/// requeues them (`spindlectl requeue`) and they run — each accepted once, as its next attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_requeues_dead_letters_and_they_run_again() {
+    let test = TestDb::new().await;
+    let (m, admin) = mock(30).await;
+    set_fault(&admin, Fault::Auth).await;
+    let tokens = r#"
+[[admin_tokens]]
+name = "vera"
+token = "viewer-token-0123456789"
+role = "viewer"
+
+[[admin_tokens]]
+name = "otto"
+token = "operator-token-0123456789"
+role = "operator"
+"#;
+    let config = node_config("requeue-node", &m, "") + tokens;
+    let daemon = start_with(&test, &config).await;
+    let (ids, states) = run(&daemon, &test, "dead", 3).await;
+    assert_eq!(states, ["FAILED", "FAILED", "FAILED"]);
+    set_fault(&admin, Fault::None).await;
+    let mut args: Vec<String> = vec!["--json".into(), "requeue".into()];
+    args.extend(ids.iter().map(|t| t.0.to_string()));
+    args.extend([
+        "999999".into(),
+        "--reason".into(),
+        "credentials fixed".into(),
+    ]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    // A viewer may not.
+    let (ok, _) = ctl(&daemon, "viewer-token-0123456789", &args);
+    assert!(!ok, "a viewer requeued tasks");
+    let (ok, out) = ctl(&daemon, "operator-token-0123456789", &args);
+    assert!(ok, "{out}");
+    let answer: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let outcomes: Vec<&str> = answer["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(outcomes, ["requeued", "requeued", "requeued", "not_found"]);
+    let states = wait_final(&test, &ids).await;
+    assert_eq!(states, ["SUCCEEDED", "SUCCEEDED", "SUCCEEDED"]);
+    let total = assert_clean(&test, &admin).await;
+    assert_eq!(total.accepted, 3, "refused first, then accepted once each");
+    let keys: Vec<i64> = ids.iter().map(|t| t.0 as i64).collect();
+    let sql = test.sql().await.unwrap();
+    let second: i64 = sql
+        .query_one(
+            "SELECT count(*) FROM task WHERE task_id = ANY ($1) AND attempt_no = 2",
+            &[&keys],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        second, 3,
+        "each ran as its next attempt (a new request key)"
+    );
+    // Requeued again, SUCCEEDED tasks stay as they are.
+    let first = ids[0].0.to_string();
+    let again = ["requeue", first.as_str(), "--reason", "again"];
+    let (ok, out) = ctl(&daemon, "operator-token-0123456789", &again);
+    assert!(ok, "{out}");
+    assert!(out.contains("not_failed (SUCCEEDED)"), "{out}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_errors_are_retried_then_fail_with_the_reason() {
     let test = TestDb::new().await;

@@ -7,6 +7,7 @@
 //!   spindlectl … lane open EXPENSIVE --reason "GPUs back"
 //!   spindlectl … audit --limit 20
 //!   spindlectl … drain --reason "kernel upgrade"
+//!   spindlectl … requeue 4097 4098 --reason "provider credentials fixed"   (FAILED tasks)
 //!
 //! `--json` prints the node's JSON answer as it is; otherwise a short human form.
 
@@ -58,6 +59,15 @@ enum Command {
     },
     /// Stop admitting and dispatching on this node.
     Drain {
+        #[arg(long)]
+        reason: String,
+    },
+    /// Put FAILED tasks (the dead-letter queue) back in their queues, for another attempt.
+    /// The node requeues those of the partitions it serves and names the node for the others.
+    Requeue {
+        /// Task ids.
+        #[arg(required = true)]
+        tasks: Vec<u64>,
         #[arg(long)]
         reason: String,
     },
@@ -210,6 +220,12 @@ fn main() -> anyhow::Result<()> {
             "/admin/v1/drain",
             Some(&json!({ "reason": reason })),
         )?,
+        Command::Requeue { tasks, reason } => call(
+            &cli,
+            "POST",
+            "/admin/v1/tasks/requeue",
+            Some(&json!({ "tasks": tasks, "reason": reason })),
+        )?,
     };
     if cli.json {
         println!("{}", serde_json::to_string_pretty(&value)?);
@@ -260,6 +276,20 @@ fn print_human(command: &Command, v: &Value) {
                     e["object"].as_str().unwrap_or(""),
                     e["key"].as_str().unwrap_or(""),
                     e["reason"].as_str().unwrap_or("")
+                );
+            }
+        }
+        Command::Requeue { .. } => {
+            for t in v["tasks"].as_array().into_iter().flatten() {
+                let detail = match &t["detail"] {
+                    Value::Null => String::new(),
+                    Value::String(s) => format!(" ({s})"),
+                    other => format!(" ({other})"),
+                };
+                println!(
+                    "task {:<10} {}{detail}",
+                    t["task"],
+                    t["outcome"].as_str().unwrap_or("")
                 );
             }
         }

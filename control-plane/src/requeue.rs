@@ -1,0 +1,235 @@
+//! An operator puts FAILED tasks back in their queues (DESIGN §5: FAILED → QUEUED is the
+//! operator's move only), after the cause of the failures went away.
+//!
+//! In one transaction per call: the tasks are locked; each one FAILED in a partition the caller
+//! serves is requeued with its next attempt still to come (a new attempt number, so a new
+//! provider request key). A budgeted task's closed budget cycle (its RESERVE and REFUND) moves to
+//! `quota_ledger_closed` and a new one opens: its estimate is reserved again, or the task is
+//! refused when what is left of the tenant's budget does not cover it. Each requeue writes its
+//! QUEUED event and the call one audit row naming the actor and the reason.
+
+use std::collections::HashMap;
+
+use spindle_core::{TaskId, TaskState, TenantId};
+
+use crate::db::Db;
+use crate::error::{check_batch_len, check_text, StoreError};
+use crate::limits::{NAME_BYTES_MAX, REASON_BYTES_MAX};
+use crate::reconcile::{queued_task, QueuedTask, QUEUED_COLUMNS};
+use crate::types::{parse_state, PartitionId};
+
+/// What became of one task of a requeue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RequeueOutcome {
+    /// QUEUED again, as stored now (what its shard takes back).
+    Requeued(QueuedTask),
+    NotFound,
+    /// Only FAILED tasks are requeued.
+    NotFailed(TaskState),
+    /// Its partition is served by another node: ask that one.
+    NotOwned(PartitionId),
+    /// What is left of its tenant's budget does not cover its estimate.
+    BudgetExhausted {
+        remaining_milli: i64,
+    },
+}
+
+impl Db {
+    /// Requeues the FAILED ones of `tasks` that lie in `partitions` (see the module docs);
+    /// one outcome per task, in order.
+    pub async fn requeue_failed(
+        &mut self,
+        tasks: &[TaskId],
+        partitions: &[PartitionId],
+        actor: &str,
+        reason: &str,
+    ) -> Result<Vec<RequeueOutcome>, StoreError> {
+        check_batch_len(tasks.len())?;
+        check_text(0, "actor", actor, NAME_BYTES_MAX)?;
+        check_text(0, "reason", reason, REASON_BYTES_MAX)?;
+        let mut seen = std::collections::HashSet::new();
+        if let Some(t) = tasks.iter().find(|t| !seen.insert(**t)) {
+            return Err(crate::error::InputError::DuplicateTask(*t).into());
+        }
+        let ids: Vec<i64> = tasks.iter().map(|t| t.0 as i64).collect();
+        let parts: Vec<i32> = partitions.iter().map(|p| p.0 as i32).collect();
+        let tx = self.client_mut().transaction().await?;
+        let rows = tx
+            .query(
+                "SELECT task_id, state, partition, tenant_id, cost_estimate_milli, budget_reserved
+                   FROM task WHERE task_id = ANY ($1) ORDER BY task_id FOR UPDATE",
+                &[&ids],
+            )
+            .await?;
+        // Per task: (state, partition, tenant, estimate, budgeted).
+        let mut found: HashMap<i64, (TaskState, i32, i32, i64, bool)> = HashMap::new();
+        for r in &rows {
+            let state = parse_state(r.get(1))?;
+            found.insert(r.get(0), (state, r.get(2), r.get(3), r.get(4), r.get(5)));
+        }
+        let budgeted: Vec<i32> = {
+            let mut t: Vec<i32> = found
+                .values()
+                .filter(|f| f.0 == TaskState::Failed && f.4)
+                .map(|f| f.2)
+                .collect();
+            t.sort_unstable();
+            t.dedup();
+            t
+        };
+        let mut remaining: HashMap<i32, i64> = tx
+            .query(
+                "SELECT tenant_id, budget_milli - reserved_milli - spent_milli FROM tenant_quota
+                  WHERE tenant_id = ANY ($1) ORDER BY tenant_id FOR UPDATE",
+                &[&budgeted],
+            )
+            .await?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        let mut outcomes: Vec<Option<RequeueOutcome>> = Vec::with_capacity(ids.len());
+        // The requeued: (task, tenant, estimate, budgeted).
+        let mut chosen: Vec<(i64, i32, i64, bool)> = Vec::new();
+        for id in &ids {
+            let outcome = match found.get(id) {
+                None => Some(RequeueOutcome::NotFound),
+                Some(f) if f.0 != TaskState::Failed => Some(RequeueOutcome::NotFailed(f.0)),
+                Some(f) if !parts.contains(&f.1) => {
+                    Some(RequeueOutcome::NotOwned(PartitionId(f.1 as u32)))
+                }
+                Some(&(_, _, tenant, estimate, true)) => {
+                    let left = remaining.get(&tenant).copied().unwrap_or(0);
+                    if left < estimate {
+                        Some(RequeueOutcome::BudgetExhausted {
+                            remaining_milli: left,
+                        })
+                    } else {
+                        remaining.insert(tenant, left - estimate);
+                        chosen.push((*id, tenant, estimate, true));
+                        None
+                    }
+                }
+                Some(&(_, _, tenant, estimate, false)) => {
+                    chosen.push((*id, tenant, estimate, false));
+                    None
+                }
+            };
+            outcomes.push(outcome);
+        }
+        let budget_ids: Vec<i64> = chosen.iter().filter(|c| c.3).map(|c| c.0).collect();
+        let budget_tenants: Vec<i32> = chosen.iter().filter(|c| c.3).map(|c| c.1).collect();
+        let budget_amounts: Vec<i64> = chosen.iter().filter(|c| c.3).map(|c| c.2).collect();
+        if !budget_ids.is_empty() {
+            tx.execute(
+                "WITH closed AS (
+                     DELETE FROM quota_ledger WHERE task_id = ANY ($1)
+                     RETURNING entry_id, tenant_id, task_id, kind, amount_milli, at)
+                 INSERT INTO quota_ledger_closed
+                        (entry_id, tenant_id, task_id, kind, amount_milli, at, closed_by)
+                 SELECT entry_id, tenant_id, task_id, kind, amount_milli, at, $2 FROM closed",
+                &[&budget_ids, &actor],
+            )
+            .await?;
+            tx.execute(
+                "INSERT INTO quota_ledger (tenant_id, task_id, kind, amount_milli)
+                 SELECT u.tenant, u.task, 'RESERVE', u.amount
+                   FROM unnest($1::bigint[], $2::integer[], $3::bigint[]) AS u (task, tenant, amount)",
+                &[&budget_ids, &budget_tenants, &budget_amounts],
+            )
+            .await?;
+            tx.execute(
+                "UPDATE tenant_quota q SET reserved_milli = q.reserved_milli + n.amount
+                   FROM (SELECT u.tenant, sum(u.amount)::bigint AS amount
+                           FROM unnest($1::integer[], $2::bigint[]) AS u (tenant, amount)
+                          GROUP BY u.tenant) n
+                  WHERE q.tenant_id = n.tenant",
+                &[&budget_tenants, &budget_amounts],
+            )
+            .await?;
+        }
+        let chosen_ids: Vec<i64> = chosen.iter().map(|c| c.0).collect();
+        let requeued: HashMap<i64, QueuedTask> = if chosen_ids.is_empty() {
+            HashMap::new()
+        } else {
+            tx.query(
+                &format!(
+                    "UPDATE task SET state = 'QUEUED', version = version + 1, failure_reason = NULL,
+                            next_eligible_at = NULL, updated_at = now()
+                      WHERE task_id = ANY ($1)
+                  RETURNING {QUEUED_COLUMNS}"
+                ),
+                &[&chosen_ids],
+            )
+            .await?
+            .iter()
+            .map(|r| (r.get::<_, i64>(0), queued_task(r)))
+            .collect()
+        };
+        let why = format!("operator requeue by {actor}: {reason}");
+        if !chosen_ids.is_empty() {
+            let tenants: Vec<i32> = chosen.iter().map(|c| c.1).collect();
+            tx.execute(
+                "INSERT INTO outbox_batch (kinds, tasks, tenants, details)
+                 VALUES (array_fill('QUEUED'::text, ARRAY[cardinality($1::bigint[])]), $1, $2,
+                         jsonb_build_object('reason', $3::text, 'actor', $4::text))",
+                &[&chosen_ids, &tenants, &why, &actor],
+            )
+            .await?;
+        }
+        let version: i64 = tx
+            .query_one("SELECT version FROM policy_version", &[])
+            .await?
+            .get(0);
+        let key: String = format!("{chosen_ids:?}")
+            .chars()
+            .take(NAME_BYTES_MAX)
+            .collect();
+        tx.execute(
+            "INSERT INTO audit_log (actor, object_kind, object_key, old_value, new_value, reason,
+                                    policy_version)
+             VALUES ($1, 'task', $2, NULL, NULL, $3, $4)",
+            &[
+                &actor,
+                &key,
+                &why.chars().take(REASON_BYTES_MAX).collect::<String>(),
+                &version,
+            ],
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(ids
+            .iter()
+            .zip(outcomes)
+            .map(|(id, o)| {
+                o.unwrap_or_else(|| match requeued.get(id) {
+                    Some(q) => RequeueOutcome::Requeued(q.clone()),
+                    None => RequeueOutcome::NotFound,
+                })
+            })
+            .collect())
+    }
+
+    /// The tenant of each of `tasks` that exists (to route a request to the partition's node).
+    pub async fn task_tenants(
+        &self,
+        tasks: &[TaskId],
+    ) -> Result<HashMap<TaskId, TenantId>, StoreError> {
+        check_batch_len(tasks.len())?;
+        let ids: Vec<i64> = tasks.iter().map(|t| t.0 as i64).collect();
+        Ok(self
+            .client()
+            .query(
+                "SELECT task_id, tenant_id FROM task WHERE task_id = ANY ($1)",
+                &[&ids],
+            )
+            .await?
+            .iter()
+            .map(|r| {
+                (
+                    TaskId(r.get::<_, i64>(0) as u64),
+                    TenantId(r.get::<_, i32>(1) as u32),
+                )
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,195 @@
+//! An operator's requeue of FAILED tasks against a real PostgreSQL: only FAILED tasks of the
+//! caller's partitions move, each budget cycle is closed and a new one opened (or the task is
+//! refused when the budget no longer covers it), and the requeued task runs and settles again
+//! like any other.
+
+mod common;
+
+use common::{claim, setup, task, LEASE_MS, NODE};
+use spindle_control::{
+    ClaimResult, InputError, PartitionId, Report, ReportAction, RequeueOutcome, StoreError,
+};
+use spindle_core::{PolicyVersion, TaskId, TaskState, TenantId};
+
+const V1: PolicyVersion = PolicyVersion(1);
+const POOL: &str = "provider:acme";
+
+fn end(task: u64, token: spindle_core::FencingToken, state: TaskState) -> Report {
+    Report {
+        task: TaskId(task),
+        token: Some(token),
+        via: if state == TaskState::Succeeded {
+            vec![
+                TaskState::Running,
+                TaskState::ProviderSucceeded,
+                TaskState::MediaProcessing,
+            ]
+        } else {
+            vec![TaskState::Running]
+        },
+        action: ReportAction::Finish {
+            state,
+            cost_actual_milli: None,
+            reason: Some("provider outage".into()),
+        },
+    }
+}
+
+/// Claims `ids` (at `version`) and ends each as `state`.
+async fn run(db: &spindle_control::Db, ids: &[u64], version: u32, state: TaskState) {
+    let claims: Vec<_> = ids
+        .iter()
+        .map(|&i| claim(i, version, &[(POOL, 0, 1)]))
+        .collect();
+    let reports: Vec<Report> = db
+        .claim_batch(NODE, LEASE_MS, &claims)
+        .await
+        .unwrap()
+        .into_iter()
+        .zip(ids)
+        .map(|(r, &i)| match r {
+            ClaimResult::Granted { token, .. } => end(i, token, state),
+            other => panic!("claim of {i}: {other:?}"),
+        })
+        .collect();
+    db.report_batch(&reports).await.unwrap();
+}
+
+#[tokio::test]
+async fn failed_tasks_go_back_to_their_queues_with_a_new_budget_cycle() {
+    let (test, mut db) = setup().await;
+    db.set_pool(POOL, 100, 1).await.unwrap();
+    // Tenant 1 (partition 1) has a budget for four estimates of 1,000.
+    db.set_tenant_budget(TenantId(1), 4_000, "ops", "a budget")
+        .await
+        .unwrap();
+    let batch: Vec<_> = (1..=4).map(|i| task(i, 1, &format!("k{i}"))).collect();
+    db.submit_batch(&batch, V1).await.unwrap();
+    db.submit_batch(&[task(5, 2, "k5")], V1).await.unwrap();
+    run(&db, &[1, 2, 3], 0, TaskState::Failed).await;
+    run(&db, &[5], 0, TaskState::Failed).await;
+    let sql = test.sql().await.unwrap();
+    let quota = async |sql: &tokio_postgres::Client| -> (i64, i64) {
+        let r = sql
+            .query_one(
+                "SELECT reserved_milli, spent_milli FROM tenant_quota WHERE tenant_id = 1",
+                &[],
+            )
+            .await
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    assert_eq!(quota(&sql).await, (1_000, 0), "only task 4 holds budget");
+
+    // Task 4 is QUEUED, 9 does not exist, 5 is served elsewhere (partition 2 not given).
+    let mine = [PartitionId(1)];
+    let ids: Vec<TaskId> = [1, 2, 4, 9, 5].into_iter().map(TaskId).collect();
+    let out = db
+        .requeue_failed(&ids, &mine, "alice", "the provider is back")
+        .await
+        .unwrap();
+    let RequeueOutcome::Requeued(q) = &out[0] else {
+        panic!("{out:?}")
+    };
+    assert_eq!((q.task, q.attempt_no), (TaskId(1), 1));
+    let version = q.version;
+    assert!(matches!(&out[1], RequeueOutcome::Requeued(q) if q.task == TaskId(2)));
+    assert_eq!(out[2], RequeueOutcome::NotFailed(TaskState::Queued));
+    assert_eq!(out[3], RequeueOutcome::NotFound);
+    assert_eq!(out[4], RequeueOutcome::NotOwned(PartitionId(2)));
+    assert_eq!(
+        quota(&sql).await,
+        (3_000, 0),
+        "1 and 2 hold their estimates again"
+    );
+
+    // Task 3's estimate no longer fits what is left (4,000 − 3,000 reserved): refused.
+    db.set_tenant_budget(TenantId(1), 3_500, "ops", "less budget")
+        .await
+        .unwrap();
+    let out = db
+        .requeue_failed(&[TaskId(3)], &mine, "alice", "again")
+        .await
+        .unwrap();
+    assert_eq!(
+        out,
+        [RequeueOutcome::BudgetExhausted {
+            remaining_milli: 500
+        }]
+    );
+
+    // The requeued tasks run again — attempt 2, a new request key — and settle their new
+    // cycle: the ledger holds one cycle each, the closed ones moved aside.
+    run(&db, &[1, 2], version, TaskState::Succeeded).await;
+    assert_eq!(quota(&sql).await, (1_000, 2_000));
+    let ledger = |table: &'static str| {
+        let sql = &sql;
+        async move {
+            sql.query(
+                &format!("SELECT task_id, kind FROM {table} WHERE task_id IN (1, 2) ORDER BY task_id, entry_id"),
+                &[],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get::<_, i64>(0), r.get::<_, String>(1)))
+            .collect::<Vec<_>>()
+        }
+    };
+    let open = vec![
+        (1, "RESERVE".to_string()),
+        (1, "SETTLE".to_string()),
+        (2, "RESERVE".to_string()),
+        (2, "SETTLE".to_string()),
+    ];
+    assert_eq!(ledger("quota_ledger").await, open);
+    let closed = vec![
+        (1, "RESERVE".to_string()),
+        (1, "REFUND".to_string()),
+        (2, "RESERVE".to_string()),
+        (2, "REFUND".to_string()),
+    ];
+    assert_eq!(ledger("quota_ledger_closed").await, closed);
+    let attempts: Vec<i32> = sql
+        .query(
+            "SELECT attempt_no FROM task WHERE task_id IN (1, 2) ORDER BY task_id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(attempts, [2, 2]);
+    // The events and the audit name the operator.
+    let events: i64 = sql
+        .query_one(
+            "SELECT count(*) FROM outbox_event WHERE kind = 'QUEUED'
+                AND body ->> 'reason' = 'operator requeue by alice: the provider is back'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(events, 2);
+    let audited: i64 = sql
+        .query_one(
+            "SELECT count(*) FROM audit_log WHERE actor = 'alice' AND object_kind = 'task'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(audited, 2, "one row per call");
+    common::assert_counters_derived(&test).await;
+
+    assert!(matches!(
+        db.requeue_failed(&[TaskId(1), TaskId(1)], &mine, "alice", "twice")
+            .await,
+        Err(StoreError::Invalid(InputError::DuplicateTask(TaskId(1))))
+    ));
+    assert!(matches!(
+        db.requeue_failed(&[TaskId(1)], &mine, "alice", "").await,
+        Err(StoreError::Invalid(InputError::Empty { .. }))
+    ));
+}
