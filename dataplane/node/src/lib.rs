@@ -282,13 +282,15 @@ fn run_node(config: Config) -> anyhow::Result<()> {
                     health,
                     media,
                 });
-                match shard.restore(restore) {
-                    Ok(calls) => shard.send_calls(calls),
-                    Err(e) => {
-                        let _ = bound_tx.send(Err(e.to_string()));
-                        return;
-                    }
+                // At start every stored task must come back: one that cannot stops the node
+                // (an operator looks at it) instead of lying in PostgreSQL unserved.
+                let done = shard.restore(restore);
+                if !done.refused.is_empty() {
+                    let why = format!("restoring stored tasks: {}", done.refused.join("; "));
+                    let _ = bound_tx.send(Err(why));
+                    return;
                 }
+                shard.send_calls(done.calls);
 
                 let listener = match glommio::net::TcpListener::bind(addr) {
                     Ok(l) => l,

@@ -223,6 +223,15 @@ pub struct ShardState {
 
 pub type SharedShard = Rc<RefCell<ShardState>>;
 
+/// What [`ShardState::restore`] did.
+#[derive(Default)]
+pub struct Restored {
+    /// Queries by request key for the resumed attempts, for the provider thread.
+    pub calls: Vec<crate::dispatch::Call>,
+    /// The tasks the core could not take, each with why.
+    pub refused: Vec<String>,
+}
+
 /// What a shard starts with.
 pub struct ShardSetup {
     pub policy: Policy,
@@ -324,93 +333,97 @@ impl ShardState {
     /// their queues, live attempts into their provider stage. Returns the queries by request
     /// key that find each live attempt's job at the provider (to send to the provider thread):
     /// a job found is followed to its end, one the provider never got is run again as a new
-    /// attempt, so no job is submitted twice.
-    pub fn restore(
-        &mut self,
-        restores: Vec<crate::control::Restore>,
-    ) -> anyhow::Result<Vec<crate::dispatch::Call>> {
+    /// attempt, so no job is submitted twice. A task the core cannot take is left out (it stays
+    /// in PostgreSQL as it is) and named in `refused`; the others are put back.
+    pub fn restore(&mut self, restores: Vec<crate::control::Restore>) -> Restored {
         let now = self.now();
-        let mut resolves = Vec::new();
+        let mut done = Restored::default();
         for r in restores {
             let task = r.request.submit.task;
-            let tenant = r.request.submit.tenant;
-            let spec = r.request.submit.spec;
-            let mut meta = Meta {
-                tenant,
-                db_version: r.version,
-                token: None,
-                committed: true,
-                estimate: None,
-                queued_at: now,
-                attempt: None,
-                pending_reports: 0,
-                spec: Some(spec),
-                stored_stage: None,
-            };
-            match r.live {
-                None => self
-                    .core
-                    .handle_restore(now, r.request)
-                    .map_err(|e| anyhow::anyhow!("restoring task {task}: {e}"))?,
-                Some(live) => {
-                    // Past the provider stage the job is found again like a running one: its
-                    // end at the provider hands the media step its video once more.
-                    let state = match live.stored {
-                        TaskState::Dispatching | TaskState::SubmitUnknown => {
-                            TaskState::SubmitUnknown
-                        }
-                        _ => TaskState::Running,
-                    };
-                    if matches!(
-                        live.stored,
-                        TaskState::ProviderSucceeded | TaskState::MediaProcessing
-                    ) {
-                        meta.stored_stage = Some(live.stored);
-                    }
-                    let estimate = self
-                        .core
-                        .handle_resume(
-                            now,
-                            spindle_core::ResumeRequest {
-                                submit: r.request.submit,
-                                lane: r.request.lane,
-                                band: r.request.band,
-                                attempt_no: r.request.attempts_before,
-                                provider: live.provider,
-                                token: live.token,
-                                state,
-                            },
-                        )
-                        .map_err(|e| anyhow::anyhow!("resuming task {task}: {e}"))?;
-                    let account = self.core.policy().providers[live.provider.0 as usize]
-                        .name
-                        .clone();
-                    self.running.start(tenant, estimate.fairness.milli());
-                    meta.token = Some(live.token);
-                    meta.estimate = Some(estimate);
-                    meta.attempt = Some(ProviderAttempt {
-                        account: account.clone(),
-                        request_key: live.request_key.clone(),
-                        job_id: None,
-                        output_url: None,
-                    });
-                    if live.stored == TaskState::Dispatching {
-                        // Whether its submit reached the provider is not known.
-                        let to = ReportAction::Advance(TaskState::SubmitUnknown);
-                        send_reports(self, vec![vec![Report::new(task, Some(live.token), to)]]);
-                    }
-                    resolves.push(crate::dispatch::Call::Resolve {
-                        shard: self.index,
-                        task,
-                        token: live.token,
-                        account,
-                        request_key: live.request_key,
-                    });
-                }
+            match self.restore_one(now, r) {
+                Ok(call) => done.calls.extend(call),
+                Err(e) => done.refused.push(format!("task {task}: {e}")),
             }
-            self.meta.insert(task, meta);
         }
-        Ok(resolves)
+        done
+    }
+
+    fn restore_one(
+        &mut self,
+        now: Time,
+        r: crate::control::Restore,
+    ) -> Result<Option<crate::dispatch::Call>, spindle_core::SubmitError> {
+        let mut resolve = None;
+        let task = r.request.submit.task;
+        let tenant = r.request.submit.tenant;
+        let spec = r.request.submit.spec;
+        let mut meta = Meta {
+            tenant,
+            db_version: r.version,
+            token: None,
+            committed: true,
+            estimate: None,
+            queued_at: now,
+            attempt: None,
+            pending_reports: 0,
+            spec: Some(spec),
+            stored_stage: None,
+        };
+        match r.live {
+            None => self.core.handle_restore(now, r.request)?,
+            Some(live) => {
+                // Past the provider stage the job is found again like a running one: its
+                // end at the provider hands the media step its video once more.
+                let state = match live.stored {
+                    TaskState::Dispatching | TaskState::SubmitUnknown => TaskState::SubmitUnknown,
+                    _ => TaskState::Running,
+                };
+                if matches!(
+                    live.stored,
+                    TaskState::ProviderSucceeded | TaskState::MediaProcessing
+                ) {
+                    meta.stored_stage = Some(live.stored);
+                }
+                let estimate = self.core.handle_resume(
+                    now,
+                    spindle_core::ResumeRequest {
+                        submit: r.request.submit,
+                        lane: r.request.lane,
+                        band: r.request.band,
+                        attempt_no: r.request.attempts_before,
+                        provider: live.provider,
+                        token: live.token,
+                        state,
+                    },
+                )?;
+                let account = self.core.policy().providers[live.provider.0 as usize]
+                    .name
+                    .clone();
+                self.running.start(tenant, estimate.fairness.milli());
+                meta.token = Some(live.token);
+                meta.estimate = Some(estimate);
+                meta.attempt = Some(ProviderAttempt {
+                    account: account.clone(),
+                    request_key: live.request_key.clone(),
+                    job_id: None,
+                    output_url: None,
+                });
+                if live.stored == TaskState::Dispatching {
+                    // Whether its submit reached the provider is not known.
+                    let to = ReportAction::Advance(TaskState::SubmitUnknown);
+                    send_reports(self, vec![vec![Report::new(task, Some(live.token), to)]]);
+                }
+                resolve = Some(crate::dispatch::Call::Resolve {
+                    shard: self.index,
+                    task,
+                    token: live.token,
+                    account,
+                    request_key: live.request_key,
+                });
+            }
+        }
+        self.meta.insert(task, meta);
+        Ok(resolve)
     }
 
     /// Sends `calls` to the provider thread (without one, there are none to send).
@@ -506,10 +519,11 @@ pub async fn run(state: SharedShard, mut inbox: mpsc::Receiver<ShardMsg>) {
             }
             ShardMsg::Restore(restores) => {
                 let mut s = state.borrow_mut();
-                match s.restore(restores) {
-                    Ok(calls) => s.send_calls(calls),
-                    Err(e) => tracing::error!("restoring taken-over tasks: {e:#}"),
+                let done = s.restore(restores);
+                for why in &done.refused {
+                    tracing::error!("not restored (it stays in PostgreSQL as it is): {why}");
                 }
+                s.send_calls(done.calls);
             }
             ShardMsg::Unsubscribe { task, out, reply } => {
                 let mut s = state.borrow_mut();
