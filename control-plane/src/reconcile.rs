@@ -150,9 +150,7 @@ impl Db {
         after: Option<TaskId>,
         limit: usize,
     ) -> Result<Vec<LiveAttempt>, StoreError> {
-        crate::error::check_batch_len(partitions.len())?;
-        let parts: Vec<i32> = partitions.iter().map(|p| p.0 as i32).collect();
-        let after_task = after.map_or(-1, |t| t.0 as i64);
+        let (parts, after_task) = page_args(partitions, after)?;
         let rows = self
             .client()
             .query(
@@ -308,9 +306,7 @@ impl Db {
         after: Option<&QueuedTask>,
         limit: usize,
     ) -> Result<Vec<QueuedTask>, StoreError> {
-        crate::error::check_batch_len(partitions.len())?;
-        let parts: Vec<i32> = partitions.iter().map(|p| p.0 as i32).collect();
-        let after_task = after.map_or(-1, |q| q.task.0 as i64);
+        let (parts, after_task) = page_args(partitions, after.map(|q| q.task))?;
         let rows = self
             .client()
             .query(
@@ -336,9 +332,7 @@ impl Db {
         after: Option<TaskId>,
         limit: usize,
     ) -> Result<Vec<LiveTask>, StoreError> {
-        crate::error::check_batch_len(partitions.len())?;
-        let parts: Vec<i32> = partitions.iter().map(|p| p.0 as i32).collect();
-        let after_task = after.map_or(-1, |t| t.0 as i64);
+        let (parts, after_task) = page_args(partitions, after)?;
         let rows = self
             .client()
             .query(
@@ -396,6 +390,17 @@ impl Db {
             })
             .collect())
     }
+}
+
+/// A page's arguments over `partitions` after task `after`: the partitions as SQL integers and
+/// the cursor (-1: from the first task).
+fn page_args(
+    partitions: &[PartitionId],
+    after: Option<TaskId>,
+) -> Result<(Vec<i32>, i64), StoreError> {
+    crate::error::check_batch_len(partitions.len())?;
+    let parts = partitions.iter().map(|p| p.0 as i32).collect();
+    Ok((parts, after.map_or(-1, |t| t.0 as i64)))
 }
 
 /// The columns [`queued_task`] reads, first in a row.

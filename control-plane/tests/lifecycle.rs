@@ -349,17 +349,8 @@ async fn budgets_are_reserved_at_submit_and_settled_or_refunded_once() {
             },
         ]
     );
-    let quota = |sql: tokio_postgres::Client| async move {
-        let r = sql
-            .query_one(
-                "SELECT reserved_milli, spent_milli FROM tenant_quota WHERE tenant_id = 1",
-                &[],
-            )
-            .await
-            .unwrap();
-        (r.get::<_, i64>(0), r.get::<_, i64>(1))
-    };
-    assert_eq!(quota(test.sql().await.unwrap()).await, (2_000, 0));
+    let sql = test.sql().await.unwrap();
+    assert_eq!(common::quota(&sql, 1).await, (2_000, 0));
 
     let res = db
         .claim_batch(NODE, LEASE_MS, &[claim(1, 0, &[("provider:acme", 0, 1)])])
@@ -389,7 +380,7 @@ async fn budgets_are_reserved_at_submit_and_settled_or_refunded_once() {
         ),
         "{r:?}"
     );
-    assert_eq!(quota(test.sql().await.unwrap()).await, (1_000, 0));
+    assert_eq!(common::quota(&sql, 1).await, (1_000, 0));
     // Cancel the queued task 2 (no attempt, no token): refund once.
     let cancel = Report {
         task: TaskId(2),
@@ -416,7 +407,7 @@ async fn budgets_are_reserved_at_submit_and_settled_or_refunded_once() {
         ),
         "{r:?}"
     );
-    assert_eq!(quota(test.sql().await.unwrap()).await, (0, 0));
+    assert_eq!(common::quota(&sql, 1).await, (0, 0));
     // Canceling again: CANCELED is terminal, nothing moves.
     let r = db.report_batch(&[cancel]).await.unwrap();
     assert_eq!(
@@ -426,7 +417,7 @@ async fn budgets_are_reserved_at_submit_and_settled_or_refunded_once() {
             to: TaskState::Canceled
         }
     );
-    assert_eq!(quota(test.sql().await.unwrap()).await, (0, 0));
+    assert_eq!(common::quota(&sql, 1).await, (0, 0));
     assert_counters_derived(&test).await;
 }
 

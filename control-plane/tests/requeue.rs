@@ -5,35 +5,12 @@
 
 mod common;
 
-use common::{claim, setup, task, LEASE_MS, NODE};
-use spindle_control::{
-    ClaimResult, InputError, PartitionId, Report, ReportAction, RequeueOutcome, StoreError,
-};
+use common::{claim, finish, quota, setup, task, LEASE_MS, NODE};
+use spindle_control::{ClaimResult, InputError, PartitionId, Report, RequeueOutcome, StoreError};
 use spindle_core::{PolicyVersion, TaskId, TaskState, TenantId};
 
 const V1: PolicyVersion = PolicyVersion(1);
 const POOL: &str = "provider:acme";
-
-fn end(task: u64, token: spindle_core::FencingToken, state: TaskState) -> Report {
-    Report {
-        task: TaskId(task),
-        token: Some(token),
-        via: if state == TaskState::Succeeded {
-            vec![
-                TaskState::Running,
-                TaskState::ProviderSucceeded,
-                TaskState::MediaProcessing,
-            ]
-        } else {
-            vec![TaskState::Running]
-        },
-        action: ReportAction::Finish {
-            state,
-            cost_actual_milli: None,
-            reason: Some("provider outage".into()),
-        },
-    }
-}
 
 /// Claims `ids` (at `version`) and ends each as `state`.
 async fn run(db: &spindle_control::Db, ids: &[u64], version: u32, state: TaskState) {
@@ -48,7 +25,7 @@ async fn run(db: &spindle_control::Db, ids: &[u64], version: u32, state: TaskSta
         .into_iter()
         .zip(ids)
         .map(|(r, &i)| match r {
-            ClaimResult::Granted { token, .. } => end(i, token, state),
+            ClaimResult::Granted { token, .. } => finish(i, token, state),
             other => panic!("claim of {i}: {other:?}"),
         })
         .collect();
@@ -69,17 +46,7 @@ async fn failed_tasks_go_back_to_their_queues_with_a_new_budget_cycle() {
     run(&db, &[1, 2, 3], 0, TaskState::Failed).await;
     run(&db, &[5], 0, TaskState::Failed).await;
     let sql = test.sql().await.unwrap();
-    let quota = async |sql: &tokio_postgres::Client| -> (i64, i64) {
-        let r = sql
-            .query_one(
-                "SELECT reserved_milli, spent_milli FROM tenant_quota WHERE tenant_id = 1",
-                &[],
-            )
-            .await
-            .unwrap();
-        (r.get(0), r.get(1))
-    };
-    assert_eq!(quota(&sql).await, (1_000, 0), "only task 4 holds budget");
+    assert_eq!(quota(&sql, 1).await, (1_000, 0), "only task 4 holds budget");
 
     // Task 4 is QUEUED, 9 does not exist, 5 is served elsewhere (partition 2 not given).
     let mine = [PartitionId(1)];
@@ -98,7 +65,7 @@ async fn failed_tasks_go_back_to_their_queues_with_a_new_budget_cycle() {
     assert_eq!(out[3], RequeueOutcome::NotFound);
     assert_eq!(out[4], RequeueOutcome::NotOwned(PartitionId(2)));
     assert_eq!(
-        quota(&sql).await,
+        quota(&sql, 1).await,
         (3_000, 0),
         "1 and 2 hold their estimates again"
     );
@@ -121,7 +88,7 @@ async fn failed_tasks_go_back_to_their_queues_with_a_new_budget_cycle() {
     // The requeued tasks run again — attempt 2, a new request key — and settle their new
     // cycle: the ledger holds one cycle each, the closed ones moved aside.
     run(&db, &[1, 2], version, TaskState::Succeeded).await;
-    assert_eq!(quota(&sql).await, (1_000, 2_000));
+    assert_eq!(quota(&sql, 1).await, (1_000, 2_000));
     let ledger = |table: &'static str| {
         let sql = &sql;
         async move {

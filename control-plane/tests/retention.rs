@@ -5,11 +5,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{claim, setup, task, LEASE_MS, NODE};
-use spindle_control::{
-    ClaimResult, PartitionId, Report, ReportAction, Retention, StoreError, SubmitOutcome,
-};
-use spindle_core::{PolicyVersion, TaskId, TaskState};
+use common::{claim, finish, setup, task, LEASE_MS, NODE};
+use spindle_control::{ClaimResult, PartitionId, Retention, StoreError, SubmitOutcome};
+use spindle_core::{PolicyVersion, TaskState};
 
 const V1: PolicyVersion = PolicyVersion(1);
 const POOL: &str = "provider:acme";
@@ -19,27 +17,6 @@ const ALL: [PartitionId; 4] = [
     PartitionId(2),
     PartitionId(3),
 ];
-
-fn finish(task: u64, token: spindle_core::FencingToken, state: TaskState) -> Report {
-    Report {
-        task: TaskId(task),
-        token: Some(token),
-        via: if state == TaskState::Succeeded {
-            vec![
-                TaskState::Running,
-                TaskState::ProviderSucceeded,
-                TaskState::MediaProcessing,
-            ]
-        } else {
-            vec![TaskState::Running]
-        },
-        action: ReportAction::Finish {
-            state,
-            cost_actual_milli: None,
-            reason: Some("test".into()),
-        },
-    }
-}
 
 #[tokio::test]
 async fn ended_tasks_leave_after_their_window_and_live_ones_never() {

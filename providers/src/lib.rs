@@ -6,6 +6,7 @@ pub mod adapter;
 pub mod api;
 pub mod mock;
 pub mod receiver;
+mod serve;
 pub mod signature;
 pub mod webhook;
 

@@ -15,10 +15,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 
 use crate::adapter::{HttpProvider, QueryError, Sent};
 use crate::api::{
@@ -184,23 +181,9 @@ impl MockProvider {
             )
             .build_http(),
         });
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let _ = stream.set_nodelay(true);
-                let shared = shared.clone();
-                tokio::spawn(async move {
-                    let service = service_fn(move |req| {
-                        let shared = shared.clone();
-                        async move { Ok::<_, std::convert::Infallible>(route(&shared, req).await) }
-                    });
-                    let _ = http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
+        let task = crate::serve::serve(listener, move |req| {
+            let shared = shared.clone();
+            async move { route(&shared, req).await }
         });
         MockProvider { addr, task }
     }

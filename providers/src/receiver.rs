@@ -9,10 +9,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
 
 /// Bytes of one post the receiver reads at most.
 pub const POST_BYTES_MAX: usize = 16 * 1024 * 1024;
@@ -85,22 +82,9 @@ impl EventReceiver {
             ..Shared::default()
         });
         let s = shared.clone();
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else {
-                    continue;
-                };
-                let shared = s.clone();
-                tokio::spawn(async move {
-                    let service = service_fn(move |req| {
-                        let shared = shared.clone();
-                        async move { Ok::<_, std::convert::Infallible>(take(&shared, req).await) }
-                    });
-                    let _ = http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
-                });
-            }
+        let task = crate::serve::serve(listener, move |req| {
+            let shared = s.clone();
+            async move { take(&shared, req).await }
         });
         EventReceiver { addr, shared, task }
     }

@@ -2,8 +2,10 @@
 #![allow(dead_code)]
 
 use spindle_control::testing::TestDb;
-use spindle_control::{ClaimRequest, Db, Demand, NewTask, PartitionId, PoolShard};
-use spindle_core::{Band, Lane, TaskId, TenantId, UserId};
+use spindle_control::{
+    ClaimRequest, Db, Demand, NewTask, PartitionId, PoolShard, Report, ReportAction,
+};
+use spindle_core::{Band, FencingToken, Lane, TaskId, TaskState, TenantId, UserId};
 
 pub const NODE: &str = "node-a";
 pub const LEASE_MS: u32 = 30_000;
@@ -77,4 +79,39 @@ pub async fn assert_counters_derived(test: &TestDb) {
             "{pool}/{shard}: used {used} above capacity {cap}"
         );
     }
+}
+
+/// The fenced report that ends a running attempt as `state` (SUCCEEDED through the provider
+/// and media steps, anything else from RUNNING), with a reason.
+pub fn finish(task: u64, token: FencingToken, state: TaskState) -> Report {
+    Report {
+        task: TaskId(task),
+        token: Some(token),
+        via: if state == TaskState::Succeeded {
+            vec![
+                TaskState::Running,
+                TaskState::ProviderSucceeded,
+                TaskState::MediaProcessing,
+            ]
+        } else {
+            vec![TaskState::Running]
+        },
+        action: ReportAction::Finish {
+            state,
+            cost_actual_milli: None,
+            reason: Some("test".into()),
+        },
+    }
+}
+
+/// A tenant's (reserved, spent) budget, in milli units.
+pub async fn quota(sql: &tokio_postgres::Client, tenant: u32) -> (i64, i64) {
+    let r = sql
+        .query_one(
+            "SELECT reserved_milli, spent_milli FROM tenant_quota WHERE tenant_id = $1",
+            &[&(tenant as i32)],
+        )
+        .await
+        .unwrap();
+    (r.get(0), r.get(1))
 }

@@ -1189,6 +1189,18 @@ impl Shard {
         Ok(())
     }
 
+    /// What a task put back from PostgreSQL needs first: its tenant's and user's slots and its
+    /// interned estimate; refused for a task the shard already has.
+    fn take_back(&mut self, req: &SubmitRequest) -> Result<(u32, u32, EstimateRef), SubmitError> {
+        let slot = self.ensure_tenant(req.tenant)?;
+        let estimate = self.intern(&req.spec)?;
+        if self.tasks.contains_key(&req.task) {
+            self.estimates.release(estimate);
+            return Err(SubmitError::DuplicateTask(req.task));
+        }
+        Ok((slot, self.ensure_user(req.user, slot), estimate))
+    }
+
     /// Puts back a task that PostgreSQL holds as QUEUED (after a restart or a partition
     /// takeover). It was admitted before, so no admission check can refuse it now: its queue
     /// gates are taken by force, like a retry's. Its lane and band are the stored ones.
@@ -1198,13 +1210,7 @@ impl Shard {
         restore: RestoreRequest,
     ) -> Result<(), SubmitError> {
         let req = restore.submit;
-        let slot = self.ensure_tenant(req.tenant)?;
-        let estimate = self.intern(&req.spec)?;
-        if self.tasks.contains_key(&req.task) {
-            self.estimates.release(estimate);
-            return Err(SubmitError::DuplicateTask(req.task));
-        }
-        let user_slot = self.ensure_user(req.user, slot);
+        let (slot, user_slot, estimate) = self.take_back(&req)?;
         let mut state = Versioned::new(TaskState::Created);
         state
             .transition(TaskState::Queued, Actor::System)
@@ -1254,13 +1260,7 @@ impl Shard {
         if !matches!(r.state, TaskState::SubmitUnknown | TaskState::Running) {
             return Err(SubmitError::NotResumable(req.task, r.state));
         }
-        let slot = self.ensure_tenant(req.tenant)?;
-        let estimate = self.intern(&req.spec)?;
-        if self.tasks.contains_key(&req.task) {
-            self.estimates.release(estimate);
-            return Err(SubmitError::DuplicateTask(req.task));
-        }
-        let user_slot = self.ensure_user(req.user, slot);
+        let (slot, user_slot, estimate) = self.take_back(&req)?;
         let mut state = Versioned::new(TaskState::Created);
         for to in [TaskState::Queued, TaskState::Dispatching, r.state] {
             state

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{http_get, start_with};
+use common::{ctl, http_get, start_with};
 use spindle_control::testing::TestDb;
 
 const CONFIG: &str = r#"
@@ -32,22 +32,6 @@ role = "admin"
 id = 1
 credential = "one"
 "#;
-
-/// Runs spindlectl; (success, stdout).
-fn ctl(http: std::net::SocketAddr, token: &str, args: &[&str]) -> (bool, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_spindlectl"))
-        .arg("--node")
-        .arg(http.to_string())
-        .arg("--token")
-        .arg(token)
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-    )
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn roles_reasons_versions_and_refusals_are_all_audited() {

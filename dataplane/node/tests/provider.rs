@@ -461,22 +461,6 @@ async fn a_job_stuck_at_the_provider_is_canceled_after_its_polls_and_fails_with_
     );
 }
 
-/// Runs spindlectl against `daemon`'s admin API; (success, stdout).
-fn ctl(daemon: &Daemon, token: &str, args: &[&str]) -> (bool, String) {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_spindlectl"))
-        .arg("--node")
-        .arg(daemon.http.to_string())
-        .arg("--token")
-        .arg(token)
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-    )
-}
-
 /// Dead letters from a provider that refused every submit: once it is fixed, an operator
 /// requeues them (`spindlectl requeue`) and they run — each accepted once, as its next attempt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -509,9 +493,9 @@ role = "operator"
     ]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     // A viewer may not.
-    let (ok, _) = ctl(&daemon, "viewer-token-0123456789", &args);
+    let (ok, _) = common::ctl(daemon.http, "viewer-token-0123456789", &args);
     assert!(!ok, "a viewer requeued tasks");
-    let (ok, out) = ctl(&daemon, "operator-token-0123456789", &args);
+    let (ok, out) = common::ctl(daemon.http, "operator-token-0123456789", &args);
     assert!(ok, "{out}");
     let answer: serde_json::Value = serde_json::from_str(&out).unwrap();
     let outcomes: Vec<&str> = answer["tasks"]
@@ -542,7 +526,7 @@ role = "operator"
     // Requeued again, SUCCEEDED tasks stay as they are.
     let first = ids[0].0.to_string();
     let again = ["requeue", first.as_str(), "--reason", "again"];
-    let (ok, out) = ctl(&daemon, "operator-token-0123456789", &again);
+    let (ok, out) = common::ctl(daemon.http, "operator-token-0123456789", &again);
     assert!(ok, "{out}");
     assert!(out.contains("not_failed (SUCCEEDED)"), "{out}");
 }

@@ -193,3 +193,19 @@ pub fn executed_once_per_attempt(logs: &[&std::path::Path]) -> std::collections:
     }
     ran
 }
+
+/// Runs spindlectl against the admin API at `http` with `token`; (success, stdout).
+pub fn ctl(http: SocketAddr, token: &str, args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_spindlectl"))
+        .arg("--node")
+        .arg(http.to_string())
+        .arg("--token")
+        .arg(token)
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
