@@ -1,0 +1,166 @@
+//! The media stage of a shard's tasks: started when the core gives a media slot, run on the
+//! media workers, settled when they answer; the declared spec checked against the video.
+
+use super::*;
+
+/// Starts every media step the core lets run now: on the media workers when the stage is
+/// configured and the provider gave a video, else (the local provider, no media stage) at once.
+pub(super) fn start_media(s: &mut ShardState, now: Time) {
+    while let Some(m) = s.core.poll_media(now) {
+        let media_task = m.task;
+        let Some(meta) = s.meta.get(&media_task) else {
+            continue;
+        };
+        let Some(t) = meta.token else { continue };
+        let input = meta.attempt.as_ref().and_then(|a| a.output_url.clone());
+        let advance = |to| vec![Report::new(media_task, Some(t), ReportAction::Advance(to))];
+        let steps = match meta.stored_stage {
+            Some(TaskState::MediaProcessing) => Vec::new(),
+            Some(_) => vec![advance(TaskState::MediaProcessing)],
+            None => vec![
+                advance(TaskState::ProviderSucceeded),
+                advance(TaskState::MediaProcessing),
+            ],
+        };
+        send_reports(s, steps);
+        let Some((pool, input_url)) = s.media.clone().zip(input) else {
+            media_finished(s, media_task, t, Ok(()));
+            continue;
+        };
+        let job = crate::media::MediaJob {
+            shard: s.index,
+            task: media_task,
+            token: t,
+            input_url,
+        };
+        match pool.submit(job) {
+            Ok(()) => notify(s, media_task, TaskState::MediaProcessing),
+            // Bounded: a full media queue fails the step, with the reason.
+            Err(_) => {
+                media_finished(s, media_task, t, Err("the media queue is full".into()));
+            }
+        }
+    }
+}
+
+/// A media step ended (`Err`: why it failed): the core settles the task; the end is reported.
+pub(super) fn media_finished(
+    s: &mut ShardState,
+    task: TaskId,
+    token: FencingToken,
+    result: Result<(), String>,
+) -> bool {
+    let outcome = match s.core.handle_media_done(task, token, result.is_ok()) {
+        Ok(o) => o,
+        Err(e) => {
+            tracing::warn!("media done {task}: {e}");
+            return false;
+        }
+    };
+    let Some(meta) = remove_meta(s, &task) else {
+        return true;
+    };
+    let (state, cost, reason) = match outcome {
+        CompleteOutcome::Succeeded => {
+            s.metrics
+                .completed
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            (
+                TaskState::Succeeded,
+                meta.estimate.map(|e| e.cost_milli),
+                None,
+            )
+        }
+        CompleteOutcome::Canceled => (TaskState::Canceled, None, None),
+        _ => (TaskState::Failed, None, result.err()),
+    };
+    notify(s, task, state);
+    let action = ReportAction::Finish {
+        state,
+        cost_actual_milli: cost,
+        reason: reason.map(|r| format!("media: {r}")),
+    };
+    send_reports(s, vec![vec![Report::new(task, Some(token), action)]]);
+    true
+}
+
+/// A media worker's answer. The probed video is checked against what the task declared: a
+/// longer or larger video than declared is charged as what it is (`correct`) or fails the task
+/// (`reject`), so a client cannot pay for less than it gets.
+pub(super) fn media_event(s: &mut ShardState, event: crate::media::MediaEvent) {
+    use crate::media::{DeclarationPolicy, MediaOutcome};
+    let result = match &event.outcome {
+        MediaOutcome::Done { probed, .. } => check_declaration(s, event.task, probed),
+        MediaOutcome::Failed { reason, .. } => Err(reason.clone()),
+    };
+    let result = match (result, s.media.as_ref().map(|m| m.declaration)) {
+        (Err(why), _) => Err(why),
+        (Ok(None), _) => Ok(()),
+        (Ok(Some((why, _))), Some(DeclarationPolicy::Reject)) => Err(why),
+        (Ok(Some((why, corrected))), _) => {
+            tracing::info!("{}: {why}; charged as probed", event.task);
+            if let Some(e) = s
+                .meta
+                .get_mut(&event.task)
+                .and_then(|m| m.estimate.as_mut())
+            {
+                e.cost_milli = e.cost_milli.max(corrected);
+            }
+            Ok(())
+        }
+    };
+    let failed = result.is_err();
+    let applied = media_finished(s, event.task, event.token, result);
+    if let MediaOutcome::Done { outputs, .. } = &event.outcome {
+        if failed || !applied {
+            // A rejected or stale attempt's outputs are nobody's.
+            for o in outputs {
+                let _ = std::fs::remove_file(o);
+            }
+        }
+    }
+}
+
+/// `Some((why, corrected cost))` when the video is longer (by more than a tenth) or has more
+/// pixels than the task declared.
+pub(super) fn check_declaration(
+    s: &ShardState,
+    task: TaskId,
+    probed: &spindle_transcode::MediaInfo,
+) -> Result<Option<(String, u64)>, String> {
+    let Some(declared) = s.meta.get(&task).and_then(|m| m.spec) else {
+        return Ok(None);
+    };
+    let longer = probed.duration_ms * 10 > u64::from(declared.duration_ms) * 11;
+    let larger = u64::from(probed.width) * u64::from(probed.height)
+        > u64::from(declared.width) * u64::from(declared.height);
+    if !(longer || larger) {
+        return Ok(None);
+    }
+    let truth = spindle_core::TaskSpec {
+        width: probed.width,
+        height: probed.height,
+        duration_ms: u32::try_from(probed.duration_ms).unwrap_or(u32::MAX),
+        ..declared
+    };
+    let model = s
+        .core
+        .policy()
+        .models
+        .get(declared.model.0 as usize)
+        .ok_or_else(|| format!("model {} is gone", declared.model.0))?;
+    let corrected = spindle_core::cost::estimate(&truth, model, &s.core.policy().cost_bases)
+        .map_err(|e| format!("the probed video cannot be priced: {e}"))?;
+    Ok(Some((
+        format!(
+            "declared {}x{} {} ms, the video is {}x{} {} ms",
+            declared.width,
+            declared.height,
+            declared.duration_ms,
+            probed.width,
+            probed.height,
+            probed.duration_ms
+        ),
+        corrected.cost_milli,
+    )))
+}
