@@ -32,6 +32,10 @@ pub enum RequeueOutcome {
     BudgetExhausted {
         remaining_milli: i64,
     },
+    /// It had the most attempts any task gets (`spindle_core::limits::ATTEMPTS_MAX`).
+    AttemptsExhausted {
+        attempts: u32,
+    },
 }
 
 impl Db {
@@ -56,16 +60,19 @@ impl Db {
         let tx = self.client_mut().transaction().await?;
         let rows = tx
             .query(
-                "SELECT task_id, state, partition, tenant_id, cost_estimate_milli, budget_reserved
+                "SELECT task_id, state, partition, tenant_id, cost_estimate_milli, budget_reserved,
+                        attempt_no
                    FROM task WHERE task_id = ANY ($1) ORDER BY task_id FOR UPDATE",
                 &[&ids],
             )
             .await?;
-        // Per task: (state, partition, tenant, estimate, budgeted).
+        // Per task: (state, partition, tenant, estimate, budgeted), and its attempts.
         let mut found: HashMap<i64, (TaskState, i32, i32, i64, bool)> = HashMap::new();
+        let mut attempts: HashMap<i64, u32> = HashMap::new();
         for r in &rows {
             let state = parse_state(r.get(1))?;
             found.insert(r.get(0), (state, r.get(2), r.get(3), r.get(4), r.get(5)));
+            attempts.insert(r.get(0), r.get::<_, i32>(6).max(0) as u32);
         }
         let budgeted: Vec<i32> = {
             let mut t: Vec<i32> = found
@@ -96,6 +103,11 @@ impl Db {
                 Some(f) if f.0 != TaskState::Failed => Some(RequeueOutcome::NotFailed(f.0)),
                 Some(f) if !parts.contains(&f.1) => {
                     Some(RequeueOutcome::NotOwned(PartitionId(f.1 as u32)))
+                }
+                Some(_) if attempts[id] >= spindle_core::limits::ATTEMPTS_MAX => {
+                    Some(RequeueOutcome::AttemptsExhausted {
+                        attempts: attempts[id],
+                    })
                 }
                 Some(&(_, _, tenant, estimate, true)) => {
                     let left = remaining.get(&tenant).copied().unwrap_or(0);

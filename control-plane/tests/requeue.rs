@@ -150,6 +150,16 @@ async fn failed_tasks_go_back_to_their_queues_with_a_new_budget_cycle() {
     assert_eq!(audited, 2, "one row per call");
     common::assert_counters_derived(&test).await;
 
+    // A task that had the most attempts any task gets stays FAILED.
+    sql.execute("UPDATE task SET attempt_no = 64 WHERE task_id = 3", &[])
+        .await
+        .unwrap();
+    let out = db
+        .requeue_failed(&[TaskId(3)], &mine, "alice", "once more")
+        .await
+        .unwrap();
+    assert_eq!(out, [RequeueOutcome::AttemptsExhausted { attempts: 64 }]);
+
     assert!(matches!(
         db.requeue_failed(&[TaskId(1), TaskId(1)], &mine, "alice", "twice")
             .await,

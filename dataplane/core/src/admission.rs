@@ -150,6 +150,8 @@ pub enum SubmitError {
     UnknownProvider(ProviderId),
     /// Only attempts in SUBMIT_UNKNOWN or RUNNING can be resumed.
     NotResumable(TaskId, TaskState),
+    /// A task put back with no attempt left under `limits::ATTEMPTS_MAX`.
+    AttemptsExhausted(TaskId, u32),
 }
 
 impl fmt::Display for SubmitError {
@@ -162,6 +164,11 @@ impl fmt::Display for SubmitError {
             SubmitError::NotResumable(t, s) => {
                 write!(f, "task {t}: an attempt in {s} cannot be resumed")
             }
+            SubmitError::AttemptsExhausted(t, n) => write!(
+                f,
+                "task {t} had {n} attempts, the most any task gets ({})",
+                crate::limits::ATTEMPTS_MAX
+            ),
         }
     }
 }

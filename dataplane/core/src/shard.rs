@@ -1190,8 +1190,16 @@ impl Shard {
     }
 
     /// What a task put back from PostgreSQL needs first: its tenant's and user's slots and its
-    /// interned estimate; refused for a task the shard already has.
-    fn take_back(&mut self, req: &SubmitRequest) -> Result<(u32, u32, EstimateRef), SubmitError> {
+    /// interned estimate; refused for a task the shard already has, or one whose `attempts`
+    /// (those it had, and the one it may be about to have) pass `ATTEMPTS_MAX`.
+    fn take_back(
+        &mut self,
+        req: &SubmitRequest,
+        attempts: u32,
+    ) -> Result<(u32, u32, EstimateRef), SubmitError> {
+        if attempts > ATTEMPTS_MAX {
+            return Err(SubmitError::AttemptsExhausted(req.task, attempts));
+        }
         let slot = self.ensure_tenant(req.tenant)?;
         let estimate = self.intern(&req.spec)?;
         if self.tasks.contains_key(&req.task) {
@@ -1210,7 +1218,8 @@ impl Shard {
         restore: RestoreRequest,
     ) -> Result<(), SubmitError> {
         let req = restore.submit;
-        let (slot, user_slot, estimate) = self.take_back(&req)?;
+        let (slot, user_slot, estimate) =
+            self.take_back(&req, restore.attempts_before.saturating_add(1))?;
         let mut state = Versioned::new(TaskState::Created);
         state
             .transition(TaskState::Queued, Actor::System)
@@ -1260,7 +1269,7 @@ impl Shard {
         if !matches!(r.state, TaskState::SubmitUnknown | TaskState::Running) {
             return Err(SubmitError::NotResumable(req.task, r.state));
         }
-        let (slot, user_slot, estimate) = self.take_back(&req)?;
+        let (slot, user_slot, estimate) = self.take_back(&req, r.attempt_no)?;
         let mut state = Versioned::new(TaskState::Created);
         for to in [TaskState::Queued, TaskState::Dispatching, r.state] {
             state

@@ -10,7 +10,7 @@
 //!   drr quantum=U
 //!   build                      (freezes the policy; implicit before the first other command)
 //!   submit TASK tenant=T [user=U] [res=720p|1080p|4k] [dur=S] [band=Pn] [audio] [deadline=MS]
-//!   restore TASK tenant=T [lane=LANE] [band=Pn] …   (put back from PostgreSQL: no admission)
+//!   restore TASK tenant=T [lane=LANE] [band=Pn] [attempts=N] …   (put back from PostgreSQL: no admission)
 //!   resume TASK tenant=T state=running|unknown|queued [provider=P] [attempt=N] …
 //!                              (a live attempt put back: its provider stage held again)
 //!   tick MS                    (advance the clock)
@@ -189,7 +189,7 @@ impl Harness {
                 submit: req,
                 lane: kv(args, "lane").map_or(Lane::Standard, lane_of),
                 band: band_hint.unwrap_or(Band::P3),
-                attempts_before: 1,
+                attempts_before: kv(args, "attempts").map_or(1, |a| a.parse().unwrap()),
             };
             let r = self.shard().handle_restore(now, restore);
             writeln!(self.out, "restore {task}: {r:?}").unwrap();
@@ -921,7 +921,7 @@ fn resumed_work_past_the_capacity_is_held_and_nothing_new_starts_until_it_drains
 }
 
 #[test]
-fn only_live_attempts_of_known_providers_resume() {
+fn only_live_attempts_of_known_providers_and_with_attempts_left_come_back() {
     check(
         "
         tenant 1
@@ -929,12 +929,18 @@ fn only_live_attempts_of_known_providers_resume() {
         resume t2 tenant=1 state=running provider=99
         resume t3 tenant=1 state=running
         resume t3 tenant=1 state=running
+        resume t4 tenant=1 state=running attempt=65
+        restore t5 tenant=1 attempts=64
+        restore t6 tenant=1 attempts=63
         ",
         expect![[r#"
             resume 1: Err(NotResumable(TaskId(1), Queued)) state=None
             resume 2: Err(UnknownProvider(ProviderId(99))) state=None
             resume 3: Ok(()) state=Some(Running)
             resume 3: Err(DuplicateTask(TaskId(3))) state=Some(Running)
+            resume 4: Err(AttemptsExhausted(TaskId(4), 65)) state=None
+            restore 5: Err(AttemptsExhausted(TaskId(5), 65))
+            restore 6: Ok(())
         "#]],
     );
 }

@@ -390,6 +390,9 @@ impl Admin {
                     "budget_exhausted",
                     json!({ "remaining_milli": remaining_milli }),
                 ),
+                O::AttemptsExhausted { attempts } => {
+                    ("attempts_exhausted", json!({ "attempts": attempts }))
+                }
             };
             answers.push(json!({ "task": task.0, "outcome": name, "detail": detail }));
         }
