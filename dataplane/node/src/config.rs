@@ -389,6 +389,38 @@ mod tests {
         Config::load(&Args::file(path, None))
     }
 
+    /// The example's commented-out sections are valid too, once uncommented.
+    #[test]
+    fn the_examples_optional_sections_load() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(dir.join("spindled.example.toml")).unwrap();
+        let uncommented: String = text
+            .lines()
+            .map(|l| match l.strip_prefix("# ") {
+                Some(rest)
+                    if rest.starts_with('[')
+                        || rest.split_once(" = ").is_some_and(|(k, _)| {
+                            k.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+                        }) =>
+                {
+                    rest
+                }
+                _ => l,
+            })
+            .map(|l| format!("{l}\n"))
+            .collect();
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("full.toml");
+        std::fs::write(&path, uncommented).unwrap();
+        let full = Config::load(&Args::file(path, None)).unwrap();
+        let provider = full.provider.expect("[provider] uncommented");
+        assert_eq!(provider.polls_max, 1_000);
+        let events = full.events.expect("[events] uncommented");
+        assert_eq!(events.pending_max, 1_000_000);
+        assert_eq!(full.admin_tokens.len(), 1);
+        assert!(full.local_provider_log.is_some());
+    }
+
     #[test]
     fn the_shipped_configurations_load() {
         let example = load("spindled.example.toml").unwrap();
