@@ -380,11 +380,16 @@ impl Admin {
                 O::NotFailed(state) => ("not_failed", json!(state.to_string())),
                 O::NotOwned(p) => (
                     "not_served_here",
-                    json!(self
-                        .shards
-                        .ownership
-                        .owner_of(p.0)
-                        .unwrap_or_else(|| format!("partition {} has no live owner now", p.0))),
+                    json!(match self.shards.ownership.owner_of(p.0) {
+                        // The registry has the node's client address; its admin API is on its
+                        // HTTP port.
+                        Some(owner) => format!(
+                            "partition {} is served by {owner} (client port): requeue it \
+                             through that node's admin API",
+                            p.0
+                        ),
+                        None => format!("partition {} has no live owner now; retry shortly", p.0),
+                    }),
                 ),
                 O::BudgetExhausted { remaining_milli } => (
                     "budget_exhausted",
