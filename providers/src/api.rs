@@ -127,6 +127,9 @@ pub struct AccountStats {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Stats {
     pub accounts: std::collections::BTreeMap<String, AccountStats>,
+    /// The most job requests (submits, queries, cancels) the mock was answering at once.
+    #[serde(default)]
+    pub max_open_requests: u64,
 }
 
 /// Fault modes of a mock account (POST /v1/admin/faults).

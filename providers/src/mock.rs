@@ -124,6 +124,9 @@ struct State {
     jobs: HashMap<String, Job>,
     by_key: HashMap<(String, String), String>,
     next_id: u64,
+    /// Job requests being answered now, and the most at once.
+    open_requests: u64,
+    max_open_requests: u64,
 }
 
 struct Shared {
@@ -265,26 +268,21 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Full<By
         Err(e) => return problem(ProblemKind::InvalidParameters, format!("body: {e}"), None),
     };
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    // The job API, counted while it answers (a video download is not a call of it).
+    let job_call = segments.first() == Some(&"v1")
+        && segments.get(1) == Some(&"jobs")
+        && segments.get(3) != Some(&"output");
+    if job_call {
+        {
+            let mut s = shared.lock();
+            s.open_requests += 1;
+            s.max_open_requests = s.max_open_requests.max(s.open_requests);
+        }
+        let answer = job_route(shared, &method, &segments, &query, &body).await;
+        shared.lock().open_requests -= 1;
+        return answer;
+    }
     match (&method, segments.as_slice()) {
-        (&Method::POST, ["v1", "jobs"]) => submit(shared, &body).await,
-        (&Method::GET, ["v1", "jobs"]) => {
-            let account = query_param(&query, "account").unwrap_or_default();
-            if queries_down(shared, &account) {
-                return problem(ProblemKind::Unavailable, "queries are down", None);
-            }
-            by_key(shared, &query)
-        }
-        (&Method::GET, ["v1", "jobs", id]) => {
-            let view = shared.lock().jobs.get(*id).map(|j| j.view.clone());
-            match view {
-                Some(v) if queries_down(shared, &v.account) => {
-                    problem(ProblemKind::Unavailable, "queries are down", None)
-                }
-                Some(v) => json(StatusCode::OK, &v),
-                None => problem(ProblemKind::NotFound, format!("no job {id}"), None),
-            }
-        }
-        (&Method::POST, ["v1", "jobs", id, "cancel"]) => cancel(shared, id),
         (&Method::GET, ["v1", "jobs", id, "output"]) => output(shared, id).await,
         (&Method::GET, ["v1", "stats"]) => json(StatusCode::OK, &stats(shared)),
         (&Method::POST, ["v1", "admin", "faults"]) => {
@@ -311,6 +309,42 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Full<By
     }
 }
 
+/// Submits, queries and cancels of jobs.
+async fn job_route(
+    shared: &Arc<Shared>,
+    method: &Method,
+    segments: &[&str],
+    query: &str,
+    body: &Bytes,
+) -> Response<Full<Bytes>> {
+    match (method, segments) {
+        (&Method::POST, ["v1", "jobs"]) => submit(shared, body).await,
+        (&Method::GET, ["v1", "jobs"]) => {
+            let account = query_param(query, "account").unwrap_or_default();
+            if queries_down(shared, &account) {
+                return problem(ProblemKind::Unavailable, "queries are down", None);
+            }
+            by_key(shared, query)
+        }
+        (&Method::GET, ["v1", "jobs", id]) => {
+            let view = shared.lock().jobs.get(*id).map(|j| j.view.clone());
+            match view {
+                Some(v) if queries_down(shared, &v.account) => {
+                    problem(ProblemKind::Unavailable, "queries are down", None)
+                }
+                Some(v) => json(StatusCode::OK, &v),
+                None => problem(ProblemKind::NotFound, format!("no job {id}"), None),
+            }
+        }
+        (&Method::POST, ["v1", "jobs", id, "cancel"]) => cancel(shared, id),
+        _ => problem(
+            ProblemKind::NotFound,
+            format!("{method} /{}", segments.join("/")),
+            None,
+        ),
+    }
+}
+
 /// Whether `account` answers queries 503 now (fault `query-outage`).
 fn queries_down(shared: &Shared, account: &str) -> bool {
     shared
@@ -334,6 +368,7 @@ fn stats(shared: &Shared) -> Stats {
             .iter()
             .map(|(n, a)| (n.clone(), a.stats.clone()))
             .collect(),
+        max_open_requests: s.max_open_requests,
     }
 }
 

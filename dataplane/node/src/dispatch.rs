@@ -50,6 +50,15 @@ pub struct ProviderConfig {
     /// task ends FAILED with the reason (with the default stages, about 2.8 hours of polling).
     #[serde(default = "default_polls_max")]
     pub polls_max: u32,
+    /// Calls the node has open at the provider at once (submits, queries, polls, cancels);
+    /// more wait for one to end. Bounds the connections and sockets a burst (a restart that
+    /// asks about every live attempt, say) opens.
+    #[serde(default = "default_requests_max")]
+    pub requests_max: usize,
+}
+
+fn default_requests_max() -> usize {
+    256
 }
 
 fn default_polls_max() -> u32 {
@@ -83,6 +92,10 @@ impl ProviderConfig {
         anyhow::ensure!(
             (1..=1_000_000).contains(&self.polls_max),
             "provider.polls_max must be 1..=1000000"
+        );
+        anyhow::ensure!(
+            (1..=65_536).contains(&self.requests_max),
+            "provider.requests_max must be 1..=65536"
         );
         Ok(())
     }
@@ -152,6 +165,8 @@ struct Watched {
 /// The provider thread's shared state: the client, the shards' inboxes, the watched jobs.
 pub struct Dispatcher {
     provider: HttpProvider,
+    /// One permit per call open at the provider (`ProviderConfig::requests_max`).
+    open: tokio::sync::Semaphore,
     config: ProviderConfig,
     shards: Vec<mpsc::Sender<ShardMsg>>,
     watched: Mutex<HashMap<String, Watched>>,
@@ -201,6 +216,7 @@ pub fn start(
         .unwrap_or_else(|| format!("http://{http_addr}"));
     let dispatcher = Arc::new(Dispatcher {
         provider: HttpProvider::new(&config.url, Duration::from_millis(config.timeout_ms)),
+        open: tokio::sync::Semaphore::new(config.requests_max),
         callback_url: format!("{}/v1/provider/callback", base.trim_end_matches('/')),
         config,
         shards,
@@ -256,7 +272,10 @@ impl Dispatcher {
                 token,
                 submission,
             } => {
-                let result = self.provider.submit(&submission).await;
+                let result = {
+                    let _open = self.opened().await;
+                    self.provider.submit(&submission).await
+                };
                 let definite = !matches!(
                     result,
                     Err(SubmitError::NotSent(_) | SubmitError::Unknown(_))
@@ -316,7 +335,11 @@ impl Dispatcher {
                 self.poll(&account, &job_id).await;
             }
             Call::Cancel { account, job_id } => {
-                if let Err(e) = self.provider.cancel(&account, &job_id).await {
+                let canceled = {
+                    let _open = self.opened().await;
+                    self.provider.cancel(&account, &job_id).await
+                };
+                if let Err(e) = canceled {
                     tracing::warn!("canceling {job_id} at the provider: {e}");
                 }
             }
@@ -333,7 +356,11 @@ impl Dispatcher {
         tokio::time::sleep(timeout).await;
         let mut not_found_once = false;
         for attempt in 0..RESOLVE_TRIES_MAX {
-            match self.provider.find_by_key(account, request_key).await {
+            let found = {
+                let _open = self.opened().await;
+                self.provider.find_by_key(account, request_key).await
+            };
+            match found {
                 Ok(Lookup::Found(view)) => return Some(Lookup::Found(view)),
                 Ok(Lookup::NotFound) if not_found_once => return Some(Lookup::NotFound),
                 Ok(Lookup::NotFound) => {
@@ -347,6 +374,12 @@ impl Dispatcher {
             }
         }
         None
+    }
+
+    /// Waits for a call to the provider to be allowed (see `requests_max`); the call holds the
+    /// permit until it ends. (The semaphore is never closed, so a permit always comes.)
+    async fn opened(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        self.open.acquire().await.ok()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Watched>> {
@@ -371,7 +404,11 @@ impl Dispatcher {
             if !self.lock().contains_key(job_id) {
                 return; // a callback finished it
             }
-            match self.provider.job(account, job_id).await {
+            let polled = {
+                let _open = self.opened().await;
+                self.provider.job(account, job_id).await
+            };
+            match polled {
                 Ok(Lookup::Found(view)) if view.state.is_final() => {
                     self.metrics.callback("polled");
                     self.finish(view).await;
@@ -385,7 +422,11 @@ impl Dispatcher {
                 if let Some(w) = self.lock().get_mut(job_id) {
                     w.stuck = true;
                 }
-                if let Err(e) = self.provider.cancel(account, job_id).await {
+                let canceled = {
+                    let _open = self.opened().await;
+                    self.provider.cancel(account, job_id).await
+                };
+                if let Err(e) = canceled {
                     tracing::warn!("canceling stuck job {job_id}: {e}");
                 }
             }

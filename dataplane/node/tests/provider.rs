@@ -319,6 +319,26 @@ async fn a_takeover_follows_the_dead_nodes_running_jobs() {
     assert_each_job_ran_once(&test, &admin, &ids, &second).await;
 }
 
+/// However many attempts run, the node has at most `provider.requests_max` calls open at the
+/// provider; the rest wait their turn, and everything still completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_open_at_the_provider_stay_within_requests_max() {
+    let test = TestDb::new().await;
+    let (m, admin) = mock(30).await;
+    let config = node_config("bounded-node", &m, "requests_max = 2");
+    let daemon = start_with(&test, &config).await;
+    let (_, states) = run(&daemon, &test, "bounded", 24).await;
+    assert!(states.iter().all(|s| s == "SUCCEEDED"), "{states:?}");
+    let total = assert_clean(&test, &admin).await;
+    assert_eq!(total.accepted, 24);
+    let stats = admin.mock_stats().await.unwrap();
+    assert!(
+        (1..=2).contains(&stats.max_open_requests),
+        "{} calls open at once",
+        stats.max_open_requests
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_429_storm_is_retried_with_backoff_and_never_breaks_the_contract() {
     let test = TestDb::new().await;
