@@ -1,6 +1,11 @@
 //! The outbox relay: events written in the same transaction as the change they announce are
-//! handed to a sink at least once, in id order; a consumer stays idempotent by recording what it
-//! took (`consume_once`) in its own transaction.
+//! handed to a sink at least once; a consumer stays idempotent by recording what it took
+//! (`consume_once`) in its own transaction.
+//!
+//! Order: a pass hands out what has committed, in id order. A task's changes commit one after
+//! another and each takes its event's id after the one before committed, so each task's events
+//! go out in the order they happened. Across tasks, a transaction that took an id and commits
+//! after a later id was handed out has its events handed out in the next pass.
 
 use std::future::Future;
 
@@ -68,8 +73,9 @@ impl Db {
     /// far each outbox row got. Events are stored one row per batch (`outbox_batch`, migration
     /// 5); an event's id is its row's id × [`EVENTS_PER_ROW_MAX`] + its position. One relay runs
     /// at a time across every node (a transaction-scoped advisory lock; a relay that does not
-    /// get it delivers nothing this pass), so events go out in id order. A crash between the
-    /// delivery and the commit delivers the batch again: at least once.
+    /// get it delivers nothing this pass), so what has committed goes out in id order (see the
+    /// module docs). A crash between the delivery and the commit delivers the batch again: at
+    /// least once.
     pub async fn relay_events<S: EventSink>(
         &mut self,
         sink: &mut S,

@@ -1,7 +1,8 @@
 //! The event relay: the transactional outbox's events (a task claimed, running, requeued,
 //! ended: written in the same transaction as the change) go to the platform's endpoint as signed
-//! JSON batches, at least once and in event id order — one relay at a time across the nodes
-//! of a cluster (`Db::relay_events`). A consumer dedupes by event id.
+//! JSON batches, at least once — one relay at a time across the nodes of a cluster
+//! (`Db::relay_events`), each task's events in the order its changes happened. A consumer dedupes
+//! by event id.
 //!
 //! ```text
 //! POST <events.url>   x-signature: sha256=<hex HMAC-SHA256(events.secret, body)>

@@ -1,5 +1,6 @@
 //! The event relay against a real PostgreSQL and a real HTTP endpoint: the outbox's events
-//! reach the endpoint signed, in id order and each once while nothing crashes; a refusing
+//! reach the endpoint signed and each once while nothing crashes (in id order here: all of them
+//! committed before the endpoint takes any; each task's in the order they happened); a refusing
 //! endpoint holds them back without losing any; past `events.pending_max` new work is refused
 //! as overloaded until the backlog drains.
 
