@@ -276,8 +276,11 @@ impl Config {
             self.shards
         );
         anyhow::ensure!(
-            self.partitions >= self.shards && self.partitions <= 65_536,
-            "partitions must be shards..=65536, not {}",
+            // A node leases, walks and restores its partitions in one batch each.
+            self.partitions >= self.shards
+                && self.partitions as usize <= spindle_control::limits::BATCH_MAX,
+            "partitions must be shards..={}, not {}",
+            spindle_control::limits::BATCH_MAX,
             self.partitions
         );
         anyhow::ensure!(
@@ -475,6 +478,20 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "tenant 3: submit_per_minute must be 1..=1000000000"
+        );
+    }
+
+    #[test]
+    fn more_partitions_than_a_batch_holds_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "shards = 2\npartitions = 4097\n").unwrap();
+        let e = Config::load(&Args::file(path.clone(), None)).unwrap_err();
+        assert_eq!(e.to_string(), "partitions must be shards..=4096, not 4097");
+        std::fs::write(&path, "shards = 2\npartitions = 4096\n").unwrap();
+        assert_eq!(
+            Config::load(&Args::file(path, None)).unwrap().partitions,
+            4096
         );
     }
 
