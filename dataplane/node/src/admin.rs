@@ -1,5 +1,6 @@
 //! The admin API on the node's HTTP port (not the client protocol port): read the policy and
-//! the audit log, change policy objects, requeue FAILED tasks, drain the node. Bearer tokens from the configuration
+//! the audit log, change policy objects, requeue FAILED tasks, rebuild the pool counters, drain
+//! the node. Bearer tokens from the configuration
 //! carry a role — `viewer` reads, `operator` changes tenants and lanes, `admin` changes
 //! everything and drains. Every change needs a reason and goes through the control plane's
 //! policy store (new version, object row and audit row in one transaction); every refused call
@@ -73,6 +74,7 @@ struct ChangeBody {
     body: Option<Value>,
 }
 
+/// A body that is only a reason (drain, counter rebuild).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct DrainBody {
@@ -182,6 +184,7 @@ impl Admin {
             },
             ("POST", ["admin", "v1", "drain"]) => Role::Admin,
             ("POST", ["admin", "v1", "tasks", "requeue"]) => Role::Operator,
+            ("POST", ["admin", "v1", "counters", "rebuild"]) => Role::Admin,
             _ => return answer("404 Not Found", json!({ "error": what })),
         };
         if holder.role < needed {
@@ -294,6 +297,40 @@ impl Admin {
                 }
             }
             ("POST", [_, _, "tasks", "requeue"]) => self.requeue(&actor, &what, body).await,
+            ("POST", [_, _, "counters", "rebuild"]) => {
+                let Ok(request) = serde_json::from_slice::<DrainBody>(body) else {
+                    let why = "expected {reason}".to_string();
+                    return self.refuse("400 Bad Request", &actor, &what, why).await;
+                };
+                if request.reason.trim().is_empty() {
+                    let why = "a rebuild needs a reason".to_string();
+                    return self.refuse("400 Bad Request", &actor, &what, why).await;
+                }
+                let rebuilt = self
+                    .with_db(async |db| {
+                        let drift = db.rebuild_counters().await?;
+                        let why = format!(
+                            "rebuild: {} ({} pool shards repaired)",
+                            request.reason,
+                            drift.len()
+                        );
+                        db.audit_action(&actor, "counters", "rebuild", &why).await?;
+                        Ok(drift)
+                    })
+                    .await;
+                match rebuilt {
+                    Ok(drift) => answer(
+                        "200 OK",
+                        json!({ "repaired": drift.iter().map(|d| json!({
+                            "pool": d.shard.pool,
+                            "shard": d.shard.shard,
+                            "stored": d.stored,
+                            "derived": d.derived,
+                        })).collect::<Vec<_>>() }),
+                    ),
+                    Err(e) => answer("503 Service Unavailable", json!({ "error": e.to_string() })),
+                }
+            }
             ("POST", [_, _, "drain"]) => {
                 let drain = match serde_json::from_slice::<DrainBody>(body) {
                     Ok(d) if !d.reason.trim().is_empty() => d,

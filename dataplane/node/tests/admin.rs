@@ -241,3 +241,63 @@ async fn a_policy_change_reaches_the_running_node_within_two_seconds() {
     }
     assert!(accepted <= 2, "{accepted} of 5 accepted at one a second");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_rebuilds_drifted_pool_counters_from_what_live_attempts_hold() {
+    let test = TestDb::new().await;
+    let daemon = start_with(&test, CONFIG).await;
+    let sql = test.sql().await.unwrap();
+    // A pool counter that drifted (nothing holds it): three units too many.
+    let changed = sql
+        .execute(
+            "UPDATE resource_pool_shard SET used = used + 3
+              WHERE pool_key = (SELECT min(pool_key) FROM resource_pool_shard)",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(changed, 1);
+    let args = [
+        "--json",
+        "rebuild-counters",
+        "--reason",
+        "usage looked wrong",
+    ];
+    let (ok, _) = ctl(daemon.http, "operator-token-0123456789", &args);
+    assert!(!ok, "an operator rebuilt the counters");
+    let (ok, out) = ctl(daemon.http, "admin-token-0123456789", &args);
+    assert!(ok, "{out}");
+    let answer: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let repaired = answer["repaired"].as_array().unwrap();
+    assert_eq!(repaired.len(), 1, "{answer}");
+    assert_eq!(
+        (
+            repaired[0]["stored"].as_i64(),
+            repaired[0]["derived"].as_i64()
+        ),
+        (Some(3), Some(0))
+    );
+    let used: i64 = sql
+        .query_one(
+            "SELECT coalesce(sum(used), 0)::bigint FROM resource_pool_shard",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(used, 0, "repaired");
+    // Nothing drifted any more; the rebuild is audited with its reason.
+    let (ok, out) = ctl(daemon.http, "admin-token-0123456789", &args[1..]);
+    assert!(ok, "{out}");
+    assert!(out.contains("no drift"), "{out}");
+    let audited: i64 = sql
+        .query_one(
+            "SELECT count(*) FROM audit_log WHERE actor = 'ada' AND object_kind = 'counters'
+                AND reason LIKE 'rebuild: usage looked wrong%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(audited, 2);
+}

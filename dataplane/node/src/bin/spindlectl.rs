@@ -8,6 +8,7 @@
 //!   spindlectl … audit --limit 20
 //!   spindlectl … drain --reason "kernel upgrade"
 //!   spindlectl … requeue 4097 4098 --reason "provider credentials fixed"   (FAILED tasks)
+//!   spindlectl … rebuild-counters --reason "pool usage looked wrong"
 //!
 //! `--json` prints the node's JSON answer as it is; otherwise a short human form.
 
@@ -59,6 +60,12 @@ enum Command {
     },
     /// Stop admitting and dispatching on this node.
     Drain {
+        #[arg(long)]
+        reason: String,
+    },
+    /// Recompute every pool's usage from what live attempts hold, repairing any drift. The pools
+    /// are locked while the task table is walked: claims and reports wait for it.
+    RebuildCounters {
         #[arg(long)]
         reason: String,
     },
@@ -220,6 +227,12 @@ fn main() -> anyhow::Result<()> {
             "/admin/v1/drain",
             Some(&json!({ "reason": reason })),
         )?,
+        Command::RebuildCounters { reason } => call(
+            &cli,
+            "POST",
+            "/admin/v1/counters/rebuild",
+            Some(&json!({ "reason": reason })),
+        )?,
         Command::Requeue { tasks, reason } => call(
             &cli,
             "POST",
@@ -276,6 +289,21 @@ fn print_human(command: &Command, v: &Value) {
                     e["object"].as_str().unwrap_or(""),
                     e["key"].as_str().unwrap_or(""),
                     e["reason"].as_str().unwrap_or("")
+                );
+            }
+        }
+        Command::RebuildCounters { .. } => {
+            let repaired = v["repaired"].as_array().cloned().unwrap_or_default();
+            if repaired.is_empty() {
+                println!("no drift: every pool's usage matches what live attempts hold");
+            }
+            for d in repaired {
+                println!(
+                    "{}/{}: stored {} → derived {}",
+                    d["pool"].as_str().unwrap_or(""),
+                    d["shard"],
+                    d["stored"],
+                    d["derived"]
                 );
             }
         }
