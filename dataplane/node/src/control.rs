@@ -44,6 +44,11 @@ pub enum CpMsg {
     TaskIds {
         reply: oneshot::Sender<Result<std::ops::Range<u64>, StoreError>>,
     },
+    /// Extend the leases of the shard's live attempts (fenced: an attempt that moved on is
+    /// not renewed). Nobody waits for it: a renewal lost to an outage is made by the next one.
+    Renew {
+        attempts: Vec<(TaskId, spindle_core::FencingToken)>,
+    },
 }
 
 impl CpMsg {
@@ -53,6 +58,7 @@ impl CpMsg {
             CpMsg::Claim { claims, .. } => claims.len(),
             CpMsg::Report { reports, .. } => reports.len(),
             CpMsg::TaskIds { .. } => 0,
+            CpMsg::Renew { attempts } => attempts.len(),
         }
     }
 
@@ -67,6 +73,7 @@ impl CpMsg {
             CpMsg::Claim { claims, .. } => claims.iter().map(|c| c.task).collect(),
             CpMsg::Report { reports, .. } => reports.iter().map(|r| r.task).collect(),
             CpMsg::TaskIds { .. } => Vec::new(),
+            CpMsg::Renew { attempts } => attempts.iter().map(|(t, _)| *t).collect(),
         }
     }
 }
@@ -130,7 +137,7 @@ pub async fn pipeline(setup: PipelineSetup, mut rx: mpsc::Receiver<CpMsg>) {
             CpMsg::Submit { .. } => Some(0),
             CpMsg::Claim { .. } => Some(1),
             CpMsg::Report { .. } => Some(2),
-            CpMsg::TaskIds { .. } => None,
+            CpMsg::TaskIds { .. } | CpMsg::Renew { .. } => None,
         };
         let rows: usize = group.iter().map(CpMsg::rows).sum();
         let started = std::time::Instant::now();
@@ -157,6 +164,7 @@ fn fail_group(group: Vec<CpMsg>, e: &StoreError) {
             CpMsg::Claim { reply, .. } => drop(reply.send(Err(unavailable()))),
             CpMsg::Report { reply, .. } => drop(reply.send(Err(unavailable()))),
             CpMsg::TaskIds { reply } => drop(reply.send(Err(unavailable()))),
+            CpMsg::Renew { .. } => {}
         }
     }
 }
@@ -258,6 +266,23 @@ async fn run_group(db: &Db, node: &str, lease_ms: u32, group: Vec<CpMsg>) -> boo
                 _ => None,
             });
             answer(db.report_batch(&all).await, replies)
+        }
+        CpMsg::Renew { .. } => {
+            let all: Vec<_> = group
+                .into_iter()
+                .flat_map(|m| match m {
+                    CpMsg::Renew { attempts } => attempts,
+                    _ => Vec::new(),
+                })
+                .collect();
+            let mut ok = true;
+            for chunk in all.chunks(spindle_control::limits::BATCH_MAX) {
+                if let Err(e) = db.renew_attempts(chunk, lease_ms).await {
+                    tracing::warn!("renewing attempt leases: {e}");
+                    ok &= !e.is_unavailable();
+                }
+            }
+            ok
         }
     }
 }

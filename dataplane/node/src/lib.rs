@@ -281,6 +281,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
                     dispatch,
                     health,
                     media,
+                    lease_ms: config.lease_ms,
                 });
                 // At start every stored task must come back: one that cannot stops the node
                 // (an operator looks at it) instead of lying in PostgreSQL unserved.

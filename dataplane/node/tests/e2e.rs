@@ -422,3 +422,56 @@ async fn ended_tasks_leave_postgres_after_their_retention_window() {
     let again = client.submit(task("after")).await.unwrap();
     wait_for(&client, again.task, TaskState::Succeeded).await;
 }
+
+/// A running attempt's lease is renewed while it runs (every third of a lease), so that the
+/// lease in PostgreSQL says which work still has a live owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_attempts_lease_is_renewed_while_it_runs() {
+    let test = TestDb::new().await;
+    // Tasks take ~4 s at the provider; leases last 1.5 s.
+    let config = common::CONFIG.replace(
+        "local_provider_time_scale = 0.0001",
+        "local_provider_time_scale = 0.13\nlease_ms = 1500",
+    );
+    let daemon = common::start_with(&test, &config).await;
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let a = client.submit(task("long")).await.unwrap();
+    let sql = test.sql().await.unwrap();
+    let lease = async || -> Option<std::time::SystemTime> {
+        sql.query_one(
+            "SELECT attempt_lease_until FROM task WHERE task_id = $1 AND state = 'RUNNING'",
+            &[&(a.task.0 as i64)],
+        )
+        .await
+        .ok()
+        .and_then(|r| r.get(0))
+    };
+    let mut first = None;
+    for _ in 0..1_000 {
+        first = lease().await;
+        if first.is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let first = first.expect("the task never ran");
+    // Two renewals later the lease lies past where the claim put it.
+    let mut renewed = None;
+    for _ in 0..300 {
+        match lease().await {
+            Some(l) if l > first + std::time::Duration::from_millis(600) => {
+                renewed = Some(l);
+                break;
+            }
+            _ => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
+        }
+    }
+    let renewed = renewed.expect("the running attempt's lease was never renewed");
+    assert!(
+        renewed > std::time::SystemTime::now(),
+        "renewed into the future"
+    );
+    wait_for(&client, a.task, TaskState::Succeeded).await;
+}

@@ -226,6 +226,8 @@ pub struct ShardState {
     dispatch: Option<crate::dispatch::DispatchHandle>,
     health: std::sync::Arc<crate::health::ProviderHealth>,
     media: Option<crate::media::MediaPool>,
+    /// Ticks between renewals of the live attempts' leases (a third of a lease).
+    renew_ticks: u64,
 }
 
 pub type SharedShard = Rc<RefCell<ShardState>>;
@@ -264,6 +266,8 @@ pub struct ShardSetup {
     pub health: std::sync::Arc<crate::health::ProviderHealth>,
     /// The media workers, when the media stage is configured (else media completes at once).
     pub media: Option<crate::media::MediaPool>,
+    /// The lease of running attempts (renewed every third of it).
+    pub lease_ms: u32,
 }
 
 /// The board every shard of a node shares: one entry per node limit (any may become binding by
@@ -312,6 +316,7 @@ impl ShardState {
             dispatch: setup.dispatch,
             health: setup.health,
             media: setup.media,
+            renew_ticks: (u64::from(setup.lease_ms / 3) / TICK.as_millis() as u64).max(1),
             epoch,
             pipes: setup.pipes,
             held_claims: RunMap::default(),
@@ -464,6 +469,10 @@ pub async fn run(state: SharedShard, mut inbox: mpsc::Receiver<ShardMsg>) {
                 if tick % TENANT_TICKS == 0 {
                     publish_tenants(&state.borrow());
                 }
+                let renew_ticks = state.borrow().renew_ticks;
+                if tick % renew_ticks == renew_ticks - 1 {
+                    renew_attempts(&state).await;
+                }
                 pump(&state).await;
             }
         })
@@ -549,6 +558,23 @@ pub async fn run(state: SharedShard, mut inbox: mpsc::Receiver<ShardMsg>) {
         pump(&state).await;
     }
     drop(ticker);
+}
+
+/// Renews the leases of this shard's live attempts (every third of a lease), down the work
+/// pipeline so that a renewal never overtakes the report that ended its attempt.
+async fn renew_attempts(state: &SharedShard) {
+    let (cp, attempts) = {
+        let s = state.borrow();
+        let live: Vec<(TaskId, FencingToken)> = s
+            .meta
+            .iter()
+            .filter_map(|(task, m)| m.token.map(|t| (*task, t)))
+            .collect();
+        (s.pipes.work.clone(), live)
+    };
+    if !attempts.is_empty() && cp.send(CpMsg::Renew { attempts }).await.is_err() {
+        tracing::warn!("control plane stopped; attempt leases are not renewed");
+    }
 }
 
 /// Sends one message down this shard's pipeline and waits for its answer; a pipeline that is
