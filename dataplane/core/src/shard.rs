@@ -1292,18 +1292,9 @@ impl Shard {
         };
         let demand = self.provider_demand(&entry, r.provider, CapacityMode::Normal);
         let units = self.estimates.get(estimate).slots.milli();
-        let fits = match self.ledger.try_acquire_needs(&demand.semaphores, now) {
-            Err(_) => false,
-            Ok(()) => {
-                let taken = self
-                    .take_owned(slot, user_slot, Hold::Running, units)
-                    .is_ok();
-                if !taken {
-                    self.ledger.give_back(&demand.semaphores);
-                }
-                taken
-            }
-        };
+        let fits = self
+            .take_running(slot, user_slot, &demand.semaphores, units, now)
+            .is_ok();
         if !fits {
             self.ledger.force_acquire_running(&demand.semaphores);
             self.tenants[slot as usize].running.force(units);
@@ -1581,13 +1572,7 @@ impl Shard {
         let (units, cost) = (est.slots.milli(), est.cost_milli);
         let demand = self.provider_demand(e, provider, mode);
         let (sems, buckets) = (&demand.semaphores, &demand.buckets);
-        if let Err(id) = self.ledger.try_acquire_needs(sems, now) {
-            return Err(self.ledger.key(id));
-        }
-        if let Err(key) = self.take_owned(tenant_slot, user_slot, Hold::Running, units) {
-            self.ledger.give_back(sems);
-            return Err(key);
-        }
+        self.take_running(tenant_slot, user_slot, sems, units, now)?;
         let refused = match self.ledger.try_acquire_needs(buckets, now) {
             Err(id) => Some(self.ledger.key(id)),
             Ok(()) => {
@@ -1601,6 +1586,27 @@ impl Shard {
         };
         if let Some(key) = refused {
             self.release_owned(tenant_slot, user_slot, Hold::Running, units);
+            self.ledger.give_back(sems);
+            return Err(key);
+        }
+        Ok(())
+    }
+
+    /// The semaphore part of a provider stage (`sems`) and the tenant's and user's running
+    /// pair, all or nothing; on refusal names the first limit that did not fit.
+    #[inline(always)]
+    fn take_running(
+        &mut self,
+        tenant_slot: u32,
+        user_slot: u32,
+        sems: &[Need],
+        units: u64,
+        now: Time,
+    ) -> Result<(), LimitKey> {
+        if let Err(id) = self.ledger.try_acquire_needs(sems, now) {
+            return Err(self.ledger.key(id));
+        }
+        if let Err(key) = self.take_owned(tenant_slot, user_slot, Hold::Running, units) {
             self.ledger.give_back(sems);
             return Err(key);
         }
