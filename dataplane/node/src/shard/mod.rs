@@ -190,6 +190,19 @@ struct ProviderAttempt {
     output_url: Option<String>,
 }
 
+impl ProviderAttempt {
+    /// The query by request key that finds this attempt's job at the provider.
+    fn resolve(&self, shard: usize, task: TaskId, token: FencingToken) -> crate::dispatch::Call {
+        crate::dispatch::Call::Resolve {
+            shard,
+            task,
+            token,
+            account: self.account.clone(),
+            request_key: self.request_key.clone(),
+        }
+    }
+}
+
 pub struct ShardState {
     core: Shard,
     epoch: Instant,
@@ -414,24 +427,19 @@ impl ShardState {
                 self.running.start(tenant, estimate.fairness.milli());
                 meta.token = Some(live.token);
                 meta.estimate = Some(estimate);
-                meta.attempt = Some(ProviderAttempt {
-                    account: account.clone(),
-                    request_key: live.request_key.clone(),
+                let attempt = ProviderAttempt {
+                    account,
+                    request_key: live.request_key,
                     job_id: None,
                     output_url: None,
-                });
+                };
+                resolve = Some(attempt.resolve(self.index, task, live.token));
+                meta.attempt = Some(attempt);
                 if live.stored == TaskState::Dispatching {
                     // Whether its submit reached the provider is not known.
                     let to = ReportAction::Advance(TaskState::SubmitUnknown);
                     send_reports(self, vec![vec![Report::new(task, Some(live.token), to)]]);
                 }
-                resolve = Some(crate::dispatch::Call::Resolve {
-                    shard: self.index,
-                    task,
-                    token: live.token,
-                    account,
-                    request_key: live.request_key,
-                });
             }
         }
         self.meta.insert(task, meta);

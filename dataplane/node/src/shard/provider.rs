@@ -227,7 +227,11 @@ pub(super) fn unknown(
         tracing::warn!("submit unknown {task}: {e}");
         return None;
     }
-    let attempt = s.meta.get(&task).and_then(|m| m.attempt.clone())?;
+    let resolve = s
+        .meta
+        .get(&task)
+        .and_then(|m| m.attempt.as_ref())?
+        .resolve(index, task, token);
     if s.core.task_state(task) == Some(TaskState::SubmitUnknown) {
         send_reports(
             s,
@@ -238,13 +242,7 @@ pub(super) fn unknown(
             )]],
         );
     }
-    Some(crate::dispatch::Call::Resolve {
-        shard: index,
-        task,
-        token,
-        account: attempt.account,
-        request_key: attempt.request_key,
-    })
+    Some(resolve)
 }
 
 /// Another round of queries by request key for `task`'s attempt, if it is still in doubt with
@@ -260,13 +258,7 @@ pub(super) fn in_doubt(
         s.core.task_state(task),
         Some(TaskState::SubmitUnknown | TaskState::Canceled)
     )
-    .then(|| crate::dispatch::Call::Resolve {
-        shard: s.index,
-        task,
-        token,
-        account: a.account.clone(),
-        request_key: a.request_key.clone(),
-    })
+    .then(|| a.resolve(s.index, task, token))
 }
 
 /// A failed attempt: the core decides requeue (with backoff × jitter) or FAILED.
