@@ -170,7 +170,7 @@ pub async fn run(db_config: DbConfig, config: EventsConfig, metrics: Arc<Metrics
             Ok(r) => match r.failed_at {
                 Some((id, why)) => {
                     metrics.events_refused.fetch_add(1, Ordering::Relaxed);
-                    refusals += 1;
+                    refusals = refusals.saturating_add(1);
                     tracing::warn!("event relay: the batch from event {id} was not taken: {why}");
                     backoff(refusals)
                 }
@@ -187,7 +187,7 @@ pub async fn run(db_config: DbConfig, config: EventsConfig, metrics: Arc<Metrics
                 }
             },
             Err(e) => {
-                refusals += 1;
+                refusals = refusals.saturating_add(1);
                 tracing::warn!("event relay: {e}");
                 backoff(refusals)
             }
