@@ -3,12 +3,12 @@
 //! fencing token, its ACTIVE reservations and the outbox event — or nothing, with the reason.
 //! Global limits hold across any number of nodes because this is the only path that grants.
 
-use std::collections::HashSet;
-
 use spindle_core::{AttemptId, FencingToken, TaskId, TaskState};
 
 use crate::db::Db;
-use crate::error::{check_answered, check_batch_len, check_text, to_i64, InputError, StoreError};
+use crate::error::{
+    check_answered, check_batch_len, check_text, to_i64, BatchTasks, InputError, StoreError,
+};
 use crate::limits::{DEMANDS_PER_CLAIM_MAX, NAME_BYTES_MAX, POOL_KEY_BYTES_MAX};
 use crate::types::{parse_state, PartitionId, PoolShard};
 
@@ -68,12 +68,9 @@ pub fn request_key(task: TaskId, attempt_no: u32) -> String {
 fn validate(node: &str, batch: &[ClaimRequest]) -> Result<(), InputError> {
     check_batch_len(batch.len())?;
     check_text(0, "node", node, NAME_BYTES_MAX)?;
-    let mut tasks = HashSet::with_capacity(batch.len());
+    let mut tasks = BatchTasks::default();
     for (row, c) in batch.iter().enumerate() {
-        if !tasks.insert(c.task) {
-            return Err(InputError::DuplicateTask(c.task));
-        }
-        to_i64(row, "task", c.task.0)?;
+        tasks.check(row, c.task)?;
         check_text(row, "provider", &c.provider, NAME_BYTES_MAX)?;
         if c.demands.len() > DEMANDS_PER_CLAIM_MAX {
             return Err(InputError::TooManyDemands {

@@ -144,6 +144,20 @@ pub(crate) fn check_batch_len(len: usize) -> Result<(), InputError> {
     Ok(())
 }
 
+/// The task ids of one batch, row by row: each may appear once and must fit a PostgreSQL
+/// `bigint`.
+#[derive(Default)]
+pub(crate) struct BatchTasks(std::collections::HashSet<TaskId>);
+
+impl BatchTasks {
+    pub(crate) fn check(&mut self, row: usize, task: TaskId) -> Result<(), InputError> {
+        if !self.0.insert(task) {
+            return Err(InputError::DuplicateTask(task));
+        }
+        to_i64(row, "task", task.0).map(|_| ())
+    }
+}
+
 /// Converts a count or amount for a PostgreSQL `bigint`, naming the field when it does not fit.
 pub(crate) fn to_i64(row: usize, field: &'static str, value: u64) -> Result<i64, InputError> {
     i64::try_from(value).map_err(|_| InputError::OutOfRange {

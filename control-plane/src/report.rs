@@ -2,13 +2,11 @@
 //! Every one carries the attempt's fencing token; a stale token changes nothing and says so.
 //! Releases go ACTIVE → RELEASED once; only that transition gives capacity back.
 
-use std::collections::HashSet;
-
 use spindle_core::state::Actor;
 use spindle_core::{FencingToken, TaskId, TaskState};
 
 use crate::db::Db;
-use crate::error::{check_answered, check_batch_len, to_i64, InputError, StoreError};
+use crate::error::{check_answered, check_batch_len, to_i64, BatchTasks, InputError, StoreError};
 use crate::limits::REASON_BYTES_MAX;
 use crate::types::parse_state;
 
@@ -119,12 +117,9 @@ impl ReportAction {
 
 fn validate(batch: &[Report]) -> Result<(), InputError> {
     check_batch_len(batch.len())?;
-    let mut seen = HashSet::with_capacity(batch.len());
+    let mut tasks = BatchTasks::default();
     for (row, r) in batch.iter().enumerate() {
-        if !seen.insert(r.task) {
-            return Err(InputError::DuplicateTask(r.task));
-        }
-        to_i64(row, "task", r.task.0)?;
+        tasks.check(row, r.task)?;
         if r.via.len() > VIA_MAX {
             return Err(InputError::Illegal {
                 row,

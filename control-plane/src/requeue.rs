@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use spindle_core::{TaskId, TaskState, TenantId};
 
 use crate::db::Db;
-use crate::error::{check_batch_len, check_text, StoreError};
+use crate::error::{check_batch_len, check_text, BatchTasks, StoreError};
 use crate::limits::{NAME_BYTES_MAX, REASON_BYTES_MAX};
 use crate::reconcile::{queued_task, QueuedTask, QUEUED_COLUMNS};
 use crate::types::{parse_state, PartitionId};
@@ -38,6 +38,18 @@ pub enum RequeueOutcome {
     },
 }
 
+/// A task as the requeue locked it.
+struct Locked {
+    task: i64,
+    state: TaskState,
+    partition: i32,
+    tenant: i32,
+    estimate: i64,
+    /// Its estimate was reserved from its tenant's budget.
+    budgeted: bool,
+    attempts: u32,
+}
+
 impl Db {
     /// Requeues the FAILED ones of `tasks` that lie in `partitions` (see the module docs);
     /// one outcome per task, in order.
@@ -51,9 +63,9 @@ impl Db {
         check_batch_len(tasks.len())?;
         check_text(0, "actor", actor, NAME_BYTES_MAX)?;
         check_text(0, "reason", reason, REASON_BYTES_MAX)?;
-        let mut seen = std::collections::HashSet::new();
-        if let Some(t) = tasks.iter().find(|t| !seen.insert(**t)) {
-            return Err(crate::error::InputError::DuplicateTask(*t).into());
+        let mut distinct = BatchTasks::default();
+        for (row, t) in tasks.iter().enumerate() {
+            distinct.check(row, *t)?;
         }
         let ids: Vec<i64> = tasks.iter().map(|t| t.0 as i64).collect();
         let parts: Vec<i32> = partitions.iter().map(|p| p.0 as i32).collect();
@@ -66,24 +78,30 @@ impl Db {
                 &[&ids],
             )
             .await?;
-        // Per task: (state, partition, tenant, estimate, budgeted), and its attempts.
-        let mut found: HashMap<i64, (TaskState, i32, i32, i64, bool)> = HashMap::new();
-        let mut attempts: HashMap<i64, u32> = HashMap::new();
-        for r in &rows {
-            let state = parse_state(r.get(1))?;
-            found.insert(r.get(0), (state, r.get(2), r.get(3), r.get(4), r.get(5)));
-            attempts.insert(r.get(0), r.get::<_, i32>(6).max(0) as u32);
-        }
-        let budgeted: Vec<i32> = {
-            let mut t: Vec<i32> = found
-                .values()
-                .filter(|f| f.0 == TaskState::Failed && f.4)
-                .map(|f| f.2)
-                .collect();
-            t.sort_unstable();
-            t.dedup();
-            t
-        };
+        let found: HashMap<i64, Locked> = rows
+            .iter()
+            .map(|r| {
+                Ok((
+                    r.get(0),
+                    Locked {
+                        task: r.get(0),
+                        state: parse_state(r.get(1))?,
+                        partition: r.get(2),
+                        tenant: r.get(3),
+                        estimate: r.get(4),
+                        budgeted: r.get(5),
+                        attempts: r.get::<_, i32>(6).max(0) as u32,
+                    },
+                ))
+            })
+            .collect::<Result<_, StoreError>>()?;
+        let mut budgeted: Vec<i32> = found
+            .values()
+            .filter(|l| l.state == TaskState::Failed && l.budgeted)
+            .map(|l| l.tenant)
+            .collect();
+        budgeted.sort_unstable();
+        budgeted.dedup();
         let mut remaining: HashMap<i32, i64> = tx
             .query(
                 "SELECT tenant_id, budget_milli - reserved_milli - spent_milli FROM tenant_quota
@@ -95,42 +113,43 @@ impl Db {
             .map(|r| (r.get(0), r.get(1)))
             .collect();
         let mut outcomes: Vec<Option<RequeueOutcome>> = Vec::with_capacity(ids.len());
-        // The requeued: (task, tenant, estimate, budgeted).
-        let mut chosen: Vec<(i64, i32, i64, bool)> = Vec::new();
+        // The tasks requeued, in the order asked.
+        let mut chosen: Vec<&Locked> = Vec::new();
         for id in &ids {
             let outcome = match found.get(id) {
                 None => Some(RequeueOutcome::NotFound),
-                Some(f) if f.0 != TaskState::Failed => Some(RequeueOutcome::NotFailed(f.0)),
-                Some(f) if !parts.contains(&f.1) => {
-                    Some(RequeueOutcome::NotOwned(PartitionId(f.1 as u32)))
+                Some(l) if l.state != TaskState::Failed => Some(RequeueOutcome::NotFailed(l.state)),
+                Some(l) if !parts.contains(&l.partition) => {
+                    Some(RequeueOutcome::NotOwned(PartitionId(l.partition as u32)))
                 }
-                Some(_) if attempts[id] >= spindle_core::limits::ATTEMPTS_MAX => {
+                Some(l) if l.attempts >= spindle_core::limits::ATTEMPTS_MAX => {
                     Some(RequeueOutcome::AttemptsExhausted {
-                        attempts: attempts[id],
+                        attempts: l.attempts,
                     })
                 }
-                Some(&(_, _, tenant, estimate, true)) => {
-                    let left = remaining.get(&tenant).copied().unwrap_or(0);
-                    if left < estimate {
+                Some(l) if l.budgeted => {
+                    let left = remaining.get(&l.tenant).copied().unwrap_or(0);
+                    if left < l.estimate {
                         Some(RequeueOutcome::BudgetExhausted {
                             remaining_milli: left,
                         })
                     } else {
-                        remaining.insert(tenant, left - estimate);
-                        chosen.push((*id, tenant, estimate, true));
+                        remaining.insert(l.tenant, left - l.estimate);
+                        chosen.push(l);
                         None
                     }
                 }
-                Some(&(_, _, tenant, estimate, false)) => {
-                    chosen.push((*id, tenant, estimate, false));
+                Some(l) => {
+                    chosen.push(l);
                     None
                 }
             };
             outcomes.push(outcome);
         }
-        let budget_ids: Vec<i64> = chosen.iter().filter(|c| c.3).map(|c| c.0).collect();
-        let budget_tenants: Vec<i32> = chosen.iter().filter(|c| c.3).map(|c| c.1).collect();
-        let budget_amounts: Vec<i64> = chosen.iter().filter(|c| c.3).map(|c| c.2).collect();
+        let budget: Vec<&&Locked> = chosen.iter().filter(|l| l.budgeted).collect();
+        let budget_ids: Vec<i64> = budget.iter().map(|l| l.task).collect();
+        let budget_tenants: Vec<i32> = budget.iter().map(|l| l.tenant).collect();
+        let budget_amounts: Vec<i64> = budget.iter().map(|l| l.estimate).collect();
         if !budget_ids.is_empty() {
             tx.execute(
                 "WITH closed AS (
@@ -159,7 +178,7 @@ impl Db {
             )
             .await?;
         }
-        let chosen_ids: Vec<i64> = chosen.iter().map(|c| c.0).collect();
+        let chosen_ids: Vec<i64> = chosen.iter().map(|l| l.task).collect();
         let requeued: HashMap<i64, QueuedTask> = if chosen_ids.is_empty() {
             HashMap::new()
         } else {
@@ -179,7 +198,7 @@ impl Db {
         };
         let why = format!("operator requeue by {actor}: {reason}");
         if !chosen_ids.is_empty() {
-            let tenants: Vec<i32> = chosen.iter().map(|c| c.1).collect();
+            let tenants: Vec<i32> = chosen.iter().map(|l| l.tenant).collect();
             tx.execute(
                 "INSERT INTO outbox_batch (kinds, tasks, tenants, details)
                  VALUES (array_fill('QUEUED'::text, ARRAY[cardinality($1::bigint[])]), $1, $2,

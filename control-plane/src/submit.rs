@@ -1,12 +1,12 @@
 //! Group-commit submit: many submits, one transaction, one round trip; each answered only after
 //! the commit. Idempotent on (tenant, idempotency key).
 
-use std::collections::HashSet;
-
 use spindle_core::{Band, Lane, PolicyVersion, TaskId, TaskState, TenantId, UserId};
 
 use crate::db::Db;
-use crate::error::{check_answered, check_batch_len, check_text, to_i64, InputError, StoreError};
+use crate::error::{
+    check_answered, check_batch_len, check_text, to_i64, BatchTasks, InputError, StoreError,
+};
 use crate::limits::{IDEMPOTENCY_KEY_BYTES_MAX, PARTITIONS_MAX, PAYLOAD_BYTES_MAX};
 use crate::types::{parse_state, PartitionId};
 
@@ -41,11 +41,9 @@ pub enum SubmitOutcome {
 
 fn validate(batch: &[NewTask]) -> Result<(), InputError> {
     check_batch_len(batch.len())?;
-    let mut seen = HashSet::with_capacity(batch.len());
+    let mut tasks = BatchTasks::default();
     for (row, t) in batch.iter().enumerate() {
-        if !seen.insert(t.task) {
-            return Err(InputError::DuplicateTask(t.task));
-        }
+        tasks.check(row, t.task)?;
         check_text(
             row,
             "idempotency_key",
@@ -67,7 +65,6 @@ fn validate(batch: &[NewTask]) -> Result<(), InputError> {
                 value: t.partition.0.to_string(),
             });
         }
-        to_i64(row, "task", t.task.0)?;
         to_i64(row, "cost_estimate_milli", t.cost_estimate_milli)?;
         to_i64(row, "fairness_milli", t.fairness_milli)?;
     }
