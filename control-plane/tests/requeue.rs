@@ -166,6 +166,14 @@ async fn failed_tasks_go_back_to_their_queues_with_a_new_budget_cycle() {
         Err(StoreError::Invalid(InputError::DuplicateTask(TaskId(1))))
     ));
     assert!(matches!(
+        db.requeue_failed(&[TaskId(u64::MAX)], &mine, "alice", "too large")
+            .await,
+        Err(StoreError::Invalid(InputError::OutOfRange {
+            field: "task",
+            ..
+        }))
+    ));
+    assert!(matches!(
         db.requeue_failed(&[TaskId(1)], &mine, "alice", "").await,
         Err(StoreError::Invalid(InputError::Empty { .. }))
     ));
