@@ -77,7 +77,7 @@ struct ChangeBody {
 /// A body that is only a reason (drain, counter rebuild).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct DrainBody {
+struct ReasonBody {
     reason: String,
 }
 
@@ -298,7 +298,7 @@ impl Admin {
             }
             ("POST", [_, _, "tasks", "requeue"]) => self.requeue(&actor, &what, body).await,
             ("POST", [_, _, "counters", "rebuild"]) => {
-                let Ok(request) = serde_json::from_slice::<DrainBody>(body) else {
+                let Ok(request) = serde_json::from_slice::<ReasonBody>(body) else {
                     let why = "expected {reason}".to_string();
                     return self.refuse("400 Bad Request", &actor, &what, why).await;
                 };
@@ -332,7 +332,7 @@ impl Admin {
                 }
             }
             ("POST", [_, _, "drain"]) => {
-                let drain = match serde_json::from_slice::<DrainBody>(body) {
+                let drain = match serde_json::from_slice::<ReasonBody>(body) {
                     Ok(d) if !d.reason.trim().is_empty() => d,
                     _ => {
                         return answer(
