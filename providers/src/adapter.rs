@@ -78,6 +78,8 @@ pub struct HttpProvider {
     base: String,
     client: Client<HttpConnector, Full<Bytes>>,
     timeout: Duration,
+    /// One permit per call open at once, when bounded ([`HttpProvider::with_requests_max`]).
+    open: Option<std::sync::Arc<tokio::sync::Semaphore>>,
 }
 
 pub(crate) enum Sent {
@@ -100,10 +102,23 @@ impl HttpProvider {
                 .pool_idle_timeout(Duration::from_secs(30))
                 .build(connector),
             timeout,
+            open: None,
         }
     }
 
+    /// At most `n` calls open at once (each clone shares the bound); more wait their turn, and
+    /// the wait does not count against a call's timeout.
+    pub fn with_requests_max(mut self, n: usize) -> HttpProvider {
+        self.open = Some(std::sync::Arc::new(tokio::sync::Semaphore::new(n)));
+        self
+    }
+
     pub(crate) async fn call(&self, method: &str, path: &str, body: Option<Vec<u8>>) -> Sent {
+        // Never closed: a permit always comes.
+        let _open = match &self.open {
+            Some(open) => open.acquire().await.ok(),
+            None => None,
+        };
         let request = hyper::Request::builder()
             .method(method)
             .uri(format!("{}{path}", self.base))

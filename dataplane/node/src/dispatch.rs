@@ -165,8 +165,6 @@ struct Watched {
 /// The provider thread's shared state: the client, the shards' inboxes, the watched jobs.
 pub struct Dispatcher {
     provider: HttpProvider,
-    /// One permit per call open at the provider (`ProviderConfig::requests_max`).
-    open: tokio::sync::Semaphore,
     config: ProviderConfig,
     shards: Vec<mpsc::Sender<ShardMsg>>,
     watched: Mutex<HashMap<String, Watched>>,
@@ -215,8 +213,8 @@ pub fn start(
         .clone()
         .unwrap_or_else(|| format!("http://{http_addr}"));
     let dispatcher = Arc::new(Dispatcher {
-        provider: HttpProvider::new(&config.url, Duration::from_millis(config.timeout_ms)),
-        open: tokio::sync::Semaphore::new(config.requests_max),
+        provider: HttpProvider::new(&config.url, Duration::from_millis(config.timeout_ms))
+            .with_requests_max(config.requests_max),
         callback_url: format!("{}/v1/provider/callback", base.trim_end_matches('/')),
         config,
         shards,
@@ -272,10 +270,7 @@ impl Dispatcher {
                 token,
                 submission,
             } => {
-                let result = {
-                    let _open = self.opened().await;
-                    self.provider.submit(&submission).await
-                };
+                let result = self.provider.submit(&submission).await;
                 let definite = !matches!(
                     result,
                     Err(SubmitError::NotSent(_) | SubmitError::Unknown(_))
@@ -335,10 +330,7 @@ impl Dispatcher {
                 self.poll(&account, &job_id).await;
             }
             Call::Cancel { account, job_id } => {
-                let canceled = {
-                    let _open = self.opened().await;
-                    self.provider.cancel(&account, &job_id).await
-                };
+                let canceled = self.provider.cancel(&account, &job_id).await;
                 if let Err(e) = canceled {
                     tracing::warn!("canceling {job_id} at the provider: {e}");
                 }
@@ -356,10 +348,7 @@ impl Dispatcher {
         tokio::time::sleep(timeout).await;
         let mut not_found_once = false;
         for attempt in 0..RESOLVE_TRIES_MAX {
-            let found = {
-                let _open = self.opened().await;
-                self.provider.find_by_key(account, request_key).await
-            };
+            let found = self.provider.find_by_key(account, request_key).await;
             match found {
                 Ok(Lookup::Found(view)) => return Some(Lookup::Found(view)),
                 Ok(Lookup::NotFound) if not_found_once => return Some(Lookup::NotFound),
@@ -374,12 +363,6 @@ impl Dispatcher {
             }
         }
         None
-    }
-
-    /// Waits for a call to the provider to be allowed (see `requests_max`); the call holds the
-    /// permit until it ends. (The semaphore is never closed, so a permit always comes.)
-    async fn opened(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
-        self.open.acquire().await.ok()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Watched>> {
@@ -404,10 +387,7 @@ impl Dispatcher {
             if !self.lock().contains_key(job_id) {
                 return; // a callback finished it
             }
-            let polled = {
-                let _open = self.opened().await;
-                self.provider.job(account, job_id).await
-            };
+            let polled = self.provider.job(account, job_id).await;
             match polled {
                 Ok(Lookup::Found(view)) if view.state.is_final() => {
                     self.metrics.callback("polled");
@@ -422,10 +402,7 @@ impl Dispatcher {
                 if let Some(w) = self.lock().get_mut(job_id) {
                     w.stuck = true;
                 }
-                let canceled = {
-                    let _open = self.opened().await;
-                    self.provider.cancel(account, job_id).await
-                };
+                let canceled = self.provider.cancel(account, job_id).await;
                 if let Err(e) = canceled {
                     tracing::warn!("canceling stuck job {job_id}: {e}");
                 }
