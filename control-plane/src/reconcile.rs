@@ -85,11 +85,18 @@ pub struct QueuedTask {
     pub next_eligible_at: Option<std::time::SystemTime>,
 }
 
-/// A task with a live attempt, as [`Db::load_live`] reads it.
+/// A task a node that (re)starts owning its partition puts back, as [`Db::load_owned`] reads
+/// it: QUEUED, or with a live attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LiveTask {
-    /// Its stored fields; `attempt_no` is the live attempt's number.
+pub struct OwnedTask {
+    /// Its stored fields; with a live attempt, `attempt_no` is that attempt's number.
     pub task: QueuedTask,
+    pub live: Option<LiveOf>,
+}
+
+/// An owned task's live attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveOf {
     pub state: TaskState,
     pub token: FencingToken,
     /// The provider (account) the attempt went to.
@@ -294,54 +301,29 @@ impl Db {
             .collect())
     }
 
-    /// One page of the QUEUED tasks of `partitions`, in task id order, after `after` (the last
-    /// row of the previous page): what a node rebuilds its in-memory queues from after a restart
-    /// or a takeover. Ids grow with submission within a shard, so each tenant's tasks come back
-    /// in the order they were accepted. No index holds QUEUED tasks (the state changes on every
-    /// claim, and an index on it would make those updates non-HOT): the pages walk the primary
-    /// key once, from the first page to the last.
-    pub async fn load_queued(
-        &self,
-        partitions: &[PartitionId],
-        after: Option<&QueuedTask>,
-        limit: usize,
-    ) -> Result<Vec<QueuedTask>, StoreError> {
-        let (parts, after_task) = page_args(partitions, after.map(|q| q.task))?;
-        let rows = self
-            .client()
-            .query(
-                &format!(
-                    "SELECT {QUEUED_COLUMNS}
-                       FROM task
-                      WHERE task_id > $2 AND state = 'QUEUED' AND partition = ANY ($1)
-                      ORDER BY task_id
-                      LIMIT $3"
-                ),
-                &[&parts, &after_task, &(limit.min(SCAN_MAX) as i64)],
-            )
-            .await?;
-        Ok(rows.iter().map(queued_task).collect())
-    }
-
-    /// One page of the tasks of `partitions` with a live attempt, in task id order after
-    /// `after`: what a node resumes after a restart or a takeover, asking the provider about each
-    /// job instead of submitting it again. Walks the primary key like [`Db::load_queued`].
-    pub async fn load_live(
+    /// One page of the tasks of `partitions` a node puts back after a restart or a takeover,
+    /// in task id order after `after`: the QUEUED ones (its in-memory queues are rebuilt from
+    /// them) and those with a live attempt (resumed, asking the provider about each job instead
+    /// of submitting it again). Ids grow with submission within a shard, so each tenant's tasks
+    /// come back in the order they were accepted. No index holds QUEUED tasks or live attempts
+    /// (the state changes on every claim, and an index on it would make those updates
+    /// non-HOT): the pages walk the primary key once, from the first page to the last.
+    pub async fn load_owned(
         &self,
         partitions: &[PartitionId],
         after: Option<TaskId>,
         limit: usize,
-    ) -> Result<Vec<LiveTask>, StoreError> {
+    ) -> Result<Vec<OwnedTask>, StoreError> {
         let (parts, after_task) = page_args(partitions, after)?;
         let rows = self
             .client()
             .query(
                 &format!(
-                    "SELECT {QUEUED_COLUMNS}, state, current_fencing, attempt_provider,
-                            'spindle-' || task_id || '-' || attempt_no
+                    "SELECT {QUEUED_COLUMNS}, state, current_attempt IS NOT NULL, current_fencing,
+                            attempt_provider, 'spindle-' || task_id || '-' || attempt_no
                        FROM task
-                      WHERE task_id > $2 AND current_attempt IS NOT NULL
-                        AND partition = ANY ($1)
+                      WHERE task_id > $2 AND partition = ANY ($1)
+                        AND (state = 'QUEUED' OR current_attempt IS NOT NULL)
                       ORDER BY task_id
                       LIMIT $3"
                 ),
@@ -350,12 +332,18 @@ impl Db {
             .await?;
         rows.iter()
             .map(|r| {
-                Ok(LiveTask {
+                let live = match r.get::<_, bool>(15) {
+                    false => None,
+                    true => Some(LiveOf {
+                        state: parse_state(r.get(14))?,
+                        token: FencingToken(r.get::<_, i64>(16) as u64),
+                        provider: r.get(17),
+                        request_key: r.get(18),
+                    }),
+                };
+                Ok(OwnedTask {
                     task: queued_task(r),
-                    state: parse_state(r.get(14))?,
-                    token: FencingToken(r.get::<_, i64>(15) as u64),
-                    provider: r.get(16),
-                    request_key: r.get(17),
+                    live,
                 })
             })
             .collect()

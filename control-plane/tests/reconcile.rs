@@ -234,7 +234,7 @@ async fn a_stale_reconciler_is_fenced_like_any_writer() {
 }
 
 #[tokio::test]
-async fn queued_tasks_of_owned_partitions_are_reloaded_page_by_page() {
+async fn queued_tasks_and_live_attempts_of_owned_partitions_are_reloaded_page_by_page() {
     let (_test, db) = setup().await;
     // Tenants 1..=8 hash to partition tenant % 4.
     let batch: Vec<_> = (1..=40)
@@ -247,16 +247,27 @@ async fn queued_tasks_of_owned_partitions_are_reloaded_page_by_page() {
         .unwrap();
     let mine = [PartitionId(1), PartitionId(2)];
     let mut seen = Vec::new();
+    let mut live = Vec::new();
     let mut last = None;
     loop {
-        let page = db.load_queued(&mine, last.as_ref(), 7).await.unwrap();
+        let page = db.load_owned(&mine, last, 7).await.unwrap();
         if page.is_empty() {
             break;
         }
         assert!(page.len() <= 7);
-        seen.extend(page.iter().map(|q| (q.partition, q.task)));
-        last = page.last().cloned();
+        for o in &page {
+            match &o.live {
+                None => seen.push((o.task.partition, o.task.task)),
+                Some(l) => live.push((o.task.task, l.state, l.request_key.clone())),
+            }
+        }
+        last = page.last().map(|o| o.task.task);
     }
+    assert_eq!(
+        live,
+        [(TaskId(1), TaskState::Dispatching, "spindle-1-1".to_string())],
+        "the claimed task comes back with its live attempt"
+    );
     let mut expected: Vec<(PartitionId, TaskId)> = batch
         .iter()
         .filter(|t| mine.contains(&t.partition) && t.task != TaskId(1))

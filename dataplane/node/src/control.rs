@@ -457,7 +457,7 @@ impl Followed {
 /// Resolves the previous owner's live attempts in `mine` that are not followed (see
 /// [`Followed`]): in the provider stage they are requeued (a new attempt runs them); past it
 /// the provider had finished, and they are completed. Followed ones are left live, for
-/// [`load_resumes`]. Pages through the partitions once, in task id order.
+/// [`load_restores`]. Pages through the partitions once, in task id order.
 async fn recover_attempts(
     admin: &Db,
     mine: &[PartitionId],
@@ -541,69 +541,49 @@ pub(crate) fn restore_request(
     })
 }
 
-/// The live attempts of `mine` that [`recover_attempts`] left live (the followed ones), as
-/// restores per shard.
-async fn load_resumes(
+/// Every task of `mine` to put back, as restores per shard: the QUEUED ones, and the live
+/// attempts [`recover_attempts`] left live (the followed ones), in one walk.
+async fn load_restores(
     admin: &Db,
     config: &crate::config::Config,
     policy: &spindle_core::Policy,
     mine: &[PartitionId],
-    per_shard: &mut [Vec<Restore>],
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<Vec<Restore>>> {
+    let mut per_shard: Vec<Vec<Restore>> = (0..config.shards).map(|_| Vec::new()).collect();
     let mut after = None;
     loop {
         let page = admin
-            .load_live(mine, after, spindle_control::limits::SCAN_MAX)
+            .load_owned(mine, after, spindle_control::limits::SCAN_MAX)
             .await?;
         let Some(last) = page.last() else {
-            return Ok(());
-        };
-        after = Some(last.task.task);
-        for l in page {
-            let Some(i) = policy.providers.iter().position(|p| p.name == l.provider) else {
-                anyhow::bail!(
-                    "task {}: its live attempt's provider {} left the policy meanwhile",
-                    l.task.task,
-                    l.provider
-                );
-            };
-            per_shard[config.shard_of(l.task.tenant.0)].push(Restore {
-                request: restore_request(&l.task)?,
-                version: l.task.version,
-                live: Some(LiveRestore {
-                    provider: spindle_core::ProviderId(i as u16),
-                    token: l.token,
-                    stored: l.state,
-                    request_key: l.request_key,
-                }),
-            });
-        }
-    }
-}
-
-/// Every QUEUED task of `mine`, as restores per shard.
-async fn load_restores(
-    admin: &Db,
-    config: &crate::config::Config,
-    mine: &[PartitionId],
-) -> anyhow::Result<Vec<Vec<Restore>>> {
-    let mut per_shard: Vec<Vec<Restore>> = (0..config.shards).map(|_| Vec::new()).collect();
-    let mut last = None;
-    loop {
-        let page = admin
-            .load_queued(mine, last.as_ref(), spindle_control::limits::SCAN_MAX)
-            .await?;
-        let Some(tail) = page.last().cloned() else {
             return Ok(per_shard);
         };
-        for q in page {
-            per_shard[config.shard_of(q.tenant.0)].push(Restore {
-                request: restore_request(&q)?,
-                version: q.version,
-                live: None,
+        after = Some(last.task.task);
+        for o in page {
+            let live = match o.live {
+                None => None,
+                Some(l) => {
+                    let Some(i) = policy.providers.iter().position(|p| p.name == l.provider) else {
+                        anyhow::bail!(
+                            "task {}: its live attempt's provider {} left the policy meanwhile",
+                            o.task.task,
+                            l.provider
+                        );
+                    };
+                    Some(LiveRestore {
+                        provider: spindle_core::ProviderId(i as u16),
+                        token: l.token,
+                        stored: l.state,
+                        request_key: l.request_key,
+                    })
+                }
+            };
+            per_shard[config.shard_of(o.task.tenant.0)].push(Restore {
+                request: restore_request(&o.task)?,
+                version: o.task.version,
+                live,
             });
         }
-        last = Some(tail);
     }
 }
 
@@ -644,8 +624,7 @@ pub async fn start(
             .await?;
     }
     recover_attempts(&admin, &held, &Followed::new(config, &policy)).await?;
-    let mut restores = load_restores(&admin, config, &held).await?;
-    load_resumes(&admin, config, &policy, &held, &mut restores).await?;
+    let restores = load_restores(&admin, config, &policy, &held).await?;
     for p in &held {
         ownership.set(*p, true);
     }
@@ -887,8 +866,7 @@ impl LeaseLoop {
         let policy = self.live.current();
         let followed = Followed::new(&self.config, &policy);
         recover_attempts(&self.admin, gained, &followed).await?;
-        let mut restores = load_restores(&self.admin, &self.config, gained).await?;
-        load_resumes(&self.admin, &self.config, &policy, gained, &mut restores).await?;
+        let restores = load_restores(&self.admin, &self.config, &policy, gained).await?;
         let mut n = 0;
         for (shard, batch) in shards.iter().zip(restores) {
             n += batch.len();
