@@ -482,6 +482,44 @@ mod tests {
     }
 
     #[test]
+    fn the_provider_and_events_bounds_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        let provider = "[provider]\nurl = \"http://127.0.0.1:1\"\nsecret = \"s\"\n";
+        let events = "[events]\nurl = \"http://127.0.0.1:2/e\"\nsecret = \"s\"\n";
+        for (text, why) in [
+            (
+                format!("{provider}polls_max = 0\n"),
+                "provider.polls_max must be 1..=1000000",
+            ),
+            (
+                format!("{provider}requests_max = 0\n"),
+                "provider.requests_max must be 1..=65536",
+            ),
+            (
+                format!("{events}batch_max = 10001\n"),
+                "events.batch_max must be 1..=10000",
+            ),
+            (
+                format!("{events}pending_max = 0\n"),
+                "events.pending_max must be at least 1",
+            ),
+            (
+                events.replace("http://", "https://"),
+                "events.url must be an http:// URL",
+            ),
+            (
+                format!("{events}idle_ms = 0\n"),
+                "events.idle_ms must be 1..=60000",
+            ),
+        ] {
+            std::fs::write(&path, &text).unwrap();
+            let e = Config::load(&Args::file(path.clone(), None)).unwrap_err();
+            assert_eq!(e.to_string(), why, "{text}");
+        }
+    }
+
+    #[test]
     fn more_partitions_than_a_batch_holds_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("c.toml");
