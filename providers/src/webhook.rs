@@ -12,6 +12,9 @@ use hyper_util::rt::TokioExecutor;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WebhookError {
+    /// The endpoint is not an http:// URL that parses.
+    #[error("{url}: not a usable http:// URL ({reason})")]
+    BadUrl { url: String, reason: String },
     /// Not sent, or no answer within the timeout.
     #[error("{url}: {reason}")]
     Failed { url: String, reason: String },
@@ -31,11 +34,15 @@ pub struct Webhook {
 
 impl Webhook {
     /// `url` must be http://; every post gives up after `timeout`.
-    pub fn new(url: &str, secret: &[u8], timeout: Duration) -> Result<Webhook, String> {
+    pub fn new(url: &str, secret: &[u8], timeout: Duration) -> Result<Webhook, WebhookError> {
+        let bad = |reason: String| WebhookError::BadUrl {
+            url: url.to_string(),
+            reason,
+        };
         if !url.starts_with("http://") {
-            return Err(format!("{url}: not an http:// URL"));
+            return Err(bad("another scheme".into()));
         }
-        let url: hyper::Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
+        let url: hyper::Uri = url.parse().map_err(|e| bad(format!("{e}")))?;
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(timeout));
@@ -85,5 +92,23 @@ impl Webhook {
             Ok(r) => r,
             Err(_) => Err(failed(format!("no answer within {:?}", self.timeout))),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_endpoint_that_is_not_http_is_refused_by_name() {
+        let t = Duration::from_secs(1);
+        for url in ["https://example.com/e", "http://exa mple/e"] {
+            match Webhook::new(url, b"s", t) {
+                Err(WebhookError::BadUrl { url: named, .. }) => assert_eq!(named, url),
+                Err(e) => panic!("{url}: {e}"),
+                Ok(_) => panic!("{url} accepted"),
+            }
+        }
+        assert!(Webhook::new("http://127.0.0.1:9/events", b"s", t).is_ok());
     }
 }
