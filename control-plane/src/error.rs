@@ -9,6 +9,11 @@ pub enum StoreError {
     /// the failed call is committed.
     #[error("PostgreSQL is unavailable: {0}")]
     Unavailable(String),
+    /// A call that changes rows went out on a live connection and its answer never came back
+    /// (the connection broke, the server went away): PostgreSQL may or may not have committed
+    /// it. Look at the rows before doing it again ([`crate::Db::task_heads`]).
+    #[error("PostgreSQL connection lost before the answer, the call may have committed: {0}")]
+    InDoubt(String),
     /// The batch was refused before it reached PostgreSQL.
     #[error("invalid input: {0}")]
     Invalid(#[from] InputError),
@@ -33,13 +38,20 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// PostgreSQL could not be reached, before the call or under it.
     pub fn is_unavailable(&self) -> bool {
-        matches!(self, StoreError::Unavailable(_))
+        matches!(self, StoreError::Unavailable(_) | StoreError::InDoubt(_))
     }
 
+    pub fn is_in_doubt(&self) -> bool {
+        matches!(self, StoreError::InDoubt(_))
+    }
+
+    /// Worth sending again. A call in doubt is only when repeating it is harmless (reports: a
+    /// repeat that finds its step taken is refused by token and state).
     pub fn is_retryable(&self) -> bool {
         match self {
-            StoreError::Unavailable(_) => true,
+            StoreError::Unavailable(_) | StoreError::InDoubt(_) => true,
             StoreError::Refused { retryable, .. } => *retryable,
             _ => false,
         }
@@ -72,6 +84,17 @@ impl From<tokio_postgres::Error> for StoreError {
             message: db.message().to_string(),
             retryable,
         }
+    }
+}
+
+/// The error of a call that changes rows, sent while its connection was `was_open`: a
+/// connection that broke without the server answering the call leaves it in doubt. (An error
+/// the server sent is an answer: the call's transaction was rolled back.)
+pub(crate) fn sent_call_error(e: tokio_postgres::Error, was_open: bool) -> StoreError {
+    let answered = e.as_db_error().is_some();
+    match StoreError::from(e) {
+        StoreError::Unavailable(text) if was_open && !answered => StoreError::InDoubt(text),
+        other => other,
     }
 }
 

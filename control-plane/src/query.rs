@@ -1,10 +1,68 @@
-//! Reads for clients: a task's status as PostgreSQL has it, scoped to its tenant.
+//! Reads for clients: a task's status as PostgreSQL has it, scoped to its tenant; and the rows
+//! that decide a call whose answer was lost ([`StoreError::InDoubt`]).
 
-use spindle_core::{TaskId, TaskState, TenantId};
+use spindle_core::{AttemptId, FencingToken, TaskId, TaskState, TenantId};
 
+use crate::claim::{request_key, ClaimRefusal, ClaimResult};
 use crate::db::Db;
 use crate::error::StoreError;
 use crate::types::parse_state;
+
+/// A task's row as it is now, as far as a submit or a claim of it is concerned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskHead {
+    pub task: TaskId,
+    pub state: TaskState,
+    pub version: u32,
+    pub attempt_no: u32,
+    /// Its live attempt, if it has one.
+    pub live: Option<LiveHead>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LiveHead {
+    pub attempt: AttemptId,
+    pub token: FencingToken,
+    pub node: String,
+}
+
+/// What a claim by `node` of `task` at `expected_version` came to when its answer was lost,
+/// from the task's row now (`head`; `None`: no such row). `None` when the claim did not commit:
+/// the row is QUEUED at the version the claim expected. Otherwise the answer the claim would
+/// have had: granted when the row shows its compare-and-set (DISPATCHING at the next version,
+/// with an attempt of `node`), else refused as gone or moved — a row some other writer moved
+/// since is not the claimant's to run, whether or not its claim had committed.
+pub fn lost_claim(
+    task: TaskId,
+    head: Option<&TaskHead>,
+    node: &str,
+    expected_version: u32,
+) -> Option<ClaimResult> {
+    let Some(head) = head else {
+        return Some(ClaimResult::Refused(ClaimRefusal::TaskGone));
+    };
+    if head.state == TaskState::Queued && head.version == expected_version {
+        return None;
+    }
+    match &head.live {
+        Some(live)
+            if head.state == TaskState::Dispatching
+                && head.version == expected_version.wrapping_add(1)
+                && live.node == node =>
+        {
+            Some(ClaimResult::Granted {
+                attempt: live.attempt,
+                token: live.token,
+                attempt_no: head.attempt_no,
+                request_key: request_key(task, head.attempt_no),
+            })
+        }
+        _ => Some(ClaimResult::Refused(ClaimRefusal::VersionMoved {
+            state: head.state,
+            version: head.version,
+        })),
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredTask {
@@ -48,6 +106,52 @@ impl Db {
                         failure_reason: r.get(7),
                     },
                 ))
+            })
+            .collect()
+    }
+
+    /// The rows of `tasks` as they are now, in order (`None`: no such row): what decides a
+    /// submit or a claim whose answer was lost (see [`lost_claim`]).
+    pub async fn task_heads(&self, tasks: &[TaskId]) -> Result<Vec<Option<TaskHead>>, StoreError> {
+        crate::error::check_batch_len(tasks.len())?;
+        let ids: Vec<i64> = tasks.iter().map(|t| t.0 as i64).collect();
+        let rows = self
+            .client()
+            .query(
+                "SELECT t.state, t.version, t.attempt_no, t.current_attempt, t.current_fencing,
+                        t.attempt_node
+                   FROM unnest($1::bigint[]) WITH ORDINALITY AS c (task, ord)
+                   LEFT JOIN task t ON t.task_id = c.task
+                  ORDER BY c.ord",
+                &[&ids],
+            )
+            .await?;
+        crate::error::check_answered("task heads", &rows, tasks.len())?;
+        rows.iter()
+            .zip(tasks)
+            .map(|(r, &task)| {
+                let Some(state) = r.get::<_, Option<&str>>(0) else {
+                    return Ok(None);
+                };
+                let live = match (
+                    r.get::<_, Option<i64>>(3),
+                    r.get::<_, Option<i64>>(4),
+                    r.get::<_, Option<String>>(5),
+                ) {
+                    (Some(attempt), Some(token), Some(node)) => Some(LiveHead {
+                        attempt: AttemptId(attempt as u64),
+                        token: FencingToken(token as u64),
+                        node,
+                    }),
+                    _ => None,
+                };
+                Ok(Some(TaskHead {
+                    task,
+                    state: parse_state(state)?,
+                    version: r.get::<_, i32>(1) as u32,
+                    attempt_no: r.get::<_, i32>(2) as u32,
+                    live,
+                }))
             })
             .collect()
     }

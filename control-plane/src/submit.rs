@@ -5,7 +5,8 @@ use spindle_core::{Band, Lane, PolicyVersion, TaskId, TaskState, TenantId, UserI
 
 use crate::db::Db;
 use crate::error::{
-    check_answered, check_batch_len, check_text, to_i64, BatchTasks, InputError, StoreError,
+    check_answered, check_batch_len, check_text, sent_call_error, to_i64, BatchTasks, InputError,
+    StoreError,
 };
 use crate::limits::{IDEMPOTENCY_KEY_BYTES_MAX, PARTITIONS_MAX, PAYLOAD_BYTES_MAX};
 use crate::types::{parse_state, PartitionId};
@@ -105,6 +106,7 @@ impl Db {
         let cost: Vec<i64> = batch.iter().map(|t| t.cost_estimate_milli as i64).collect();
         let fairness: Vec<i64> = batch.iter().map(|t| t.fairness_milli as i64).collect();
         let version = policy_version.0 as i64;
+        let open = !self.is_closed();
         let rows = self
             .client()
             .query(
@@ -114,7 +116,8 @@ impl Db {
                     &fairness, &version,
                 ],
             )
-            .await?;
+            .await
+            .map_err(|e| sent_call_error(e, open))?;
         check_answered("submit", &rows, batch.len())?;
         rows.iter()
             .map(|r| {

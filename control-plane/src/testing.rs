@@ -94,3 +94,150 @@ fn replace_dbname(conninfo: &str, dbname: &str) -> String {
     parts.push(format!("dbname={dbname}"));
     parts.join(" ")
 }
+
+/// A TCP proxy in front of a test server, for calls whose answer is lost. While it swallows,
+/// the server's bytes go nowhere: calls run and commit, and their answers never arrive; `cut`
+/// then breaks every connection made through it so far (the client sees its connection drop
+/// under a call), and new connections pass as before.
+pub struct Proxy {
+    conninfo: String,
+    shared: Arc<ProxyShared>,
+}
+
+struct ProxyShared {
+    target: std::net::SocketAddr,
+    swallow: std::sync::atomic::AtomicBool,
+    stop: std::sync::atomic::AtomicBool,
+    /// The client side of every connection so far, for `cut`.
+    clients: std::sync::Mutex<Vec<std::net::TcpStream>>,
+}
+
+impl Proxy {
+    /// Listens on a free local port and forwards to the server `conninfo` names (its `host`
+    /// and `port`, TCP).
+    pub fn start(conninfo: &str) -> Proxy {
+        let field = |key: &str| {
+            conninfo
+                .split_whitespace()
+                .find_map(|p| p.strip_prefix(key))
+                .unwrap_or_else(|| panic!("conninfo {conninfo:?} has no {key}"))
+                .to_string()
+        };
+        let target: std::net::SocketAddr = format!("{}:{}", field("host="), field("port="))
+            .parse()
+            .unwrap_or_else(|e| panic!("conninfo {conninfo:?}: {e}"));
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
+        let port = listener.local_addr().expect("proxy address").port();
+        let shared = Arc::new(ProxyShared {
+            target,
+            swallow: std::sync::atomic::AtomicBool::new(false),
+            stop: std::sync::atomic::AtomicBool::new(false),
+            clients: std::sync::Mutex::new(Vec::new()),
+        });
+        let accept = shared.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                if accept.stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                let Ok(client) = client else { continue };
+                let Ok(server) = std::net::TcpStream::connect(accept.target) else {
+                    continue;
+                };
+                let _ = client.set_nodelay(true);
+                let _ = server.set_nodelay(true);
+                if let Ok(c) = client.try_clone() {
+                    accept
+                        .clients
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(c);
+                }
+                let (Ok(c2), Ok(s2)) = (client.try_clone(), server.try_clone()) else {
+                    continue;
+                };
+                std::thread::spawn(move || pump(client, server, None));
+                let swallow = accept.clone();
+                std::thread::spawn(move || pump(s2, c2, Some(swallow)));
+            }
+        });
+        let conninfo = conninfo
+            .split_whitespace()
+            .filter(|p| !p.starts_with("host=") && !p.starts_with("port="))
+            .chain(
+                ["host=127.0.0.1".to_string(), format!("port={port}")]
+                    .iter()
+                    .map(String::as_str),
+            )
+            .collect::<Vec<_>>()
+            .join(" ");
+        Proxy { conninfo, shared }
+    }
+
+    /// The conninfo that goes through the proxy.
+    pub fn conninfo(&self) -> &str {
+        &self.conninfo
+    }
+
+    /// From now on (`true`) the server's answers are dropped, or (`false`) passed again.
+    pub fn swallow_answers(&self, on: bool) {
+        self.shared.swallow.store(on, Ordering::SeqCst);
+    }
+
+    /// Breaks every connection made through the proxy so far.
+    pub fn cut(&self) {
+        let clients = std::mem::take(
+            &mut *self
+                .shared
+                .clients
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()),
+        );
+        for c in clients {
+            let _ = c.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.cut();
+        self.shared.stop.store(true, Ordering::Relaxed);
+        // Wakes the accept loop so that it sees `stop`.
+        let port = self
+            .conninfo
+            .rsplit("port=")
+            .next()
+            .unwrap_or("0")
+            .to_string();
+        let _ = std::net::TcpStream::connect(format!("127.0.0.1:{port}"));
+    }
+}
+
+/// Copies `from` to `to` until either side ends; with `swallow`, drops what it reads while
+/// the proxy swallows answers.
+fn pump(
+    mut from: std::net::TcpStream,
+    mut to: std::net::TcpStream,
+    swallow: Option<Arc<ProxyShared>>,
+) {
+    use std::io::{Read, Write};
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if swallow
+            .as_ref()
+            .is_some_and(|s| s.swallow.load(Ordering::SeqCst))
+        {
+            continue;
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = from.shutdown(std::net::Shutdown::Both);
+    let _ = to.shutdown(std::net::Shutdown::Both);
+}

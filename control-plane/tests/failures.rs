@@ -1,13 +1,17 @@
 //! Degradation: a batch whose backend is killed mid-transaction leaves no trace; a lost
-//! connection or a stopped server is a typed `Unavailable`; the store reconnects by itself with
-//! backoff once PostgreSQL is back.
+//! connection or a stopped server is a typed `Unavailable`; a call whose answer is lost is
+//! `InDoubt` and the rows tell what it did; the store reconnects by itself with backoff once
+//! PostgreSQL is back.
 
 mod common;
 
 use common::{claim, setup, task, LEASE_MS, NODE};
+use spindle_control::query::lost_claim;
 use spindle_control::testing::TestDb;
-use spindle_control::{ClaimResult, Db, DbConfig, EmbeddedOptions, EmbeddedPostgres, StoreError};
-use spindle_core::PolicyVersion;
+use spindle_control::{
+    ClaimRefusal, ClaimResult, Db, DbConfig, EmbeddedOptions, EmbeddedPostgres, StoreError,
+};
+use spindle_core::{FencingToken, PolicyVersion, TaskId, TaskState};
 
 /// Waits until `pid`'s backend is blocked by `blocker`'s (bounded: a condition, not a sleep).
 async fn wait_until_blocked(sql: &tokio_postgres::Client, pid: i32, blocker: i32) {
@@ -193,4 +197,106 @@ async fn every_session_runs_with_statement_and_idle_transaction_timeouts() {
         "{err:?}"
     );
     assert!(!db.is_closed());
+}
+
+/// Polls `sql` (bounded) until `query` returns true.
+async fn wait_until(sql: &tokio_postgres::Client, query: &str) {
+    for _ in 0..20_000 {
+        if sql.query_one(query, &[]).await.unwrap().get::<_, bool>(0) {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("never true: {query}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_whose_answer_is_lost_is_in_doubt_and_its_rows_tell_what_it_did() {
+    let (test, direct) = setup().await;
+    direct.set_pool("provider:acme", 100, 1).await.unwrap();
+    let proxy = spindle_control::testing::Proxy::start(&test.config().conninfo);
+    let config = DbConfig::new(proxy.conninfo());
+    let sql = test.sql().await.unwrap();
+
+    // A submit commits, and its answer is lost on the way back.
+    let db = Db::open(&config).await.unwrap();
+    proxy.swallow_answers(true);
+    let submit = tokio::spawn(async move {
+        let r = db
+            .submit_batch(&[task(1, 1, "a"), task(2, 1, "b")], PolicyVersion(1))
+            .await;
+        (db, r)
+    });
+    wait_until(&sql, "SELECT count(*) = 2 FROM task").await;
+    proxy.cut();
+    proxy.swallow_answers(false);
+    let (_, result) = submit.await.unwrap();
+    let err = result.unwrap_err();
+    assert!(err.is_in_doubt(), "{err:?}");
+    assert!(err.is_unavailable() && err.is_retryable());
+
+    // A claim of task 1 commits, its answer lost too; task 2 is not claimed.
+    let db = Db::open(&config).await.unwrap();
+    proxy.swallow_answers(true);
+    let claim_1 = tokio::spawn(async move {
+        let r = db
+            .claim_batch(NODE, LEASE_MS, &[claim(1, 0, &[("provider:acme", 0, 1)])])
+            .await;
+        (db, r)
+    });
+    wait_until(
+        &sql,
+        "SELECT state = 'DISPATCHING' FROM task WHERE task_id = 1",
+    )
+    .await;
+    proxy.cut();
+    proxy.swallow_answers(false);
+    let (_, result) = claim_1.await.unwrap();
+    assert!(result.unwrap_err().is_in_doubt());
+
+    // The rows say what each call did: task 1 was granted to this node (its token is the
+    // row's), task 2 was never claimed, task 3 does not exist; another node's view of task 1
+    // is a row that moved.
+    let db = Db::open(&config).await.unwrap();
+    let tasks = [TaskId(1), TaskId(2), TaskId(3)];
+    let heads = db.task_heads(&tasks).await.unwrap();
+    let token: i64 = sql
+        .query_one("SELECT current_fencing FROM task WHERE task_id = 1", &[])
+        .await
+        .unwrap()
+        .get(0);
+    match lost_claim(TaskId(1), heads[0].as_ref(), NODE, 0) {
+        Some(ClaimResult::Granted {
+            token: granted,
+            attempt_no: 1,
+            request_key,
+            ..
+        }) => {
+            assert_eq!(granted, FencingToken(token as u64));
+            assert_eq!(request_key, "spindle-1-1");
+        }
+        other => panic!("task 1: {other:?}"),
+    }
+    assert_eq!(lost_claim(TaskId(2), heads[1].as_ref(), NODE, 0), None);
+    assert_eq!(
+        lost_claim(TaskId(3), heads[2].as_ref(), NODE, 0),
+        Some(ClaimResult::Refused(ClaimRefusal::TaskGone))
+    );
+    assert!(matches!(
+        lost_claim(TaskId(1), heads[0].as_ref(), "node-b", 0),
+        Some(ClaimResult::Refused(ClaimRefusal::VersionMoved {
+            state: TaskState::Dispatching,
+            version: 1
+        }))
+    ));
+    // What was found is what a granted claim holds: the pool charged once.
+    let used: i64 = sql
+        .query_one(
+            "SELECT used FROM resource_pool_shard WHERE pool_key = 'provider:acme'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(used, 1);
 }
