@@ -95,10 +95,11 @@ fn replace_dbname(conninfo: &str, dbname: &str) -> String {
     parts.join(" ")
 }
 
-/// A TCP proxy in front of a test server, for calls whose answer is lost. While it swallows,
-/// the server's bytes go nowhere: calls run and commit, and their answers never arrive; `cut`
-/// then breaks every connection made through it so far (the client sees its connection drop
-/// under a call), and new connections pass as before.
+/// A TCP proxy in front of a test server, for calls whose answer is lost. Armed with a
+/// pattern, it drops the first answer from the server that contains it (a claim's `GRANTED`, a
+/// submit's `CREATED`) and everything after it on that connection: the call ran and committed,
+/// and its caller never hears so. `cut` then breaks every connection made through it so far
+/// (the caller sees its connection drop under the call); new connections pass as before.
 pub struct Proxy {
     conninfo: String,
     shared: Arc<ProxyShared>,
@@ -106,7 +107,10 @@ pub struct Proxy {
 
 struct ProxyShared {
     target: std::net::SocketAddr,
-    swallow: std::sync::atomic::AtomicBool,
+    /// The armed pattern, taken by the first answer that contains it.
+    armed: std::sync::Mutex<Option<Vec<u8>>>,
+    /// Answers lost so far.
+    lost: AtomicU32,
     stop: std::sync::atomic::AtomicBool,
     /// The client side of every connection so far, for `cut`.
     clients: std::sync::Mutex<Vec<std::net::TcpStream>>,
@@ -130,7 +134,8 @@ impl Proxy {
         let port = listener.local_addr().expect("proxy address").port();
         let shared = Arc::new(ProxyShared {
             target,
-            swallow: std::sync::atomic::AtomicBool::new(false),
+            armed: std::sync::Mutex::new(None),
+            lost: AtomicU32::new(0),
             stop: std::sync::atomic::AtomicBool::new(false),
             clients: std::sync::Mutex::new(Vec::new()),
         });
@@ -147,28 +152,21 @@ impl Proxy {
                 let _ = client.set_nodelay(true);
                 let _ = server.set_nodelay(true);
                 if let Ok(c) = client.try_clone() {
-                    accept
-                        .clients
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push(c);
+                    lock(&accept.clients).push(c);
                 }
                 let (Ok(c2), Ok(s2)) = (client.try_clone(), server.try_clone()) else {
                     continue;
                 };
                 std::thread::spawn(move || pump(client, server, None));
-                let swallow = accept.clone();
-                std::thread::spawn(move || pump(s2, c2, Some(swallow)));
+                let answers = accept.clone();
+                std::thread::spawn(move || pump(s2, c2, Some(answers)));
             }
         });
         let conninfo = conninfo
             .split_whitespace()
             .filter(|p| !p.starts_with("host=") && !p.starts_with("port="))
-            .chain(
-                ["host=127.0.0.1".to_string(), format!("port={port}")]
-                    .iter()
-                    .map(String::as_str),
-            )
+            .map(str::to_string)
+            .chain(["host=127.0.0.1".to_string(), format!("port={port}")])
             .collect::<Vec<_>>()
             .join(" ");
         Proxy { conninfo, shared }
@@ -179,20 +177,19 @@ impl Proxy {
         &self.conninfo
     }
 
-    /// From now on (`true`) the server's answers are dropped, or (`false`) passed again.
-    pub fn swallow_answers(&self, on: bool) {
-        self.shared.swallow.store(on, Ordering::SeqCst);
+    /// Loses the next answer that contains `pattern` (once).
+    pub fn lose_answer_containing(&self, pattern: &[u8]) {
+        *lock(&self.shared.armed) = Some(pattern.to_vec());
+    }
+
+    /// Answers lost so far.
+    pub fn lost(&self) -> u32 {
+        self.shared.lost.load(Ordering::SeqCst)
     }
 
     /// Breaks every connection made through the proxy so far.
     pub fn cut(&self) {
-        let clients = std::mem::take(
-            &mut *self
-                .shared
-                .clients
-                .lock()
-                .unwrap_or_else(|p| p.into_inner()),
-        );
+        let clients = std::mem::take(&mut *lock(&self.shared.clients));
         for c in clients {
             let _ = c.shutdown(std::net::Shutdown::Both);
         }
@@ -214,25 +211,47 @@ impl Drop for Proxy {
     }
 }
 
-/// Copies `from` to `to` until either side ends; with `swallow`, drops what it reads while
-/// the proxy swallows answers.
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Copies `from` to `to` until either side ends. With `answers` (the server's side), an answer
+/// that contains the armed pattern is dropped with everything after it.
 fn pump(
     mut from: std::net::TcpStream,
     mut to: std::net::TcpStream,
-    swallow: Option<Arc<ProxyShared>>,
+    answers: Option<Arc<ProxyShared>>,
 ) {
     use std::io::{Read, Write};
     let mut buf = vec![0u8; 64 * 1024];
+    // The end of the previous read, so that a pattern split across two reads is seen.
+    let mut tail: Vec<u8> = Vec::new();
+    let mut losing = false;
     loop {
         let n = match from.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        if swallow
-            .as_ref()
-            .is_some_and(|s| s.swallow.load(Ordering::SeqCst))
-        {
-            continue;
+        if let Some(shared) = &answers {
+            if !losing {
+                let mut armed = lock(&shared.armed);
+                if let Some(pattern) = armed.as_ref() {
+                    tail.extend_from_slice(&buf[..n]);
+                    if tail.windows(pattern.len()).any(|w| w == pattern.as_slice()) {
+                        *armed = None;
+                        losing = true;
+                        shared.lost.fetch_add(1, Ordering::SeqCst);
+                    } else {
+                        let keep = pattern.len().saturating_sub(1).min(tail.len());
+                        tail.drain(..tail.len() - keep);
+                    }
+                } else {
+                    tail.clear();
+                }
+            }
+            if losing {
+                continue;
+            }
         }
         if to.write_all(&buf[..n]).is_err() {
             break;

@@ -199,15 +199,15 @@ async fn every_session_runs_with_statement_and_idle_transaction_timeouts() {
     assert!(!db.is_closed());
 }
 
-/// Polls `sql` (bounded) until `query` returns true.
-async fn wait_until(sql: &tokio_postgres::Client, query: &str) {
-    for _ in 0..20_000 {
-        if sql.query_one(query, &[]).await.unwrap().get::<_, bool>(0) {
+/// Polls (bounded) until the proxy has lost `n` answers.
+async fn wait_lost(proxy: &spindle_control::testing::Proxy, n: u32) {
+    for _ in 0..10_000 {
+        if proxy.lost() >= n {
             return;
         }
-        tokio::task::yield_now().await;
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
     }
-    panic!("never true: {query}");
+    panic!("the proxy lost {} answers, not {n}", proxy.lost());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -220,16 +220,15 @@ async fn a_call_whose_answer_is_lost_is_in_doubt_and_its_rows_tell_what_it_did()
 
     // A submit commits, and its answer is lost on the way back.
     let db = Db::open(&config).await.unwrap();
-    proxy.swallow_answers(true);
+    proxy.lose_answer_containing(b"CREATED");
     let submit = tokio::spawn(async move {
         let r = db
             .submit_batch(&[task(1, 1, "a"), task(2, 1, "b")], PolicyVersion(1))
             .await;
         (db, r)
     });
-    wait_until(&sql, "SELECT count(*) = 2 FROM task").await;
+    wait_lost(&proxy, 1).await;
     proxy.cut();
-    proxy.swallow_answers(false);
     let (_, result) = submit.await.unwrap();
     let err = result.unwrap_err();
     assert!(err.is_in_doubt(), "{err:?}");
@@ -237,23 +236,26 @@ async fn a_call_whose_answer_is_lost_is_in_doubt_and_its_rows_tell_what_it_did()
 
     // A claim of task 1 commits, its answer lost too; task 2 is not claimed.
     let db = Db::open(&config).await.unwrap();
-    proxy.swallow_answers(true);
+    proxy.lose_answer_containing(b"GRANTED");
     let claim_1 = tokio::spawn(async move {
         let r = db
             .claim_batch(NODE, LEASE_MS, &[claim(1, 0, &[("provider:acme", 0, 1)])])
             .await;
         (db, r)
     });
-    wait_until(
-        &sql,
-        "SELECT state = 'DISPATCHING' FROM task WHERE task_id = 1",
-    )
-    .await;
+    wait_lost(&proxy, 2).await;
     proxy.cut();
-    proxy.swallow_answers(false);
     let (_, result) = claim_1.await.unwrap();
     assert!(result.unwrap_err().is_in_doubt());
 
+    assert_eq!(
+        sql.query_one("SELECT count(*) FROM task", &[])
+            .await
+            .unwrap()
+            .get::<_, i64>(0),
+        2,
+        "the submit committed"
+    );
     // The rows say what each call did: task 1 was granted to this node (its token is the
     // row's), task 2 was never claimed, task 3 does not exist; another node's view of task 1
     // is a row that moved.

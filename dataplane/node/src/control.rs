@@ -7,7 +7,7 @@
 
 use std::collections::{HashSet, VecDeque};
 
-use spindle_control::query::StoredTask;
+use spindle_control::query::{StoredTask, TaskHead};
 use spindle_control::{
     ClaimRequest, ClaimResult, Db, DbConfig, NewTask, PartitionId, Report, ReportResult, Retention,
     StoreError, SubmitOutcome,
@@ -44,6 +44,11 @@ pub enum CpMsg {
     TaskIds {
         reply: oneshot::Sender<Result<std::ops::Range<u64>, StoreError>>,
     },
+    /// The rows of tasks as they are now: what decides a submit or a claim in doubt.
+    Lookup {
+        tasks: Vec<TaskId>,
+        reply: Reply<Option<TaskHead>>,
+    },
     /// Extend the leases of the shard's live attempts (fenced: an attempt that moved on is
     /// not renewed). Nobody waits for it: a renewal lost to an outage is made by the next one.
     Renew {
@@ -58,6 +63,7 @@ impl CpMsg {
             CpMsg::Claim { claims, .. } => claims.len(),
             CpMsg::Report { reports, .. } => reports.len(),
             CpMsg::TaskIds { .. } => 0,
+            CpMsg::Lookup { tasks, .. } => tasks.len(),
             CpMsg::Renew { attempts } => attempts.len(),
         }
     }
@@ -73,6 +79,7 @@ impl CpMsg {
             CpMsg::Claim { claims, .. } => claims.iter().map(|c| c.task).collect(),
             CpMsg::Report { reports, .. } => reports.iter().map(|r| r.task).collect(),
             CpMsg::TaskIds { .. } => Vec::new(),
+            CpMsg::Lookup { tasks, .. } => tasks.clone(),
             CpMsg::Renew { attempts } => attempts.iter().map(|(t, _)| *t).collect(),
         }
     }
@@ -137,7 +144,7 @@ pub async fn pipeline(setup: PipelineSetup, mut rx: mpsc::Receiver<CpMsg>) {
             CpMsg::Submit { .. } => Some(0),
             CpMsg::Claim { .. } => Some(1),
             CpMsg::Report { .. } => Some(2),
-            CpMsg::TaskIds { .. } | CpMsg::Renew { .. } => None,
+            CpMsg::TaskIds { .. } | CpMsg::Lookup { .. } | CpMsg::Renew { .. } => None,
         };
         let rows: usize = group.iter().map(CpMsg::rows).sum();
         let started = std::time::Instant::now();
@@ -164,6 +171,7 @@ fn fail_group(group: Vec<CpMsg>, e: &StoreError) {
             CpMsg::Claim { reply, .. } => drop(reply.send(Err(unavailable()))),
             CpMsg::Report { reply, .. } => drop(reply.send(Err(unavailable()))),
             CpMsg::TaskIds { reply } => drop(reply.send(Err(unavailable()))),
+            CpMsg::Lookup { reply, .. } => drop(reply.send(Err(unavailable()))),
             CpMsg::Renew { .. } => {}
         }
     }
@@ -267,6 +275,24 @@ async fn run_group(db: &Db, node: &str, lease_ms: u32, group: Vec<CpMsg>) -> boo
             });
             answer(db.report_batch(&all).await, replies)
         }
+        CpMsg::Lookup { .. } => {
+            let (all, replies) = merge(group, |m| match m {
+                CpMsg::Lookup { tasks, reply } => Some((tasks, reply)),
+                _ => None,
+            });
+            let mut heads = Vec::with_capacity(all.len());
+            let mut failed = None;
+            for chunk in all.chunks(spindle_control::limits::BATCH_MAX) {
+                match db.task_heads(chunk).await {
+                    Ok(h) => heads.extend(h),
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+            answer(failed.map_or(Ok(heads), Err), replies)
+        }
         CpMsg::Renew { .. } => {
             let all: Vec<_> = group
                 .into_iter()
@@ -303,7 +329,8 @@ fn merge<T, R>(
 }
 
 /// Splits a merged batch's results back to the messages it came from. A failed batch fails
-/// every message in it (nothing of it was committed).
+/// every message in it: in doubt when its connection broke under it, else with nothing of it
+/// committed.
 fn answer<T>(result: Result<Vec<T>, StoreError>, replies: Vec<(usize, Reply<T>)>) -> bool {
     let reachable = !result.as_ref().is_err_and(StoreError::is_unavailable);
     match result {
@@ -315,9 +342,13 @@ fn answer<T>(result: Result<Vec<T>, StoreError>, replies: Vec<(usize, Reply<T>)>
             }
         }
         Err(e) => {
-            let text = e.to_string();
+            let each = || match &e {
+                StoreError::InDoubt(text) => StoreError::InDoubt(text.clone()),
+                StoreError::Unavailable(text) => StoreError::Unavailable(text.clone()),
+                other => StoreError::Unavailable(other.to_string()),
+            };
             for (_, reply) in replies {
-                let _ = reply.send(Err(StoreError::Unavailable(text.clone())));
+                let _ = reply.send(Err(each()));
             }
         }
     }

@@ -266,6 +266,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
             .spin_before_park(std::time::Duration::from_micros(config.idle_spin_us))
             .spawn(move || async move {
                 let mut shard = ShardState::new(ShardSetup {
+                    node: config.node_id.clone(),
                     policy,
                     shards: config.shards,
                     pipes,

@@ -132,6 +132,8 @@ pub struct Metrics {
     pub succeeded_durable: AtomicU64,
     pub claims_granted: AtomicU64,
     pub claims_refused: AtomicU64,
+    /// Submit and claim batches whose answer was lost, decided from their rows since.
+    pub calls_in_doubt: AtomicU64,
     /// Ended tasks the retention passes removed from PostgreSQL.
     pub retention_pruned: AtomicU64,
     /// Outbox rows (event batches) the retention passes removed.
@@ -182,6 +184,7 @@ impl Metrics {
             succeeded_durable: AtomicU64::new(0),
             claims_granted: AtomicU64::new(0),
             claims_refused: AtomicU64::new(0),
+            calls_in_doubt: AtomicU64::new(0),
             retention_pruned: AtomicU64::new(0),
             events_pruned: AtomicU64::new(0),
             events_relayed: AtomicU64::new(0),
@@ -285,6 +288,11 @@ impl Metrics {
             w,
             "spindle_claims_total{{result=\"refused\"}} {}",
             self.claims_refused.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            w,
+            "# HELP spindle_calls_in_doubt_total Submit and claim batches whose answer was lost (decided from their rows).\n# TYPE spindle_calls_in_doubt_total counter\nspindle_calls_in_doubt_total {}",
+            self.calls_in_doubt.load(Ordering::Relaxed)
         );
         let _ = writeln!(
             w,

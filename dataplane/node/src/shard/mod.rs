@@ -28,6 +28,7 @@ use spindle_wire::{Admission, ErrorCode, Response, SubmitTask, TaskStatus, WireE
 use tokio::sync::{mpsc, oneshot};
 
 use crate::control::{provider_pool, CpMsg, Pipes, ReadMsg};
+use spindle_control::query::{lost_claim, TaskHead};
 
 mod media;
 mod provider;
@@ -205,6 +206,8 @@ impl ProviderAttempt {
 
 pub struct ShardState {
     core: Shard,
+    /// This node's id (what PostgreSQL records as an attempt's node).
+    node: Rc<str>,
     epoch: Instant,
     pipes: Pipes,
     reads: mpsc::Sender<ReadMsg>,
@@ -256,6 +259,7 @@ pub struct Restored {
 
 /// What a shard starts with.
 pub struct ShardSetup {
+    pub node: String,
     pub policy: Policy,
     /// Shards on this node (node-wide limits are split among them).
     pub shards: u32,
@@ -322,6 +326,7 @@ impl ShardState {
         );
         ShardState {
             core,
+            node: setup.node.into(),
             board: setup.board,
             split_limits,
             provider_rpm,
@@ -751,17 +756,50 @@ async fn submit(
             reply,
         })
         .await;
+        let ids: Vec<TaskId> = commit.iter().map(|&(_, t)| t).collect();
+        // A batch whose answer was lost: the rows tell which tasks it made, if PostgreSQL is
+        // back soon enough (the client waits for this answer).
+        let made = match &outcome {
+            Err(e) if e.is_in_doubt() => {
+                let metrics = state.borrow().metrics.clone();
+                look_up_within(&cp, ids.clone(), &metrics, IN_DOUBT_ANSWER_LOOKUPS)
+                    .await
+                    .map(|heads| heads.iter().map(Option::is_some).collect::<Vec<bool>>())
+            }
+            _ => None,
+        };
         let mut s = state.borrow_mut();
-        match outcome {
-            Ok(outcomes) => {
+        match (outcome, made) {
+            (Ok(outcomes), _) => {
                 for (&(i, task), outcome) in commit.iter().zip(outcomes) {
                     apply_submit_outcome(&mut s, task, outcome, &mut answers[i]);
                 }
             }
-            Err(e) => {
-                // Nothing committed: forget the tasks, refuse as overloaded (paid work is not
+            (Err(e), None) if e.is_in_doubt() => {
+                // Still unknown: the tasks stay as they are (uncommitted, their claims held)
+                // until their rows tell, and the client learns each outcome by submitting
+                // again with the same idempotency keys.
+                drop(s);
+                resolve_submits_later(state.clone(), ids);
+                return answer_error(
+                    reply,
+                    ErrorCode::Unavailable,
+                    format!(
+                        "the submit may have committed ({e}); submit again with the same \
+                         idempotency keys to learn each task's outcome"
+                    ),
+                );
+            }
+            (Err(e), made) => {
+                // Not committed — nothing of the batch, or (in doubt, now read back) the tasks
+                // without a row: forget them and refuse as overloaded (paid work is not
                 // buffered while PostgreSQL is away).
-                for &(i, task) in &commit {
+                let made = made.unwrap_or_else(|| vec![false; commit.len()]);
+                for (&(i, task), made) in commit.iter().zip(made) {
+                    if made {
+                        committed(&mut s, task);
+                        continue;
+                    }
                     forget(&mut s, task);
                     answers[i] = Some(Admission {
                         task,
@@ -807,19 +845,13 @@ fn apply_submit_outcome(
 ) {
     let a = answer.as_mut().expect("accepted rows have an admission");
     match outcome {
-        SubmitOutcome::Created => {
-            if let Some(m) = s.meta.get_mut(&task) {
-                m.committed = true;
-            }
-            if let Some(claim) = s.held_claims.remove(&task) {
-                s.ready_claims.push(claim);
-            }
-            if s.expired_uncommitted.remove(&task) {
-                send_reports(s, vec![vec![finish(task, None, TaskState::Expired, None)]]);
-            }
-        }
+        SubmitOutcome::Created => committed(s, task),
         SubmitOutcome::Replay { task: original, .. } => {
             forget(s, task);
+            // A replay of a task whose own submit is in doubt shows that it committed.
+            if s.meta.get(&original).is_some_and(|m| !m.committed) {
+                committed(s, original);
+            }
             a.task = original;
             a.replay = true;
             a.decision = Decision::Accepted;
@@ -839,6 +871,56 @@ fn apply_submit_outcome(
             a.reason = Some(format!("cost budget: {remaining_milli} milli-units left"));
         }
     }
+}
+
+/// A task's submit committed: what waited for that goes on.
+fn committed(s: &mut ShardState, task: TaskId) {
+    if let Some(m) = s.meta.get_mut(&task) {
+        m.committed = true;
+    }
+    if let Some(claim) = s.held_claims.remove(&task) {
+        s.ready_claims.push(claim);
+    }
+    if s.expired_uncommitted.remove(&task) {
+        send_reports(s, vec![vec![finish(task, None, TaskState::Expired, None)]]);
+    }
+}
+
+/// How many times a submit in doubt is read back before its answer goes out (the rest of the
+/// reading goes on after it, [`resolve_submits_later`]).
+const IN_DOUBT_ANSWER_LOOKUPS: u32 = 4;
+
+/// Reads back the rows of a submit still in doubt after its answer went out: the tasks with a
+/// row committed, the others are forgotten.
+fn resolve_submits_later(state: SharedShard, tasks: Vec<TaskId>) {
+    glommio::spawn_local(async move {
+        let (cp, metrics) = {
+            let s = state.borrow();
+            (s.pipes.submits.clone(), s.metrics.clone())
+        };
+        let Some(heads) = look_up(&cp, tasks.clone(), &metrics).await else {
+            tracing::error!(
+                "submits of {} tasks stay in doubt: PostgreSQL did not answer; a restart or a \
+                 takeover resolves them",
+                tasks.len()
+            );
+            return;
+        };
+        {
+            let mut s = state.borrow_mut();
+            for (task, head) in tasks.into_iter().zip(heads) {
+                if head.is_some() {
+                    committed(&mut s, task);
+                } else {
+                    forget(&mut s, task);
+                }
+            }
+        }
+        if !state.borrow().ready_claims.is_empty() {
+            pump(&state).await;
+        }
+    })
+    .detach();
 }
 
 /// Forgets a live task, keeping the count of running ones.
@@ -1306,82 +1388,166 @@ async fn pump(state: &SharedShard) {
     glommio::spawn_local(async move { claim(&state, claims).await }).detach();
 }
 
+/// A claim committed with `token`: true when the attempt starts now (false: the task was
+/// canceled meanwhile, and the attempt ends at once).
+fn granted(
+    s: &mut ShardState,
+    now: Time,
+    task: TaskId,
+    token: FencingToken,
+    attempt_no: u32,
+) -> bool {
+    s.metrics
+        .claims_granted
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let queued_at = s.meta.get_mut(&task).map(|m| {
+        m.token = Some(token);
+        m.db_version += 1;
+        m.queued_at
+    });
+    match s.core.handle_claim_granted(task, token) {
+        Ok(ClaimOutcome::Submit) => {
+            if let (1, Some(at)) = (attempt_no, queued_at) {
+                s.metrics.dispatch.record(now.since(at) / 1_000, 1);
+            }
+            true
+        }
+        Ok(ClaimOutcome::Canceled) => {
+            remove_meta(s, &task);
+            notify(s, task, TaskState::Canceled);
+            let end = finish(task, Some(token), TaskState::Canceled, None);
+            send_reports(s, vec![vec![end]]);
+            false
+        }
+        Err(e) => {
+            tracing::warn!("claim granted for {task}: {e}");
+            false
+        }
+    }
+}
+
+/// A claim PostgreSQL refused.
+fn refused(s: &mut ShardState, now: Time, task: TaskId, why: ClaimRefusal) {
+    s.metrics
+        .claims_refused
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if matches!(
+        why,
+        ClaimRefusal::TaskGone
+            | ClaimRefusal::VersionMoved { .. }
+            | ClaimRefusal::PartitionNotOwned(_)
+    ) {
+        // Its submit never committed (a replay, a conflict), another writer moved it, or its
+        // partition went to another node: it is not ours to run.
+        let _ = s.core.handle_cancel(task);
+        remove_meta(s, &task);
+    }
+    if let Err(e) = s.core.handle_claim_refused(now, task) {
+        tracing::warn!("claim refused for {task}: {e}");
+    }
+}
+
+/// How many times a shard asks for the rows of calls in doubt before it leaves them to a
+/// restart or a takeover (with pauses doubling up to `IN_DOUBT_PAUSE_MAX`: ~30 minutes).
+const IN_DOUBT_LOOKUPS_MAX: u32 = 1_000;
+const IN_DOUBT_PAUSE_MAX: Duration = Duration::from_secs(2);
+
+/// The rows of `tasks` as they are now, read down `cp` (it reconnects as it needs); `None` when
+/// PostgreSQL did not answer within the bounds, or the pipeline stopped.
+async fn look_up(
+    cp: &mpsc::Sender<CpMsg>,
+    tasks: Vec<TaskId>,
+    metrics: &crate::metrics::Metrics,
+) -> Option<Vec<Option<TaskHead>>> {
+    look_up_within(cp, tasks, metrics, IN_DOUBT_LOOKUPS_MAX).await
+}
+
+async fn look_up_within(
+    cp: &mpsc::Sender<CpMsg>,
+    tasks: Vec<TaskId>,
+    metrics: &crate::metrics::Metrics,
+    tries: u32,
+) -> Option<Vec<Option<TaskHead>>> {
+    metrics
+        .calls_in_doubt
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut pause = Duration::from_millis(50);
+    for _ in 0..tries {
+        let asked = tasks.clone();
+        match ask(cp, |reply| CpMsg::Lookup {
+            tasks: asked,
+            reply,
+        })
+        .await
+        {
+            Ok(heads) => return Some(heads),
+            Err(e) if cp.is_closed() => {
+                tracing::warn!("reading rows in doubt: {e}");
+                return None;
+            }
+            Err(e) => tracing::debug!("reading rows in doubt: {e}"),
+        }
+        glommio::timer::sleep(pause).await;
+        pause = (pause * 2).min(IN_DOUBT_PAUSE_MAX);
+    }
+    None
+}
+
 async fn claim(state: &SharedShard, claims: Vec<ClaimRequest>) {
     let cp = state.borrow().pipes.work.clone();
-    let tasks: Vec<TaskId> = claims.iter().map(|c| c.task).collect();
+    let asked: Vec<(TaskId, u32)> = claims
+        .iter()
+        .map(|c| (c.task, c.expected_version))
+        .collect();
     let result = ask(&cp, |reply| CpMsg::Claim { claims, reply }).await;
+    // One answer per claim; `None`: not taken, the task goes back to its queue.
+    let results: Vec<Option<ClaimResult>> = match result {
+        Ok(results) => results.into_iter().map(Some).collect(),
+        Err(e) if e.is_in_doubt() => {
+            // Taken or not, only the rows can tell: until they do, the tasks stay dispatched
+            // with their claims outstanding (nothing else starts them, nothing releases them).
+            tracing::warn!("{} claims in doubt ({e}); reading their rows", asked.len());
+            let tasks = asked.iter().map(|&(t, _)| t).collect();
+            let metrics = state.borrow().metrics.clone();
+            let Some(heads) = look_up(&cp, tasks, &metrics).await else {
+                tracing::error!(
+                    "claims of {} tasks stay in doubt: PostgreSQL did not answer; a restart \
+                     or a takeover resolves them",
+                    asked.len()
+                );
+                return;
+            };
+            let node = state.borrow().node.clone();
+            asked
+                .iter()
+                .zip(&heads)
+                .map(|(&(task, expected), head)| lost_claim(task, head.as_ref(), &node, expected))
+                .collect()
+        }
+        Err(e) => {
+            tracing::warn!("claims failed ({e}); tasks go back to their queues");
+            vec![None; asked.len()]
+        }
+    };
     let mut started = Vec::new();
     {
         let mut s = state.borrow_mut();
         let now = s.now();
-        match result {
-            Ok(results) => {
-                for (task, r) in tasks.iter().zip(results) {
-                    match r {
-                        ClaimResult::Granted {
-                            token,
-                            attempt_no,
-                            request_key,
-                            ..
-                        } => {
-                            s.metrics
-                                .claims_granted
-                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            let queued_at = s.meta.get_mut(task).map(|m| {
-                                m.token = Some(token);
-                                m.db_version += 1;
-                                m.queued_at
-                            });
-                            match s.core.handle_claim_granted(*task, token) {
-                                Ok(ClaimOutcome::Submit) => {
-                                    if let (1, Some(at)) = (attempt_no, queued_at) {
-                                        s.metrics.dispatch.record(now.since(at) / 1_000, 1);
-                                    }
-                                    started.push((*task, token, attempt_no, request_key))
-                                }
-                                Ok(ClaimOutcome::Canceled) => {
-                                    remove_meta(&mut s, task);
-                                    notify(&mut s, *task, TaskState::Canceled);
-                                    send_reports(
-                                        &mut s,
-                                        vec![vec![finish(
-                                            *task,
-                                            Some(token),
-                                            TaskState::Canceled,
-                                            None,
-                                        )]],
-                                    );
-                                }
-                                Err(e) => tracing::warn!("claim granted for {task}: {e}"),
-                            }
-                        }
-                        ClaimResult::Refused(why) => {
-                            s.metrics
-                                .claims_refused
-                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            if matches!(
-                                why,
-                                ClaimRefusal::TaskGone
-                                    | ClaimRefusal::VersionMoved { .. }
-                                    | ClaimRefusal::PartitionNotOwned(_)
-                            ) {
-                                // Its submit never committed (a replay, a conflict), another
-                                // writer moved it, or its partition went to another node: it
-                                // is not ours to run.
-                                let _ = s.core.handle_cancel(*task);
-                                remove_meta(&mut s, task);
-                            }
-                            if let Err(e) = s.core.handle_claim_refused(now, *task) {
-                                tracing::warn!("claim refused for {task}: {e}");
-                            }
-                        }
+        for (&(task, _), r) in asked.iter().zip(results) {
+            match r {
+                Some(ClaimResult::Granted {
+                    token,
+                    attempt_no,
+                    request_key,
+                    ..
+                }) => {
+                    if granted(&mut s, now, task, token, attempt_no) {
+                        started.push((task, token, attempt_no, request_key));
                     }
                 }
-            }
-            Err(e) => {
-                tracing::warn!("claims failed ({e}); tasks go back to their queues");
-                for task in &tasks {
-                    if let Err(e) = s.core.handle_claim_refused(now, *task) {
+                Some(ClaimResult::Refused(why)) => refused(&mut s, now, task, why),
+                None => {
+                    if let Err(e) = s.core.handle_claim_refused(now, task) {
                         tracing::warn!("requeue of {task}: {e}");
                     }
                 }

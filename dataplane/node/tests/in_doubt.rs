@@ -1,0 +1,104 @@
+//! Calls whose answer is lost: PostgreSQL commits a submit or a claim, and the connection
+//! breaks before the node hears so. The node reads the rows back instead of taking "no answer"
+//! for "not committed": an acknowledged task is never left unserved in PostgreSQL, and a claimed
+//! one runs, once.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{executed_once_per_attempt, start_on, task, wait_all_succeeded, wait_for, CONFIG};
+use spindle_client::Client;
+use spindle_control::testing::{Proxy, TestDb};
+use spindle_core::{Decision, TaskState, TenantId};
+
+/// Polls (bounded) until the proxy has lost an answer, then breaks every connection through it.
+async fn lose_one_then_cut(proxy: &Proxy) {
+    for _ in 0..20_000 {
+        if proxy.lost() > 0 {
+            proxy.cut();
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    panic!("no answer was lost");
+}
+
+async fn calls_in_doubt(daemon: &common::Daemon) -> u64 {
+    let (_, metrics) = common::http_get(daemon.http, "/metrics").await;
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("spindle_calls_in_doubt_total "))
+        .expect("the metric is exported")
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_submit_whose_answer_is_lost_is_read_back_acknowledged_and_run() {
+    let test = TestDb::new().await;
+    let proxy = Proxy::start(&test.config().conninfo);
+    let daemon = start_on(proxy.conninfo(), CONFIG).await;
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let warm = client.submit(task("warm")).await.unwrap();
+    wait_for(&client, warm.task, TaskState::Succeeded).await;
+
+    // The submit commits; its answer goes nowhere, then every connection breaks.
+    proxy.lose_answer_containing(b"CREATED");
+    let (answer, ()) = tokio::join!(client.submit(task("doubt")), lose_one_then_cut(&proxy));
+    // Read back, not refused: the task is PostgreSQL's, so it is acknowledged and runs.
+    let a = answer.unwrap();
+    assert_eq!(a.decision, Decision::Accepted, "{a:?}");
+    assert!(!a.replay);
+    wait_for(&client, a.task, TaskState::Succeeded).await;
+    let again = client.submit(task("doubt")).await.unwrap();
+    assert!(again.replay && again.task == a.task, "{again:?}");
+    assert_eq!(calls_in_doubt(&daemon).await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_answer_is_lost_is_read_back_and_its_task_runs_once() {
+    let test = TestDb::new().await;
+    let proxy = Proxy::start(&test.config().conninfo);
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("executions.log");
+    let config = CONFIG.replacen(
+        "[[tenants]]",
+        &format!("local_provider_log = \"{}\"\n\n[[tenants]]", log.display()),
+        1,
+    );
+    let daemon = start_on(proxy.conninfo(), &config).await;
+    let sql = test.sql().await.unwrap();
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+
+    // The first claim of the batch commits unheard; then every connection breaks.
+    proxy.lose_answer_containing(b"GRANTED");
+    let batch: Vec<_> = (0..8).map(|i| task(&format!("c{i}"))).collect();
+    let (answers, ()) = tokio::join!(client.submit_batch(batch), lose_one_then_cut(&proxy));
+    let mut ids = Vec::new();
+    for a in answers.unwrap() {
+        assert!(a.decision.is_accepted(), "{a:?}");
+        ids.push(a.task.0 as i64);
+    }
+
+    // Every task ends SUCCEEDED on its first attempt, each attempt executed once, and the
+    // provider pools hold nothing afterwards.
+    assert_eq!(wait_all_succeeded(&sql, &ids).await, ids.len() as i64);
+    let ran = executed_once_per_attempt(&[log.as_path()]);
+    assert_eq!(ran.len(), ids.len());
+    let row = sql
+        .query_one(
+            "SELECT max(attempt_no),
+                    (SELECT coalesce(sum(used), 0)::bigint FROM resource_pool_shard)
+               FROM task",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!((row.get::<_, i32>(0), row.get::<_, i64>(1)), (1, 0));
+    assert_eq!(calls_in_doubt(&daemon).await, 1);
+}
