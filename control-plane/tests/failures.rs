@@ -199,15 +199,30 @@ async fn every_session_runs_with_statement_and_idle_transaction_timeouts() {
     assert!(!db.is_closed());
 }
 
-/// Polls (bounded) until the proxy has lost `n` answers.
-async fn wait_lost(proxy: &spindle_control::testing::Proxy, n: u32) {
+/// Polls (bounded) until the proxy has lost `n` answers and `committed` holds: a call's rows
+/// go out before its commit, so a cut before that would roll it back.
+async fn wait_lost(
+    proxy: &spindle_control::testing::Proxy,
+    n: u32,
+    sql: &tokio_postgres::Client,
+    committed: &str,
+) {
     for _ in 0..10_000 {
-        if proxy.lost() >= n {
+        if proxy.lost() >= n
+            && sql
+                .query_one(committed, &[])
+                .await
+                .unwrap()
+                .get::<_, bool>(0)
+        {
             return;
         }
         tokio::time::sleep(std::time::Duration::from_millis(1)).await;
     }
-    panic!("the proxy lost {} answers, not {n}", proxy.lost());
+    panic!(
+        "lost {} answers (not {n}), or not `{committed}`",
+        proxy.lost()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -227,7 +242,7 @@ async fn a_call_whose_answer_is_lost_is_in_doubt_and_its_rows_tell_what_it_did()
             .await;
         (db, r)
     });
-    wait_lost(&proxy, 1).await;
+    wait_lost(&proxy, 1, &sql, "SELECT count(*) = 2 FROM task").await;
     proxy.cut();
     let (_, result) = submit.await.unwrap();
     let err = result.unwrap_err();
@@ -243,19 +258,12 @@ async fn a_call_whose_answer_is_lost_is_in_doubt_and_its_rows_tell_what_it_did()
             .await;
         (db, r)
     });
-    wait_lost(&proxy, 2).await;
+    let claimed = "SELECT state = 'DISPATCHING' FROM task WHERE task_id = 1";
+    wait_lost(&proxy, 2, &sql, claimed).await;
     proxy.cut();
     let (_, result) = claim_1.await.unwrap();
     assert!(result.unwrap_err().is_in_doubt());
 
-    assert_eq!(
-        sql.query_one("SELECT count(*) FROM task", &[])
-            .await
-            .unwrap()
-            .get::<_, i64>(0),
-        2,
-        "the submit committed"
-    );
     // The rows say what each call did: task 1 was granted to this node (its token is the
     // row's), task 2 was never claimed, task 3 does not exist; another node's view of task 1
     // is a row that moved.

@@ -12,16 +12,27 @@ use spindle_client::Client;
 use spindle_control::testing::{Proxy, TestDb};
 use spindle_core::{Decision, TaskState, TenantId};
 
-/// Polls (bounded) until the proxy has lost an answer, then breaks every connection through it.
-async fn lose_one_then_cut(proxy: &Proxy) {
+/// Polls (bounded) until the proxy has lost an answer and `committed` holds (a call's rows go
+/// out before its commit: a cut before that would roll it back), then breaks every connection
+/// through the proxy.
+pub async fn lose_one_then_cut(proxy: &Proxy, sql: &tokio_postgres::Client, committed: &str) {
     for _ in 0..20_000 {
-        if proxy.lost() > 0 {
+        if proxy.lost() > 0
+            && sql
+                .query_one(committed, &[])
+                .await
+                .unwrap()
+                .get::<_, bool>(0)
+        {
             proxy.cut();
             return;
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    panic!("no answer was lost");
+    panic!(
+        "no answer lost (lost {}), or not `{committed}`",
+        proxy.lost()
+    );
 }
 
 async fn calls_in_doubt(daemon: &common::Daemon) -> u64 {
@@ -39,6 +50,7 @@ async fn a_submit_whose_answer_is_lost_is_read_back_acknowledged_and_run() {
     let test = TestDb::new().await;
     let proxy = Proxy::start(&test.config().conninfo);
     let daemon = start_on(proxy.conninfo(), CONFIG).await;
+    let sql = test.sql().await.unwrap();
     let client = Client::connect(daemon.addr, TenantId(1), "one")
         .await
         .unwrap();
@@ -47,7 +59,11 @@ async fn a_submit_whose_answer_is_lost_is_read_back_acknowledged_and_run() {
 
     // The submit commits; its answer goes nowhere, then every connection breaks.
     proxy.lose_answer_containing(b"CREATED");
-    let (answer, ()) = tokio::join!(client.submit(task("doubt")), lose_one_then_cut(&proxy));
+    let made = "SELECT count(*) = 1 FROM task WHERE idempotency_key = 'doubt'";
+    let (answer, ()) = tokio::join!(
+        client.submit(task("doubt")),
+        lose_one_then_cut(&proxy, &sql, made)
+    );
     // Read back, not refused: the task is PostgreSQL's, so it is acknowledged and runs.
     let a = answer.unwrap();
     assert_eq!(a.decision, Decision::Accepted, "{a:?}");
@@ -78,7 +94,11 @@ async fn a_claim_whose_answer_is_lost_is_read_back_and_its_task_runs_once() {
     // The first claim of the batch commits unheard; then every connection breaks.
     proxy.lose_answer_containing(b"GRANTED");
     let batch: Vec<_> = (0..8).map(|i| task(&format!("c{i}"))).collect();
-    let (answers, ()) = tokio::join!(client.submit_batch(batch), lose_one_then_cut(&proxy));
+    let claimed = "SELECT count(*) > 0 FROM task WHERE state = 'DISPATCHING'";
+    let (answers, ()) = tokio::join!(
+        client.submit_batch(batch),
+        lose_one_then_cut(&proxy, &sql, claimed)
+    );
     let mut ids = Vec::new();
     for a in answers.unwrap() {
         assert!(a.decision.is_accepted(), "{a:?}");

@@ -6,9 +6,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{http_get, start_with, task, Daemon};
+use common::{http_get, start_on, start_with, task, Daemon};
 use spindle_client::Client;
-use spindle_control::testing::TestDb;
+use spindle_control::testing::{Proxy, TestDb};
 use spindle_core::{TaskId, TenantId};
 use spindle_providers::api::{AccountStats, Fault};
 use spindle_providers::{HttpProvider, MockConfig, MockProvider};
@@ -549,6 +549,44 @@ role = "operator"
     let (ok, out) = common::ctl(daemon.http, "operator-token-0123456789", &again);
     assert!(ok, "{out}");
     assert!(out.contains("not_failed (SUCCEEDED)"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_requeue_whose_answer_was_lost_is_claimed_again_at_its_stored_version() {
+    let test = TestDb::new().await;
+    let (m, admin) = mock(30).await;
+    set_fault(&admin, Fault::ServerError).await;
+    let proxy = Proxy::start(&test.config().conninfo);
+    let daemon = start_on(proxy.conninfo(), &node_config("requeue-node", &m, "")).await;
+    // After a 503 the attempt is in doubt at the provider until a query by request key finds
+    // nothing; then it is requeued. That requeue commits, its answer (the one answer after
+    // the submit's to name QUEUED) is lost, and its retry finds the attempt gone: the task's
+    // next claim expects the version from before the requeue.
+    let ids = submit(&daemon, "lost", 1).await;
+    proxy.lose_answer_containing(b"QUEUED");
+    let sql = test.sql().await.unwrap();
+    // A call's rows go out before its commit: the cut waits for the requeue to be committed
+    // (claimed at version 1, SUBMIT_UNKNOWN at 2, requeued at 3).
+    let requeued = "SELECT state = 'QUEUED' AND version = 3 FROM task";
+    for _ in 0..20_000 {
+        if proxy.lost() > 0
+            && sql
+                .query_one(requeued, &[])
+                .await
+                .unwrap()
+                .get::<_, bool>(0)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(proxy.lost(), 1, "the requeue's answer was lost");
+    set_fault(&admin, Fault::None).await;
+    proxy.cut();
+    // Claimed again at the version PostgreSQL has, not dropped as moved by another writer.
+    assert_eq!(wait_final(&test, &ids).await, ["SUCCEEDED"]);
+    let total = assert_clean(&test, &admin).await;
+    assert_eq!(total.accepted, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

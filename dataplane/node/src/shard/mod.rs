@@ -1431,6 +1431,22 @@ fn refused(s: &mut ShardState, now: Time, task: TaskId, why: ClaimRefusal) {
     s.metrics
         .claims_refused
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if let ClaimRefusal::VersionMoved {
+        state: TaskState::Queued,
+        version,
+    } = why
+    {
+        // Still queued in this node's partition, at a version this shard did not see: its own
+        // report moved it, unheard (a requeue whose answer was lost, its retry refused as
+        // done). The task is claimed again at the version PostgreSQL has.
+        if let Some(m) = s.meta.get_mut(&task) {
+            m.db_version = version;
+        }
+        if let Err(e) = s.core.handle_claim_refused(now, task) {
+            tracing::warn!("claim refused for {task}: {e}");
+        }
+        return;
+    }
     if matches!(
         why,
         ClaimRefusal::TaskGone
