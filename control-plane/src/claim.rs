@@ -7,8 +7,7 @@ use spindle_core::{AttemptId, FencingToken, TaskId, TaskState};
 
 use crate::db::Db;
 use crate::error::{
-    check_answered, check_batch_len, check_text, sent_call_error, to_i64, BatchTasks, InputError,
-    StoreError,
+    check_answered, check_batch_len, check_text, to_i64, BatchTasks, InputError, StoreError,
 };
 use crate::limits::{DEMANDS_PER_CLAIM_MAX, NAME_BYTES_MAX, POOL_KEY_BYTES_MAX};
 use crate::types::{parse_state, PartitionId, PoolShard};
@@ -151,27 +150,27 @@ impl Db {
             pools_joined.push(joined);
         }
         let lease_ms = i64::from(lease_ms);
-        let open = !self.is_closed();
         let rows = self
-            .client()
-            .query(
-                &self.stmts.claim,
-                &[
-                    &node,
-                    &lease_ms,
-                    &task,
-                    &version,
-                    &provider,
-                    &dstart,
-                    &dcount,
-                    &pool,
-                    &shard,
-                    &amount,
-                    &pools_joined,
-                ],
+            .answered(
+                true,
+                self.client().query(
+                    &self.stmts.claim,
+                    &[
+                        &node,
+                        &lease_ms,
+                        &task,
+                        &version,
+                        &provider,
+                        &dstart,
+                        &dcount,
+                        &pool,
+                        &shard,
+                        &amount,
+                        &pools_joined,
+                    ],
+                ),
             )
-            .await
-            .map_err(|e| sent_call_error(e, open))?;
+            .await?;
         check_answered("claim", &rows, batch.len())?;
         rows.iter()
             .zip(batch)

@@ -23,6 +23,12 @@ pub struct DbConfig {
     /// `lock_timeout`: a batch waiting this long for a row lock gives up (retryable).
     pub lock_timeout_ms: u32,
     pub connect_timeout_ms: u32,
+    /// How long past `statement_timeout` a call's answer may take before the connection is
+    /// given up (the server ends every statement at its timeout and answers, so a longer
+    /// silence is a connection that went dead without closing — a network partition, a
+    /// failover that left the socket half open): the call fails as unavailable, or in doubt
+    /// if it changes rows.
+    pub answer_grace_ms: u32,
     /// First delay of `open_with_backoff`; doubled per attempt up to `backoff_max_ms`.
     pub backoff_initial_ms: u32,
     pub backoff_max_ms: u32,
@@ -37,6 +43,7 @@ impl DbConfig {
             idle_in_transaction_timeout_ms: 10_000,
             lock_timeout_ms: 5_000,
             connect_timeout_ms: 5_000,
+            answer_grace_ms: 5_000,
             backoff_initial_ms: 50,
             backoff_max_ms: 2_000,
             application_name: "spindle".into(),
@@ -56,6 +63,8 @@ pub struct Db {
     client: Client,
     pub(crate) stmts: Statements,
     connection: JoinHandle<()>,
+    /// `statement_timeout` + `answer_grace_ms`: see [`Db::answered`].
+    answer_deadline: Duration,
 }
 
 impl Db {
@@ -64,11 +73,46 @@ impl Db {
         let (mut client, connection) = connect(config).await?;
         migrate::apply(&mut client).await?;
         let stmts = prepare(&client).await?;
+        let answer_deadline = Duration::from_millis(
+            u64::from(config.statement_timeout_ms) + u64::from(config.answer_grace_ms),
+        );
         Ok(Db {
             client,
             stmts,
             connection,
+            answer_deadline,
         })
+    }
+
+    /// Awaits `call`, a query on this connection, for at most the answer deadline. Past it the
+    /// connection is given up (every later call fails `Unavailable` until the caller opens a
+    /// new one). A call that `changes` rows and was sent on a live connection is in doubt
+    /// when it fails without the server's answer, whether the connection broke or went
+    /// silent.
+    pub(crate) async fn answered<T>(
+        &self,
+        changes: bool,
+        call: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
+    ) -> Result<T, StoreError> {
+        let open = !self.is_closed();
+        match tokio::time::timeout(self.answer_deadline, call).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(e)) if changes => Err(crate::error::sent_call_error(e, open)),
+            Ok(Err(e)) => Err(e.into()),
+            Err(_) => {
+                self.connection.abort();
+                let text = format!(
+                    "no answer within {} ms; the connection is given up",
+                    self.answer_deadline.as_millis()
+                );
+                tracing::warn!("PostgreSQL: {text}");
+                Err(if changes && open {
+                    StoreError::InDoubt(text)
+                } else {
+                    StoreError::Unavailable(text)
+                })
+            }
+        }
     }
 
     /// `open`, retried with exponential backoff while PostgreSQL is unavailable; other errors

@@ -24,6 +24,16 @@ pub struct PartitionOwner {
     pub address: String,
 }
 
+/// `acquire_partitions`: takes or renews, among $2, every partition free, expired or held by
+/// $1, for $3 ms; a change of owner bumps the epoch.
+const ACQUIRE: &str = "UPDATE partition_lease l
+    SET epoch = l.epoch + CASE WHEN l.owner_node IS DISTINCT FROM $1 THEN 1 ELSE 0 END,
+        owner_node = $1,
+        lease_until = now() + $3::float8 * interval '1 millisecond'
+  WHERE l.partition = ANY ($2)
+    AND (l.owner_node IS NULL OR l.owner_node = $1 OR l.lease_until < now())
+ RETURNING l.partition, l.epoch";
+
 impl Db {
     /// Registers (or re-registers) a node as UP; also its heartbeat.
     pub async fn register_node(&self, node: &str, address: &str) -> Result<(), StoreError> {
@@ -81,18 +91,9 @@ impl Db {
         check_text(0, "node", node, NAME_BYTES_MAX)?;
         check_batch_len(wanted.len())?;
         let wanted: Vec<i32> = wanted.iter().map(|p| p.0 as i32).collect();
+        let ttl = f64::from(ttl_ms);
         let rows = self
-            .client()
-            .query(
-                "UPDATE partition_lease l
-                    SET epoch = l.epoch + CASE WHEN l.owner_node IS DISTINCT FROM $1 THEN 1 ELSE 0 END,
-                        owner_node = $1,
-                        lease_until = now() + $3::float8 * interval '1 millisecond'
-                  WHERE l.partition = ANY ($2)
-                    AND (l.owner_node IS NULL OR l.owner_node = $1 OR l.lease_until < now())
-                 RETURNING l.partition, l.epoch",
-                &[&node, &wanted, &f64::from(ttl_ms)],
-            )
+            .answered(true, self.client().query(ACQUIRE, &[&node, &wanted, &ttl]))
             .await?;
         let mut held: Vec<PartitionLease> = rows
             .iter()
@@ -109,14 +110,16 @@ impl Db {
     /// Every partition with its owner (if its lease is live) and that owner's client address.
     pub async fn partition_owners(&self) -> Result<Vec<PartitionOwner>, StoreError> {
         let rows = self
-            .client()
-            .query(
-                "SELECT l.partition, l.owner_node, n.address
+            .answered(
+                false,
+                self.client().query(
+                    "SELECT l.partition, l.owner_node, n.address
                    FROM partition_lease l
                    LEFT JOIN node n ON n.node_id = l.owner_node
                   WHERE l.owner_node IS NOT NULL AND l.lease_until > now()
                   ORDER BY l.partition",
-                &[],
+                    &[],
+                ),
             )
             .await?;
         Ok(rows
@@ -176,8 +179,11 @@ impl Db {
         let ids: Vec<i64> = attempts.iter().map(|(t, _)| t.0 as i64).collect();
         let tokens: Vec<i64> = attempts.iter().map(|(_, t)| t.0 as i64).collect();
         let rows = self
-            .client()
-            .query(&self.stmts.renew, &[&ids, &tokens, &i64::from(ttl_ms)])
+            .answered(
+                true,
+                self.client()
+                    .query(&self.stmts.renew, &[&ids, &tokens, &i64::from(ttl_ms)]),
+            )
             .await?;
         Ok(rows
             .iter()

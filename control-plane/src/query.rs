@@ -84,12 +84,14 @@ impl Db {
         crate::error::check_batch_len(tasks.len())?;
         let ids: Vec<i64> = tasks.iter().map(|t| t.0 as i64).collect();
         let rows = self
-            .client()
-            .query(
-                "SELECT task_id, tenant_id, state, version, attempt_no, cost_estimate_milli,
+            .answered(
+                false,
+                self.client().query(
+                    "SELECT task_id, tenant_id, state, version, attempt_no, cost_estimate_milli,
                         cost_actual_milli, failure_reason
                    FROM task WHERE task_id = ANY ($1)",
-                &[&ids],
+                    &[&ids],
+                ),
             )
             .await?;
         rows.iter()
@@ -116,14 +118,16 @@ impl Db {
         crate::error::check_batch_len(tasks.len())?;
         let ids: Vec<i64> = tasks.iter().map(|t| t.0 as i64).collect();
         let rows = self
-            .client()
-            .query(
-                "SELECT t.state, t.version, t.attempt_no, t.current_attempt, t.current_fencing,
+            .answered(
+                false,
+                self.client().query(
+                    "SELECT t.state, t.version, t.attempt_no, t.current_attempt, t.current_fencing,
                         t.attempt_node
                    FROM unnest($1::bigint[]) WITH ORDINALITY AS c (task, ord)
                    LEFT JOIN task t ON t.task_id = c.task
                   ORDER BY c.ord",
-                &[&ids],
+                    &[&ids],
+                ),
             )
             .await?;
         crate::error::check_answered("task heads", &rows, tasks.len())?;

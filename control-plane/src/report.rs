@@ -6,9 +6,7 @@ use spindle_core::state::Actor;
 use spindle_core::{FencingToken, TaskId, TaskState};
 
 use crate::db::Db;
-use crate::error::{
-    check_answered, check_batch_len, sent_call_error, to_i64, BatchTasks, InputError, StoreError,
-};
+use crate::error::{check_answered, check_batch_len, to_i64, BatchTasks, InputError, StoreError};
 use crate::limits::REASON_BYTES_MAX;
 use crate::types::parse_state;
 
@@ -228,15 +226,15 @@ impl Db {
                     .then(|| r.via.iter().map(|s| s.name()).collect::<Vec<_>>().join(">"))
             })
             .collect();
-        let open = !self.is_closed();
         let rows = self
-            .client()
-            .query(
-                &self.stmts.report,
-                &[&task, &token, &mode, &to, &cost, &delay, &reason, &via],
+            .answered(
+                true,
+                self.client().query(
+                    &self.stmts.report,
+                    &[&task, &token, &mode, &to, &cost, &delay, &reason, &via],
+                ),
             )
-            .await
-            .map_err(|e| sent_call_error(e, open))?;
+            .await?;
         check_answered("report", &rows, batch.len())?;
         rows.iter()
             .map(|r| {

@@ -5,8 +5,7 @@ use spindle_core::{Band, Lane, PolicyVersion, TaskId, TaskState, TenantId, UserI
 
 use crate::db::Db;
 use crate::error::{
-    check_answered, check_batch_len, check_text, sent_call_error, to_i64, BatchTasks, InputError,
-    StoreError,
+    check_answered, check_batch_len, check_text, to_i64, BatchTasks, InputError, StoreError,
 };
 use crate::limits::{IDEMPOTENCY_KEY_BYTES_MAX, PARTITIONS_MAX, PAYLOAD_BYTES_MAX};
 use crate::types::{parse_state, PartitionId};
@@ -106,18 +105,18 @@ impl Db {
         let cost: Vec<i64> = batch.iter().map(|t| t.cost_estimate_milli as i64).collect();
         let fairness: Vec<i64> = batch.iter().map(|t| t.fairness_milli as i64).collect();
         let version = policy_version.0 as i64;
-        let open = !self.is_closed();
         let rows = self
-            .client()
-            .query(
-                &self.stmts.submit,
-                &[
-                    &task, &tenant, &user, &key, &payload, &partition, &lane, &band, &cost,
-                    &fairness, &version,
-                ],
+            .answered(
+                true,
+                self.client().query(
+                    &self.stmts.submit,
+                    &[
+                        &task, &tenant, &user, &key, &payload, &partition, &lane, &band, &cost,
+                        &fairness, &version,
+                    ],
+                ),
             )
-            .await
-            .map_err(|e| sent_call_error(e, open))?;
+            .await?;
         check_answered("submit", &rows, batch.len())?;
         rows.iter()
             .map(|r| {

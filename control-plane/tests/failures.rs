@@ -310,3 +310,33 @@ async fn a_call_whose_answer_is_lost_is_in_doubt_and_its_rows_tell_what_it_did()
         .get(0);
     assert_eq!(used, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_gone_silent_is_given_up_after_the_answer_deadline() {
+    let (test, direct) = setup().await;
+    direct.set_pool("provider:acme", 100, 1).await.unwrap();
+    direct
+        .submit_batch(&[task(1, 1, "a")], PolicyVersion(1))
+        .await
+        .unwrap();
+    let proxy = spindle_control::testing::Proxy::start(&test.config().conninfo);
+    let mut config = DbConfig::new(proxy.conninfo());
+    config.statement_timeout_ms = 400;
+    config.answer_grace_ms = 200;
+    let db = Db::open(&config).await.unwrap();
+    // The answer is lost and the connection stays open (nothing cuts it): a dead peer that
+    // never says so.
+    proxy.lose_answer_containing(b"GRANTED");
+    let started = std::time::Instant::now();
+    let err = db
+        .claim_batch(NODE, LEASE_MS, &[claim(1, 0, &[("provider:acme", 0, 1)])])
+        .await
+        .unwrap_err();
+    assert!(err.is_in_doubt(), "{err:?}");
+    assert!(started.elapsed() >= std::time::Duration::from_millis(600));
+    assert_eq!(proxy.lost(), 1);
+    // The connection is given up: later calls fail at once instead of waiting on it.
+    assert!(db.is_closed());
+    let read = db.task_heads(&[TaskId(1)]).await.unwrap_err();
+    assert!(read.is_unavailable() && !read.is_in_doubt(), "{read:?}");
+}

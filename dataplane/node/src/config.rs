@@ -57,6 +57,14 @@ pub struct Config {
     /// Lease of running attempts and of partitions.
     #[serde(default = "default_lease_ms")]
     pub lease_ms: u32,
+    /// PostgreSQL's `statement_timeout` for the node's sessions (a batch is one statement).
+    #[serde(default = "default_postgres_statement_timeout_ms")]
+    pub postgres_statement_timeout_ms: u32,
+    /// How long past the statement timeout a call may go unanswered before its connection is
+    /// given up as dead (a partition or failover that left the socket half open): the call is
+    /// then in doubt and the node reads its rows back.
+    #[serde(default = "default_postgres_answer_grace_ms")]
+    pub postgres_answer_grace_ms: u32,
     /// On SIGTERM: how long running work may take to finish before the node exits anyway.
     #[serde(default = "default_drain_ms")]
     pub drain_ms: u64,
@@ -172,6 +180,12 @@ fn default_partitions() -> u32 {
 }
 fn default_lease_ms() -> u32 {
     30_000
+}
+fn default_postgres_statement_timeout_ms() -> u32 {
+    10_000
+}
+fn default_postgres_answer_grace_ms() -> u32 {
+    5_000
 }
 fn default_drain_ms() -> u64 {
     30_000
@@ -289,6 +303,14 @@ impl Config {
             spindle_control::limits::BATCH_MAX
         );
         anyhow::ensure!(self.lease_ms >= 1_000, "lease_ms must be at least 1000");
+        anyhow::ensure!(
+            (100..=600_000).contains(&self.postgres_statement_timeout_ms),
+            "postgres_statement_timeout_ms must be 100..=600000"
+        );
+        anyhow::ensure!(
+            (100..=600_000).contains(&self.postgres_answer_grace_ms),
+            "postgres_answer_grace_ms must be 100..=600000"
+        );
         anyhow::ensure!(
             (1..=1_000_000).contains(&self.provider_concurrency),
             "provider_concurrency must be 1..=1000000"
@@ -541,6 +563,19 @@ mod tests {
             std::fs::write(&path, format!("retention_scan_rows = {rows}\n")).unwrap();
             let e = Config::load(&Args::file(path.clone(), None)).unwrap_err();
             assert_eq!(e.to_string(), "retention_scan_rows must be 1..=10000");
+        }
+    }
+
+    #[test]
+    fn the_postgres_timeouts_outside_their_bounds_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        for key in ["postgres_statement_timeout_ms", "postgres_answer_grace_ms"] {
+            for ms in [99, 600_001] {
+                std::fs::write(&path, format!("{key} = {ms}\n")).unwrap();
+                let e = Config::load(&Args::file(path.clone(), None)).unwrap_err();
+                assert_eq!(e.to_string(), format!("{key} must be 100..=600000"));
+            }
         }
     }
 }

@@ -104,7 +104,11 @@ fn run_node(config: Config) -> anyhow::Result<()> {
     } else {
         config.postgres.clone()
     };
-    let db_config = DbConfig::new(conninfo);
+    let db_config = DbConfig {
+        statement_timeout_ms: config.postgres_statement_timeout_ms,
+        answer_grace_ms: config.postgres_answer_grace_ms,
+        ..DbConfig::new(conninfo)
+    };
     let metrics = metrics::Metrics::new(config.shards as usize);
     let _ = metrics.live.set(live.clone());
     let ownership = std::sync::Arc::new(ownership::Ownership::new(config.partitions));

@@ -122,3 +122,31 @@ async fn a_claim_whose_answer_is_lost_is_read_back_and_its_task_runs_once() {
     assert_eq!((row.get::<_, i32>(0), row.get::<_, i64>(1)), (1, 0));
     assert_eq!(calls_in_doubt(&daemon).await, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_connection_goes_silent_is_given_up_and_read_back() {
+    let test = TestDb::new().await;
+    let proxy = Proxy::start(&test.config().conninfo);
+    // The answer is lost and nothing breaks the connection (a dead peer that never says so):
+    // after the statement timeout and the grace the node gives the connection up by itself.
+    let config = CONFIG.replacen(
+        "[[tenants]]",
+        "postgres_statement_timeout_ms = 1000\npostgres_answer_grace_ms = 500\n\n[[tenants]]",
+        1,
+    );
+    let daemon = start_on(proxy.conninfo(), &config).await;
+    let sql = test.sql().await.unwrap();
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    proxy.lose_answer_containing(b"GRANTED");
+    let batch: Vec<_> = (0..8).map(|i| task(&format!("s{i}"))).collect();
+    let mut ids = Vec::new();
+    for a in client.submit_batch(batch).await.unwrap() {
+        assert!(a.decision.is_accepted(), "{a:?}");
+        ids.push(a.task.0 as i64);
+    }
+    assert_eq!(wait_all_succeeded(&sql, &ids).await, ids.len() as i64);
+    assert_eq!(proxy.lost(), 1);
+    assert_eq!(calls_in_doubt(&daemon).await, 1);
+}
