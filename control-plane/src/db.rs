@@ -65,6 +65,9 @@ pub struct Db {
     connection: JoinHandle<()>,
     /// `statement_timeout` + `answer_grace_ms`: see [`Db::answered`].
     answer_deadline: Duration,
+    /// Set when a call went unanswered past the deadline: the connection is closed from then
+    /// on, whenever its task finishes ending.
+    given_up: std::sync::atomic::AtomicBool,
 }
 
 impl Db {
@@ -81,6 +84,7 @@ impl Db {
             stmts,
             connection,
             answer_deadline,
+            given_up: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -94,12 +98,20 @@ impl Db {
         changes: bool,
         call: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
     ) -> Result<T, StoreError> {
+        if self.given_up.load(std::sync::atomic::Ordering::Relaxed) {
+            // Not sent: nothing of it can have committed.
+            return Err(StoreError::Unavailable(
+                "the connection was given up".into(),
+            ));
+        }
         let open = !self.is_closed();
         match tokio::time::timeout(self.answer_deadline, call).await {
             Ok(Ok(answer)) => Ok(answer),
             Ok(Err(e)) if changes => Err(crate::error::sent_call_error(e, open)),
             Ok(Err(e)) => Err(e.into()),
             Err(_) => {
+                self.given_up
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
                 self.connection.abort();
                 let text = format!(
                     "no answer within {} ms; the connection is given up",
@@ -135,7 +147,7 @@ impl Db {
 
     /// True once the connection is gone; every call then returns `Unavailable`.
     pub fn is_closed(&self) -> bool {
-        self.client.is_closed()
+        self.given_up.load(std::sync::atomic::Ordering::Relaxed) || self.client.is_closed()
     }
 
     /// The backend's process id (for operators and for tests that terminate it).
