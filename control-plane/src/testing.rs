@@ -187,6 +187,22 @@ impl Proxy {
         self.shared.lost.load(Ordering::SeqCst)
     }
 
+    /// Waits (bounded: ~20 s, then panics) until an answer was lost and `committed` — a query
+    /// answering one boolean — holds on `sql` (a direct connection): a call's rows go out before
+    /// its commit, so a cut before that would roll it back.
+    pub async fn wait_lost_and(&self, sql: &tokio_postgres::Client, committed: &str) {
+        for _ in 0..20_000 {
+            if self.lost() > 0 {
+                let row = sql.query_one(committed, &[]).await;
+                if row.is_ok_and(|r| r.get::<_, bool>(0)) {
+                    return;
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        panic!("lost {} answers; `{committed}` never held", self.lost());
+    }
+
     /// Breaks every connection made through the proxy so far.
     pub fn cut(&self) {
         let clients = std::mem::take(&mut *lock(&self.shared.clients));

@@ -199,32 +199,6 @@ async fn every_session_runs_with_statement_and_idle_transaction_timeouts() {
     assert!(!db.is_closed());
 }
 
-/// Polls (bounded) until the proxy has lost `n` answers and `committed` holds: a call's rows
-/// go out before its commit, so a cut before that would roll it back.
-async fn wait_lost(
-    proxy: &spindle_control::testing::Proxy,
-    n: u32,
-    sql: &tokio_postgres::Client,
-    committed: &str,
-) {
-    for _ in 0..10_000 {
-        if proxy.lost() >= n
-            && sql
-                .query_one(committed, &[])
-                .await
-                .unwrap()
-                .get::<_, bool>(0)
-        {
-            return;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-    }
-    panic!(
-        "lost {} answers (not {n}), or not `{committed}`",
-        proxy.lost()
-    );
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_whose_answer_is_lost_is_in_doubt_and_its_rows_tell_what_it_did() {
     let (test, direct) = setup().await;
@@ -242,7 +216,9 @@ async fn a_call_whose_answer_is_lost_is_in_doubt_and_its_rows_tell_what_it_did()
             .await;
         (db, r)
     });
-    wait_lost(&proxy, 1, &sql, "SELECT count(*) = 2 FROM task").await;
+    proxy
+        .wait_lost_and(&sql, "SELECT count(*) = 2 FROM task")
+        .await;
     proxy.cut();
     let (_, result) = submit.await.unwrap();
     let err = result.unwrap_err();
@@ -259,7 +235,8 @@ async fn a_call_whose_answer_is_lost_is_in_doubt_and_its_rows_tell_what_it_did()
         (db, r)
     });
     let claimed = "SELECT state = 'DISPATCHING' FROM task WHERE task_id = 1";
-    wait_lost(&proxy, 2, &sql, claimed).await;
+    proxy.wait_lost_and(&sql, claimed).await;
+    assert_eq!(proxy.lost(), 2);
     proxy.cut();
     let (_, result) = claim_1.await.unwrap();
     assert!(result.unwrap_err().is_in_doubt());

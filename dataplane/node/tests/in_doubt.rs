@@ -5,34 +5,29 @@
 
 mod common;
 
-use std::time::Duration;
-
 use common::{executed_once_per_attempt, start_on, task, wait_all_succeeded, wait_for, CONFIG};
 use spindle_client::Client;
 use spindle_control::testing::{Proxy, TestDb};
 use spindle_core::{Decision, TaskState, TenantId};
 
-/// Polls (bounded) until the proxy has lost an answer and `committed` holds (a call's rows go
-/// out before its commit: a cut before that would roll it back), then breaks every connection
-/// through the proxy.
-pub async fn lose_one_then_cut(proxy: &Proxy, sql: &tokio_postgres::Client, committed: &str) {
-    for _ in 0..20_000 {
-        if proxy.lost() > 0
-            && sql
-                .query_one(committed, &[])
-                .await
-                .unwrap()
-                .get::<_, bool>(0)
-        {
-            proxy.cut();
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    panic!(
-        "no answer lost (lost {}), or not `{committed}`",
-        proxy.lost()
-    );
+/// Once an answer was lost and `committed` holds, breaks every connection through the proxy.
+async fn lose_one_then_cut(proxy: &Proxy, sql: &tokio_postgres::Client, committed: &str) {
+    proxy.wait_lost_and(sql, committed).await;
+    proxy.cut();
+}
+
+/// The tasks of a batch, every one of which must be accepted.
+fn accepted(
+    answers: Result<Vec<spindle_wire::Admission>, spindle_client::ClientError>,
+) -> Vec<i64> {
+    answers
+        .unwrap()
+        .into_iter()
+        .map(|a| {
+            assert!(a.decision.is_accepted(), "{a:?}");
+            a.task.0 as i64
+        })
+        .collect()
 }
 
 async fn calls_in_doubt(daemon: &common::Daemon) -> u64 {
@@ -99,11 +94,7 @@ async fn a_claim_whose_answer_is_lost_is_read_back_and_its_task_runs_once() {
         client.submit_batch(batch),
         lose_one_then_cut(&proxy, &sql, claimed)
     );
-    let mut ids = Vec::new();
-    for a in answers.unwrap() {
-        assert!(a.decision.is_accepted(), "{a:?}");
-        ids.push(a.task.0 as i64);
-    }
+    let ids = accepted(answers);
 
     // Every task ends SUCCEEDED on its first attempt, each attempt executed once, and the
     // provider pools hold nothing afterwards.
@@ -141,11 +132,7 @@ async fn a_claim_whose_connection_goes_silent_is_given_up_and_read_back() {
         .unwrap();
     proxy.lose_answer_containing(b"GRANTED");
     let batch: Vec<_> = (0..8).map(|i| task(&format!("s{i}"))).collect();
-    let mut ids = Vec::new();
-    for a in client.submit_batch(batch).await.unwrap() {
-        assert!(a.decision.is_accepted(), "{a:?}");
-        ids.push(a.task.0 as i64);
-    }
+    let ids = accepted(client.submit_batch(batch).await);
     assert_eq!(wait_all_succeeded(&sql, &ids).await, ids.len() as i64);
     assert_eq!(proxy.lost(), 1);
     assert_eq!(calls_in_doubt(&daemon).await, 1);

@@ -568,18 +568,7 @@ async fn a_requeue_whose_answer_was_lost_is_claimed_again_at_its_stored_version(
     // A call's rows go out before its commit: the cut waits for the requeue to be committed
     // (claimed at version 1, SUBMIT_UNKNOWN at 2, requeued at 3).
     let requeued = "SELECT state = 'QUEUED' AND version = 3 FROM task";
-    for _ in 0..20_000 {
-        if proxy.lost() > 0
-            && sql
-                .query_one(requeued, &[])
-                .await
-                .unwrap()
-                .get::<_, bool>(0)
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    proxy.wait_lost_and(&sql, requeued).await;
     assert_eq!(proxy.lost(), 1, "the requeue's answer was lost");
     set_fault(&admin, Fault::None).await;
     proxy.cut();
