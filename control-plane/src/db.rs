@@ -54,6 +54,7 @@ impl DbConfig {
 /// The batch statements, prepared once per connection.
 pub(crate) struct Statements {
     pub submit: Statement,
+    pub submit_leased: Statement,
     pub claim: Statement,
     pub report: Statement,
     pub renew: Statement,
@@ -205,6 +206,12 @@ async fn prepare(client: &Client) -> Result<Statements, StoreError> {
     Ok(Statements {
         submit: client
             .prepare("SELECT * FROM spindle_submit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)")
+            .await?,
+        submit_leased: client
+            .prepare(
+                "SELECT * FROM spindle_submit_leased($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \
+                 $11, $12)",
+            )
             .await?,
         claim: client
             .prepare("SELECT * FROM spindle_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)")

@@ -66,6 +66,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "operator_requeue",
         sql: include_str!("../migrations/0010_operator_requeue.sql"),
     },
+    Migration {
+        version: 11,
+        name: "submit_fenced_by_lease",
+        sql: include_str!("../migrations/0011_submit_fenced_by_lease.sql"),
+    },
 ];
 
 /// FNV-1a over the migration's text: stable across builds and platforms.

@@ -7,7 +7,7 @@ use crate::db::Db;
 use crate::error::{
     check_answered, check_batch_len, check_text, to_i64, BatchTasks, InputError, StoreError,
 };
-use crate::limits::{IDEMPOTENCY_KEY_BYTES_MAX, PARTITIONS_MAX, PAYLOAD_BYTES_MAX};
+use crate::limits::{IDEMPOTENCY_KEY_BYTES_MAX, NAME_BYTES_MAX, PARTITIONS_MAX, PAYLOAD_BYTES_MAX};
 use crate::types::{parse_state, PartitionId};
 
 /// A task the node admitted and now makes durable.
@@ -37,6 +37,8 @@ pub enum SubmitOutcome {
     Conflict { task: TaskId },
     /// The tenant's budget cannot cover the estimate: nothing changed.
     QuotaExceeded { remaining_milli: i64 },
+    /// The submitting node does not hold this partition's lease (any more): nothing changed.
+    PartitionNotOwned(PartitionId),
 }
 
 fn validate(batch: &[NewTask]) -> Result<(), InputError> {
@@ -84,9 +86,32 @@ impl Db {
         Ok(start..start + crate::types::TASK_ID_BLOCK)
     }
 
-    /// Commits `batch` in one transaction; one outcome per row, in order.
+    /// Commits `batch` in one transaction; one outcome per row, in order. Not fenced by any
+    /// lease: what a node submits goes through [`Db::submit_batch_as`].
     pub async fn submit_batch(
         &self,
+        batch: &[NewTask],
+        policy_version: PolicyVersion,
+    ) -> Result<Vec<SubmitOutcome>, StoreError> {
+        self.submit(None, batch, policy_version).await
+    }
+
+    /// [`Db::submit_batch`] for `node`, fenced by its leases (migration 11): a row whose
+    /// partition `node` does not hold now is answered [`SubmitOutcome::PartitionNotOwned`] and
+    /// not written.
+    pub async fn submit_batch_as(
+        &self,
+        node: &str,
+        batch: &[NewTask],
+        policy_version: PolicyVersion,
+    ) -> Result<Vec<SubmitOutcome>, StoreError> {
+        check_text(0, "node", node, NAME_BYTES_MAX)?;
+        self.submit(Some(node), batch, policy_version).await
+    }
+
+    async fn submit(
+        &self,
+        node: Option<&str>,
         batch: &[NewTask],
         policy_version: PolicyVersion,
     ) -> Result<Vec<SubmitOutcome>, StoreError> {
@@ -105,17 +130,19 @@ impl Db {
         let cost: Vec<i64> = batch.iter().map(|t| t.cost_estimate_milli as i64).collect();
         let fairness: Vec<i64> = batch.iter().map(|t| t.fairness_milli as i64).collect();
         let version = policy_version.0 as i64;
+        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![
+            &task, &tenant, &user, &key, &payload, &partition, &lane, &band, &cost, &fairness,
+            &version,
+        ];
+        let statement = match &node {
+            Some(node) => {
+                params.insert(0, node);
+                &self.stmts.submit_leased
+            }
+            None => &self.stmts.submit,
+        };
         let rows = self
-            .answered(
-                true,
-                self.client().query(
-                    &self.stmts.submit,
-                    &[
-                        &task, &tenant, &user, &key, &payload, &partition, &lane, &band, &cost,
-                        &fairness, &version,
-                    ],
-                ),
-            )
+            .answered(true, self.client().query(statement, &params))
             .await?;
         check_answered("submit", &rows, batch.len())?;
         rows.iter()
@@ -138,6 +165,11 @@ impl Db {
                     "QUOTA_EXCEEDED" => SubmitOutcome::QuotaExceeded {
                         remaining_milli: detail.and_then(|d| d.parse().ok()).unwrap_or(0),
                     },
+                    "PARTITION_NOT_OWNED" => SubmitOutcome::PartitionNotOwned(PartitionId(
+                        detail.and_then(|d| d.parse().ok()).ok_or_else(|| {
+                            StoreError::Corrupt(format!("{outcome} without a partition"))
+                        })?,
+                    )),
                     other => return Err(StoreError::Corrupt(format!("submit outcome {other}"))),
                 })
             })

@@ -5,7 +5,7 @@ mod common;
 
 use common::{claim, task};
 use spindle_control::testing::TestDb;
-use spindle_control::{ClaimRefusal, ClaimResult, PartitionId};
+use spindle_control::{ClaimRefusal, ClaimResult, PartitionId, SubmitOutcome};
 use spindle_core::PolicyVersion;
 
 fn parts(ids: &[u32]) -> Vec<PartitionId> {
@@ -157,4 +157,68 @@ async fn attempt_leases_renew_in_one_batch_and_only_for_the_current_token() {
         .unwrap()
         .get(0);
     assert!(fresh);
+}
+
+#[tokio::test]
+async fn a_nodes_submits_go_only_into_the_partitions_it_holds() {
+    // NODE holds partitions 0..4 (common::setup); partition 5 is nobody's.
+    let (test, db) = common::setup().await;
+    let mut mine = task(1, 1, "mine");
+    mine.partition = PartitionId(1);
+    let mut theirs = task(2, 2, "theirs");
+    theirs.partition = PartitionId(5);
+    let mut also_mine = task(3, 3, "also-mine");
+    also_mine.partition = PartitionId(2);
+    let out = db
+        .submit_batch_as(
+            common::NODE,
+            &[mine.clone(), theirs, also_mine],
+            PolicyVersion(1),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        out,
+        vec![
+            SubmitOutcome::Created,
+            SubmitOutcome::PartitionNotOwned(PartitionId(5)),
+            SubmitOutcome::Created,
+        ]
+    );
+    // Another node holds none of them; a lapsed lease fences like a lost one.
+    let other = db
+        .submit_batch_as("node-b", &[task(4, 1, "b")], PolicyVersion(1))
+        .await
+        .unwrap();
+    assert_eq!(
+        other,
+        vec![SubmitOutcome::PartitionNotOwned(PartitionId(1))]
+    );
+    let sql = test.sql().await.unwrap();
+    sql.execute(
+        "UPDATE partition_lease SET lease_until = now() - interval '1 second'",
+        &[],
+    )
+    .await
+    .unwrap();
+    let lapsed = db
+        .submit_batch_as(common::NODE, &[task(5, 1, "late")], PolicyVersion(1))
+        .await
+        .unwrap();
+    assert_eq!(
+        lapsed,
+        vec![SubmitOutcome::PartitionNotOwned(PartitionId(1))]
+    );
+    let rows: Vec<i64> = sql
+        .query("SELECT task_id FROM task ORDER BY task_id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        rows,
+        vec![1, 3],
+        "only the rows of held partitions were written"
+    );
 }

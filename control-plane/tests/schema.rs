@@ -201,14 +201,15 @@ async fn the_batch_functions_use_generic_plans_over_index_probes() {
         .query(
             "SELECT proname, array_to_string(proconfig, ' ') FROM pg_proc
               WHERE proname IN ('spindle_submit', 'spindle_claim', 'spindle_report',
-                                'spindle_submit_checked', 'spindle_claim_checked')
+                                'spindle_submit_checked', 'spindle_claim_checked',
+                                'spindle_submit_leased')
               ORDER BY proname",
             &[],
         )
         .await
         .unwrap();
     let config: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
-    assert_eq!(config.len(), 5, "{config:?}");
+    assert_eq!(config.len(), 6, "{config:?}");
     for (name, settings) in &config {
         let generic = settings.contains("plan_cache_mode=force_generic_plan");
         let hot = !name.ends_with("_checked");

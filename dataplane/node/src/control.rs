@@ -259,7 +259,7 @@ async fn run_group(db: &Db, node: &str, lease_ms: u32, group: Vec<CpMsg>) -> boo
                 CpMsg::Submit { tasks, reply, .. } => Some((tasks, reply)),
                 _ => None,
             });
-            answer(db.submit_batch(&all, version).await, replies)
+            answer(db.submit_batch_as(node, &all, version).await, replies)
         }
         CpMsg::Claim { .. } => {
             let (all, replies) = merge(group, |m| match m {

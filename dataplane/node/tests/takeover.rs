@@ -133,3 +133,50 @@ async fn a_second_node_takes_over_after_the_first_dies_and_completes_every_acked
     assert_eq!(held, 0, "nothing held after the last completion");
     drop(b);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_submit_into_a_partition_whose_lease_moved_is_refused_and_not_written() {
+    let test = TestDb::new().await;
+    let daemon = common::start(&test).await;
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let before = client.submit(task("before")).await.unwrap();
+    assert!(before.decision.is_accepted(), "{before:?}");
+    // Tenant 1's partition moves to another node behind this one's back (as when this node's
+    // lease lapsed while it could not reach PostgreSQL), before its next renewal (every 10 s).
+    let sql = test.sql().await.unwrap();
+    sql.batch_execute(
+        "INSERT INTO node (node_id) VALUES ('other');
+         UPDATE partition_lease SET owner_node = 'other', epoch = epoch + 1,
+                lease_until = now() + interval '1 hour'
+          WHERE partition = 1 % (SELECT count(*) FROM partition_lease)",
+    )
+    .await
+    .unwrap();
+    let after = client.submit(task("after")).await.unwrap();
+    assert_eq!(
+        after.decision,
+        spindle_core::Decision::RejectPlatformOverloaded,
+        "{after:?}"
+    );
+    assert!(
+        after
+            .reason
+            .unwrap_or_default()
+            .contains("not leased to this node"),
+        "the reason names the lease"
+    );
+    let written: i64 = sql
+        .query_one(
+            "SELECT count(*) FROM task WHERE idempotency_key = 'after'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        written, 0,
+        "nothing written into the other node's partition"
+    );
+}

@@ -870,6 +870,16 @@ fn apply_submit_outcome(
             a.decision = Decision::RejectCostBudget;
             a.reason = Some(format!("cost budget: {remaining_milli} milli-units left"));
         }
+        SubmitOutcome::PartitionNotOwned(partition) => {
+            // Its lease lapsed or moved since this node last renewed it: the task is not
+            // written, and the lease loop finds out at its next renewal.
+            forget(s, task);
+            a.decision = Decision::RejectPlatformOverloaded;
+            a.reason = Some(format!(
+                "partition {} is not leased to this node now; submit again shortly",
+                partition.0
+            ));
+        }
     }
 }
 
