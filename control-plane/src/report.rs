@@ -84,9 +84,11 @@ pub enum ReportResult {
         /// Reservations this report moved ACTIVE → RELEASED (0 on a repeated release).
         released: u32,
     },
-    /// The token is not the task's current one: a stale writer, fenced.
+    /// The token is not the task's current one: a stale writer, fenced. `state` is the
+    /// task's now (a repeat of a finish that was applied unheard finds it in that state).
     StaleToken {
         current: Option<FencingToken>,
+        state: TaskState,
     },
     IllegalTransition {
         from: TaskState,
@@ -252,6 +254,7 @@ impl Db {
                     },
                     "STALE_TOKEN" => ReportResult::StaleToken {
                         current: detail.and_then(|d| d.parse::<u64>().ok()).map(FencingToken),
+                        state: parse_state(state.ok_or_else(corrupt)?)?,
                     },
                     "ILLEGAL_TRANSITION" => {
                         let (from, to) = detail

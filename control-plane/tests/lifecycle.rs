@@ -100,7 +100,13 @@ async fn a_task_runs_from_submit_to_success_and_gives_its_capacity_back() {
 
     // The same finish again: the attempt's token is no longer current, nothing changes.
     let r = db.report_batch(&[finish]).await.unwrap();
-    assert_eq!(r[0], ReportResult::StaleToken { current: None });
+    assert_eq!(
+        r[0],
+        ReportResult::StaleToken {
+            current: None,
+            state: TaskState::Succeeded
+        }
+    );
     assert_eq!(db.pool_usage("provider:acme").await.unwrap()[0].used, 0);
 
     let sql = test.sql().await.unwrap();
@@ -486,7 +492,13 @@ async fn a_requeued_task_gets_a_new_attempt_and_the_old_token_is_fenced() {
             }])
             .await
             .unwrap();
-        assert_eq!(r[0], ReportResult::StaleToken { current: Some(new) });
+        assert_eq!(
+            r[0],
+            ReportResult::StaleToken {
+                current: Some(new),
+                state: TaskState::Dispatching
+            }
+        );
     }
     assert_eq!(
         db.pool_usage("provider:acme").await.unwrap()[0].used,
@@ -741,7 +753,13 @@ async fn a_multi_step_report_checks_every_hop_and_writes_once() {
         .report_batch(&[succeed(1, tokens[0], Vec::new())])
         .await
         .unwrap();
-    assert_eq!(r[0], ReportResult::StaleToken { current: None });
+    assert_eq!(
+        r[0],
+        ReportResult::StaleToken {
+            current: None,
+            state: S::Succeeded
+        }
+    );
 
     let mut through_terminal = succeed(1, tokens[0], vec![S::Failed]);
     through_terminal.task = TaskId(9);

@@ -137,3 +137,38 @@ async fn a_claim_whose_connection_goes_silent_is_given_up_and_read_back() {
     assert_eq!(proxy.lost(), 1);
     assert_eq!(calls_in_doubt(&daemon).await, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finish_whose_answer_is_lost_still_counts_as_succeeded() {
+    let test = TestDb::new().await;
+    let proxy = Proxy::start(&test.config().conninfo);
+    let daemon = start_on(proxy.conninfo(), CONFIG).await;
+    let sql = test.sql().await.unwrap();
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    // The task's one (folded) report ends it SUCCEEDED; its answer is lost, and its repeat is
+    // refused as stale: the task is SUCCEEDED all the same, and counted so.
+    proxy.lose_answer_containing(b"SUCCEEDED");
+    let a = client.submit(task("fin")).await.unwrap();
+    assert!(a.decision.is_accepted(), "{a:?}");
+    let done = format!(
+        "SELECT state = 'SUCCEEDED' FROM task WHERE task_id = {}",
+        a.task.0
+    );
+    lose_one_then_cut(&proxy, &sql, &done).await;
+    let mut counted = 0;
+    for _ in 0..2_000 {
+        let (_, metrics) = common::http_get(daemon.http, "/metrics").await;
+        counted = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("spindle_tasks_succeeded_total "))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        if counted == 1 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(counted, 1, "the committed success is counted once");
+}

@@ -761,8 +761,8 @@ async fn submit(
         // back soon enough (the client waits for this answer).
         let made = match &outcome {
             Err(e) if e.is_in_doubt() => {
-                let metrics = state.borrow().metrics.clone();
-                look_up_within(&cp, ids.clone(), &metrics, IN_DOUBT_ANSWER_LOOKUPS)
+                in_doubt(state);
+                look_up(&cp, ids.clone(), IN_DOUBT_ANSWER_LOOKUPS)
                     .await
                     .map(|heads| heads.iter().map(Option::is_some).collect::<Vec<bool>>())
             }
@@ -904,11 +904,8 @@ const IN_DOUBT_ANSWER_LOOKUPS: u32 = 4;
 /// row committed, the others are forgotten.
 fn resolve_submits_later(state: SharedShard, tasks: Vec<TaskId>) {
     glommio::spawn_local(async move {
-        let (cp, metrics) = {
-            let s = state.borrow();
-            (s.pipes.submits.clone(), s.metrics.clone())
-        };
-        let Some(heads) = look_up(&cp, tasks.clone(), &metrics).await else {
+        let cp = state.borrow().pipes.submits.clone();
+        let Some(heads) = look_up(&cp, tasks.clone(), IN_DOUBT_LOOKUPS_MAX).await else {
             tracing::error!(
                 "submits of {} tasks stay in doubt: PostgreSQL did not answer; a restart or a \
                  takeover resolves them",
@@ -1473,30 +1470,27 @@ fn refused(s: &mut ShardState, now: Time, task: TaskId, why: ClaimRefusal) {
     }
 }
 
+/// Counts a submit or claim batch in doubt.
+fn in_doubt(state: &SharedShard) {
+    state
+        .borrow()
+        .metrics
+        .calls_in_doubt
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// How many times a shard asks for the rows of calls in doubt before it leaves them to a
 /// restart or a takeover (with pauses doubling up to `IN_DOUBT_PAUSE_MAX`: ~30 minutes).
 const IN_DOUBT_LOOKUPS_MAX: u32 = 1_000;
 const IN_DOUBT_PAUSE_MAX: Duration = Duration::from_secs(2);
 
-/// The rows of `tasks` as they are now, read down `cp` (it reconnects as it needs); `None` when
-/// PostgreSQL did not answer within the bounds, or the pipeline stopped.
+/// The rows of `tasks` as they are now, read down `cp` (it reconnects as it needs) in at most
+/// `tries`; `None` when PostgreSQL did not answer in them, or the pipeline stopped.
 async fn look_up(
     cp: &mpsc::Sender<CpMsg>,
     tasks: Vec<TaskId>,
-    metrics: &crate::metrics::Metrics,
-) -> Option<Vec<Option<TaskHead>>> {
-    look_up_within(cp, tasks, metrics, IN_DOUBT_LOOKUPS_MAX).await
-}
-
-async fn look_up_within(
-    cp: &mpsc::Sender<CpMsg>,
-    tasks: Vec<TaskId>,
-    metrics: &crate::metrics::Metrics,
     tries: u32,
 ) -> Option<Vec<Option<TaskHead>>> {
-    metrics
-        .calls_in_doubt
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut pause = Duration::from_millis(50);
     for _ in 0..tries {
         let asked = tasks.clone();
@@ -1533,9 +1527,9 @@ async fn claim(state: &SharedShard, claims: Vec<ClaimRequest>) {
             // Taken or not, only the rows can tell: until they do, the tasks stay dispatched
             // with their claims outstanding (nothing else starts them, nothing releases them).
             tracing::warn!("{} claims in doubt ({e}); reading their rows", asked.len());
+            in_doubt(state);
             let tasks = asked.iter().map(|&(t, _)| t).collect();
-            let metrics = state.borrow().metrics.clone();
-            let Some(heads) = look_up(&cp, tasks, &metrics).await else {
+            let Some(heads) = look_up(&cp, tasks, IN_DOUBT_LOOKUPS_MAX).await else {
                 tracing::error!(
                     "claims of {} tasks stay in doubt: PostgreSQL did not answer; a restart \
                      or a takeover resolves them",

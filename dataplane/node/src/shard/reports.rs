@@ -145,6 +145,8 @@ pub(super) fn answered(
         .iter()
         .zip(results.into_iter().flatten())
         .filter(|(r, result)| {
+            // A finish sent again after its answer was lost (in doubt) is refused as stale
+            // once the first one committed: the task is SUCCEEDED all the same.
             matches!(
                 (&r.action, result),
                 (
@@ -153,6 +155,10 @@ pub(super) fn answered(
                         ..
                     },
                     ReportResult::Applied { .. }
+                        | ReportResult::StaleToken {
+                            current: None,
+                            state: TaskState::Succeeded,
+                        }
                 )
             )
         })
