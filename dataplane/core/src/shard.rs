@@ -2143,6 +2143,16 @@ impl Shard {
     /// The control plane refused the claim (the task moved, or a global pool key was full): undo
     /// the local reservation and put the task back at the front of its band.
     pub fn handle_claim_refused(&mut self, now: Time, task: TaskId) -> Result<(), ShardError> {
+        self.handle_claim_refused_until(task, now)
+    }
+
+    /// [`Shard::handle_claim_refused`], the task eligible again only from `eligible_at` (a
+    /// refusal that a later moment may lift, such as a lease about to be renewed).
+    pub fn handle_claim_refused_until(
+        &mut self,
+        task: TaskId,
+        eligible_at: Time,
+    ) -> Result<(), ShardError> {
         let slot = self.claim_pending(task, TaskState::Queued)?;
         if self.tasks.at(slot).state.state == TaskState::Canceled {
             self.drop_canceled_attempt(task);
@@ -2151,7 +2161,7 @@ impl Shard {
         self.release_provider_hold(task);
         self.transition(task, TaskState::Queued)?;
         self.tasks.at_mut(slot).attempt_no -= 1;
-        self.requeue_at(task, now);
+        self.requeue_at(task, eligible_at);
         Ok(())
     }
 

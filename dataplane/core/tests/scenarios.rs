@@ -263,6 +263,21 @@ impl Harness {
                     .plus_ns(args[0].parse::<u64>().unwrap() * 1_000_000)
             }
             "dispatch" => self.dispatch(args.first() != Some(&"noaccept")),
+            "pick" => {
+                // One scheduling decision whose claim stays outstanding (not granted).
+                let line = match self.shard().poll_dispatch(now) {
+                    Poll::Dispatch(d) => format!("picked {} attempt={}", d.task, d.attempt_no),
+                    other => format!("pick: {other:?}"),
+                };
+                writeln!(self.out, "{line}").unwrap();
+            }
+            "refuse" => {
+                let task = Self::task_arg(args[0]);
+                let ms: u64 = kv(args, "for").map_or(0, |v| v.parse().unwrap());
+                let until = now.plus_ns(ms * 1_000_000);
+                let r = self.shard().handle_claim_refused_until(task, until);
+                writeln!(self.out, "refuse {task} for {ms} ms: {r:?}").unwrap();
+            }
             "accept" => {
                 let task = Self::task_arg(args[0]);
                 let token = self.tokens[&task];
@@ -845,6 +860,31 @@ fn fairness_debt_from_underestimated_work_is_paid_out_of_later_quanta() {
             dispatch 13 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
             dispatch 14 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
             dispatch 15 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+        "#]],
+    );
+}
+
+#[test]
+fn a_claim_refused_until_later_waits_then_runs_on_the_same_attempt() {
+    check(
+        "
+        tenant 1
+        submit t1 tenant=1
+        pick
+        refuse t1 for=1000
+        pick
+        tick 999
+        pick
+        tick 1
+        dispatch
+        ",
+        expect![[r#"
+            1: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Immediate
+            picked 1 attempt=1
+            refuse 1 for 1000 ms: Ok(())
+            pick: Idle
+            pick: Idle
+            dispatch 1 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
         "#]],
     );
 }

@@ -180,3 +180,78 @@ async fn a_submit_into_a_partition_whose_lease_moved_is_refused_and_not_written(
         "nothing written into the other node's partition"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_refused_while_the_nodes_own_lease_lapsed_wait_for_its_renewal() {
+    let test = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("executions.log");
+    // One provider slot and short tasks: claims keep coming, one at a time.
+    let config = format!(
+        r#"
+node_id = "lapse-node"
+listen = "127.0.0.1:0"
+http_listen = "127.0.0.1:0"
+shards = 1
+partitions = 8
+lease_ms = 1500
+provider_concurrency = 1
+local_provider_time_scale = 0.005
+local_provider_log = "{}"
+
+[[tenants]]
+id = 1
+credential = "one"
+"#,
+        log.display()
+    );
+    let daemon = start_with(&test, &config).await;
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let batch: Vec<_> = (0..20).map(|i| task(&format!("l{i}"))).collect();
+    let ids: Vec<i64> = client
+        .submit_batch(batch)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| {
+            assert!(a.decision.is_accepted(), "{a:?}");
+            a.task.0 as i64
+        })
+        .collect();
+    // The node's leases lapse (as when PostgreSQL was out of its reach past `lease_ms`) and
+    // nobody takes them: kept lapsed until a claim was refused for it.
+    let sql = test.sql().await.unwrap();
+    let mut refused = 0u64;
+    for _ in 0..5_000 {
+        sql.execute(
+            "UPDATE partition_lease SET lease_until = now() - interval '1 second'
+              WHERE owner_node = 'lapse-node'",
+            &[],
+        )
+        .await
+        .unwrap();
+        let (_, metrics) = common::http_get(daemon.http, "/metrics").await;
+        refused = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("spindle_claims_total{result=\"refused\"} "))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        if refused > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    assert!(
+        refused > 0,
+        "no claim was refused while the lease was lapsed"
+    );
+    // The next renewal takes the leases back: the refused claims go again, nothing is dropped.
+    assert_eq!(
+        common::wait_all_succeeded(&sql, &ids).await,
+        ids.len() as i64
+    );
+    let ran = common::executed_once_per_attempt(&[log.as_path()]);
+    assert_eq!(ran.len(), ids.len());
+}

@@ -244,6 +244,8 @@ pub struct ShardState {
     media: Option<crate::media::MediaPool>,
     /// Ticks between renewals of the live attempts' leases (a third of a lease).
     renew_ticks: u64,
+    /// Leases of partitions and attempts (`lease_ms`).
+    lease_ms: u32,
 }
 
 pub type SharedShard = Rc<RefCell<ShardState>>;
@@ -335,6 +337,7 @@ impl ShardState {
             health: setup.health,
             media: setup.media,
             renew_ticks: (u64::from(setup.lease_ms / 3) / TICK.as_millis() as u64).max(1),
+            lease_ms: setup.lease_ms,
             epoch,
             pipes: setup.pipes,
             held_claims: RunMap::default(),
@@ -1453,6 +1456,20 @@ fn refused(s: &mut ShardState, now: Time, task: TaskId, why: ClaimRefusal) {
             tracing::warn!("claim refused for {task}: {e}");
         }
         return;
+    }
+    if let ClaimRefusal::PartitionNotOwned(partition) = why {
+        if s.ownership.owns(partition.0) {
+            // Not taken by another node as far as this one knows: its own lease lapsed (it
+            // could not renew it, PostgreSQL out of reach past `lease_ms`), and its next
+            // renewal decides. Renewed, the claim goes again; lost, the lease loop marks the
+            // partition and the next refusal lets the task go. Dropped now, it would be
+            // nobody's: no other node took the partition over, so none loads its queue.
+            let at = now.plus_ns(u64::from(s.lease_ms / 6).max(1) * 1_000_000);
+            if let Err(e) = s.core.handle_claim_refused_until(task, at) {
+                tracing::warn!("claim refused for {task}: {e}");
+            }
+            return;
+        }
     }
     if matches!(
         why,
