@@ -17,6 +17,11 @@ use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpStream, ToSocketAddrs};
 use tokio::sync::{mpsc, oneshot};
 
+/// How long a request waits for its answer unless the client was made with another bound
+/// ([`Client::connect_within`]). Generous: a submit whose commit is in doubt on the node is
+/// read back before it is answered (a few seconds at most).
+pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Events buffered for the application before the reader stops reading.
 const EVENTS_BUFFER: usize = 4096;
 
@@ -32,6 +37,10 @@ pub enum ClientError {
     Protocol(WireError),
     #[error("the connection closed")]
     Closed,
+    /// No answer within the client's request timeout. The request may still take effect on
+    /// the node: a submit is safe to send again with the same idempotency key.
+    #[error("no answer within {0:?}")]
+    Timeout(std::time::Duration),
     #[error("unexpected answer: {0:?}")]
     Unexpected(Box<Response>),
 }
@@ -45,14 +54,39 @@ pub struct Client {
     events: tokio::sync::Mutex<mpsc::Receiver<Event>>,
     hello: HelloOk,
     reader: tokio::task::JoinHandle<()>,
+    request_timeout: std::time::Duration,
+}
+
+/// Takes a request's waiter out of the pending map when the request ends without its answer
+/// (timed out, or its future dropped), so that the map holds only requests still waited for.
+struct Waiting<'a> {
+    pending: &'a Pending,
+    id: u64,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.pending.lock().expect("pending map").remove(&self.id);
+    }
 }
 
 impl Client {
-    /// Connects and authenticates as `tenant`.
+    /// Connects and authenticates as `tenant`; requests wait at most [`REQUEST_TIMEOUT`].
     pub async fn connect(
         addr: impl ToSocketAddrs,
         tenant: TenantId,
         credential: &str,
+    ) -> Result<Client, ClientError> {
+        Client::connect_within(addr, tenant, credential, REQUEST_TIMEOUT).await
+    }
+
+    /// [`Client::connect`] with every request (the Hello too) waiting at most `timeout` for its
+    /// answer.
+    pub async fn connect_within(
+        addr: impl ToSocketAddrs,
+        tenant: TenantId,
+        credential: &str,
+        timeout: std::time::Duration,
     ) -> Result<Client, ClientError> {
         let stream = TcpStream::connect(addr).await?;
         stream.set_nodelay(true)?;
@@ -72,6 +106,7 @@ impl Client {
                 batch_max: 0,
             },
             reader,
+            request_timeout: timeout,
         };
         let hello = Request::Hello(Hello {
             protocol_version: PROTOCOL_VERSION,
@@ -96,6 +131,10 @@ impl Client {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
         self.pending.lock().expect("pending map").insert(id, tx);
+        let _waiting = Waiting {
+            pending: &self.pending,
+            id,
+        };
         {
             let mut w = self.writer.lock().await;
             let (write, encoder, buf) = &mut *w;
@@ -107,12 +146,13 @@ impl Client {
                 },
                 buf,
             );
-            if let Err(e) = write.write_all(buf).await {
-                self.pending.lock().expect("pending map").remove(&id);
-                return Err(e.into());
-            }
+            write.write_all(buf).await?;
         }
-        match rx.await.map_err(|_| ClientError::Closed)? {
+        // Only the answer is timed: a frame half written would break the connection's stream.
+        let answer = tokio::time::timeout(self.request_timeout, rx)
+            .await
+            .map_err(|_| ClientError::Timeout(self.request_timeout))?;
+        match answer.map_err(|_| ClientError::Closed)? {
             Response::Error(e) => Err(ClientError::Refused(e)),
             other => Ok(other),
         }
