@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{http_get, start_with, task, Daemon};
+use common::{start_with, task, Daemon};
 use spindle_client::Client;
 use spindle_control::testing::TestDb;
 use spindle_core::TenantId;
@@ -52,11 +52,7 @@ poll_ms = [200, 400]
 }
 
 async fn live_nodes(d: &Daemon) -> u64 {
-    let (_, metrics) = http_get(d.http, "/metrics").await;
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("spindle_live_nodes ")?.parse().ok())
-        .unwrap_or(0)
+    common::metric(d, "spindle_live_nodes").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

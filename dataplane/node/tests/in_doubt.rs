@@ -5,7 +5,10 @@
 
 mod common;
 
-use common::{executed_once_per_attempt, start_on, task, wait_all_succeeded, wait_for, CONFIG};
+use common::{
+    accepted_ids, executed_once_per_attempt, metric, start_on, task, wait_all_succeeded, wait_for,
+    CONFIG,
+};
 use spindle_client::Client;
 use spindle_control::testing::{Proxy, TestDb};
 use spindle_core::{Decision, TaskState, TenantId};
@@ -14,30 +17,6 @@ use spindle_core::{Decision, TaskState, TenantId};
 async fn lose_one_then_cut(proxy: &Proxy, sql: &tokio_postgres::Client, committed: &str) {
     proxy.wait_lost_and(sql, committed).await;
     proxy.cut();
-}
-
-/// The tasks of a batch, every one of which must be accepted.
-fn accepted(
-    answers: Result<Vec<spindle_wire::Admission>, spindle_client::ClientError>,
-) -> Vec<i64> {
-    answers
-        .unwrap()
-        .into_iter()
-        .map(|a| {
-            assert!(a.decision.is_accepted(), "{a:?}");
-            a.task.0 as i64
-        })
-        .collect()
-}
-
-async fn calls_in_doubt(daemon: &common::Daemon) -> u64 {
-    let (_, metrics) = common::http_get(daemon.http, "/metrics").await;
-    metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("spindle_calls_in_doubt_total "))
-        .expect("the metric is exported")
-        .parse()
-        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -66,7 +45,7 @@ async fn a_submit_whose_answer_is_lost_is_read_back_acknowledged_and_run() {
     wait_for(&client, a.task, TaskState::Succeeded).await;
     let again = client.submit(task("doubt")).await.unwrap();
     assert!(again.replay && again.task == a.task, "{again:?}");
-    assert_eq!(calls_in_doubt(&daemon).await, 1);
+    assert_eq!(metric(&daemon, "spindle_calls_in_doubt_total").await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -94,7 +73,7 @@ async fn a_claim_whose_answer_is_lost_is_read_back_and_its_task_runs_once() {
         client.submit_batch(batch),
         lose_one_then_cut(&proxy, &sql, claimed)
     );
-    let ids = accepted(answers);
+    let ids = accepted_ids(answers);
 
     // Every task ends SUCCEEDED on its first attempt, each attempt executed once, and the
     // provider pools hold nothing afterwards.
@@ -111,7 +90,7 @@ async fn a_claim_whose_answer_is_lost_is_read_back_and_its_task_runs_once() {
         .await
         .unwrap();
     assert_eq!((row.get::<_, i32>(0), row.get::<_, i64>(1)), (1, 0));
-    assert_eq!(calls_in_doubt(&daemon).await, 1);
+    assert_eq!(metric(&daemon, "spindle_calls_in_doubt_total").await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -132,10 +111,10 @@ async fn a_claim_whose_connection_goes_silent_is_given_up_and_read_back() {
         .unwrap();
     proxy.lose_answer_containing(b"GRANTED");
     let batch: Vec<_> = (0..8).map(|i| task(&format!("s{i}"))).collect();
-    let ids = accepted(client.submit_batch(batch).await);
+    let ids = accepted_ids(client.submit_batch(batch).await);
     assert_eq!(wait_all_succeeded(&sql, &ids).await, ids.len() as i64);
     assert_eq!(proxy.lost(), 1);
-    assert_eq!(calls_in_doubt(&daemon).await, 1);
+    assert_eq!(metric(&daemon, "spindle_calls_in_doubt_total").await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -159,12 +138,7 @@ async fn a_finish_whose_answer_is_lost_still_counts_as_succeeded() {
     lose_one_then_cut(&proxy, &sql, &done).await;
     let mut counted = 0;
     for _ in 0..2_000 {
-        let (_, metrics) = common::http_get(daemon.http, "/metrics").await;
-        counted = metrics
-            .lines()
-            .find_map(|l| l.strip_prefix("spindle_tasks_succeeded_total "))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
+        counted = metric(&daemon, "spindle_tasks_succeeded_total").await;
         if counted == 1 {
             break;
         }

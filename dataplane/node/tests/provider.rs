@@ -406,15 +406,7 @@ async fn an_attempt_in_doubt_is_asked_about_again_until_the_provider_answers() {
     set_fault(&admin, Fault::QueryOutage).await;
     let mut rounds = 0;
     for _ in 0..3_000 {
-        let (_, metrics) = http_get(daemon.http, "/metrics").await;
-        rounds = metrics
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix("spindle_provider_unresolved_total ")?
-                    .parse()
-                    .ok()
-            })
-            .unwrap_or(0);
+        rounds = common::metric(&daemon, "spindle_provider_unresolved_total").await;
         if rounds >= 2 {
             break;
         }

@@ -210,16 +210,7 @@ credential = "one"
         .await
         .unwrap();
     let batch: Vec<_> = (0..20).map(|i| task(&format!("l{i}"))).collect();
-    let ids: Vec<i64> = client
-        .submit_batch(batch)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|a| {
-            assert!(a.decision.is_accepted(), "{a:?}");
-            a.task.0 as i64
-        })
-        .collect();
+    let ids = common::accepted_ids(client.submit_batch(batch).await);
     // The node's leases lapse (as when PostgreSQL was out of its reach past `lease_ms`) and
     // nobody takes them: kept lapsed until a claim was refused for it.
     let sql = test.sql().await.unwrap();
@@ -232,12 +223,7 @@ credential = "one"
         )
         .await
         .unwrap();
-        let (_, metrics) = common::http_get(daemon.http, "/metrics").await;
-        refused = metrics
-            .lines()
-            .find_map(|l| l.strip_prefix("spindle_claims_total{result=\"refused\"} "))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
+        refused = common::metric(&daemon, "spindle_claims_total{result=\"refused\"}").await;
         if refused > 0 {
             break;
         }

@@ -135,6 +135,30 @@ pub async fn wait_for(client: &Client, task: TaskId, state: TaskState) {
     panic!("task {task} never reached {state:?}; last {last:?}");
 }
 
+/// The value of `series` (a metric name with its labels, as `/metrics` writes it) on `daemon`;
+/// 0 when it is not there.
+pub async fn metric(daemon: &Daemon, series: &str) -> u64 {
+    let (_, metrics) = http_get(daemon.http, "/metrics").await;
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The tasks of a batch's answers, every one of which must be accepted.
+pub fn accepted_ids(
+    answers: Result<Vec<spindle_wire::Admission>, spindle_client::ClientError>,
+) -> Vec<i64> {
+    answers
+        .unwrap()
+        .into_iter()
+        .map(|a| {
+            assert!(a.decision.is_accepted(), "{a:?}");
+            a.task.0 as i64
+        })
+        .collect()
+}
+
 /// A plain HTTP GET, answered with (status line, body).
 pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
