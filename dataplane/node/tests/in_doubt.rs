@@ -19,15 +19,43 @@ async fn lose_one_then_cut(proxy: &Proxy, sql: &tokio_postgres::Client, committe
     proxy.cut();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_submit_whose_answer_is_lost_is_read_back_acknowledged_and_run() {
+/// A node (with `config`) whose every connection to PostgreSQL goes through a proxy, a direct
+/// connection for assertions, and tenant 1's client.
+struct Rig {
+    /// Kept to the end of the test (a private server, when there is no shared one).
+    _test: TestDb,
+    proxy: Proxy,
+    daemon: common::Daemon,
+    sql: tokio_postgres::Client,
+    client: Client,
+}
+
+async fn rig(config: &str) -> Rig {
     let test = TestDb::new().await;
     let proxy = Proxy::start(&test.config().conninfo);
-    let daemon = start_on(proxy.conninfo(), CONFIG).await;
+    let daemon = start_on(proxy.conninfo(), config).await;
     let sql = test.sql().await.unwrap();
     let client = Client::connect(daemon.addr, TenantId(1), "one")
         .await
         .unwrap();
+    Rig {
+        _test: test,
+        proxy,
+        daemon,
+        sql,
+        client,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_submit_whose_answer_is_lost_is_read_back_acknowledged_and_run() {
+    let Rig {
+        _test,
+        proxy,
+        daemon,
+        sql,
+        client,
+    } = rig(CONFIG).await;
     let warm = client.submit(task("warm")).await.unwrap();
     wait_for(&client, warm.task, TaskState::Succeeded).await;
 
@@ -50,8 +78,6 @@ async fn a_submit_whose_answer_is_lost_is_read_back_acknowledged_and_run() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_whose_answer_is_lost_is_read_back_and_its_task_runs_once() {
-    let test = TestDb::new().await;
-    let proxy = Proxy::start(&test.config().conninfo);
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("executions.log");
     let config = CONFIG.replacen(
@@ -59,11 +85,13 @@ async fn a_claim_whose_answer_is_lost_is_read_back_and_its_task_runs_once() {
         &format!("local_provider_log = \"{}\"\n\n[[tenants]]", log.display()),
         1,
     );
-    let daemon = start_on(proxy.conninfo(), &config).await;
-    let sql = test.sql().await.unwrap();
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
-        .await
-        .unwrap();
+    let Rig {
+        _test,
+        proxy,
+        daemon,
+        sql,
+        client,
+    } = rig(&config).await;
 
     // The first claim of the batch commits unheard; then every connection breaks.
     proxy.lose_answer_containing(b"GRANTED");
@@ -95,8 +123,6 @@ async fn a_claim_whose_answer_is_lost_is_read_back_and_its_task_runs_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_whose_connection_goes_silent_is_given_up_and_read_back() {
-    let test = TestDb::new().await;
-    let proxy = Proxy::start(&test.config().conninfo);
     // The answer is lost and nothing breaks the connection (a dead peer that never says so):
     // after the statement timeout and the grace the node gives the connection up by itself.
     let config = CONFIG.replacen(
@@ -104,11 +130,13 @@ async fn a_claim_whose_connection_goes_silent_is_given_up_and_read_back() {
         "postgres_statement_timeout_ms = 1000\npostgres_answer_grace_ms = 500\n\n[[tenants]]",
         1,
     );
-    let daemon = start_on(proxy.conninfo(), &config).await;
-    let sql = test.sql().await.unwrap();
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
-        .await
-        .unwrap();
+    let Rig {
+        _test,
+        proxy,
+        daemon,
+        sql,
+        client,
+    } = rig(&config).await;
     proxy.lose_answer_containing(b"GRANTED");
     let batch: Vec<_> = (0..8).map(|i| task(&format!("s{i}"))).collect();
     let ids = accepted_ids(client.submit_batch(batch).await);
@@ -119,13 +147,13 @@ async fn a_claim_whose_connection_goes_silent_is_given_up_and_read_back() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_finish_whose_answer_is_lost_still_counts_as_succeeded() {
-    let test = TestDb::new().await;
-    let proxy = Proxy::start(&test.config().conninfo);
-    let daemon = start_on(proxy.conninfo(), CONFIG).await;
-    let sql = test.sql().await.unwrap();
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
-        .await
-        .unwrap();
+    let Rig {
+        _test,
+        proxy,
+        daemon,
+        sql,
+        client,
+    } = rig(CONFIG).await;
     // The task's one (folded) report ends it SUCCEEDED; its answer is lost, and its repeat is
     // refused as stale: the task is SUCCEEDED all the same, and counted so.
     proxy.lose_answer_containing(b"SUCCEEDED");
