@@ -7,6 +7,9 @@
 //! `quota_ledger_closed` and a new one opens: its estimate is reserved again, or the task is
 //! refused when what is left of the tenant's budget does not cover it. Each requeue writes its
 //! QUEUED event and the call one audit row naming the actor and the reason.
+//! A task found QUEUED already in such a partition is answered with its row
+//! (`AlreadyQueued`): when a requeue committed but its answer was lost, asking again hands the
+//! node what it must take back.
 
 use std::collections::HashMap;
 
@@ -26,6 +29,10 @@ pub enum RequeueOutcome {
     NotFound,
     /// Only FAILED tasks are requeued.
     NotFailed(TaskState),
+    /// QUEUED already, in a partition of this node's, as stored now: what the shard takes
+    /// back if it does not hold it (a requeue that committed while its answer was lost, asked
+    /// again).
+    AlreadyQueued(QueuedTask),
     /// Its partition is served by another node: ask that one.
     NotOwned(PartitionId),
     /// What is left of its tenant's budget does not cover its estimate.
@@ -118,6 +125,8 @@ impl Db {
         for id in &ids {
             let outcome = match found.get(id) {
                 None => Some(RequeueOutcome::NotFound),
+                // Decided after the writes: the row as stored then.
+                Some(l) if l.state == TaskState::Queued && parts.contains(&l.partition) => None,
                 Some(l) if l.state != TaskState::Failed => Some(RequeueOutcome::NotFailed(l.state)),
                 Some(l) if !parts.contains(&l.partition) => {
                     Some(RequeueOutcome::NotOwned(PartitionId(l.partition as u32)))
@@ -196,6 +205,23 @@ impl Db {
             .map(|r| (r.get::<_, i64>(0), queued_task(r)))
             .collect()
         };
+        let queued_ids: Vec<i64> = found
+            .values()
+            .filter(|l| l.state == TaskState::Queued && parts.contains(&l.partition))
+            .map(|l| l.task)
+            .collect();
+        let queued: HashMap<i64, QueuedTask> = if queued_ids.is_empty() {
+            HashMap::new()
+        } else {
+            tx.query(
+                &format!("SELECT {QUEUED_COLUMNS} FROM task WHERE task_id = ANY ($1)"),
+                &[&queued_ids],
+            )
+            .await?
+            .iter()
+            .map(|r| (r.get::<_, i64>(0), queued_task(r)))
+            .collect()
+        };
         let why = format!("operator requeue by {actor}: {reason}");
         if !chosen_ids.is_empty() {
             let tenants: Vec<i32> = chosen.iter().map(|l| l.tenant).collect();
@@ -232,9 +258,10 @@ impl Db {
             .iter()
             .zip(outcomes)
             .map(|(id, o)| {
-                o.unwrap_or_else(|| match requeued.get(id) {
-                    Some(q) => RequeueOutcome::Requeued(q.clone()),
-                    None => RequeueOutcome::NotFound,
+                o.unwrap_or_else(|| match (requeued.get(id), queued.get(id)) {
+                    (Some(q), _) => RequeueOutcome::Requeued(q.clone()),
+                    (None, Some(q)) => RequeueOutcome::AlreadyQueued(q.clone()),
+                    (None, None) => RequeueOutcome::NotFound,
                 })
             })
             .collect())

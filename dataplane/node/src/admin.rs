@@ -399,20 +399,26 @@ impl Admin {
             (0..config.shards).map(|_| Vec::new()).collect();
         let mut answers = Vec::with_capacity(outcomes.len());
         for (task, outcome) in tasks.iter().zip(outcomes) {
-            let (name, detail) = match outcome {
-                O::Requeued(q) => match crate::control::restore_request(&q) {
+            let mut take_back = |q: &spindle_control::reconcile::QueuedTask, name| {
+                match crate::control::restore_request(q) {
                     Ok(request) => {
                         per_shard[config.shard_of(q.tenant.0)].push(crate::control::Restore {
                             request,
                             version: q.version,
                             live: None,
                         });
-                        ("requeued", Value::Null)
+                        (name, Value::Null)
                     }
                     // Stored QUEUED: the next restart or takeover of its partition reads it
                     // (and fails it the same way).
                     Err(e) => ("requeued_unreadable", json!(format!("{e:#}"))),
-                },
+                }
+            };
+            let (name, detail) = match outcome {
+                O::Requeued(q) => take_back(&q, "requeued"),
+                // Queued already (a requeue that committed unheard, asked again): its shard
+                // takes it back unless it holds it (a duplicate is refused there).
+                O::AlreadyQueued(q) => take_back(&q, "already_queued"),
                 O::NotFound => ("not_found", Value::Null),
                 O::NotFailed(state) => ("not_failed", json!(state.to_string())),
                 O::NotOwned(p) => (

@@ -544,6 +544,42 @@ role = "operator"
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operators_requeue_that_committed_unheard_is_taken_back_when_asked_again() {
+    let test = TestDb::new().await;
+    let (m, admin) = mock(30).await;
+    set_fault(&admin, Fault::Auth).await;
+    let tokens = r#"
+[[admin_tokens]]
+name = "otto"
+token = "operator-token-0123456789"
+role = "operator"
+"#;
+    let config = node_config("requeue-again-node", &m, "") + tokens;
+    let daemon = start_with(&test, &config).await;
+    let (ids, states) = run(&daemon, &test, "unheard", 1).await;
+    assert_eq!(states, ["FAILED"]);
+    set_fault(&admin, Fault::None).await;
+    // The requeue committed in PostgreSQL and its answer never reached the node (its shard
+    // never took the task back): QUEUED in the store, unknown to the node.
+    let sql = test.sql().await.unwrap();
+    sql.execute(
+        "UPDATE task SET state = 'QUEUED', version = version + 1, failure_reason = NULL
+          WHERE task_id = $1",
+        &[&(ids[0].0 as i64)],
+    )
+    .await
+    .unwrap();
+    // Asked again: the task is handed back to its shard and runs.
+    let task = ids[0].0.to_string();
+    let args = ["--json", "requeue", task.as_str(), "--reason", "again"];
+    let (ok, out) = common::ctl(daemon.http, "operator-token-0123456789", &args);
+    assert!(ok, "{out}");
+    let answer: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(answer["tasks"][0]["outcome"], "already_queued", "{out}");
+    assert_eq!(wait_final(&test, &ids).await, ["SUCCEEDED"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_requeue_whose_answer_was_lost_is_claimed_again_at_its_stored_version() {
     let test = TestDb::new().await;
     let (m, admin) = mock(30).await;
