@@ -366,8 +366,9 @@ impl ShardState {
     /// their queues, live attempts into their provider stage. Returns the queries by request
     /// key that find each live attempt's job at the provider (to send to the provider thread):
     /// a job found is followed to its end, one the provider never got is run again as a new
-    /// attempt, so no job is submitted twice. A task the core cannot take is left out (it stays
-    /// in PostgreSQL as it is) and named in `refused`; the others are put back.
+    /// attempt, so no job is submitted twice. A task the core holds already is skipped; one it
+    /// cannot take is left out (it stays in PostgreSQL as it is) and named in `refused`; the
+    /// others are put back.
     pub fn restore(&mut self, restores: Vec<crate::control::Restore>) -> Restored {
         let now = self.now();
         let mut done = Restored::default();
@@ -375,6 +376,11 @@ impl ShardState {
             let task = r.request.submit.task;
             match self.restore_one(now, r) {
                 Ok(call) => done.calls.extend(call),
+                // Held here already (an operator's requeue asked again, a lease re-taken after
+                // it lapsed): nothing to put back.
+                Err(spindle_core::SubmitError::DuplicateTask(_)) => {
+                    tracing::debug!("{task} is here already");
+                }
                 Err(e) => done.refused.push(format!("task {task}: {e}")),
             }
         }
