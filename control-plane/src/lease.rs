@@ -51,11 +51,8 @@ impl Db {
     }
 
     pub async fn heartbeat(&self, node: &str) -> Result<(), StoreError> {
-        self.client()
-            .execute(
-                "UPDATE node SET heartbeat_at = now() WHERE node_id = $1",
-                &[&node],
-            )
+        let sql = "UPDATE node SET heartbeat_at = now() WHERE node_id = $1";
+        self.answered(true, self.client().execute(sql, &[&node]))
             .await?;
         Ok(())
     }
@@ -134,14 +131,12 @@ impl Db {
 
     /// Nodes that are up and heartbeated within `within_ms`.
     pub async fn live_nodes(&self, within_ms: u32) -> Result<u32, StoreError> {
+        let within = f64::from(within_ms);
+        let sql = "SELECT count(*) FROM node
+                    WHERE state = 'UP'
+                      AND heartbeat_at > now() - $1::float8 * interval '1 millisecond'";
         let row = self
-            .client()
-            .query_one(
-                "SELECT count(*) FROM node
-                  WHERE state = 'UP'
-                    AND heartbeat_at > now() - $1::float8 * interval '1 millisecond'",
-                &[&f64::from(within_ms)],
-            )
+            .answered(false, self.client().query_one(sql, &[&within]))
             .await?;
         Ok(row.get::<_, i64>(0) as u32)
     }

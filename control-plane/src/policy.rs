@@ -206,11 +206,10 @@ impl Db {
     }
 
     pub async fn policy_version(&self) -> Result<PolicyVersion, StoreError> {
-        let v: i64 = self
+        let read = self
             .client()
-            .query_one("SELECT version FROM policy_version", &[])
-            .await?
-            .get(0);
+            .query_one("SELECT version FROM policy_version", &[]);
+        let v: i64 = self.answered(false, read).await?.get(0);
         Ok(PolicyVersion(v as u64))
     }
 
