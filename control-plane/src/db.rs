@@ -175,6 +175,15 @@ impl Drop for Db {
     }
 }
 
+/// TCP keepalive on every connection: the first probe after this much silence…
+const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
+/// …then one probe this often, and the connection ends after this many go unanswered
+/// (10 + 3 × 3 s ≈ 20 s for a dead peer while a call waits).
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(3);
+const KEEPALIVE_PROBES: u32 = 3;
+/// Data sent and not acknowledged for this long ends the connection (a peer gone mid-write).
+const TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
+
 async fn connect(config: &DbConfig) -> Result<(Client, JoinHandle<()>), StoreError> {
     let mut pg: tokio_postgres::Config =
         config
@@ -184,15 +193,15 @@ async fn connect(config: &DbConfig) -> Result<(Client, JoinHandle<()>), StoreErr
                 StoreError::Unavailable(format!("bad conninfo: {e}"))
             })?;
     // A peer that went away without closing (a partition, a failover that left the socket
-    // half open) is found by the kernel within ~20 s on every call, and within the answer
-    // deadline on the calls that go through `Db::answered`.
+    // half open) is found by the kernel on every call (see `KEEPALIVE_*`), and within the
+    // answer deadline on the calls that go through `Db::answered`.
     pg.application_name(&config.application_name)
         .connect_timeout(Duration::from_millis(u64::from(config.connect_timeout_ms)))
         .keepalives(true)
-        .keepalives_idle(Duration::from_secs(10))
-        .keepalives_interval(Duration::from_secs(3))
-        .keepalives_retries(3)
-        .tcp_user_timeout(Duration::from_secs(20))
+        .keepalives_idle(KEEPALIVE_IDLE)
+        .keepalives_interval(KEEPALIVE_INTERVAL)
+        .keepalives_retries(KEEPALIVE_PROBES)
+        .tcp_user_timeout(TCP_USER_TIMEOUT)
         .options(format!(
             // jit off: spindle's statements are short; compiling one costs more than running it.
             "-c statement_timeout={} -c idle_in_transaction_session_timeout={} -c lock_timeout={} -c jit=off",

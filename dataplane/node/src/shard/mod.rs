@@ -765,13 +765,14 @@ async fn submit(
             reply,
         })
         .await;
-        let ids: Vec<TaskId> = commit.iter().map(|&(_, t)| t).collect();
+        // Only a batch in doubt needs its tasks' ids apart.
+        let ids = || commit.iter().map(|&(_, t)| t).collect::<Vec<TaskId>>();
         // A batch whose answer was lost: the rows tell which tasks it made, if PostgreSQL is
         // back soon enough (the client waits for this answer).
         let made = match &outcome {
             Err(e) if e.is_in_doubt() => {
                 in_doubt(state);
-                look_up(&cp, ids.clone(), IN_DOUBT_ANSWER_LOOKUPS)
+                look_up(&cp, ids(), IN_DOUBT_ANSWER_LOOKUPS)
                     .await
                     .map(|heads| heads.iter().map(Option::is_some).collect::<Vec<bool>>())
             }
@@ -789,7 +790,7 @@ async fn submit(
                 // until their rows tell, and the client learns each outcome by submitting
                 // again with the same idempotency keys.
                 drop(s);
-                resolve_submits_later(state.clone(), ids);
+                resolve_submits_later(state.clone(), ids());
                 return answer_error(
                     reply,
                     ErrorCode::Unavailable,
@@ -1470,7 +1471,8 @@ fn refused(s: &mut ShardState, now: Time, task: TaskId, why: ClaimRefusal) {
             // renewal decides. Renewed, the claim goes again; lost, the lease loop marks the
             // partition and the next refusal lets the task go. Dropped now, it would be
             // nobody's: no other node took the partition over, so none loads its queue.
-            let at = now.plus_ns(u64::from(s.lease_ms / 6).max(1) * 1_000_000);
+            let wait_ms = u64::from(s.lease_ms / LEASE_RECHECKS_PER_LEASE).max(1);
+            let at = now.plus_ns(wait_ms * 1_000_000);
             if let Err(e) = s.core.handle_claim_refused_until(task, at) {
                 tracing::warn!("claim refused for {task}: {e}");
             }
@@ -1492,6 +1494,10 @@ fn refused(s: &mut ShardState, now: Time, task: TaskId, why: ClaimRefusal) {
         tracing::warn!("claim refused for {task}: {e}");
     }
 }
+
+/// How often, per lease, a claim refused for a partition this node still believes it holds is
+/// tried again (twice per renewal interval, which is a third of a lease).
+const LEASE_RECHECKS_PER_LEASE: u32 = 6;
 
 /// Counts a submit or claim batch in doubt.
 fn in_doubt(state: &SharedShard) {
