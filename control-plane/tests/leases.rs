@@ -209,13 +209,7 @@ async fn a_nodes_submits_go_only_into_the_partitions_it_holds() {
         lapsed,
         vec![SubmitOutcome::PartitionNotOwned(PartitionId(1))]
     );
-    let rows: Vec<i64> = sql
-        .query("SELECT task_id FROM task ORDER BY task_id", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let rows: Vec<i64> = common::column(&sql, "SELECT task_id FROM task ORDER BY task_id").await;
     assert_eq!(
         rows,
         vec![1, 3],

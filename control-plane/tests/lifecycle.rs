@@ -293,13 +293,7 @@ async fn a_batch_with_a_replayed_key_is_decided_row_by_row_and_reserves_once() {
         ]
     );
     let sql = test.sql().await.unwrap();
-    let tasks: Vec<i64> = sql
-        .query("SELECT task_id FROM task ORDER BY task_id", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let tasks: Vec<i64> = common::column(&sql, "SELECT task_id FROM task ORDER BY task_id").await;
     assert_eq!(tasks, vec![1, 2, 3, 4, 6]);
     let r = sql
         .query_one(

@@ -371,14 +371,11 @@ async fn the_outbox_is_relayed_at_least_once_and_consumers_apply_each_event_once
     assert_eq!(db.pending_events().await.unwrap(), 0);
     // Each event's body comes out of its batch row's details, the same through the relay and
     // through the view.
-    let viewed: Vec<serde_json::Value> = db
-        .client()
-        .query("SELECT body FROM outbox_event ORDER BY event_id", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let viewed: Vec<serde_json::Value> = common::column(
+        db.client(),
+        "SELECT body FROM outbox_event ORDER BY event_id",
+    )
+    .await;
     assert_eq!(sink.bodies, viewed);
     assert_eq!(sink.bodies[3]["attempt_no"], 1);
     assert_eq!(sink.bodies[3]["node"], NODE);

@@ -130,16 +130,11 @@ async fn failed_tasks_go_back_to_their_queues_with_a_new_budget_cycle() {
         (2, "REFUND".to_string()),
     ];
     assert_eq!(ledger("quota_ledger_closed").await, closed);
-    let attempts: Vec<i32> = sql
-        .query(
-            "SELECT attempt_no FROM task WHERE task_id IN (1, 2) ORDER BY task_id",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let attempts: Vec<i32> = common::column(
+        &sql,
+        "SELECT attempt_no FROM task WHERE task_id IN (1, 2) ORDER BY task_id",
+    )
+    .await;
     assert_eq!(attempts, [2, 2]);
     // The events and the audit name the operator.
     let events: i64 = sql

@@ -56,13 +56,7 @@ async fn ended_tasks_leave_after_their_window_and_live_ones_never() {
     }
     let sql = test.sql().await.unwrap();
     let left = || async {
-        let ids: Vec<i64> = sql
-            .query("SELECT task_id FROM task ORDER BY task_id", &[])
-            .await
-            .unwrap()
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
+        let ids: Vec<i64> = common::column(&sql, "SELECT task_id FROM task ORDER BY task_id").await;
         let history: i64 = sql
             .query_one("SELECT count(*) FROM attempt_history", &[])
             .await

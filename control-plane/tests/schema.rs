@@ -1,5 +1,7 @@
 //! Migrations and the schema's contract with the core.
 
+mod common;
+
 use spindle_control::report::core_transitions;
 use spindle_control::testing::TestDb;
 use spindle_control::{migrate, Db, StoreError};
@@ -13,16 +15,11 @@ async fn nodes_starting_at_once_apply_each_migration_exactly_once() {
         db.unwrap();
     }
     let sql = test.sql().await.unwrap();
-    let versions: Vec<i32> = sql
-        .query(
-            "SELECT version FROM schema_migrations ORDER BY version",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let versions: Vec<i32> = common::column(
+        &sql,
+        "SELECT version FROM schema_migrations ORDER BY version",
+    )
+    .await;
     let carried: Vec<i32> = migrate::MIGRATIONS.iter().map(|m| m.version).collect();
     assert_eq!(versions, carried);
 }
@@ -177,16 +174,11 @@ async fn version_5_carries_work_in_flight_over() {
         ),
         "{done:?}"
     );
-    let used: Vec<i64> = sql
-        .query(
-            "SELECT used FROM resource_pool_shard ORDER BY pool_key",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let used: Vec<i64> = common::column(
+        &sql,
+        "SELECT used FROM resource_pool_shard ORDER BY pool_key",
+    )
+    .await;
     assert_eq!(used, vec![0, 0]);
 }
 

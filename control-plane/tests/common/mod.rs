@@ -115,3 +115,16 @@ pub async fn quota(sql: &tokio_postgres::Client, tenant: u32) -> (i64, i64) {
         .unwrap();
     (r.get(0), r.get(1))
 }
+
+/// The first column of every row `query` returns, in order.
+pub async fn column<T>(sql: &tokio_postgres::Client, query: &str) -> Vec<T>
+where
+    T: for<'a> tokio_postgres::types::FromSql<'a>,
+{
+    sql.query(query, &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+}
