@@ -30,6 +30,11 @@ struct Rig {
     client: Client,
 }
 
+/// `CONFIG` with top-level `keys` added (before its tenant tables).
+fn with_keys(keys: &str) -> String {
+    CONFIG.replacen("[[tenants]]", &format!("{keys}\n\n[[tenants]]"), 1)
+}
+
 async fn rig(config: &str) -> Rig {
     let test = TestDb::new().await;
     let proxy = Proxy::start(&test.config().conninfo);
@@ -80,11 +85,7 @@ async fn a_submit_whose_answer_is_lost_is_read_back_acknowledged_and_run() {
 async fn a_claim_whose_answer_is_lost_is_read_back_and_its_task_runs_once() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("executions.log");
-    let config = CONFIG.replacen(
-        "[[tenants]]",
-        &format!("local_provider_log = \"{}\"\n\n[[tenants]]", log.display()),
-        1,
-    );
+    let config = with_keys(&format!("local_provider_log = \"{}\"", log.display()));
     let Rig {
         _test,
         proxy,
@@ -125,11 +126,7 @@ async fn a_claim_whose_answer_is_lost_is_read_back_and_its_task_runs_once() {
 async fn a_claim_whose_connection_goes_silent_is_given_up_and_read_back() {
     // The answer is lost and nothing breaks the connection (a dead peer that never says so):
     // after the statement timeout and the grace the node gives the connection up by itself.
-    let config = CONFIG.replacen(
-        "[[tenants]]",
-        "postgres_statement_timeout_ms = 1000\npostgres_answer_grace_ms = 500\n\n[[tenants]]",
-        1,
-    );
+    let config = with_keys("postgres_statement_timeout_ms = 1000\npostgres_answer_grace_ms = 500");
     let Rig {
         _test,
         proxy,

@@ -84,6 +84,19 @@ credential = "one"
     )
 }
 
+/// A viewer and an operator of the admin API (appended to a node configuration).
+const ADMIN_TOKENS: &str = r#"
+[[admin_tokens]]
+name = "vera"
+token = "viewer-token-0123456789"
+role = "viewer"
+
+[[admin_tokens]]
+name = "otto"
+token = "operator-token-0123456789"
+role = "operator"
+"#;
+
 /// spindled with the mock at `m` and a media stage writing to `out`.
 async fn media_node(test: &TestDb, m: &MockProvider, out: &std::path::Path, media: &str) -> Daemon {
     let config = format!(
@@ -480,18 +493,7 @@ async fn an_operator_requeues_dead_letters_and_they_run_again() {
     let test = TestDb::new().await;
     let (m, admin) = mock(30).await;
     set_fault(&admin, Fault::Auth).await;
-    let tokens = r#"
-[[admin_tokens]]
-name = "vera"
-token = "viewer-token-0123456789"
-role = "viewer"
-
-[[admin_tokens]]
-name = "otto"
-token = "operator-token-0123456789"
-role = "operator"
-"#;
-    let config = node_config("requeue-node", &m, "") + tokens;
+    let config = node_config("requeue-node", &m, "") + ADMIN_TOKENS;
     let daemon = start_with(&test, &config).await;
     let (ids, states) = run(&daemon, &test, "dead", 3).await;
     assert_eq!(states, ["FAILED", "FAILED", "FAILED"]);
@@ -548,13 +550,7 @@ async fn an_operators_requeue_that_committed_unheard_is_taken_back_when_asked_ag
     let test = TestDb::new().await;
     let (m, admin) = mock(30).await;
     set_fault(&admin, Fault::Auth).await;
-    let tokens = r#"
-[[admin_tokens]]
-name = "otto"
-token = "operator-token-0123456789"
-role = "operator"
-"#;
-    let config = node_config("requeue-again-node", &m, "") + tokens;
+    let config = node_config("requeue-again-node", &m, "") + ADMIN_TOKENS;
     let daemon = start_with(&test, &config).await;
     let (ids, states) = run(&daemon, &test, "unheard", 1).await;
     assert_eq!(states, ["FAILED"]);
