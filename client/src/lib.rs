@@ -1,6 +1,11 @@
 //! An async client for spindle's protocol (tokio). Requests are pipelined: any number may be in
 //! flight on one connection; a reader task matches answers to requests by `request_id`, in
 //! whatever order the node sends them. Events of subscriptions arrive on [`Client::events`].
+//!
+//! Requests are cancel-safe: a request is encoded whole and handed to a writer task over a
+//! bounded queue, so a request future dropped at any point (a `select!`, a caller's timeout)
+//! leaves either its whole frame on the connection or none of it — never half a frame that
+//! would garble every frame after it.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,6 +30,12 @@ pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 /// Events buffered for the application before the reader stops reading.
 const EVENTS_BUFFER: usize = 4096;
 
+/// Encoded frames waiting for the writer task; a request waits for room beyond this.
+const WRITE_QUEUE_FRAMES: usize = 1024;
+
+/// Bytes of queued frames the writer gathers into one write.
+const WRITE_GATHER_BYTES: usize = 256 * 1024;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     #[error("I/O: {0}")]
@@ -48,7 +59,10 @@ pub enum ClientError {
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Response>>>>;
 
 pub struct Client {
-    writer: tokio::sync::Mutex<(OwnedWriteHalf, Encoder, Vec<u8>)>,
+    /// Encoding happens under this lock (never across an await); the frame then goes to the
+    /// writer task whole.
+    encoder: Mutex<Encoder>,
+    frames: mpsc::Sender<Vec<u8>>,
     pending: Pending,
     next_id: AtomicU64,
     events: tokio::sync::Mutex<mpsc::Receiver<Event>>,
@@ -94,8 +108,11 @@ impl Client {
         let pending: Pending = Arc::default();
         let (events_tx, events_rx) = mpsc::channel(EVENTS_BUFFER);
         let reader = tokio::spawn(read_loop(read, pending.clone(), events_tx));
+        let (frames, queued) = mpsc::channel(WRITE_QUEUE_FRAMES);
+        tokio::spawn(write_loop(write, queued, pending.clone()));
         let mut client = Client {
-            writer: tokio::sync::Mutex::new((write, Encoder::new(), Vec::new())),
+            encoder: Mutex::new(Encoder::new()),
+            frames,
             pending,
             next_id: AtomicU64::new(1),
             events: tokio::sync::Mutex::new(events_rx),
@@ -135,20 +152,21 @@ impl Client {
             pending: &self.pending,
             id,
         };
-        {
-            let mut w = self.writer.lock().await;
-            let (write, encoder, buf) = &mut *w;
-            buf.clear();
-            encoder.request(
-                &RequestFrame {
-                    request_id: id,
-                    body,
-                },
-                buf,
-            );
-            write.write_all(buf).await?;
-        }
-        // Only the answer is timed: a frame half written would break the connection's stream.
+        let mut frame = Vec::new();
+        self.encoder.lock().expect("encoder").request(
+            &RequestFrame {
+                request_id: id,
+                body,
+            },
+            &mut frame,
+        );
+        // Cancel-safe: dropped while waiting for room, the frame is not sent at all; once
+        // queued, it is written whole. A closed queue means the writer met an error.
+        self.frames
+            .send(frame)
+            .await
+            .map_err(|_| ClientError::Closed)?;
+        // Only the answer is timed: a queued frame is sent whatever happens to this request.
         let answer = tokio::time::timeout(self.request_timeout, rx)
             .await
             .map_err(|_| ClientError::Timeout(self.request_timeout))?;
@@ -251,6 +269,39 @@ async fn read_loop(
         }
     }
     close(&pending);
+}
+
+/// Writes queued frames in order, gathering what is queued into one write. On a write error
+/// the connection is done: every waiting request fails and later ones find the queue closed.
+/// Ends when the client is dropped (the queue's sender with it), after writing what was queued.
+async fn write_loop(
+    mut write: OwnedWriteHalf,
+    mut queued: mpsc::Receiver<Vec<u8>>,
+    pending: Pending,
+) {
+    let mut out = Vec::new();
+    while let Some(first) = queued.recv().await {
+        let written = match queued.try_recv() {
+            // One frame alone is written as it is.
+            Err(_) => write.write_all(&first).await,
+            Ok(second) => {
+                out.clear();
+                out.extend_from_slice(&first);
+                out.extend_from_slice(&second);
+                while out.len() < WRITE_GATHER_BYTES {
+                    match queued.try_recv() {
+                        Ok(frame) => out.extend_from_slice(&frame),
+                        Err(_) => break,
+                    }
+                }
+                write.write_all(&out).await
+            }
+        };
+        if written.is_err() {
+            queued.close();
+            return close(&pending);
+        }
+    }
 }
 
 /// Fails every request still waiting: their answers will never come.
