@@ -59,6 +59,29 @@ pub struct ReconcileReport {
     pub raced: u32,
 }
 
+/// Each pool shard's stored `used` beside what its ACTIVE reservations add up to (the CTEs
+/// `active` and `derived`, for the counter check and the rebuild).
+const POOL_DERIVED: &str = "active AS (
+         SELECT r.pool_key, r.shard, sum(r.amount)::bigint AS amount
+           FROM task t,
+                unnest(t.res_pool, t.res_shard, t.res_amount) AS r (pool_key, shard, amount)
+          WHERE t.current_attempt IS NOT NULL AND t.res_released_at IS NULL
+          GROUP BY r.pool_key, r.shard
+     ), derived AS (
+         SELECT p.pool_key, p.shard, p.used AS stored, coalesce(a.amount, 0)::bigint AS derived
+           FROM resource_pool_shard p
+           LEFT JOIN active a ON a.pool_key = p.pool_key AND a.shard = p.shard
+     )";
+
+fn drift(r: &tokio_postgres::Row) -> Drift {
+    Drift {
+        shard: PoolShard::new(r.get::<_, String>(0), r.get::<_, i16>(1) as u16),
+        stored: r.get(2),
+        derived: r.get(3),
+    }
+}
+
+/// A pool shard whose stored `used` is not what its ACTIVE reservations add up to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Drift {
     pub shard: PoolShard,
@@ -267,38 +290,41 @@ impl Db {
             &[],
         )
         .await?;
-        let rows = tx
-            .query(
-                "WITH active AS (
-                     SELECT r.pool_key, r.shard, sum(r.amount)::bigint AS amount
-                       FROM task t,
-                            unnest(t.res_pool, t.res_shard, t.res_amount) AS r (pool_key, shard, amount)
-                      WHERE t.current_attempt IS NOT NULL AND t.res_released_at IS NULL
-                      GROUP BY r.pool_key, r.shard
-                 ), derived AS (
-                     SELECT p.pool_key, p.shard, p.used AS stored,
-                            coalesce(a.amount, 0)::bigint AS derived
-                       FROM resource_pool_shard p
-                       LEFT JOIN active a ON a.pool_key = p.pool_key AND a.shard = p.shard
-                 ), fixed AS (
-                     UPDATE resource_pool_shard p SET used = d.derived, version = p.version + 1
-                       FROM derived d
-                      WHERE p.pool_key = d.pool_key AND p.shard = d.shard AND d.stored <> d.derived
-                     RETURNING p.pool_key, p.shard, d.stored, d.derived
-                 )
-                 SELECT pool_key, shard, stored, derived FROM fixed ORDER BY pool_key, shard",
-                &[],
-            )
-            .await?;
+        let sql = format!(
+            "WITH {POOL_DERIVED}, fixed AS (
+                 UPDATE resource_pool_shard p SET used = d.derived, version = p.version + 1
+                   FROM derived d
+                  WHERE p.pool_key = d.pool_key AND p.shard = d.shard AND d.stored <> d.derived
+                 RETURNING p.pool_key, p.shard, d.stored, d.derived
+             )
+             SELECT pool_key, shard, stored, derived FROM fixed ORDER BY pool_key, shard"
+        );
+        let rows = tx.query(&sql, &[]).await?;
         tx.commit().await?;
-        Ok(rows
-            .iter()
-            .map(|r| Drift {
-                shard: PoolShard::new(r.get::<_, String>(0), r.get::<_, i16>(1) as u16),
-                stored: r.get(2),
-                derived: r.get(3),
-            })
-            .collect())
+        Ok(rows.iter().map(drift).collect())
+    }
+
+    /// The pool shards whose `used` differs from the sum of their ACTIVE reservations, changing
+    /// nothing: one read-only snapshot, in which every claim and release is either wholly there
+    /// (the counter and the task row move in one transaction) or not at all, so a difference
+    /// is drift, never a race. Locks nothing; it walks the task table once (the nodes run it
+    /// every `counter_check_s`; `rebuild_counters` repairs what it finds).
+    pub async fn check_counters(&mut self) -> Result<Vec<Drift>, StoreError> {
+        let tx = self
+            .client_mut()
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await?;
+        let sql = format!(
+            "WITH {POOL_DERIVED}
+             SELECT pool_key, shard, stored, derived FROM derived
+              WHERE stored <> derived ORDER BY pool_key, shard"
+        );
+        let rows = tx.query(&sql, &[]).await?;
+        tx.commit().await?;
+        Ok(rows.iter().map(drift).collect())
     }
 
     /// One page of the tasks of `partitions` a node puts back after a restart or a takeover,

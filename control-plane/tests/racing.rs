@@ -99,12 +99,16 @@ async fn racing_claims_never_overshoot_and_lose_no_grant() {
     db.ensure_partitions(RACERS as u32).await.unwrap();
     db.set_pool("provider:shared", CAPACITY, 1).await.unwrap();
 
-    // An observer samples the pool while the racers run.
+    // An observer samples the pool while the racers run, and the counter check with it: a
+    // snapshot taken mid-race never shows drift.
     let watch = {
         let sql = test.sql().await.unwrap();
+        let mut checker = test.open().await;
         tokio::spawn(async move {
             let mut max_seen = 0i64;
-            for _ in 0..500 {
+            for i in 0..500 {
+                let drift = checker.check_counters().await.unwrap();
+                assert!(drift.is_empty(), "sample {i}: drift mid-race {drift:?}");
                 let used: i64 = sql
                     .query_one(
                         "SELECT used FROM resource_pool_shard WHERE pool_key = 'provider:shared'",

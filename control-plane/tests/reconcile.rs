@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use common::{assert_counters_derived, claim, setup, task, LEASE_MS, NODE};
 use spindle_control::events::{Event, EventSink};
-use spindle_control::reconcile::{ProviderLookup, ProviderView, ReconcileReport};
+use spindle_control::reconcile::{Drift, ProviderLookup, ProviderView, ReconcileReport};
 use spindle_control::{ClaimResult, PartitionId, Report, ReportAction};
 use spindle_core::{PolicyVersion, TaskId, TaskState};
 
@@ -63,6 +63,10 @@ async fn drifted_counters_are_rebuilt_from_active_reservations() {
     .await
     .unwrap();
     assert!(
+        db.check_counters().await.unwrap().is_empty(),
+        "no drift yet"
+    );
+    assert!(
         db.rebuild_counters().await.unwrap().is_empty(),
         "no drift yet"
     );
@@ -80,12 +84,26 @@ async fn drifted_counters_are_rebuilt_from_active_reservations() {
     )
     .await
     .unwrap();
-    let drift = db.rebuild_counters().await.unwrap();
-    let seen: Vec<(u16, i64, i64)> = drift
-        .iter()
-        .map(|d| (d.shard.shard, d.stored, d.derived))
-        .collect();
-    assert_eq!(seen, vec![(0, 0, 3), (1, 5, 2)]);
+    let seen = |drift: Vec<Drift>| -> Vec<(u16, i64, i64)> {
+        drift
+            .iter()
+            .map(|d| (d.shard.shard, d.stored, d.derived))
+            .collect()
+    };
+    // The check sees the drift and changes nothing; the rebuild repairs it.
+    assert_eq!(
+        seen(db.check_counters().await.unwrap()),
+        vec![(0, 0, 3), (1, 5, 2)]
+    );
+    assert_eq!(
+        seen(db.check_counters().await.unwrap()),
+        vec![(0, 0, 3), (1, 5, 2)]
+    );
+    assert_eq!(
+        seen(db.rebuild_counters().await.unwrap()),
+        vec![(0, 0, 3), (1, 5, 2)]
+    );
+    assert!(db.check_counters().await.unwrap().is_empty());
     assert_counters_derived(&test).await;
 }
 

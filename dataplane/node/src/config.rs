@@ -7,6 +7,9 @@ use std::path::PathBuf;
 use serde::Deserialize;
 use spindle_core::Lane;
 
+/// The longest interval between counter checks (`counter_check_s`): a day.
+const COUNTER_CHECK_S_MAX: u64 = 24 * 3600;
+
 #[derive(Debug, Clone, clap::Parser)]
 #[command(name = "spindled", about = "spindle's node daemon")]
 pub struct Args {
@@ -126,6 +129,12 @@ pub struct Config {
     /// for up to a quarter of the renewal interval).
     #[serde(default = "default_retention_scan_rows")]
     pub retention_scan_rows: usize,
+    /// Seconds between checks that every pool counter equals the sum of its ACTIVE
+    /// reservations (a read-only snapshot that walks the task table once; drift is logged and
+    /// counted in `spindle_counter_drift_shards`, and `spindlectl rebuild-counters` repairs it).
+    /// 0 turns the check off.
+    #[serde(default = "default_counter_check_s")]
+    pub counter_check_s: u64,
     /// Concurrency of each of the two local provider accounts (global: a pool in PostgreSQL).
     #[serde(default = "default_provider_concurrency")]
     pub provider_concurrency: u64,
@@ -225,6 +234,9 @@ fn default_retention_events_s() -> u64 {
 }
 fn default_retention_scan_rows() -> usize {
     5_000
+}
+fn default_counter_check_s() -> u64 {
+    300
 }
 fn default_idle_spin_us() -> u64 {
     200
@@ -335,6 +347,10 @@ impl Config {
             (1..=spindle_control::limits::SCAN_MAX).contains(&self.retention_scan_rows),
             "retention_scan_rows must be 1..={}",
             spindle_control::limits::SCAN_MAX
+        );
+        anyhow::ensure!(
+            self.counter_check_s <= COUNTER_CHECK_S_MAX,
+            "counter_check_s must be 0..={COUNTER_CHECK_S_MAX}"
         );
         if let Some(p) = &self.provider {
             p.check()?;
@@ -564,6 +580,22 @@ mod tests {
             let e = Config::load(&Args::file(path.clone(), None)).unwrap_err();
             assert_eq!(e.to_string(), "retention_scan_rows must be 1..=10000");
         }
+    }
+
+    #[test]
+    fn a_counter_check_interval_past_a_day_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "counter_check_s = 86401\n").unwrap();
+        let e = Config::load(&Args::file(path.clone(), None)).unwrap_err();
+        assert_eq!(e.to_string(), "counter_check_s must be 0..=86400");
+        std::fs::write(&path, "counter_check_s = 0\n").unwrap();
+        assert_eq!(
+            Config::load(&Args::file(path, None))
+                .unwrap()
+                .counter_check_s,
+            0
+        );
     }
 
     #[test]

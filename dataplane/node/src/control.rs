@@ -694,6 +694,7 @@ pub async fn start(
         live: live.clone(),
         preferred,
         prune_from: None,
+        counters_checked: None,
     };
     tokio::spawn(crate::live_policy::watch(
         db_config.clone(),
@@ -751,6 +752,8 @@ struct LeaseLoop {
     preferred: Vec<PartitionId>,
     /// Where the next retention pass starts (`None`: at the oldest task).
     prune_from: Option<TaskId>,
+    /// When the pool counters were last checked (`None`: not yet).
+    counters_checked: Option<std::time::Instant>,
 }
 
 impl LeaseLoop {
@@ -827,6 +830,39 @@ impl LeaseLoop {
                 Err(e) => tracing::warn!("counting live nodes: {e}"),
             }
             self.prune(&held, every).await;
+            self.check_counters().await;
+        }
+    }
+
+    /// Every `counter_check_s`: compares each pool counter with its ACTIVE reservations in one
+    /// read-only snapshot. Drift is never repaired here (a repair locks every pool row and is
+    /// an operator's call, `spindlectl rebuild-counters`); it is logged per shard and counted.
+    async fn check_counters(&mut self) {
+        let every = std::time::Duration::from_secs(self.config.counter_check_s);
+        if every.is_zero() || self.counters_checked.is_some_and(|at| at.elapsed() < every) {
+            return;
+        }
+        self.counters_checked = Some(std::time::Instant::now());
+        match self.admin.check_counters().await {
+            Ok(drift) => {
+                for d in &drift {
+                    tracing::warn!(
+                        "pool {} shard {}: counter {} but its active reservations add up to {} \
+                         (spindlectl rebuild-counters repairs it)",
+                        d.shard.pool,
+                        d.shard.shard,
+                        d.stored,
+                        d.derived
+                    );
+                }
+                self.metrics
+                    .counter_drift_shards
+                    .store(drift.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                self.metrics
+                    .counter_checks
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            Err(e) => tracing::warn!("checking pool counters failed: {e}"),
         }
     }
 

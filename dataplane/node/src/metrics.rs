@@ -136,6 +136,9 @@ pub struct Metrics {
     pub calls_in_doubt: AtomicU64,
     /// Ended tasks the retention passes removed from PostgreSQL.
     pub retention_pruned: AtomicU64,
+    /// Counter checks done, and the pool shards the last one found drifted.
+    pub counter_checks: AtomicU64,
+    pub counter_drift_shards: AtomicU64,
     /// Outbox rows (event batches) the retention passes removed.
     pub events_pruned: AtomicU64,
     /// The event relay (when `[events]` is configured): events the sink took, batches it
@@ -186,6 +189,8 @@ impl Metrics {
             claims_refused: AtomicU64::new(0),
             calls_in_doubt: AtomicU64::new(0),
             retention_pruned: AtomicU64::new(0),
+            counter_checks: AtomicU64::new(0),
+            counter_drift_shards: AtomicU64::new(0),
             events_pruned: AtomicU64::new(0),
             events_relayed: AtomicU64::new(0),
             events_refused: AtomicU64::new(0),
@@ -298,6 +303,16 @@ impl Metrics {
             w,
             "# HELP spindle_retention_pruned_total Ended tasks removed by retention.\n# TYPE spindle_retention_pruned_total counter\nspindle_retention_pruned_total {}",
             self.retention_pruned.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            w,
+            "# HELP spindle_counter_checks_total Checks of the pool counters against their reservations.\n# TYPE spindle_counter_checks_total counter\nspindle_counter_checks_total {}",
+            self.counter_checks.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            w,
+            "# HELP spindle_counter_drift_shards Pool shards whose counter differed from their reservations at the last check.\n# TYPE spindle_counter_drift_shards gauge\nspindle_counter_drift_shards {}",
+            self.counter_drift_shards.load(Ordering::Relaxed)
         );
         let _ = writeln!(
             w,

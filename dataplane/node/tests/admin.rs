@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{ctl, http_get, start_with};
+use common::{ctl, http_get, metric, start_with, Daemon};
 use spindle_control::testing::TestDb;
 
 const CONFIG: &str = r#"
@@ -300,4 +300,59 @@ async fn an_admin_rebuilds_drifted_pool_counters_from_what_live_attempts_hold() 
         .unwrap()
         .get(0);
     assert_eq!(audited, 2);
+}
+
+/// Polls the node's metrics (bounded: 600 polls, 30 s) until `done` holds for the counter
+/// checks done and the drifted shards the last one found.
+async fn until_checked(daemon: &Daemon, done: impl Fn(u64, u64) -> bool) -> (u64, u64) {
+    for _ in 0..600 {
+        let checks = metric(daemon, "spindle_counter_checks_total").await;
+        let drifted = metric(daemon, "spindle_counter_drift_shards").await;
+        if done(checks, drifted) {
+            return (checks, drifted);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("the counter check did not get there in 30 s");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_periodic_counter_check_finds_drift_without_repairing_it() {
+    let test = TestDb::new().await;
+    let config = format!("counter_check_s = 1\nlease_ms = 1500\n{CONFIG}");
+    let daemon = start_with(&test, &config).await;
+    let (checks, _) = until_checked(&daemon, |checks, drifted| checks >= 1 && drifted == 0).await;
+    let sql = test.sql().await.unwrap();
+    let used = async || -> i64 {
+        sql.query_one(
+            "SELECT coalesce(sum(used), 0)::bigint FROM resource_pool_shard",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+    };
+    let changed = sql
+        .execute(
+            "UPDATE resource_pool_shard SET used = used + 2
+              WHERE pool_key = (SELECT min(pool_key) FROM resource_pool_shard)",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(changed, 1);
+    // A later check sees the one drifted shard, and leaves it as it found it.
+    let (seen_at, _) = until_checked(&daemon, |c, drifted| c > checks && drifted == 1).await;
+    assert_eq!(used().await, 2, "the check repaired nothing");
+    let args = [
+        "--json",
+        "rebuild-counters",
+        "--reason",
+        "the check said so",
+    ];
+    let (ok, out) = ctl(daemon.http, "admin-token-0123456789", &args);
+    assert!(ok, "{out}");
+    assert_eq!(used().await, 0);
+    // The first check after the repair finds nothing.
+    until_checked(&daemon, |c, drifted| c > seen_at + 1 && drifted == 0).await;
 }
