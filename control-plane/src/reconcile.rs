@@ -73,11 +73,52 @@ const POOL_DERIVED: &str = "active AS (
            LEFT JOIN active a ON a.pool_key = p.pool_key AND a.shard = p.shard
      )";
 
-fn drift(r: &tokio_postgres::Row) -> Drift {
-    Drift {
-        shard: PoolShard::new(r.get::<_, String>(0), r.get::<_, i16>(1) as u16),
-        stored: r.get(2),
-        derived: r.get(3),
+/// Each budgeted tenant's stored `reserved_milli` beside the RESERVE rows of its open cycles
+/// (no SETTLE or REFUND yet; a closed cycle's rows live in `quota_ledger_closed`).
+const BUDGET_DERIVED: &str = "budget AS (
+         SELECT q.tenant_id, q.reserved_milli AS stored, coalesce(o.amount, 0)::bigint AS derived
+           FROM tenant_quota q
+           LEFT JOIN (SELECT l.tenant_id, sum(l.amount_milli) AS amount
+                        FROM quota_ledger l
+                       WHERE l.kind = 'RESERVE'
+                         AND NOT EXISTS (SELECT 1 FROM quota_ledger e
+                                          WHERE e.task_id = l.task_id
+                                            AND e.kind IN ('SETTLE', 'REFUND'))
+                       GROUP BY l.tenant_id) o ON o.tenant_id = q.tenant_id
+     )";
+
+/// What a counter check found drifted (or a rebuild repaired).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub pools: Vec<Drift>,
+    pub budgets: Vec<BudgetDrift>,
+}
+
+impl Counters {
+    /// Nothing drifted.
+    pub fn is_empty(&self) -> bool {
+        self.pools.is_empty() && self.budgets.is_empty()
+    }
+
+    fn from_rows(pools: &[tokio_postgres::Row], budgets: &[tokio_postgres::Row]) -> Counters {
+        Counters {
+            pools: pools
+                .iter()
+                .map(|r| Drift {
+                    shard: PoolShard::new(r.get::<_, String>(0), r.get::<_, i16>(1) as u16),
+                    stored: r.get(2),
+                    derived: r.get(3),
+                })
+                .collect(),
+            budgets: budgets
+                .iter()
+                .map(|r| BudgetDrift {
+                    tenant: TenantId(r.get::<_, i32>(0) as u32),
+                    stored: r.get(1),
+                    derived: r.get(2),
+                })
+                .collect(),
+        }
     }
 }
 
@@ -85,6 +126,14 @@ fn drift(r: &tokio_postgres::Row) -> Drift {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Drift {
     pub shard: PoolShard,
+    pub stored: i64,
+    pub derived: i64,
+}
+
+/// A tenant whose stored reserved budget is not what its open ledger cycles add up to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BudgetDrift {
+    pub tenant: TenantId,
     pub stored: i64,
     pub derived: i64,
 }
@@ -281,9 +330,10 @@ impl Db {
         Ok(report)
     }
 
-    /// Recomputes every pool shard's `used` from its ACTIVE reservations (invariant 5), under
-    /// the pool locks; returns the shards that had drifted, now repaired.
-    pub async fn rebuild_counters(&mut self) -> Result<Vec<Drift>, StoreError> {
+    /// Recomputes every pool shard's `used` from its ACTIVE reservations (invariant 5) and
+    /// every tenant's reserved budget from its open ledger cycles, under the rows' locks;
+    /// returns what had drifted, now repaired.
+    pub async fn rebuild_counters(&mut self) -> Result<Counters, StoreError> {
         let tx = self.client_mut().transaction().await?;
         tx.execute(
             "SELECT 1 FROM resource_pool_shard ORDER BY pool_key, shard FOR UPDATE",
@@ -299,17 +349,33 @@ impl Db {
              )
              SELECT pool_key, shard, stored, derived FROM fixed ORDER BY pool_key, shard"
         );
-        let rows = tx.query(&sql, &[]).await?;
+        let pools = tx.query(&sql, &[]).await?;
+        tx.execute(
+            "SELECT 1 FROM tenant_quota ORDER BY tenant_id FOR UPDATE",
+            &[],
+        )
+        .await?;
+        let sql = format!(
+            "WITH {BUDGET_DERIVED}, fixed AS (
+                 UPDATE tenant_quota q SET reserved_milli = d.derived
+                   FROM budget d WHERE q.tenant_id = d.tenant_id AND d.stored <> d.derived
+                 RETURNING q.tenant_id, d.stored, d.derived
+             )
+             SELECT tenant_id, stored, derived FROM fixed ORDER BY tenant_id"
+        );
+        let budgets = tx.query(&sql, &[]).await?;
         tx.commit().await?;
-        Ok(rows.iter().map(drift).collect())
+        Ok(Counters::from_rows(&pools, &budgets))
     }
 
-    /// The pool shards whose `used` differs from the sum of their ACTIVE reservations, changing
-    /// nothing: one read-only snapshot, in which every claim and release is either wholly there
-    /// (the counter and the task row move in one transaction) or not at all, so a difference
-    /// is drift, never a race. Locks nothing; it walks the task table once (the nodes run it
-    /// every `counter_check_s`; `rebuild_counters` repairs what it finds).
-    pub async fn check_counters(&mut self) -> Result<Vec<Drift>, StoreError> {
+    /// The counters that differ from what they are derived from — pool shards' `used` from
+    /// their ACTIVE reservations, tenants' reserved budgets from their open ledger cycles —
+    /// changing nothing: one read-only snapshot, in which every claim, release, reservation and
+    /// settlement is either wholly there (the counter and its rows move in one transaction) or
+    /// not at all, so a difference is drift, never a race. Locks nothing; it walks the task
+    /// table and the open ledger once (the nodes run it every `counter_check_s`;
+    /// `rebuild_counters` repairs what it finds).
+    pub async fn check_counters(&mut self) -> Result<Counters, StoreError> {
         let tx = self
             .client_mut()
             .build_transaction()
@@ -322,9 +388,15 @@ impl Db {
              SELECT pool_key, shard, stored, derived FROM derived
               WHERE stored <> derived ORDER BY pool_key, shard"
         );
-        let rows = tx.query(&sql, &[]).await?;
+        let pools = tx.query(&sql, &[]).await?;
+        let sql = format!(
+            "WITH {BUDGET_DERIVED}
+             SELECT tenant_id, stored, derived FROM budget
+              WHERE stored <> derived ORDER BY tenant_id"
+        );
+        let budgets = tx.query(&sql, &[]).await?;
         tx.commit().await?;
-        Ok(rows.iter().map(drift).collect())
+        Ok(Counters::from_rows(&pools, &budgets))
     }
 
     /// One page of the tasks of `partitions` a node puts back after a restart or a takeover,

@@ -8,9 +8,11 @@ use std::collections::HashMap;
 
 use common::{assert_counters_derived, claim, setup, task, LEASE_MS, NODE};
 use spindle_control::events::{Event, EventSink};
-use spindle_control::reconcile::{Drift, ProviderLookup, ProviderView, ReconcileReport};
-use spindle_control::{ClaimResult, PartitionId, Report, ReportAction};
-use spindle_core::{PolicyVersion, TaskId, TaskState};
+use spindle_control::reconcile::{
+    BudgetDrift, Counters, ProviderLookup, ProviderView, ReconcileReport,
+};
+use spindle_control::{ClaimResult, PartitionId, Report, ReportAction, ReportResult};
+use spindle_core::{PolicyVersion, TaskId, TaskState, TenantId};
 
 const V1: PolicyVersion = PolicyVersion(1);
 
@@ -84,8 +86,10 @@ async fn drifted_counters_are_rebuilt_from_active_reservations() {
     )
     .await
     .unwrap();
-    let seen = |drift: Vec<Drift>| -> Vec<(u16, i64, i64)> {
+    let seen = |drift: Counters| -> Vec<(u16, i64, i64)> {
+        assert!(drift.budgets.is_empty(), "{drift:?}");
         drift
+            .pools
             .iter()
             .map(|d| (d.shard.shard, d.stored, d.derived))
             .collect()
@@ -104,6 +108,76 @@ async fn drifted_counters_are_rebuilt_from_active_reservations() {
         vec![(0, 0, 3), (1, 5, 2)]
     );
     assert!(db.check_counters().await.unwrap().is_empty());
+    assert_counters_derived(&test).await;
+}
+
+#[tokio::test]
+async fn a_drifted_reserved_budget_is_found_and_rebuilt_from_the_open_ledger_cycles() {
+    let (test, mut db) = setup().await;
+    db.set_tenant_budget(TenantId(1), 10_000, "ops", "test budget")
+        .await
+        .unwrap();
+    // Three tasks of 1,000 reserved; one of them finished (its cycle closed with a REFUND).
+    let batch: Vec<_> = (1..=3).map(|i| task(i, 1, &format!("b{i}"))).collect();
+    db.submit_batch(&batch, V1).await.unwrap();
+    let granted = db
+        .claim_batch(NODE, LEASE_MS, &[claim(3, 0, &[])])
+        .await
+        .unwrap();
+    let ClaimResult::Granted { token, .. } = granted[0] else {
+        panic!("{granted:?}");
+    };
+    let finished = db
+        .report_batch(&[Report {
+            task: TaskId(3),
+            token: Some(token),
+            via: Vec::new(),
+            action: ReportAction::Finish {
+                state: TaskState::Canceled,
+                cost_actual_milli: None,
+                reason: None,
+            },
+        }])
+        .await
+        .unwrap();
+    assert!(
+        matches!(finished[0], ReportResult::Applied { .. }),
+        "{finished:?}"
+    );
+    let reserved = async || -> i64 {
+        test.sql()
+            .await
+            .unwrap()
+            .query_one(
+                "SELECT reserved_milli FROM tenant_quota WHERE tenant_id = 1",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    };
+    assert_eq!(reserved().await, 2_000);
+    assert!(db.check_counters().await.unwrap().is_empty());
+    // A lost update: the counter forgot one reservation.
+    test.sql()
+        .await
+        .unwrap()
+        .execute(
+            "UPDATE tenant_quota SET reserved_milli = 1000 WHERE tenant_id = 1",
+            &[],
+        )
+        .await
+        .unwrap();
+    let expected = vec![BudgetDrift {
+        tenant: TenantId(1),
+        stored: 1_000,
+        derived: 2_000,
+    }];
+    let found = db.check_counters().await.unwrap();
+    assert_eq!((found.pools.len(), &found.budgets), (0, &expected));
+    assert_eq!(reserved().await, 1_000, "the check changes nothing");
+    assert_eq!(db.rebuild_counters().await.unwrap().budgets, expected);
+    assert_eq!(reserved().await, 2_000);
     assert_counters_derived(&test).await;
 }
 

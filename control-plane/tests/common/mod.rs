@@ -55,6 +55,9 @@ pub fn claim(id: u64, version: u32, demands: &[(&str, u16, u64)]) -> ClaimReques
 /// Every pool shard's `used` equals the sum of its ACTIVE reservations and never exceeds its
 /// capacity (invariants 1 and 5).
 pub async fn assert_counters_derived(test: &TestDb) {
+    // The store's own check (pools and reserved budgets) finds nothing either.
+    let drift = test.open().await.check_counters().await.unwrap();
+    assert!(drift.is_empty(), "the counter check found drift: {drift:?}");
     let sql = test.sql().await.unwrap();
     let rows = sql
         .query(

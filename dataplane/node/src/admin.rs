@@ -310,9 +310,10 @@ impl Admin {
                     .with_db(async |db| {
                         let drift = db.rebuild_counters().await?;
                         let why = format!(
-                            "rebuild: {} ({} pool shards repaired)",
+                            "rebuild: {} ({} pool shards and {} budgets repaired)",
                             request.reason,
-                            drift.len()
+                            drift.pools.len(),
+                            drift.budgets.len()
                         );
                         db.audit_action(&actor, "counters", "rebuild", &why).await?;
                         Ok(drift)
@@ -321,12 +322,19 @@ impl Admin {
                 match rebuilt {
                     Ok(drift) => answer(
                         "200 OK",
-                        json!({ "repaired": drift.iter().map(|d| json!({
-                            "pool": d.shard.pool,
-                            "shard": d.shard.shard,
-                            "stored": d.stored,
-                            "derived": d.derived,
-                        })).collect::<Vec<_>>() }),
+                        json!({
+                            "repaired": drift.pools.iter().map(|d| json!({
+                                "pool": d.shard.pool,
+                                "shard": d.shard.shard,
+                                "stored": d.stored,
+                                "derived": d.derived,
+                            })).collect::<Vec<_>>(),
+                            "budgets_repaired": drift.budgets.iter().map(|d| json!({
+                                "tenant": d.tenant.0,
+                                "stored": d.stored,
+                                "derived": d.derived,
+                            })).collect::<Vec<_>>(),
+                        }),
                     ),
                     Err(e) => answer("503 Service Unavailable", json!({ "error": e.to_string() })),
                 }

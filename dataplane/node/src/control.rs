@@ -834,8 +834,8 @@ impl LeaseLoop {
         }
     }
 
-    /// Every `counter_check_s`: compares each pool counter with its ACTIVE reservations in one
-    /// read-only snapshot. Drift is never repaired here (a repair locks every pool row and is
+    /// Every `counter_check_s`: compares each pool counter with its ACTIVE reservations and
+    /// each reserved budget with its open ledger cycles, in one read-only snapshot. Drift is never repaired here (a repair locks every pool row and is
     /// an operator's call, `spindlectl rebuild-counters`); it is logged per shard and counted.
     async fn check_counters(&mut self) {
         let every = std::time::Duration::from_secs(self.config.counter_check_s);
@@ -845,7 +845,7 @@ impl LeaseLoop {
         self.counters_checked = Some(std::time::Instant::now());
         match self.admin.check_counters().await {
             Ok(drift) => {
-                for d in &drift {
+                for d in &drift.pools {
                     tracing::warn!(
                         "pool {} shard {}: counter {} but its active reservations add up to {} \
                          (spindlectl rebuild-counters repairs it)",
@@ -855,9 +855,22 @@ impl LeaseLoop {
                         d.derived
                     );
                 }
+                for d in &drift.budgets {
+                    tracing::warn!(
+                        "tenant {}: reserved budget {} but its open reservations add up to {} \
+                         (spindlectl rebuild-counters repairs it)",
+                        d.tenant.0,
+                        d.stored,
+                        d.derived
+                    );
+                }
+                let relaxed = std::sync::atomic::Ordering::Relaxed;
                 self.metrics
                     .counter_drift_shards
-                    .store(drift.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                    .store(drift.pools.len() as u64, relaxed);
+                self.metrics
+                    .counter_drift_budgets
+                    .store(drift.budgets.len() as u64, relaxed);
                 self.metrics
                     .counter_checks
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);

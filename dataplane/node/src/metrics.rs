@@ -136,9 +136,10 @@ pub struct Metrics {
     pub calls_in_doubt: AtomicU64,
     /// Ended tasks the retention passes removed from PostgreSQL.
     pub retention_pruned: AtomicU64,
-    /// Counter checks done, and the pool shards the last one found drifted.
+    /// Counter checks done, and the pool shards and budgets the last one found drifted.
     pub counter_checks: AtomicU64,
     pub counter_drift_shards: AtomicU64,
+    pub counter_drift_budgets: AtomicU64,
     /// Outbox rows (event batches) the retention passes removed.
     pub events_pruned: AtomicU64,
     /// The event relay (when `[events]` is configured): events the sink took, batches it
@@ -191,6 +192,7 @@ impl Metrics {
             retention_pruned: AtomicU64::new(0),
             counter_checks: AtomicU64::new(0),
             counter_drift_shards: AtomicU64::new(0),
+            counter_drift_budgets: AtomicU64::new(0),
             events_pruned: AtomicU64::new(0),
             events_relayed: AtomicU64::new(0),
             events_refused: AtomicU64::new(0),
@@ -313,6 +315,11 @@ impl Metrics {
             w,
             "# HELP spindle_counter_drift_shards Pool shards whose counter differed from their reservations at the last check.\n# TYPE spindle_counter_drift_shards gauge\nspindle_counter_drift_shards {}",
             self.counter_drift_shards.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            w,
+            "# HELP spindle_counter_drift_budgets Tenants whose reserved budget differed from their open reservations at the last check.\n# TYPE spindle_counter_drift_budgets gauge\nspindle_counter_drift_budgets {}",
+            self.counter_drift_budgets.load(Ordering::Relaxed)
         );
         let _ = writeln!(
             w,

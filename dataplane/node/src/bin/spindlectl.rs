@@ -294,8 +294,15 @@ fn print_human(command: &Command, v: &Value) {
         }
         Command::RebuildCounters { .. } => {
             let repaired = v["repaired"].as_array().cloned().unwrap_or_default();
-            if repaired.is_empty() {
-                println!("no drift: every pool's usage matches what live attempts hold");
+            let budgets = v["budgets_repaired"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            if repaired.is_empty() && budgets.is_empty() {
+                println!(
+                    "no drift: every pool's usage matches what live attempts hold, every \
+                     reserved budget what open reservations hold"
+                );
             }
             for d in repaired {
                 println!(
@@ -304,6 +311,12 @@ fn print_human(command: &Command, v: &Value) {
                     d["shard"],
                     d["stored"],
                     d["derived"]
+                );
+            }
+            for d in budgets {
+                println!(
+                    "tenant {} reserved budget: stored {} → derived {}",
+                    d["tenant"], d["stored"], d["derived"]
                 );
             }
         }
