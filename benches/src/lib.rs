@@ -23,15 +23,7 @@ pub fn policy(tenants: u32) -> Policy {
 }
 
 pub fn spec() -> TaskSpec {
-    TaskSpec {
-        model: ModelId(0),
-        width: 1280,
-        height: 720,
-        duration_ms: 5_000,
-        fps: 24,
-        audio: false,
-        references: 0,
-    }
+    TaskSpec::clip_720p(ModelId(0))
 }
 
 /// A shard and a task counter, with `queued` tasks spread round-robin over `tenants`.

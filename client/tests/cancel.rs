@@ -21,15 +21,7 @@ fn task(i: usize) -> SubmitTask {
     SubmitTask {
         idempotency_key: format!("{i:0>120}"),
         user: UserId(1),
-        spec: TaskSpec {
-            model: ModelId(0),
-            width: 1280,
-            height: 720,
-            duration_ms: 5_000,
-            fps: 24,
-            audio: false,
-            references: 0,
-        },
+        spec: TaskSpec::clip_720p(ModelId(0)),
         band_hint: Some(Band::P3),
         deadline_ms: None,
     }

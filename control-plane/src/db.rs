@@ -167,6 +167,20 @@ impl Db {
     pub fn client_mut(&mut self) -> &mut Client {
         &mut self.client
     }
+
+    /// A read-only transaction on one snapshot (repeatable read): every read in it sees the
+    /// same committed state.
+    pub(crate) async fn read_snapshot(
+        &mut self,
+    ) -> Result<tokio_postgres::Transaction<'_>, StoreError> {
+        Ok(self
+            .client
+            .build_transaction()
+            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await?)
+    }
 }
 
 impl Drop for Db {

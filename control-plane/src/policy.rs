@@ -215,13 +215,7 @@ impl Db {
 
     /// Every object of every kind with the global version they were read at, in one snapshot.
     pub async fn policy_snapshot(&mut self) -> Result<(PolicyVersion, Vec<PolicyRow>), StoreError> {
-        let tx = self
-            .client_mut()
-            .build_transaction()
-            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .await?;
+        let tx = self.read_snapshot().await?;
         let version: i64 = tx
             .query_one("SELECT version FROM policy_version", &[])
             .await?

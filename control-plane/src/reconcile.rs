@@ -376,13 +376,7 @@ impl Db {
     /// table and the open ledger once (the nodes run it every `counter_check_s`;
     /// `rebuild_counters` repairs what it finds).
     pub async fn check_counters(&mut self) -> Result<Counters, StoreError> {
-        let tx = self
-            .client_mut()
-            .build_transaction()
-            .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
-            .read_only(true)
-            .start()
-            .await?;
+        let tx = self.read_snapshot().await?;
         let sql = format!(
             "WITH {POOL_DERIVED}
              SELECT pool_key, shard, stored, derived FROM derived

@@ -6,7 +6,7 @@ mod common;
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-use common::{assert_counters_derived, claim, setup, task, LEASE_MS, NODE};
+use common::{assert_counters_derived, claim, finish, setup, task, LEASE_MS, NODE};
 use spindle_control::events::{Event, EventSink};
 use spindle_control::reconcile::{
     BudgetDrift, Counters, ProviderLookup, ProviderView, ReconcileReport,
@@ -128,16 +128,7 @@ async fn a_drifted_reserved_budget_is_found_and_rebuilt_from_the_open_ledger_cyc
         panic!("{granted:?}");
     };
     let finished = db
-        .report_batch(&[Report {
-            task: TaskId(3),
-            token: Some(token),
-            via: Vec::new(),
-            action: ReportAction::Finish {
-                state: TaskState::Canceled,
-                cost_actual_milli: None,
-                reason: None,
-            },
-        }])
+        .report_batch(&[finish(3, token, TaskState::Canceled)])
         .await
         .unwrap();
     assert!(

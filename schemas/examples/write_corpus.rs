@@ -12,15 +12,7 @@ fn main() -> std::io::Result<()> {
     let submit = SubmitTask {
         idempotency_key: "order-17".into(),
         user: UserId(3),
-        spec: TaskSpec {
-            model: ModelId(1),
-            width: 1280,
-            height: 720,
-            duration_ms: 5_000,
-            fps: 24,
-            audio: false,
-            references: 0,
-        },
+        spec: TaskSpec::clip_720p(ModelId(1)),
         band_hint: Some(Band::P3),
         deadline_ms: None,
     };

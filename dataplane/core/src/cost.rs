@@ -25,6 +25,22 @@ pub struct TaskSpec {
     pub references: u8,
 }
 
+impl TaskSpec {
+    /// A 720p clip of 5 s at 24 fps without audio or references of `model`: the everyday small
+    /// task of tests, examples, benches and the loadgen.
+    pub const fn clip_720p(model: ModelId) -> TaskSpec {
+        TaskSpec {
+            model,
+            width: 1280,
+            height: 720,
+            duration_ms: 5_000,
+            fps: 24,
+            audio: false,
+            references: 0,
+        }
+    }
+}
+
 /// One resolution tier of a model: up to `max_pixels`, the factor on provider time and cost, and
 /// what the media stage needs to transcode it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

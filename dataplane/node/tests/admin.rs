@@ -242,21 +242,26 @@ async fn a_policy_change_reaches_the_running_node_within_two_seconds() {
     assert!(accepted <= 2, "{accepted} of 5 accepted at one a second");
 }
 
+/// Makes one pool shard's counter drift: `by` units more than anything holds.
+async fn drift_one_pool(sql: &tokio_postgres::Client, by: i64) {
+    let changed = sql
+        .execute(
+            "UPDATE resource_pool_shard SET used = used + $1
+              WHERE pool_key = (SELECT min(pool_key) FROM resource_pool_shard)",
+            &[&by],
+        )
+        .await
+        .unwrap();
+    assert_eq!(changed, 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_admin_rebuilds_drifted_pool_counters_from_what_live_attempts_hold() {
     let test = TestDb::new().await;
     let daemon = start_with(&test, CONFIG).await;
     let sql = test.sql().await.unwrap();
     // A pool counter that drifted (nothing holds it): three units too many.
-    let changed = sql
-        .execute(
-            "UPDATE resource_pool_shard SET used = used + 3
-              WHERE pool_key = (SELECT min(pool_key) FROM resource_pool_shard)",
-            &[],
-        )
-        .await
-        .unwrap();
-    assert_eq!(changed, 1);
+    drift_one_pool(&sql, 3).await;
     let args = [
         "--json",
         "rebuild-counters",
@@ -332,15 +337,7 @@ async fn the_periodic_counter_check_finds_drift_without_repairing_it() {
         .unwrap()
         .get(0)
     };
-    let changed = sql
-        .execute(
-            "UPDATE resource_pool_shard SET used = used + 2
-              WHERE pool_key = (SELECT min(pool_key) FROM resource_pool_shard)",
-            &[],
-        )
-        .await
-        .unwrap();
-    assert_eq!(changed, 1);
+    drift_one_pool(&sql, 2).await;
     // A later check sees the one drifted shard, and leaves it as it found it.
     let (seen_at, _) = until_checked(&daemon, |c, drifted| c > checks && drifted == 1).await;
     assert_eq!(used().await, 2, "the check repaired nothing");

@@ -65,15 +65,7 @@ pub fn video_task(key: String) -> SubmitTask {
     SubmitTask {
         idempotency_key: key,
         user: UserId(1),
-        spec: TaskSpec {
-            model: ModelId(0),
-            width: 1280,
-            height: 720,
-            duration_ms: 5_000,
-            fps: 24,
-            audio: false,
-            references: 0,
-        },
+        spec: TaskSpec::clip_720p(ModelId(0)),
         band_hint: Some(Band::P3),
         deadline_ms: None,
     }
