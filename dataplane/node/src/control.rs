@@ -177,6 +177,19 @@ fn fail_group(group: Vec<CpMsg>, e: &StoreError) {
     }
 }
 
+/// The first connection of a background job (the relay, the counter check). Only a failure
+/// marks PostgreSQL unavailable: connecting as such must not, or an idle node would read not
+/// ready until its next batch.
+pub(crate) async fn connect(config: &DbConfig, metrics: &Metrics) -> Db {
+    match Db::open_with_backoff(config).await {
+        Ok(db) => db,
+        Err(e) => {
+            tracing::warn!("PostgreSQL unavailable: {e}");
+            reconnect(config, metrics).await
+        }
+    }
+}
+
 /// Opens a connection again, with backoff, for as long as it takes; readiness says so.
 pub(crate) async fn reconnect(config: &DbConfig, metrics: &Metrics) -> Db {
     metrics
@@ -694,7 +707,6 @@ pub async fn start(
         live: live.clone(),
         preferred,
         prune_from: None,
-        counters_checked: None,
     };
     tokio::spawn(crate::live_policy::watch(
         db_config.clone(),
@@ -704,6 +716,13 @@ pub async fn start(
         shard_inboxes.clone(),
     ));
     tokio::spawn(lease.run(shard_inboxes));
+    if config.counter_check_s > 0 {
+        tokio::spawn(crate::counter_check::run(
+            db_config.clone(),
+            std::time::Duration::from_secs(config.counter_check_s),
+            metrics.clone(),
+        ));
+    }
     if let Some(events) = &config.events {
         tokio::spawn(crate::relay::run(
             db_config.clone(),
@@ -752,8 +771,6 @@ struct LeaseLoop {
     preferred: Vec<PartitionId>,
     /// Where the next retention pass starts (`None`: at the oldest task).
     prune_from: Option<TaskId>,
-    /// When the pool counters were last checked (`None`: not yet).
-    counters_checked: Option<std::time::Instant>,
 }
 
 impl LeaseLoop {
@@ -830,52 +847,6 @@ impl LeaseLoop {
                 Err(e) => tracing::warn!("counting live nodes: {e}"),
             }
             self.prune(&held, every).await;
-            self.check_counters().await;
-        }
-    }
-
-    /// Every `counter_check_s`: compares each pool counter with its ACTIVE reservations and
-    /// each reserved budget with its open ledger cycles, in one read-only snapshot. Drift is never repaired here (a repair locks every pool row and is
-    /// an operator's call, `spindlectl rebuild-counters`); it is logged per shard and counted.
-    async fn check_counters(&mut self) {
-        let every = std::time::Duration::from_secs(self.config.counter_check_s);
-        if every.is_zero() || self.counters_checked.is_some_and(|at| at.elapsed() < every) {
-            return;
-        }
-        self.counters_checked = Some(std::time::Instant::now());
-        match self.admin.check_counters().await {
-            Ok(drift) => {
-                for d in &drift.pools {
-                    tracing::warn!(
-                        "pool {} shard {}: counter {} but its active reservations add up to {} \
-                         (spindlectl rebuild-counters repairs it)",
-                        d.shard.pool,
-                        d.shard.shard,
-                        d.stored,
-                        d.derived
-                    );
-                }
-                for d in &drift.budgets {
-                    tracing::warn!(
-                        "tenant {}: reserved budget {} but its open reservations add up to {} \
-                         (spindlectl rebuild-counters repairs it)",
-                        d.tenant.0,
-                        d.stored,
-                        d.derived
-                    );
-                }
-                let relaxed = std::sync::atomic::Ordering::Relaxed;
-                self.metrics
-                    .counter_drift_shards
-                    .store(drift.pools.len() as u64, relaxed);
-                self.metrics
-                    .counter_drift_budgets
-                    .store(drift.budgets.len() as u64, relaxed);
-                self.metrics
-                    .counter_checks
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            }
-            Err(e) => tracing::warn!("checking pool counters failed: {e}"),
         }
     }
 

@@ -10,6 +10,7 @@
 pub mod admin;
 pub mod config;
 pub mod control;
+pub mod counter_check;
 pub mod dispatch;
 pub mod health;
 pub mod live_policy;

@@ -196,3 +196,18 @@ async fn past_the_backlog_bound_new_work_is_refused_until_the_relay_catches_up()
     }
     assert!(accepted, "new work still refused after the backlog drained");
 }
+
+/// The relay's own connection says nothing about readiness while it works: before, connecting
+/// marked PostgreSQL unavailable until the next submit or claim batch, so an idle node with a
+/// relay answered 503 on /readyz for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_node_with_a_relay_is_ready() {
+    let test = TestDb::new().await;
+    let rx = receiver().await;
+    let daemon = start_with(&test, &config(&rx.url(), 1_000_000)).await;
+    eventually(
+        "an idle node with a relay answers /readyz 200",
+        async || http_get(daemon.http, "/readyz").await.0 == "HTTP/1.1 200 OK",
+    )
+    .await;
+}
