@@ -800,8 +800,20 @@ impl LeaseLoop {
                 .acquire_partitions(node, wanted, self.config.lease_ms)
                 .await
             {
-                Ok(h) => h.into_iter().map(|l| l.partition).collect::<Vec<_>>(),
+                Ok(h) => {
+                    // A renewal that PostgreSQL answered is what readiness waits for after an
+                    // outage: an idle node has no batches to prove it back.
+                    self.metrics
+                        .postgres_ok
+                        .store(true, std::sync::atomic::Ordering::Relaxed);
+                    h.into_iter().map(|l| l.partition).collect::<Vec<_>>()
+                }
                 Err(e) => {
+                    if e.is_unavailable() {
+                        self.metrics
+                            .postgres_ok
+                            .store(false, std::sync::atomic::Ordering::Relaxed);
+                    }
                     tracing::warn!("renewing partition leases failed: {e}");
                     continue;
                 }

@@ -49,6 +49,17 @@ async fn a_postgres_outage_rejects_paid_work_and_the_node_resumes_by_itself() {
     );
 
     pg.start_server().unwrap();
+    // Ready again by itself, before any client sends anything (bounded wait: 30 s): a node
+    // that waited for work to prove PostgreSQL back would stay out of its load balancer.
+    let mut ready = false;
+    for _ in 0..600 {
+        if readyz(daemon.http).await == "HTTP/1.1 200 OK" {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(ready, "not ready 30 s after PostgreSQL returned");
     // The node reconnects on its own (bounded wait): a submit is accepted and runs again.
     let mut accepted = None;
     for i in 0..600 {
