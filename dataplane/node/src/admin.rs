@@ -171,7 +171,7 @@ impl Admin {
             .split('/')
             .collect();
         let needed = match (method, segments.as_slice()) {
-            ("GET", ["admin", "v1", "policy"]) | ("GET", ["admin", "v1", "audit"]) => Role::Viewer,
+            ("GET", ["admin", "v1", "policy" | "audit" | "counters"]) => Role::Viewer,
             ("PUT" | "DELETE", ["admin", "v1", "policy", kind, _]) => match object(kind) {
                 Some(PolicyObject::Tenant | PolicyObject::Lane) => Role::Operator,
                 Some(_) => Role::Admin,
@@ -320,22 +320,26 @@ impl Admin {
                     })
                     .await;
                 match rebuilt {
-                    Ok(drift) => answer(
-                        "200 OK",
-                        json!({
-                            "repaired": drift.pools.iter().map(|d| json!({
-                                "pool": d.shard.pool,
-                                "shard": d.shard.shard,
-                                "stored": d.stored,
-                                "derived": d.derived,
-                            })).collect::<Vec<_>>(),
-                            "budgets_repaired": drift.budgets.iter().map(|d| json!({
-                                "tenant": d.tenant.0,
-                                "stored": d.stored,
-                                "derived": d.derived,
-                            })).collect::<Vec<_>>(),
-                        }),
-                    ),
+                    Ok(drift) => {
+                        let (pools, budgets) = drift_json(&drift);
+                        answer(
+                            "200 OK",
+                            json!({ "repaired": pools, "budgets_repaired": budgets }),
+                        )
+                    }
+                    Err(e) => answer("503 Service Unavailable", json!({ "error": e.to_string() })),
+                }
+            }
+            ("GET", [_, _, "counters"]) => {
+                // The nodes' periodic check, on demand: read-only, nothing locked or repaired.
+                match self.with_db(async |db| db.check_counters().await).await {
+                    Ok(drift) => {
+                        let (pools, budgets) = drift_json(&drift);
+                        answer(
+                            "200 OK",
+                            json!({ "drifted": pools, "budgets_drifted": budgets }),
+                        )
+                    }
                     Err(e) => answer("503 Service Unavailable", json!({ "error": e.to_string() })),
                 }
             }
@@ -464,4 +468,28 @@ impl Admin {
         }
         answer("200 OK", json!({ "tasks": answers }))
     }
+}
+
+/// Drifted (or repaired) counters as JSON: the pool shards, then the tenants' reserved budgets.
+fn drift_json(
+    drift: &spindle_control::reconcile::Counters,
+) -> (serde_json::Value, serde_json::Value) {
+    let pools = drift
+        .pools
+        .iter()
+        .map(|d| {
+            json!({
+                "pool": d.shard.pool,
+                "shard": d.shard.shard,
+                "stored": d.stored,
+                "derived": d.derived,
+            })
+        })
+        .collect::<Vec<_>>();
+    let budgets = drift
+        .budgets
+        .iter()
+        .map(|d| json!({ "tenant": d.tenant.0, "stored": d.stored, "derived": d.derived }))
+        .collect::<Vec<_>>();
+    (json!(pools), json!(budgets))
 }

@@ -341,6 +341,27 @@ async fn the_periodic_counter_check_finds_drift_without_repairing_it() {
     // A later check sees the one drifted shard, and leaves it as it found it.
     let (seen_at, _) = until_checked(&daemon, |c, drifted| c > checks && drifted == 1).await;
     assert_eq!(used().await, 2, "the check repaired nothing");
+    // A viewer asks for the same check on demand: it names the shard and repairs nothing.
+    let (ok, out) = ctl(
+        daemon.http,
+        "viewer-token-0123456789",
+        &["--json", "check-counters"],
+    );
+    assert!(ok, "{out}");
+    let answer: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let drifted = answer["drifted"].as_array().unwrap();
+    assert_eq!(drifted.len(), 1, "{answer}");
+    assert_eq!(
+        (
+            drifted[0]["stored"].as_i64(),
+            drifted[0]["derived"].as_i64()
+        ),
+        (Some(2), Some(0))
+    );
+    assert_eq!(answer["budgets_drifted"].as_array().map(Vec::len), Some(0));
+    let (ok, out) = ctl(daemon.http, "viewer-token-0123456789", &["check-counters"]);
+    assert!(ok && out.contains("stored 2 → derived 0"), "{out}");
+    assert_eq!(used().await, 2, "checking on demand repaired nothing");
     let args = [
         "--json",
         "rebuild-counters",

@@ -63,6 +63,9 @@ enum Command {
         #[arg(long)]
         reason: String,
     },
+    /// Compare every pool's usage with what live attempts hold and every reserved budget with
+    /// its open reservations, repairing nothing (what each node does every counter_check_s).
+    CheckCounters,
     /// Recompute every pool's usage from what live attempts hold, repairing any drift. The pools
     /// are locked while the task table is walked: claims and reports wait for it.
     RebuildCounters {
@@ -227,6 +230,7 @@ fn main() -> anyhow::Result<()> {
             "/admin/v1/drain",
             Some(&json!({ "reason": reason })),
         )?,
+        Command::CheckCounters => call(&cli, "GET", "/admin/v1/counters", None)?,
         Command::RebuildCounters { reason } => call(
             &cli,
             "POST",
@@ -292,34 +296,8 @@ fn print_human(command: &Command, v: &Value) {
                 );
             }
         }
-        Command::RebuildCounters { .. } => {
-            let repaired = v["repaired"].as_array().cloned().unwrap_or_default();
-            let budgets = v["budgets_repaired"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default();
-            if repaired.is_empty() && budgets.is_empty() {
-                println!(
-                    "no drift: every pool's usage matches what live attempts hold, every \
-                     reserved budget what open reservations hold"
-                );
-            }
-            for d in repaired {
-                println!(
-                    "{}/{}: stored {} → derived {}",
-                    d["pool"].as_str().unwrap_or(""),
-                    d["shard"],
-                    d["stored"],
-                    d["derived"]
-                );
-            }
-            for d in budgets {
-                println!(
-                    "tenant {} reserved budget: stored {} → derived {}",
-                    d["tenant"], d["stored"], d["derived"]
-                );
-            }
-        }
+        Command::CheckCounters => print_drift(&v["drifted"], &v["budgets_drifted"]),
+        Command::RebuildCounters { .. } => print_drift(&v["repaired"], &v["budgets_repaired"]),
         Command::Requeue { .. } => {
             for t in v["tasks"].as_array().into_iter().flatten() {
                 let detail = match &t["detail"] {
@@ -335,5 +313,32 @@ fn print_human(command: &Command, v: &Value) {
             }
         }
         _ => println!("{v}"),
+    }
+}
+
+/// Pool shards and budgets whose stored counter differs from what they derive from.
+fn print_drift(pools: &Value, budgets: &Value) {
+    let pools = pools.as_array().cloned().unwrap_or_default();
+    let budgets = budgets.as_array().cloned().unwrap_or_default();
+    if pools.is_empty() && budgets.is_empty() {
+        println!(
+            "no drift: every pool's usage matches what live attempts hold, every reserved \
+             budget what open reservations hold"
+        );
+    }
+    for d in pools {
+        println!(
+            "{}/{}: stored {} → derived {}",
+            d["pool"].as_str().unwrap_or(""),
+            d["shard"],
+            d["stored"],
+            d["derived"]
+        );
+    }
+    for d in budgets {
+        println!(
+            "tenant {} reserved budget: stored {} → derived {}",
+            d["tenant"], d["stored"], d["derived"]
+        );
     }
 }
