@@ -177,31 +177,25 @@ fn fail_group(group: Vec<CpMsg>, e: &StoreError) {
     }
 }
 
-/// The first connection of a background job (the relay, the counter check). Only a failure
-/// marks PostgreSQL unavailable: connecting as such must not, or an idle node would read not
-/// ready until its next batch.
-pub(crate) async fn connect(config: &DbConfig, metrics: &Metrics) -> Db {
-    match Db::open_with_backoff(config).await {
-        Ok(db) => db,
-        Err(e) => {
-            tracing::warn!("PostgreSQL unavailable: {e}");
-            reconnect(config, metrics).await
-        }
-    }
-}
-
-/// Opens a connection again, with backoff, for as long as it takes; readiness says so.
+/// Opens a connection, with backoff, for as long as it takes. Readiness follows what it
+/// finds: PostgreSQL is unavailable while attempts fail and available once one succeeds (an
+/// idle node has no batches to prove it back after an outage).
 pub(crate) async fn reconnect(config: &DbConfig, metrics: &Metrics) -> Db {
-    metrics
-        .postgres_ok
-        .store(false, std::sync::atomic::Ordering::Relaxed);
     loop {
         match Db::open_with_backoff(config).await {
             Ok(db) => {
-                tracing::info!("reconnected to PostgreSQL");
+                metrics
+                    .postgres_ok
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                tracing::info!("connected to PostgreSQL");
                 return db;
             }
-            Err(e) => tracing::warn!("PostgreSQL still unavailable: {e}"),
+            Err(e) => {
+                metrics
+                    .postgres_ok
+                    .store(false, std::sync::atomic::Ordering::Relaxed);
+                tracing::warn!("PostgreSQL unavailable: {e}");
+            }
         }
     }
 }
@@ -800,20 +794,8 @@ impl LeaseLoop {
                 .acquire_partitions(node, wanted, self.config.lease_ms)
                 .await
             {
-                Ok(h) => {
-                    // A renewal that PostgreSQL answered is what readiness waits for after an
-                    // outage: an idle node has no batches to prove it back.
-                    self.metrics
-                        .postgres_ok
-                        .store(true, std::sync::atomic::Ordering::Relaxed);
-                    h.into_iter().map(|l| l.partition).collect::<Vec<_>>()
-                }
+                Ok(h) => h.into_iter().map(|l| l.partition).collect::<Vec<_>>(),
                 Err(e) => {
-                    if e.is_unavailable() {
-                        self.metrics
-                            .postgres_ok
-                            .store(false, std::sync::atomic::Ordering::Relaxed);
-                    }
                     tracing::warn!("renewing partition leases failed: {e}");
                     continue;
                 }

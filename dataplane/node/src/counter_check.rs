@@ -17,7 +17,7 @@ use spindle_control::DbConfig;
 use crate::metrics::Metrics;
 
 pub async fn run(db_config: DbConfig, every: Duration, metrics: Arc<Metrics>) {
-    let mut db = crate::control::connect(&db_config, &metrics).await;
+    let mut db = crate::control::reconnect(&db_config, &metrics).await;
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {

@@ -146,7 +146,7 @@ pub async fn run(db_config: DbConfig, config: EventsConfig, metrics: Arc<Metrics
         }
     };
     let mut sink = WebhookSink(hook);
-    let mut db = crate::control::connect(&db_config, &metrics).await;
+    let mut db = crate::control::reconnect(&db_config, &metrics).await;
     let idle = Duration::from_millis(config.idle_ms);
     let mut refusals = 0u32;
     let mut counted: Option<Instant> = None;
