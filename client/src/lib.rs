@@ -56,7 +56,15 @@ pub enum ClientError {
     Unexpected(Box<Response>),
 }
 
-type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Response>>>>;
+/// The requests waiting for their answers, until the connection is known to be gone.
+#[derive(Default)]
+struct Waiters {
+    by_id: HashMap<u64, oneshot::Sender<Response>>,
+    /// The reader or the writer met the connection's end: no answer can come any more.
+    closed: bool,
+}
+
+type Pending = Arc<Mutex<Waiters>>;
 
 pub struct Client {
     /// Encoding happens under this lock (never across an await); the frame then goes to the
@@ -80,7 +88,11 @@ struct Waiting<'a> {
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        self.pending.lock().expect("pending map").remove(&self.id);
+        self.pending
+            .lock()
+            .expect("pending map")
+            .by_id
+            .remove(&self.id);
     }
 }
 
@@ -147,7 +159,13 @@ impl Client {
     pub async fn request(&self, body: Request) -> Result<Response, ClientError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
-        self.pending.lock().expect("pending map").insert(id, tx);
+        {
+            let mut waiters = self.pending.lock().expect("pending map");
+            if waiters.closed {
+                return Err(ClientError::Closed);
+            }
+            waiters.by_id.insert(id, tx);
+        }
         let _waiting = Waiting {
             pending: &self.pending,
             id,
@@ -259,6 +277,7 @@ async fn read_loop(
             let waiter = pending
                 .lock()
                 .expect("pending map")
+                .by_id
                 .remove(&frame.request_id);
             if let Some(w) = waiter {
                 let _ = w.send(frame.body);
@@ -304,7 +323,10 @@ async fn write_loop(
     }
 }
 
-/// Fails every request still waiting: their answers will never come.
+/// Fails every request still waiting, and every later one at once: their answers will never
+/// come.
 fn close(pending: &Pending) {
-    pending.lock().expect("pending map").clear();
+    let mut waiters = pending.lock().expect("pending map");
+    waiters.closed = true;
+    waiters.by_id.clear();
 }

@@ -27,6 +27,15 @@ fn task(i: usize) -> SubmitTask {
     }
 }
 
+fn hello_ok() -> Response {
+    Response::HelloOk(HelloOk {
+        protocol_version: spindle_wire::PROTOCOL_VERSION,
+        node_id: "test-node".into(),
+        frame_bytes_max: spindle_wire::limits::FRAME_BYTES_MAX as u32,
+        batch_max: spindle_wire::limits::BATCH_MAX as u32,
+    })
+}
+
 async fn answer(socket: &mut TcpStream, request_id: u64, body: Response) {
     let mut out = Vec::new();
     Encoder::new().response(&ResponseFrame { request_id, body }, &mut out);
@@ -54,15 +63,7 @@ async fn stalling_node(
         while let Some(payload) = frames.next_frame().map_err(|e| e.to_string())? {
             let frame = decode_request(payload).map_err(|e| format!("after {batches}: {e}"))?;
             match frame.body {
-                Request::Hello(_) => answers.push((
-                    frame.request_id,
-                    Response::HelloOk(HelloOk {
-                        protocol_version: spindle_wire::PROTOCOL_VERSION,
-                        node_id: "stalling".into(),
-                        frame_bytes_max: spindle_wire::limits::FRAME_BYTES_MAX as u32,
-                        batch_max: spindle_wire::limits::BATCH_MAX as u32,
-                    }),
-                )),
+                Request::Hello(_) => answers.push((frame.request_id, hello_ok())),
                 Request::SubmitBatch(_) => batches += 1,
                 Request::Get(task) => {
                     let e = WireError::new(ErrorCode::NotFound, format!("task {}", task.0));
@@ -117,4 +118,43 @@ async fn requests_dropped_while_the_connection_is_full_leave_the_stream_whole() 
     );
     // Every dropped request had been queued whole, so each went out whole.
     assert_eq!(node.await.unwrap(), Ok(ROUNDS));
+}
+
+#[tokio::test]
+async fn requests_after_the_node_stopped_sending_fail_at_once_as_closed() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let node = tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        // Answers the Hello, then stops sending (its side of the stream ends) but goes on
+        // reading: every write of the client still succeeds, no answer can come.
+        let mut frames = FrameReader::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        let hello = loop {
+            let n = socket.read(&mut buf).await.unwrap();
+            frames.extend(&buf[..n]);
+            if let Some(payload) = frames.next_frame().unwrap() {
+                break decode_request(payload).unwrap();
+            }
+        };
+        assert!(matches!(hello.body, Request::Hello(_)), "{hello:?}");
+        answer(&mut socket, hello.request_id, hello_ok()).await;
+        socket.shutdown().await.unwrap();
+        while socket.read(&mut buf).await.is_ok_and(|n| n > 0) {}
+    });
+    let bound = Duration::from_secs(2);
+    let client = Client::connect_within(addr, TenantId(1), "one", bound)
+        .await
+        .unwrap();
+    for i in 0..3 {
+        // The first ends when the reader meets the end of the stream; the later ones at once,
+        // not at the timeout.
+        let got = client.get(TaskId(i)).await;
+        assert!(
+            matches!(got, Err(ClientError::Closed)),
+            "request {i}: {got:?}"
+        );
+    }
+    drop(client);
+    node.abort();
 }
