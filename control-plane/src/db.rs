@@ -2,6 +2,8 @@
 //! Each `Db` is one connection; the control plane holds several (one per batcher) rather than a
 //! pool, because every hot call is a single statement on a connection of its own.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
@@ -64,11 +66,59 @@ pub struct Db {
     client: Client,
     pub(crate) stmts: Statements,
     connection: JoinHandle<()>,
-    /// `statement_timeout` + `answer_grace_ms`: see [`Db::answered`].
-    answer_deadline: Duration,
-    /// Set when a call went unanswered past the deadline: the connection is closed from then
+    /// `statement_timeout` and `answer_grace_ms`: see [`Db::answered`].
+    statement_timeout: Duration,
+    answer_grace: Duration,
+    /// Set when a call went unanswered past its deadline: the connection is closed from then
     /// on, whenever its task finishes ending.
-    given_up: std::sync::atomic::AtomicBool,
+    given_up: Arc<AtomicBool>,
+}
+
+/// How long one unit of work on a connection may go unanswered, and what giving up on it does:
+/// the connection is marked given up and its task aborted, so every later call fails at once.
+/// Owned (a few handles), so that a unit of work can borrow the connection mutably while its
+/// deadline runs — [`Db::within`].
+pub(crate) struct Deadline {
+    within: Duration,
+    given_up: Arc<AtomicBool>,
+    connection: tokio::task::AbortHandle,
+    /// Whether the connection was live when the work started (a change sent on a live
+    /// connection and left unanswered is in doubt).
+    open: bool,
+}
+
+impl Deadline {
+    /// Awaits `work` for at most the deadline. Past it the connection is given up and the work
+    /// fails `Unavailable` — or `InDoubt` if it `changes` rows and was sent on a live connection.
+    pub(crate) async fn run<T>(
+        self,
+        changes: bool,
+        work: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        if self.given_up.load(Ordering::Relaxed) {
+            // Not sent: nothing of it can have committed.
+            return Err(StoreError::Unavailable(
+                "the connection was given up".into(),
+            ));
+        }
+        match tokio::time::timeout(self.within, work).await {
+            Ok(answer) => answer,
+            Err(_) => {
+                self.given_up.store(true, Ordering::Relaxed);
+                self.connection.abort();
+                let text = format!(
+                    "no answer within {} ms; the connection is given up",
+                    self.within.as_millis()
+                );
+                tracing::warn!("PostgreSQL: {text}");
+                Err(if changes && self.open {
+                    StoreError::InDoubt(text)
+                } else {
+                    StoreError::Unavailable(text)
+                })
+            }
+        }
+    }
 }
 
 impl Db {
@@ -77,54 +127,54 @@ impl Db {
         let (mut client, connection) = connect(config).await?;
         migrate::apply(&mut client).await?;
         let stmts = prepare(&client).await?;
-        let answer_deadline = Duration::from_millis(
-            u64::from(config.statement_timeout_ms) + u64::from(config.answer_grace_ms),
-        );
         Ok(Db {
             client,
             stmts,
             connection,
-            answer_deadline,
-            given_up: std::sync::atomic::AtomicBool::new(false),
+            statement_timeout: Duration::from_millis(u64::from(config.statement_timeout_ms)),
+            answer_grace: Duration::from_millis(u64::from(config.answer_grace_ms)),
+            given_up: Arc::new(AtomicBool::new(false)),
         })
     }
 
-    /// Awaits `call`, a query on this connection, for at most the answer deadline. Past it the
-    /// connection is given up (every later call fails `Unavailable` until the caller opens a
-    /// new one). A call that `changes` rows and was sent on a live connection is in doubt
-    /// when it fails without the server's answer, whether the connection broke or went
-    /// silent.
+    /// Awaits `call`, one statement on this connection, for at most the answer deadline:
+    /// `statement_timeout` + `answer_grace_ms` (the server ends every statement at its timeout
+    /// and answers, so a longer silence is a connection that went dead without closing, or a
+    /// server that stopped answering — a backend stuck on I/O, a paused machine — which TCP
+    /// keepalive cannot tell from a live one). Past it the connection is given up (every later
+    /// call fails `Unavailable` until the caller opens a new one). A call that `changes` rows
+    /// and was sent on a live connection is in doubt when it fails without the server's
+    /// answer, whether the connection broke or went silent.
     pub(crate) async fn answered<T>(
         &self,
         changes: bool,
         call: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
     ) -> Result<T, StoreError> {
-        if self.given_up.load(std::sync::atomic::Ordering::Relaxed) {
-            // Not sent: nothing of it can have committed.
-            return Err(StoreError::Unavailable(
-                "the connection was given up".into(),
-            ));
-        }
-        let open = !self.is_closed();
-        match tokio::time::timeout(self.answer_deadline, call).await {
-            Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(e)) if changes => Err(crate::error::sent_call_error(e, open)),
-            Ok(Err(e)) => Err(e.into()),
-            Err(_) => {
-                self.given_up
-                    .store(true, std::sync::atomic::Ordering::Relaxed);
-                self.connection.abort();
-                let text = format!(
-                    "no answer within {} ms; the connection is given up",
-                    self.answer_deadline.as_millis()
-                );
-                tracing::warn!("PostgreSQL: {text}");
-                Err(if changes && open {
-                    StoreError::InDoubt(text)
-                } else {
-                    StoreError::Unavailable(text)
+        let deadline = self.within(1);
+        let open = deadline.open;
+        deadline
+            .run(changes, async {
+                call.await.map_err(|e| {
+                    if changes {
+                        crate::error::sent_call_error(e, open)
+                    } else {
+                        e.into()
+                    }
                 })
-            }
+            })
+            .await
+    }
+
+    /// The deadline of a unit of work of up to `statements` statements (a transaction, a read
+    /// and its follow-up): each may run to `statement_timeout`, and the answer may take the
+    /// grace on top. Every call of the store goes through it or [`Db::answered`], so no call
+    /// waits on PostgreSQL without bound.
+    pub(crate) fn within(&self, statements: u32) -> Deadline {
+        Deadline {
+            within: self.statement_timeout * statements.max(1) + self.answer_grace,
+            given_up: self.given_up.clone(),
+            connection: self.connection.abort_handle(),
+            open: !self.is_closed(),
         }
     }
 
@@ -148,16 +198,13 @@ impl Db {
 
     /// True once the connection is gone; every call then returns `Unavailable`.
     pub fn is_closed(&self) -> bool {
-        self.given_up.load(std::sync::atomic::Ordering::Relaxed) || self.client.is_closed()
+        self.given_up.load(Ordering::Relaxed) || self.client.is_closed()
     }
 
     /// The backend's process id (for operators and for tests that terminate it).
     pub async fn backend_pid(&self) -> Result<i32, StoreError> {
-        Ok(self
-            .client
-            .query_one("SELECT pg_backend_pid()", &[])
-            .await?
-            .get(0))
+        let call = self.client.query_one("SELECT pg_backend_pid()", &[]);
+        Ok(self.answered(false, call).await?.get(0))
     }
 
     pub fn client(&self) -> &Client {

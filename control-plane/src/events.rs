@@ -82,18 +82,25 @@ impl Db {
         limit: usize,
     ) -> Result<RelayReport, StoreError> {
         let limit = limit.min(SCAN_MAX);
-        let tx = self.client_mut().transaction().await?;
-        let alone: bool = tx
-            .query_one("SELECT pg_try_advisory_xact_lock($1)", &[&RELAY_LOCK])
-            .await?
-            .get(0);
-        if !alone {
-            return Ok(RelayReport::default());
-        }
-        // The rows that hold the first `limit` pending events, found by their counts alone
-        // (a row holds up to 4,096 events; their details are read only for the rows sent).
-        let rows = tx
-            .query(
+        // The reads before the delivery and the writes after it, each under its own deadline;
+        // the sink bounds its own wait (a transaction idle longer than the server's
+        // `idle_in_transaction_session_timeout` is ended by it, and the batch goes again).
+        let (read_deadline, write_deadline) = (self.within(4), self.within(2));
+        let mut tx = None;
+        let rows = read_deadline
+            .run(false, async {
+                let t = tx.insert(self.client_mut().transaction().await?);
+                let alone: bool = t
+                    .query_one("SELECT pg_try_advisory_xact_lock($1)", &[&RELAY_LOCK])
+                    .await?
+                    .get(0);
+                if !alone {
+                    return Ok(None);
+                }
+                // The rows that hold the first `limit` pending events, found by their counts
+                // alone (a row holds up to 4,096 events; their details are read only for the
+                // rows sent).
+                Ok(Some(t.query(
                 "WITH pending AS (
                      SELECT batch_id, sum(cardinality(tasks) - delivered)
                                 OVER (ORDER BY batch_id) - (cardinality(tasks) - delivered) AS before
@@ -104,7 +111,12 @@ impl Db {
                   ORDER BY b.batch_id",
                 &[&(limit as i64)],
             )
+            .await?))
+            })
             .await?;
+        let (Some(rows), Some(tx)) = (rows, tx) else {
+            return Ok(RelayReport::default());
+        };
         let mut events = Vec::new();
         // Per row: (batch id, events delivered with this batch).
         let mut progress: Vec<(i64, i32)> = Vec::with_capacity(rows.len());
@@ -142,15 +154,20 @@ impl Db {
             });
         }
         let (ids, counts): (Vec<i64>, Vec<i32>) = progress.into_iter().unzip();
-        tx.execute(
-            "UPDATE outbox_batch b SET delivered = p.delivered,
-                    delivered_at = CASE WHEN p.delivered = cardinality(b.tasks) THEN now() END
-               FROM unnest($1::bigint[], $2::integer[]) AS p (batch, delivered)
-              WHERE b.batch_id = p.batch",
-            &[&ids, &counts],
-        )
-        .await?;
-        tx.commit().await?;
+        write_deadline
+            .run(true, async {
+                tx.execute(
+                    "UPDATE outbox_batch b SET delivered = p.delivered,
+                            delivered_at = CASE WHEN p.delivered = cardinality(b.tasks)
+                                                THEN now() END
+                       FROM unnest($1::bigint[], $2::integer[]) AS p (batch, delivered)
+                      WHERE b.batch_id = p.batch",
+                    &[&ids, &counts],
+                )
+                .await?;
+                Ok(tx.commit().await?)
+            })
+            .await?;
         Ok(RelayReport {
             delivered: events.len() as u32,
             failed_at: None,
@@ -178,15 +195,17 @@ impl Db {
         // The walk reads at most `scan` rows from the oldest (ids grow with time), so a pass
         // never reads the recent part of the table, however much of it there is.
         let n = self
-            .client()
-            .execute(
-                "WITH walked AS MATERIALIZED (
-                     SELECT batch_id FROM outbox_batch ORDER BY batch_id LIMIT $1)
-                 DELETE FROM outbox_batch b USING walked w
-                  WHERE b.batch_id = w.batch_id
-                    AND b.created_at < now() - $2::bigint * interval '1 millisecond'
-                    AND (b.delivered_at IS NOT NULL OR $3)",
-                &[&(scan as i64), &keep_ms, &undelivered_too],
+            .answered(
+                true,
+                self.client().execute(
+                    "WITH walked AS MATERIALIZED (
+                            SELECT batch_id FROM outbox_batch ORDER BY batch_id LIMIT $1)
+                        DELETE FROM outbox_batch b USING walked w
+                         WHERE b.batch_id = w.batch_id
+                           AND b.created_at < now() - $2::bigint * interval '1 millisecond'
+                           AND (b.delivered_at IS NOT NULL OR $3)",
+                    &[&(scan as i64), &keep_ms, &undelivered_too],
+                ),
             )
             .await?;
         Ok(n)
@@ -196,11 +215,13 @@ impl Db {
     pub async fn consume_once(&self, consumer: &str, event: u64) -> Result<bool, StoreError> {
         check_text(0, "consumer", consumer, NAME_BYTES_MAX)?;
         let n = self
-            .client()
-            .execute(
-                "INSERT INTO consumed_event (consumer, event_id) VALUES ($1, $2)
-                 ON CONFLICT DO NOTHING",
-                &[&consumer, &(event as i64)],
+            .answered(
+                true,
+                self.client().execute(
+                    "INSERT INTO consumed_event (consumer, event_id) VALUES ($1, $2)
+                     ON CONFLICT DO NOTHING",
+                    &[&consumer, &(event as i64)],
+                ),
             )
             .await?;
         Ok(n == 1)
@@ -209,11 +230,13 @@ impl Db {
     /// Events not yet delivered.
     pub async fn pending_events(&self) -> Result<u64, StoreError> {
         let n: i64 = self
-            .client()
-            .query_one(
-                "SELECT coalesce(sum(cardinality(tasks) - delivered), 0)::bigint
-                   FROM outbox_batch WHERE delivered_at IS NULL",
-                &[],
+            .answered(
+                false,
+                self.client().query_one(
+                    "SELECT coalesce(sum(cardinality(tasks) - delivered), 0)::bigint
+                       FROM outbox_batch WHERE delivered_at IS NULL",
+                    &[],
+                ),
             )
             .await?
             .get(0);

@@ -38,15 +38,17 @@ impl Db {
     /// Registers (or re-registers) a node as UP; also its heartbeat.
     pub async fn register_node(&self, node: &str, address: &str) -> Result<(), StoreError> {
         check_text(0, "node", node, NAME_BYTES_MAX)?;
-        self.client()
-            .execute(
+        self.answered(
+            true,
+            self.client().execute(
                 "INSERT INTO node (node_id, address) VALUES ($1, $2)
                  ON CONFLICT (node_id) DO UPDATE
                     SET address = EXCLUDED.address, heartbeat_at = now(), state = 'UP',
                         started_at = now()",
                 &[&node, &address],
-            )
-            .await?;
+            ),
+        )
+        .await?;
         Ok(())
     }
 
@@ -67,13 +69,15 @@ impl Db {
             }
             .into());
         }
-        self.client()
-            .execute(
+        self.answered(
+            true,
+            self.client().execute(
                 "INSERT INTO partition_lease (partition)
                  SELECT generate_series(0, $1 - 1) ON CONFLICT DO NOTHING",
                 &[&(count as i32)],
-            )
-            .await?;
+            ),
+        )
+        .await?;
         Ok(())
     }
 
@@ -142,24 +146,22 @@ impl Db {
     }
 
     pub async fn release_partitions(&self, node: &str) -> Result<u64, StoreError> {
-        Ok(self
-            .client()
-            .execute(
-                "UPDATE partition_lease SET lease_until = '-infinity', owner_node = NULL
-                  WHERE owner_node = $1",
-                &[&node],
-            )
-            .await?)
+        let sql = "UPDATE partition_lease SET lease_until = '-infinity', owner_node = NULL
+                    WHERE owner_node = $1";
+        self.answered(true, self.client().execute(sql, &[&node]))
+            .await
     }
 
     /// Marks a node DOWN after a drain.
     pub async fn deregister_node(&self, node: &str) -> Result<(), StoreError> {
-        self.client()
-            .execute(
+        self.answered(
+            true,
+            self.client().execute(
                 "UPDATE node SET state = 'DOWN' WHERE node_id = $1",
                 &[&node],
-            )
-            .await?;
+            ),
+        )
+        .await?;
         Ok(())
     }
 

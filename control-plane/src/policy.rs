@@ -159,50 +159,55 @@ impl Db {
                 })?;
         }
         let (table, key_col, cast) = change.object.table();
-        let tx = self.client_mut().transaction().await?;
-        let version = bump_version(&tx).await?;
-        let old: Option<Value> = tx
-            .query_opt(
-                &format!("SELECT body FROM {table} WHERE {key_col} = $1{cast} FOR UPDATE"),
-                &[&change.key],
-            )
-            .await?
-            .map(|r| r.get(0));
-        match &change.body {
-            Some(body) => {
-                tx.execute(
-                    &format!(
-                        "INSERT INTO {table} ({key_col}, version, body) VALUES ($1{cast}, $2, $3)
-                         ON CONFLICT ({key_col}) DO UPDATE
-                            SET version = EXCLUDED.version, body = EXCLUDED.body, updated_at = now()"
-                    ),
-                    &[&change.key, &(version.0 as i64), body],
+        let deadline = self.within(6);
+        deadline
+            .run(true, async {
+                let tx = self.client_mut().transaction().await?;
+                let version = bump_version(&tx).await?;
+                let old: Option<Value> = tx
+                    .query_opt(
+                        &format!("SELECT body FROM {table} WHERE {key_col} = $1{cast} FOR UPDATE"),
+                        &[&change.key],
+                    )
+                    .await?
+                    .map(|r| r.get(0));
+                match &change.body {
+                    Some(body) => {
+                        tx.execute(
+                            &format!(
+                                "INSERT INTO {table} ({key_col}, version, body) VALUES ($1{cast}, $2, $3)
+                                 ON CONFLICT ({key_col}) DO UPDATE
+                                    SET version = EXCLUDED.version, body = EXCLUDED.body, updated_at = now()"
+                            ),
+                            &[&change.key, &(version.0 as i64), body],
+                        )
+                        .await?;
+                    }
+                    None => {
+                        tx.execute(
+                            &format!("DELETE FROM {table} WHERE {key_col} = $1{cast}"),
+                            &[&change.key],
+                        )
+                        .await?;
+                    }
+                }
+                audit(
+                    &tx,
+                    Audit {
+                        actor: &change.actor,
+                        object: change.object.name(),
+                        key: &change.key,
+                        old: old.as_ref(),
+                        new: change.body.as_ref(),
+                        reason: &change.reason,
+                        version,
+                    },
                 )
                 .await?;
-            }
-            None => {
-                tx.execute(
-                    &format!("DELETE FROM {table} WHERE {key_col} = $1{cast}"),
-                    &[&change.key],
-                )
-                .await?;
-            }
-        }
-        audit(
-            &tx,
-            Audit {
-                actor: &change.actor,
-                object: change.object.name(),
-                key: &change.key,
-                old: old.as_ref(),
-                new: change.body.as_ref(),
-                reason: &change.reason,
-                version,
-            },
-        )
-        .await?;
-        tx.commit().await?;
-        Ok(version)
+                tx.commit().await?;
+                Ok(version)
+            })
+            .await
     }
 
     pub async fn policy_version(&self) -> Result<PolicyVersion, StoreError> {
@@ -215,42 +220,51 @@ impl Db {
 
     /// Every object of every kind with the global version they were read at, in one snapshot.
     pub async fn policy_snapshot(&mut self) -> Result<(PolicyVersion, Vec<PolicyRow>), StoreError> {
-        let tx = self.read_snapshot().await?;
-        let version: i64 = tx
-            .query_one("SELECT version FROM policy_version", &[])
-            .await?
-            .get(0);
-        let mut rows = Vec::new();
-        for object in PolicyObject::ALL {
-            let (table, key_col, _) = object.table();
-            for r in tx
-                .query(
-                    &format!("SELECT {key_col}::text, version, body FROM {table} ORDER BY 1"),
-                    &[],
-                )
-                .await?
-            {
-                rows.push(PolicyRow {
-                    object,
-                    key: r.get(0),
-                    version: PolicyVersion(r.get::<_, i64>(1) as u64),
-                    body: r.get(2),
-                });
-            }
-        }
-        tx.commit().await?;
-        Ok((PolicyVersion(version as u64), rows))
+        let deadline = self.within(8);
+        deadline
+            .run(false, async {
+                let tx = self.read_snapshot().await?;
+                let version: i64 = tx
+                    .query_one("SELECT version FROM policy_version", &[])
+                    .await?
+                    .get(0);
+                let mut rows = Vec::new();
+                for object in PolicyObject::ALL {
+                    let (table, key_col, _) = object.table();
+                    for r in tx
+                        .query(
+                            &format!(
+                                "SELECT {key_col}::text, version, body FROM {table} ORDER BY 1"
+                            ),
+                            &[],
+                        )
+                        .await?
+                    {
+                        rows.push(PolicyRow {
+                            object,
+                            key: r.get(0),
+                            version: PolicyVersion(r.get::<_, i64>(1) as u64),
+                            body: r.get(2),
+                        });
+                    }
+                }
+                tx.commit().await?;
+                Ok((PolicyVersion(version as u64), rows))
+            })
+            .await
     }
 
     /// The newest `limit` audit entries, newest first.
     pub async fn audit_log(&self, limit: u32) -> Result<Vec<AuditEntry>, StoreError> {
         let rows = self
-            .client()
-            .query(
-                "SELECT actor, object_kind, object_key, old_value, new_value, reason,
-                        policy_version, at
-                   FROM audit_log ORDER BY audit_id DESC LIMIT $1",
-                &[&i64::from(limit.min(crate::limits::SCAN_MAX as u32))],
+            .answered(
+                false,
+                self.client().query(
+                    "SELECT actor, object_kind, object_key, old_value, new_value, reason,
+                             policy_version, at
+                        FROM audit_log ORDER BY audit_id DESC LIMIT $1",
+                    &[&i64::from(limit.min(crate::limits::SCAN_MAX as u32))],
+                ),
             )
             .await?;
         Ok(rows
@@ -291,30 +305,35 @@ impl Db {
         let actor: String = actor.chars().take(NAME_BYTES_MAX).collect();
         let what: String = what.chars().take(NAME_BYTES_MAX).collect();
         let why: String = why.chars().take(REASON_BYTES_MAX).collect();
-        let tx = self.client_mut().transaction().await?;
-        let version: i64 = tx
-            .query_one("SELECT version FROM policy_version", &[])
-            .await?
-            .get(0);
-        audit(
-            &tx,
-            Audit {
-                actor: if actor.is_empty() {
-                    "anonymous"
-                } else {
-                    &actor
-                },
-                object: kind,
-                key: &what,
-                old: None,
-                new: None,
-                reason: &why,
-                version: PolicyVersion(version as u64),
-            },
-        )
-        .await?;
-        tx.commit().await?;
-        Ok(())
+        let deadline = self.within(4);
+        deadline
+            .run(true, async {
+                let tx = self.client_mut().transaction().await?;
+                let version: i64 = tx
+                    .query_one("SELECT version FROM policy_version", &[])
+                    .await?
+                    .get(0);
+                audit(
+                    &tx,
+                    Audit {
+                        actor: if actor.is_empty() {
+                            "anonymous"
+                        } else {
+                            &actor
+                        },
+                        object: kind,
+                        key: &what,
+                        old: None,
+                        new: None,
+                        reason: &why,
+                        version: PolicyVersion(version as u64),
+                    },
+                )
+                .await?;
+                tx.commit().await?;
+                Ok(())
+            })
+            .await
     }
 
     /// Sets a tenant's cost budget (creating it), audited like a policy change.
@@ -328,36 +347,41 @@ impl Db {
         check_text(0, "actor", actor, NAME_BYTES_MAX)?;
         check_text(0, "reason", reason, REASON_BYTES_MAX)?;
         let budget = crate::error::to_i64(0, "budget_milli", budget_milli)?;
-        let tx = self.client_mut().transaction().await?;
-        let version = bump_version(&tx).await?;
-        let old: Option<i64> = tx
-            .query_opt(
-                "SELECT budget_milli FROM tenant_quota WHERE tenant_id = $1 FOR UPDATE",
-                &[&(tenant.0 as i32)],
-            )
-            .await?
-            .map(|r| r.get(0));
-        tx.execute(
-            "INSERT INTO tenant_quota (tenant_id, budget_milli) VALUES ($1, $2)
-             ON CONFLICT (tenant_id) DO UPDATE SET budget_milli = EXCLUDED.budget_milli",
-            &[&(tenant.0 as i32), &budget],
-        )
-        .await?;
-        audit(
-            &tx,
-            Audit {
-                actor,
-                object: "tenant_budget",
-                key: &tenant.0.to_string(),
-                old: old.map(Value::from).as_ref(),
-                new: Some(&Value::from(budget)),
-                reason,
-                version,
-            },
-        )
-        .await?;
-        tx.commit().await?;
-        Ok(version)
+        let deadline = self.within(6);
+        deadline
+            .run(true, async {
+                let tx = self.client_mut().transaction().await?;
+                let version = bump_version(&tx).await?;
+                let old: Option<i64> = tx
+                    .query_opt(
+                        "SELECT budget_milli FROM tenant_quota WHERE tenant_id = $1 FOR UPDATE",
+                        &[&(tenant.0 as i32)],
+                    )
+                    .await?
+                    .map(|r| r.get(0));
+                tx.execute(
+                    "INSERT INTO tenant_quota (tenant_id, budget_milli) VALUES ($1, $2)
+                     ON CONFLICT (tenant_id) DO UPDATE SET budget_milli = EXCLUDED.budget_milli",
+                    &[&(tenant.0 as i32), &budget],
+                )
+                .await?;
+                audit(
+                    &tx,
+                    Audit {
+                        actor,
+                        object: "tenant_budget",
+                        key: &tenant.0.to_string(),
+                        old: old.map(Value::from).as_ref(),
+                        new: Some(&Value::from(budget)),
+                        reason,
+                        version,
+                    },
+                )
+                .await?;
+                tx.commit().await?;
+                Ok(version)
+            })
+            .await
     }
 }
 

@@ -38,34 +38,40 @@ impl Db {
         let caps: Vec<i64> = (0..shards)
             .map(|i| shard_capacity(capacity, shards, i) as i64)
             .collect();
-        self.client()
-            .execute(
+        self.answered(
+            true,
+            self.client().execute(
                 "INSERT INTO resource_pool_shard (pool_key, shard, capacity)
                  SELECT $1, s, c FROM unnest($2::smallint[], $3::bigint[]) AS d (s, c)
                  ON CONFLICT (pool_key, shard) DO UPDATE
                     SET capacity = EXCLUDED.capacity, version = resource_pool_shard.version + 1",
                 &[&pool, &idx, &caps],
-            )
-            .await?;
+            ),
+        )
+        .await?;
         // Shards beyond the new count keep their usage but get no new grants.
-        self.client()
-            .execute(
+        self.answered(
+            true,
+            self.client().execute(
                 "UPDATE resource_pool_shard SET capacity = 0
                   WHERE pool_key = $1 AND shard >= $2",
                 &[&pool, &(shards as i16)],
-            )
-            .await?;
+            ),
+        )
+        .await?;
         Ok(())
     }
 
     /// Every shard of `pool` with its capacity and usage.
     pub async fn pool_usage(&self, pool: &str) -> Result<Vec<ShardUsage>, StoreError> {
         let rows = self
-            .client()
-            .query(
-                "SELECT shard, capacity, used FROM resource_pool_shard
-                  WHERE pool_key = $1 ORDER BY shard",
-                &[&pool],
+            .answered(
+                false,
+                self.client().query(
+                    "SELECT shard, capacity, used FROM resource_pool_shard
+                        WHERE pool_key = $1 ORDER BY shard",
+                    &[&pool],
+                ),
             )
             .await?;
         Ok(rows

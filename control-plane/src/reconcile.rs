@@ -206,15 +206,17 @@ impl Db {
     /// Live attempts whose lease ran out (their node stopped renewing), oldest first.
     pub async fn expired_attempts(&self, limit: usize) -> Result<Vec<LiveAttempt>, StoreError> {
         let rows = self
-            .client()
-            .query(
-                &format!(
-                    "SELECT {LIVE_ATTEMPT_COLUMNS}
-                       FROM task t
-                      WHERE t.current_attempt IS NOT NULL AND t.attempt_lease_until < now()
-                      ORDER BY t.attempt_lease_until LIMIT $1"
+            .answered(
+                false,
+                self.client().query(
+                    &format!(
+                        "SELECT {LIVE_ATTEMPT_COLUMNS}
+                             FROM task t
+                            WHERE t.current_attempt IS NOT NULL AND t.attempt_lease_until < now()
+                            ORDER BY t.attempt_lease_until LIMIT $1"
+                    ),
+                    &[&(limit.min(SCAN_MAX) as i64)],
                 ),
-                &[&(limit.min(SCAN_MAX) as i64)],
             )
             .await?;
         rows.iter().map(live_attempt).collect()
@@ -231,16 +233,18 @@ impl Db {
     ) -> Result<Vec<LiveAttempt>, StoreError> {
         let (parts, after_task) = page_args(partitions, after)?;
         let rows = self
-            .client()
-            .query(
-                &format!(
-                    "SELECT {LIVE_ATTEMPT_COLUMNS}
-                       FROM task t
-                      WHERE t.task_id > $2 AND t.current_attempt IS NOT NULL
-                        AND t.partition = ANY ($1)
-                      ORDER BY t.task_id LIMIT $3"
+            .answered(
+                false,
+                self.client().query(
+                    &format!(
+                        "SELECT {LIVE_ATTEMPT_COLUMNS}
+                             FROM task t
+                            WHERE t.task_id > $2 AND t.current_attempt IS NOT NULL
+                              AND t.partition = ANY ($1)
+                            ORDER BY t.task_id LIMIT $3"
+                    ),
+                    &[&parts, &after_task, &(limit.min(SCAN_MAX) as i64)],
                 ),
-                &[&parts, &after_task, &(limit.min(SCAN_MAX) as i64)],
             )
             .await?;
         rows.iter().map(live_attempt).collect()
@@ -254,17 +258,19 @@ impl Db {
         limit: usize,
     ) -> Result<Vec<LiveAttempt>, StoreError> {
         let rows = self
-            .client()
-            .query(
-                &format!(
-                    "SELECT {LIVE_ATTEMPT_COLUMNS}
-                       FROM task t
-                      WHERE t.current_attempt IS NOT NULL
-                        AND t.state IN ('DISPATCHING', 'SUBMIT_UNKNOWN')
-                        AND t.updated_at < now() - $1::float8 * interval '1 millisecond'
-                      ORDER BY t.updated_at LIMIT $2"
+            .answered(
+                false,
+                self.client().query(
+                    &format!(
+                        "SELECT {LIVE_ATTEMPT_COLUMNS}
+                             FROM task t
+                            WHERE t.current_attempt IS NOT NULL
+                              AND t.state IN ('DISPATCHING', 'SUBMIT_UNKNOWN')
+                              AND t.updated_at < now() - $1::float8 * interval '1 millisecond'
+                            ORDER BY t.updated_at LIMIT $2"
+                    ),
+                    &[&f64::from(older_than_ms), &(limit.min(SCAN_MAX) as i64)],
                 ),
-                &[&f64::from(older_than_ms), &(limit.min(SCAN_MAX) as i64)],
             )
             .await?;
         rows.iter().map(live_attempt).collect()
@@ -334,38 +340,43 @@ impl Db {
     /// every tenant's reserved budget from its open ledger cycles, under the rows' locks;
     /// returns what had drifted, now repaired.
     pub async fn rebuild_counters(&mut self) -> Result<Counters, StoreError> {
-        let tx = self.client_mut().transaction().await?;
-        tx.execute(
-            "SELECT 1 FROM resource_pool_shard ORDER BY pool_key, shard FOR UPDATE",
-            &[],
-        )
-        .await?;
-        let sql = format!(
-            "WITH {POOL_DERIVED}, fixed AS (
-                 UPDATE resource_pool_shard p SET used = d.derived, version = p.version + 1
-                   FROM derived d
-                  WHERE p.pool_key = d.pool_key AND p.shard = d.shard AND d.stored <> d.derived
-                 RETURNING p.pool_key, p.shard, d.stored, d.derived
-             )
-             SELECT pool_key, shard, stored, derived FROM fixed ORDER BY pool_key, shard"
-        );
-        let pools = tx.query(&sql, &[]).await?;
-        tx.execute(
-            "SELECT 1 FROM tenant_quota ORDER BY tenant_id FOR UPDATE",
-            &[],
-        )
-        .await?;
-        let sql = format!(
-            "WITH {BUDGET_DERIVED}, fixed AS (
-                 UPDATE tenant_quota q SET reserved_milli = d.derived
-                   FROM budget d WHERE q.tenant_id = d.tenant_id AND d.stored <> d.derived
-                 RETURNING q.tenant_id, d.stored, d.derived
-             )
-             SELECT tenant_id, stored, derived FROM fixed ORDER BY tenant_id"
-        );
-        let budgets = tx.query(&sql, &[]).await?;
-        tx.commit().await?;
-        Ok(Counters::from_rows(&pools, &budgets))
+        let deadline = self.within(6);
+        deadline
+            .run(true, async {
+                let tx = self.client_mut().transaction().await?;
+                tx.execute(
+                    "SELECT 1 FROM resource_pool_shard ORDER BY pool_key, shard FOR UPDATE",
+                    &[],
+                )
+                .await?;
+                let sql = format!(
+                    "WITH {POOL_DERIVED}, fixed AS (
+                         UPDATE resource_pool_shard p SET used = d.derived, version = p.version + 1
+                           FROM derived d
+                          WHERE p.pool_key = d.pool_key AND p.shard = d.shard AND d.stored <> d.derived
+                         RETURNING p.pool_key, p.shard, d.stored, d.derived
+                     )
+                     SELECT pool_key, shard, stored, derived FROM fixed ORDER BY pool_key, shard"
+                );
+                let pools = tx.query(&sql, &[]).await?;
+                tx.execute(
+                    "SELECT 1 FROM tenant_quota ORDER BY tenant_id FOR UPDATE",
+                    &[],
+                )
+                .await?;
+                let sql = format!(
+                    "WITH {BUDGET_DERIVED}, fixed AS (
+                         UPDATE tenant_quota q SET reserved_milli = d.derived
+                           FROM budget d WHERE q.tenant_id = d.tenant_id AND d.stored <> d.derived
+                         RETURNING q.tenant_id, d.stored, d.derived
+                     )
+                     SELECT tenant_id, stored, derived FROM fixed ORDER BY tenant_id"
+                );
+                let budgets = tx.query(&sql, &[]).await?;
+                tx.commit().await?;
+                Ok(Counters::from_rows(&pools, &budgets))
+            })
+            .await
     }
 
     /// The counters that differ from what they are derived from — pool shards' `used` from
@@ -376,21 +387,26 @@ impl Db {
     /// table and the open ledger once (the nodes run it every `counter_check_s`;
     /// `rebuild_counters` repairs what it finds).
     pub async fn check_counters(&mut self) -> Result<Counters, StoreError> {
-        let tx = self.read_snapshot().await?;
-        let sql = format!(
-            "WITH {POOL_DERIVED}
-             SELECT pool_key, shard, stored, derived FROM derived
-              WHERE stored <> derived ORDER BY pool_key, shard"
-        );
-        let pools = tx.query(&sql, &[]).await?;
-        let sql = format!(
-            "WITH {BUDGET_DERIVED}
-             SELECT tenant_id, stored, derived FROM budget
-              WHERE stored <> derived ORDER BY tenant_id"
-        );
-        let budgets = tx.query(&sql, &[]).await?;
-        tx.commit().await?;
-        Ok(Counters::from_rows(&pools, &budgets))
+        let deadline = self.within(4);
+        deadline
+            .run(false, async {
+                let tx = self.read_snapshot().await?;
+                let sql = format!(
+                    "WITH {POOL_DERIVED}
+                     SELECT pool_key, shard, stored, derived FROM derived
+                      WHERE stored <> derived ORDER BY pool_key, shard"
+                );
+                let pools = tx.query(&sql, &[]).await?;
+                let sql = format!(
+                    "WITH {BUDGET_DERIVED}
+                     SELECT tenant_id, stored, derived FROM budget
+                      WHERE stored <> derived ORDER BY tenant_id"
+                );
+                let budgets = tx.query(&sql, &[]).await?;
+                tx.commit().await?;
+                Ok(Counters::from_rows(&pools, &budgets))
+            })
+            .await
     }
 
     /// One page of the tasks of `partitions` a node puts back after a restart or a takeover,
@@ -408,9 +424,10 @@ impl Db {
     ) -> Result<Vec<OwnedTask>, StoreError> {
         let (parts, after_task) = page_args(partitions, after)?;
         let rows = self
-            .client()
-            .query(
-                &format!(
+            .answered(
+                false,
+                self.client().query(
+                    &format!(
                     "SELECT {QUEUED_COLUMNS}, state, current_attempt IS NOT NULL, current_fencing,
                             attempt_provider, 'spindle-' || task_id || '-' || attempt_no
                        FROM task
@@ -419,7 +436,8 @@ impl Db {
                       ORDER BY task_id
                       LIMIT $3"
                 ),
-                &[&parts, &after_task, &(limit.min(SCAN_MAX) as i64)],
+                    &[&parts, &after_task, &(limit.min(SCAN_MAX) as i64)],
+                ),
             )
             .await?;
         rows.iter()
@@ -449,16 +467,18 @@ impl Db {
         limit: usize,
     ) -> Result<Vec<Starved>, StoreError> {
         let rows = self
-            .client()
-            .query(
-                "SELECT task_id, tenant_id,
-                        (extract(epoch FROM now() - created_at) * 1000)::bigint
-                   FROM task
-                  WHERE state = 'QUEUED'
-                    AND created_at < now() - $1::float8 * interval '1 millisecond'
-                    AND (next_eligible_at IS NULL OR next_eligible_at <= now())
-                  ORDER BY created_at LIMIT $2",
-                &[&f64::from(max_wait_ms), &(limit.min(SCAN_MAX) as i64)],
+            .answered(
+                false,
+                self.client().query(
+                    "SELECT task_id, tenant_id,
+                              (extract(epoch FROM now() - created_at) * 1000)::bigint
+                         FROM task
+                        WHERE state = 'QUEUED'
+                          AND created_at < now() - $1::float8 * interval '1 millisecond'
+                          AND (next_eligible_at IS NULL OR next_eligible_at <= now())
+                        ORDER BY created_at LIMIT $2",
+                    &[&f64::from(max_wait_ms), &(limit.min(SCAN_MAX) as i64)],
+                ),
             )
             .await?;
         Ok(rows

@@ -66,33 +66,35 @@ impl Db {
         // The conditions name the table's row, not the walk's copy: a task that changed since
         // the walk read it (an operator requeued a FAILED one) is checked again as it is now.
         let row = self
-            .client()
-            .query_one(
-                "WITH walked AS MATERIALIZED (
-                     SELECT task_id, created_at FROM task WHERE task_id > $1
-                      ORDER BY task_id LIMIT $2),
-                 gone AS (
-                     DELETE FROM task t USING walked w
-                      WHERE t.task_id = w.task_id AND t.partition = ANY ($3)
-                        AND ((t.state IN ('SUCCEEDED', 'CANCELED', 'EXPIRED')
-                              AND t.updated_at < now() - $4::bigint * interval '1 millisecond')
-                          OR (t.state = 'FAILED'
-                              AND t.updated_at < now() - $5::bigint * interval '1 millisecond'))
-                     RETURNING t.task_id),
-                 history AS (
-                     DELETE FROM attempt_history h USING gone g WHERE h.task_id = g.task_id
-                     RETURNING 1)
-                 SELECT (SELECT count(*) FROM walked), (SELECT max(task_id) FROM walked),
-                        (SELECT count(*) FROM gone), (SELECT count(*) FROM history),
-                        EXISTS (SELECT 1 FROM walked WHERE created_at >= now()
-                                  - least($4::bigint, $5::bigint) * interval '1 millisecond')",
-                &[
-                    &after,
-                    &(scan as i64),
-                    &parts,
-                    &ms(keep.finished),
-                    &ms(keep.failed),
-                ],
+            .answered(
+                true,
+                self.client().query_one(
+                    "WITH walked AS MATERIALIZED (
+                            SELECT task_id, created_at FROM task WHERE task_id > $1
+                             ORDER BY task_id LIMIT $2),
+                        gone AS (
+                            DELETE FROM task t USING walked w
+                             WHERE t.task_id = w.task_id AND t.partition = ANY ($3)
+                               AND ((t.state IN ('SUCCEEDED', 'CANCELED', 'EXPIRED')
+                                     AND t.updated_at < now() - $4::bigint * interval '1 millisecond')
+                                 OR (t.state = 'FAILED'
+                                     AND t.updated_at < now() - $5::bigint * interval '1 millisecond'))
+                            RETURNING t.task_id),
+                        history AS (
+                            DELETE FROM attempt_history h USING gone g WHERE h.task_id = g.task_id
+                            RETURNING 1)
+                        SELECT (SELECT count(*) FROM walked), (SELECT max(task_id) FROM walked),
+                               (SELECT count(*) FROM gone), (SELECT count(*) FROM history),
+                               EXISTS (SELECT 1 FROM walked WHERE created_at >= now()
+                                         - least($4::bigint, $5::bigint) * interval '1 millisecond')",
+                    &[
+                        &after,
+                        &(scan as i64),
+                        &parts,
+                        &ms(keep.finished),
+                        &ms(keep.failed),
+                    ],
+                ),
             )
             .await?;
         let walked: i64 = row.get(0);

@@ -317,3 +317,82 @@ async fn a_connection_gone_silent_is_given_up_after_the_answer_deadline() {
     let read = db.task_heads(&[TaskId(1)]).await.unwrap_err();
     assert!(read.is_unavailable() && !read.is_in_doubt(), "{read:?}");
 }
+
+/// A sink that takes every batch (the relay below never gets that far).
+struct TakeAll;
+
+impl spindle_control::events::EventSink for TakeAll {
+    type Error = String;
+    async fn deliver(&mut self, _: &[spindle_control::events::Event]) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// Opens a connection through a proxy that loses the first answer containing `$pattern` and
+/// everything after it while the connection stays open (a server that stopped answering: TCP
+/// keepalive cannot tell it from a live one), runs `$call` on it and checks that the call gives
+/// up within its deadline — 300 ms per statement it may run, plus 200 ms — as `Unavailable` or
+/// `InDoubt`, leaving the connection given up. Without a deadline the call would wait forever;
+/// the test's own bound (30 s) turns that into a failure.
+macro_rules! gives_up_on_silence {
+    ($test:expr, $pattern:expr, |$db:ident| $call:expr) => {{
+        let proxy = spindle_control::testing::Proxy::start(&$test.config().conninfo);
+        let mut config = DbConfig::new(proxy.conninfo());
+        config.statement_timeout_ms = 300;
+        config.answer_grace_ms = 200;
+        #[allow(unused_mut)]
+        let mut $db = Db::open(&config).await.unwrap();
+        proxy.lose_answer_containing($pattern);
+        let result = tokio::time::timeout(std::time::Duration::from_secs(30), $call)
+            .await
+            .unwrap_or_else(|_| {
+                panic!("`{}` waited 30 s on a silent connection", stringify!($call))
+            });
+        let err = result.expect_err(stringify!($call));
+        assert!(
+            err.is_unavailable() || err.is_in_doubt(),
+            "`{}`: {err:?}",
+            stringify!($call)
+        );
+        assert_eq!(proxy.lost(), 1, "`{}` lost no answer", stringify!($call));
+        assert!(
+            $db.is_closed(),
+            "`{}` left the connection open",
+            stringify!($call)
+        );
+    }};
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_store_call_gives_up_on_a_silent_server_within_its_deadline() {
+    use spindle_control::PartitionId;
+    let (test, direct) = setup().await;
+    direct.set_pool("provider:acme", 100, 1).await.unwrap();
+    direct
+        .submit_batch(&[task(1, 1, "a")], PolicyVersion(1))
+        .await
+        .unwrap();
+    let parts = [PartitionId(0), PartitionId(1)];
+    // Transactions of several statements: the event relay, an operator's requeue, the
+    // counter rebuild; read snapshots: the counter check, the policy snapshot.
+    gives_up_on_silence!(test, b"pg_try_advisory_xact_lock", |db| db
+        .relay_events(&mut TakeAll, 100));
+    gives_up_on_silence!(test, b"budget_reserved", |db| db.requeue_failed(
+        &[TaskId(1)],
+        &parts,
+        "ops",
+        "retry"
+    ));
+    gives_up_on_silence!(test, b"derived", |db| db.rebuild_counters());
+    gives_up_on_silence!(test, b"derived", |db| db.check_counters());
+    gives_up_on_silence!(test, b"body", |db| db.policy_snapshot());
+    // Single statements of the node's start, stop and background work.
+    gives_up_on_silence!(test, b"INSERT", |db| db.register_node(NODE, "127.0.0.1:1"));
+    gives_up_on_silence!(test, b"UPDATE", |db| db.release_partitions(NODE));
+    gives_up_on_silence!(test, b"attempt_provider", |db| db.expired_attempts(10));
+    gives_up_on_silence!(test, b"DELETE", |db| db.prune_events(
+        std::time::Duration::ZERO,
+        false,
+        10
+    ));
+}
