@@ -36,6 +36,10 @@ pub(crate) struct Estimates {
     entries: Vec<Entry>,
     free: Vec<u32>,
     index: IdMap<TaskSpec, u32>,
+    /// The entry the last acquisition found or made, while it is live and indexed: a run of
+    /// submits of one spec (a client's batch, a tenant's everyday clip) compares 20 bytes
+    /// instead of hashing the spec and probing.
+    last: Option<u32>,
 }
 
 impl Estimates {
@@ -46,8 +50,16 @@ impl Estimates {
         spec: &TaskSpec,
         price: impl FnOnce() -> Result<CostEstimate, CostError>,
     ) -> Result<EstimateRef, CostError> {
+        if let Some(i) = self.last {
+            let entry = &mut self.entries[i as usize];
+            if entry.spec == *spec {
+                entry.refs += 1;
+                return Ok(EstimateRef(i));
+            }
+        }
         if let Some(&i) = self.index.get(spec) {
             self.entries[i as usize].refs += 1;
+            self.last = Some(i);
             return Ok(EstimateRef(i));
         }
         let entry = Entry {
@@ -66,6 +78,7 @@ impl Estimates {
             }
         };
         self.index.insert(*spec, i);
+        self.last = Some(i);
         Ok(EstimateRef(i))
     }
 
@@ -81,6 +94,9 @@ impl Estimates {
             if self.index.get(&entry.spec) == Some(&r.0) {
                 self.index.remove(&entry.spec);
             }
+            if self.last == Some(r.0) {
+                self.last = None;
+            }
             self.free.push(r.0);
         }
     }
@@ -89,6 +105,12 @@ impl Estimates {
     /// next task of such a spec is priced again.
     pub fn forget_model(&mut self, model: ModelId) {
         self.index.retain(|spec, _| spec.model != model);
+        if self
+            .last
+            .is_some_and(|i| self.entries[i as usize].spec.model == model)
+        {
+            self.last = None;
+        }
     }
 
     #[inline]
@@ -119,6 +141,14 @@ impl Estimates {
             assert_eq!(held, holders[i], "estimate holders drifted");
             assert!(free[i] || entry.refs > 0, "a live estimate without holders");
         }
+        if let Some(i) = self.last {
+            assert!(!free[i as usize], "the last estimate is a free slot");
+            assert_eq!(
+                self.index.get(&self.entries[i as usize].spec),
+                Some(&i),
+                "the last estimate is not the indexed one of its spec"
+            );
+        }
         for (&spec, &i) in &self.index {
             assert!(!free[i as usize], "estimate index points at a free slot");
             assert_eq!(
@@ -126,5 +156,61 @@ impl Estimates {
                 "estimate index points at another spec"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cost::estimate;
+    use crate::presets::small_node;
+
+    /// Acquires `spec`, counting how often it had to be priced.
+    fn acquire(e: &mut Estimates, spec: &TaskSpec, priced: &mut u32) -> EstimateRef {
+        let policy = small_node();
+        let model = &policy.models[spec.model.0 as usize];
+        e.acquire(spec, || {
+            *priced += 1;
+            estimate(spec, model, &policy.cost_bases)
+        })
+        .expect("the preset prices a 720p clip")
+    }
+
+    #[test]
+    fn a_spec_is_priced_once_while_live_and_again_after_its_model_changed() {
+        let mut e = Estimates::default();
+        let mut priced = 0;
+        let a = TaskSpec::clip_720p(ModelId(0));
+        let mut b = a;
+        b.duration_ms *= 2;
+        let r1 = acquire(&mut e, &a, &mut priced);
+        let r2 = acquire(&mut e, &a, &mut priced);
+        let r3 = acquire(&mut e, &b, &mut priced);
+        let r4 = acquire(&mut e, &a, &mut priced);
+        assert_eq!((r1, r2, r4), (r1, r1, r1));
+        assert_ne!(r1, r3);
+        assert_eq!(priced, 2, "each spec priced once while live");
+        let holders = |e: &Estimates, refs: &[EstimateRef]| {
+            let mut h = vec![0; e.slots()];
+            for r in refs {
+                h[r.index()] += 1;
+            }
+            h
+        };
+        e.check_invariants(&holders(&e, &[r1, r2, r3, r4]));
+        // The last holder of `a` goes: its entry is freed, and `a` is priced again.
+        for r in [r1, r2, r4] {
+            e.release(r);
+        }
+        e.check_invariants(&holders(&e, &[r3]));
+        let r5 = acquire(&mut e, &a, &mut priced);
+        assert_eq!(priced, 3);
+        // The model's price changed: live tasks keep their entries, new ones are priced afresh.
+        e.forget_model(ModelId(0));
+        e.check_invariants(&holders(&e, &[r3, r5]));
+        let r6 = acquire(&mut e, &a, &mut priced);
+        assert_eq!(priced, 4);
+        assert_ne!(r6, r5);
+        e.check_invariants(&holders(&e, &[r3, r5, r6]));
     }
 }

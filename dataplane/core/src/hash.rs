@@ -56,8 +56,11 @@ pub struct RunHasher(u64);
 impl Hasher for RunHasher {
     fn finish(&self) -> u64 {
         let run = (self.0 >> 4).wrapping_mul(SEED);
-        // The mixed run from bit 4 up, the id's place within its run in bits 0–3.
-        (run.rotate_left(32) << 4) ^ (run & (0x7F << 57)) ^ (self.0 & 15)
+        let place = self.0 & 15;
+        // The mixed run from bit 4 up, the id's place within its run in bits 0–3 — and in the
+        // tag as well: the 16 ids of a run share a group of buckets, and with one tag between
+        // them every probe in that group compared the key of each (16 candidates, not 1).
+        (run.rotate_left(32) << 4) ^ (run & (0x7F << 57)) ^ place ^ (place << 57)
     }
 
     fn write(&mut self, bytes: &[u8]) {
@@ -114,6 +117,13 @@ mod tests {
         tags.sort_unstable();
         tags.dedup();
         assert!(tags.len() > 100, "{} distinct tags", tags.len());
+        // The ids of one run carry 16 distinct tags: a probe in their group matches one key.
+        for start in [0, 4096, 1 << 40] {
+            let mut run: Vec<u64> = (start..start + 16).map(|i| hash(i) >> 57).collect();
+            run.sort_unstable();
+            run.dedup();
+            assert_eq!(run.len(), 16, "tags of the run from {start}");
+        }
     }
 
     #[test]

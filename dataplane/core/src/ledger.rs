@@ -625,6 +625,45 @@ impl Ledger {
         Ok(())
     }
 
+    /// [`Ledger::try_acquire_needs`] for needs that are all semaphores (a provider stage's, the
+    /// queue gates): no bucket to tell apart, and a zero need is an add of nothing, so the loop
+    /// is a compare and a store per limit. A bucket among them panics (its index is out of the
+    /// semaphores' range).
+    #[inline]
+    pub(crate) fn try_acquire_semaphores(&mut self, needs: &[Need]) -> Result<(), LimitId> {
+        for (taken, need) in needs.iter().enumerate() {
+            debug_assert!(
+                need.id.semaphore_index().is_some(),
+                "{:?} is a bucket",
+                need.id
+            );
+            let sem = &mut self.semaphores[need.id.0 as usize];
+            match sem.used.checked_add(need.amount()) {
+                Some(after) if after <= sem.capacity => sem.used = after,
+                _ => {
+                    self.give_back(&needs[..taken]);
+                    return Err(need.id);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Ledger::release_needs`] for needs that are all semaphores.
+    #[inline]
+    pub(crate) fn release_semaphores(&mut self, needs: &[Need]) {
+        for need in needs {
+            debug_assert!(
+                need.id.semaphore_index().is_some(),
+                "{:?} is a bucket",
+                need.id
+            );
+            let i = need.id.0 as usize;
+            let keys = &self.semaphore_keys;
+            self.semaphores[i].release(need.amount(), || keys[i]);
+        }
+    }
+
     /// Undoes the takes of a refused acquisition — or of one whose later part, in limits kept
     /// outside the ledger, was refused: semaphore units and bucket tokens both.
     #[cold]

@@ -598,7 +598,9 @@ struct LaneRt {
 }
 
 enum TurnResult {
-    Dispatched(Dispatch),
+    /// The task in this slot started (its `Dispatch` is built once, by `poll_dispatch`: a
+    /// 100-byte answer moved through every level of the turn cost ~80 instructions a pick).
+    Dispatched(u32),
     Expired(TaskId),
     OutOfCredit,
     Blocked(Block),
@@ -1138,7 +1140,7 @@ impl Shard {
             band,
             place: Place::Band,
         };
-        if let Err(key) = self.take_gates(&entry, now) {
+        if let Err(key) = self.take_gates(&entry) {
             let decision = match key.scope() {
                 Scope::Shard => Decision::RejectTenantQueueFull,
                 Scope::Node => Decision::RejectPlatformOverloaded,
@@ -1293,7 +1295,7 @@ impl Shard {
         let demand = self.provider_demand(&entry, r.provider, CapacityMode::Normal);
         let units = self.estimates.get(estimate).slots.milli();
         let fits = self
-            .take_running(slot, user_slot, &demand.semaphores, units, now)
+            .take_running(slot, user_slot, &demand.semaphores, units)
             .is_ok();
         if !fits {
             self.ledger.force_acquire_running(&demand.semaphores);
@@ -1481,10 +1483,10 @@ impl Shard {
     }
 
     /// Takes every queue gate of `e`: the node's, its tenant's, its user's.
-    fn take_gates(&mut self, e: &TaskEntry, now: Time) -> Result<(), LimitKey> {
+    fn take_gates(&mut self, e: &TaskEntry) -> Result<(), LimitKey> {
         let units = self.estimates.get(e.estimate).fairness.milli();
         let node = self.node_gates(e.lane, units);
-        if let Err(id) = self.ledger.try_acquire_needs(&node, now) {
+        if let Err(id) = self.ledger.try_acquire_semaphores(&node) {
             return Err(self.ledger.key(id));
         }
         if let Err(key) = self.take_owned(e.tenant_slot, e.user_slot, Hold::Queued, units) {
@@ -1506,7 +1508,8 @@ impl Shard {
 
     fn release_gates(&mut self, e: &TaskEntry) {
         let units = self.estimates.get(e.estimate).fairness.milli();
-        self.ledger.release_needs(&self.node_gates(e.lane, units));
+        self.ledger
+            .release_semaphores(&self.node_gates(e.lane, units));
         self.release_owned(e.tenant_slot, e.user_slot, Hold::Queued, units);
     }
 
@@ -1572,7 +1575,7 @@ impl Shard {
         let (units, cost) = (est.slots.milli(), est.cost_milli);
         let demand = self.provider_demand(e, provider, mode);
         let (sems, buckets) = (&demand.semaphores, &demand.buckets);
-        self.take_running(tenant_slot, user_slot, sems, units, now)?;
+        self.take_running(tenant_slot, user_slot, sems, units)?;
         let refused = match self.ledger.try_acquire_needs(buckets, now) {
             Err(id) => Some(self.ledger.key(id)),
             Ok(()) => {
@@ -1601,9 +1604,8 @@ impl Shard {
         user_slot: u32,
         sems: &[Need],
         units: u64,
-        now: Time,
     ) -> Result<(), LimitKey> {
-        if let Err(id) = self.ledger.try_acquire_needs(sems, now) {
+        if let Err(id) = self.ledger.try_acquire_semaphores(sems) {
             return Err(self.ledger.key(id));
         }
         if let Err(key) = self.take_owned(tenant_slot, user_slot, Hold::Running, units) {
@@ -1787,9 +1789,10 @@ impl Shard {
                 }
                 visits += 1;
                 match self.serve_lane_once(lane, now) {
-                    Some(TurnResult::Dispatched(d)) => {
+                    Some(TurnResult::Dispatched(entry)) => {
                         self.charge_lane_choice(lane);
                         self.stats.dispatched += 1;
+                        let d = self.dispatch_of(entry);
                         if matches!(d.mode, CapacityMode::Borrowed(_)) {
                             self.stats.borrowed_dispatches += 1;
                         }
@@ -1927,7 +1930,7 @@ impl Shard {
                 }
             } else if cost_milli < lane_refused_milli {
                 match self.try_start(cand, now) {
-                    Ok(d) => {
+                    Ok(()) => {
                         let q = self.tenants[slot as usize].queue_mut(lane);
                         q.deficit -= cost_milli as i64;
                         if pos > 0 {
@@ -1941,7 +1944,7 @@ impl Shard {
                         self.dequeue(slot, lane, band, prev, cand);
                         // The tenant's next visit reads the task behind this one.
                         self.tasks.prefetch(next);
-                        return TurnResult::Dispatched(d);
+                        return TurnResult::Dispatched(cand);
                     }
                     Err(block) => {
                         if pos == 0 {
@@ -1971,7 +1974,7 @@ impl Shard {
 
     /// Tries every provider of the task's model with every lane option; on the first complete
     /// acquisition moves the task QUEUED → DISPATCHING. Changes nothing otherwise, and says why.
-    fn try_start(&mut self, entry: u32, now: Time) -> Result<Dispatch, Block> {
+    fn try_start(&mut self, entry: u32, now: Time) -> Result<(), Block> {
         let e = self.tasks.at(entry);
         let units = self.estimates.get(e.estimate).slots.milli();
         let model = self.estimates.model(e.estimate).0 as usize;
@@ -1984,7 +1987,8 @@ impl Shard {
             for i in 0..n_providers {
                 let provider = self.policy.models[model].providers[i];
                 let Err(key) = self.try_provider_stage(entry, provider, mode, now) else {
-                    return Ok(self.started(entry, provider, mode));
+                    self.started(entry, provider, mode);
+                    return Ok(());
                 };
                 block = match (key, key.scope()) {
                     (_, Scope::Shard) => return Err(Block::Tenant),
@@ -1997,8 +2001,7 @@ impl Shard {
     }
 
     /// QUEUED → DISPATCHING once the provider-stage demand is held.
-    fn started(&mut self, entry: u32, provider: ProviderId, mode: CapacityMode) -> Dispatch {
-        let task = self.tasks.id_at(entry);
+    fn started(&mut self, entry: u32, provider: ProviderId, mode: CapacityMode) {
         let e = self.tasks.at(entry).clone();
         self.release_gates(&e);
         debug_assert!(
@@ -2017,16 +2020,21 @@ impl Shard {
             e.attempt_no <= ATTEMPTS_MAX,
             "attempts bounded by retry limits"
         );
-        let e = e.clone();
-        self.lanes[e.lane.index()].running_tasks += 1;
+        let lane = e.lane;
+        self.lanes[lane.index()].running_tasks += 1;
+    }
+
+    /// What the shell is told of the task in `entry`, which has just started.
+    fn dispatch_of(&self, entry: u32) -> Dispatch {
+        let e = self.tasks.at(entry);
         Dispatch {
-            task,
+            task: self.tasks.id_at(entry),
             tenant: self.tenants[e.tenant_slot as usize].id,
             user: self.users[e.user_slot as usize].id,
             lane: e.lane,
             band: e.band,
-            provider,
-            mode,
+            provider: e.provider.expect("a started task has its provider"),
+            mode: e.hold.expect("a started task holds its provider stage"),
             attempt_no: e.attempt_no,
             estimate: *self.estimates.get(e.estimate),
             policy_version: self.policy.version,
@@ -2050,7 +2058,7 @@ impl Shard {
         let mode = e.hold.expect("provider hold has a capacity mode");
         let provider = e.provider.expect("provider hold has a provider");
         let demand = self.provider_demand(&e, provider, mode);
-        self.ledger.release_needs(&demand.semaphores);
+        self.ledger.release_semaphores(&demand.semaphores);
         let units = self.estimates.get(e.estimate).slots.milli();
         self.release_owned(e.tenant_slot, e.user_slot, Hold::Running, units);
         self.lanes[e.lane.index()].running_tasks -= 1;
