@@ -28,7 +28,7 @@ pub(crate) trait LinksMut: Links {
     fn set_next(&mut self, slot: u32, next: u32);
 }
 
-/// In field order (`repr(C)`): an admission's append touches only the first 56 bytes (bands,
+/// In field order (`repr(C)`): an admission's append touches only the first 48 bytes (bands,
 /// counts, ring membership), so a queue that starts a cache line costs it one line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[repr(C)]
@@ -40,7 +40,6 @@ pub(crate) struct TenantQueue {
     pub in_ring: bool,
     /// The tenant is due a quantum on its next visit (its last turn ended for lack of credit).
     pub needs_quantum: bool,
-    units_milli: u64,
     /// The head (a task slot) the fit-scan has skipped, and how often; `NIL` when none. It is
     /// always a task of this queue: it is cleared when that task leaves.
     pub skipped_head: u32,
@@ -63,7 +62,6 @@ impl Default for TenantQueue {
             heads: [NIL; Band::COUNT],
             tails: [NIL; Band::COUNT],
             tasks: 0,
-            units_milli: 0,
             deficit: 0,
             debt: 0,
             needs_quantum: false,
@@ -83,11 +81,6 @@ impl TenantQueue {
         u64::from(self.tasks)
     }
 
-    #[cfg(test)]
-    pub fn units_milli(&self) -> u64 {
-        self.units_milli
-    }
-
     /// The first task of `band`, if any.
     pub fn head(&self, band: Band) -> Option<u32> {
         let head = self.heads[band.index()];
@@ -102,7 +95,7 @@ impl TenantQueue {
             tail => links.set_next(tail, slot),
         }
         self.tails[b] = slot;
-        self.count_in(links, slot);
+        self.count_in();
     }
 
     /// A task coming back (retry) keeps its place ahead of newer work in its band.
@@ -113,12 +106,11 @@ impl TenantQueue {
         if self.tails[b] == NIL {
             self.tails[b] = slot;
         }
-        self.count_in(links, slot);
+        self.count_in();
     }
 
-    fn count_in(&mut self, links: &impl LinksMut, slot: u32) {
+    fn count_in(&mut self) {
         self.tasks += 1;
-        self.units_milli += links.cost_milli(slot);
     }
 
     /// Removes `slot` from `band`, where it follows `prev` (`NIL` when it is the head).
@@ -144,7 +136,6 @@ impl TenantQueue {
         }
         links.set_next(slot, NIL);
         self.tasks -= 1;
-        self.units_milli -= links.cost_milli(slot);
     }
 
     /// Finds and removes `slot` (a cancel): O(band length), cancels are rare. Whether it was there.
@@ -201,19 +192,16 @@ impl TenantQueue {
 
     pub fn check_invariants(&self, links: &impl Links) {
         let mut tasks = 0u32;
-        let mut units = 0u64;
         for band in Band::ALL {
             let mut last = NIL;
             for slot in self.band(links, band) {
                 tasks += 1;
-                units += links.cost_milli(slot);
                 assert!(links.cost_milli(slot) > 0, "a queued task with zero cost");
                 last = slot;
             }
             assert_eq!(self.tails[band.index()], last, "band {band} tail drifted");
         }
         assert_eq!(tasks, self.tasks, "queued task count drifted");
-        assert_eq!(units, self.units_milli, "queued units drifted");
         assert!(
             self.skips == 0 || self.skipped_head != NIL,
             "skips counted without a skipped head"
@@ -304,7 +292,7 @@ mod tests {
         assert!(q.remove_task(&mut t, Band::P3, 1), "a middle task");
         assert!(!q.remove_task(&mut t, Band::P3, 1), "already gone");
         assert_eq!(order(&q, &t), [0, 4]);
-        assert_eq!((q.tasks(), q.units_milli()), (2, 2000));
+        assert_eq!(q.tasks(), 2);
         q.check_invariants(&t);
     }
 }
