@@ -28,18 +28,19 @@ pub(crate) trait LinksMut: Links {
     fn set_next(&mut self, slot: u32, next: u32);
 }
 
-/// In field order (`repr(C)`): an admission's append touches only the first 48 bytes (bands,
-/// counts, ring membership), so a queue that starts a cache line costs it one line.
+/// In field order (`repr(C)`): an append behind a queued task touches only the first 26 bytes
+/// (the band's tail, the count, ring membership) — the heads only when its band was empty — so
+/// a tenant's record can keep them on the line its admission reads anyway.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[repr(C)]
 pub(crate) struct TenantQueue {
-    heads: [u32; Band::COUNT],
     tails: [u32; Band::COUNT],
     tasks: u32,
     /// Listed in its lane's DRR ring.
     pub in_ring: bool,
     /// The tenant is due a quantum on its next visit (its last turn ended for lack of credit).
     pub needs_quantum: bool,
+    heads: [u32; Band::COUNT],
     /// The head (a task slot) the fit-scan has skipped, and how often; `NIL` when none. It is
     /// always a task of this queue: it is cleared when that task leaves.
     pub skipped_head: u32,
@@ -51,9 +52,10 @@ pub(crate) struct TenantQueue {
 }
 
 impl TenantQueue {
-    /// Bytes from the start that an admission reads or writes (through `in_ring`, `push_back`).
+    /// Bytes from the start that an append behind a queued task reads or writes (through
+    /// `in_ring`, `push_back`).
     #[cfg(test)]
-    pub(crate) const APPEND_BYTES: usize = std::mem::offset_of!(TenantQueue, skipped_head);
+    pub(crate) const APPEND_BYTES: usize = std::mem::offset_of!(TenantQueue, needs_quantum) + 1;
 }
 
 impl Default for TenantQueue {

@@ -328,10 +328,12 @@ impl ClassSet {
 /// tenant reads a few adjacent lines found from one address (the full policy stays in
 /// `Policy::tenants`, read only when a user is first seen).
 ///
-/// The fields are in cache-line order (`repr(C)`, five lines): an admission reads lines 0–2 and
-/// nothing else of the record — line 0 its submit bucket and gates, line 1 the policy flags, its
-/// budget and home lane, line 2 the part of its home queue an append touches — while the pick
-/// reads lines 1–4 (weight, queue, cost bucket, running limits). A test pins the offsets.
+/// The fields are in cache-line order (`repr(C)`, five lines): an admission reads lines 0–1 and
+/// nothing else of the record — line 0 its submit bucket and gates, line 1 the policy flags, the
+/// room left in its budget, and the front of its home queue (the tails an append writes behind)
+/// — unless it is rejected (the keys name its id, line 2) or opens a band (the heads, lines
+/// 1–2). The pick reads lines 1–4 (weight, queue, cost bucket, running limits). A test pins
+/// the offsets.
 #[derive(Debug, Clone)]
 #[repr(C, align(64))]
 struct TenantRt {
@@ -339,27 +341,59 @@ struct TenantRt {
     submit_rate: SubmitBucket,
     gates: OwnedPair,
     // line 1
+    weight: u32,
+    /// `TenantPolicy::max_wait_ms`, at most `u32::MAX` (which stands for no bound): see
+    /// [`TenantRt::max_wait_ms`].
+    max_wait_ms: u32,
+    /// Its budget less what its live tasks reserved (`cost_quota_milli` − reserved): negative
+    /// when a lowered budget is below what is already reserved.
+    cost_room_milli: i64,
+    /// `cost_per_minute`'s burst, here for admission (a task costing more can never run).
+    cost_burst_milli: u64,
     lane: Lane,
     base_band: Band,
     wait_overflow: WaitOverflow,
     classes: ClassSet,
     /// The lane its standard work went to when it was first seen: its queue there is inline.
     home_lane: Lane,
-    weight: u32,
-    max_wait_ms: u64,
-    cost_quota_milli: u64,
-    cost_reserved_milli: u64,
-    /// `cost_per_minute`'s burst, here for admission (a task costing more can never run).
-    cost_burst_milli: u64,
+    // line 1 from byte 32, into line 2
+    home: TenantQueue,
+    // line 2
     /// Its queues in every other lane (expensive work, best-effort overflow, a changed lane),
     /// made when first needed.
     away: Option<Box<[TenantQueue; Lane::COUNT]>>,
     id: TenantId,
-    // lines 2–3
-    home: TenantQueue,
+    /// Its budget (`TenantPolicy::cost_quota_milli`), at most `i64::MAX`.
+    cost_quota_milli: i64,
+    // line 3
     cost_per_minute: TokenBucket,
     // line 4
-    running: OwnedPair,
+    running: OwnLine<OwnedPair>,
+}
+
+/// A value that starts a cache line of its own (a tenant's running pair, which only the pick
+/// reads, after a cost bucket that leaves a line part empty).
+#[derive(Debug, Clone)]
+#[repr(align(64))]
+struct OwnLine<T>(T);
+
+impl<T> std::ops::Deref for OwnLine<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T> std::ops::DerefMut for OwnLine<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.0
+    }
+}
+
+/// A tenant's budget as the record keeps it: at most `i64::MAX` milli (more is no bound in
+/// practice), so that the room left can go below zero when a budget is lowered.
+fn quota_milli(policy: &TenantPolicy) -> i64 {
+    i64::try_from(policy.cost_quota_milli).unwrap_or(i64::MAX)
 }
 
 impl TenantRt {
@@ -367,21 +401,24 @@ impl TenantRt {
         TenantRt {
             submit_rate: SubmitBucket::new(policy.submit_rate, Time::ZERO),
             gates: OwnedPair::new((policy.queued_tasks_max, policy.queued_units_max)),
+            weight: policy.weight,
+            max_wait_ms: u32::try_from(policy.max_wait_ms).unwrap_or(u32::MAX),
+            cost_room_milli: quota_milli(policy),
+            cost_burst_milli: policy.cost_per_minute.burst,
             lane: policy.lane,
             base_band: policy.base_band,
             wait_overflow: policy.wait_overflow,
             classes: ClassSet::of(&policy.allowed_classes),
             home_lane: policy.lane,
-            weight: policy.weight,
-            max_wait_ms: policy.max_wait_ms,
-            cost_quota_milli: policy.cost_quota_milli,
-            cost_reserved_milli: 0,
-            cost_burst_milli: policy.cost_per_minute.burst,
+            home: TenantQueue::default(),
             away: None,
             id,
-            home: TenantQueue::default(),
+            cost_quota_milli: quota_milli(policy),
             cost_per_minute: TokenBucket::new(policy.cost_per_minute, Time::ZERO),
-            running: OwnedPair::new((policy.running_tasks_max, policy.running_units_max)),
+            running: OwnLine(OwnedPair::new((
+                policy.running_tasks_max,
+                policy.running_units_max,
+            ))),
         }
     }
 
@@ -412,8 +449,10 @@ impl TenantRt {
         self.base_band = policy.base_band;
         self.wait_overflow = policy.wait_overflow;
         self.classes = ClassSet::of(&policy.allowed_classes);
-        self.max_wait_ms = policy.max_wait_ms;
-        self.cost_quota_milli = policy.cost_quota_milli;
+        self.max_wait_ms = u32::try_from(policy.max_wait_ms).unwrap_or(u32::MAX);
+        let reserved = self.cost_reserved_milli();
+        self.cost_quota_milli = quota_milli(policy);
+        self.cost_room_milli = self.cost_quota_milli - reserved as i64;
         self.submit_rate.set_rate(policy.submit_rate, now);
         self.gates
             .set_capacity(policy.queued_tasks_max, policy.queued_units_max);
@@ -421,6 +460,24 @@ impl TenantRt {
             .set_capacity(policy.running_tasks_max, policy.running_units_max);
         self.cost_per_minute.set_rate(policy.cost_per_minute, now);
         self.cost_burst_milli = policy.cost_per_minute.burst;
+    }
+
+    /// The longest expected wait it accepts; `u64::MAX` for none.
+    fn max_wait_ms(&self) -> u64 {
+        match self.max_wait_ms {
+            u32::MAX => u64::MAX,
+            ms => u64::from(ms),
+        }
+    }
+
+    /// What its live tasks reserved of its budget.
+    fn cost_reserved_milli(&self) -> u64 {
+        (self.cost_quota_milli - self.cost_room_milli) as u64
+    }
+
+    /// `cost_milli` more reserved by its live tasks.
+    fn reserve_cost(&mut self, cost_milli: u64) {
+        self.cost_room_milli -= cost_milli as i64;
     }
 
     fn queue(&self, lane: Lane) -> Option<&TenantQueue> {
@@ -1100,9 +1157,7 @@ impl Shard {
             return Err(reject(Decision::RejectUserRateLimit, reason, lane));
         }
         let tenant = &self.tenants[slot as usize];
-        let remaining = tenant
-            .cost_quota_milli
-            .saturating_sub(tenant.cost_reserved_milli);
+        let remaining = tenant.cost_room_milli.max(0) as u64;
         if est.cost_milli > remaining || est.cost_milli > tenant.cost_burst_milli {
             let reason = RejectReason::CostQuota {
                 needed_milli: est.cost_milli,
@@ -1110,7 +1165,7 @@ impl Shard {
             };
             return Err(reject(Decision::RejectCostBudget, reason, lane));
         }
-        let (max_wait_ms, overflow) = (tenant.max_wait_ms, tenant.wait_overflow);
+        let (max_wait_ms, overflow) = (tenant.max_wait_ms(), tenant.wait_overflow);
         let mut wait_ms = self.expected_wait_ms(lane, now);
         if wait_ms > max_wait_ms {
             let overflow_to_be = overflow == WaitOverflow::BestEffort
@@ -1151,7 +1206,7 @@ impl Shard {
             .state
             .transition(TaskState::Queued, Actor::System)
             .expect("CREATED → QUEUED");
-        self.tenants[slot as usize].cost_reserved_milli += est.cost_milli;
+        self.tenants[slot as usize].reserve_cost(est.cost_milli);
         let entry = self.tasks.insert(req.task, entry, TaskCold::default());
         self.enqueue(slot, lane, band, entry, End::Back);
         let decision = if lane == Lane::BestEffort {
@@ -1241,7 +1296,8 @@ impl Shard {
             place: Place::Band,
         };
         self.force_gates(&entry);
-        self.tenants[slot as usize].cost_reserved_milli += self.estimates.get(estimate).cost_milli;
+        let cost = self.estimates.get(estimate).cost_milli;
+        self.tenants[slot as usize].reserve_cost(cost);
         let entry_slot = self.tasks.insert(req.task, entry, TaskCold::default());
         self.enqueue(slot, restore.lane, restore.band, entry_slot, End::Back);
         self.stats.restored += 1;
@@ -1304,7 +1360,8 @@ impl Shard {
             self.over_capacity += 1;
         }
         self.lanes[r.lane.index()].running_tasks += 1;
-        self.tenants[slot as usize].cost_reserved_milli += self.estimates.get(estimate).cost_milli;
+        let cost = self.estimates.get(estimate).cost_milli;
+        self.tenants[slot as usize].reserve_cost(cost);
         let cold = TaskCold {
             fencing: Some(r.token),
             over_capacity: !fits,
@@ -2463,7 +2520,7 @@ impl Shard {
             e.state.state
         );
         let cost = self.estimates.get(e.estimate).cost_milli;
-        self.tenants[e.tenant_slot as usize].cost_reserved_milli -= cost;
+        self.tenants[e.tenant_slot as usize].cost_room_milli += cost as i64;
         self.estimates.release(e.estimate);
     }
 
@@ -2587,7 +2644,8 @@ impl Shard {
                 t.id
             );
             assert_eq!(
-                t.cost_reserved_milli, reserved[slot],
+                t.cost_reserved_milli(),
+                reserved[slot],
                 "tenant {} cost reservation drifted",
                 t.id
             );
@@ -2692,23 +2750,21 @@ mod tests {
         let admission = [
             offset_of!(TenantRt, submit_rate),
             offset_of!(TenantRt, submit_rate) + size_of::<SubmitBucket>() - 1,
+            offset_of!(TenantRt, gates),
+            offset_of!(TenantRt, weight),
+            offset_of!(TenantRt, max_wait_ms),
+            offset_of!(TenantRt, cost_room_milli),
+            offset_of!(TenantRt, cost_burst_milli),
             offset_of!(TenantRt, lane),
             offset_of!(TenantRt, base_band),
             offset_of!(TenantRt, wait_overflow),
             offset_of!(TenantRt, classes),
-            offset_of!(TenantRt, max_wait_ms),
-            offset_of!(TenantRt, gates),
-            offset_of!(TenantRt, cost_quota_milli),
-            offset_of!(TenantRt, cost_reserved_milli),
-            offset_of!(TenantRt, cost_burst_milli),
             offset_of!(TenantRt, home_lane),
             offset_of!(TenantRt, home) + TenantQueue::APPEND_BYTES - 1,
         ];
         for offset in admission {
-            assert!(line_of(offset) <= 2, "admission field at {offset}");
+            assert!(line_of(offset) <= 1, "admission field at {offset}");
         }
-        assert_eq!(offset_of!(TenantRt, home) % LINE, 0);
-        assert_eq!(line_of(offset_of!(TenantRt, weight)), 1);
         let cost = offset_of!(TenantRt, cost_per_minute);
         assert_eq!(
             (line_of(cost), line_of(cost + size_of::<TokenBucket>() - 1)),
