@@ -1,0 +1,421 @@
+//! Admission: a submit priced, checked against every limit in order and queued, or rejected
+//! with its reason; restored and resumed tasks; policy changes; first sight of a tenant or user.
+
+use super::*;
+
+impl Shard {
+    /// The server's price of a spec, from the model's capability row, interned with one more
+    /// holder: every path that does not keep the task releases it.
+    fn intern(&mut self, spec: &TaskSpec) -> Result<EstimateRef, SubmitError> {
+        let model =
+            self.policy
+                .models
+                .get(spec.model.0 as usize)
+                .ok_or(SubmitError::InvalidSpec(
+                    crate::cost::CostError::UnknownModel(spec.model),
+                ))?;
+        let bases = &self.policy.cost_bases;
+        self.estimates
+            .acquire(spec, || estimate(spec, model, bases))
+            .map_err(SubmitError::InvalidSpec)
+    }
+
+    /// Decides on a submit. `Ok` carries every decision, accept or reject; `Err` is a request the
+    /// core cannot decide on.
+    pub fn handle_submit(
+        &mut self,
+        now: Time,
+        req: SubmitRequest,
+    ) -> Result<Admission, SubmitError> {
+        let slot = self.ensure_tenant(req.tenant)?;
+        let estimate = self.intern(&req.spec)?;
+        if self.tasks.contains_key(&req.task) {
+            self.estimates.release(estimate);
+            return Err(SubmitError::DuplicateTask(req.task));
+        }
+        match self.admit(now, &req, slot, estimate) {
+            Ok(accepted) => {
+                self.stats.admitted += 1;
+                Ok(accepted)
+            }
+            Err(rejected) => {
+                self.estimates.release(estimate);
+                self.stats.rejected += 1;
+                Ok(rejected)
+            }
+        }
+    }
+
+    /// Admission proper: every check in order, then the queue. `Err` is the rejection.
+    fn admit(
+        &mut self,
+        now: Time,
+        req: &SubmitRequest,
+        slot: u32,
+        estimate: EstimateRef,
+    ) -> Result<Admission, Admission> {
+        let est = *self.estimates.get(estimate);
+        let tenant = &self.tenants[slot as usize];
+        let band = tenant.band_for(req.band_hint);
+        let mut lane = tenant.lane_for(est.class);
+        let reject = |decision, reason, lane| Admission {
+            task: req.task,
+            decision,
+            reason: Some(reason),
+            lane,
+            band,
+            estimate: est,
+            estimated_start_at: None,
+            queue_level: None,
+        };
+        if self.tasks.len() >= TASKS_MAX || self.users.len() >= USERS_MAX {
+            let reason = RejectReason::ShardFull;
+            return Err(reject(Decision::RejectPlatformOverloaded, reason, lane));
+        }
+        if !tenant.classes.contains(est.class) {
+            let reason = RejectReason::ClassNotAllowed(est.class);
+            return Err(reject(Decision::RejectResourceClassDisabled, reason, lane));
+        }
+        if !self.policy.lane(lane).open {
+            let reason = RejectReason::LaneClosed(lane);
+            return Err(reject(Decision::RejectResourceClassDisabled, reason, lane));
+        }
+        let user_slot = self.ensure_user(req.user, slot);
+        // Rate buckets first: a flood of requests spends tokens even when rejected later.
+        if let Err(key) = self.take_submit_tokens(slot, user_slot, now) {
+            let reason = RejectReason::Limit(key);
+            return Err(reject(Decision::RejectUserRateLimit, reason, lane));
+        }
+        let tenant = &self.tenants[slot as usize];
+        let remaining = tenant.cost_room_milli.max(0) as u64;
+        if est.cost_milli > remaining || est.cost_milli > tenant.cost_burst_milli {
+            let reason = RejectReason::CostQuota {
+                needed_milli: est.cost_milli,
+                remaining_milli: remaining,
+            };
+            return Err(reject(Decision::RejectCostBudget, reason, lane));
+        }
+        let (max_wait_ms, overflow) = (tenant.max_wait_ms(), tenant.wait_overflow);
+        let mut wait_ms = self.expected_wait_ms(lane, now);
+        if wait_ms > max_wait_ms {
+            let overflow_to_be = overflow == WaitOverflow::BestEffort
+                && self.policy.lane(Lane::BestEffort).open
+                && lane != Lane::BestEffort;
+            if !overflow_to_be {
+                let reason = RejectReason::ExpectedWait {
+                    wait_ms,
+                    max_ms: max_wait_ms,
+                };
+                return Err(reject(Decision::RejectExpectedWaitTooLong, reason, lane));
+            }
+            lane = Lane::BestEffort;
+            wait_ms = self.expected_wait_ms(lane, now);
+        }
+        let mut entry = TaskEntry {
+            enqueued_at: now,
+            deadline: req.deadline.unwrap_or(NO_DEADLINE),
+            tenant_slot: slot,
+            user_slot,
+            estimate,
+            state: Versioned::new(TaskState::Created),
+            attempt_no: 0,
+            provider: None,
+            hold: None,
+            lane,
+            band,
+            place: Place::Band,
+        };
+        if let Err(key) = self.take_gates(&entry) {
+            let decision = match key.scope() {
+                Scope::Shard => Decision::RejectTenantQueueFull,
+                Scope::Node => Decision::RejectPlatformOverloaded,
+            };
+            return Err(reject(decision, RejectReason::Limit(key), lane));
+        }
+        entry
+            .state
+            .transition(TaskState::Queued, Actor::System)
+            .expect("CREATED → QUEUED");
+        self.tenants[slot as usize].reserve_cost(est.cost_milli);
+        let entry = self.tasks.insert(req.task, entry, TaskCold::default());
+        self.enqueue(slot, lane, band, entry, End::Back);
+        let decision = if lane == Lane::BestEffort {
+            Decision::AcceptedBestEffort
+        } else {
+            Decision::Accepted
+        };
+        Ok(Admission {
+            task: req.task,
+            decision,
+            reason: None,
+            lane,
+            band,
+            estimate: est,
+            estimated_start_at: Some(now.plus_ns(wait_ms * NANOS_PER_MS)),
+            queue_level: Some(QueueLevel::from_wait_ms(wait_ms)),
+        })
+    }
+
+    /// One submit token from the tenant's and then the user's bucket, both or neither.
+    fn take_submit_tokens(
+        &mut self,
+        tenant_slot: u32,
+        user_slot: u32,
+        now: Time,
+    ) -> Result<(), LimitKey> {
+        let tenant = &mut self.tenants[tenant_slot as usize];
+        if !tenant.submit_rate.try_take_one(now) {
+            return Err(LimitKey::TenantSubmitRate(tenant.id));
+        }
+        let user = &mut self.users[user_slot as usize];
+        if !user.submit_rate.try_take_one(now) {
+            let key = LimitKey::UserSubmitRate(user.id);
+            tenant.submit_rate.refund_one();
+            return Err(key);
+        }
+        Ok(())
+    }
+
+    /// What a task put back from PostgreSQL needs first: its tenant's and user's slots and its
+    /// interned estimate; refused for a task the shard already has, or one whose `attempts`
+    /// (those it had, and the one it may be about to have) pass `ATTEMPTS_MAX`.
+    fn take_back(
+        &mut self,
+        req: &SubmitRequest,
+        attempts: u32,
+    ) -> Result<(u32, u32, EstimateRef), SubmitError> {
+        if attempts > ATTEMPTS_MAX {
+            return Err(SubmitError::AttemptsExhausted(req.task, attempts));
+        }
+        let slot = self.ensure_tenant(req.tenant)?;
+        let estimate = self.intern(&req.spec)?;
+        if self.tasks.contains_key(&req.task) {
+            self.estimates.release(estimate);
+            return Err(SubmitError::DuplicateTask(req.task));
+        }
+        Ok((slot, self.ensure_user(req.user, slot), estimate))
+    }
+
+    /// Puts back a task that PostgreSQL holds as QUEUED (after a restart or a partition
+    /// takeover). It was admitted before, so no admission check can refuse it now: its queue
+    /// gates are taken by force, like a retry's. Its lane and band are the stored ones.
+    pub fn handle_restore(
+        &mut self,
+        now: Time,
+        restore: RestoreRequest,
+    ) -> Result<(), SubmitError> {
+        let req = restore.submit;
+        let (slot, user_slot, estimate) =
+            self.take_back(&req, restore.attempts_before.saturating_add(1))?;
+        let mut state = Versioned::new(TaskState::Created);
+        state
+            .transition(TaskState::Queued, Actor::System)
+            .expect("CREATED → QUEUED");
+        let entry = TaskEntry {
+            enqueued_at: now,
+            deadline: req.deadline.unwrap_or(NO_DEADLINE),
+            tenant_slot: slot,
+            user_slot,
+            estimate,
+            state,
+            attempt_no: restore.attempts_before,
+            provider: None,
+            hold: None,
+            lane: restore.lane,
+            band: restore.band,
+            place: Place::Band,
+        };
+        self.force_gates(&entry);
+        let cost = self.estimates.get(estimate).cost_milli;
+        self.tenants[slot as usize].reserve_cost(cost);
+        let entry_slot = self.tasks.insert(req.task, entry, TaskCold::default());
+        self.enqueue(slot, restore.lane, restore.band, entry_slot, End::Back);
+        self.stats.restored += 1;
+        Ok(())
+    }
+
+    /// Puts back a live attempt (after a restart or a partition takeover): its provider stage
+    /// is held again, as it was when the attempt was claimed, and its fencing token is the
+    /// stored one, so the shell can follow the provider's job instead of submitting it anew.
+    ///
+    /// Its semaphores and running limits are taken like a dispatch's when they fit. They may
+    /// not: the shard's part of a node limit can be smaller now than what the resumed work of
+    /// its tenants holds (the parts are re-split as the shards publish their use), or the
+    /// policy lowered a limit. The job runs at the provider regardless, and PostgreSQL counted
+    /// it within the node-wide limit when it was claimed, so it is then held past the capacity:
+    /// nothing new fits there until it ends. Rate and cost tokens were spent when the attempt
+    /// was claimed and are not taken again. Returns the estimate the attempt holds.
+    pub fn handle_resume(
+        &mut self,
+        now: Time,
+        r: ResumeRequest,
+    ) -> Result<CostEstimate, SubmitError> {
+        let req = r.submit;
+        if r.provider.0 as usize >= self.policy.providers.len() {
+            return Err(SubmitError::UnknownProvider(r.provider));
+        }
+        if !matches!(r.state, TaskState::SubmitUnknown | TaskState::Running) {
+            return Err(SubmitError::NotResumable(req.task, r.state));
+        }
+        let (slot, user_slot, estimate) = self.take_back(&req, r.attempt_no)?;
+        let mut state = Versioned::new(TaskState::Created);
+        for to in [TaskState::Queued, TaskState::Dispatching, r.state] {
+            state
+                .transition(to, Actor::System)
+                .expect("CREATED → QUEUED → DISPATCHING → SUBMIT_UNKNOWN | RUNNING");
+        }
+        let entry = TaskEntry {
+            enqueued_at: now,
+            deadline: req.deadline.unwrap_or(NO_DEADLINE),
+            tenant_slot: slot,
+            user_slot,
+            estimate,
+            state,
+            attempt_no: r.attempt_no,
+            provider: Some(r.provider),
+            hold: Some(CapacityMode::Normal),
+            lane: r.lane,
+            band: r.band,
+            place: Place::Provider,
+        };
+        let demand = self.provider_demand(&entry, r.provider, CapacityMode::Normal);
+        let units = self.estimates.get(estimate).slots.milli();
+        let fits = self
+            .take_running(slot, user_slot, &demand.semaphores, units)
+            .is_ok();
+        if !fits {
+            self.ledger.force_acquire_running(&demand.semaphores);
+            self.tenants[slot as usize].running.force(units);
+            self.users[user_slot as usize].running.force(units);
+            self.over_capacity += 1;
+        }
+        self.lanes[r.lane.index()].running_tasks += 1;
+        let cost = self.estimates.get(estimate).cost_milli;
+        self.tenants[slot as usize].reserve_cost(cost);
+        let cold = TaskCold {
+            fencing: Some(r.token),
+            over_capacity: !fits,
+            ..TaskCold::default()
+        };
+        self.tasks.insert(req.task, entry, cold);
+        self.stats.resumed += 1;
+        Ok(*self.estimates.get(estimate))
+    }
+
+    /// Queued units ahead in the lane over its measured service rate (seed 000 §18.11.3).
+    fn expected_wait_ms(&mut self, lane: Lane, now: Time) -> u64 {
+        self.roll_rate(lane, now);
+        let rt = &self.lanes[lane.index()];
+        let rate = rt.rate_milli_per_s.max(1);
+        rt.queued_units_milli.saturating_mul(1000) / rate
+    }
+
+    pub(super) fn roll_rate(&mut self, lane: Lane, now: Time) {
+        let rt = &mut self.lanes[lane.index()];
+        let elapsed = now.since(rt.rate_bucket_start);
+        if elapsed < RATE_BUCKET_NS {
+            return;
+        }
+        let buckets = elapsed / RATE_BUCKET_NS;
+        // Idle lanes keep their rate: no work running is not a slow lane.
+        if rt.running_tasks > 0 || rt.rate_bucket_milli > 0 {
+            let sample = rt.rate_bucket_milli * NANOS_PER_S / RATE_BUCKET_NS;
+            rt.rate_milli_per_s =
+                rt.rate_milli_per_s - rt.rate_milli_per_s / RATE_EWMA_DIV + sample / RATE_EWMA_DIV;
+            for _ in 1..buckets.min(16) {
+                if rt.running_tasks == 0 {
+                    break;
+                }
+                rt.rate_milli_per_s -= rt.rate_milli_per_s / RATE_EWMA_DIV;
+            }
+        }
+        rt.rate_bucket_milli = 0;
+        rt.rate_bucket_start = rt.rate_bucket_start.plus_ns(buckets * RATE_BUCKET_NS);
+    }
+
+    /// One object of a newer policy version, checked first ([`Policy::check`]; on an error
+    /// nothing changed). Queued and running tasks keep the lane, band and estimate they were
+    /// admitted with; what reads the policy at each decision (a lane closed or reweighted, retry
+    /// limits, a model's price for new tasks) follows at once. Node-wide capacities are the
+    /// shell's to re-split: see [`Shard::node_limits`].
+    pub fn apply_patch(&mut self, patch: PolicyPatch, now: Time) -> Result<(), PolicyError> {
+        self.policy.check(&patch)?;
+        match patch {
+            PolicyPatch::Tenant(tenant, policy) => self.set_tenant_policy(tenant, policy, now),
+            PolicyPatch::Model(m) => {
+                self.estimates.forget_model(m.id);
+                self.policy.apply(PolicyPatch::Model(m))?;
+            }
+            patch @ (PolicyPatch::Lane(..) | PolicyPatch::Provider(_)) => {
+                self.policy.apply(patch)?;
+                // A lane opened or reweighted may go on.
+                self.unstall_all();
+            }
+        }
+        Ok(())
+    }
+
+    /// The policy version new tasks are admitted under.
+    pub fn set_policy_version(&mut self, version: PolicyVersion) {
+        self.policy.version = version;
+    }
+
+    /// A tenant's policy changed (a newer policy version). Its limits and DRR weight apply from
+    /// now on; its queued and running tasks keep the lane, band and estimate they were admitted
+    /// with.
+    pub fn set_tenant_policy(&mut self, tenant: TenantId, policy: TenantPolicy, now: Time) {
+        let Some(&slot) = self.tenant_slots.get(&tenant) else {
+            self.policy.tenants.insert(tenant, policy);
+            return;
+        };
+        let t = &mut self.tenants[slot as usize];
+        let (old_w, new_w) = (u64::from(t.weight), u64::from(policy.weight));
+        for lane in Lane::ALL {
+            if t.queue(lane).is_some_and(|q| q.in_ring) {
+                let rt = &mut self.lanes[lane.index()];
+                rt.backlog_weight = rt.backlog_weight - old_w + new_w;
+            }
+        }
+        t.set_policy(&policy, now);
+        self.policy.tenants.insert(tenant, policy);
+        // More room may let a stalled lane go on.
+        self.unstall_all();
+    }
+
+    fn ensure_tenant(&mut self, tenant: TenantId) -> Result<u32, SubmitError> {
+        if let Some(&slot) = self.tenant_slots.get(&tenant) {
+            return Ok(slot);
+        }
+        let policy = self
+            .policy
+            .tenants
+            .get(&tenant)
+            .ok_or(SubmitError::UnknownTenant(tenant))?;
+        assert!(
+            self.tenants.len() < TENANTS_MAX,
+            "more tenants than TENANTS_MAX in one shard"
+        );
+        let slot = self.tenants.len() as u32;
+        self.tenants.push(TenantRt::new(tenant, policy));
+        self.tenant_slots.insert(tenant, slot);
+        Ok(slot)
+    }
+
+    fn ensure_user(&mut self, user: UserId, tenant_slot: u32) -> u32 {
+        if let Some(&slot) = self.user_slots.get(&user) {
+            return slot;
+        }
+        let tenant = self.tenants[tenant_slot as usize].id;
+        let p = &self.policy.tenants[&tenant].user;
+        let record = UserRt {
+            submit_rate: SubmitBucket::new(p.submit_rate, Time::ZERO),
+            gates: OwnedPair::new((p.queued_tasks_max, p.queued_units_max)),
+            running: OwnedPair::new((p.running_tasks_max, p.running_units_max)),
+            id: user,
+        };
+        let slot = u32::try_from(self.users.len()).expect("users bounded by USERS_MAX");
+        self.users.push(record);
+        self.user_slots.insert(user, slot);
+        slot
+    }
+}

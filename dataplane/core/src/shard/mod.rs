@@ -1,0 +1,1090 @@
+//! One shard's scheduler: admission, lanes, per-lane DRR over active tenants, bands with aging,
+//! the fit-scan, multi-dimensional try-acquire, retries and the media stage queue.
+//!
+//! The shard owns its tenants' queues and its share of node-wide limits. It never blocks: a task
+//! that cannot acquire is skipped and the scan goes on (003 "tryTake must not block"), and every
+//! `poll_dispatch` does a bounded amount of work.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+use std::fmt;
+
+use crate::admission::{Admission, Decision, QueueLevel, RejectReason, SubmitError};
+use crate::cost::{estimate, CostEstimate, ResourceClass, TaskSpec};
+use crate::estimates::{EstimateRef, Estimates};
+use crate::hash::RunMap;
+use crate::ids::{Band, FencingToken, Lane, PolicyVersion, ProviderId, TaskId, TenantId, UserId};
+use crate::ledger::{
+    Demand, Ledger, LimitId, LimitKey, Need, Scope, Semaphore, SubmitBucket, TokenBucket,
+};
+use crate::limits::{
+    ATTEMPTS_MAX, DELAYED_MAX, FIT_SCAN_MAX, MEDIA_QUEUE_MAX, TASKS_MAX, TENANTS_MAX,
+    TENANT_VISITS_PER_POLL_MAX, USERS_MAX,
+};
+use crate::policy::{Policy, PolicyError, PolicyPatch, RateSpec, TenantPolicy, WaitOverflow};
+use crate::queue::{Links, LinksMut, TenantQueue, NIL};
+use crate::share::{split, ShardLoad};
+use crate::state::{Actor, TaskState, TransitionError, Versioned};
+use crate::table::TaskTable;
+use crate::time::{Time, NANOS_PER_MS, NANOS_PER_S};
+use crate::units::Units;
+
+/// A lane whose every tenant was blocked is not rescanned until something is released, capacity
+/// changes, work arrives, or this much time passes (token buckets refill on their own).
+pub const STALL_RETRY_NS: u64 = 50 * NANOS_PER_MS;
+/// Service-rate measurement: completions are summed per bucket, then folded into an EWMA.
+const RATE_BUCKET_NS: u64 = 5 * NANOS_PER_S;
+/// EWMA weight of the newest bucket, as 1/RATE_EWMA_DIV.
+const RATE_EWMA_DIV: u64 = 4;
+
+/// How a dispatched task holds lane capacity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum CapacityMode {
+    Normal,
+    /// Runs on another lane's idle capacity; never pre-empted, but no new borrowing once that
+    /// lane's own work returns.
+    Borrowed(Lane),
+}
+
+/// A task picked to run: reservations are held in the shard; the shell claims it in PostgreSQL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dispatch {
+    pub task: TaskId,
+    pub tenant: TenantId,
+    pub user: UserId,
+    pub lane: Lane,
+    pub band: Band,
+    pub provider: ProviderId,
+    pub mode: CapacityMode,
+    pub attempt_no: u32,
+    pub estimate: CostEstimate,
+    pub policy_version: PolicyVersion,
+}
+
+/// A task that may start its media stage: media slots are held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MediaStart {
+    pub task: TaskId,
+    pub tenant: TenantId,
+    pub estimate: CostEstimate,
+}
+
+/// The next output of `poll_dispatch`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Poll {
+    Dispatch(Dispatch),
+    /// A queued task passed its deadline and is now EXPIRED.
+    Expired(TaskId),
+    /// The per-call work bound was reached; call again.
+    Yield,
+    /// Nothing can be dispatched until an input arrives or `poll_timeout` passes.
+    Idle,
+}
+
+/// How a provider attempt ended without success.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// A rate-limit answer: the request was provably not accepted.
+    RateLimited,
+    /// A transient failure that a later attempt may fix.
+    Retryable,
+    /// Auth, balance, invalid parameters, moderation: never retried.
+    NonRetryable,
+}
+
+/// What happened to a task after a failure report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailOutcome {
+    Requeued {
+        eligible_at: Time,
+    },
+    Failed,
+    /// The task had been canceled; its reservations are now released.
+    Canceled,
+}
+
+/// What the shell does after a granted claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// Submit the attempt to the provider.
+    Submit,
+    /// The task was canceled meanwhile; its reservation is released; submit nothing.
+    Canceled,
+}
+
+/// What a cancel did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelOutcome {
+    /// The task was waiting and is gone.
+    Canceled,
+    /// The task is CANCELED but holds reservations until its running step reports back.
+    CanceledPendingRelease,
+}
+
+/// What a completion report did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CompleteOutcome {
+    /// Provider stage done; queued for a media slot.
+    AwaitingMedia,
+    Succeeded,
+    Failed,
+    Canceled,
+}
+
+/// An input the shard refuses: the caller is out of date or wrong.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShardError {
+    UnknownTask(TaskId),
+    /// The fencing token is not the task's current one: a stale writer; nothing changed.
+    StaleFencing {
+        task: TaskId,
+        presented: FencingToken,
+        current: Option<FencingToken>,
+    },
+    Transition {
+        task: TaskId,
+        error: TransitionError,
+    },
+}
+
+impl fmt::Display for ShardError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ShardError::UnknownTask(t) => write!(f, "task {t} is not held by this shard"),
+            ShardError::StaleFencing { task, presented, current } => write!(
+                f,
+                "task {task}: fencing token {presented} is stale (current {current:?}); nothing changed"
+            ),
+            ShardError::Transition { task, error } => write!(f, "task {task}: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for ShardError {}
+
+/// A submit as the shell hands it over (already authenticated and parsed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SubmitRequest {
+    pub task: TaskId,
+    pub tenant: TenantId,
+    pub user: UserId,
+    pub spec: TaskSpec,
+    /// A client may ask for a *lower* band than its tenant's base; never a higher one.
+    pub band_hint: Option<Band>,
+    pub deadline: Option<Time>,
+}
+
+/// A task PostgreSQL holds as QUEUED, put back into a shard after a restart or takeover.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RestoreRequest {
+    pub submit: SubmitRequest,
+    /// Lane and band as admitted (stored with the task).
+    pub lane: Lane,
+    pub band: Band,
+    /// Attempts the task already had (a restored task's next claim is attempt + 1).
+    pub attempts_before: u32,
+}
+
+/// A task PostgreSQL holds in its provider stage with a live attempt (DISPATCHING,
+/// SUBMIT_UNKNOWN or RUNNING), put back after a restart or takeover so that the provider's job
+/// is followed to its end instead of being submitted again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResumeRequest {
+    pub submit: SubmitRequest,
+    pub lane: Lane,
+    pub band: Band,
+    /// The live attempt's number.
+    pub attempt_no: u32,
+    /// Where the attempt went (the stored provider account).
+    pub provider: ProviderId,
+    /// The live attempt's fencing token.
+    pub token: FencingToken,
+    /// SUBMIT_UNKNOWN (the provider may or may not have the job: DISPATCHING comes back as
+    /// this) or RUNNING (the provider accepted it).
+    pub state: TaskState,
+}
+
+/// Limit ids of node-wide keys; identical on every shard built from the same policy.
+#[derive(Debug, Clone)]
+struct NodeIds {
+    lane_queued_tasks: [LimitId; Lane::COUNT],
+    lane_queued_units: [LimitId; Lane::COUNT],
+    global_queued_tasks: LimitId,
+    global_queued_units: LimitId,
+    lane_units: [LimitId; Lane::COUNT],
+    enterprise_borrowed: LimitId,
+    lane_running_tasks: [LimitId; Lane::COUNT],
+    model_running: Vec<LimitId>,
+    model_running_units: Vec<LimitId>,
+    global_running_tasks: LimitId,
+    global_running_units: LimitId,
+    provider_concurrency: Vec<LimitId>,
+    provider_rpm: Vec<LimitId>,
+    high_cost: LimitId,
+    platform_cost: LimitId,
+    gpu_units: LimitId,
+    gpu_mem_mb: LimitId,
+    cpu_units: LimitId,
+    temp_disk_mb: LimitId,
+}
+
+/// A task count and units an owner — a tenant or a user — holds for itself: its queue gates or
+/// its running limits. Owners keep theirs inline in their records, where each pair sits in the
+/// cache line of the step that uses it (admission reads the gates, the pick the running pair),
+/// instead of among every other owner's limits in the ledger.
+#[derive(Debug, Clone, Copy)]
+#[repr(C)]
+struct OwnedPair {
+    tasks: Semaphore,
+    units: Semaphore,
+}
+
+/// Which of an owner's pairs a step holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Hold {
+    /// Queue gates, while the task waits in a band.
+    Queued,
+    /// Running limits, while the provider stage holds it.
+    Running,
+}
+
+impl OwnedPair {
+    fn new((tasks, units): (u64, Units)) -> OwnedPair {
+        OwnedPair {
+            tasks: Semaphore::new(tasks),
+            units: Semaphore::new(units.milli()),
+        }
+    }
+
+    fn set_capacity(&mut self, tasks: u64, units: Units) {
+        self.tasks.capacity = tasks;
+        self.units.capacity = units.milli();
+    }
+
+    fn used(&self) -> (u64, u64) {
+        (self.tasks.used, self.units.used)
+    }
+
+    /// Takes one task and `units`, both or neither; on refusal says which (0: tasks, 1: units).
+    fn try_take(&mut self, units: u64) -> Result<(), usize> {
+        if !self.tasks.try_take(1) {
+            return Err(0);
+        }
+        if !self.units.try_take(units) {
+            self.tasks.used -= 1;
+            return Err(1);
+        }
+        Ok(())
+    }
+
+    fn release(&mut self, units: u64, keys: [LimitKey; 2]) {
+        self.tasks.release(1, || keys[0]);
+        self.units.release(units, || keys[1]);
+    }
+
+    fn force(&mut self, units: u64) {
+        self.tasks.force(1);
+        self.units.force(units);
+    }
+
+    /// Running pairs never exceed capacity (gates may, through forced re-entry).
+    fn check_within(&self, keys: [LimitKey; 2]) {
+        assert!(
+            self.tasks.used <= self.tasks.capacity,
+            "{} above capacity",
+            keys[0]
+        );
+        assert!(
+            self.units.used <= self.units.capacity,
+            "{} above capacity",
+            keys[1]
+        );
+    }
+}
+
+/// Resource classes a tenant may submit, as a bit set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ClassSet(u8);
+
+impl ClassSet {
+    fn of(classes: &[ResourceClass]) -> ClassSet {
+        ClassSet(classes.iter().fold(0, |bits, &c| bits | ClassSet::bit(c)))
+    }
+
+    fn bit(class: ResourceClass) -> u8 {
+        match class {
+            ResourceClass::Standard => 1,
+            ResourceClass::Expensive => 2,
+        }
+    }
+
+    fn contains(self, class: ResourceClass) -> bool {
+        self.0 & ClassSet::bit(class) != 0
+    }
+}
+
+/// A tenant in this shard. What admission and the pick read sits here, inline — the policy
+/// fields they need, the tenant's own limits, its queue in its home lane — so that serving a
+/// tenant reads a few adjacent lines found from one address (the full policy stays in
+/// `Policy::tenants`, read only when a user is first seen).
+///
+/// The fields are in cache-line order (`repr(C)`, five lines): an admission reads lines 0–1 and
+/// nothing else of the record — line 0 its submit bucket and gates, line 1 the policy flags, the
+/// room left in its budget, and the front of its home queue (the tails an append writes behind)
+/// — unless it is rejected (the keys name its id, line 2) or opens a band (the heads, lines
+/// 1–2). The pick reads lines 1–4 (weight, queue, cost bucket, running limits). A test pins
+/// the offsets.
+#[derive(Debug, Clone)]
+#[repr(C, align(64))]
+struct TenantRt {
+    // line 0
+    submit_rate: SubmitBucket,
+    gates: OwnedPair,
+    // line 1
+    weight: u32,
+    /// `TenantPolicy::max_wait_ms`, at most `u32::MAX` (which stands for no bound): see
+    /// [`TenantRt::max_wait_ms`].
+    max_wait_ms: u32,
+    /// Its budget less what its live tasks reserved (`cost_quota_milli` − reserved): negative
+    /// when a lowered budget is below what is already reserved.
+    cost_room_milli: i64,
+    /// `cost_per_minute`'s burst, here for admission (a task costing more can never run).
+    cost_burst_milli: u64,
+    lane: Lane,
+    base_band: Band,
+    wait_overflow: WaitOverflow,
+    classes: ClassSet,
+    /// The lane its standard work went to when it was first seen: its queue there is inline.
+    home_lane: Lane,
+    // line 1 from byte 32, into line 2
+    home: TenantQueue,
+    // line 2
+    /// Its queues in every other lane (expensive work, best-effort overflow, a changed lane),
+    /// made when first needed.
+    away: Option<Box<[TenantQueue; Lane::COUNT]>>,
+    id: TenantId,
+    /// Its budget (`TenantPolicy::cost_quota_milli`), at most `i64::MAX`.
+    cost_quota_milli: i64,
+    // line 3
+    cost_per_minute: TokenBucket,
+    // line 4
+    running: OwnLine<OwnedPair>,
+}
+
+/// A value that starts a cache line of its own (a tenant's running pair, which only the pick
+/// reads, after a cost bucket that leaves a line part empty).
+#[derive(Debug, Clone)]
+#[repr(align(64))]
+struct OwnLine<T>(T);
+
+impl<T> std::ops::Deref for OwnLine<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<T> std::ops::DerefMut for OwnLine<T> {
+    fn deref_mut(&mut self) -> &mut T {
+        &mut self.0
+    }
+}
+
+/// A tenant's budget as the record keeps it: at most `i64::MAX` milli (more is no bound in
+/// practice), so that the room left can go below zero when a budget is lowered.
+fn quota_milli(policy: &TenantPolicy) -> i64 {
+    i64::try_from(policy.cost_quota_milli).unwrap_or(i64::MAX)
+}
+
+impl TenantRt {
+    fn new(id: TenantId, policy: &TenantPolicy) -> TenantRt {
+        TenantRt {
+            submit_rate: SubmitBucket::new(policy.submit_rate, Time::ZERO),
+            gates: OwnedPair::new((policy.queued_tasks_max, policy.queued_units_max)),
+            weight: policy.weight,
+            max_wait_ms: u32::try_from(policy.max_wait_ms).unwrap_or(u32::MAX),
+            cost_room_milli: quota_milli(policy),
+            cost_burst_milli: policy.cost_per_minute.burst,
+            lane: policy.lane,
+            base_band: policy.base_band,
+            wait_overflow: policy.wait_overflow,
+            classes: ClassSet::of(&policy.allowed_classes),
+            home_lane: policy.lane,
+            home: TenantQueue::default(),
+            away: None,
+            id,
+            cost_quota_milli: quota_milli(policy),
+            cost_per_minute: TokenBucket::new(policy.cost_per_minute, Time::ZERO),
+            running: OwnLine(OwnedPair::new((
+                policy.running_tasks_max,
+                policy.running_units_max,
+            ))),
+        }
+    }
+
+    fn pair_mut(&mut self, hold: Hold) -> &mut OwnedPair {
+        match hold {
+            Hold::Queued => &mut self.gates,
+            Hold::Running => &mut self.running,
+        }
+    }
+
+    /// The lane a task of `class` goes to (`TenantPolicy::lane_for`).
+    fn lane_for(&self, class: ResourceClass) -> Lane {
+        match class {
+            ResourceClass::Expensive => Lane::Expensive,
+            ResourceClass::Standard => self.lane,
+        }
+    }
+
+    /// The band a task starts in (`TenantPolicy::band_for`): a hint can only lower it.
+    fn band_for(&self, hint: Option<Band>) -> Band {
+        hint.map_or(self.base_band, |hint| hint.max(self.base_band))
+    }
+
+    /// Applies a changed policy to the hot fields and limits (queues keep their tasks).
+    fn set_policy(&mut self, policy: &TenantPolicy, now: Time) {
+        self.weight = policy.weight;
+        self.lane = policy.lane;
+        self.base_band = policy.base_band;
+        self.wait_overflow = policy.wait_overflow;
+        self.classes = ClassSet::of(&policy.allowed_classes);
+        self.max_wait_ms = u32::try_from(policy.max_wait_ms).unwrap_or(u32::MAX);
+        let reserved = self.cost_reserved_milli();
+        self.cost_quota_milli = quota_milli(policy);
+        self.cost_room_milli = self.cost_quota_milli - reserved as i64;
+        self.submit_rate.set_rate(policy.submit_rate, now);
+        self.gates
+            .set_capacity(policy.queued_tasks_max, policy.queued_units_max);
+        self.running
+            .set_capacity(policy.running_tasks_max, policy.running_units_max);
+        self.cost_per_minute.set_rate(policy.cost_per_minute, now);
+        self.cost_burst_milli = policy.cost_per_minute.burst;
+    }
+
+    /// The longest expected wait it accepts; `u64::MAX` for none.
+    fn max_wait_ms(&self) -> u64 {
+        match self.max_wait_ms {
+            u32::MAX => u64::MAX,
+            ms => u64::from(ms),
+        }
+    }
+
+    /// What its live tasks reserved of its budget.
+    fn cost_reserved_milli(&self) -> u64 {
+        (self.cost_quota_milli - self.cost_room_milli) as u64
+    }
+
+    /// `cost_milli` more reserved by its live tasks.
+    fn reserve_cost(&mut self, cost_milli: u64) {
+        self.cost_room_milli -= cost_milli as i64;
+    }
+
+    fn queue(&self, lane: Lane) -> Option<&TenantQueue> {
+        if lane == self.home_lane {
+            return Some(&self.home);
+        }
+        self.away.as_ref().map(|away| &away[lane.index()])
+    }
+
+    fn queue_mut(&mut self, lane: Lane) -> &mut TenantQueue {
+        if lane == self.home_lane {
+            return &mut self.home;
+        }
+        &mut self.away.get_or_insert_with(Default::default)[lane.index()]
+    }
+
+    /// Every queue the tenant has, with its lane.
+    fn queues(&self) -> impl Iterator<Item = (Lane, &TenantQueue)> {
+        let away = self.away.iter().flat_map(|away| {
+            Lane::ALL
+                .into_iter()
+                .filter(|&l| l != self.home_lane)
+                .map(|l| (l, &away[l.index()]))
+        });
+        std::iter::once((self.home_lane, &self.home)).chain(away)
+    }
+
+    fn keys(&self, hold: Hold) -> [LimitKey; 2] {
+        let t = self.id;
+        match hold {
+            Hold::Queued => [
+                LimitKey::TenantQueuedTasks(t),
+                LimitKey::TenantQueuedUnits(t),
+            ],
+            Hold::Running => [
+                LimitKey::TenantRunningTasks(t),
+                LimitKey::TenantRunningUnits(t),
+            ],
+        }
+    }
+}
+
+/// A user in this shard, with its own limits inline, in cache-line order (`repr(C)`, two
+/// lines): an admission reads line 0 (submit bucket and gates), the pick line 1 (running pair).
+#[derive(Debug, Clone)]
+#[repr(C, align(64))]
+struct UserRt {
+    submit_rate: SubmitBucket,
+    gates: OwnedPair,
+    running: OwnedPair,
+    id: UserId,
+}
+
+impl UserRt {
+    fn pair_mut(&mut self, hold: Hold) -> &mut OwnedPair {
+        match hold {
+            Hold::Queued => &mut self.gates,
+            Hold::Running => &mut self.running,
+        }
+    }
+
+    fn keys(&self, hold: Hold) -> [LimitKey; 2] {
+        let u = self.id;
+        match hold {
+            Hold::Queued => [LimitKey::UserQueuedTasks(u), LimitKey::UserQueuedUnits(u)],
+            Hold::Running => [LimitKey::UserRunningTasks(u), LimitKey::UserRunningUnits(u)],
+        }
+    }
+}
+
+/// Where a task is, besides its state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    /// In its band list; holds queue gates.
+    Band,
+    /// Waiting for `eligible_at` in the delay heap; holds nothing.
+    Delayed,
+    /// Holds the provider-stage reservation.
+    Provider,
+    /// Waiting in the media queue; holds nothing.
+    MediaQueue,
+    /// Holds media slots.
+    Media,
+}
+
+/// No deadline: the largest time.
+const NO_DEADLINE: Time = Time(u64::MAX);
+
+/// A task's hot part: everything admission and the pick read or write, in 56 bytes, so that with
+/// its id it fills one cache line of the task table.
+#[derive(Debug, Clone)]
+struct TaskEntry {
+    enqueued_at: Time,
+    /// `NO_DEADLINE` when it has none.
+    deadline: Time,
+    tenant_slot: u32,
+    user_slot: u32,
+    estimate: EstimateRef,
+    state: Versioned,
+    attempt_no: u32,
+    provider: Option<ProviderId>,
+    /// How the provider stage holds lane capacity, while it does (the lane key follows from it).
+    hold: Option<CapacityMode>,
+    lane: Lane,
+    band: Band,
+    place: Place,
+}
+
+/// A task's cold part: what only reports read and write.
+#[derive(Debug, Clone, Default)]
+struct TaskCold {
+    fencing: Option<FencingToken>,
+    retries: u32,
+    rate_limit_retries: u32,
+    /// A resumed attempt that did not fit the capacity it came back to (see
+    /// [`Shard::handle_resume`]): its provider stage was taken past the capacity.
+    over_capacity: bool,
+}
+
+type Tasks = TaskTable<TaskEntry, TaskCold>;
+
+/// The node limits of a task's provider stage, semaphores and buckets apart: the tenant's and
+/// user's own limits are taken between the two.
+struct StageNeeds {
+    semaphores: [Need; 9],
+    buckets: [Need; 2],
+}
+
+/// The band lists as the queues see them: links and enqueue times in the task table, costs in
+/// the interned estimates.
+struct Bands<'a, T> {
+    tasks: T,
+    estimates: &'a Estimates,
+}
+
+impl<T: std::ops::Deref<Target = Tasks>> Links for Bands<'_, T> {
+    #[inline]
+    fn next(&self, slot: u32) -> u32 {
+        self.tasks.link(slot)
+    }
+
+    fn enqueued_at(&self, slot: u32) -> Time {
+        self.tasks.at(slot).enqueued_at
+    }
+
+    #[inline]
+    fn cost_milli(&self, slot: u32) -> u64 {
+        self.estimates
+            .get(self.tasks.at(slot).estimate)
+            .fairness
+            .milli()
+    }
+}
+
+impl<T: std::ops::DerefMut<Target = Tasks>> LinksMut for Bands<'_, T> {
+    #[inline]
+    fn set_next(&mut self, slot: u32, next: u32) {
+        self.tasks.set_link(slot, next);
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+struct LaneRt {
+    ring: VecDeque<u32>,
+    backlog_weight: u64,
+    queued_tasks: u64,
+    queued_units_milli: u64,
+    running_tasks: u64,
+    swrr_current: i64,
+    blocked_streak: usize,
+    stalled_until: Option<Time>,
+    rate_milli_per_s: u64,
+    rate_bucket_start: Time,
+    rate_bucket_milli: u64,
+}
+
+enum TurnResult {
+    /// The task in this slot started (its `Dispatch` is built once, by `poll_dispatch`: a
+    /// 100-byte answer moved through every level of the turn cost ~80 instructions a pick).
+    Dispatched(u32),
+    Expired(TaskId),
+    OutOfCredit,
+    Blocked(Block),
+}
+
+/// Why a task could not start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Block {
+    /// Its tenant's or user's own running limits: the tenant cannot use its turn.
+    Tenant,
+    /// The lane pool is full: every task of the lane waits, so the tenant keeps its DRR turn and
+    /// the lane stalls until capacity returns (the head is never overtaken by other tenants).
+    LanePool,
+    /// A resource of this task's kind (provider, model, high-cost, cost budget) is exhausted;
+    /// other tenants' tasks may not need it.
+    Resource,
+}
+
+/// Counters a shell exports as metrics.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShardStats {
+    pub admitted: u64,
+    pub rejected: u64,
+    pub dispatched: u64,
+    pub borrowed_dispatches: u64,
+    pub fit_scan_skips: u64,
+    pub requeued: u64,
+    pub failed: u64,
+    pub succeeded: u64,
+    pub canceled: u64,
+    pub expired: u64,
+    /// Tasks put back from PostgreSQL by `handle_restore`.
+    pub restored: u64,
+    /// Live attempts put back by `handle_resume`.
+    pub resumed: u64,
+}
+
+/// One shard of the scheduling core.
+#[derive(Debug, Clone)]
+pub struct Shard {
+    policy: Policy,
+    ledger: Ledger,
+    node: NodeIds,
+    node_limit_ids: Vec<LimitId>,
+    tenants: Vec<TenantRt>,
+    tenant_slots: RunMap<TenantId, u32>,
+    users: Vec<UserRt>,
+    user_slots: RunMap<UserId, u32>,
+    tasks: Tasks,
+    estimates: Estimates,
+    lanes: [LaneRt; Lane::COUNT],
+    delayed: BinaryHeap<Reverse<(Time, TaskId)>>,
+    media_queue: VecDeque<TaskId>,
+    media_head_skips: u32,
+    stats: ShardStats,
+    /// Resumed attempts holding their provider stage past a capacity (until they release it,
+    /// new work cannot take what they hold above it, and the capacity checks of
+    /// `check_invariants` allow the excess).
+    over_capacity: u32,
+}
+
+const _: () = assert!(
+    std::mem::size_of::<TaskEntry>() <= 56,
+    "a task's hot part and its id fill one cache line"
+);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeCapacity {
+    Slots(u64),
+    Rate(RateSpec),
+}
+
+impl NodeCapacity {
+    /// What a split moves between shards: slots, or requests per minute.
+    pub fn units(self) -> u64 {
+        match self {
+            NodeCapacity::Slots(v) => v,
+            NodeCapacity::Rate(r) => r.per_minute,
+        }
+    }
+
+    /// The part of this capacity that holds `units` of its `units()` (a rate's burst in
+    /// proportion).
+    pub fn part(self, units: u64) -> NodeCapacity {
+        match self {
+            NodeCapacity::Slots(_) => NodeCapacity::Slots(units),
+            NodeCapacity::Rate(r) => NodeCapacity::Rate(RateSpec {
+                per_minute: units,
+                burst: (u128::from(r.burst) * u128::from(units))
+                    .checked_div(u128::from(r.per_minute))
+                    .map_or(0, |b| b as u64),
+            }),
+        }
+    }
+
+    /// Where each shard's part should go: slots by the split rule of [`crate::share`]; rates,
+    /// which nobody holds, in proportion to backlogged weight (evenly when nothing waits).
+    pub fn split_targets(self, loads: &[ShardLoad]) -> Vec<u64> {
+        match self {
+            NodeCapacity::Slots(total) => split(total, loads),
+            NodeCapacity::Rate(r) => {
+                let weights: u64 = loads.iter().map(|l| l.weight).sum();
+                let n = loads.len() as u64;
+                loads
+                    .iter()
+                    .map(|l| {
+                        let (w, total) = if weights == 0 {
+                            (1, n)
+                        } else {
+                            (l.weight, weights)
+                        };
+                        (u128::from(r.per_minute) * u128::from(w) / u128::from(total)) as u64
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
+/// The node-wide capacity `policy` gives `key`; `None` for shard-scoped keys.
+pub fn node_capacity(policy: &Policy, key: LimitKey) -> Option<NodeCapacity> {
+    let n = &policy.node;
+    let slots = |v: u64| Some(NodeCapacity::Slots(v));
+    match key {
+        LimitKey::LaneQueuedTasks(l) => slots(policy.lane(l).queued_tasks_max),
+        LimitKey::LaneQueuedUnits(l) => slots(policy.lane(l).queued_units_max.milli()),
+        LimitKey::GlobalQueuedTasks => slots(n.global_queued_tasks_max),
+        LimitKey::GlobalQueuedUnits => slots(n.global_queued_units_max.milli()),
+        LimitKey::LaneUnits(l) => slots(policy.lane(l).capacity.milli()),
+        LimitKey::EnterpriseBorrowed => slots(policy.reserve.borrow_limit.milli()),
+        LimitKey::ModelRunning(_) => slots(n.model_running_max),
+        LimitKey::LaneRunningTasks(l) => slots(policy.lane(l).running_tasks_max),
+        LimitKey::ModelRunningUnits(_) => slots(n.model_running_units_max.milli()),
+        LimitKey::GlobalRunningTasks => slots(n.global_running_tasks_max),
+        LimitKey::GlobalRunningUnits => slots(n.global_running_units_max.milli()),
+        LimitKey::ProviderConcurrency(p) => slots(policy.providers[p.0 as usize].concurrency),
+        LimitKey::ProviderRpm(p) => Some(NodeCapacity::Rate(policy.providers[p.0 as usize].rpm)),
+        LimitKey::HighCostConcurrency => slots(n.high_cost_concurrency),
+        LimitKey::PlatformCostPerMinute => Some(NodeCapacity::Rate(n.platform_cost_per_minute)),
+        LimitKey::GpuUnits => slots(n.gpu_units),
+        LimitKey::GpuMemMb => slots(n.gpu_mem_mb),
+        LimitKey::CpuUnits => slots(n.cpu_units),
+        LimitKey::TempDiskMb => slots(n.temp_disk_mb),
+        _ => None,
+    }
+}
+
+/// Registers node limit `key` in `ledger` with `1/shards` of its capacity (the share before the
+/// first split; a single-queue scheduler passes 1).
+pub fn register_node_limit(
+    ledger: &mut Ledger,
+    policy: &Policy,
+    key: LimitKey,
+    shards: u32,
+    now: Time,
+) -> LimitId {
+    let capacity = node_capacity(policy, key).expect("a node-wide key");
+    match even_share(capacity, shards) {
+        NodeCapacity::Slots(v) => ledger.add_semaphore(key, v),
+        NodeCapacity::Rate(r) => ledger.add_bucket(key, r, now),
+    }
+}
+
+/// `1/shards` of a node capacity: the starting share before the first split.
+fn even_share(capacity: NodeCapacity, shards: u32) -> NodeCapacity {
+    let shards = u64::from(shards.max(1));
+    match capacity {
+        NodeCapacity::Slots(v) => NodeCapacity::Slots(v / shards),
+        NodeCapacity::Rate(r) => NodeCapacity::Rate(RateSpec {
+            per_minute: r.per_minute / shards,
+            burst: r.burst / shards,
+        }),
+    }
+}
+
+impl Shard {
+    /// A shard of a node with `shards` shards, starting with an even share of node-wide limits.
+    /// `policy` must have passed [`Policy::validate`].
+    pub fn new(policy: Policy, shards: u32, now: Time) -> Shard {
+        policy
+            .validate()
+            .expect("the shell validates the policy before building shards");
+        let mut ledger = Ledger::new();
+        let add = |ledger: &mut Ledger, key: LimitKey| {
+            register_node_limit(ledger, &policy, key, shards, now)
+        };
+        let lanes =
+            |ledger: &mut Ledger, f: fn(Lane) -> LimitKey| Lane::ALL.map(|l| add(ledger, f(l)));
+        let lane_queued_tasks = lanes(&mut ledger, LimitKey::LaneQueuedTasks);
+        let lane_queued_units = lanes(&mut ledger, LimitKey::LaneQueuedUnits);
+        let global_queued_tasks = add(&mut ledger, LimitKey::GlobalQueuedTasks);
+        let global_queued_units = add(&mut ledger, LimitKey::GlobalQueuedUnits);
+        let lane_units = lanes(&mut ledger, LimitKey::LaneUnits);
+        let enterprise_borrowed = add(&mut ledger, LimitKey::EnterpriseBorrowed);
+        let lane_running_tasks = lanes(&mut ledger, LimitKey::LaneRunningTasks);
+        let model_running = policy
+            .models
+            .iter()
+            .map(|m| add(&mut ledger, LimitKey::ModelRunning(m.id)))
+            .collect();
+        let model_running_units = policy
+            .models
+            .iter()
+            .map(|m| add(&mut ledger, LimitKey::ModelRunningUnits(m.id)))
+            .collect();
+        let provider_concurrency = policy
+            .providers
+            .iter()
+            .map(|p| add(&mut ledger, LimitKey::ProviderConcurrency(p.id)))
+            .collect();
+        let provider_rpm = policy
+            .providers
+            .iter()
+            .map(|p| add(&mut ledger, LimitKey::ProviderRpm(p.id)))
+            .collect();
+        let node = NodeIds {
+            lane_queued_tasks,
+            lane_queued_units,
+            global_queued_tasks,
+            global_queued_units,
+            lane_units,
+            enterprise_borrowed,
+            lane_running_tasks,
+            model_running,
+            model_running_units,
+            provider_concurrency,
+            provider_rpm,
+            high_cost: add(&mut ledger, LimitKey::HighCostConcurrency),
+            global_running_tasks: add(&mut ledger, LimitKey::GlobalRunningTasks),
+            global_running_units: add(&mut ledger, LimitKey::GlobalRunningUnits),
+            platform_cost: add(&mut ledger, LimitKey::PlatformCostPerMinute),
+            gpu_units: add(&mut ledger, LimitKey::GpuUnits),
+            gpu_mem_mb: add(&mut ledger, LimitKey::GpuMemMb),
+            cpu_units: add(&mut ledger, LimitKey::CpuUnits),
+            temp_disk_mb: add(&mut ledger, LimitKey::TempDiskMb),
+        };
+        let node_limit_ids = ledger.ids().map(|(id, _)| id).collect();
+        let mut lanes: [LaneRt; Lane::COUNT] = Default::default();
+        for lane in Lane::ALL {
+            let rt = &mut lanes[lane.index()];
+            rt.rate_milli_per_s = policy.lane(lane).initial_rate_milli_per_s;
+            rt.rate_bucket_start = now;
+        }
+        Shard {
+            policy,
+            ledger,
+            node,
+            node_limit_ids,
+            tenants: Vec::new(),
+            tenant_slots: RunMap::default(),
+            users: Vec::new(),
+            user_slots: RunMap::default(),
+            tasks: Tasks::default(),
+            estimates: Estimates::default(),
+            lanes,
+            delayed: BinaryHeap::new(),
+            media_queue: VecDeque::new(),
+            media_head_skips: 0,
+            stats: ShardStats::default(),
+            over_capacity: 0,
+        }
+    }
+
+    // ---------------------------------------------------------------- getters
+
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The node-wide limits this shard holds a share of (tenants' and users' own limits live in
+    /// their records).
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    pub fn stats(&self) -> &ShardStats {
+        &self.stats
+    }
+
+    pub fn task_count(&self) -> usize {
+        self.tasks.len()
+    }
+
+    pub fn task_state(&self, task: TaskId) -> Option<TaskState> {
+        self.tasks.get(&task).map(|e| e.state.state)
+    }
+
+    /// The provider a dispatched task's attempt goes to.
+    pub fn task_provider(&self, task: TaskId) -> Option<ProviderId> {
+        self.tasks.get(&task).and_then(|e| e.provider)
+    }
+
+    pub fn queued_tasks(&self, lane: Lane) -> u64 {
+        self.lanes[lane.index()].queued_tasks
+    }
+
+    pub fn queued_units(&self, lane: Lane) -> Units {
+        Units(self.lanes[lane.index()].queued_units_milli)
+    }
+
+    /// Summed weight of tenants with queued work in `lane`.
+    pub fn backlog_weight(&self, lane: Lane) -> u64 {
+        self.lanes[lane.index()].backlog_weight
+    }
+
+    /// Queued tasks of one tenant in one lane (0 for an unknown tenant).
+    pub fn tenant_queued(&self, tenant: TenantId, lane: Lane) -> u64 {
+        self.tenant_slots
+            .get(&tenant)
+            .and_then(|&s| self.tenants[s as usize].queue(lane))
+            .map_or(0, |q| q.tasks())
+    }
+
+    /// Measured service rate of a lane, milli-units per second.
+    pub fn service_rate_milli_per_s(&self, lane: Lane) -> u64 {
+        self.lanes[lane.index()].rate_milli_per_s
+    }
+
+    /// The node-wide limits worth splitting, with their full capacity: those that can bind
+    /// (a limit set beyond half of `presets::UNBOUNDED` keeps its first even split, since no
+    /// share of it can run out).
+    pub fn bounded_node_limits(&self) -> Vec<(LimitId, NodeCapacity)> {
+        const UNBOUNDED: u64 = crate::presets::UNBOUNDED / 2;
+        self.node_limits()
+            .into_iter()
+            .filter(|(_, capacity)| capacity.units() < UNBOUNDED)
+            .collect()
+    }
+
+    /// Every node-wide limit with the capacity the current policy gives it (a node whose policy
+    /// may change at run time splits them all: an unbounded one may become bounded).
+    pub fn node_limits(&self) -> Vec<(LimitId, NodeCapacity)> {
+        self.node_limit_ids
+            .iter()
+            .filter_map(|&id| Some((id, node_capacity(&self.policy, self.ledger.key(id))?)))
+            .collect()
+    }
+
+    /// What this shard brings to the split of node limit `id`.
+    pub fn split_load(&self, id: LimitId) -> ShardLoad {
+        ShardLoad {
+            used: self.ledger.used(id),
+            weight: self.split_weight(id),
+            share: self.ledger.capacity(id),
+        }
+    }
+
+    /// The weight this shard brings to the split of node limit `id`: the summed weight of its
+    /// backlogged tenants that could use it (media slots: its waiting media jobs). Queue gates
+    /// split evenly.
+    pub fn split_weight(&self, id: LimitId) -> u64 {
+        let lane_w = |l: Lane| self.lanes[l.index()].backlog_weight;
+        match self.ledger.key(id) {
+            LimitKey::LaneQueuedTasks(_)
+            | LimitKey::LaneQueuedUnits(_)
+            | LimitKey::GlobalQueuedTasks
+            | LimitKey::GlobalQueuedUnits => 1,
+            LimitKey::LaneUnits(Lane::PaidShared) | LimitKey::LaneUnits(Lane::Standard) => {
+                // Best-effort work borrows these lanes' leftovers.
+                lane_w(Lane::PaidShared) + lane_w(Lane::Standard) + lane_w(Lane::BestEffort)
+            }
+            LimitKey::LaneUnits(Lane::EnterpriseReserved) => Lane::ALL
+                .iter()
+                .filter(|&&l| l != Lane::Recovery)
+                .map(|&l| lane_w(l))
+                .sum(),
+            LimitKey::LaneUnits(l) | LimitKey::LaneRunningTasks(l) => lane_w(l),
+            LimitKey::EnterpriseBorrowed => {
+                lane_w(Lane::PaidShared) + lane_w(Lane::Standard) + lane_w(Lane::Expensive)
+            }
+            // The media stage's slots are wanted by the tasks whose provider stage is done, not
+            // by the lanes' backlog: a shard with only media waiters must not split to nothing.
+            LimitKey::GpuUnits | LimitKey::GpuMemMb | LimitKey::CpuUnits | LimitKey::TempDiskMb => {
+                self.media_queue.len() as u64
+            }
+            _ => Lane::ALL.iter().map(|&l| lane_w(l)).sum(),
+        }
+    }
+
+    /// Sets this shard's share of node limit `id` and wakes stalled lanes.
+    pub fn set_share(&mut self, id: LimitId, share: NodeCapacity, now: Time) {
+        assert_eq!(
+            self.ledger.key(id).scope(),
+            Scope::Node,
+            "only node limits are split"
+        );
+        let grew = match share {
+            NodeCapacity::Slots(v) => {
+                let grew = v > self.ledger.capacity(id);
+                self.ledger.set_capacity(id, v);
+                grew
+            }
+            NodeCapacity::Rate(r) => {
+                let before = self.ledger.rate(id).expect("a rate share for a bucket");
+                self.ledger.set_rate(id, r, now);
+                r.per_minute > before.per_minute || r.burst > before.burst
+            }
+        };
+        // Only more capacity can unblock a stalled lane.
+        if grew {
+            self.unstall_all();
+        }
+    }
+
+    /// The earliest time at which `poll_dispatch` may have something new without any input.
+    pub fn poll_timeout(&self) -> Option<Time> {
+        let delayed = self.delayed.peek().map(|Reverse((t, _))| *t);
+        let stalled = self.lanes.iter().filter_map(|l| l.stalled_until).min();
+        match (delayed, stalled) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum End {
+    Back,
+    Front,
+}
+
+mod admission;
+mod dispatch;
+mod invariants;
+mod limits;
+mod queues;
+mod reports;
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,114 @@
+//! Tenant queues and lane rings: enqueue, dequeue, the bookkeeping around them, and delayed
+//! retries coming due.
+
+use super::*;
+
+impl Shard {
+    #[inline]
+    pub(super) fn fairness_milli(&self, entry: u32) -> u64 {
+        self.estimates
+            .get(self.tasks.at(entry).estimate)
+            .fairness
+            .milli()
+    }
+
+    pub(super) fn enqueue(&mut self, slot: u32, lane: Lane, band: Band, entry: u32, end: End) {
+        let cost_milli = self.fairness_milli(entry);
+        let initial_credit = self.policy.drr.initial_burst_credit.milli() as i64;
+        let tenant = &mut self.tenants[slot as usize];
+        let weight = u64::from(tenant.weight);
+        let q = tenant.queue_mut(lane);
+        let mut bands = Bands {
+            tasks: &mut self.tasks,
+            estimates: &self.estimates,
+        };
+        match end {
+            End::Back => q.push_back(&mut bands, band, entry),
+            End::Front => q.push_front(&mut bands, band, entry),
+        }
+        let rt = &mut self.lanes[lane.index()];
+        rt.queued_tasks += 1;
+        rt.queued_units_milli += cost_milli;
+        if !q.in_ring {
+            // A tenant becoming active again starts from min(previous, initial burst credit).
+            q.in_ring = true;
+            q.deficit = q.deficit.min(initial_credit);
+            q.needs_quantum = true;
+            rt.ring.push_back(slot);
+            rt.backlog_weight += weight;
+        }
+        rt.stalled_until = None;
+        rt.blocked_streak = 0;
+    }
+
+    /// Takes `entry`, which follows `prev` (`NIL`: it is the head), out of tenant `slot`'s
+    /// `band` in `lane`, with the bookkeeping that goes with it.
+    pub(super) fn dequeue(&mut self, slot: u32, lane: Lane, band: Band, prev: u32, entry: u32) {
+        let cost_milli = self.fairness_milli(entry);
+        let tenant = &mut self.tenants[slot as usize];
+        let weight = u64::from(tenant.weight);
+        let q = tenant.queue_mut(lane);
+        let mut bands = Bands {
+            tasks: &mut self.tasks,
+            estimates: &self.estimates,
+        };
+        q.unlink(&mut bands, band, prev, entry);
+        self.dequeued(slot, lane, entry, cost_milli, weight);
+    }
+
+    /// Bookkeeping after `entry` left tenant `slot`'s queue in `lane`.
+    pub(super) fn dequeued(
+        &mut self,
+        slot: u32,
+        lane: Lane,
+        entry: u32,
+        cost_milli: u64,
+        weight: u64,
+    ) {
+        let rt = &mut self.lanes[lane.index()];
+        rt.queued_tasks -= 1;
+        rt.queued_units_milli -= cost_milli;
+        let q = self.tenants[slot as usize].queue_mut(lane);
+        if q.skipped_head == entry {
+            q.skipped_head = NIL;
+            q.skips = 0;
+        }
+        if q.is_empty() && q.in_ring {
+            q.in_ring = false;
+            let pos = rt
+                .ring
+                .iter()
+                .position(|&s| s == slot)
+                .expect("active tenant is in the ring");
+            rt.ring.remove(pos);
+            rt.backlog_weight -= weight;
+        }
+    }
+
+    pub(super) fn unstall_all(&mut self) {
+        for rt in &mut self.lanes {
+            rt.stalled_until = None;
+            rt.blocked_streak = 0;
+        }
+    }
+
+    pub(super) fn promote_delayed(&mut self, now: Time) {
+        while let Some(&Reverse((at, task))) = self.delayed.peek() {
+            if at > now {
+                break;
+            }
+            self.delayed.pop();
+            let Some(entry) = self.tasks.slot(task) else {
+                continue;
+            };
+            let e = self.tasks.at_mut(entry);
+            if e.place != Place::Delayed || e.state.state != TaskState::Queued {
+                continue;
+            }
+            e.place = Place::Band;
+            let e = e.clone();
+            self.force_gates(&e);
+            self.enqueue(e.tenant_slot, e.lane, e.band, entry, End::Front);
+        }
+    }
+}

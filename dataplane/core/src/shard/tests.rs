@@ -1,0 +1,43 @@
+use super::*;
+use std::mem::{offset_of, size_of};
+
+const LINE: usize = 64;
+
+fn line_of(offset: usize) -> usize {
+    offset / LINE
+}
+
+/// The lines an admission reads of a tenant (0–2) and of a user (0–1) stay where the
+/// records' comments say; a field added in the wrong place fails here, not in a bench.
+#[test]
+fn owner_records_keep_their_cache_lines() {
+    assert_eq!(size_of::<TenantRt>(), 5 * LINE);
+    let admission = [
+        offset_of!(TenantRt, submit_rate),
+        offset_of!(TenantRt, submit_rate) + size_of::<SubmitBucket>() - 1,
+        offset_of!(TenantRt, gates),
+        offset_of!(TenantRt, weight),
+        offset_of!(TenantRt, max_wait_ms),
+        offset_of!(TenantRt, cost_room_milli),
+        offset_of!(TenantRt, cost_burst_milli),
+        offset_of!(TenantRt, lane),
+        offset_of!(TenantRt, base_band),
+        offset_of!(TenantRt, wait_overflow),
+        offset_of!(TenantRt, classes),
+        offset_of!(TenantRt, home_lane),
+        offset_of!(TenantRt, home) + TenantQueue::APPEND_BYTES - 1,
+    ];
+    for offset in admission {
+        assert!(line_of(offset) <= 1, "admission field at {offset}");
+    }
+    let cost = offset_of!(TenantRt, cost_per_minute);
+    assert_eq!(
+        (line_of(cost), line_of(cost + size_of::<TokenBucket>() - 1)),
+        (3, 3)
+    );
+    assert_eq!(line_of(offset_of!(TenantRt, running)), 4);
+
+    assert_eq!(size_of::<UserRt>(), 2 * LINE);
+    assert_eq!(offset_of!(UserRt, gates) + size_of::<OwnedPair>(), LINE);
+    assert_eq!(offset_of!(UserRt, running), LINE);
+}
