@@ -3,7 +3,10 @@
 
 mod common;
 
-use common::{ctl, http_get, metric, start_with, Daemon};
+use common::{
+    admin_tokens, ctl, http_get, metric, start_with, Daemon, ADMIN_TOKEN, OPERATOR_TOKEN,
+    VIEWER_TOKEN,
+};
 use spindle_control::testing::TestDb;
 
 const CONFIG: &str = r#"
@@ -13,30 +16,20 @@ http_listen = "127.0.0.1:0"
 shards = 2
 partitions = 8
 
-[[admin_tokens]]
-name = "vera"
-token = "viewer-token-0123456789"
-role = "viewer"
-
-[[admin_tokens]]
-name = "otto"
-token = "operator-token-0123456789"
-role = "operator"
-
-[[admin_tokens]]
-name = "ada"
-token = "admin-token-0123456789"
-role = "admin"
-
 [[tenants]]
 id = 1
 credential = "one"
 "#;
 
+/// The node with the admin API's three roles.
+fn config() -> String {
+    format!("{CONFIG}{}", admin_tokens())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn roles_reasons_versions_and_refusals_are_all_audited() {
     let test = TestDb::new().await;
-    let daemon = start_with(&test, CONFIG).await;
+    let daemon = start_with(&test, &config()).await;
     let http = daemon.http;
     let dir = tempfile::tempdir().unwrap();
     let tenant = dir.path().join("tenant.json");
@@ -51,7 +44,7 @@ async fn roles_reasons_versions_and_refusals_are_all_audited() {
     // The operator changes a tenant, with a reason: a new version and an audit row.
     let (ok, out) = ctl(
         http,
-        "operator-token-0123456789",
+        OPERATOR_TOKEN,
         &[
             "--json",
             "policy",
@@ -69,11 +62,7 @@ async fn roles_reasons_versions_and_refusals_are_all_audited() {
         .as_u64()
         .unwrap();
     // A viewer reads it back.
-    let (ok, out) = ctl(
-        http,
-        "viewer-token-0123456789",
-        &["--json", "policy", "show"],
-    );
+    let (ok, out) = ctl(http, VIEWER_TOKEN, &["--json", "policy", "show"]);
     assert!(ok, "{out}");
     let policy: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(policy["version"].as_u64(), Some(version));
@@ -86,7 +75,7 @@ async fn roles_reasons_versions_and_refusals_are_all_audited() {
     // Refused: a viewer changing, an operator touching a provider account, no token at all.
     let (ok, _) = ctl(
         http,
-        "viewer-token-0123456789",
+        VIEWER_TOKEN,
         &[
             "policy",
             "set",
@@ -101,7 +90,7 @@ async fn roles_reasons_versions_and_refusals_are_all_audited() {
     assert!(!ok, "a viewer changed policy");
     let (ok, _) = ctl(
         http,
-        "operator-token-0123456789",
+        OPERATOR_TOKEN,
         &[
             "policy",
             "delete",
@@ -117,7 +106,7 @@ async fn roles_reasons_versions_and_refusals_are_all_audited() {
     // A change without a reason is refused too.
     let (ok, _) = ctl(
         http,
-        "admin-token-0123456789",
+        ADMIN_TOKEN,
         &[
             "policy",
             "set",
@@ -131,11 +120,7 @@ async fn roles_reasons_versions_and_refusals_are_all_audited() {
     );
     assert!(!ok, "a change without a reason went through");
 
-    let (ok, out) = ctl(
-        http,
-        "admin-token-0123456789",
-        &["--json", "audit", "--limit", "10"],
-    );
+    let (ok, out) = ctl(http, ADMIN_TOKEN, &["--json", "audit", "--limit", "10"]);
     assert!(ok, "{out}");
     let audit: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
     let has = |actor: &str, object: &str, needle: &str| {
@@ -161,31 +146,23 @@ async fn roles_reasons_versions_and_refusals_are_all_audited() {
         "{audit:#?}"
     );
     // The policy version moved only for the accepted change.
-    let (_, out) = ctl(
-        http,
-        "viewer-token-0123456789",
-        &["--json", "policy", "show"],
-    );
+    let (_, out) = ctl(http, VIEWER_TOKEN, &["--json", "policy", "show"]);
     let after: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(after["version"].as_u64(), Some(version));
 
     // An admin drains the node: not ready any more, and the drain is in the audit log.
-    let (ok, out) = ctl(
-        http,
-        "admin-token-0123456789",
-        &["drain", "--reason", "kernel upgrade"],
-    );
+    let (ok, out) = ctl(http, ADMIN_TOKEN, &["drain", "--reason", "kernel upgrade"]);
     assert!(ok, "{out}");
     let (status, _) = http_get(http, "/readyz").await;
     assert!(status.contains("503"), "{status}");
-    let (_, out) = ctl(http, "viewer-token-0123456789", &["--json", "audit"]);
+    let (_, out) = ctl(http, VIEWER_TOKEN, &["--json", "audit"]);
     assert!(out.contains("drain: kernel upgrade"), "{out}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_change_reaches_the_running_node_within_two_seconds() {
     let test = TestDb::new().await;
-    let daemon = start_with(&test, CONFIG).await;
+    let daemon = start_with(&test, &config()).await;
     let client = spindle_client::Client::connect(daemon.addr, spindle_core::TenantId(1), "one")
         .await
         .unwrap();
@@ -204,7 +181,7 @@ async fn a_policy_change_reaches_the_running_node_within_two_seconds() {
     let started = std::time::Instant::now();
     let (ok, out) = ctl(
         daemon.http,
-        "operator-token-0123456789",
+        OPERATOR_TOKEN,
         &[
             "--json",
             "policy",
@@ -258,7 +235,7 @@ async fn drift_one_pool(sql: &tokio_postgres::Client, by: i64) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_admin_rebuilds_drifted_pool_counters_from_what_live_attempts_hold() {
     let test = TestDb::new().await;
-    let daemon = start_with(&test, CONFIG).await;
+    let daemon = start_with(&test, &config()).await;
     let sql = test.sql().await.unwrap();
     // A pool counter that drifted (nothing holds it): three units too many.
     drift_one_pool(&sql, 3).await;
@@ -268,9 +245,9 @@ async fn an_admin_rebuilds_drifted_pool_counters_from_what_live_attempts_hold() 
         "--reason",
         "usage looked wrong",
     ];
-    let (ok, _) = ctl(daemon.http, "operator-token-0123456789", &args);
+    let (ok, _) = ctl(daemon.http, OPERATOR_TOKEN, &args);
     assert!(!ok, "an operator rebuilt the counters");
-    let (ok, out) = ctl(daemon.http, "admin-token-0123456789", &args);
+    let (ok, out) = ctl(daemon.http, ADMIN_TOKEN, &args);
     assert!(ok, "{out}");
     let answer: serde_json::Value = serde_json::from_str(&out).unwrap();
     let repaired = answer["repaired"].as_array().unwrap();
@@ -292,7 +269,7 @@ async fn an_admin_rebuilds_drifted_pool_counters_from_what_live_attempts_hold() 
         .get(0);
     assert_eq!(used, 0, "repaired");
     // Nothing drifted any more; the rebuild is audited with its reason.
-    let (ok, out) = ctl(daemon.http, "admin-token-0123456789", &args[1..]);
+    let (ok, out) = ctl(daemon.http, ADMIN_TOKEN, &args[1..]);
     assert!(ok, "{out}");
     assert!(out.contains("no drift"), "{out}");
     let audited: i64 = sql
@@ -324,7 +301,7 @@ async fn until_checked(daemon: &Daemon, done: impl Fn(u64, u64) -> bool) -> (u64
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_periodic_counter_check_finds_drift_without_repairing_it() {
     let test = TestDb::new().await;
-    let config = format!("counter_check_s = 1\nlease_ms = 1500\n{CONFIG}");
+    let config = format!("counter_check_s = 1\nlease_ms = 1500\n{}", config());
     let daemon = start_with(&test, &config).await;
     let (checks, _) = until_checked(&daemon, |checks, drifted| checks >= 1 && drifted == 0).await;
     let sql = test.sql().await.unwrap();
@@ -342,11 +319,7 @@ async fn the_periodic_counter_check_finds_drift_without_repairing_it() {
     let (seen_at, _) = until_checked(&daemon, |c, drifted| c > checks && drifted == 1).await;
     assert_eq!(used().await, 2, "the check repaired nothing");
     // A viewer asks for the same check on demand: it names the shard and repairs nothing.
-    let (ok, out) = ctl(
-        daemon.http,
-        "viewer-token-0123456789",
-        &["--json", "check-counters"],
-    );
+    let (ok, out) = ctl(daemon.http, VIEWER_TOKEN, &["--json", "check-counters"]);
     assert!(ok, "{out}");
     let answer: serde_json::Value = serde_json::from_str(&out).unwrap();
     let drifted = answer["drifted"].as_array().unwrap();
@@ -359,7 +332,7 @@ async fn the_periodic_counter_check_finds_drift_without_repairing_it() {
         (Some(2), Some(0))
     );
     assert_eq!(answer["budgets_drifted"].as_array().map(Vec::len), Some(0));
-    let (ok, out) = ctl(daemon.http, "viewer-token-0123456789", &["check-counters"]);
+    let (ok, out) = ctl(daemon.http, VIEWER_TOKEN, &["check-counters"]);
     assert!(ok && out.contains("stored 2 → derived 0"), "{out}");
     assert_eq!(used().await, 2, "checking on demand repaired nothing");
     let args = [
@@ -368,7 +341,7 @@ async fn the_periodic_counter_check_finds_drift_without_repairing_it() {
         "--reason",
         "the check said so",
     ];
-    let (ok, out) = ctl(daemon.http, "admin-token-0123456789", &args);
+    let (ok, out) = ctl(daemon.http, ADMIN_TOKEN, &args);
     assert!(ok, "{out}");
     assert_eq!(used().await, 0);
     // The first check after the repair finds nothing.

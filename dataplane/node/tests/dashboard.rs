@@ -7,7 +7,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{start_with, task};
+use common::{admin_tokens, start_with, task, OPERATOR_TOKEN, VIEWER_TOKEN};
 use spindle_client::Client;
 use spindle_control::testing::TestDb;
 use spindle_core::TenantId;
@@ -20,20 +20,15 @@ shards = 2
 partitions = 8
 local_provider_time_scale = 0.01
 
-[[admin_tokens]]
-name = "vera"
-token = "viewer-token-0123456789"
-role = "viewer"
-
-[[admin_tokens]]
-name = "otto"
-token = "operator-token-0123456789"
-role = "operator"
-
 [[tenants]]
 id = 1
 credential = "one"
 "#;
+
+/// The node with the admin API's three roles.
+fn config() -> String {
+    format!("{CONFIG}{}", admin_tokens())
+}
 
 /// The page's DOM after its scripts ran (Chromium's virtual time lets its timers fire).
 fn dump_dom(url: &str) -> String {
@@ -68,11 +63,8 @@ fn completed(dom: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_renders_live_numbers_and_the_audit_list_in_chromium() {
     let test = TestDb::new().await;
-    let daemon = start_with(&test, CONFIG).await;
-    let url = format!(
-        "http://{}/dashboard#token=viewer-token-0123456789",
-        daemon.http
-    );
+    let daemon = start_with(&test, &config()).await;
+    let url = format!("http://{}/dashboard#token={VIEWER_TOKEN}", daemon.http);
     let before = dump_dom(&url);
     assert!(
         before.contains("<th>lane</th>") && before.contains("STANDARD"),
@@ -115,7 +107,7 @@ async fn the_dashboard_renders_live_numbers_and_the_audit_list_in_chromium() {
         .arg(daemon.http.to_string())
         .args([
             "--token",
-            "operator-token-0123456789",
+            OPERATOR_TOKEN,
             "policy",
             "set",
             "tenant_policy",

@@ -84,19 +84,6 @@ credential = "one"
     )
 }
 
-/// A viewer and an operator of the admin API (appended to a node configuration).
-const ADMIN_TOKENS: &str = r#"
-[[admin_tokens]]
-name = "vera"
-token = "viewer-token-0123456789"
-role = "viewer"
-
-[[admin_tokens]]
-name = "otto"
-token = "operator-token-0123456789"
-role = "operator"
-"#;
-
 /// spindled with the mock at `m` and a media stage writing to `out`.
 async fn media_node(test: &TestDb, m: &MockProvider, out: &std::path::Path, media: &str) -> Daemon {
     let config = format!(
@@ -493,7 +480,7 @@ async fn an_operator_requeues_dead_letters_and_they_run_again() {
     let test = TestDb::new().await;
     let (m, admin) = mock(30).await;
     set_fault(&admin, Fault::Auth).await;
-    let config = node_config("requeue-node", &m, "") + ADMIN_TOKENS;
+    let config = node_config("requeue-node", &m, "") + &common::admin_tokens();
     let daemon = start_with(&test, &config).await;
     let (ids, states) = run(&daemon, &test, "dead", 3).await;
     assert_eq!(states, ["FAILED", "FAILED", "FAILED"]);
@@ -507,9 +494,9 @@ async fn an_operator_requeues_dead_letters_and_they_run_again() {
     ]);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     // A viewer may not.
-    let (ok, _) = common::ctl(daemon.http, "viewer-token-0123456789", &args);
+    let (ok, _) = common::ctl(daemon.http, common::VIEWER_TOKEN, &args);
     assert!(!ok, "a viewer requeued tasks");
-    let (ok, out) = common::ctl(daemon.http, "operator-token-0123456789", &args);
+    let (ok, out) = common::ctl(daemon.http, common::OPERATOR_TOKEN, &args);
     assert!(ok, "{out}");
     let answer: serde_json::Value = serde_json::from_str(&out).unwrap();
     let outcomes: Vec<&str> = answer["tasks"]
@@ -540,7 +527,7 @@ async fn an_operator_requeues_dead_letters_and_they_run_again() {
     // Requeued again, SUCCEEDED tasks stay as they are.
     let first = ids[0].0.to_string();
     let again = ["requeue", first.as_str(), "--reason", "again"];
-    let (ok, out) = common::ctl(daemon.http, "operator-token-0123456789", &again);
+    let (ok, out) = common::ctl(daemon.http, common::OPERATOR_TOKEN, &again);
     assert!(ok, "{out}");
     assert!(out.contains("not_failed (SUCCEEDED)"), "{out}");
 }
@@ -550,7 +537,7 @@ async fn an_operators_requeue_that_committed_unheard_is_taken_back_when_asked_ag
     let test = TestDb::new().await;
     let (m, admin) = mock(30).await;
     set_fault(&admin, Fault::Auth).await;
-    let config = node_config("requeue-again-node", &m, "") + ADMIN_TOKENS;
+    let config = node_config("requeue-again-node", &m, "") + &common::admin_tokens();
     let daemon = start_with(&test, &config).await;
     let (ids, states) = run(&daemon, &test, "unheard", 1).await;
     assert_eq!(states, ["FAILED"]);
@@ -568,7 +555,7 @@ async fn an_operators_requeue_that_committed_unheard_is_taken_back_when_asked_ag
     // Asked again: the task is handed back to its shard and runs.
     let task = ids[0].0.to_string();
     let args = ["--json", "requeue", task.as_str(), "--reason", "again"];
-    let (ok, out) = common::ctl(daemon.http, "operator-token-0123456789", &args);
+    let (ok, out) = common::ctl(daemon.http, common::OPERATOR_TOKEN, &args);
     assert!(ok, "{out}");
     let answer: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(answer["tasks"][0]["outcome"], "already_queued", "{out}");

@@ -225,3 +225,23 @@ pub fn ctl(http: SocketAddr, token: &str, args: &[&str]) -> (bool, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
     )
 }
+
+/// The admin API's three roles, one token each (`admin_tokens`).
+pub const VIEWER_TOKEN: &str = "viewer-token-0123456789";
+pub const OPERATOR_TOKEN: &str = "operator-token-0123456789";
+pub const ADMIN_TOKEN: &str = "admin-token-0123456789";
+
+/// `[[admin_tokens]]` for a viewer (vera), an operator (otto) and an admin (ada), to append to a
+/// node configuration.
+pub fn admin_tokens() -> String {
+    [
+        ("vera", VIEWER_TOKEN, "viewer"),
+        ("otto", OPERATOR_TOKEN, "operator"),
+        ("ada", ADMIN_TOKEN, "admin"),
+    ]
+    .iter()
+    .map(|(name, token, role)| {
+        format!("\n[[admin_tokens]]\nname = \"{name}\"\ntoken = \"{token}\"\nrole = \"{role}\"\n")
+    })
+    .collect()
+}
