@@ -26,12 +26,19 @@ pub fn spec() -> TaskSpec {
     TaskSpec::clip_720p(ModelId(0))
 }
 
+/// How far the clock moves per admission or pick.
+pub const CLOCK_STEP_NS: u64 = 500;
+
 /// A shard and a task counter, with `queued` tasks spread round-robin over `tenants`.
 pub struct Loaded {
     pub shard: Shard,
     pub tenants: u32,
     pub next_task: u64,
     pub next_tenant: u32,
+    /// The shard's clock: 500 ns on at every admission and pick, as a node's clock moves between
+    /// calls, so that bucket refills and rate windows run as they do there (with a clock that
+    /// stood still — the benches before 2026-12-02 — every refill returned at once).
+    pub now: Time,
 }
 
 impl Loaded {
@@ -41,6 +48,7 @@ impl Loaded {
             tenants,
             next_task: 0,
             next_tenant: 0,
+            now: Time::ZERO,
         };
         for _ in 0..queued {
             loaded.admit();
@@ -61,7 +69,8 @@ impl Loaded {
             band_hint: None,
             deadline: None,
         };
-        let admission = self.shard.handle_submit(Time::ZERO, req).expect("valid");
+        self.now = self.now.plus_ns(CLOCK_STEP_NS);
+        let admission = self.shard.handle_submit(self.now, req).expect("valid");
         assert!(admission.decision.is_accepted(), "{admission:?}");
         task
     }
@@ -70,7 +79,8 @@ impl Loaded {
     /// reservation held.
     pub fn pick(&mut self) -> TaskId {
         loop {
-            match self.shard.poll_dispatch(Time::ZERO) {
+            self.now = self.now.plus_ns(CLOCK_STEP_NS);
+            match self.shard.poll_dispatch(self.now) {
                 Poll::Dispatch(d) => return d.task,
                 Poll::Yield => continue,
                 other => panic!("a loaded shard has work: {other:?}"),
@@ -87,11 +97,11 @@ impl Loaded {
             .handle_provider_accepted(task, token)
             .expect("accept");
         self.shard
-            .handle_provider_succeeded(Time::ZERO, task, token, Units::whole(1))
+            .handle_provider_succeeded(self.now, task, token, Units::whole(1))
             .expect("succeeded");
         let media = self
             .shard
-            .poll_media(Time::ZERO)
+            .poll_media(self.now)
             .expect("media slots are unlimited");
         self.shard
             .handle_media_done(media.task, token, true)

@@ -178,32 +178,41 @@ pub struct TokenBucket {
     level: u128,
     refilled_at: Time,
     penalty_until: Time,
+    /// `rate.burst × WINDOW_NS`: the most `level` holds (kept, not recomputed at every refill).
+    cap: u128,
 }
 
 impl TokenBucket {
     pub fn new(rate: RateSpec, now: Time) -> TokenBucket {
+        let cap = u128::from(rate.burst) * u128::from(WINDOW_NS);
         TokenBucket {
             rate,
-            level: u128::from(rate.burst) * u128::from(WINDOW_NS),
+            level: cap,
             refilled_at: now,
             penalty_until: Time::ZERO,
+            cap,
         }
     }
 
     fn cap(&self) -> u128 {
-        u128::from(self.rate.burst) * u128::from(WINDOW_NS)
+        self.cap
     }
 
     pub fn refill(&mut self, now: Time) {
         if now <= self.refilled_at {
             return;
         }
-        // Split the elapsed time at the end of a penalty: half rate before, full rate after.
-        let penalized_until = self.penalty_until.max(self.refilled_at).min(now);
-        let slow_ns = penalized_until.since(self.refilled_at);
-        let fast_ns = now.since(penalized_until);
-        let gained = u128::from(slow_ns) * u128::from(self.rate.per_minute / 2)
-            + u128::from(fast_ns) * u128::from(self.rate.per_minute);
+        let gained = if self.penalty_until <= self.refilled_at {
+            // No penalty in the elapsed time (nearly always): full rate throughout.
+            u128::from(now.since(self.refilled_at)) * u128::from(self.rate.per_minute)
+        } else {
+            // Split the elapsed time at the end of a penalty: half rate before, full after.
+            let penalized_until = self.penalty_until.min(now);
+            let slow_ns = penalized_until.since(self.refilled_at);
+            let fast_ns = now.since(penalized_until);
+            u128::from(slow_ns) * u128::from(self.rate.per_minute / 2)
+                + u128::from(fast_ns) * u128::from(self.rate.per_minute)
+        };
         self.level = (self.level + gained).min(self.cap());
         self.refilled_at = now;
     }
@@ -267,7 +276,8 @@ impl TokenBucket {
     pub fn set_rate(&mut self, rate: RateSpec, now: Time) {
         self.refill(now);
         self.rate = rate;
-        self.level = self.level.min(self.cap());
+        self.cap = u128::from(rate.burst) * u128::from(WINDOW_NS);
+        self.level = self.level.min(self.cap);
     }
 }
 
