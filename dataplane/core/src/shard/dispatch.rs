@@ -9,12 +9,13 @@ impl Shard {
     pub fn poll_dispatch(&mut self, now: Time) -> Poll {
         self.promote_delayed(now);
         let mut visits = 0usize;
-        let mut tried = [false; Lane::COUNT];
+        // Lanes tried in this poll, one bit each.
+        let mut tried = 0u8;
         loop {
-            let Some(lane) = self.next_lane(now, &tried) else {
+            let Some(lane) = self.next_lane(now, tried) else {
                 return Poll::Idle;
             };
-            tried[lane.index()] = true;
+            tried |= 1 << lane.index();
             loop {
                 if visits >= TENANT_VISITS_PER_POLL_MAX {
                     return Poll::Yield;
@@ -41,14 +42,15 @@ impl Shard {
         }
     }
 
-    /// Smooth weighted round robin among lanes with work that are not stalled.
-    fn next_lane(&mut self, now: Time, tried: &[bool; Lane::COUNT]) -> Option<Lane> {
+    /// Smooth weighted round robin among lanes with work that are not stalled (and not in
+    /// `tried`, one bit per lane); ties go to the lane first in `Lane::ALL`.
+    fn next_lane(&mut self, now: Time, tried: u8) -> Option<Lane> {
         let mut best: Option<(Lane, i64)> = None;
-        for lane in Lane::ALL {
+        let mut open = self.ringed & !tried;
+        while open != 0 {
+            let lane = Lane::ALL[open.trailing_zeros() as usize];
+            open &= open - 1;
             let rt = &mut self.lanes[lane.index()];
-            if tried[lane.index()] || rt.ring.is_empty() {
-                continue;
-            }
             if let Some(until) = rt.stalled_until {
                 if now < until {
                     continue;
@@ -66,12 +68,13 @@ impl Shard {
 
     fn charge_lane_choice(&mut self, chosen: Lane) {
         let mut total = 0i64;
-        for lane in Lane::ALL {
-            if !self.lanes[lane.index()].ring.is_empty() || lane == chosen {
-                let w = i64::from(self.policy.lane(lane).weight);
-                self.lanes[lane.index()].swrr_current += w;
-                total += w;
-            }
+        let mut charged = self.ringed | 1 << chosen.index();
+        while charged != 0 {
+            let lane = Lane::ALL[charged.trailing_zeros() as usize];
+            charged &= charged - 1;
+            let w = i64::from(self.policy.lane(lane).weight);
+            self.lanes[lane.index()].swrr_current += w;
+            total += w;
         }
         self.lanes[chosen.index()].swrr_current -= total;
     }

@@ -199,6 +199,11 @@ impl Shard {
             }
             assert_eq!(weight, rt.backlog_weight, "{lane} backlog weight drifted");
             assert_eq!(ringed[lane.index()], rt.ring.len(), "{lane} ring length");
+            assert_eq!(
+                self.ringed & (1 << lane.index()) != 0,
+                !rt.ring.is_empty(),
+                "{lane} ring bit drifted"
+            );
         }
     }
 }

@@ -709,6 +709,9 @@ pub struct Shard {
     tasks: Tasks,
     estimates: Estimates,
     lanes: [LaneRt; Lane::COUNT],
+    /// Bit `i` set while lane `i`'s ring holds a tenant: the lane choice walks these bits
+    /// instead of every lane.
+    ringed: u8,
     delayed: BinaryHeap<Reverse<(Time, TaskId)>>,
     media_queue: VecDeque<TaskId>,
     media_head_skips: u32,
@@ -913,6 +916,7 @@ impl Shard {
             tasks: Tasks::default(),
             estimates: Estimates::default(),
             lanes,
+            ringed: 0,
             delayed: BinaryHeap::new(),
             media_queue: VecDeque::new(),
             media_head_skips: 0,

@@ -36,6 +36,7 @@ impl Shard {
             q.needs_quantum = true;
             rt.ring.push_back(slot);
             rt.backlog_weight += weight;
+            self.ringed |= 1 << lane.index();
         }
         rt.stalled_until = None;
         rt.blocked_streak = 0;
@@ -82,6 +83,9 @@ impl Shard {
                 .expect("active tenant is in the ring");
             rt.ring.remove(pos);
             rt.backlog_weight -= weight;
+            if rt.ring.is_empty() {
+                self.ringed &= !(1 << lane.index());
+            }
         }
     }
 
