@@ -288,14 +288,20 @@ async fn a_call_whose_answer_is_lost_is_in_doubt_and_its_rows_tell_what_it_did()
     assert_eq!(used, 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_connection_gone_silent_is_given_up_after_the_answer_deadline() {
+/// A fresh database with the provider pool and task 1 queued in it.
+async fn one_task_queued() -> TestDb {
     let (test, direct) = setup().await;
     direct.set_pool("provider:acme", 100, 1).await.unwrap();
     direct
         .submit_batch(&[task(1, 1, "a")], PolicyVersion(1))
         .await
         .unwrap();
+    test
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_gone_silent_is_given_up_after_the_answer_deadline() {
+    let test = one_task_queued().await;
     let proxy = spindle_control::testing::Proxy::start(&test.config().conninfo);
     let mut config = DbConfig::new(proxy.conninfo());
     config.statement_timeout_ms = 400;
@@ -366,12 +372,7 @@ macro_rules! gives_up_on_silence {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_store_call_gives_up_on_a_silent_server_within_its_deadline() {
     use spindle_control::PartitionId;
-    let (test, direct) = setup().await;
-    direct.set_pool("provider:acme", 100, 1).await.unwrap();
-    direct
-        .submit_batch(&[task(1, 1, "a")], PolicyVersion(1))
-        .await
-        .unwrap();
+    let test = one_task_queued().await;
     let parts = [PartitionId(0), PartitionId(1)];
     // Transactions of several statements: the event relay, an operator's requeue, the
     // counter rebuild; read snapshots: the counter check, the policy snapshot.
