@@ -68,6 +68,17 @@ const RELAY_LOCK: i64 = 0x5350_494e_5245_4c41;
 /// Events per outbox row at most (a batch of the hot paths; the row's check constraint).
 pub const EVENTS_PER_ROW_MAX: u64 = 4096;
 
+/// The outbox rows that hold the first `$1` pending events, found by their counts alone (a row
+/// holds up to 4,096 events; their details are read only for the rows sent).
+const PENDING_ROWS: &str = "WITH pending AS (
+         SELECT batch_id, sum(cardinality(tasks) - delivered)
+                    OVER (ORDER BY batch_id) - (cardinality(tasks) - delivered) AS before
+           FROM outbox_batch WHERE delivered_at IS NULL ORDER BY batch_id LIMIT $1)
+     SELECT b.batch_id, b.kinds, b.tasks, b.tenants, b.details, b.delivered
+       FROM pending p JOIN outbox_batch b ON b.batch_id = p.batch_id
+      WHERE p.before < $1
+      ORDER BY b.batch_id";
+
 impl Db {
     /// Hands up to `limit` pending events to `sink`, as one batch in id order, and records how
     /// far each outbox row got. Events are stored one row per batch (`outbox_batch`, migration
@@ -97,21 +108,7 @@ impl Db {
                 if !alone {
                     return Ok(None);
                 }
-                // The rows that hold the first `limit` pending events, found by their counts
-                // alone (a row holds up to 4,096 events; their details are read only for the
-                // rows sent).
-                Ok(Some(t.query(
-                "WITH pending AS (
-                     SELECT batch_id, sum(cardinality(tasks) - delivered)
-                                OVER (ORDER BY batch_id) - (cardinality(tasks) - delivered) AS before
-                       FROM outbox_batch WHERE delivered_at IS NULL ORDER BY batch_id LIMIT $1)
-                 SELECT b.batch_id, b.kinds, b.tasks, b.tenants, b.details, b.delivered
-                   FROM pending p JOIN outbox_batch b ON b.batch_id = p.batch_id
-                  WHERE p.before < $1
-                  ORDER BY b.batch_id",
-                &[&(limit as i64)],
-            )
-            .await?))
+                Ok(Some(t.query(PENDING_ROWS, &[&(limit as i64)]).await?))
             })
             .await?;
         let (Some(rows), Some(tx)) = (rows, tx) else {

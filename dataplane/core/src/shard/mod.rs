@@ -480,6 +480,11 @@ impl TenantRt {
         self.cost_room_milli -= cost_milli as i64;
     }
 
+    /// `cost_milli` of what its live tasks reserved given back (a task finished).
+    fn release_cost(&mut self, cost_milli: u64) {
+        self.cost_room_milli += cost_milli as i64;
+    }
+
     fn queue(&self, lane: Lane) -> Option<&TenantQueue> {
         if lane == self.home_lane {
             return Some(&self.home);

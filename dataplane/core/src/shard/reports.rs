@@ -395,7 +395,7 @@ impl Shard {
             e.state.state
         );
         let cost = self.estimates.get(e.estimate).cost_milli;
-        self.tenants[e.tenant_slot as usize].cost_room_milli += cost as i64;
+        self.tenants[e.tenant_slot as usize].release_cost(cost);
         self.estimates.release(e.estimate);
     }
 }
