@@ -88,6 +88,23 @@ pub(crate) struct Deadline {
 }
 
 impl Deadline {
+    /// The deadline of up to `statements` statements on the connection `connection` drives.
+    fn of(
+        statement_timeout: Duration,
+        answer_grace: Duration,
+        statements: u32,
+        given_up: &Arc<AtomicBool>,
+        connection: &JoinHandle<()>,
+        open: bool,
+    ) -> Deadline {
+        Deadline {
+            within: statement_timeout * statements.max(1) + answer_grace,
+            given_up: given_up.clone(),
+            connection: connection.abort_handle(),
+            open,
+        }
+    }
+
     /// Awaits `work` for at most the deadline. Past it the connection is given up and the work
     /// fails `Unavailable` — or `InDoubt` if it `changes` rows and was sent on a live connection.
     pub(crate) async fn run<T>(
@@ -122,18 +139,56 @@ impl Deadline {
 }
 
 impl Db {
-    /// Connects, applies pending migrations (under the advisory lock) and prepares statements.
+    /// Connects, applies pending migrations (under the advisory lock) and prepares statements,
+    /// each step under a deadline: the start-up exchange within `connect_timeout` + the grace
+    /// (the driver bounds only the socket's connect), the migrations and the prepares as
+    /// [`Db::within`] bounds any call. A server that accepts the connection and then stops
+    /// answering fails the open `Unavailable` instead of holding the caller — a node's start,
+    /// a pipeline's reconnect — forever.
     pub async fn open(config: &DbConfig) -> Result<Db, StoreError> {
-        let (mut client, connection) = connect(config).await?;
-        migrate::apply(&mut client).await?;
-        let stmts = prepare(&client).await?;
+        let statement_timeout = Duration::from_millis(u64::from(config.statement_timeout_ms));
+        let answer_grace = Duration::from_millis(u64::from(config.answer_grace_ms));
+        let start_up = Duration::from_millis(u64::from(config.connect_timeout_ms)) + answer_grace;
+        let (mut client, connection) = tokio::time::timeout(start_up, connect(config))
+            .await
+            .map_err(|_| {
+                StoreError::Unavailable(format!(
+                    "no answer to the connection's start-up within {} ms",
+                    start_up.as_millis()
+                ))
+            })??;
+        let given_up = Arc::new(AtomicBool::new(false));
+        let deadline = |statements: u32| {
+            Deadline::of(
+                statement_timeout,
+                answer_grace,
+                statements,
+                &given_up,
+                &connection,
+                true,
+            )
+        };
+        let ready = async {
+            migrate::apply_bounded(&mut client, &deadline).await?;
+            deadline(Statements::COUNT)
+                .run(false, prepare(&client))
+                .await
+        }
+        .await;
+        let stmts = match ready {
+            Ok(stmts) => stmts,
+            Err(e) => {
+                connection.abort();
+                return Err(e);
+            }
+        };
         Ok(Db {
             client,
             stmts,
             connection,
-            statement_timeout: Duration::from_millis(u64::from(config.statement_timeout_ms)),
-            answer_grace: Duration::from_millis(u64::from(config.answer_grace_ms)),
-            given_up: Arc::new(AtomicBool::new(false)),
+            statement_timeout,
+            answer_grace,
+            given_up,
         })
     }
 
@@ -170,12 +225,14 @@ impl Db {
     /// grace on top. Every call of the store goes through it or [`Db::answered`], so no call
     /// waits on PostgreSQL without bound.
     pub(crate) fn within(&self, statements: u32) -> Deadline {
-        Deadline {
-            within: self.statement_timeout * statements.max(1) + self.answer_grace,
-            given_up: self.given_up.clone(),
-            connection: self.connection.abort_handle(),
-            open: !self.is_closed(),
-        }
+        Deadline::of(
+            self.statement_timeout,
+            self.answer_grace,
+            statements,
+            &self.given_up,
+            &self.connection,
+            !self.is_closed(),
+        )
     }
 
     /// `open`, retried with exponential backoff while PostgreSQL is unavailable; other errors
@@ -230,6 +287,13 @@ impl Db {
     }
 }
 
+/// `Db::open` is awaited inside spawned tasks (a pipeline's reconnect): its future must stay
+/// `Send`.
+#[allow(dead_code)]
+fn open_is_send(config: &DbConfig) -> impl Send + '_ {
+    Db::open(config)
+}
+
 impl Drop for Db {
     fn drop(&mut self) {
         self.connection.abort();
@@ -278,6 +342,11 @@ async fn connect(config: &DbConfig) -> Result<(Client, JoinHandle<()>), StoreErr
         }
     });
     Ok((client, handle))
+}
+
+impl Statements {
+    /// Statements `prepare` prepares, one round trip each.
+    const COUNT: u32 = 5;
 }
 
 async fn prepare(client: &Client) -> Result<Statements, StoreError> {

@@ -4,6 +4,7 @@
 
 use tokio_postgres::Client;
 
+use crate::db::Deadline;
 use crate::error::StoreError;
 
 /// The advisory lock key all spindle migrators share ("spindle" in ASCII, as a number).
@@ -83,52 +84,103 @@ fn checksum(sql: &str) -> i64 {
     h as i64
 }
 
-/// Applies every migration not yet applied; returns the versions this call applied.
+/// Applies every migration not yet applied; returns the versions this call applied. Unbounded:
+/// for a plain client (tests, tools); [`crate::Db::open`] gives every step a deadline.
 pub async fn apply(client: &mut Client) -> Result<Vec<i32>, StoreError> {
     apply_through(client, i32::MAX).await
 }
 
 /// Applies the migrations not yet applied up to and including version `last` (tests of a
-/// migration start from the schema before it).
+/// migration start from the schema before it). Unbounded, as [`apply`].
 pub async fn apply_through(client: &mut Client, last: i32) -> Result<Vec<i32>, StoreError> {
-    let tx = client.transaction().await?;
-    tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK_KEY])
-        .await?;
-    tx.batch_execute(
-        "CREATE TABLE IF NOT EXISTS schema_migrations (
-             version     integer PRIMARY KEY,
-             name        text NOT NULL,
-             checksum    bigint NOT NULL,
-             applied_at  timestamptz NOT NULL DEFAULT now()
-         )",
-    )
-    .await?;
-    let applied: Vec<(i32, i64)> = tx
-        .query("SELECT version, checksum FROM schema_migrations", &[])
-        .await?
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
-    let mut done = Vec::new();
-    for m in MIGRATIONS.iter().filter(|m| m.version <= last) {
-        match applied.iter().find(|(v, _)| *v == m.version) {
-            Some((_, sum)) if *sum == checksum(m.sql) => continue,
-            Some(_) => {
-                return Err(StoreError::MigrationChanged {
-                    version: m.version,
-                    name: m.name,
-                })
-            }
-            None => {}
+    run(client, last, None).await
+}
+
+/// [`apply`] with every step under a deadline from `deadline(statements)`: the lock and the
+/// read of what is applied, then each migration (its statements, counted generously as its
+/// semicolons, may each run to `statement_timeout`), then the commit. A server that stops
+/// answering mid-migration is given up on instead of holding the node's start forever.
+pub(crate) async fn apply_bounded(
+    client: &mut Client,
+    deadline: &(dyn Fn(u32) -> Deadline + Sync),
+) -> Result<Vec<i32>, StoreError> {
+    run(client, i32::MAX, Some(deadline)).await
+}
+
+/// Statements a migration may run, at most: one per semicolon (those inside function bodies
+/// count too), and the insert that records it.
+fn statements_bound(m: &Migration) -> u32 {
+    u32::try_from(m.sql.matches(';').count() + 2).unwrap_or(u32::MAX)
+}
+
+async fn run(
+    client: &mut Client,
+    last: i32,
+    deadline: Option<&(dyn Fn(u32) -> Deadline + Sync)>,
+) -> Result<Vec<i32>, StoreError> {
+    // Each step under its deadline, when there is one. Nothing here is in doubt: a migration
+    // either committed or not, and the next start finds out which.
+    async fn step<T>(
+        deadline: Option<&(dyn Fn(u32) -> Deadline + Sync)>,
+        statements: u32,
+        work: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        match deadline {
+            Some(d) => d(statements).run(false, work).await,
+            None => work.await,
         }
-        tx.batch_execute(m.sql).await?;
-        tx.execute(
-            "INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, $2, $3)",
-            &[&m.version, &m.name, &checksum(m.sql)],
+    }
+    let pending = |applied: &[(i32, i64)]| -> Result<Vec<&'static Migration>, StoreError> {
+        let mut pending = Vec::new();
+        for m in MIGRATIONS.iter().filter(|m| m.version <= last) {
+            match applied.iter().find(|(v, _)| *v == m.version) {
+                Some((_, sum)) if *sum == checksum(m.sql) => {}
+                Some(_) => {
+                    return Err(StoreError::MigrationChanged {
+                        version: m.version,
+                        name: m.name,
+                    })
+                }
+                None => pending.push(m),
+            }
+        }
+        Ok(pending)
+    };
+    let tx = step(deadline, 1, async { Ok(client.transaction().await?) }).await?;
+    let applied: Vec<(i32, i64)> = step(deadline, 3, async {
+        tx.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK_KEY])
+            .await?;
+        tx.batch_execute(
+            "CREATE TABLE IF NOT EXISTS schema_migrations (
+                 version     integer PRIMARY KEY,
+                 name        text NOT NULL,
+                 checksum    bigint NOT NULL,
+                 applied_at  timestamptz NOT NULL DEFAULT now()
+             )",
         )
+        .await?;
+        Ok(tx
+            .query("SELECT version, checksum FROM schema_migrations", &[])
+            .await?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect())
+    })
+    .await?;
+    let mut done = Vec::new();
+    for m in pending(&applied)? {
+        step(deadline, statements_bound(m), async {
+            tx.batch_execute(m.sql).await?;
+            tx.execute(
+                "INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, $2, $3)",
+                &[&m.version, &m.name, &checksum(m.sql)],
+            )
+            .await?;
+            Ok(())
+        })
         .await?;
         done.push(m.version);
     }
-    tx.commit().await?;
+    step(deadline, 1, async move { Ok(tx.commit().await?) }).await?;
     Ok(done)
 }

@@ -397,3 +397,35 @@ async fn every_store_call_gives_up_on_a_silent_server_within_its_deadline() {
         10
     ));
 }
+
+/// A server that accepts the connection and then stops answering — in the start-up exchange,
+/// at the migrations' read of what is applied, at the prepares — fails `Db::open` as
+/// unavailable within its deadline, instead of holding a node's start or a pipeline's
+/// reconnect forever (the driver bounds only the socket's connect). Without the deadlines each
+/// open waits past the test's own bound (30 s) and fails it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opening_a_connection_gives_up_on_a_silent_server_at_every_step() {
+    let (test, _migrated) = setup().await;
+    // What the first answer of each step carries: a parameter status after authentication,
+    // the column list of `schema_migrations`, the first prepared statement's result columns.
+    for pattern in [&b"server_version"[..], b"checksum", b"o_outcome"] {
+        let step = String::from_utf8_lossy(pattern);
+        let proxy = spindle_control::testing::Proxy::start(&test.config().conninfo);
+        proxy.lose_answer_containing(pattern);
+        let mut config = DbConfig::new(proxy.conninfo());
+        config.connect_timeout_ms = 300;
+        config.statement_timeout_ms = 300;
+        config.answer_grace_ms = 200;
+        let opened = tokio::time::timeout(std::time::Duration::from_secs(30), Db::open(&config))
+            .await
+            .unwrap_or_else(|_| panic!("open waited 30 s on a server silent at `{step}`"));
+        match opened {
+            Ok(_) => panic!("opened through a server silent at `{step}`"),
+            Err(e) => assert!(
+                e.is_unavailable() && !e.is_in_doubt(),
+                "silent at `{step}`: {e:?}"
+            ),
+        }
+        assert_eq!(proxy.lost(), 1, "no answer containing `{step}` was lost");
+    }
+}
