@@ -72,6 +72,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "submit_fenced_by_lease",
         sql: include_str!("../migrations/0011_submit_fenced_by_lease.sql"),
     },
+    Migration {
+        version: 12,
+        name: "final_attempt_in_row",
+        sql: include_str!("../migrations/0012_final_attempt_in_row.sql"),
+    },
 ];
 
 /// FNV-1a over the migration's text: stable across builds and platforms.

@@ -196,8 +196,29 @@ impl Db {
                 } else {
                     tx.query(
                         &format!(
-                            "UPDATE task SET state = 'QUEUED', version = version + 1, failure_reason = NULL,
-                                          next_eligible_at = NULL, updated_at = now()
+                            // The attempt that ended the task leaves its row for the
+                            // history first (migration 12): the next claim overwrites the
+                            // row's attempt columns.
+                            "WITH kept AS (
+                                 INSERT INTO attempt_history
+                                        (task_id, attempt_no, attempt_id, fencing_token, node_id,
+                                         provider, provider_request_key, lease_until, created_at,
+                                         ended_at, outcome, res_pool, res_shard, res_amount,
+                                         released_at)
+                                 SELECT t.task_id, t.attempt_no, t.final_attempt, t.final_fencing,
+                                        coalesce(t.attempt_node, ''), coalesce(t.attempt_provider, ''),
+                                        'spindle-' || t.task_id || '-' || t.attempt_no,
+                                        coalesce(t.attempt_lease_until, t.updated_at),
+                                        coalesce(t.attempt_started_at, t.updated_at), t.updated_at,
+                                        t.state, coalesce(t.res_pool, '{{}}'),
+                                        coalesce(t.res_shard, '{{}}'), coalesce(t.res_amount, '{{}}'),
+                                        t.res_released_at
+                                   FROM task t
+                                  WHERE t.task_id = ANY ($1) AND t.final_attempt IS NOT NULL
+                                 RETURNING 1)
+                             UPDATE task SET state = 'QUEUED', version = version + 1, failure_reason = NULL,
+                                          next_eligible_at = NULL, updated_at = now(),
+                                          final_attempt = NULL, final_fencing = NULL
                                     WHERE task_id = ANY ($1)
                                 RETURNING {QUEUED_COLUMNS}"
                         ),

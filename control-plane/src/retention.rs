@@ -79,12 +79,16 @@ impl Db {
                                      AND t.updated_at < now() - $4::bigint * interval '1 millisecond')
                                  OR (t.state = 'FAILED'
                                      AND t.updated_at < now() - $5::bigint * interval '1 millisecond'))
-                            RETURNING t.task_id),
+                            RETURNING t.task_id, t.final_attempt IS NOT NULL AS kept),
                         history AS (
                             DELETE FROM attempt_history h USING gone g WHERE h.task_id = g.task_id
                             RETURNING 1)
                         SELECT (SELECT count(*) FROM walked), (SELECT max(task_id) FROM walked),
-                               (SELECT count(*) FROM gone), (SELECT count(*) FROM history),
+                               (SELECT count(*) FROM gone),
+                               -- Ended attempts: the history's, and those kept in their task's
+                               -- row (migration 12).
+                               (SELECT count(*) FROM history)
+                                 + (SELECT count(*) FROM gone WHERE gone.kept),
                                EXISTS (SELECT 1 FROM walked WHERE created_at >= now()
                                          - least($4::bigint, $5::bigint) * interval '1 millisecond')",
                     &[

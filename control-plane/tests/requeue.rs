@@ -136,6 +136,23 @@ async fn failed_tasks_go_back_to_their_queues_with_a_new_budget_cycle() {
     )
     .await;
     assert_eq!(attempts, [2, 2]);
+    // Both attempts of each are on record: the failed one moved to the history by the requeue,
+    // the one that ended the task kept in its row.
+    let ended: Vec<String> = common::column(
+        &sql,
+        "SELECT task_id || ':' || attempt_no || ':' || outcome || ':' || provider_request_key
+           FROM task_attempt WHERE task_id IN (1, 2) ORDER BY task_id, attempt_no",
+    )
+    .await;
+    assert_eq!(
+        ended,
+        [
+            "1:1:FAILED:spindle-1-1",
+            "1:2:SUCCEEDED:spindle-1-2",
+            "2:1:FAILED:spindle-2-1",
+            "2:2:SUCCEEDED:spindle-2-2"
+        ]
+    );
     // The events and the audit name the operator.
     let events: i64 = sql
         .query_one(

@@ -6,8 +6,11 @@ mod common;
 use std::time::Duration;
 
 use common::{claim, finish, setup, task, LEASE_MS, NODE};
-use spindle_control::{ClaimResult, PartitionId, Retention, StoreError, SubmitOutcome};
-use spindle_core::{PolicyVersion, TaskState};
+use spindle_control::{
+    ClaimResult, PartitionId, Report, ReportAction, ReportResult, Retention, StoreError,
+    SubmitOutcome,
+};
+use spindle_core::{PolicyVersion, TaskId, TaskState};
 
 const V1: PolicyVersion = PolicyVersion(1);
 const POOL: &str = "provider:acme";
@@ -41,30 +44,52 @@ async fn ended_tasks_leave_after_their_window_and_live_ones_never() {
             other => panic!("{other:?}"),
         })
         .collect();
+    // 1 is retried once: its first attempt ends in a requeue (into the history), its second
+    // ends the task (kept in its row).
+    let requeue = Report {
+        task: TaskId(1),
+        token: Some(tokens[0]),
+        via: vec![],
+        action: ReportAction::Requeue {
+            delay_ms: 0,
+            reason: "retry".into(),
+        },
+    };
+    let r = db.report_batch(&[requeue]).await.unwrap();
+    assert!(matches!(r[0], ReportResult::Applied { .. }), "{r:?}");
+    let second = match &db
+        .claim_batch(NODE, LEASE_MS, &[claim(1, 2, &[(POOL, 0, 1)])])
+        .await
+        .unwrap()[0]
+    {
+        ClaimResult::Granted { token, .. } => *token,
+        other => panic!("{other:?}"),
+    };
     // 1 succeeded, 2 failed, 3 canceled, 7 succeeded (another partition); 4 runs; 5, 6 queue.
     let reports = vec![
-        finish(1, tokens[0], TaskState::Succeeded),
+        finish(1, second, TaskState::Succeeded),
         finish(2, tokens[1], TaskState::Failed),
         finish(3, tokens[2], TaskState::Canceled),
         finish(7, tokens[4], TaskState::Succeeded),
     ];
     for r in db.report_batch(&reports).await.unwrap() {
-        assert!(
-            matches!(r, spindle_control::ReportResult::Applied { .. }),
-            "{r:?}"
-        );
+        assert!(matches!(r, ReportResult::Applied { .. }), "{r:?}");
     }
     let sql = test.sql().await.unwrap();
     let left = || async {
         let ids: Vec<i64> = common::column(&sql, "SELECT task_id FROM task ORDER BY task_id").await;
+        // Ended attempts, in the history or kept in their task's row.
         let history: i64 = sql
-            .query_one("SELECT count(*) FROM attempt_history", &[])
+            .query_one(
+                "SELECT count(*) FROM task_attempt WHERE outcome IS NOT NULL",
+                &[],
+            )
             .await
             .unwrap()
             .get(0);
         (ids, history)
     };
-    assert_eq!(left().await, (vec![1, 2, 3, 4, 5, 6, 7], 4));
+    assert_eq!(left().await, (vec![1, 2, 3, 4, 5, 6, 7], 5));
 
     // Within the window nothing goes.
     let long = Retention {
@@ -90,7 +115,7 @@ async fn ended_tasks_leave_after_their_window_and_live_ones_never() {
         .prune_finished(&[PartitionId(1)], keep_failed, None, 100)
         .await
         .unwrap();
-    assert_eq!((p.tasks, p.attempts), (2, 2), "{p:?}");
+    assert_eq!((p.tasks, p.attempts), (2, 3), "{p:?}");
     assert_eq!(left().await, (vec![2, 4, 5, 6, 7], 2));
     // The running task is untouched by a window of zero; the failed one goes now.
     let now = Retention {
@@ -108,10 +133,7 @@ async fn ended_tasks_leave_after_their_window_and_live_ones_never() {
         .report_batch(&[finish(4, tokens[3], TaskState::Succeeded)])
         .await
         .unwrap();
-    assert!(
-        matches!(r[0], spindle_control::ReportResult::Applied { .. }),
-        "{r:?}"
-    );
+    assert!(matches!(r[0], ReportResult::Applied { .. }), "{r:?}");
 }
 
 #[tokio::test]
