@@ -328,6 +328,93 @@ async fn a_batch_with_a_replayed_key_is_decided_row_by_row_and_reserves_once() {
     assert_counters_derived(&test).await;
 }
 
+/// One report batch finishing the budgeted tasks of two tenants: each tenant's reservation and
+/// spend move by exactly its tasks' estimates and actual costs, summed over the batch; a task
+/// whose ledger row is already there (a settle recorded before) is not counted again.
+#[tokio::test]
+async fn a_finishing_batch_settles_each_tenants_budget_by_its_own_rows() {
+    let (test, mut db) = setup().await;
+    for tenant in [1, 2] {
+        db.set_tenant_budget(spindle_core::TenantId(tenant), 10_000, "ops", "budget")
+            .await
+            .unwrap();
+    }
+    db.set_pool("provider:acme", 10, 1).await.unwrap();
+    let batch: Vec<_> = (1..=6)
+        .map(|i| task(i, if i <= 4 { 1 } else { 2 }, &format!("k{i}")))
+        .collect();
+    db.submit_batch(&batch, V1).await.unwrap();
+    let claims: Vec<_> = (1..=6)
+        .map(|i| claim(i, 0, &[("provider:acme", 0, 1)]))
+        .collect();
+    let tokens: Vec<FencingToken> = db
+        .claim_batch(NODE, LEASE_MS, &claims)
+        .await
+        .unwrap()
+        .iter()
+        .map(granted)
+        .collect();
+    let sql = test.sql().await.unwrap();
+    assert_eq!(common::quota(&sql, 1).await, (4_000, 0));
+    assert_eq!(common::quota(&sql, 2).await, (2_000, 0));
+    sql.execute(
+        "INSERT INTO quota_ledger (tenant_id, task_id, kind, amount_milli) VALUES (1, 4, 'SETTLE', 700)",
+        &[],
+    )
+    .await
+    .unwrap();
+    let end = |i: u64, state: TaskState, cost: Option<u64>| Report {
+        task: TaskId(i),
+        token: Some(tokens[i as usize - 1]),
+        via: if state == TaskState::Succeeded {
+            vec![
+                TaskState::Running,
+                TaskState::ProviderSucceeded,
+                TaskState::MediaProcessing,
+            ]
+        } else {
+            Vec::new()
+        },
+        action: ReportAction::Finish {
+            state,
+            cost_actual_milli: cost,
+            reason: None,
+        },
+    };
+    let reports = [
+        end(1, TaskState::Succeeded, Some(300)),
+        end(2, TaskState::Succeeded, None),
+        end(3, TaskState::Failed, None),
+        end(4, TaskState::Succeeded, Some(500)),
+        end(5, TaskState::Succeeded, Some(200)),
+        end(6, TaskState::Canceled, None),
+    ];
+    for r in db.report_batch(&reports).await.unwrap() {
+        assert!(matches!(r, ReportResult::Applied { .. }), "{r:?}");
+    }
+    // Tenant 1: 1 and 2 settled (300, and the estimate without an actual cost), 3 refunded;
+    // 4's settle skipped, its ledger row being there already (its estimate stays reserved).
+    assert_eq!(common::quota(&sql, 1).await, (1_000, 1_300));
+    assert_eq!(common::quota(&sql, 2).await, (0, 200));
+    let kinds: Vec<String> = common::column(
+        &sql,
+        "SELECT task_id || ':' || kind || ':' || amount_milli FROM quota_ledger
+          WHERE kind <> 'RESERVE' ORDER BY task_id, kind",
+    )
+    .await;
+    assert_eq!(
+        kinds,
+        [
+            "1:SETTLE:300",
+            "2:SETTLE:1000",
+            "3:REFUND:1000",
+            "4:SETTLE:700",
+            "5:SETTLE:200",
+            "6:REFUND:1000"
+        ]
+    );
+}
+
 #[tokio::test]
 async fn budgets_are_reserved_at_submit_and_settled_or_refunded_once() {
     let (test, mut db) = setup().await;
