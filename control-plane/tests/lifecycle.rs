@@ -363,23 +363,8 @@ async fn a_finishing_batch_settles_each_tenants_budget_by_its_own_rows() {
     )
     .await
     .unwrap();
-    let end = |i: u64, state: TaskState, cost: Option<u64>| Report {
-        task: TaskId(i),
-        token: Some(tokens[i as usize - 1]),
-        via: if state == TaskState::Succeeded {
-            vec![
-                TaskState::Running,
-                TaskState::ProviderSucceeded,
-                TaskState::MediaProcessing,
-            ]
-        } else {
-            Vec::new()
-        },
-        action: ReportAction::Finish {
-            state,
-            cost_actual_milli: cost,
-            reason: None,
-        },
+    let end = |i: u64, state: TaskState, cost: Option<u64>| {
+        common::finish_costing(i, tokens[i as usize - 1], state, cost)
     };
     let reports = [
         end(1, TaskState::Succeeded, Some(300)),

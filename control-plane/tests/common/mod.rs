@@ -87,6 +87,20 @@ pub async fn assert_counters_derived(test: &TestDb) {
 /// The fenced report that ends a running attempt as `state` (SUCCEEDED through the provider
 /// and media steps, anything else from RUNNING), with a reason.
 pub fn finish(task: u64, token: FencingToken, state: TaskState) -> Report {
+    let mut report = finish_costing(task, token, state, None);
+    if let ReportAction::Finish { reason, .. } = &mut report.action {
+        *reason = Some("test".into());
+    }
+    report
+}
+
+/// A finish with the actual cost the task reported (none: it settles at its estimate).
+pub fn finish_costing(
+    task: u64,
+    token: FencingToken,
+    state: TaskState,
+    cost_actual_milli: Option<u64>,
+) -> Report {
     Report {
         task: TaskId(task),
         token: Some(token),
@@ -101,8 +115,8 @@ pub fn finish(task: u64, token: FencingToken, state: TaskState) -> Report {
         },
         action: ReportAction::Finish {
             state,
-            cost_actual_milli: None,
-            reason: Some("test".into()),
+            cost_actual_milli,
+            reason: None,
         },
     }
 }
