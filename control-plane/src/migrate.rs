@@ -77,6 +77,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "final_attempt_in_row",
         sql: include_str!("../migrations/0012_final_attempt_in_row.sql"),
     },
+    Migration {
+        version: 13,
+        name: "unrestorable_queued_fails",
+        sql: include_str!("../migrations/0013_unrestorable_queued_fails.sql"),
+    },
 ];
 
 /// FNV-1a over the migration's text: stable across builds and platforms.

@@ -55,7 +55,8 @@ impl TaskState {
         use TaskState::*;
         match (self, to) {
             (Created, Queued | Canceled | Expired) => true,
-            (Queued, Dispatching | Canceled | Expired) => true,
+            // FAILED: a stored task the node cannot put back (see `spindle-node`'s restore).
+            (Queued, Dispatching | Canceled | Expired | Failed) => true,
             (Dispatching, Running | SubmitUnknown | Queued | Failed | Canceled) => true,
             (SubmitUnknown, Running | Queued | Failed | Canceled) => true,
             (Running, ProviderSucceeded | Queued | Failed | Canceled) => true,
@@ -184,7 +185,7 @@ mod tests {
         }
         expect![[r#"
             CREATED → QUEUED CANCELED EXPIRED
-            QUEUED → DISPATCHING CANCELED EXPIRED
+            QUEUED → DISPATCHING FAILED CANCELED EXPIRED
             DISPATCHING → QUEUED SUBMIT_UNKNOWN RUNNING FAILED CANCELED
             SUBMIT_UNKNOWN → QUEUED RUNNING FAILED CANCELED
             RUNNING → QUEUED PROVIDER_SUCCEEDED FAILED CANCELED

@@ -407,23 +407,33 @@ impl Admin {
             }
         };
         let config = &self.shards.config;
-        let mut per_shard: Vec<Vec<crate::control::Restore>> =
-            (0..config.shards).map(|_| Vec::new()).collect();
+        let mut per_shard: Vec<crate::control::ShardRestores> = (0..config.shards)
+            .map(|_| crate::control::ShardRestores::default())
+            .collect();
         let mut answers = Vec::with_capacity(outcomes.len());
         for (task, outcome) in tasks.iter().zip(outcomes) {
             let mut take_back = |q: &spindle_control::reconcile::QueuedTask, name| {
+                let to = &mut per_shard[config.shard_of(q.tenant.0)];
                 match crate::control::restore_request(q) {
                     Ok(request) => {
-                        per_shard[config.shard_of(q.tenant.0)].push(crate::control::Restore {
+                        to.tasks.push(crate::control::Restore {
                             request,
                             version: q.version,
                             live: None,
                         });
                         (name, Value::Null)
                     }
-                    // Stored QUEUED: the next restart or takeover of its partition reads it
-                    // (and fails it the same way).
-                    Err(e) => ("requeued_unreadable", json!(format!("{e:#}"))),
+                    // Requeued, but its stored request cannot be read: its shard fails it
+                    // again, with the reason.
+                    Err(e) => {
+                        let reason = format!("{e:#}");
+                        to.unrestorable.push(crate::control::Unrestorable {
+                            task: q.task,
+                            token: None,
+                            reason: reason.clone(),
+                        });
+                        ("requeued_unreadable", json!(reason))
+                    }
                 }
             };
             let (name, detail) = match outcome {
@@ -457,7 +467,7 @@ impl Admin {
             answers.push(json!({ "task": task.0, "outcome": name, "detail": detail }));
         }
         for (inbox, batch) in self.shards.inboxes.iter().zip(per_shard) {
-            if !batch.is_empty()
+            if !(batch.tasks.is_empty() && batch.unrestorable.is_empty())
                 && inbox
                     .send(crate::shard::ShardMsg::Restore(batch))
                     .await

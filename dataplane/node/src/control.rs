@@ -431,7 +431,7 @@ pub struct Started {
     pub pipes: Vec<Pipes>,
     pub id_blocks: Vec<std::ops::Range<u64>>,
     /// Per shard: QUEUED tasks of its partitions to put back before serving.
-    pub restores: Vec<Vec<Restore>>,
+    pub restores: Vec<ShardRestores>,
 }
 
 /// One shard's two pipelines.
@@ -450,6 +450,25 @@ pub struct Restore {
     pub version: u32,
     /// Set for a live attempt (`request.attempts_before` is then its number).
     pub live: Option<LiveRestore>,
+}
+
+/// A stored task that cannot be put back as it is (its request unreadable, its live attempt's
+/// provider gone from the policy, or refused by the shard's core: tenant or model no longer in
+/// the policy, a spec the model no longer takes, attempts used up). Its shard fails it in
+/// PostgreSQL with `reason` rather than leave it QUEUED and unserved, or stop the node.
+#[derive(Debug)]
+pub struct Unrestorable {
+    pub task: spindle_core::TaskId,
+    /// The live attempt's token, for one that had an attempt.
+    pub token: Option<spindle_core::FencingToken>,
+    pub reason: String,
+}
+
+/// What one shard takes back from PostgreSQL.
+#[derive(Default)]
+pub struct ShardRestores {
+    pub tasks: Vec<Restore>,
+    pub unrestorable: Vec<Unrestorable>,
 }
 
 /// A live attempt at the HTTP provider, resumed instead of submitted again.
@@ -580,14 +599,17 @@ pub(crate) fn restore_request(
 }
 
 /// Every task of `mine` to put back, as restores per shard: the QUEUED ones, and the live
-/// attempts [`recover_attempts`] left live (the followed ones), in one walk.
+/// attempts [`recover_attempts`] left live (the followed ones), in one walk. One that cannot
+/// be read back goes to its shard as [`Unrestorable`].
 async fn load_restores(
     admin: &Db,
     config: &crate::config::Config,
     policy: &spindle_core::Policy,
     mine: &[PartitionId],
-) -> anyhow::Result<Vec<Vec<Restore>>> {
-    let mut per_shard: Vec<Vec<Restore>> = (0..config.shards).map(|_| Vec::new()).collect();
+) -> anyhow::Result<Vec<ShardRestores>> {
+    let mut per_shard: Vec<ShardRestores> = (0..config.shards)
+        .map(|_| ShardRestores::default())
+        .collect();
     let mut after = None;
     loop {
         let page = admin
@@ -598,31 +620,49 @@ async fn load_restores(
         };
         after = Some(last.task.task);
         for o in page {
-            let live = match o.live {
-                None => None,
-                Some(l) => {
-                    let Some(i) = policy.providers.iter().position(|p| p.name == l.provider) else {
-                        anyhow::bail!(
-                            "task {}: its live attempt's provider {} left the policy meanwhile",
-                            o.task.task,
-                            l.provider
-                        );
-                    };
-                    Some(LiveRestore {
-                        provider: spindle_core::ProviderId(i as u16),
-                        token: l.token,
-                        stored: l.state,
-                        request_key: l.request_key,
-                    })
-                }
-            };
-            per_shard[config.shard_of(o.task.tenant.0)].push(Restore {
-                request: restore_request(&o.task)?,
-                version: o.task.version,
-                live,
-            });
+            let to = &mut per_shard[config.shard_of(o.task.tenant.0)];
+            match owned_restore(policy, o) {
+                Ok(r) => to.tasks.push(r),
+                Err(u) => to.unrestorable.push(u),
+            }
         }
     }
+}
+
+/// One stored task as its shard takes it back, or why it cannot be.
+fn owned_restore(
+    policy: &spindle_core::Policy,
+    o: spindle_control::reconcile::OwnedTask,
+) -> Result<Restore, Unrestorable> {
+    let token = o.live.as_ref().map(|l| l.token);
+    let unrestorable = |reason: String| Unrestorable {
+        task: o.task.task,
+        token,
+        reason,
+    };
+    let request = restore_request(&o.task).map_err(|e| unrestorable(format!("{e:#}")))?;
+    let live = match o.live {
+        None => None,
+        Some(l) => {
+            let Some(i) = policy.providers.iter().position(|p| p.name == l.provider) else {
+                return Err(unrestorable(format!(
+                    "task {}: its live attempt's provider {} left the policy",
+                    o.task.task, l.provider
+                )));
+            };
+            Some(LiveRestore {
+                provider: spindle_core::ProviderId(i as u16),
+                token: l.token,
+                stored: l.state,
+                request_key: l.request_key,
+            })
+        }
+    };
+    Ok(Restore {
+        request,
+        version: o.task.version,
+        live,
+    })
 }
 
 /// Opens one connection per shard (migrating on the first), registers the node, takes the
@@ -914,7 +954,7 @@ impl LeaseLoop {
         let restores = load_restores(&self.admin, &self.config, &policy, gained).await?;
         let mut n = 0;
         for (shard, batch) in shards.iter().zip(restores) {
-            n += batch.len();
+            n += batch.tasks.len();
             shard
                 .send(crate::shard::ShardMsg::Restore(batch))
                 .await

@@ -289,14 +289,9 @@ fn run_node(config: Config) -> anyhow::Result<()> {
                     media,
                     lease_ms: config.lease_ms,
                 });
-                // At start every stored task must come back: one that cannot stops the node
-                // (an operator looks at it) instead of lying in PostgreSQL unserved.
+                // A stored task that cannot come back is failed with its reason (logged and
+                // counted), not left unserved; the node serves the others.
                 let done = shard.restore(restore);
-                if !done.refused.is_empty() {
-                    let why = format!("restoring stored tasks: {}", done.refused.join("; "));
-                    let _ = bound_tx.send(Err(why));
-                    return;
-                }
                 shard.send_calls(done.calls);
 
                 let listener = match glommio::net::TcpListener::bind(addr) {

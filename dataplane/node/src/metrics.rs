@@ -136,6 +136,8 @@ pub struct Metrics {
     pub calls_in_doubt: AtomicU64,
     /// Ended tasks the retention passes removed from PostgreSQL.
     pub retention_pruned: AtomicU64,
+    /// Stored tasks a restore or takeover could not put back, failed with the reason.
+    pub restore_failed: AtomicU64,
     /// Counter checks done, and the pool shards and budgets the last one found drifted.
     pub counter_checks: AtomicU64,
     pub counter_drift_shards: AtomicU64,
@@ -190,6 +192,7 @@ impl Metrics {
             claims_refused: AtomicU64::new(0),
             calls_in_doubt: AtomicU64::new(0),
             retention_pruned: AtomicU64::new(0),
+            restore_failed: AtomicU64::new(0),
             counter_checks: AtomicU64::new(0),
             counter_drift_shards: AtomicU64::new(0),
             counter_drift_budgets: AtomicU64::new(0),
@@ -305,6 +308,11 @@ impl Metrics {
             w,
             "# HELP spindle_retention_pruned_total Ended tasks removed by retention.\n# TYPE spindle_retention_pruned_total counter\nspindle_retention_pruned_total {}",
             self.retention_pruned.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            w,
+            "# HELP spindle_restore_failed_total Stored tasks a restart or takeover could not put back (unreadable, or their tenant, model or provider gone from the policy), failed with the reason.\n# TYPE spindle_restore_failed_total counter\nspindle_restore_failed_total {}",
+            self.restore_failed.load(Ordering::Relaxed)
         );
         let _ = writeln!(
             w,

@@ -97,3 +97,144 @@ credential = "two"
         "nothing extra, nothing held"
     );
 }
+
+/// Polls (bounded: 30 s) until `query` (one bigint) reads `want`; returns the last reading.
+async fn wait_reading(sql: &tokio_postgres::Client, query: &str, want: i64) -> i64 {
+    let mut got = -1;
+    for _ in 0..3_000 {
+        got = sql.query_one(query, &[]).await.unwrap().get(0);
+        if got == want {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    got
+}
+
+/// A restart that finds stored tasks it cannot put back — one whose stored request is
+/// unreadable, and every task of a tenant the new configuration no longer has — fails each of
+/// them with the reason instead of refusing to start (which took every other tenant down with
+/// them), and serves the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_fails_the_stored_tasks_it_cannot_put_back_and_serves_the_rest() {
+    let test = TestDb::new().await;
+    let config = |tenants: &str, scale: f64, concurrency: u64| {
+        format!(
+            r#"
+node_id = "unrestorable-node"
+listen = "127.0.0.1:0"
+http_listen = "127.0.0.1:0"
+shards = 2
+partitions = 8
+local_provider_time_scale = {scale}
+provider_concurrency = {concurrency}
+{tenants}"#
+        )
+    };
+    let both =
+        "[[tenants]]\nid = 1\ncredential = \"one\"\n\n[[tenants]]\nid = 2\ncredential = \"two\"\n";
+    // Slow jobs and two slots: most of the work is QUEUED when the node dies.
+    let mut daemon = start_with(&test, &config(both, 10.0, 2)).await;
+    let mut acked = [Vec::new(), Vec::new()];
+    for (i, (tenant, credential)) in [(1u32, "one"), (2, "two")].into_iter().enumerate() {
+        let client = Client::connect(daemon.addr, TenantId(tenant), credential)
+            .await
+            .unwrap();
+        let batch: Vec<_> = (0..10).map(|k| task(&format!("u{tenant}-{k}"))).collect();
+        for a in client.submit_batch(batch).await.unwrap() {
+            assert!(a.decision.is_accepted(), "{a:?}");
+            acked[i].push(a.task.0 as i64);
+        }
+    }
+    daemon.child.kill().unwrap();
+    daemon.child.wait().unwrap();
+    drop(daemon);
+
+    // One of tenant 1's queued tasks gets a stored request no node can read.
+    let sql = test.sql().await.unwrap();
+    let broken: i64 = sql
+        .query_one(
+            "UPDATE task SET payload = '\\x7b'::bytea WHERE task_id = (
+                 SELECT max(task_id) FROM task WHERE tenant_id = 1 AND state = 'QUEUED')
+             RETURNING task_id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+
+    // Restarted without tenant 2, with fast jobs.
+    let only_one = "[[tenants]]\nid = 1\ncredential = \"one\"\n";
+    let restarted = start_with(&test, &config(only_one, 0.001, 100)).await;
+    let served: Vec<i64> = acked[0].iter().copied().filter(|&t| t != broken).collect();
+    assert_eq!(
+        common::wait_all_succeeded(&sql, &served).await,
+        served.len() as i64,
+        "tenant 1's readable tasks completed after the restart"
+    );
+    let failed_query = |tasks: &[i64], like: &str| {
+        let ids = tasks
+            .iter()
+            .map(i64::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
+        format!(
+            "SELECT count(*) FROM task WHERE task_id IN ({ids}) AND state = 'FAILED'
+                AND failure_reason LIKE '{like}'"
+        )
+    };
+    assert_eq!(
+        wait_reading(
+            &sql,
+            &failed_query(&[broken], "not restorable: task % unreadable payload%"),
+            1
+        )
+        .await,
+        1,
+        "the unreadable task failed, naming why"
+    );
+    assert_eq!(
+        wait_reading(
+            &sql,
+            &failed_query(&acked[1], "not restorable: task %: tenant 2 has no policy"),
+            10
+        )
+        .await,
+        10,
+        "every task of the tenant that left the configuration failed, naming why"
+    );
+    let dead: i64 = sql
+        .query_one(
+            "SELECT count(*) FROM dead_letter WHERE failure_reason LIKE 'not restorable:%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(dead, 11, "the failed tasks are in the dead letter view");
+    assert_eq!(
+        common::metric(&restarted, "spindle_restore_failed_total").await,
+        11
+    );
+    let row = sql
+        .query_one(
+            "SELECT (SELECT count(*) FROM resource_reservation WHERE status = 'ACTIVE'),
+                    (SELECT coalesce(sum(used), 0)::bigint FROM resource_pool_shard)",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        (row.get::<_, i64>(0), row.get::<_, i64>(1)),
+        (0, 0),
+        "nothing held"
+    );
+
+    // And the node serves new work.
+    let client = Client::connect(restarted.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let a = client.submit(task("after")).await.unwrap();
+    assert!(a.decision.is_accepted(), "{a:?}");
+    common::wait_for(&client, a.task, spindle_core::TaskState::Succeeded).await;
+}

@@ -241,3 +241,100 @@ credential = "one"
     let ran = common::executed_once_per_attempt(&[log.as_path()]);
     assert_eq!(ran.len(), ids.len());
 }
+
+/// A takeover that finds a stored task it cannot read fails that task with the reason and
+/// serves the partition. (It failed the whole takeover instead, every round: the partition's
+/// other tasks waited unserved for good.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_takeover_fails_a_task_it_cannot_read_and_serves_the_partition() {
+    let test = TestDb::new().await;
+    let node = |name: &str, scale: f64, concurrency: u64| {
+        format!(
+            r#"
+node_id = "{name}"
+listen = "127.0.0.1:0"
+http_listen = "127.0.0.1:0"
+shards = 2
+partitions = 8
+lease_ms = 1500
+local_provider_time_scale = {scale}
+provider_concurrency = {concurrency}
+
+[[tenants]]
+id = 1
+credential = "one"
+"#
+        )
+    };
+    // Slow jobs and two slots on A: most of its work stays QUEUED.
+    let mut a = start_with(&test, &node("node-a", 10.0, 2)).await;
+    let b = start_with(&test, &node("node-b", 0.001, 100)).await;
+    let client = Client::connect(a.addr, TenantId(1), "one").await.unwrap();
+    let batch: Vec<_> = (0..10).map(|k| task(&format!("r-{k}"))).collect();
+    let mut acked: Vec<i64> = Vec::new();
+    for adm in client.submit_batch(batch).await.unwrap() {
+        assert!(adm.decision.is_accepted(), "{adm:?}");
+        acked.push(adm.task.0 as i64);
+    }
+    // The newest queued task (the last A would start) gets a stored request nobody can read;
+    // A keeps its own copy in memory, B reads the row when it takes the partition over.
+    let sql = test.sql().await.unwrap();
+    let broken: i64 = sql
+        .query_one(
+            "UPDATE task SET payload = '\\x7b'::bytea WHERE task_id = (
+                 SELECT max(task_id) FROM task WHERE state = 'QUEUED')
+             RETURNING task_id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+
+    let mut served = None;
+    for _ in 0..1_000 {
+        match Client::connect(b.addr, TenantId(1), "one").await {
+            Ok(c) => {
+                served = Some(c);
+                break;
+            }
+            Err(ClientError::Refused(e)) if e.code == ErrorCode::WrongNode => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let client = served.expect("node B never took the partition over");
+    let rest: Vec<i64> = acked.iter().copied().filter(|&t| t != broken).collect();
+    assert_eq!(
+        common::wait_all_succeeded(&sql, &rest).await,
+        rest.len() as i64,
+        "the readable tasks completed on node B"
+    );
+    // Its failure goes with the shard's reports: polled (bounded, 30 s) until committed.
+    let mut reason = None;
+    for _ in 0..3_000 {
+        let row = sql
+            .query_opt(
+                "SELECT failure_reason FROM task WHERE task_id = $1 AND state = 'FAILED'",
+                &[&broken],
+            )
+            .await
+            .unwrap();
+        if let Some(row) = row {
+            reason = row.get::<_, Option<String>>(0);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let reason = reason.expect("the unreadable task failed, with a reason");
+    assert!(
+        reason.starts_with("not restorable: ") && reason.contains("unreadable payload"),
+        "{reason}"
+    );
+    assert_eq!(common::metric(&b, "spindle_restore_failed_total").await, 1);
+    let fresh = client.submit(task("after")).await.unwrap();
+    assert!(fresh.decision.is_accepted(), "{fresh:?}");
+    common::wait_for(&client, fresh.task, spindle_core::TaskState::Succeeded).await;
+}

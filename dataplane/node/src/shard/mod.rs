@@ -72,7 +72,7 @@ pub enum ShardMsg {
         reply: oneshot::Sender<Response>,
     },
     /// QUEUED tasks of partitions this node just took over.
-    Restore(Vec<crate::control::Restore>),
+    Restore(crate::control::ShardRestores),
     /// An answer from the provider thread.
     Provider(crate::dispatch::ProviderEvent),
     /// A media job ended.
@@ -255,8 +255,8 @@ pub type SharedShard = Rc<RefCell<ShardState>>;
 pub struct Restored {
     /// Queries by request key for the resumed attempts, for the provider thread.
     pub calls: Vec<crate::dispatch::Call>,
-    /// The tasks the core could not take, each with why.
-    pub refused: Vec<String>,
+    /// The tasks that could not be put back, now being failed in PostgreSQL.
+    pub failed: usize,
 }
 
 /// What a shard starts with.
@@ -366,14 +366,18 @@ impl ShardState {
     /// their queues, live attempts into their provider stage. Returns the queries by request
     /// key that find each live attempt's job at the provider (to send to the provider thread):
     /// a job found is followed to its end, one the provider never got is run again as a new
-    /// attempt, so no job is submitted twice. A task the core holds already is skipped; one it
-    /// cannot take is left out (it stays in PostgreSQL as it is) and named in `refused`; the
-    /// others are put back.
-    pub fn restore(&mut self, restores: Vec<crate::control::Restore>) -> Restored {
+    /// attempt, so no job is submitted twice. A task the core holds already is skipped. One
+    /// that cannot come back — unreadable, or refused by the core (its tenant or model left
+    /// the policy, its spec no longer fits the model, its attempts are used up) — is failed in
+    /// PostgreSQL with the reason: left QUEUED it would wait unserved and unanswered, and
+    /// stopping the node for it would stop every other tenant's work.
+    pub fn restore(&mut self, restores: crate::control::ShardRestores) -> Restored {
         let now = self.now();
         let mut done = Restored::default();
-        for r in restores {
+        let mut unrestorable = restores.unrestorable;
+        for r in restores.tasks {
             let task = r.request.submit.task;
+            let token = r.live.as_ref().map(|l| l.token);
             match self.restore_one(now, r) {
                 Ok(call) => done.calls.extend(call),
                 // Held here already (an operator's requeue asked again, a lease re-taken after
@@ -381,10 +385,47 @@ impl ShardState {
                 Err(spindle_core::SubmitError::DuplicateTask(_)) => {
                     tracing::debug!("{task} is here already");
                 }
-                Err(e) => done.refused.push(format!("task {task}: {e}")),
+                Err(e) => unrestorable.push(crate::control::Unrestorable {
+                    task,
+                    token,
+                    reason: format!("task {task}: {e}"),
+                }),
             }
         }
+        done.failed = unrestorable.len();
+        self.fail_unrestorable(unrestorable);
         done
+    }
+
+    /// Fails each task in `tasks` in PostgreSQL (QUEUED, or its live attempt, → FAILED), with
+    /// "not restorable: " and the reason as its failure reason; an operator who fixed the
+    /// cause takes it back with a requeue. The reports go with the shard's others, retried
+    /// while PostgreSQL is away.
+    fn fail_unrestorable(&mut self, tasks: Vec<crate::control::Unrestorable>) {
+        if tasks.is_empty() {
+            return;
+        }
+        self.metrics
+            .restore_failed
+            .fetch_add(tasks.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        let reports = tasks
+            .into_iter()
+            .map(|u| {
+                tracing::error!("cannot put back {}; failing it: {}", u.task, u.reason);
+                // Within the store's bound whatever the characters (as a provider's reason).
+                let reason = format!("not restorable: {}", u.reason)
+                    .chars()
+                    .take(spindle_control::limits::REASON_BYTES_MAX / 4)
+                    .collect::<String>();
+                let action = ReportAction::Finish {
+                    state: TaskState::Failed,
+                    cost_actual_milli: None,
+                    reason: Some(reason),
+                };
+                Report::new(u.task, u.token, action)
+            })
+            .collect();
+        send_reports(self, vec![reports]);
     }
 
     fn restore_one(
@@ -558,9 +599,6 @@ pub async fn run(state: SharedShard, mut inbox: mpsc::Receiver<ShardMsg>) {
             ShardMsg::Restore(restores) => {
                 let mut s = state.borrow_mut();
                 let done = s.restore(restores);
-                for why in &done.refused {
-                    tracing::error!("not restored (it stays in PostgreSQL as it is): {why}");
-                }
                 s.send_calls(done.calls);
             }
             ShardMsg::Unsubscribe { task, out, reply } => {
