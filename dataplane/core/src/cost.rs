@@ -110,6 +110,11 @@ impl Default for CostBases {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+// Four bytes, not one: placed last in a `CostEstimate`, a one-byte class left seven bytes
+// of padding that copies of the estimate moved as a byte and two overlapping 4-byte moves,
+// and reading the admission's copy back then waited on a store-forwarding stall (perf
+// annotate: 29 % of `handle_submit`'s samples on that load; docs/benchmarks.md, eighth round).
+#[repr(u32)]
 pub enum ResourceClass {
     Standard,
     Expensive,
