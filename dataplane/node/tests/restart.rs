@@ -98,19 +98,6 @@ credential = "two"
     );
 }
 
-/// Polls (bounded: 30 s) until `query` (one bigint) reads `want`; returns the last reading.
-async fn wait_reading(sql: &tokio_postgres::Client, query: &str, want: i64) -> i64 {
-    let mut got = -1;
-    for _ in 0..3_000 {
-        got = sql.query_one(query, &[]).await.unwrap().get(0);
-        if got == want {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    got
-}
-
 /// A restart that finds stored tasks it cannot put back — one whose stored request is
 /// unreadable, and every task of a tenant the new configuration no longer has — fails each of
 /// them with the reason instead of refusing to start (which took every other tenant down with
@@ -184,7 +171,7 @@ provider_concurrency = {concurrency}
         )
     };
     assert_eq!(
-        wait_reading(
+        common::wait_reading(
             &sql,
             &failed_query(&[broken], "not restorable: task % unreadable payload%"),
             1
@@ -194,7 +181,7 @@ provider_concurrency = {concurrency}
         "the unreadable task failed, naming why"
     );
     assert_eq!(
-        wait_reading(
+        common::wait_reading(
             &sql,
             &failed_query(&acked[1], "not restorable: task %: tenant 2 has no policy"),
             10

@@ -37,6 +37,21 @@ credential = "two"
     )
 }
 
+/// A client of `tenant` on `node` once the node serves the tenant's partition (bounded: 1,000
+/// tries 10 ms apart), after answers that name another node.
+async fn once_served(node: &common::Daemon, tenant: u32, credential: &str) -> Client {
+    for _ in 0..1_000 {
+        match Client::connect(node.addr, TenantId(tenant), credential).await {
+            Ok(c) => return c,
+            Err(ClientError::Refused(e)) if e.code == ErrorCode::WrongNode => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    panic!("the node never took tenant {tenant}'s partition over");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_node_takes_over_after_the_first_dies_and_completes_every_acked_task() {
     let test = TestDb::new().await;
@@ -76,20 +91,7 @@ async fn a_second_node_takes_over_after_the_first_dies_and_completes_every_acked
     a.child.wait().unwrap();
 
     // B serves tenant 1 once it holds its partition: the lease (1.5 s) must lapse first.
-    let mut served = None;
-    for _ in 0..1_000 {
-        match Client::connect(b.addr, TenantId(1), "one").await {
-            Ok(c) => {
-                served = Some(c);
-                break;
-            }
-            Err(ClientError::Refused(e)) if e.code == ErrorCode::WrongNode => {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            Err(e) => panic!("{e}"),
-        }
-    }
-    let client = served.expect("node B never took tenant 1's partition over");
+    let client = once_served(&b, 1, "one").await;
     // And it takes new work for it.
     let fresh = client.submit(task("after-takeover")).await.unwrap();
     assert!(fresh.decision.is_accepted(), "{fresh:?}");
@@ -292,43 +294,29 @@ credential = "one"
     a.child.kill().unwrap();
     a.child.wait().unwrap();
 
-    let mut served = None;
-    for _ in 0..1_000 {
-        match Client::connect(b.addr, TenantId(1), "one").await {
-            Ok(c) => {
-                served = Some(c);
-                break;
-            }
-            Err(ClientError::Refused(e)) if e.code == ErrorCode::WrongNode => {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            Err(e) => panic!("{e}"),
-        }
-    }
-    let client = served.expect("node B never took the partition over");
+    let client = once_served(&b, 1, "one").await;
     let rest: Vec<i64> = acked.iter().copied().filter(|&t| t != broken).collect();
     assert_eq!(
         common::wait_all_succeeded(&sql, &rest).await,
         rest.len() as i64,
         "the readable tasks completed on node B"
     );
-    // Its failure goes with the shard's reports: polled (bounded, 30 s) until committed.
-    let mut reason = None;
-    for _ in 0..3_000 {
-        let row = sql
-            .query_opt(
-                "SELECT failure_reason FROM task WHERE task_id = $1 AND state = 'FAILED'",
-                &[&broken],
-            )
-            .await
-            .unwrap();
-        if let Some(row) = row {
-            reason = row.get::<_, Option<String>>(0);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let reason = reason.expect("the unreadable task failed, with a reason");
+    // Its failure goes with the shard's reports: waited for until committed.
+    let failed = format!("SELECT count(*) FROM task WHERE task_id = {broken} AND state = 'FAILED'");
+    assert_eq!(
+        common::wait_reading(&sql, &failed, 1).await,
+        1,
+        "the task failed"
+    );
+    let reason: Option<String> = sql
+        .query_one(
+            "SELECT failure_reason FROM task WHERE task_id = $1",
+            &[&broken],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let reason = reason.expect("with a reason");
     assert!(
         reason.starts_with("not restorable: ") && reason.contains("unreadable payload"),
         "{reason}"

@@ -245,3 +245,16 @@ pub fn admin_tokens() -> String {
     })
     .collect()
 }
+
+/// Polls (bounded: 30 s) until `query` (one bigint) reads `want`; returns the last reading.
+pub async fn wait_reading(sql: &tokio_postgres::Client, query: &str, want: i64) -> i64 {
+    let mut got = -1;
+    for _ in 0..3_000 {
+        got = sql.query_one(query, &[]).await.unwrap().get(0);
+        if got == want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    got
+}
