@@ -407,9 +407,7 @@ impl Admin {
             }
         };
         let config = &self.shards.config;
-        let mut per_shard: Vec<crate::control::ShardRestores> = (0..config.shards)
-            .map(|_| crate::control::ShardRestores::default())
-            .collect();
+        let mut per_shard = crate::control::ShardRestores::per_shard(config.shards);
         let mut answers = Vec::with_capacity(outcomes.len());
         for (task, outcome) in tasks.iter().zip(outcomes) {
             let mut take_back = |q: &spindle_control::reconcile::QueuedTask, name| {
@@ -467,7 +465,7 @@ impl Admin {
             answers.push(json!({ "task": task.0, "outcome": name, "detail": detail }));
         }
         for (inbox, batch) in self.shards.inboxes.iter().zip(per_shard) {
-            if !(batch.tasks.is_empty() && batch.unrestorable.is_empty())
+            if !batch.is_empty()
                 && inbox
                     .send(crate::shard::ShardMsg::Restore(batch))
                     .await

@@ -471,6 +471,17 @@ pub struct ShardRestores {
     pub unrestorable: Vec<Unrestorable>,
 }
 
+impl ShardRestores {
+    /// One empty set for each of `shards` shards.
+    pub fn per_shard(shards: u32) -> Vec<ShardRestores> {
+        (0..shards).map(|_| ShardRestores::default()).collect()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tasks.is_empty() && self.unrestorable.is_empty()
+    }
+}
+
 /// A live attempt at the HTTP provider, resumed instead of submitted again.
 pub struct LiveRestore {
     pub provider: spindle_core::ProviderId,
@@ -607,9 +618,7 @@ async fn load_restores(
     policy: &spindle_core::Policy,
     mine: &[PartitionId],
 ) -> anyhow::Result<Vec<ShardRestores>> {
-    let mut per_shard: Vec<ShardRestores> = (0..config.shards)
-        .map(|_| ShardRestores::default())
-        .collect();
+    let mut per_shard = ShardRestores::per_shard(config.shards);
     let mut after = None;
     loop {
         let page = admin

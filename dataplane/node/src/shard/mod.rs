@@ -71,7 +71,8 @@ pub enum ShardMsg {
         out: mpsc::Sender<Vec<u8>>,
         reply: oneshot::Sender<Response>,
     },
-    /// QUEUED tasks of partitions this node just took over.
+    /// Stored tasks to put back (of partitions this node just took over, or requeued by an
+    /// operator), and those to fail as not restorable.
     Restore(crate::control::ShardRestores),
     /// An answer from the provider thread.
     Provider(crate::dispatch::ProviderEvent),
@@ -255,8 +256,6 @@ pub type SharedShard = Rc<RefCell<ShardState>>;
 pub struct Restored {
     /// Queries by request key for the resumed attempts, for the provider thread.
     pub calls: Vec<crate::dispatch::Call>,
-    /// The tasks that could not be put back, now being failed in PostgreSQL.
-    pub failed: usize,
 }
 
 /// What a shard starts with.
@@ -392,7 +391,6 @@ impl ShardState {
                 }),
             }
         }
-        done.failed = unrestorable.len();
         self.fail_unrestorable(unrestorable);
         done
     }
@@ -412,15 +410,10 @@ impl ShardState {
             .into_iter()
             .map(|u| {
                 tracing::error!("cannot put back {}; failing it: {}", u.task, u.reason);
-                // Within the store's bound whatever the characters (as a provider's reason).
-                let reason = format!("not restorable: {}", u.reason)
-                    .chars()
-                    .take(spindle_control::limits::REASON_BYTES_MAX / 4)
-                    .collect::<String>();
                 let action = ReportAction::Finish {
                     state: TaskState::Failed,
                     cost_actual_milli: None,
-                    reason: Some(reason),
+                    reason: Some(stored_reason(&format!("not restorable: {}", u.reason))),
                 };
                 Report::new(u.task, u.token, action)
             })

@@ -290,10 +290,7 @@ pub(super) fn after_failure(
     why: &str,
 ) {
     use spindle_core::shard::FailOutcome;
-    let reason = why
-        .chars()
-        .take(spindle_control::limits::REASON_BYTES_MAX / 4)
-        .collect::<String>();
+    let reason = stored_reason(why);
     let report = match outcome {
         FailOutcome::Requeued { eligible_at } => {
             if let Some(m) = s.meta.get_mut(&task) {

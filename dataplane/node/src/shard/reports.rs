@@ -17,6 +17,14 @@ pub(super) fn finish(
     Report::new(task, token, action)
 }
 
+/// A failure's reason as a report carries it: at most `REASON_BYTES_MAX` bytes whatever the
+/// characters (four bytes each at most).
+pub(super) fn stored_reason(why: &str) -> String {
+    why.chars()
+        .take(spindle_control::limits::REASON_BYTES_MAX / 4)
+        .collect()
+}
+
 /// Queues report batches for the next flush, in order.
 pub(super) fn send_reports(s: &mut ShardState, batches: Vec<Vec<Report>>) {
     for b in batches {
