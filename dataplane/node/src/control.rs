@@ -522,18 +522,26 @@ impl Followed {
     }
 }
 
+/// How many times in a row [`recover_attempts`] reads a page again because rows changed
+/// under it before it gives up (the start, or the takeover round, is then retried).
+const RECOVER_REREADS_MAX: u32 = 8;
+
 /// Resolves the previous owner's live attempts in `mine` that are not followed (see
 /// [`Followed`]): in the provider stage they are requeued (a new attempt runs them); past it
 /// the provider had finished, and they are completed. Followed ones are left live, for
 /// [`load_restores`]. Pages through the partitions once, in task id order.
+///
+/// A previous owner whose lease lapsed may still be writing its attempts (its reports are
+/// fenced by their tokens, not by the partition lease): an attempt it advanced or ended after
+/// the page was read is not recovered as read but read again, as it is now, up to
+/// [`RECOVER_REREADS_MAX`] times in a row.
 async fn recover_attempts(
     admin: &Db,
     mine: &[PartitionId],
     followed: &Followed,
 ) -> anyhow::Result<()> {
-    use spindle_control::{ReportAction as A, ReportResult};
-    use spindle_core::TaskState as S;
     let mut after = None;
+    let mut rereads = 0;
     loop {
         let live = admin
             .live_attempts_in(mine, after, spindle_control::limits::SCAN_MAX)
@@ -541,43 +549,76 @@ async fn recover_attempts(
         let Some(last) = live.last() else {
             return Ok(());
         };
-        after = Some(last.task);
-        let reports: Vec<Report> = live
-            .iter()
-            .filter(|a| !followed.follows(a))
-            .map(|a| {
-                let succeeded = A::Finish {
-                    state: S::Succeeded,
-                    cost_actual_milli: None,
-                    reason: None,
-                };
-                let mut r = Report::new(a.task, Some(a.token), succeeded);
-                match a.state {
-                    S::ProviderSucceeded => r.via = vec![S::MediaProcessing],
-                    S::MediaProcessing => {}
-                    _ => {
-                        let reason = if followed.providers.is_empty() {
-                            "node restarted: the local provider lost the attempt".to_string()
-                        } else {
-                            format!("provider {} is no longer configured", a.provider)
-                        };
-                        r.action = A::Requeue {
-                            delay_ms: 0,
-                            reason,
-                        }
+        let changed = recover_page(admin, &live, followed).await?;
+        let Some((task, seen)) = changed.first() else {
+            after = Some(last.task);
+            rereads = 0;
+            continue;
+        };
+        rereads += 1;
+        if rereads > RECOVER_REREADS_MAX {
+            anyhow::bail!(
+                "recovering live attempts: {} still changed after {RECOVER_REREADS_MAX} \
+                 reads (task {task}: {seen:?})",
+                changed.len()
+            );
+        }
+        tracing::info!(
+            changed = changed.len(),
+            "live attempts changed while they were recovered (their previous owner is still \
+             writing them); reading them again"
+        );
+    }
+}
+
+/// Ends the attempts of one page of [`recover_attempts`] that are not followed. Returns those
+/// whose rows changed since `live` was read, with what their report found (it was not
+/// applied: nothing of theirs was written).
+async fn recover_page(
+    admin: &Db,
+    live: &[spindle_control::reconcile::LiveAttempt],
+    followed: &Followed,
+) -> anyhow::Result<Vec<(spindle_core::TaskId, spindle_control::ReportResult)>> {
+    use spindle_control::{ReportAction as A, ReportResult};
+    use spindle_core::TaskState as S;
+    let reports: Vec<Report> = live
+        .iter()
+        .filter(|a| !followed.follows(a))
+        .map(|a| {
+            let succeeded = A::Finish {
+                state: S::Succeeded,
+                cost_actual_milli: None,
+                reason: None,
+            };
+            let mut r = Report::new(a.task, Some(a.token), succeeded);
+            match a.state {
+                S::ProviderSucceeded => r.via = vec![S::MediaProcessing],
+                S::MediaProcessing => {}
+                _ => {
+                    let reason = if followed.providers.is_empty() {
+                        "node restarted: the local provider lost the attempt".to_string()
+                    } else {
+                        format!("provider {} is no longer configured", a.provider)
+                    };
+                    r.action = A::Requeue {
+                        delay_ms: 0,
+                        reason,
                     }
                 }
-                r
-            })
-            .collect();
-        for chunk in reports.chunks(spindle_control::limits::BATCH_MAX) {
-            for r in admin.report_batch(chunk).await? {
-                if !matches!(r, ReportResult::Applied { .. }) {
-                    anyhow::bail!("recovering live attempts: {r:?}");
-                }
+            }
+            r
+        })
+        .collect();
+    let mut changed = Vec::new();
+    for chunk in reports.chunks(spindle_control::limits::BATCH_MAX) {
+        let results = admin.report_batch(chunk).await?;
+        for (r, result) in chunk.iter().zip(results) {
+            if !matches!(result, ReportResult::Applied { .. }) {
+                changed.push((r.task, result));
             }
         }
     }
+    Ok(changed)
 }
 
 /// A stored task as its shard's core takes it back.
@@ -980,4 +1021,126 @@ impl LeaseLoop {
 /// The pool row of a provider account.
 pub fn provider_pool(name: &str) -> String {
     format!("provider:{name}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spindle_control::testing::TestDb;
+    use spindle_control::{ClaimRequest, ClaimResult, Demand, NewTask, PoolShard, ReportAction};
+    use spindle_core::{Band, Lane, PolicyVersion, TaskId, TaskState, TenantId, UserId};
+
+    const OLD: &str = "node-old";
+
+    /// A previous owner that outlived its lease moves two of its attempts on between the new
+    /// owner's read and its reports (one past the provider, which a requeue may not undo; one
+    /// to its end): recovery reads them again and ends them as they are now (before, the
+    /// start or takeover stopped on the first report not applied).
+    #[tokio::test]
+    async fn recovery_reads_again_the_attempts_their_previous_owner_changed_meanwhile() {
+        let test = TestDb::new().await;
+        let db = test.open().await;
+        db.register_node(OLD, "127.0.0.1:0").await.unwrap();
+        db.ensure_partitions(1).await.unwrap();
+        let mine = [PartitionId(0)];
+        db.acquire_partitions(OLD, &mine, 30_000).await.unwrap();
+        db.set_pool("provider:local", 8, 1).await.unwrap();
+        let tasks: Vec<NewTask> = (1..=3)
+            .map(|i| NewTask {
+                task: TaskId(i),
+                tenant: TenantId(1),
+                user: UserId(1),
+                idempotency_key: format!("k{i}"),
+                payload: b"{}".to_vec(),
+                partition: PartitionId(0),
+                lane: Lane::Standard,
+                band: Band::P2,
+                cost_estimate_milli: 1_000,
+                fairness_milli: 500,
+            })
+            .collect();
+        db.submit_batch(&tasks, PolicyVersion(1)).await.unwrap();
+        let claims: Vec<ClaimRequest> = (1..=3)
+            .map(|i| ClaimRequest {
+                task: TaskId(i),
+                expected_version: 0,
+                provider: "local".into(),
+                demands: vec![Demand {
+                    shard: PoolShard::new("provider:local", 0),
+                    amount: 1,
+                }],
+            })
+            .collect();
+        let tokens: Vec<_> = db
+            .claim_batch(OLD, 30_000, &claims)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|g| match g {
+                ClaimResult::Granted { token, .. } => token,
+                refused => panic!("claim refused: {refused:?}"),
+            })
+            .collect();
+
+        let read = db.live_attempts_in(&mine, None, 100).await.unwrap();
+        assert_eq!(read.len(), 3);
+        let mut provider_done = Report::new(
+            TaskId(1),
+            Some(tokens[0]),
+            ReportAction::Advance(TaskState::ProviderSucceeded),
+        );
+        provider_done.via = vec![TaskState::Running];
+        let mut finished = Report::new(
+            TaskId(2),
+            Some(tokens[1]),
+            ReportAction::Finish {
+                state: TaskState::Succeeded,
+                cost_actual_milli: None,
+                reason: None,
+            },
+        );
+        finished.via = vec![
+            TaskState::Running,
+            TaskState::ProviderSucceeded,
+            TaskState::MediaProcessing,
+        ];
+        let moved = db.report_batch(&[provider_done, finished]).await.unwrap();
+        assert!(
+            moved
+                .iter()
+                .all(|r| matches!(r, spindle_control::ReportResult::Applied { .. })),
+            "{moved:?}"
+        );
+
+        let local = Followed {
+            providers: Vec::new(),
+            media: false,
+        };
+        let changed = recover_page(&db, &read, &local).await.unwrap();
+        let changed: Vec<u64> = changed.iter().map(|(t, _)| t.0).collect();
+        assert_eq!(changed, [1, 2], "the two rows changed after the read");
+
+        recover_attempts(&db, &mine, &local).await.unwrap();
+        assert!(db
+            .live_attempts_in(&mine, None, 100)
+            .await
+            .unwrap()
+            .is_empty());
+        let states: Vec<TaskState> = db
+            .task_heads(&[TaskId(1), TaskId(2), TaskId(3)])
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|h| h.expect("task row").state)
+            .collect();
+        assert_eq!(
+            states,
+            [
+                TaskState::Succeeded,
+                TaskState::Succeeded,
+                TaskState::Queued
+            ]
+        );
+        assert_eq!(db.pool_usage("provider:local").await.unwrap()[0].used, 0);
+    }
 }
