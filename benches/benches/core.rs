@@ -10,6 +10,10 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use spindle_benches::Loaded;
 use spindle_core::TaskId;
 
+// As spindled runs the core: large tables on huge pages (see `spindle-alloc`).
+#[global_allocator]
+static ALLOC: spindle_alloc::HugePages = spindle_alloc::HugePages;
+
 /// (tenants, queued): the scale, and a cache-resident reference point.
 const SHAPES: [(u32, u64); 2] = [(10_000, 100_000), (10, 100)];
 /// Operations timed back to back before the untimed clean-up that restores the backlog.

@@ -5,6 +5,10 @@
 use spindle_benches::Loaded;
 use spindle_core::TaskId;
 
+// As spindled runs the core: large tables on huge pages.
+#[global_allocator]
+static ALLOC: spindle_alloc::HugePages = spindle_alloc::HugePages;
+
 /// One timed round: what the criterion bench's `pick_plus_admit` measures.
 #[inline(never)]
 fn round(loaded: &mut Loaded) -> TaskId {

@@ -3,6 +3,10 @@
 use clap::Parser;
 use spindle_node::config::{Args, Config};
 
+// The shards' tables are large vectors read at random: on huge pages (see `spindle-alloc`).
+#[global_allocator]
+static ALLOC: spindle_alloc::HugePages = spindle_alloc::HugePages;
+
 fn main() -> anyhow::Result<()> {
     // RUST_LOG filters (default: info).
     tracing_subscriber::fmt()
