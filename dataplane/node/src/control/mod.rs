@@ -1,0 +1,244 @@
+//! The control plane's thread: a tokio runtime owning the PostgreSQL connections. Each shard has
+//! two pipelines (one connection and one task each): one for submits and task-id blocks, so
+//! acknowledgements never queue behind claim and report batches, and one for the work — claims
+//! and reports, which reach PostgreSQL in the order the shard sent them. A shard sends a task's
+//! claim only after its submit committed, so the two never race. Consecutive messages of one
+//! kind are merged into one batch (group commit across clients).
+//!
+//! Here: the messages, and `start` (connections, registration, partitions, recovery, restores).
+//! `pipeline` forms and runs the batches (and the reads), `restore` takes a previous owner's
+//! tasks back, `leases` renews and takes over partitions and runs retention.
+
+mod leases;
+mod pipeline;
+mod restore;
+
+use leases::LeaseLoop;
+use pipeline::reader;
+pub(crate) use pipeline::reconnect;
+pub use pipeline::{pipeline, PipelineSetup, ReadMsg, READ_QUEUE_MAX};
+pub(crate) use restore::restore_request;
+use restore::{load_restores, recover_attempts, Followed};
+pub use restore::{LiveRestore, Restore, ShardRestores, Unrestorable};
+
+use std::sync::Arc;
+
+use spindle_control::query::TaskHead;
+use spindle_control::{
+    ClaimRequest, ClaimResult, Db, DbConfig, NewTask, PartitionId, Report, ReportResult,
+    StoreError, SubmitOutcome,
+};
+use spindle_core::{PolicyVersion, TaskId};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::metrics::Metrics;
+use crate::ownership::Ownership;
+/// Messages one shard's pipeline takes at once before it pushes back.
+pub const PIPELINE_QUEUE_MAX: usize = 4096;
+
+pub type Reply<T> = oneshot::Sender<Result<Vec<T>, StoreError>>;
+
+pub enum CpMsg {
+    Submit {
+        tasks: Vec<NewTask>,
+        /// The policy version the tasks were admitted under.
+        version: PolicyVersion,
+        reply: Reply<SubmitOutcome>,
+    },
+    Claim {
+        claims: Vec<ClaimRequest>,
+        reply: Reply<ClaimResult>,
+    },
+    Report {
+        reports: Vec<Report>,
+        reply: Reply<ReportResult>,
+    },
+    /// A new block of task ids.
+    TaskIds {
+        reply: oneshot::Sender<Result<std::ops::Range<u64>, StoreError>>,
+    },
+    /// The rows of tasks as they are now: what decides a submit or a claim in doubt.
+    Lookup {
+        tasks: Vec<TaskId>,
+        reply: Reply<Option<TaskHead>>,
+    },
+    /// Extend the leases of the shard's live attempts (fenced: an attempt that moved on is
+    /// not renewed). Nobody waits for it: a renewal lost to an outage is made by the next one.
+    Renew {
+        attempts: Vec<(TaskId, spindle_core::FencingToken)>,
+    },
+}
+
+impl CpMsg {
+    fn rows(&self) -> usize {
+        match self {
+            CpMsg::Submit { tasks, .. } => tasks.len(),
+            CpMsg::Claim { claims, .. } => claims.len(),
+            CpMsg::Report { reports, .. } => reports.len(),
+            CpMsg::TaskIds { .. } => 0,
+            CpMsg::Lookup { tasks, .. } => tasks.len(),
+            CpMsg::Renew { attempts } => attempts.len(),
+        }
+    }
+
+    fn same_kind(&self, other: &CpMsg) -> bool {
+        std::mem::discriminant(self) == std::mem::discriminant(other)
+            && !matches!(self, CpMsg::TaskIds { .. })
+    }
+
+    fn tasks(&self) -> Vec<TaskId> {
+        match self {
+            CpMsg::Submit { tasks, .. } => tasks.iter().map(|t| t.task).collect(),
+            CpMsg::Claim { claims, .. } => claims.iter().map(|c| c.task).collect(),
+            CpMsg::Report { reports, .. } => reports.iter().map(|r| r.task).collect(),
+            CpMsg::TaskIds { .. } => Vec::new(),
+            CpMsg::Lookup { tasks, .. } => tasks.clone(),
+            CpMsg::Renew { attempts } => attempts.iter().map(|(t, _)| *t).collect(),
+        }
+    }
+}
+/// What the control plane prepared before the shards start.
+pub struct Started {
+    /// The effective policy (the configuration's with the store's objects over it).
+    pub policy: spindle_core::Policy,
+    pub reads: mpsc::Sender<ReadMsg>,
+    pub pipes: Vec<Pipes>,
+    pub id_blocks: Vec<std::ops::Range<u64>>,
+    /// Per shard: QUEUED tasks of its partitions to put back before serving.
+    pub restores: Vec<ShardRestores>,
+}
+
+/// One shard's two pipelines.
+#[derive(Clone)]
+pub struct Pipes {
+    /// Submits and task-id blocks.
+    pub submits: mpsc::Sender<CpMsg>,
+    /// Claims and reports, in order.
+    pub work: mpsc::Sender<CpMsg>,
+}
+/// Opens one connection per shard (migrating on the first), registers the node, takes the
+/// partitions and the pools, and starts the pipelines on `rt`.
+pub async fn start(
+    config: &crate::config::Config,
+    db_config: &DbConfig,
+    live: &Arc<crate::live_policy::LivePolicy>,
+    metrics: &Arc<Metrics>,
+    ownership: &Arc<Ownership>,
+    shard_inboxes: Vec<mpsc::Sender<crate::shard::ShardMsg>>,
+) -> anyhow::Result<Started> {
+    let mut admin = Db::open_with_backoff(db_config).await?;
+    let policy = live.load(&mut admin, metrics).await?;
+    admin
+        .register_node(&config.node_id, &config.listen.to_string())
+        .await?;
+    admin.ensure_partitions(config.partitions).await?;
+    let preferred = preferred_partitions(config);
+    let held: Vec<PartitionId> = admin
+        .acquire_partitions(&config.node_id, &preferred, config.lease_ms)
+        .await?
+        .into_iter()
+        .map(|l| l.partition)
+        .collect();
+    if held.len() < preferred.len() {
+        tracing::warn!(
+            "{} of the {} partitions this node prefers are held by other nodes; it takes them \
+             over if their leases expire",
+            preferred.len() - held.len(),
+            preferred.len()
+        );
+    }
+    for p in &policy.providers {
+        admin
+            .set_pool(&provider_pool(&p.name), p.concurrency, 1)
+            .await?;
+    }
+    recover_attempts(&admin, &held, &Followed::new(config, &policy)).await?;
+    let restores = load_restores(&admin, config, &policy, &held).await?;
+    for p in &held {
+        ownership.set(*p, true);
+    }
+    ownership.set_owners(&admin.partition_owners().await?, &config.node_id);
+    ownership.set_live_nodes(admin.live_nodes(config.lease_ms).await?);
+    let mut pipes = Vec::new();
+    let mut id_blocks = Vec::new();
+    let open_pipeline = async || -> anyhow::Result<mpsc::Sender<CpMsg>> {
+        let (tx, rx) = mpsc::channel(PIPELINE_QUEUE_MAX);
+        let setup = PipelineSetup {
+            db: Db::open_with_backoff(db_config).await?,
+            db_config: db_config.clone(),
+            node: config.node_id.clone(),
+            lease_ms: config.lease_ms,
+            batch_max: config.batch_max,
+            metrics: metrics.clone(),
+        };
+        tokio::spawn(pipeline(setup, rx));
+        Ok(tx)
+    };
+    for _ in 0..config.shards {
+        id_blocks.push(admin.reserve_task_ids().await?);
+        pipes.push(Pipes {
+            submits: open_pipeline().await?,
+            work: open_pipeline().await?,
+        });
+    }
+    // The admin connection renews the partition leases for the life of the node and takes
+    // over partitions whose owner went away.
+    let lease = LeaseLoop {
+        admin,
+        config: config.clone(),
+        db_config: db_config.clone(),
+        metrics: metrics.clone(),
+        ownership: ownership.clone(),
+        live: live.clone(),
+        preferred,
+        prune_from: None,
+    };
+    tokio::spawn(crate::live_policy::watch(
+        db_config.clone(),
+        config.clone(),
+        live.clone(),
+        metrics.clone(),
+        shard_inboxes.clone(),
+    ));
+    tokio::spawn(lease.run(shard_inboxes));
+    if config.counter_check_s > 0 {
+        tokio::spawn(crate::counter_check::run(
+            db_config.clone(),
+            std::time::Duration::from_secs(config.counter_check_s),
+            metrics.clone(),
+        ));
+    }
+    if let Some(events) = &config.events {
+        tokio::spawn(crate::relay::run(
+            db_config.clone(),
+            events.clone(),
+            metrics.clone(),
+        ));
+    }
+    let (reads, read_rx) = mpsc::channel(READ_QUEUE_MAX);
+    tokio::spawn(reader(
+        Db::open_with_backoff(db_config).await?,
+        db_config.clone(),
+        metrics.clone(),
+        read_rx,
+    ));
+    Ok(Started {
+        policy,
+        reads,
+        pipes,
+        id_blocks,
+        restores,
+    })
+}
+
+/// The partitions a node takes at start: the configured ones, else all of them.
+fn preferred_partitions(config: &crate::config::Config) -> Vec<PartitionId> {
+    match &config.owned_partitions {
+        Some(list) => list.iter().copied().map(PartitionId).collect(),
+        None => (0..config.partitions).map(PartitionId).collect(),
+    }
+}
+/// The pool row of a provider account.
+pub fn provider_pool(name: &str) -> String {
+    format!("provider:{name}")
+}

@@ -1,0 +1,350 @@
+//! The pipelines: one task per connection, batches formed from what the shard sent.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
+
+use spindle_control::query::StoredTask;
+use spindle_control::{Db, DbConfig, StoreError};
+use spindle_core::{TaskId, TenantId};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::metrics::Metrics;
+
+use super::{CpMsg, Reply, PIPELINE_QUEUE_MAX};
+/// What one pipeline runs with.
+pub struct PipelineSetup {
+    pub db: Db,
+    /// For reconnecting after PostgreSQL went away.
+    pub db_config: DbConfig,
+    pub node: String,
+    pub lease_ms: u32,
+    pub batch_max: usize,
+    pub metrics: Arc<Metrics>,
+}
+
+/// Runs one shard's pipeline until its sender is dropped.
+pub async fn pipeline(setup: PipelineSetup, mut rx: mpsc::Receiver<CpMsg>) {
+    let PipelineSetup {
+        mut db,
+        db_config,
+        node,
+        lease_ms,
+        batch_max,
+        metrics,
+    } = setup;
+    let mut backlog: VecDeque<CpMsg> = VecDeque::new();
+    loop {
+        if backlog.is_empty() {
+            match rx.recv().await {
+                Some(m) => backlog.push_back(m),
+                None => return,
+            }
+        }
+        while backlog.len() < BACKLOG_MAX {
+            match rx.try_recv() {
+                Ok(m) => backlog.push_back(m),
+                Err(_) => break,
+            }
+        }
+        let group = next_group(&mut backlog, batch_max);
+        if db.is_closed() {
+            // PostgreSQL went away. One attempt per batch: while it is down every batch is
+            // answered Unavailable at once (the shards refuse paid work as overloaded and put
+            // claims back) instead of waiting here; the first batch after it returns goes on.
+            match Db::open(&db_config).await {
+                Ok(fresh) => {
+                    tracing::info!("reconnected to PostgreSQL");
+                    db = fresh;
+                }
+                Err(e) => {
+                    metrics
+                        .postgres_ok
+                        .store(false, std::sync::atomic::Ordering::Relaxed);
+                    fail_group(group, &e);
+                    tokio::time::sleep(RECONNECT_PAUSE).await;
+                    continue;
+                }
+            }
+        }
+        let kind = match group[0] {
+            CpMsg::Submit { .. } => Some(0),
+            CpMsg::Claim { .. } => Some(1),
+            CpMsg::Report { .. } => Some(2),
+            CpMsg::TaskIds { .. } | CpMsg::Lookup { .. } | CpMsg::Renew { .. } => None,
+        };
+        let rows: usize = group.iter().map(CpMsg::rows).sum();
+        let started = std::time::Instant::now();
+        let ok = run_group(&db, &node, lease_ms, group).await;
+        if let Some(k) = kind {
+            metrics.batches[k].record(started.elapsed().as_micros() as u64, rows as u64);
+        }
+        metrics
+            .postgres_ok
+            .store(ok, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// How long a pipeline waits after a failed reconnect before it tries with the next batch.
+const RECONNECT_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Answers every message of a batch that could not run with `Unavailable`.
+fn fail_group(group: Vec<CpMsg>, e: &StoreError) {
+    let text = e.to_string();
+    let unavailable = || StoreError::Unavailable(text.clone());
+    for m in group {
+        match m {
+            CpMsg::Submit { reply, .. } => drop(reply.send(Err(unavailable()))),
+            CpMsg::Claim { reply, .. } => drop(reply.send(Err(unavailable()))),
+            CpMsg::Report { reply, .. } => drop(reply.send(Err(unavailable()))),
+            CpMsg::TaskIds { reply } => drop(reply.send(Err(unavailable()))),
+            CpMsg::Lookup { reply, .. } => drop(reply.send(Err(unavailable()))),
+            CpMsg::Renew { .. } => {}
+        }
+    }
+}
+
+/// Opens a connection, with backoff, for as long as it takes. Readiness follows what it
+/// finds: PostgreSQL is unavailable while attempts fail and available once one succeeds (an
+/// idle node has no batches to prove it back after an outage).
+pub(crate) async fn reconnect(config: &DbConfig, metrics: &Metrics) -> Db {
+    loop {
+        match Db::open_with_backoff(config).await {
+            Ok(db) => {
+                metrics
+                    .postgres_ok
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                tracing::info!("connected to PostgreSQL");
+                return db;
+            }
+            Err(e) => {
+                metrics
+                    .postgres_ok
+                    .store(false, std::sync::atomic::Ordering::Relaxed);
+                tracing::warn!("PostgreSQL unavailable: {e}");
+            }
+        }
+    }
+}
+
+/// Messages one pipeline looks at when it forms the next batch.
+const BACKLOG_MAX: usize = 4 * PIPELINE_QUEUE_MAX;
+
+/// The next batch to run. Submits go first and all together (those admitted under the first
+/// one's policy version): nothing waits on a task that is not yet submitted, so moving them
+/// ahead of claims and reports is safe, and it keeps acknowledgements fast and batches large. Everything else runs in the order it was sent,
+/// consecutive messages of one kind merged while they fit and name no task twice.
+fn next_group(backlog: &mut VecDeque<CpMsg>, batch_max: usize) -> Vec<CpMsg> {
+    let first_version = backlog.iter().find_map(|m| match m {
+        CpMsg::Submit { version, .. } => Some(*version),
+        _ => None,
+    });
+    if let Some(first_version) = first_version {
+        let mut group = Vec::new();
+        let mut rows = 0;
+        let mut rest = VecDeque::with_capacity(backlog.len());
+        for m in backlog.drain(..) {
+            let take = matches!(m, CpMsg::Submit { version, .. } if version == first_version)
+                && (group.is_empty() || rows + m.rows() <= batch_max);
+            if take {
+                rows += m.rows();
+                group.push(m);
+            } else {
+                rest.push_back(m);
+            }
+        }
+        *backlog = rest;
+        return group;
+    }
+    let first = backlog.pop_front().expect("a non-empty backlog");
+    let mut group = vec![first];
+    let mut rows = group[0].rows();
+    let mut seen: HashSet<TaskId> = group[0].tasks().into_iter().collect();
+    while let Some(next) = backlog.front() {
+        let fits = next.same_kind(&group[0]) && rows + next.rows() <= batch_max;
+        let fresh = next.tasks().iter().all(|t| !seen.contains(t));
+        if !(fits && fresh) {
+            break;
+        }
+        let next = backlog.pop_front().expect("peeked");
+        rows += next.rows();
+        seen.extend(next.tasks());
+        group.push(next);
+    }
+    group
+}
+
+/// Runs one batch; false when PostgreSQL could not be reached.
+async fn run_group(db: &Db, node: &str, lease_ms: u32, group: Vec<CpMsg>) -> bool {
+    match &group[0] {
+        CpMsg::TaskIds { .. } => {
+            let mut ok = true;
+            for m in group {
+                if let CpMsg::TaskIds { reply } = m {
+                    let block = db.reserve_task_ids().await;
+                    ok &= !block.as_ref().is_err_and(StoreError::is_unavailable);
+                    let _ = reply.send(block);
+                }
+            }
+            ok
+        }
+        &CpMsg::Submit { version, .. } => {
+            let (all, replies) = merge(group, |m| match m {
+                CpMsg::Submit { tasks, reply, .. } => Some((tasks, reply)),
+                _ => None,
+            });
+            answer(db.submit_batch_as(node, &all, version).await, replies)
+        }
+        CpMsg::Claim { .. } => {
+            let (all, replies) = merge(group, |m| match m {
+                CpMsg::Claim { claims, reply } => Some((claims, reply)),
+                _ => None,
+            });
+            answer(db.claim_batch(node, lease_ms, &all).await, replies)
+        }
+        CpMsg::Report { .. } => {
+            let (all, replies) = merge(group, |m| match m {
+                CpMsg::Report { reports, reply } => Some((reports, reply)),
+                _ => None,
+            });
+            answer(db.report_batch(&all).await, replies)
+        }
+        CpMsg::Lookup { .. } => {
+            let (all, replies) = merge(group, |m| match m {
+                CpMsg::Lookup { tasks, reply } => Some((tasks, reply)),
+                _ => None,
+            });
+            let mut heads = Vec::with_capacity(all.len());
+            let mut failed = None;
+            for chunk in all.chunks(spindle_control::limits::BATCH_MAX) {
+                match db.task_heads(chunk).await {
+                    Ok(h) => heads.extend(h),
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+            answer(failed.map_or(Ok(heads), Err), replies)
+        }
+        CpMsg::Renew { .. } => {
+            let all: Vec<_> = group
+                .into_iter()
+                .flat_map(|m| match m {
+                    CpMsg::Renew { attempts } => attempts,
+                    _ => Vec::new(),
+                })
+                .collect();
+            let mut ok = true;
+            for chunk in all.chunks(spindle_control::limits::BATCH_MAX) {
+                if let Err(e) = db.renew_attempts(chunk, lease_ms).await {
+                    tracing::warn!("renewing attempt leases: {e}");
+                    ok &= !e.is_unavailable();
+                }
+            }
+            ok
+        }
+    }
+}
+
+/// Concatenates the rows of a group of messages of one kind, keeping each message's reply
+/// and row count so `answer` can split the results back.
+fn merge<T, R>(
+    group: Vec<CpMsg>,
+    rows_of: impl Fn(CpMsg) -> Option<(Vec<T>, Reply<R>)>,
+) -> (Vec<T>, Vec<(usize, Reply<R>)>) {
+    let mut all = Vec::new();
+    let mut replies = Vec::new();
+    for (rows, reply) in group.into_iter().filter_map(rows_of) {
+        replies.push((rows.len(), reply));
+        all.extend(rows);
+    }
+    (all, replies)
+}
+
+/// Splits a merged batch's results back to the messages it came from. A failed batch fails
+/// every message in it: in doubt when its connection broke under it, else with nothing of it
+/// committed.
+fn answer<T>(result: Result<Vec<T>, StoreError>, replies: Vec<(usize, Reply<T>)>) -> bool {
+    let reachable = !result.as_ref().is_err_and(StoreError::is_unavailable);
+    match result {
+        Ok(rows) => {
+            let mut rows = rows.into_iter();
+            for (n, reply) in replies {
+                // A shard that stopped waiting (shutdown) needs no answer.
+                let _ = reply.send(Ok(rows.by_ref().take(n).collect()));
+            }
+        }
+        Err(e) => {
+            let each = || match &e {
+                StoreError::InDoubt(text) => StoreError::InDoubt(text.clone()),
+                StoreError::Unavailable(text) => StoreError::Unavailable(text.clone()),
+                other => StoreError::Unavailable(other.to_string()),
+            };
+            for (_, reply) in replies {
+                let _ = reply.send(Err(each()));
+            }
+        }
+    }
+    reachable
+}
+
+/// A read of a task's stored status, answered by the read connection (batched, unordered
+/// with respect to the pipelines: a task's acknowledged submit is always visible).
+pub struct ReadMsg {
+    pub tenant: TenantId,
+    pub task: TaskId,
+    pub reply: oneshot::Sender<Result<Option<StoredTask>, StoreError>>,
+}
+
+/// Reads waiting before senders wait.
+pub const READ_QUEUE_MAX: usize = 16_384;
+
+pub(super) async fn reader(
+    mut db: Db,
+    db_config: DbConfig,
+    metrics: Arc<Metrics>,
+    mut rx: mpsc::Receiver<ReadMsg>,
+) {
+    while let Some(first) = rx.recv().await {
+        if db.is_closed() {
+            match Db::open(&db_config).await {
+                Ok(fresh) => db = fresh,
+                Err(e) => {
+                    metrics
+                        .postgres_ok
+                        .store(false, std::sync::atomic::Ordering::Relaxed);
+                    let _ = first.reply.send(Err(e));
+                    continue;
+                }
+            }
+        }
+        let mut group = vec![first];
+        while group.len() < spindle_control::limits::BATCH_MAX {
+            match rx.try_recv() {
+                Ok(m) => group.push(m),
+                Err(_) => break,
+            }
+        }
+        let ids: Vec<TaskId> = group.iter().map(|m| m.task).collect();
+        match db.task_statuses(&ids).await {
+            Ok(rows) => {
+                let found: std::collections::HashMap<TaskId, (TenantId, StoredTask)> =
+                    rows.into_iter().map(|(t, s)| (s.task, (t, s))).collect();
+                for m in group {
+                    // Another tenant's task is answered like a missing one.
+                    let answer = found
+                        .get(&m.task)
+                        .filter(|(owner, _)| *owner == m.tenant)
+                        .map(|(_, s)| s.clone());
+                    let _ = m.reply.send(Ok(answer));
+                }
+            }
+            Err(e) => {
+                let text = e.to_string();
+                for m in group {
+                    let _ = m.reply.send(Err(StoreError::Unavailable(text.clone())));
+                }
+            }
+        }
+    }
+}
