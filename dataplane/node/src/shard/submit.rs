@@ -1,0 +1,345 @@
+//! Submits: admission by the core, the group-committed insert, and the answers.
+
+use super::*;
+
+pub(super) async fn next_task_id(state: &SharedShard) -> Result<TaskId, StoreError> {
+    if let Some(id) = state.borrow_mut().ids.next() {
+        return Ok(TaskId(id));
+    }
+    let cp = state.borrow().pipes.submits.clone();
+    let block = ask(&cp, |reply| CpMsg::TaskIds { reply }).await?;
+    let mut s = state.borrow_mut();
+    s.ids = block;
+    Ok(TaskId(s.ids.next().expect("a fresh block has ids")))
+}
+
+/// What a task's payload holds: the client's request as the node read it. Its JSON is what a
+/// replay is compared with, and what a restart rebuilds the task from.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StoredRequest {
+    pub user: u32,
+    pub spec: spindle_core::TaskSpec,
+    pub band_hint: Option<spindle_core::Band>,
+    pub deadline_ms: Option<u32>,
+}
+
+pub(super) fn payload(t: &SubmitTask) -> Vec<u8> {
+    let stored = StoredRequest {
+        user: t.user.0,
+        spec: t.spec,
+        band_hint: t.band_hint,
+        deadline_ms: t.deadline_ms,
+    };
+    serde_json::to_vec(&stored).expect("plain data serializes")
+}
+
+pub(super) async fn submit(
+    state: &SharedShard,
+    tenant: TenantId,
+    tasks: Vec<SubmitTask>,
+    batch: bool,
+    reply: oneshot::Sender<Response>,
+) {
+    if state.borrow().metrics.stopping() {
+        return answer_error(
+            reply,
+            ErrorCode::Draining,
+            "the node is draining; submit to another node".into(),
+        );
+    }
+    let refusal = {
+        let s = state.borrow();
+        let partition = tenant.0 % s.partitions;
+        (!s.ownership.owns(partition)).then(|| s.ownership.refusal(tenant.0, partition))
+    };
+    if let Some(why) = refusal {
+        // The partition moved to another node since this connection said Hello.
+        return answer_error(reply, ErrorCode::WrongNode, why);
+    }
+    // Past the event relay's bound, new work is refused rather than added to the backlog.
+    let backlog = {
+        let m = &state.borrow().metrics;
+        m.events_backlogged
+            .load(std::sync::atomic::Ordering::Relaxed)
+            .then(|| m.events_pending.load(std::sync::atomic::Ordering::Relaxed))
+    };
+    // Decide every task in the core first; accepted ones go to the group commit.
+    let mut answers: Vec<Option<Admission>> = Vec::with_capacity(tasks.len());
+    // What goes to the group commit, and where each row's answer goes.
+    let mut rows: Vec<NewTask> = Vec::new();
+    let mut commit: Vec<(usize, TaskId)> = Vec::new();
+    // Every id first, so that a batch is admitted and sent without an await in between.
+    let mut ids = Vec::with_capacity(tasks.len());
+    for _ in &tasks {
+        match next_task_id(state).await {
+            Ok(id) => ids.push(id),
+            Err(e) => return answer_error(reply, ErrorCode::Unavailable, e.to_string()),
+        }
+    }
+    for ((i, t), id) in tasks.iter().enumerate().zip(ids) {
+        if let Some(pending) = backlog {
+            answers.push(Some(Admission {
+                task: id,
+                decision: Decision::RejectPlatformOverloaded,
+                reason: Some(format!(
+                    "event relay backlog: {pending} events wait for the events endpoint"
+                )),
+                replay: false,
+                queue_level: 0,
+                expected_start_ms: 0,
+            }));
+            continue;
+        }
+        let mut s = state.borrow_mut();
+        let now = s.now();
+        let req = SubmitRequest {
+            task: id,
+            tenant,
+            user: t.user,
+            spec: t.spec,
+            band_hint: t.band_hint,
+            deadline: t
+                .deadline_ms
+                .map(|ms| now.plus_ns(u64::from(ms) * 1_000_000)),
+        };
+        let admission = match s.core.handle_submit(now, req) {
+            Ok(a) => a,
+            Err(e) => {
+                drop(s);
+                return answer_error(reply, ErrorCode::InvalidSpec, format!("task {i}: {e}"));
+            }
+        };
+        if !admission.decision.is_accepted() {
+            answers.push(Some(wire_admission(&admission, false)));
+            continue;
+        }
+        let partition = PartitionId(tenant.0 % s.partitions);
+        s.meta.insert(
+            id,
+            Meta {
+                tenant,
+                db_version: 0,
+                token: None,
+                committed: false,
+                estimate: None,
+                queued_at: now,
+                attempt: None,
+                pending_reports: 0,
+                spec: Some(t.spec),
+                stored_stage: None,
+            },
+        );
+        commit.push((i, id));
+        rows.push(NewTask {
+            task: id,
+            tenant,
+            user: t.user,
+            idempotency_key: t.idempotency_key.clone(),
+            payload: payload(t),
+            partition,
+            lane: admission.lane,
+            band: admission.band,
+            cost_estimate_milli: admission.estimate.cost_milli,
+            fairness_milli: admission.estimate.fairness.milli(),
+        });
+        answers.push(Some(wire_admission(&admission, false)));
+    }
+    if !commit.is_empty() {
+        // No await since the admissions: the version is the one they were made under.
+        let (cp, version) = {
+            let s = state.borrow();
+            (s.pipes.submits.clone(), s.core.policy().version)
+        };
+        let outcome = ask(&cp, |reply| CpMsg::Submit {
+            tasks: rows,
+            version,
+            reply,
+        })
+        .await;
+        // Only a batch in doubt needs its tasks' ids apart.
+        let ids = || commit.iter().map(|&(_, t)| t).collect::<Vec<TaskId>>();
+        // A batch whose answer was lost: the rows tell which tasks it made, if PostgreSQL is
+        // back soon enough (the client waits for this answer).
+        let made = match &outcome {
+            Err(e) if e.is_in_doubt() => {
+                count_in_doubt(state);
+                look_up(&cp, ids(), IN_DOUBT_ANSWER_LOOKUPS)
+                    .await
+                    .map(|heads| heads.iter().map(Option::is_some).collect::<Vec<bool>>())
+            }
+            _ => None,
+        };
+        let mut s = state.borrow_mut();
+        match (outcome, made) {
+            (Ok(outcomes), _) => {
+                for (&(i, task), outcome) in commit.iter().zip(outcomes) {
+                    apply_submit_outcome(&mut s, task, outcome, &mut answers[i]);
+                }
+            }
+            (Err(e), None) if e.is_in_doubt() => {
+                // Still unknown: the tasks stay as they are (uncommitted, their claims held)
+                // until their rows tell, and the client learns each outcome by submitting
+                // again with the same idempotency keys.
+                drop(s);
+                resolve_submits_later(state.clone(), ids());
+                return answer_error(
+                    reply,
+                    ErrorCode::Unavailable,
+                    format!(
+                        "the submit may have committed ({e}); submit again with the same \
+                         idempotency keys to learn each task's outcome"
+                    ),
+                );
+            }
+            (Err(e), made) => {
+                // Not committed — nothing of the batch, or (in doubt, now read back) the tasks
+                // without a row: forget them and refuse as overloaded (paid work is not
+                // buffered while PostgreSQL is away).
+                let made = made.unwrap_or_else(|| vec![false; commit.len()]);
+                for (&(i, task), made) in commit.iter().zip(made) {
+                    if made {
+                        committed(&mut s, task);
+                        continue;
+                    }
+                    forget(&mut s, task);
+                    answers[i] = Some(Admission {
+                        task,
+                        decision: Decision::RejectPlatformOverloaded,
+                        reason: Some(format!("control plane unavailable: {e}")),
+                        replay: false,
+                        queue_level: 0,
+                        expected_start_ms: 0,
+                    });
+                }
+            }
+        }
+    }
+    let answers: Vec<Admission> = answers
+        .into_iter()
+        .map(|a| a.expect("every row answered"))
+        .collect();
+    {
+        let s = state.borrow();
+        for a in &answers {
+            s.metrics.admitted(a.decision);
+        }
+    }
+    let response = if batch {
+        Response::SubmitBatch(answers)
+    } else if let Some(only) = answers.into_iter().next() {
+        Response::Admission(only)
+    } else {
+        Response::Error(WireError::new(ErrorCode::Internal, "empty submit"))
+    };
+    let _ = reply.send(response);
+    // Claims held for these tasks can go now.
+    if !state.borrow().ready_claims.is_empty() {
+        pump(state).await;
+    }
+}
+
+pub(super) fn apply_submit_outcome(
+    s: &mut ShardState,
+    task: TaskId,
+    outcome: SubmitOutcome,
+    answer: &mut Option<Admission>,
+) {
+    let a = answer.as_mut().expect("accepted rows have an admission");
+    match outcome {
+        SubmitOutcome::Created => committed(s, task),
+        SubmitOutcome::Replay { task: original, .. } => {
+            forget(s, task);
+            // A replay of a task whose own submit is in doubt shows that it committed.
+            if s.meta.get(&original).is_some_and(|m| !m.committed) {
+                committed(s, original);
+            }
+            a.task = original;
+            a.replay = true;
+            a.decision = Decision::Accepted;
+            a.reason = None;
+        }
+        SubmitOutcome::Conflict { task: original } => {
+            forget(s, task);
+            a.task = original;
+            a.decision = Decision::RejectPlatformOverloaded;
+            a.reason = Some(format!(
+                "idempotency key already used for task {original} with a different request"
+            ));
+        }
+        SubmitOutcome::QuotaExceeded { remaining_milli } => {
+            forget(s, task);
+            a.decision = Decision::RejectCostBudget;
+            a.reason = Some(format!("cost budget: {remaining_milli} milli-units left"));
+        }
+        SubmitOutcome::PartitionNotOwned(partition) => {
+            // Its lease lapsed or moved since this node last renewed it: the task is not
+            // written, and the lease loop finds out at its next renewal.
+            forget(s, task);
+            a.decision = Decision::RejectPlatformOverloaded;
+            a.reason = Some(format!(
+                "partition {} is not leased to this node now; submit again shortly",
+                partition.0
+            ));
+        }
+    }
+}
+
+/// A task's submit committed: what waited for that goes on.
+pub(super) fn committed(s: &mut ShardState, task: TaskId) {
+    if let Some(m) = s.meta.get_mut(&task) {
+        m.committed = true;
+    }
+    if let Some(claim) = s.held_claims.remove(&task) {
+        s.ready_claims.push(claim);
+    }
+    if s.expired_uncommitted.remove(&task) {
+        send_reports(s, vec![vec![finish(task, None, TaskState::Expired, None)]]);
+    }
+}
+
+/// How many times a submit in doubt is read back before its answer goes out (the rest of the
+/// reading goes on after it, [`resolve_submits_later`]).
+pub(super) const IN_DOUBT_ANSWER_LOOKUPS: u32 = 4;
+
+/// Reads back the rows of a submit still in doubt after its answer went out: the tasks with a
+/// row committed, the others are forgotten.
+pub(super) fn resolve_submits_later(state: SharedShard, tasks: Vec<TaskId>) {
+    glommio::spawn_local(async move {
+        let cp = state.borrow().pipes.submits.clone();
+        let Some(heads) = look_up(&cp, tasks.clone(), IN_DOUBT_LOOKUPS_MAX).await else {
+            tracing::error!(
+                "submits of {} tasks stay in doubt: PostgreSQL did not answer; a restart or a \
+                 takeover resolves them",
+                tasks.len()
+            );
+            return;
+        };
+        {
+            let mut s = state.borrow_mut();
+            for (task, head) in tasks.into_iter().zip(heads) {
+                if head.is_some() {
+                    committed(&mut s, task);
+                } else {
+                    forget(&mut s, task);
+                }
+            }
+        }
+        if !state.borrow().ready_claims.is_empty() {
+            pump(&state).await;
+        }
+    })
+    .detach();
+}
+
+pub(super) fn wire_admission(a: &spindle_core::Admission, replay: bool) -> Admission {
+    Admission {
+        task: a.task,
+        decision: a.decision,
+        reason: a.reason.map(|r| r.to_string()),
+        replay,
+        queue_level: a.queue_level.map_or(0, |l| l as u8),
+        expected_start_ms: a
+            .estimated_start_at
+            .map_or(0, |t| u32::try_from(t.as_ms()).unwrap_or(u32::MAX)),
+    }
+}
