@@ -7,6 +7,10 @@ mod h_base;
 mod h_now;
 use std::time::{Duration, Instant};
 
+// As spindled runs the core (see `spindle-alloc`).
+#[global_allocator]
+static ALLOC: spindle_alloc::HugePages = spindle_alloc::HugePages;
+
 macro_rules! chunk {
     ($l:expr, $picked:expr) => {{
         let t0 = Instant::now();
