@@ -55,7 +55,18 @@ impl Default for EmbeddedOptions {
             // (docs/benchmarks.md): submit ack p99 at 10k tasks/s 54–56 → 29 ms, completions
             // −4 % while the WAL grows; recycled segments make both the same afterwards.
             // Durability is unchanged: a commit's WAL is synced with fdatasync either way.
-            settings: vec![("wal_init_zero".into(), "off".into())],
+            //
+            // Backends start the write-back of the pages they write every 256 kB
+            // (`sync_file_range`) instead of leaving them dirty in the kernel's cache, where
+            // they piled up until the 30 s expiry (dirty_expire_centisecs) wrote them back at
+            // once: ~280 MB in one second, every commit's flush queued behind it. Measured
+            // (docs/benchmarks.md, "Ninth round"): 45 s at 7,000 tasks/s, ack p99 over the run
+            // 266–333 → 27–50 ms, the worst second's 577–680 → 252–360 ms, the same
+            // completions and PostgreSQL CPU.
+            settings: vec![
+                ("wal_init_zero".into(), "off".into()),
+                ("backend_flush_after".into(), "256kB".into()),
+            ],
         }
     }
 }

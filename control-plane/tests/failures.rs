@@ -111,12 +111,13 @@ async fn a_stopped_server_is_unavailable_and_the_store_reconnects_when_it_return
     config.backoff_max_ms = 200;
     let db = Db::open(&config).await.unwrap();
     // The embedded default trades no durability for speed: only how new WAL segments are made
-    // differs from PostgreSQL's defaults.
+    // and when backends start writing their pages back differ from PostgreSQL's defaults.
     for (setting, expected) in [
         ("fsync", "on"),
         ("synchronous_commit", "on"),
         ("full_page_writes", "on"),
         ("wal_init_zero", "off"),
+        ("backend_flush_after", "256kB"),
     ] {
         let row = db
             .client()
