@@ -11,6 +11,7 @@ use crate::ownership::Ownership;
 
 use super::pipeline::reconnect;
 use super::restore::{load_restores, recover_attempts, Followed};
+
 /// Renews this node's partition leases every third of a lease, and takes partitions over:
 /// its preferred ones whenever they are free or expired, and after one lease of uptime (time
 /// for every node of a starting cluster to take its own) any other free or expired one. A

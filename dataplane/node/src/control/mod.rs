@@ -33,6 +33,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::metrics::Metrics;
 use crate::ownership::Ownership;
+
 /// Messages one shard's pipeline takes at once before it pushes back.
 pub const PIPELINE_QUEUE_MAX: usize = 4096;
 
@@ -97,6 +98,7 @@ impl CpMsg {
         }
     }
 }
+
 /// What the control plane prepared before the shards start.
 pub struct Started {
     /// The effective policy (the configuration's with the store's objects over it).
@@ -116,6 +118,7 @@ pub struct Pipes {
     /// Claims and reports, in order.
     pub work: mpsc::Sender<CpMsg>,
 }
+
 /// Opens one connection per shard (migrating on the first), registers the node, takes the
 /// partitions and the pools, and starts the pipelines on `rt`.
 pub async fn start(
@@ -238,6 +241,7 @@ fn preferred_partitions(config: &crate::config::Config) -> Vec<PartitionId> {
         None => (0..config.partitions).map(PartitionId).collect(),
     }
 }
+
 /// The pool row of a provider account.
 pub fn provider_pool(name: &str) -> String {
     format!("provider:{name}")

@@ -11,6 +11,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::metrics::Metrics;
 
 use super::{CpMsg, Reply, PIPELINE_QUEUE_MAX};
+
 /// What one pipeline runs with.
 pub struct PipelineSetup {
     pub db: Db,

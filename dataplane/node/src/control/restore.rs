@@ -1,6 +1,7 @@
 //! What a starting owner (or one taking partitions over) takes back from PostgreSQL.
 
 use spindle_control::{Db, PartitionId, Report};
+
 /// A task from PostgreSQL for its shard: a QUEUED one, or one whose live attempt the shard
 /// follows at the provider.
 pub struct Restore {
@@ -272,6 +273,7 @@ fn owned_restore(
         live,
     })
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -293,7 +295,8 @@ mod tests {
         db.ensure_partitions(1).await.unwrap();
         let mine = [PartitionId(0)];
         db.acquire_partitions(OLD, &mine, 30_000).await.unwrap();
-        db.set_pool("provider:local", 8, 1).await.unwrap();
+        let pool = crate::control::provider_pool("local");
+        db.set_pool(&pool, 8, 1).await.unwrap();
         let tasks: Vec<NewTask> = (1..=3)
             .map(|i| NewTask {
                 task: TaskId(i),
@@ -315,7 +318,7 @@ mod tests {
                 expected_version: 0,
                 provider: "local".into(),
                 demands: vec![Demand {
-                    shard: PoolShard::new("provider:local", 0),
+                    shard: PoolShard::new(pool.as_str(), 0),
                     amount: 1,
                 }],
             })
@@ -390,6 +393,6 @@ mod tests {
                 TaskState::Queued
             ]
         );
-        assert_eq!(db.pool_usage("provider:local").await.unwrap()[0].used, 0);
+        assert_eq!(db.pool_usage(&pool).await.unwrap()[0].used, 0);
     }
 }

@@ -93,7 +93,7 @@ pub(super) async fn pump(state: &SharedShard) {
 
 /// A claim committed with `token`: true when the attempt starts now (false: the task was
 /// canceled meanwhile, and the attempt ends at once).
-pub(super) fn granted(
+fn granted(
     s: &mut ShardState,
     now: Time,
     task: TaskId,
@@ -130,7 +130,7 @@ pub(super) fn granted(
 }
 
 /// A claim PostgreSQL refused.
-pub(super) fn refused(s: &mut ShardState, now: Time, task: TaskId, why: ClaimRefusal) {
+fn refused(s: &mut ShardState, now: Time, task: TaskId, why: ClaimRefusal) {
     s.metrics
         .claims_refused
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -183,12 +183,12 @@ pub(super) fn refused(s: &mut ShardState, now: Time, task: TaskId, why: ClaimRef
 
 /// How often, per lease, a claim refused for a partition this node still believes it holds is
 /// tried again (twice per renewal interval, which is a third of a lease).
-pub(super) const LEASE_RECHECKS_PER_LEASE: u32 = 6;
+const LEASE_RECHECKS_PER_LEASE: u32 = 6;
 
 /// How many times a shard asks for the rows of calls in doubt before it leaves them to a
 /// restart or a takeover (with pauses doubling up to `IN_DOUBT_PAUSE_MAX`: ~30 minutes).
 pub(super) const IN_DOUBT_LOOKUPS_MAX: u32 = 1_000;
-pub(super) const IN_DOUBT_PAUSE_MAX: Duration = Duration::from_secs(2);
+const IN_DOUBT_PAUSE_MAX: Duration = Duration::from_secs(2);
 
 /// The rows of `tasks` as they are now, read down `cp` (it reconnects as it needs) in at most
 /// `tries`; `None` when PostgreSQL did not answer in them, or the pipeline stopped.
@@ -219,7 +219,7 @@ pub(super) async fn look_up(
     None
 }
 
-pub(super) async fn claim(state: &SharedShard, claims: Vec<ClaimRequest>) {
+async fn claim(state: &SharedShard, claims: Vec<ClaimRequest>) {
     let cp = state.borrow().pipes.work.clone();
     let asked: Vec<(TaskId, u32)> = claims
         .iter()

@@ -2,7 +2,7 @@
 
 use super::*;
 
-pub(super) async fn next_task_id(state: &SharedShard) -> Result<TaskId, StoreError> {
+async fn next_task_id(state: &SharedShard) -> Result<TaskId, StoreError> {
     if let Some(id) = state.borrow_mut().ids.next() {
         return Ok(TaskId(id));
     }
@@ -23,7 +23,7 @@ pub struct StoredRequest {
     pub deadline_ms: Option<u32>,
 }
 
-pub(super) fn payload(t: &SubmitTask) -> Vec<u8> {
+fn payload(t: &SubmitTask) -> Vec<u8> {
     let stored = StoredRequest {
         user: t.user.0,
         spec: t.spec,
@@ -238,7 +238,7 @@ pub(super) async fn submit(
     }
 }
 
-pub(super) fn apply_submit_outcome(
+fn apply_submit_outcome(
     s: &mut ShardState,
     task: TaskId,
     outcome: SubmitOutcome,
@@ -285,7 +285,7 @@ pub(super) fn apply_submit_outcome(
 }
 
 /// A task's submit committed: what waited for that goes on.
-pub(super) fn committed(s: &mut ShardState, task: TaskId) {
+fn committed(s: &mut ShardState, task: TaskId) {
     if let Some(m) = s.meta.get_mut(&task) {
         m.committed = true;
     }
@@ -299,11 +299,11 @@ pub(super) fn committed(s: &mut ShardState, task: TaskId) {
 
 /// How many times a submit in doubt is read back before its answer goes out (the rest of the
 /// reading goes on after it, [`resolve_submits_later`]).
-pub(super) const IN_DOUBT_ANSWER_LOOKUPS: u32 = 4;
+const IN_DOUBT_ANSWER_LOOKUPS: u32 = 4;
 
 /// Reads back the rows of a submit still in doubt after its answer went out: the tasks with a
 /// row committed, the others are forgotten.
-pub(super) fn resolve_submits_later(state: SharedShard, tasks: Vec<TaskId>) {
+fn resolve_submits_later(state: SharedShard, tasks: Vec<TaskId>) {
     glommio::spawn_local(async move {
         let cp = state.borrow().pipes.submits.clone();
         let Some(heads) = look_up(&cp, tasks.clone(), IN_DOUBT_LOOKUPS_MAX).await else {
@@ -331,7 +331,7 @@ pub(super) fn resolve_submits_later(state: SharedShard, tasks: Vec<TaskId>) {
     .detach();
 }
 
-pub(super) fn wire_admission(a: &spindle_core::Admission, replay: bool) -> Admission {
+fn wire_admission(a: &spindle_core::Admission, replay: bool) -> Admission {
     Admission {
         task: a.task,
         decision: a.decision,
