@@ -646,10 +646,28 @@ async fn ask<T>(
     cp: &mpsc::Sender<CpMsg>,
     message: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> CpMsg,
 ) -> Result<T, StoreError> {
-    let stopped = || StoreError::Unavailable("control plane stopped".into());
+    answer(send(cp, message).await).await
+}
+
+/// Sends a request down `cp`; its answer is awaited with [`answer`], so that the shard can do
+/// other work in between.
+async fn send<T>(
+    cp: &mpsc::Sender<CpMsg>,
+    message: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> CpMsg,
+) -> Result<oneshot::Receiver<Result<T, StoreError>>, StoreError> {
     let (tx, rx) = oneshot::channel();
     cp.send(message(tx)).await.map_err(|_| stopped())?;
-    rx.await.map_err(|_| stopped())?
+    Ok(rx)
+}
+
+async fn answer<T>(
+    sent: Result<oneshot::Receiver<Result<T, StoreError>>, StoreError>,
+) -> Result<T, StoreError> {
+    sent?.await.map_err(|_| stopped())?
+}
+
+fn stopped() -> StoreError {
+    StoreError::Unavailable("control plane stopped".into())
 }
 
 /// Counts a submit or claim batch in doubt.

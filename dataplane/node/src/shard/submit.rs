@@ -150,12 +150,21 @@ pub(super) async fn submit(
             let s = state.borrow();
             (s.pipes.submits.clone(), s.core.policy().version)
         };
-        let outcome = ask(&cp, |reply| CpMsg::Submit {
+        let sent = send(&cp, |reply| CpMsg::Submit {
             tasks: rows,
             version,
             reply,
         })
         .await;
+        // The tasks just admitted are picked now, while their commit runs: a claim is held
+        // until its task's commit is in and goes at once after it. The pump that follows the
+        // message which brought them runs too early when this submit awaited before admitting
+        // (a new block of task ids): its tasks then waited for the next message or tick, and a
+        // shard found backlogged at a tick takes the node's shared provider limits from a shard
+        // that is not, whose next tasks then wait for a re-split in turn (docs/benchmarks.md,
+        // "Tenth round").
+        pump(state).await;
+        let outcome = answer(sent).await;
         // Only a batch in doubt needs its tasks' ids apart.
         let ids = || commit.iter().map(|&(_, t)| t).collect::<Vec<TaskId>>();
         // A batch whose answer was lost: the rows tell which tasks it made, if PostgreSQL is
