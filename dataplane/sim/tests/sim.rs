@@ -169,6 +169,60 @@ mix = [{ res = "720p", duration_s = 5 }]
     );
 }
 
+/// Two shards, light load, no limit anywhere near binding: every task starts the moment it
+/// arrives. Before idle shards kept a standby part of a split rate, the shard with nothing
+/// waiting at a split got none of the provider's RPM until the next one, and the two shards took
+/// it from each other in turn: p99 70 ms, max 100 ms of waiting for nothing.
+#[test]
+fn an_idle_shard_starts_its_next_task_without_waiting_for_a_split() {
+    let scenario = Scenario::parse(
+        Path::new("inline.toml"),
+        r#"
+name = "idle_shard"
+duration_s = 300
+warmup_s = 30
+shards = 2
+starvation_bound_s = 900
+resplit_ms = 10
+
+[lanes.STANDARD]
+capacity = 100000
+
+[drr]
+base_quantum = 2
+initial_burst_credit = 2
+
+[[providers]]
+name = "p"
+concurrency = 100000
+rpm = 600000
+rpm_burst = 10000
+latency_sigma = 0.0
+submit_latency_ms = 0
+
+[[tenants]]
+name = "light"
+count = 40
+lane = "STANDARD"
+arrival = { kind = "poisson", rate_per_s = 0.5 }
+mix = [{ res = "720p", duration_s = 5 }]
+"#,
+    )
+    .unwrap();
+    let r = run(
+        &scenario,
+        PolicyKind::Spindle,
+        RunOptions { check_every: 50 },
+    );
+    assert_eq!(r.tasks_completed, r.tasks_accepted);
+    assert_eq!(r.limit_overshoots, 0);
+    assert_eq!(
+        (r.wait_ms.p99, r.wait_ms.max),
+        (0.0, 0.0),
+        "submit → dispatch waits"
+    );
+}
+
 #[test]
 fn same_seed_same_run_other_seed_other_run() {
     let mut scenario = shipped("provider_429_storm");

@@ -762,23 +762,15 @@ impl NodeCapacity {
     }
 
     /// Where each shard's part should go: slots by the split rule of [`crate::share`]; rates,
-    /// which nobody holds, in proportion to backlogged weight (evenly when nothing waits).
+    /// which nobody holds, in proportion to backlogged weight, an idle shard's standby part
+    /// first (evenly when nothing waits).
     pub fn split_targets(self, loads: &[ShardLoad]) -> Vec<u64> {
         match self {
             NodeCapacity::Slots(total) => split(total, loads),
             NodeCapacity::Rate(r) => {
-                let weights: u64 = loads.iter().map(|l| l.weight).sum();
-                let n = loads.len() as u64;
-                loads
-                    .iter()
-                    .map(|l| {
-                        let (w, total) = if weights == 0 {
-                            (1, n)
-                        } else {
-                            (l.weight, weights)
-                        };
-                        (u128::from(r.per_minute) * u128::from(w) / u128::from(total)) as u64
-                    })
+                crate::share::targets(u128::from(r.per_minute), loads.iter().map(|l| l.weight))
+                    .into_iter()
+                    .map(|part| u64::try_from(part).expect("a part of a u64 rate"))
                     .collect()
             }
         }

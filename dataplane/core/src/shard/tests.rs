@@ -41,3 +41,30 @@ fn owner_records_keep_their_cache_lines() {
     assert_eq!(offset_of!(UserRt, gates) + size_of::<OwnedPair>(), LINE);
     assert_eq!(offset_of!(UserRt, running), LINE);
 }
+
+/// A rate nobody holds goes by backlogged weight, an idle shard's standby part first: with
+/// none, a shard that had nothing waiting at a split could not start one request before the
+/// next split, however far the node was from the limit.
+#[test]
+fn an_idle_shard_keeps_a_standby_part_of_a_rate() {
+    let rate = NodeCapacity::Rate(RateSpec {
+        per_minute: 6_400,
+        burst: 640,
+    });
+    let load = |weight| ShardLoad {
+        used: 0,
+        weight,
+        share: 0,
+    };
+    let targets = rate.split_targets(&[load(2), load(0)]);
+    assert_eq!(targets, vec![6_200, 200]);
+    assert_eq!(
+        rate.part(targets[1]),
+        NodeCapacity::Rate(RateSpec {
+            per_minute: 200,
+            burst: 20,
+        })
+    );
+    // Nothing waits anywhere: evenly.
+    assert_eq!(rate.split_targets(&[load(0), load(0)]), vec![3_200, 3_200]);
+}
