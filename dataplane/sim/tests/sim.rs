@@ -86,7 +86,7 @@ queued_tasks_max = 200
 "#
         ),
         expect![[r#"
-            spindle         accepted=448 completed=448 failed=0 share_error=0.010 jain=1.000 starved=0 overshoots=0 gap=0.0/5.0 429s=0 rejected={"REJECT_PLATFORM_OVERLOADED": 4331}
+            spindle         accepted=447 completed=447 failed=0 share_error=0.000 jain=1.000 starved=0 overshoots=0 gap=0.0/5.0 429s=0 rejected={"REJECT_PLATFORM_OVERLOADED": 4332}
             fifo            accepted=580 completed=580 failed=0 share_error=2.795 jain=0.277 starved=3 overshoots=0 gap=147.0/5.0 429s=0 rejected={"REJECT_PLATFORM_OVERLOADED": 4199}
             wrr_count       accepted=580 completed=580 failed=0 share_error=0.000 jain=1.000 starved=0 overshoots=0 gap=0.0/5.0 429s=0 rejected={"REJECT_PLATFORM_OVERLOADED": 4199}
             global_priority accepted=580 completed=580 failed=0 share_error=2.795 jain=0.277 starved=3 overshoots=0 gap=147.0/5.0 429s=0 rejected={"REJECT_PLATFORM_OVERLOADED": 4199}
