@@ -71,41 +71,101 @@ fn validate(node: &str, batch: &[ClaimRequest]) -> Result<(), InputError> {
     let mut tasks = BatchTasks::default();
     for (row, c) in batch.iter().enumerate() {
         tasks.check(row, c.task)?;
-        check_text(row, "provider", &c.provider, NAME_BYTES_MAX)?;
-        if c.demands.len() > DEMANDS_PER_CLAIM_MAX {
-            return Err(InputError::TooManyDemands {
+        validate_claim(row, c)?;
+    }
+    Ok(())
+}
+
+/// One claim's provider and demands (the batch's rows are checked by the caller).
+pub(crate) fn validate_claim(row: usize, c: &ClaimRequest) -> Result<(), InputError> {
+    check_text(row, "provider", &c.provider, NAME_BYTES_MAX)?;
+    if c.demands.len() > DEMANDS_PER_CLAIM_MAX {
+        return Err(InputError::TooManyDemands {
+            row,
+            count: c.demands.len(),
+            max: DEMANDS_PER_CLAIM_MAX,
+        });
+    }
+    for (i, d) in c.demands.iter().enumerate() {
+        check_text(row, "pool", &d.shard.pool, POOL_KEY_BYTES_MAX)?;
+        // The claim's pool keys travel joined by a control character (POOL_KEY_SEPARATOR).
+        if d.shard.pool.chars().any(char::is_control) {
+            return Err(InputError::Illegal {
                 row,
-                count: c.demands.len(),
-                max: DEMANDS_PER_CLAIM_MAX,
+                reason: format!("pool key {:?} contains a control character", d.shard.pool),
             });
         }
-        for (i, d) in c.demands.iter().enumerate() {
-            check_text(row, "pool", &d.shard.pool, POOL_KEY_BYTES_MAX)?;
-            // The claim's pool keys travel joined by a control character (POOL_KEY_SEPARATOR).
-            if d.shard.pool.chars().any(char::is_control) {
-                return Err(InputError::Illegal {
-                    row,
-                    reason: format!("pool key {:?} contains a control character", d.shard.pool),
-                });
-            }
-            if d.amount == 0 {
-                return Err(InputError::OutOfRange {
-                    row,
-                    field: "amount",
-                    value: "0".into(),
-                });
-            }
-            to_i64(row, "amount", d.amount)?;
-            if c.demands[..i].iter().any(|e| e.shard == d.shard) {
-                return Err(InputError::DuplicateDemand {
-                    row,
-                    pool: d.shard.pool.clone(),
-                    shard: d.shard.shard,
-                });
-            }
+        if d.amount == 0 {
+            return Err(InputError::OutOfRange {
+                row,
+                field: "amount",
+                value: "0".into(),
+            });
+        }
+        to_i64(row, "amount", d.amount)?;
+        if c.demands[..i].iter().any(|e| e.shard == d.shard) {
+            return Err(InputError::DuplicateDemand {
+                row,
+                pool: d.shard.pool.clone(),
+                shard: d.shard.shard,
+            });
         }
     }
     Ok(())
+}
+
+/// The claims of a batch as the batch functions take them: one provider per row (`None` for a
+/// row without a claim, which holds no demand), and the demands flat, row `i`'s at
+/// `dstart[i]` (1-based) for `dcount[i]`, its pool keys also joined by `POOL_KEY_SEPARATOR`.
+#[derive(Debug, Default)]
+pub(crate) struct ClaimArrays<'a> {
+    pub provider: Vec<Option<&'a str>>,
+    pub dstart: Vec<i32>,
+    pub dcount: Vec<i32>,
+    pub pool: Vec<&'a str>,
+    pub shard: Vec<i16>,
+    pub amount: Vec<i64>,
+    pub pools_joined: Vec<Option<String>>,
+}
+
+impl<'a> ClaimArrays<'a> {
+    pub fn new(claims: impl ExactSizeIterator<Item = Option<&'a ClaimRequest>> + Clone) -> Self {
+        let rows = claims.len();
+        let demands: usize = claims.clone().flatten().map(|c| c.demands.len()).sum();
+        let mut a = ClaimArrays {
+            provider: Vec::with_capacity(rows),
+            dstart: Vec::with_capacity(rows),
+            dcount: Vec::with_capacity(rows),
+            pool: Vec::with_capacity(demands),
+            shard: Vec::with_capacity(demands),
+            amount: Vec::with_capacity(demands),
+            pools_joined: Vec::with_capacity(rows),
+        };
+        for c in claims {
+            // PostgreSQL arrays are 1-based.
+            a.dstart.push(a.pool.len() as i32 + 1);
+            let Some(c) = c else {
+                a.provider.push(None);
+                a.dcount.push(0);
+                a.pools_joined.push(None);
+                continue;
+            };
+            a.provider.push(Some(c.provider.as_str()));
+            a.dcount.push(c.demands.len() as i32);
+            let mut joined = String::new();
+            for (i, d) in c.demands.iter().enumerate() {
+                a.pool.push(d.shard.pool.as_str());
+                a.shard.push(d.shard.shard as i16);
+                a.amount.push(d.amount as i64);
+                if i > 0 {
+                    joined.push(POOL_KEY_SEPARATOR);
+                }
+                joined.push_str(&d.shard.pool);
+            }
+            a.pools_joined.push(Some(joined));
+        }
+        a
+    }
 }
 
 impl Db {
@@ -120,35 +180,9 @@ impl Db {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
-        let demands_total: usize = batch.iter().map(|c| c.demands.len()).sum();
-        let mut task = Vec::with_capacity(batch.len());
-        let mut version = Vec::with_capacity(batch.len());
-        let mut provider = Vec::with_capacity(batch.len());
-        let mut dstart = Vec::with_capacity(batch.len());
-        let mut dcount = Vec::with_capacity(batch.len());
-        let mut pool = Vec::with_capacity(demands_total);
-        let mut shard = Vec::with_capacity(demands_total);
-        let mut amount = Vec::with_capacity(demands_total);
-        let mut pools_joined = Vec::with_capacity(batch.len());
-        for c in batch {
-            task.push(c.task.0 as i64);
-            version.push(c.expected_version as i32);
-            provider.push(c.provider.as_str());
-            // PostgreSQL arrays are 1-based.
-            dstart.push(pool.len() as i32 + 1);
-            dcount.push(c.demands.len() as i32);
-            let mut joined = String::new();
-            for (i, d) in c.demands.iter().enumerate() {
-                pool.push(d.shard.pool.as_str());
-                shard.push(d.shard.shard as i16);
-                amount.push(d.amount as i64);
-                if i > 0 {
-                    joined.push(POOL_KEY_SEPARATOR);
-                }
-                joined.push_str(&d.shard.pool);
-            }
-            pools_joined.push(joined);
-        }
+        let task: Vec<i64> = batch.iter().map(|c| c.task.0 as i64).collect();
+        let version: Vec<i32> = batch.iter().map(|c| c.expected_version as i32).collect();
+        let a = ClaimArrays::new(batch.iter().map(Some));
         let lease_ms = i64::from(lease_ms);
         let rows = self
             .answered(
@@ -160,13 +194,13 @@ impl Db {
                         &lease_ms,
                         &task,
                         &version,
-                        &provider,
-                        &dstart,
-                        &dcount,
-                        &pool,
-                        &shard,
-                        &amount,
-                        &pools_joined,
+                        &a.provider,
+                        &a.dstart,
+                        &a.dcount,
+                        &a.pool,
+                        &a.shard,
+                        &a.amount,
+                        &a.pools_joined,
                     ],
                 ),
             )
@@ -182,17 +216,22 @@ impl Db {
                         let attempt: i64 = r.get(2);
                         let token: i64 = r.get(3);
                         let attempt_no: i32 = r.get(4);
-                        Ok(ClaimResult::Granted {
-                            attempt: AttemptId(attempt as u64),
-                            token: FencingToken(token as u64),
-                            attempt_no: attempt_no as u32,
-                            request_key: request_key(c.task, attempt_no as u32),
-                        })
+                        Ok(granted(c.task, attempt, token, attempt_no as u32))
                     }
                     refused => Ok(ClaimResult::Refused(refusal(refused, detail)?)),
                 }
             })
             .collect()
+    }
+}
+
+/// A claim taken as the task's attempt `attempt_no`.
+pub(crate) fn granted(task: TaskId, attempt: i64, token: i64, attempt_no: u32) -> ClaimResult {
+    ClaimResult::Granted {
+        attempt: AttemptId(attempt as u64),
+        token: FencingToken(token as u64),
+        attempt_no,
+        request_key: request_key(task, attempt_no),
     }
 }
 

@@ -57,6 +57,7 @@ impl DbConfig {
 pub(crate) struct Statements {
     pub submit: Statement,
     pub submit_leased: Statement,
+    pub submit_claim: Statement,
     pub claim: Statement,
     pub report: Statement,
     pub renew: Statement,
@@ -346,7 +347,7 @@ async fn connect(config: &DbConfig) -> Result<(Client, JoinHandle<()>), StoreErr
 
 impl Statements {
     /// Statements `prepare` prepares, one round trip each.
-    const COUNT: u32 = 5;
+    const COUNT: u32 = 6;
 }
 
 async fn prepare(client: &Client) -> Result<Statements, StoreError> {
@@ -358,6 +359,12 @@ async fn prepare(client: &Client) -> Result<Statements, StoreError> {
             .prepare(
                 "SELECT * FROM spindle_submit_leased($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \
                  $11, $12)",
+            )
+            .await?,
+        submit_claim: client
+            .prepare(
+                "SELECT * FROM spindle_submit_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \
+                 $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)",
             )
             .await?,
         claim: client

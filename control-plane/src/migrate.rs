@@ -82,6 +82,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "unrestorable_queued_fails",
         sql: include_str!("../migrations/0013_unrestorable_queued_fails.sql"),
     },
+    Migration {
+        version: 14,
+        name: "submit_claimed",
+        sql: include_str!("../migrations/0014_submit_claimed.sql"),
+    },
 ];
 
 /// FNV-1a over the migration's text: stable across builds and platforms.

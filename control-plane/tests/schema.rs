@@ -194,14 +194,14 @@ async fn the_batch_functions_use_generic_plans_over_index_probes() {
             "SELECT proname, array_to_string(proconfig, ' ') FROM pg_proc
               WHERE proname IN ('spindle_submit', 'spindle_claim', 'spindle_report',
                                 'spindle_submit_checked', 'spindle_claim_checked',
-                                'spindle_submit_leased')
+                                'spindle_submit_leased', 'spindle_submit_claim')
               ORDER BY proname",
             &[],
         )
         .await
         .unwrap();
     let config: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
-    assert_eq!(config.len(), 6, "{config:?}");
+    assert_eq!(config.len(), 7, "{config:?}");
     for (name, settings) in &config {
         let generic = settings.contains("plan_cache_mode=force_generic_plan");
         let hot = !name.ends_with("_checked");
@@ -211,9 +211,11 @@ async fn the_batch_functions_use_generic_plans_over_index_probes() {
             "{name}: {settings}"
         );
     }
-    let claim = &config.iter().find(|(n, _)| n == "spindle_claim").unwrap().1;
-    assert!(
-        claim.contains("enable_mergejoin=off") && claim.contains("enable_hashjoin=off"),
-        "{claim}"
-    );
+    for name in ["spindle_claim", "spindle_submit_claim"] {
+        let claim = &config.iter().find(|(n, _)| n == name).unwrap().1;
+        assert!(
+            claim.contains("enable_mergejoin=off") && claim.contains("enable_hashjoin=off"),
+            "{name}: {claim}"
+        );
+    }
 }
