@@ -159,10 +159,7 @@ impl Db {
             &a.pools_joined,
         ]);
         let rows = self
-            .answered(
-                true,
-                self.client().query(&self.stmts.submit_claim, &params),
-            )
+            .answered(true, self.client().query(&self.stmts.submit_claim, &params))
             .await?;
         check_answered("submit", &rows, batch.len())?;
         rows.iter()
@@ -305,9 +302,9 @@ fn outcome(r: &tokio_postgres::Row) -> Result<SubmitOutcome, StoreError> {
             remaining_milli: detail.and_then(|d| d.parse().ok()).unwrap_or(0),
         },
         "PARTITION_NOT_OWNED" => SubmitOutcome::PartitionNotOwned(PartitionId(
-            detail.and_then(|d| d.parse().ok()).ok_or_else(|| {
-                StoreError::Corrupt(format!("{outcome} without a partition"))
-            })?,
+            detail
+                .and_then(|d| d.parse().ok())
+                .ok_or_else(|| StoreError::Corrupt(format!("{outcome} without a partition")))?,
         )),
         other => return Err(StoreError::Corrupt(format!("submit outcome {other}"))),
     })

@@ -52,7 +52,11 @@ async fn rows(test: &spindle_control::testing::TestDb) -> Vec<(i64, String, i32,
 fn claims_for(tasks: &[NewTask], claimed: &[u64]) -> Vec<Option<ClaimRequest>> {
     tasks
         .iter()
-        .map(|t| claimed.contains(&t.task.0).then(|| claim(t.task.0, 0, &[PROVIDER])))
+        .map(|t| {
+            claimed
+                .contains(&t.task.0)
+                .then(|| claim(t.task.0, 0, &[PROVIDER]))
+        })
         .collect()
 }
 
@@ -83,7 +87,10 @@ async fn a_submit_carrying_claims_writes_its_tasks_claimed_in_one_transaction() 
     );
     // What a claim after the submit would have left: DISPATCHING at version 1, attempt 1.
     let d = |id| (id, "DISPATCHING".to_string(), 1, 1, 1);
-    assert_eq!(rows(&test).await, vec![d(1), d(2), (3, "QUEUED".into(), 0, 0, 0)]);
+    assert_eq!(
+        rows(&test).await,
+        vec![d(1), d(2), (3, "QUEUED".into(), 0, 0, 0)]
+    );
     assert_eq!(db.pool_usage("provider:acme").await.unwrap()[0].used, 2);
     let sql = test.sql().await.unwrap();
     let kinds: Vec<Vec<String>> = column(&sql, "SELECT kinds FROM outbox_batch").await;
@@ -213,7 +220,10 @@ async fn a_claimed_submit_reads_back_as_granted_from_its_row() {
         .await
         .unwrap();
     let heads = db.task_heads(&[TaskId(1), TaskId(2)]).await.unwrap();
-    assert_eq!(lost_claim(TaskId(1), heads[0].as_ref(), NODE, 0), out[0].claim);
+    assert_eq!(
+        lost_claim(TaskId(1), heads[0].as_ref(), NODE, 0),
+        out[0].claim
+    );
     assert_eq!(lost_claim(TaskId(2), heads[1].as_ref(), NODE, 0), None);
 }
 

@@ -81,11 +81,59 @@ async fn a_submit_whose_answer_is_lost_is_read_back_acknowledged_and_run() {
     assert_eq!(metric(&daemon, "spindle_calls_in_doubt_total").await, 1);
 }
 
+/// Room for two tasks at a time at the provider: of a batch of eight, the first start with
+/// their submit (their claims taken in its transaction) and the rest are claimed after it, as
+/// room frees — the claims these tests lose.
+const TWO_AT_A_TIME: &str = "provider_concurrency = 2";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claimed_submit_whose_answer_is_lost_is_read_back_and_its_tasks_run_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("executions.log");
+    let config = with_keys(&format!("local_provider_log = \"{}\"", log.display()));
+    let Rig {
+        _test,
+        proxy,
+        daemon,
+        sql,
+        client,
+    } = rig(&config).await;
+    // The submit commits with its tasks claimed (their rows DISPATCHING); its answer goes
+    // nowhere, then every connection breaks.
+    proxy.lose_answer_containing(b"DISPATCHING");
+    let batch: Vec<_> = (0..8).map(|i| task(&format!("d{i}"))).collect();
+    let claimed = "SELECT count(*) > 0 FROM task WHERE state = 'DISPATCHING'";
+    let (answers, ()) = tokio::join!(
+        client.submit_batch(batch),
+        lose_one_then_cut(&proxy, &sql, claimed)
+    );
+    let ids = accepted_ids(answers);
+    assert_eq!(ids.len(), 8, "read back and acknowledged, not refused");
+    // The rows tell the node the claims were taken: each task runs its first attempt, once.
+    assert_eq!(wait_all_succeeded(&sql, &ids).await, ids.len() as i64);
+    let ran = executed_once_per_attempt(&[log.as_path()]);
+    assert_eq!(ran.len(), ids.len());
+    let row = sql
+        .query_one(
+            "SELECT max(attempt_no),
+                    (SELECT coalesce(sum(used), 0)::bigint FROM resource_pool_shard)
+               FROM task",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!((row.get::<_, i32>(0), row.get::<_, i64>(1)), (1, 0));
+    assert_eq!(metric(&daemon, "spindle_calls_in_doubt_total").await, 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_whose_answer_is_lost_is_read_back_and_its_task_runs_once() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("executions.log");
-    let config = with_keys(&format!("local_provider_log = \"{}\"", log.display()));
+    let config = with_keys(&format!(
+        "{TWO_AT_A_TIME}\nlocal_provider_log = \"{}\"",
+        log.display()
+    ));
     let Rig {
         _test,
         proxy,
@@ -126,7 +174,9 @@ async fn a_claim_whose_answer_is_lost_is_read_back_and_its_task_runs_once() {
 async fn a_claim_whose_connection_goes_silent_is_given_up_and_read_back() {
     // The answer is lost and nothing breaks the connection (a dead peer that never says so):
     // after the statement timeout and the grace the node gives the connection up by itself.
-    let config = with_keys("postgres_statement_timeout_ms = 1000\npostgres_answer_grace_ms = 500");
+    let config = with_keys(&format!(
+        "{TWO_AT_A_TIME}\npostgres_statement_timeout_ms = 1000\npostgres_answer_grace_ms = 500"
+    ));
     let Rig {
         _test,
         proxy,

@@ -24,9 +24,9 @@ pub use restore::{LiveRestore, Restore, ShardRestores, Unrestorable};
 use std::sync::Arc;
 
 use spindle_control::query::TaskHead;
+use spindle_control::submit::ClaimedSubmit;
 use spindle_control::{
-    ClaimRequest, ClaimResult, Db, DbConfig, NewTask, PartitionId, Report, ReportResult,
-    StoreError, SubmitOutcome,
+    ClaimRequest, ClaimResult, Db, DbConfig, NewTask, PartitionId, Report, ReportResult, StoreError,
 };
 use spindle_core::{PolicyVersion, TaskId};
 use tokio::sync::{mpsc, oneshot};
@@ -40,11 +40,13 @@ pub const PIPELINE_QUEUE_MAX: usize = 4096;
 pub type Reply<T> = oneshot::Sender<Result<Vec<T>, StoreError>>;
 
 pub enum CpMsg {
+    /// New tasks, each with its first claim when the shard picked it already (taken in the
+    /// submit's transaction when the whole batch can be: `spindle_submit_claim`).
     Submit {
-        tasks: Vec<NewTask>,
+        tasks: Vec<(NewTask, Option<ClaimRequest>)>,
         /// The policy version the tasks were admitted under.
         version: PolicyVersion,
-        reply: Reply<SubmitOutcome>,
+        reply: Reply<ClaimedSubmit>,
     },
     Claim {
         claims: Vec<ClaimRequest>,
@@ -89,7 +91,7 @@ impl CpMsg {
 
     fn tasks(&self) -> Vec<TaskId> {
         match self {
-            CpMsg::Submit { tasks, .. } => tasks.iter().map(|t| t.task).collect(),
+            CpMsg::Submit { tasks, .. } => tasks.iter().map(|(t, _)| t.task).collect(),
             CpMsg::Claim { claims, .. } => claims.iter().map(|c| c.task).collect(),
             CpMsg::Report { reports, .. } => reports.iter().map(|r| r.task).collect(),
             CpMsg::TaskIds { .. } => Vec::new(),

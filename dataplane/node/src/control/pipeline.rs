@@ -193,7 +193,11 @@ async fn run_group(db: &Db, node: &str, lease_ms: u32, group: Vec<CpMsg>) -> boo
                 CpMsg::Submit { tasks, reply, .. } => Some((tasks, reply)),
                 _ => None,
             });
-            answer(db.submit_batch_as(node, &all, version).await, replies)
+            let (tasks, claims): (Vec<_>, Vec<_>) = all.into_iter().unzip();
+            let result = db
+                .submit_claim_batch_as(node, lease_ms, &tasks, &claims, version)
+                .await;
+            answer(result, replies)
         }
         CpMsg::Claim { .. } => {
             let (all, replies) = merge(group, |m| match m {

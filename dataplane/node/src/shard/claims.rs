@@ -261,15 +261,8 @@ async fn claim(state: &SharedShard, claims: Vec<ClaimRequest>) {
         let now = s.now();
         for (&(task, _), r) in asked.iter().zip(results) {
             match r {
-                Some(ClaimResult::Granted {
-                    token,
-                    attempt_no,
-                    request_key,
-                    ..
-                }) => {
-                    if granted(&mut s, now, task, token, attempt_no) {
-                        started.push((task, token, attempt_no, request_key));
-                    }
+                Some(r @ ClaimResult::Granted { .. }) => {
+                    started.extend(grant(&mut s, now, task, r))
                 }
                 Some(ClaimResult::Refused(why)) => refused(&mut s, now, task, why),
                 None => {
@@ -280,6 +273,14 @@ async fn claim(state: &SharedShard, claims: Vec<ClaimRequest>) {
             }
         }
     }
+    start_attempts(state, started).await;
+}
+
+/// An attempt whose claim committed, to start: (task, token, attempt_no, request key).
+pub(super) type Started = (TaskId, FencingToken, u32, String);
+
+/// Starts attempts whose claims committed: at their provider, or on the local one.
+pub(super) async fn start_attempts(state: &SharedShard, started: Vec<Started>) {
     let dispatch = state.borrow().dispatch.clone();
     for (task, token, attempt_no, request_key) in started {
         match &dispatch {
@@ -293,4 +294,24 @@ async fn claim(state: &SharedShard, claims: Vec<ClaimRequest>) {
             }
         }
     }
+}
+
+/// The start of an attempt whose claim `result` came back granted and goes ahead (not canceled
+/// meanwhile: then its end is reported instead, by [`granted`]).
+pub(super) fn grant(
+    s: &mut ShardState,
+    now: Time,
+    task: TaskId,
+    result: ClaimResult,
+) -> Option<Started> {
+    let ClaimResult::Granted {
+        token,
+        attempt_no,
+        request_key,
+        ..
+    } = result
+    else {
+        return None;
+    };
+    granted(s, now, task, token, attempt_no).then_some((task, token, attempt_no, request_key))
 }

@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use spindle_control::submit::ClaimedSubmit;
 use spindle_control::{
     ClaimRefusal, ClaimRequest, ClaimResult, Demand, NewTask, PartitionId, PoolShard, Report,
     ReportAction, ReportResult, StoreError, SubmitOutcome,
@@ -646,28 +647,10 @@ async fn ask<T>(
     cp: &mpsc::Sender<CpMsg>,
     message: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> CpMsg,
 ) -> Result<T, StoreError> {
-    answer(send(cp, message).await).await
-}
-
-/// Sends a request down `cp`; its answer is awaited with [`answer`], so that the shard can do
-/// other work in between.
-async fn send<T>(
-    cp: &mpsc::Sender<CpMsg>,
-    message: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> CpMsg,
-) -> Result<oneshot::Receiver<Result<T, StoreError>>, StoreError> {
+    let stopped = || StoreError::Unavailable("control plane stopped".into());
     let (tx, rx) = oneshot::channel();
     cp.send(message(tx)).await.map_err(|_| stopped())?;
-    Ok(rx)
-}
-
-async fn answer<T>(
-    sent: Result<oneshot::Receiver<Result<T, StoreError>>, StoreError>,
-) -> Result<T, StoreError> {
-    sent?.await.map_err(|_| stopped())?
-}
-
-fn stopped() -> StoreError {
-    StoreError::Unavailable("control plane stopped".into())
+    rx.await.map_err(|_| stopped())?
 }
 
 /// Counts a submit or claim batch in doubt.

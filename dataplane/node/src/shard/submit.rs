@@ -144,45 +144,54 @@ pub(super) async fn submit(
         });
         answers.push(Some(wire_admission(&admission, false)));
     }
+    let mut started = Vec::new();
     if !commit.is_empty() {
         // No await since the admissions: the version is the one they were made under.
-        let (cp, version) = {
+        let version = state.borrow().core.policy().version;
+        // The tasks just admitted are picked now. One that starts at once carries its claim in
+        // its own submit: taken in the same transaction when the whole batch can be, else held
+        // until the commit is in and sent at once after it, as a claim of a task picked later
+        // is. (Left to the pump that follows the message which brought them, the pick came
+        // too late when this submit awaited before admitting — a new block of task ids: its
+        // tasks waited for the next message or tick, and a shard found backlogged at a tick
+        // took the node's shared provider limits from one that was not: docs/benchmarks.md,
+        // "Tenth round".)
+        pump(state).await;
+        let (cp, rows) = {
             let s = state.borrow();
-            (s.pipes.submits.clone(), s.core.policy().version)
+            let rows: Vec<(NewTask, Option<ClaimRequest>)> = rows
+                .into_iter()
+                .map(|t| {
+                    let claim = s.held_claims.get(&t.task).cloned();
+                    (t, claim)
+                })
+                .collect();
+            (s.pipes.submits.clone(), rows)
         };
-        let sent = send(&cp, |reply| CpMsg::Submit {
+        let outcome = ask(&cp, |reply| CpMsg::Submit {
             tasks: rows,
             version,
             reply,
         })
         .await;
-        // The tasks just admitted are picked now, while their commit runs: a claim is held
-        // until its task's commit is in and goes at once after it. The pump that follows the
-        // message which brought them runs too early when this submit awaited before admitting
-        // (a new block of task ids): its tasks then waited for the next message or tick, and a
-        // shard found backlogged at a tick takes the node's shared provider limits from a shard
-        // that is not, whose next tasks then wait for a re-split in turn (docs/benchmarks.md,
-        // "Tenth round").
-        pump(state).await;
-        let outcome = answer(sent).await;
         // Only a batch in doubt needs its tasks' ids apart.
         let ids = || commit.iter().map(|&(_, t)| t).collect::<Vec<TaskId>>();
-        // A batch whose answer was lost: the rows tell which tasks it made, if PostgreSQL is
-        // back soon enough (the client waits for this answer).
-        let made = match &outcome {
+        // A batch whose answer was lost: the rows tell which tasks it made (and claimed), if
+        // PostgreSQL is back soon enough (the client waits for this answer).
+        let heads = match &outcome {
             Err(e) if e.is_in_doubt() => {
                 count_in_doubt(state);
-                look_up(&cp, ids(), IN_DOUBT_ANSWER_LOOKUPS)
-                    .await
-                    .map(|heads| heads.iter().map(Option::is_some).collect::<Vec<bool>>())
+                look_up(&cp, ids(), IN_DOUBT_ANSWER_LOOKUPS).await
             }
             _ => None,
         };
         let mut s = state.borrow_mut();
-        match (outcome, made) {
-            (Ok(outcomes), _) => {
-                for (&(i, task), outcome) in commit.iter().zip(outcomes) {
-                    apply_submit_outcome(&mut s, task, outcome, &mut answers[i]);
+        let now = s.now();
+        match (outcome, heads) {
+            (Ok(rows), _) => {
+                for (&(i, task), row) in commit.iter().zip(rows) {
+                    let answer = &mut answers[i];
+                    started.extend(apply_submit_outcome(&mut s, now, task, row, answer));
                 }
             }
             (Err(e), None) if e.is_in_doubt() => {
@@ -200,14 +209,14 @@ pub(super) async fn submit(
                     ),
                 );
             }
-            (Err(e), made) => {
+            (Err(e), heads) => {
                 // Not committed — nothing of the batch, or (in doubt, now read back) the tasks
                 // without a row: forget them and refuse as overloaded (paid work is not
                 // buffered while PostgreSQL is away).
-                let made = made.unwrap_or_else(|| vec![false; commit.len()]);
-                for (&(i, task), made) in commit.iter().zip(made) {
-                    if made {
-                        committed(&mut s, task);
+                let heads = heads.unwrap_or_else(|| vec![None; commit.len()]);
+                for (&(i, task), head) in commit.iter().zip(heads) {
+                    if let Some(head) = head {
+                        started.extend(made(&mut s, now, task, &head));
                         continue;
                     }
                     forget(&mut s, task);
@@ -241,20 +250,27 @@ pub(super) async fn submit(
         Response::Error(WireError::new(ErrorCode::Internal, "empty submit"))
     };
     let _ = reply.send(response);
+    start_attempts(state, started).await;
     // Claims held for these tasks can go now.
     if !state.borrow().ready_claims.is_empty() {
         pump(state).await;
     }
 }
 
+/// A row of a committed submit: its task committed (and claimed with it, then the attempt to
+/// start is returned), or answered as a replay, a conflict or a refusal and forgotten.
 fn apply_submit_outcome(
     s: &mut ShardState,
+    now: Time,
     task: TaskId,
-    outcome: SubmitOutcome,
+    row: ClaimedSubmit,
     answer: &mut Option<Admission>,
-) {
+) -> Option<Started> {
+    if let (SubmitOutcome::Created, Some(claim)) = (&row.outcome, row.claim) {
+        return claimed(s, now, task, claim);
+    }
     let a = answer.as_mut().expect("accepted rows have an admission");
-    match outcome {
+    match row.outcome {
         SubmitOutcome::Created => committed(s, task),
         SubmitOutcome::Replay { task: original, .. } => {
             forget(s, task);
@@ -291,6 +307,28 @@ fn apply_submit_outcome(
             ));
         }
     }
+    None
+}
+
+/// A task whose submit committed with its claim taken: the held claim is spent, and the
+/// attempt starts unless the task was canceled meanwhile.
+fn claimed(s: &mut ShardState, now: Time, task: TaskId, claim: ClaimResult) -> Option<Started> {
+    s.held_claims.remove(&task);
+    committed(s, task);
+    grant(s, now, task, claim)
+}
+
+/// A task whose submit was in doubt and whose row is there: committed — and claimed too when
+/// the row shows its claim taken (DISPATCHING at version 1 with an attempt of this node: the
+/// answer a lost claim would have had, [`lost_claim`]); otherwise its held claim goes as usual.
+fn made(s: &mut ShardState, now: Time, task: TaskId, head: &TaskHead) -> Option<Started> {
+    match lost_claim(task, Some(head), &s.node, 0) {
+        Some(claim @ ClaimResult::Granted { .. }) => claimed(s, now, task, claim),
+        _ => {
+            committed(s, task);
+            None
+        }
+    }
 }
 
 /// A task's submit committed: what waited for that goes on.
@@ -323,16 +361,18 @@ fn resolve_submits_later(state: SharedShard, tasks: Vec<TaskId>) {
             );
             return;
         };
+        let mut started = Vec::new();
         {
             let mut s = state.borrow_mut();
+            let now = s.now();
             for (task, head) in tasks.into_iter().zip(heads) {
-                if head.is_some() {
-                    committed(&mut s, task);
-                } else {
-                    forget(&mut s, task);
+                match head {
+                    Some(head) => started.extend(made(&mut s, now, task, &head)),
+                    None => forget(&mut s, task),
                 }
             }
         }
+        start_attempts(&state, started).await;
         if !state.borrow().ready_claims.is_empty() {
             pump(&state).await;
         }
