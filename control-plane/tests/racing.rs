@@ -208,3 +208,107 @@ async fn a_sharded_pool_never_grants_more_than_its_total() {
     assert_eq!(caps, vec![(3, 3), (3, 3), (2, 2), (2, 2)]);
     assert_counters_derived(&test).await;
 }
+
+/// Four nodes submit tasks of budgeted tenants carrying their claims, claim what their
+/// submits could not, and finish what runs: submits that carry claims lock budgets and then
+/// pools, finishing reports settle budgets and then give the pools back, so neither waits for
+/// the other in a cycle (the reports gave the pools back first: a deadlock PostgreSQL breaks by
+/// failing one of them). The pool is never above capacity and every task is granted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn claimed_submits_and_budgeted_finishes_race_without_deadlock_or_overshoot() {
+    let test = TestDb::new().await;
+    let db = test.open().await;
+    db.ensure_partitions(RACERS as u32).await.unwrap();
+    db.set_pool("provider:shared", CAPACITY, 1).await.unwrap();
+    // One budgeted tenant for all four: every submit and every finish locks its budget.
+    test.open()
+        .await
+        .set_tenant_budget(spindle_core::TenantId(1), 1 << 40, "test", "race")
+        .await
+        .unwrap();
+    let racers: Vec<_> = (0..RACERS)
+        .map(|r| {
+            let test = &test;
+            async move { race_claimed_submits(test, r).await }
+        })
+        .collect();
+    let grants: Vec<TaskId> = futures_util::future::join_all(racers)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    let tasks: HashSet<TaskId> = grants.iter().copied().collect();
+    assert_eq!(tasks.len(), grants.len(), "a task was granted twice");
+    assert_eq!(grants.len() as u64, RACERS * TASKS_PER_RACER);
+    assert_eq!(db.pool_usage("provider:shared").await.unwrap()[0].used, 0);
+    assert_counters_derived(&test).await;
+}
+
+/// One node: batches of 8 new tasks carrying their claims, claims for those still waiting, and
+/// half of what runs finished (settling its budget) each round; returns every task granted.
+async fn race_claimed_submits(test: &TestDb, racer: u64) -> Vec<TaskId> {
+    let db = test.open().await;
+    let node = format!("node-{racer}");
+    db.register_node(&node, "").await.unwrap();
+    let held = db
+        .acquire_partitions(&node, &[PartitionId(racer as u32)], LEASE_MS)
+        .await
+        .unwrap();
+    assert_eq!(held.len(), 1);
+    let pool = [("provider:shared", 0, 1)];
+    let mut next = racer * 1_000;
+    let last = next + TASKS_PER_RACER;
+    let (mut waiting, mut running, mut granted) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..ROUNDS_MAX {
+        if next == last && waiting.is_empty() && running.is_empty() {
+            return granted;
+        }
+        let ids: Vec<u64> = (next..last.min(next + 8)).collect();
+        next += ids.len() as u64;
+        let batch: Vec<_> = ids
+            .iter()
+            .map(|&id| {
+                let mut t = task(id, 1, &format!("c{racer}-{id}"));
+                t.partition = PartitionId(racer as u32);
+                t
+            })
+            .collect();
+        let claims: Vec<_> = ids.iter().map(|&id| Some(claim(id, 0, &pool))).collect();
+        let rows = db
+            .submit_claim_batch_as(&node, LEASE_MS, &batch, &claims, PolicyVersion(1))
+            .await
+            .unwrap();
+        for (id, row) in ids.iter().zip(rows) {
+            match row.claim {
+                Some(ClaimResult::Granted { token, .. }) => running.push((TaskId(*id), token)),
+                _ => waiting.push(*id),
+            }
+        }
+        let claims: Vec<_> = waiting
+            .iter()
+            .take(8)
+            .map(|&id| claim(id, 0, &pool))
+            .collect();
+        for (c, r) in claims
+            .iter()
+            .zip(db.claim_batch(&node, LEASE_MS, &claims).await.unwrap())
+        {
+            if let ClaimResult::Granted { token, .. } = r {
+                waiting.retain(|&id| id != c.task.0);
+                running.push((c.task, token));
+            }
+        }
+        let finish = running.len().div_ceil(2);
+        let reports: Vec<_> = running
+            .drain(..finish)
+            .map(|(task, token)| {
+                granted.push(task);
+                common::finish_costing(task.0, token, TaskState::Succeeded, Some(900))
+            })
+            .collect();
+        for r in db.report_batch(&reports).await.unwrap() {
+            assert!(matches!(r, ReportResult::Applied { .. }), "{r:?}");
+        }
+    }
+    panic!("racer {racer} did not finish in {ROUNDS_MAX} rounds");
+}
