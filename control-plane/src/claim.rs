@@ -129,6 +129,19 @@ pub(crate) struct ClaimArrays<'a> {
 }
 
 impl<'a> ClaimArrays<'a> {
+    /// The arrays as statement parameters, in the batch functions' order.
+    pub fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 7] {
+        [
+            &self.provider,
+            &self.dstart,
+            &self.dcount,
+            &self.pool,
+            &self.shard,
+            &self.amount,
+            &self.pools_joined,
+        ]
+    }
+
     pub fn new(claims: impl ExactSizeIterator<Item = Option<&'a ClaimRequest>> + Clone) -> Self {
         let rows = claims.len();
         let demands: usize = claims.clone().flatten().map(|c| c.demands.len()).sum();
@@ -184,26 +197,11 @@ impl Db {
         let version: Vec<i32> = batch.iter().map(|c| c.expected_version as i32).collect();
         let a = ClaimArrays::new(batch.iter().map(Some));
         let lease_ms = i64::from(lease_ms);
+        let mut params: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> =
+            vec![&node, &lease_ms, &task, &version];
+        params.extend(a.params());
         let rows = self
-            .answered(
-                true,
-                self.client().query(
-                    &self.stmts.claim,
-                    &[
-                        &node,
-                        &lease_ms,
-                        &task,
-                        &version,
-                        &a.provider,
-                        &a.dstart,
-                        &a.dcount,
-                        &a.pool,
-                        &a.shard,
-                        &a.amount,
-                        &a.pools_joined,
-                    ],
-                ),
-            )
+            .answered(true, self.client().query(&self.stmts.claim, &params))
             .await?;
         check_answered("claim", &rows, batch.len())?;
         rows.iter()

@@ -149,15 +149,7 @@ impl Db {
         let mut params = columns.params();
         params.insert(0, &lease_ms);
         params.insert(0, &node);
-        params.extend([
-            &a.provider as &(dyn tokio_postgres::types::ToSql + Sync),
-            &a.dstart,
-            &a.dcount,
-            &a.pool,
-            &a.shard,
-            &a.amount,
-            &a.pools_joined,
-        ]);
+        params.extend(a.params());
         let rows = self
             .answered(true, self.client().query(&self.stmts.submit_claim, &params))
             .await?;

@@ -18,18 +18,24 @@ const TASKS_PER_RACER: u64 = 60;
 const CAPACITY: u64 = 7;
 const ROUNDS_MAX: usize = 200;
 
-/// One racer: its own node, connection and tasks; claims in batches of 8 until every task got a
-/// grant, finishing some of what it holds each round so capacity keeps turning over.
-async fn race(test: &TestDb, racer: u64) -> Vec<(TaskId, FencingToken)> {
+/// Racer `racer`'s connection and node, registered and holding partition `racer` (its tasks
+/// are put there).
+async fn racer_node(test: &TestDb, racer: u64) -> (spindle_control::Db, String) {
     let db = test.open().await;
     let node = format!("node-{racer}");
     db.register_node(&node, "").await.unwrap();
-    // Racer r owns partition r; its tenants hash there.
     let held = db
         .acquire_partitions(&node, &[PartitionId(racer as u32)], LEASE_MS)
         .await
         .unwrap();
     assert_eq!(held.len(), 1);
+    (db, node)
+}
+
+/// One racer: its own node, connection and tasks; claims in batches of 8 until every task got a
+/// grant, finishing some of what it holds each round so capacity keeps turning over.
+async fn race(test: &TestDb, racer: u64) -> Vec<(TaskId, FencingToken)> {
+    let (db, node) = racer_node(test, racer).await;
     let ids: Vec<u64> = (0..TASKS_PER_RACER).map(|i| racer * 1_000 + i).collect();
     let batch: Vec<_> = ids
         .iter()
@@ -247,14 +253,7 @@ async fn claimed_submits_and_budgeted_finishes_race_without_deadlock_or_overshoo
 /// One node: batches of 8 new tasks carrying their claims, claims for those still waiting, and
 /// half of what runs finished (settling its budget) each round; returns every task granted.
 async fn race_claimed_submits(test: &TestDb, racer: u64) -> Vec<TaskId> {
-    let db = test.open().await;
-    let node = format!("node-{racer}");
-    db.register_node(&node, "").await.unwrap();
-    let held = db
-        .acquire_partitions(&node, &[PartitionId(racer as u32)], LEASE_MS)
-        .await
-        .unwrap();
-    assert_eq!(held.len(), 1);
+    let (db, node) = racer_node(test, racer).await;
     let pool = [("provider:shared", 0, 1)];
     let mut next = racer * 1_000;
     let last = next + TASKS_PER_RACER;

@@ -35,6 +35,31 @@ fn with_keys(keys: &str) -> String {
     CONFIG.replacen("[[tenants]]", &format!("{keys}\n\n[[tenants]]"), 1)
 }
 
+/// [`rig`] with `keys` and the local provider's execution log (its file, and the directory to
+/// keep until the end of the test).
+async fn rig_logging(keys: &str) -> (Rig, tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("executions.log");
+    let config = with_keys(&format!(
+        "{keys}\nlocal_provider_log = \"{}\"",
+        log.display()
+    ));
+    (rig(&config).await, dir, log)
+}
+
+/// Submits 8 tasks (keys `prefix`0…7) while the next answer holding `pattern` is lost, then
+/// cuts every connection once a task is DISPATCHING; the ids the client was told.
+async fn submit_losing(rig: &Rig, pattern: &[u8], prefix: &str) -> Vec<i64> {
+    rig.proxy.lose_answer_containing(pattern);
+    let batch: Vec<_> = (0..8).map(|i| task(&format!("{prefix}{i}"))).collect();
+    let claimed = "SELECT count(*) > 0 FROM task WHERE state = 'DISPATCHING'";
+    let (answers, ()) = tokio::join!(
+        rig.client.submit_batch(batch),
+        lose_one_then_cut(&rig.proxy, &rig.sql, claimed)
+    );
+    accepted_ids(answers)
+}
+
 async fn rig(config: &str) -> Rig {
     let test = TestDb::new().await;
     let proxy = Proxy::start(&test.config().conninfo);
@@ -88,39 +113,19 @@ const TWO_AT_A_TIME: &str = "provider_concurrency = 2";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claimed_submit_whose_answer_is_lost_is_read_back_and_its_tasks_run_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("executions.log");
-    let config = with_keys(&format!("local_provider_log = \"{}\"", log.display()));
-    let Rig {
-        _test,
-        proxy,
-        daemon,
-        sql,
-        client,
-    } = rig(&config).await;
+    let (rig, _dir, log) = rig_logging("").await;
     // The submit commits with its tasks claimed (their rows DISPATCHING); its answer goes
     // nowhere, then every connection breaks.
-    proxy.lose_answer_containing(b"DISPATCHING");
-    let batch: Vec<_> = (0..8).map(|i| task(&format!("d{i}"))).collect();
-    let claimed = "SELECT count(*) > 0 FROM task WHERE state = 'DISPATCHING'";
-    let (answers, ()) = tokio::join!(
-        client.submit_batch(batch),
-        lose_one_then_cut(&proxy, &sql, claimed)
-    );
-    let ids = accepted_ids(answers);
+    let ids = submit_losing(&rig, b"DISPATCHING", "d").await;
     assert_eq!(ids.len(), 8, "read back and acknowledged, not refused");
     // The rows tell the node the claims were taken: each task runs its first attempt, once.
-    assert_each_ran_once(&sql, &ids, &log).await;
-    assert_eq!(metric(&daemon, "spindle_calls_in_doubt_total").await, 1);
+    assert_each_ran_once(&rig.sql, &ids, &log).await;
+    assert_eq!(metric(&rig.daemon, "spindle_calls_in_doubt_total").await, 1);
 }
 
 /// Every task ends SUCCEEDED on its first attempt, each attempt executed once (the local
 /// provider's `log`), and the provider pools hold nothing afterwards.
-async fn assert_each_ran_once(
-    sql: &tokio_postgres::Client,
-    ids: &[i64],
-    log: &std::path::Path,
-) {
+async fn assert_each_ran_once(sql: &tokio_postgres::Client, ids: &[i64], log: &std::path::Path) {
     assert_eq!(wait_all_succeeded(sql, ids).await, ids.len() as i64);
     let ran = executed_once_per_attempt(&[log]);
     assert_eq!(ran.len(), ids.len());
@@ -138,31 +143,11 @@ async fn assert_each_ran_once(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_whose_answer_is_lost_is_read_back_and_its_task_runs_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let log = dir.path().join("executions.log");
-    let config = with_keys(&format!(
-        "{TWO_AT_A_TIME}\nlocal_provider_log = \"{}\"",
-        log.display()
-    ));
-    let Rig {
-        _test,
-        proxy,
-        daemon,
-        sql,
-        client,
-    } = rig(&config).await;
-
+    let (rig, _dir, log) = rig_logging(TWO_AT_A_TIME).await;
     // A claim made after the submit commits unheard; then every connection breaks.
-    proxy.lose_answer_containing(b"GRANTED");
-    let batch: Vec<_> = (0..8).map(|i| task(&format!("c{i}"))).collect();
-    let claimed = "SELECT count(*) > 0 FROM task WHERE state = 'DISPATCHING'";
-    let (answers, ()) = tokio::join!(
-        client.submit_batch(batch),
-        lose_one_then_cut(&proxy, &sql, claimed)
-    );
-    let ids = accepted_ids(answers);
-    assert_each_ran_once(&sql, &ids, &log).await;
-    assert_in_doubt(&daemon).await;
+    let ids = submit_losing(&rig, b"GRANTED", "c").await;
+    assert_each_ran_once(&rig.sql, &ids, &log).await;
+    assert_in_doubt(&rig.daemon).await;
 }
 
 /// The lost call was taken as in doubt. Claims sent one after another are merged into one call
