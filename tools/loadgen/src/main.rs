@@ -2,6 +2,7 @@
 //! an in-process spindled and runs the noisy-neighbour mix (one tenant at 100× the others).
 
 mod harness;
+mod pacer;
 mod report;
 mod run;
 mod scrape;

@@ -35,6 +35,7 @@ pub fn json(o: &Outcome, offered_per_s: f64) -> serde_json::Value {
         "unfinished_after_drain": o.unfinished,
         "ack_latency": percentiles(&o.ack_us),
         "reject_latency": percentiles(&o.reject_us),
+        "send_late": percentiles(&o.send_late_us),
         // From the node's bucketed histogram (interpolated inside a bucket; 5 ms is a bound,
         // so `within_5ms` is exact): a first attempt's admission to its claim committed.
         "submit_dispatch": o.dispatch.as_ref().map(|b| json!({

@@ -11,6 +11,7 @@ use hdrhistogram::Histogram;
 use spindle_client::Client;
 use spindle_core::{TaskId, TaskState, TenantId};
 
+use crate::pacer::Pacer;
 use crate::scrape::{metrics_text, succeeded_total, Buckets};
 use crate::workload::{gap, task, Arrival, Rng, TenantLoad};
 
@@ -43,6 +44,9 @@ pub struct Outcome {
     pub elapsed_send: Duration,
     pub ack_us: Histogram<u64>,
     pub reject_us: Histogram<u64>,
+    /// How late each frame left against its intended send time (the generator's own timer
+    /// error; included in the acknowledgement latency).
+    pub send_late_us: Histogram<u64>,
     pub per_tenant: Vec<TenantOutcome>,
     /// Per second since start: acks, completions, the second's ack p99 (µs).
     pub timeline: Vec<(u64, u64, u64)>,
@@ -76,6 +80,7 @@ pub struct TenantOutcome {
 struct Shared {
     ack_us: Option<Histogram<u64>>,
     reject_us: Option<Histogram<u64>>,
+    send_late_us: Option<Histogram<u64>>,
     /// (second, ack latency µs) of every answer, for the timeline.
     acks: Vec<(u64, u64)>,
     accepted: Vec<(u32, TaskId)>,
@@ -89,6 +94,7 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
     let shared = Arc::new(Mutex::new(Shared {
         ack_us: Some(histogram()),
         reject_us: Some(histogram()),
+        send_late_us: Some(histogram()),
         ..Shared::default()
     }));
     let counted = match opts.metrics {
@@ -99,6 +105,7 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
         Some(addr) => dispatch_buckets(addr).await,
         None => None,
     };
+    let pacer = Pacer::start(opts.tenants.len())?;
     let start = Instant::now();
     let bar = progress_bar(opts.progress, opts.duration);
     let mut handles = Vec::new();
@@ -109,11 +116,14 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
                 .map_err(|e| anyhow::anyhow!("tenant {}: {e}", load.tenant))?,
         );
         let load = load.clone();
-        let shared = shared.clone();
+        let (shared, pacer) = (shared.clone(), pacer.clone());
         let (arrival, batch, duration) = (opts.arrival, opts.batch, opts.duration);
         let seed = opts.seed ^ (i as u64).wrapping_mul(0x9e37_79b9);
         handles.push(tokio::spawn(async move {
-            tenant_loop(client, load, arrival, batch, duration, seed, start, shared).await
+            tenant_loop(
+                client, load, arrival, batch, duration, seed, start, shared, pacer,
+            )
+            .await
         }));
     }
     if let Some(bar) = &bar {
@@ -181,6 +191,7 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
         elapsed_send,
         ack_us: s.ack_us.take().expect("histogram"),
         reject_us: s.reject_us.take().expect("histogram"),
+        send_late_us: s.send_late_us.take().expect("histogram"),
         per_tenant,
         timeline,
         completed_within,
@@ -341,6 +352,7 @@ async fn tenant_loop(
     seed: u64,
     start: Instant,
     shared: Arc<Mutex<Shared>>,
+    pacer: Pacer,
 ) -> anyhow::Result<(TenantOutcome, Arc<Client>)> {
     let mut rng = Rng::new(seed);
     // Keys unique per run: a node keeps every key it saw, and a rerun would only replay.
@@ -371,7 +383,15 @@ async fn tenant_loop(
         if first.duration_since(start) >= duration {
             break;
         }
-        tokio::time::sleep_until(tokio::time::Instant::from_std(first)).await;
+        pacer.wait_until(first).await;
+        let late = first.elapsed().as_micros() as u64;
+        shared
+            .lock()
+            .expect("shared")
+            .send_late_us
+            .as_mut()
+            .expect("histogram")
+            .saturating_record(late);
         let n = tasks.len() as u64;
         outcome.lock().expect("outcome").offered += n;
         if inflight.load(std::sync::atomic::Ordering::Relaxed) >= INFLIGHT_MAX {
