@@ -361,14 +361,19 @@ async fn prepare(client: &Client) -> Result<Statements, StoreError> {
                  $11, $12)",
             )
             .await?,
+        // A claim's pool shard is the one it prefers; `spindle_pick_shards` moves demands whose
+        // shard is full to another shard of their pool with room (migration 15).
         submit_claim: client
             .prepare(
                 "SELECT * FROM spindle_submit_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \
-                 $11, $12, $13, $14, $15, $16, $17, $18, $19, $20)",
+                 $11, $12, $13, $14, $15, $16, $17, spindle_pick_shards($17, $18, $19), $19, $20)",
             )
             .await?,
         claim: client
-            .prepare("SELECT * FROM spindle_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)")
+            .prepare(
+                "SELECT * FROM spindle_claim($1, $2, $3, $4, $5, $6, $7, $8, \
+                 spindle_pick_shards($8, $9, $10), $10, $11)",
+            )
             .await?,
         report: client
             .prepare("SELECT * FROM spindle_report($1, $2, $3, $4, $5, $6, $7, $8)")

@@ -87,6 +87,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "submit_claimed",
         sql: include_str!("../migrations/0014_submit_claimed.sql"),
     },
+    Migration {
+        version: 15,
+        name: "pool_shard_choice",
+        sql: include_str!("../migrations/0015_pool_shard_choice.sql"),
+    },
 ];
 
 /// FNV-1a over the migration's text: stable across builds and platforms.

@@ -1,6 +1,8 @@
 //! Several connections — standing for several nodes — race claims on one small pool. The pool
 //! never goes above capacity, and the grants the callers saw are exactly the attempts and
-//! reservations PostgreSQL holds: none lost, none duplicated.
+//! reservations PostgreSQL holds: none lost, none duplicated. The pool is split over shards and
+//! each racer prefers its own, so claims spill to other shards whenever the preferred one is
+//! full (migration 15) while the others race for them.
 
 mod common;
 
@@ -8,14 +10,30 @@ use std::collections::HashSet;
 
 use common::{assert_counters_derived, claim, task, LEASE_MS};
 use spindle_control::testing::TestDb;
-use spindle_control::{
-    ClaimRefusal, ClaimResult, PartitionId, PoolShard, Report, ReportAction, ReportResult,
-};
+use spindle_control::{ClaimRefusal, ClaimResult, PartitionId, Report, ReportAction, ReportResult};
 use spindle_core::{FencingToken, PolicyVersion, TaskId, TaskState};
 
 const RACERS: u64 = 4;
 const TASKS_PER_RACER: u64 = 60;
 const CAPACITY: u64 = 7;
+/// The shared pool's rows (capacities 3, 2, 2): racer `r` prefers shard `r % POOL_SHARDS`.
+const POOL_SHARDS: u16 = 3;
+
+/// The pool demand racer `racer` makes: one unit, preferring its own shard.
+fn shared_pool(racer: u64) -> [(&'static str, u16, u64); 1] {
+    [(
+        "provider:shared",
+        (racer % u64::from(POOL_SHARDS)) as u16,
+        1,
+    )]
+}
+
+/// Every shard of the shared pool is back at zero.
+async fn assert_pool_empty(db: &spindle_control::Db) {
+    let usage = db.pool_usage("provider:shared").await.unwrap();
+    assert_eq!(usage.len(), usize::from(POOL_SHARDS));
+    assert!(usage.iter().all(|u| u.used == 0), "{usage:?}");
+}
 const ROUNDS_MAX: usize = 200;
 
 /// Racer `racer`'s connection and node, registered and holding partition `racer` (its tasks
@@ -57,7 +75,7 @@ async fn race(test: &TestDb, racer: u64) -> Vec<(TaskId, FencingToken)> {
         let claims: Vec<_> = waiting
             .iter()
             .take(8)
-            .map(|&id| claim(id, 0, &[("provider:shared", 0, 1)]))
+            .map(|&id| claim(id, 0, &shared_pool(racer)))
             .collect();
         let results = db.claim_batch(&node, LEASE_MS, &claims).await.unwrap();
         for (c, r) in claims.iter().zip(&results) {
@@ -68,7 +86,8 @@ async fn race(test: &TestDb, racer: u64) -> Vec<(TaskId, FencingToken)> {
                     all_grants.push((c.task, *token));
                 }
                 ClaimResult::Refused(ClaimRefusal::PoolFull(s)) => {
-                    assert_eq!(s, &PoolShard::new("provider:shared", 0));
+                    assert_eq!(s.pool, "provider:shared");
+                    assert!(s.shard < POOL_SHARDS, "{s:?}");
                 }
                 other => panic!("racer {racer}: unexpected {other:?}"),
             }
@@ -103,10 +122,12 @@ async fn racing_claims_never_overshoot_and_lose_no_grant() {
     let test = TestDb::new().await;
     let db = test.open().await;
     db.ensure_partitions(RACERS as u32).await.unwrap();
-    db.set_pool("provider:shared", CAPACITY, 1).await.unwrap();
+    db.set_pool("provider:shared", CAPACITY, POOL_SHARDS)
+        .await
+        .unwrap();
 
     // An observer samples the pool while the racers run, and the counter check with it: a
-    // snapshot taken mid-race never shows drift.
+    // snapshot taken mid-race never shows drift, nor a shard above its capacity.
     let watch = {
         let sql = test.sql().await.unwrap();
         let mut checker = test.open().await;
@@ -115,15 +136,19 @@ async fn racing_claims_never_overshoot_and_lose_no_grant() {
             for i in 0..500 {
                 let drift = checker.check_counters().await.unwrap();
                 assert!(drift.is_empty(), "sample {i}: drift mid-race {drift:?}");
-                let used: i64 = sql
+                let row = sql
                     .query_one(
-                        "SELECT used FROM resource_pool_shard WHERE pool_key = 'provider:shared'",
+                        "SELECT sum(used)::bigint, bool_and(used <= capacity)
+                           FROM resource_pool_shard WHERE pool_key = 'provider:shared'",
                         &[],
                     )
                     .await
-                    .unwrap()
-                    .get(0);
-                max_seen = max_seen.max(used);
+                    .unwrap();
+                assert!(
+                    row.get::<_, bool>(1),
+                    "sample {i}: a shard above its capacity"
+                );
+                max_seen = max_seen.max(row.get::<_, i64>(0));
                 tokio::task::yield_now().await;
             }
             max_seen
@@ -184,7 +209,7 @@ async fn racing_claims_never_overshoot_and_lose_no_grant() {
         .unwrap()
         .get(0);
     assert_eq!(orphans, 0);
-    assert_eq!(db.pool_usage("provider:shared").await.unwrap()[0].used, 0);
+    assert_pool_empty(&db).await;
     assert_counters_derived(&test).await;
 }
 
@@ -225,7 +250,9 @@ async fn claimed_submits_and_budgeted_finishes_race_without_deadlock_or_overshoo
     let test = TestDb::new().await;
     let db = test.open().await;
     db.ensure_partitions(RACERS as u32).await.unwrap();
-    db.set_pool("provider:shared", CAPACITY, 1).await.unwrap();
+    db.set_pool("provider:shared", CAPACITY, POOL_SHARDS)
+        .await
+        .unwrap();
     // One budgeted tenant for all four: every submit and every finish locks its budget.
     test.open()
         .await
@@ -246,7 +273,7 @@ async fn claimed_submits_and_budgeted_finishes_race_without_deadlock_or_overshoo
     let tasks: HashSet<TaskId> = grants.iter().copied().collect();
     assert_eq!(tasks.len(), grants.len(), "a task was granted twice");
     assert_eq!(grants.len() as u64, RACERS * TASKS_PER_RACER);
-    assert_eq!(db.pool_usage("provider:shared").await.unwrap()[0].used, 0);
+    assert_pool_empty(&db).await;
     assert_counters_derived(&test).await;
 }
 
@@ -254,7 +281,7 @@ async fn claimed_submits_and_budgeted_finishes_race_without_deadlock_or_overshoo
 /// half of what runs finished (settling its budget) each round; returns every task granted.
 async fn race_claimed_submits(test: &TestDb, racer: u64) -> Vec<TaskId> {
     let (db, node) = racer_node(test, racer).await;
-    let pool = [("provider:shared", 0, 1)];
+    let pool = shared_pool(racer);
     let mut next = racer * 1_000;
     let last = next + TASKS_PER_RACER;
     let (mut waiting, mut running, mut granted) = (Vec::new(), Vec::new(), Vec::new());

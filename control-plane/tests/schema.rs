@@ -183,7 +183,8 @@ async fn version_5_carries_work_in_flight_over() {
 }
 
 /// Version 9: the functions every batch runs plan once per session (generic plans), and keep
-/// the settings that make those plans probe indexes instead of scanning.
+/// the settings that make those plans probe indexes instead of scanning (version 15's pick of
+/// pool shards too).
 #[tokio::test]
 async fn the_batch_functions_use_generic_plans_over_index_probes() {
     let test = TestDb::new().await;
@@ -194,14 +195,15 @@ async fn the_batch_functions_use_generic_plans_over_index_probes() {
             "SELECT proname, array_to_string(proconfig, ' ') FROM pg_proc
               WHERE proname IN ('spindle_submit', 'spindle_claim', 'spindle_report',
                                 'spindle_submit_checked', 'spindle_claim_checked',
-                                'spindle_submit_leased', 'spindle_submit_claim')
+                                'spindle_submit_leased', 'spindle_submit_claim',
+                                'spindle_pick_shards')
               ORDER BY proname",
             &[],
         )
         .await
         .unwrap();
     let config: Vec<(String, String)> = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
-    assert_eq!(config.len(), 7, "{config:?}");
+    assert_eq!(config.len(), 8, "{config:?}");
     for (name, settings) in &config {
         let generic = settings.contains("plan_cache_mode=force_generic_plan");
         let hot = !name.ends_with("_checked");

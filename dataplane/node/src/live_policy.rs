@@ -144,7 +144,14 @@ pub async fn watch(
                 let old = &current.providers[p.id.0 as usize];
                 if old.concurrency != p.concurrency {
                     let pool = crate::control::provider_pool(&p.name);
-                    if let Err(e) = conn.set_pool(&pool, p.concurrency, 1).await {
+                    if let Err(e) = conn
+                        .set_pool(
+                            &pool,
+                            p.concurrency,
+                            crate::control::provider_pool_shards(p.concurrency),
+                        )
+                        .await
+                    {
                         // The next version (or restart) sets it; the node's own share board
                         // already bounds what this node starts.
                         tracing::warn!("resizing {pool} to {}: {e}", p.concurrency);

@@ -154,7 +154,11 @@ pub async fn start(
     }
     for p in &policy.providers {
         admin
-            .set_pool(&provider_pool(&p.name), p.concurrency, 1)
+            .set_pool(
+                &provider_pool(&p.name),
+                p.concurrency,
+                provider_pool_shards(p.concurrency),
+            )
             .await?;
     }
     recover_attempts(&admin, &held, &Followed::new(config, &policy)).await?;
@@ -247,4 +251,52 @@ fn preferred_partitions(config: &crate::config::Config) -> Vec<PartitionId> {
 /// The pool row of a provider account.
 pub fn provider_pool(name: &str) -> String {
     format!("provider:{name}")
+}
+
+/// Rows a provider account's pool is split into, at most.
+const PROVIDER_POOL_SHARDS_MAX: u64 = 16;
+/// Units a row of a provider's pool holds, at least (a smaller pool has fewer rows).
+const PROVIDER_POOL_SHARD_UNITS_MIN: u64 = 16;
+
+/// How many rows a provider account's pool of `concurrency` slots is split into. Every
+/// transaction that charges or gives back a row locks it to its commit: one row made every
+/// shard of every node queue behind each other's commit flush. Each node shard prefers its
+/// own row ([`preferred_pool_shard`]) and the database charges another only when that one is
+/// full (migration 15), so the pool refuses only when all of it is taken.
+pub fn provider_pool_shards(concurrency: u64) -> u16 {
+    (concurrency / PROVIDER_POOL_SHARD_UNITS_MIN).clamp(1, PROVIDER_POOL_SHARDS_MAX) as u16
+}
+
+/// The pool row node `node`'s shard `index` asks for first, of `shards`: one node's shards on
+/// neighbouring rows, nodes spread by a hash of their id.
+pub fn preferred_pool_shard(node: &str, index: usize, shards: u16) -> u16 {
+    let salt = node.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    ((salt.wrapping_add(index as u64)) % u64::from(shards.max(1))) as u16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_provider_pool_has_one_row_per_sixteen_slots_up_to_sixteen_rows() {
+        assert_eq!(provider_pool_shards(0), 1);
+        assert_eq!(provider_pool_shards(20), 1);
+        assert_eq!(provider_pool_shards(100), 6);
+        assert_eq!(provider_pool_shards(256), 16);
+        assert_eq!(provider_pool_shards(100_000), 16);
+    }
+
+    #[test]
+    fn one_nodes_shards_prefer_different_rows_of_a_pool() {
+        for node in ["bench", "node-a", "gpu-7"] {
+            let rows: Vec<u16> = (0..4).map(|i| preferred_pool_shard(node, i, 16)).collect();
+            let distinct: std::collections::HashSet<_> = rows.iter().collect();
+            assert_eq!(distinct.len(), 4, "{node}: {rows:?}");
+            assert!(rows.iter().all(|&r| r < 16), "{node}: {rows:?}");
+            assert_eq!(preferred_pool_shard(node, 3, 1), 0);
+        }
+    }
 }

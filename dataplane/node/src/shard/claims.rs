@@ -39,15 +39,19 @@ pub(super) async fn pump(state: &SharedShard) {
                         };
                         s.metrics
                             .waited(d.lane, d.band, now.since(queued_at) / 1_000);
-                        let provider = s.core.policy().providers[d.provider.0 as usize]
-                            .name
-                            .clone();
+                        let account = &s.core.policy().providers[d.provider.0 as usize];
+                        let provider = account.name.clone();
+                        let pool_shard = preferred_pool_shard(
+                            &s.node,
+                            s.index,
+                            provider_pool_shards(account.concurrency),
+                        );
                         let claim = ClaimRequest {
                             task: d.task,
                             expected_version: version,
                             provider: provider.clone(),
                             demands: vec![Demand {
-                                shard: PoolShard::new(provider_pool(&provider), 0),
+                                shard: PoolShard::new(provider_pool(&provider), pool_shard),
                                 amount: 1,
                             }],
                         };

@@ -33,7 +33,9 @@ use spindle_sync::ShareBoard;
 use spindle_wire::{Admission, ErrorCode, Response, SubmitTask, TaskStatus, WireError};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::control::{provider_pool, CpMsg, Pipes, ReadMsg};
+use crate::control::{
+    preferred_pool_shard, provider_pool, provider_pool_shards, CpMsg, Pipes, ReadMsg,
+};
 use spindle_control::query::{lost_claim, TaskHead};
 
 mod claims;
