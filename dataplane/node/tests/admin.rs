@@ -224,7 +224,8 @@ async fn drift_one_pool(sql: &tokio_postgres::Client, by: i64) {
     let changed = sql
         .execute(
             "UPDATE resource_pool_shard SET used = used + $1
-              WHERE pool_key = (SELECT min(pool_key) FROM resource_pool_shard)",
+              WHERE (pool_key, shard) = (SELECT pool_key, shard FROM resource_pool_shard
+                                          ORDER BY pool_key, shard LIMIT 1)",
             &[&by],
         )
         .await
