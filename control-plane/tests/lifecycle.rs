@@ -3,20 +3,13 @@
 
 mod common;
 
-use common::{assert_counters_derived, claim, setup, task, LEASE_MS, NODE};
+use common::{assert_counters_derived, claim, granted, setup, task, LEASE_MS, NODE};
 use spindle_control::{
     ClaimRefusal, ClaimResult, PoolShard, Report, ReportAction, ReportResult, SubmitOutcome,
 };
 use spindle_core::{FencingToken, PolicyVersion, TaskId, TaskState};
 
 const V1: PolicyVersion = PolicyVersion(1);
-
-fn granted(r: &ClaimResult) -> FencingToken {
-    match r {
-        ClaimResult::Granted { token, .. } => *token,
-        other => panic!("expected a grant, got {other:?}"),
-    }
-}
 
 #[tokio::test]
 async fn a_task_runs_from_submit_to_success_and_gives_its_capacity_back() {

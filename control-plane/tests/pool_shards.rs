@@ -4,9 +4,9 @@
 
 mod common;
 
-use common::{assert_counters_derived, claim, finish, setup, task, LEASE_MS, NODE};
+use common::{assert_counters_derived, claim, finish, granted, setup, task, LEASE_MS, NODE};
 use spindle_control::{ClaimRefusal, ClaimResult, ReportResult, SubmitOutcome};
-use spindle_core::{FencingToken, PolicyVersion, TaskState};
+use spindle_core::{PolicyVersion, TaskState};
 
 const V1: PolicyVersion = PolicyVersion(1);
 const POOL: &str = "provider:acme";
@@ -35,13 +35,6 @@ async fn held_shards(test: &spindle_control::testing::TestDb) -> Vec<(i64, Vec<i
         .iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect()
-}
-
-fn granted(r: &ClaimResult) -> FencingToken {
-    match r {
-        ClaimResult::Granted { token, .. } => *token,
-        other => panic!("expected a grant, got {other:?}"),
-    }
 }
 
 #[tokio::test]

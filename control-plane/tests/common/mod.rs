@@ -3,7 +3,7 @@
 
 use spindle_control::testing::TestDb;
 use spindle_control::{
-    ClaimRequest, Db, Demand, NewTask, PartitionId, PoolShard, Report, ReportAction,
+    ClaimRequest, ClaimResult, Db, Demand, NewTask, PartitionId, PoolShard, Report, ReportAction,
 };
 use spindle_core::{Band, FencingToken, Lane, TaskId, TaskState, TenantId, UserId};
 
@@ -34,6 +34,14 @@ pub fn task(id: u64, tenant: u32, key: &str) -> NewTask {
         band: Band::P2,
         cost_estimate_milli: 1_000,
         fairness_milli: 500,
+    }
+}
+
+/// The token of a granted claim; anything else fails the test.
+pub fn granted(r: &ClaimResult) -> FencingToken {
+    match r {
+        ClaimResult::Granted { token, .. } => *token,
+        other => panic!("expected a grant, got {other:?}"),
     }
 }
 
