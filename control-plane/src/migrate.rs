@@ -92,6 +92,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "pool_shard_choice",
         sql: include_str!("../migrations/0015_pool_shard_choice.sql"),
     },
+    Migration {
+        version: 16,
+        name: "report_sorts_once",
+        sql: include_str!("../migrations/0016_report_sorts_once.sql"),
+    },
 ];
 
 /// FNV-1a over the migration's text: stable across builds and platforms.

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{assert_counters_derived, claim, granted, setup, task, LEASE_MS, NODE};
+use common::{assert_counters_derived, claim, finish, granted, setup, task, LEASE_MS, NODE};
 use spindle_control::{
     ClaimRefusal, ClaimResult, PoolShard, Report, ReportAction, ReportResult, SubmitOutcome,
 };
@@ -826,6 +826,102 @@ async fn a_multi_step_report_checks_every_hop_and_writes_once() {
     assert_eq!(
         e.to_string(),
         "invalid input: row 0: passes through terminal state FAILED"
+    );
+    assert_counters_derived(&test).await;
+}
+
+/// A report batch in no particular task order is answered row by row for each row's own task,
+/// on the fast path (every row current) and on the row-by-row one (a stale row among them),
+/// and its outbox row lists each task with its own new state (migration 16 builds both from one
+/// sort of the batch).
+#[tokio::test]
+async fn a_report_batch_in_any_order_answers_each_row_for_its_own_task() {
+    let (test, db) = setup().await;
+    db.set_pool("provider:acme", 8, 1).await.unwrap();
+    let tasks: Vec<_> = (1..=6).map(|i| task(i, 1, &format!("k{i}"))).collect();
+    db.submit_batch(&tasks, V1).await.unwrap();
+    let claims: Vec<_> = (1..=6)
+        .map(|i| claim(i, 0, &[("provider:acme", 0, 1)]))
+        .collect();
+    let tokens: Vec<FencingToken> = db
+        .claim_batch(NODE, LEASE_MS, &claims)
+        .await
+        .unwrap()
+        .iter()
+        .map(granted)
+        .collect();
+    let token = |id: u64| tokens[id as usize - 1];
+
+    // Fast path: every row current, ids out of order, two different ends.
+    let batch = [
+        finish(5, token(5), TaskState::Succeeded),
+        finish(2, token(2), TaskState::Failed),
+        finish(6, token(6), TaskState::Succeeded),
+        finish(1, token(1), TaskState::Failed),
+    ];
+    let states: Vec<TaskState> = db
+        .report_batch(&batch)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| match r {
+            ReportResult::Applied { state, .. } => *state,
+            other => panic!("expected applied, got {other:?}"),
+        })
+        .collect();
+    use TaskState::{Failed, Succeeded};
+    assert_eq!(states, vec![Succeeded, Failed, Succeeded, Failed]);
+    let sql = test.sql().await.unwrap();
+    let row = sql
+        .query_one(
+            "SELECT tasks, kinds FROM outbox_batch ORDER BY batch_id DESC LIMIT 1",
+            &[],
+        )
+        .await
+        .unwrap();
+    let (ids, kinds): (Vec<i64>, Vec<String>) = (row.get(0), row.get(1));
+    let listed: Vec<(i64, &str)> = ids
+        .iter()
+        .copied()
+        .zip(kinds.iter().map(|k| k.as_str()))
+        .collect();
+    assert_eq!(
+        listed,
+        vec![
+            (5, "SUCCEEDED"),
+            (2, "FAILED"),
+            (6, "SUCCEEDED"),
+            (1, "FAILED")
+        ]
+    );
+
+    // Row by row: a stale token between two current rows.
+    let stale = FencingToken(token(3).0 + 1_000);
+    let out = db
+        .report_batch(&[
+            finish(4, token(4), TaskState::Failed),
+            finish(3, stale, TaskState::Succeeded),
+            finish(1, token(1), TaskState::Succeeded),
+        ])
+        .await
+        .unwrap();
+    assert!(
+        matches!(out[0], ReportResult::Applied { state: Failed, .. }),
+        "{out:?}"
+    );
+    assert_eq!(
+        out[1],
+        ReportResult::StaleToken {
+            current: Some(token(3)),
+            state: TaskState::Dispatching
+        }
+    );
+    assert_eq!(
+        out[2],
+        ReportResult::StaleToken {
+            current: None,
+            state: Failed
+        }
     );
     assert_counters_derived(&test).await;
 }
