@@ -5,11 +5,27 @@ mod common;
 
 use common::{assert_counters_derived, claim, finish, granted, setup, task, LEASE_MS, NODE};
 use spindle_control::{
-    ClaimRefusal, ClaimResult, PoolShard, Report, ReportAction, ReportResult, SubmitOutcome,
+    ClaimRefusal, ClaimResult, NewTask, PoolShard, Report, ReportAction, ReportResult,
+    SubmitOutcome,
 };
 use spindle_core::{FencingToken, PolicyVersion, TaskId, TaskState};
 
 const V1: PolicyVersion = PolicyVersion(1);
+
+/// Submits `tasks` and claims each on one unit of `provider:acme`; their tokens, in order.
+async fn submit_and_claim(db: &spindle_control::Db, tasks: &[NewTask]) -> Vec<FencingToken> {
+    db.submit_batch(tasks, V1).await.unwrap();
+    let claims: Vec<_> = tasks
+        .iter()
+        .map(|t| claim(t.task.0, 0, &[("provider:acme", 0, 1)]))
+        .collect();
+    db.claim_batch(NODE, LEASE_MS, &claims)
+        .await
+        .unwrap()
+        .iter()
+        .map(granted)
+        .collect()
+}
 
 #[tokio::test]
 async fn a_task_runs_from_submit_to_success_and_gives_its_capacity_back() {
@@ -336,17 +352,7 @@ async fn a_finishing_batch_settles_each_tenants_budget_by_its_own_rows() {
     let batch: Vec<_> = (1..=6)
         .map(|i| task(i, if i <= 4 { 1 } else { 2 }, &format!("k{i}")))
         .collect();
-    db.submit_batch(&batch, V1).await.unwrap();
-    let claims: Vec<_> = (1..=6)
-        .map(|i| claim(i, 0, &[("provider:acme", 0, 1)]))
-        .collect();
-    let tokens: Vec<FencingToken> = db
-        .claim_batch(NODE, LEASE_MS, &claims)
-        .await
-        .unwrap()
-        .iter()
-        .map(granted)
-        .collect();
+    let tokens = submit_and_claim(&db, &batch).await;
     let sql = test.sql().await.unwrap();
     assert_eq!(common::quota(&sql, 1).await, (4_000, 0));
     assert_eq!(common::quota(&sql, 2).await, (2_000, 0));
@@ -839,17 +845,7 @@ async fn a_report_batch_in_any_order_answers_each_row_for_its_own_task() {
     let (test, db) = setup().await;
     db.set_pool("provider:acme", 8, 1).await.unwrap();
     let tasks: Vec<_> = (1..=6).map(|i| task(i, 1, &format!("k{i}"))).collect();
-    db.submit_batch(&tasks, V1).await.unwrap();
-    let claims: Vec<_> = (1..=6)
-        .map(|i| claim(i, 0, &[("provider:acme", 0, 1)]))
-        .collect();
-    let tokens: Vec<FencingToken> = db
-        .claim_batch(NODE, LEASE_MS, &claims)
-        .await
-        .unwrap()
-        .iter()
-        .map(granted)
-        .collect();
+    let tokens = submit_and_claim(&db, &tasks).await;
     let token = |id: u64| tokens[id as usize - 1];
 
     // Fast path: every row current, ids out of order, two different ends.
