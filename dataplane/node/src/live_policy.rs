@@ -143,18 +143,16 @@ pub async fn watch(
             if let PolicyPatch::Provider(p) = &patch {
                 let old = &current.providers[p.id.0 as usize];
                 if old.concurrency != p.concurrency {
-                    let pool = crate::control::provider_pool(&p.name);
-                    if let Err(e) = conn
-                        .set_pool(
-                            &pool,
-                            p.concurrency,
-                            crate::control::provider_pool_shards(p.concurrency),
-                        )
-                        .await
-                    {
+                    let resized =
+                        crate::control::set_provider_pool(conn, &p.name, p.concurrency).await;
+                    if let Err(e) = resized {
                         // The next version (or restart) sets it; the node's own share board
                         // already bounds what this node starts.
-                        tracing::warn!("resizing {pool} to {}: {e}", p.concurrency);
+                        tracing::warn!(
+                            "resizing {} to {}: {e}",
+                            crate::control::provider_pool(&p.name),
+                            p.concurrency
+                        );
                     }
                 }
             }

@@ -153,13 +153,7 @@ pub async fn start(
         );
     }
     for p in &policy.providers {
-        admin
-            .set_pool(
-                &provider_pool(&p.name),
-                p.concurrency,
-                provider_pool_shards(p.concurrency),
-            )
-            .await?;
+        set_provider_pool(&admin, &p.name, p.concurrency).await?;
     }
     recover_attempts(&admin, &held, &Followed::new(config, &policy)).await?;
     let restores = load_restores(&admin, config, &policy, &held).await?;
@@ -251,6 +245,17 @@ fn preferred_partitions(config: &crate::config::Config) -> Vec<PartitionId> {
 /// The pool row of a provider account.
 pub fn provider_pool(name: &str) -> String {
     format!("provider:{name}")
+}
+
+/// Creates or resizes provider account `name`'s pool for `concurrency` slots, split into
+/// [`provider_pool_shards`] rows.
+pub async fn set_provider_pool(db: &Db, name: &str, concurrency: u64) -> Result<(), StoreError> {
+    db.set_pool(
+        &provider_pool(name),
+        concurrency,
+        provider_pool_shards(concurrency),
+    )
+    .await
 }
 
 /// Rows a provider account's pool is split into, at most.
