@@ -481,3 +481,43 @@ async fn a_running_attempts_lease_is_renewed_while_it_runs() {
     );
     wait_for(&client, a.task, TaskState::Succeeded).await;
 }
+
+/// A shard's consecutive submit calls charge different rows of a provider's pool: the report
+/// that gives back the tasks of one call does not lock the row the next call charges.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consecutive_submit_calls_of_a_shard_charge_different_pool_rows() {
+    let test = TestDb::new().await;
+    // One shard; 64 slots are 4 rows; the tasks keep running while the rows are read.
+    let config = common::CONFIG
+        .replace("shards = 2", "shards = 1\nprovider_concurrency = 64")
+        .replace(
+            "local_provider_time_scale = 0.0001",
+            "local_provider_time_scale = 1.0",
+        );
+    let daemon = common::start_with(&test, &config).await;
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        // Each acknowledged before the next is sent: one submit call each.
+        let a = client.submit(task(&format!("row{i}"))).await.unwrap();
+        assert_eq!(a.decision, Decision::Accepted, "{a:?}");
+        ids.push(a.task.0 as i64);
+    }
+    let sql = test.sql().await.unwrap();
+    let rows: Vec<i16> = sql
+        .query(
+            "SELECT res_shard[1] FROM task WHERE task_id = ANY ($1) AND res_shard IS NOT NULL
+              ORDER BY task_id",
+            &[&ids],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(rows.len(), 3, "every task claimed in its submit: {rows:?}");
+    let distinct: std::collections::HashSet<_> = rows.iter().collect();
+    assert_eq!(distinct.len(), 3, "one row per call: {rows:?}");
+}

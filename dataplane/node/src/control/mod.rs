@@ -21,6 +21,7 @@ pub(crate) use restore::restore_request;
 use restore::{load_restores, recover_attempts, Followed};
 pub use restore::{LiveRestore, Restore, ShardRestores, Unrestorable};
 
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
 use spindle_control::query::TaskHead;
@@ -119,6 +120,9 @@ pub struct Pipes {
     pub submits: mpsc::Sender<CpMsg>,
     /// Claims and reports, in order.
     pub work: mpsc::Sender<CpMsg>,
+    /// Submit calls the submit pipeline has started: the turn of the pool rows the shard's
+    /// next claims ask for ([`preferred_pool_shard`]).
+    pub submit_calls: Arc<AtomicU64>,
 }
 
 /// Opens one connection per shard (migrating on the first), registers the node, takes the
@@ -164,24 +168,28 @@ pub async fn start(
     ownership.set_live_nodes(admin.live_nodes(config.lease_ms).await?);
     let mut pipes = Vec::new();
     let mut id_blocks = Vec::new();
-    let open_pipeline = async || -> anyhow::Result<mpsc::Sender<CpMsg>> {
-        let (tx, rx) = mpsc::channel(PIPELINE_QUEUE_MAX);
-        let setup = PipelineSetup {
-            db: Db::open_with_backoff(db_config).await?,
-            db_config: db_config.clone(),
-            node: config.node_id.clone(),
-            lease_ms: config.lease_ms,
-            batch_max: config.batch_max,
-            metrics: metrics.clone(),
+    let open_pipeline =
+        async |submit_calls: Option<Arc<AtomicU64>>| -> anyhow::Result<mpsc::Sender<CpMsg>> {
+            let (tx, rx) = mpsc::channel(PIPELINE_QUEUE_MAX);
+            let setup = PipelineSetup {
+                db: Db::open_with_backoff(db_config).await?,
+                db_config: db_config.clone(),
+                node: config.node_id.clone(),
+                lease_ms: config.lease_ms,
+                batch_max: config.batch_max,
+                metrics: metrics.clone(),
+                submit_calls,
+            };
+            tokio::spawn(pipeline(setup, rx));
+            Ok(tx)
         };
-        tokio::spawn(pipeline(setup, rx));
-        Ok(tx)
-    };
     for _ in 0..config.shards {
         id_blocks.push(admin.reserve_task_ids().await?);
+        let submit_calls = Arc::new(AtomicU64::new(0));
         pipes.push(Pipes {
-            submits: open_pipeline().await?,
-            work: open_pipeline().await?,
+            submits: open_pipeline(Some(submit_calls.clone())).await?,
+            work: open_pipeline(None).await?,
+            submit_calls,
         });
     }
     // The admin connection renews the partition leases for the life of the node and takes
@@ -265,20 +273,28 @@ const PROVIDER_POOL_SHARD_UNITS_MIN: u64 = 16;
 
 /// How many rows a provider account's pool of `concurrency` slots is split into. Every
 /// transaction that charges or gives back a row locks it to its commit: one row made every
-/// shard of every node queue behind each other's commit flush. Each node shard prefers its
-/// own row ([`preferred_pool_shard`]) and the database charges another only when that one is
-/// full (migration 15), so the pool refuses only when all of it is taken.
+/// shard of every node queue behind each other's commit flush. Each node shard asks for rows of
+/// its own first ([`preferred_pool_shard`]) and the database charges another only when that one
+/// is full (migration 15), so the pool refuses only when all of it is taken.
 pub fn provider_pool_shards(concurrency: u64) -> u16 {
     (concurrency / PROVIDER_POOL_SHARD_UNITS_MIN).clamp(1, PROVIDER_POOL_SHARDS_MAX) as u16
 }
 
-/// The pool row node `node`'s shard `index` asks for first, of `shards`: one node's shards on
-/// neighbouring rows, nodes spread by a hash of their id.
-pub fn preferred_pool_shard(node: &str, index: usize, shards: u16) -> u16 {
+/// The pool row, of `rows`, node `node`'s shard `index` (of `shards` on the node) asks for
+/// first when its submit pipeline has started `turn` calls: one node's shards on interleaved
+/// rows (every `shards`-th from the shard's own, so they do not meet while there are as many
+/// rows), nodes spread by a hash of their id, and a shard's consecutive submit calls on
+/// different rows. A claim locks its row to its commit and so does the report that gives it
+/// back: with one row per shard, a shard's submits (which carry its claims) waited for its
+/// reports of the tasks claimed by the call before, on the same row, to flush (0.8–1.1 ms a
+/// call at 5,000 single-task frames a second: docs/benchmarks.md, "Thirteenth round"). Taking
+/// turns, the report gives back the rows of the calls before while the submit charges the next.
+pub fn preferred_pool_shard(node: &str, index: usize, shards: usize, turn: u64, rows: u16) -> u16 {
     let salt = node.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     });
-    ((salt.wrapping_add(index as u64)) % u64::from(shards.max(1))) as u16
+    let step = (shards.max(1) as u64).wrapping_mul(turn);
+    (salt.wrapping_add(index as u64).wrapping_add(step) % u64::from(rows.max(1))) as u16
 }
 
 #[cfg(test)]
@@ -297,11 +313,34 @@ mod tests {
     #[test]
     fn one_nodes_shards_prefer_different_rows_of_a_pool() {
         for node in ["bench", "node-a", "gpu-7"] {
-            let rows: Vec<u16> = (0..4).map(|i| preferred_pool_shard(node, i, 16)).collect();
+            let rows: Vec<u16> = (0..4)
+                .map(|i| preferred_pool_shard(node, i, 4, 0, 16))
+                .collect();
             let distinct: std::collections::HashSet<_> = rows.iter().collect();
             assert_eq!(distinct.len(), 4, "{node}: {rows:?}");
             assert!(rows.iter().all(|&r| r < 16), "{node}: {rows:?}");
-            assert_eq!(preferred_pool_shard(node, 3, 1), 0);
+            assert_eq!(preferred_pool_shard(node, 3, 4, 7, 1), 0);
+        }
+    }
+
+    #[test]
+    fn a_shard_takes_turns_over_its_own_rows_and_never_another_shards() {
+        for node in ["bench", "node-a", "gpu-7"] {
+            let turns = |index: usize| -> Vec<u16> {
+                (0..16)
+                    .map(|t| preferred_pool_shard(node, index, 2, t, 16))
+                    .collect()
+            };
+            let (zero, one) = (turns(0), turns(1));
+            // Consecutive calls on different rows, eight rows each, back to the first after.
+            assert!(zero.windows(2).all(|w| w[0] != w[1]), "{node}: {zero:?}");
+            let own: std::collections::HashSet<_> = zero.iter().collect();
+            assert_eq!(own.len(), 8, "{node}: {zero:?}");
+            assert_eq!(zero[0], zero[8]);
+            assert!(
+                one.iter().all(|r| !own.contains(r)),
+                "{node}: {zero:?} / {one:?}"
+            );
         }
     }
 }

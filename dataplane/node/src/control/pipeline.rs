@@ -21,6 +21,8 @@ pub struct PipelineSetup {
     pub lease_ms: u32,
     pub batch_max: usize,
     pub metrics: Arc<Metrics>,
+    /// Counted up at each submit call (the submit pipeline's; see [`super::Pipes`]).
+    pub submit_calls: Option<Arc<std::sync::atomic::AtomicU64>>,
 }
 
 /// Runs one shard's pipeline until its sender is dropped.
@@ -32,6 +34,7 @@ pub async fn pipeline(setup: PipelineSetup, mut rx: mpsc::Receiver<CpMsg>) {
         lease_ms,
         batch_max,
         metrics,
+        submit_calls,
     } = setup;
     let mut backlog: VecDeque<CpMsg> = VecDeque::new();
     loop {
@@ -73,6 +76,10 @@ pub async fn pipeline(setup: PipelineSetup, mut rx: mpsc::Receiver<CpMsg>) {
             CpMsg::Report { .. } => Some(2),
             CpMsg::TaskIds { .. } | CpMsg::Lookup { .. } | CpMsg::Renew { .. } => None,
         };
+        if let (Some(0), Some(calls)) = (kind, &submit_calls) {
+            // Claims picked from now on go into the next call: to the next turn's pool rows.
+            calls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         let rows: usize = group.iter().map(CpMsg::rows).sum();
         let started = std::time::Instant::now();
         let ok = run_group(&db, &node, lease_ms, group).await;

@@ -44,6 +44,10 @@ pub(super) async fn pump(state: &SharedShard) {
                         let pool_shard = preferred_pool_shard(
                             &s.node,
                             s.index,
+                            s.shard_count,
+                            s.pipes
+                                .submit_calls
+                                .load(std::sync::atomic::Ordering::Relaxed),
                             provider_pool_shards(account.concurrency),
                         );
                         let claim = ClaimRequest {

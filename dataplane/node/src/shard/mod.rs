@@ -247,6 +247,9 @@ pub struct ShardState {
     log: Option<std::fs::File>,
     metrics: std::sync::Arc<crate::metrics::Metrics>,
     index: usize,
+    /// Shards on this node: which pool rows this shard's claims ask for
+    /// ([`preferred_pool_shard`]).
+    shard_count: usize,
     /// Node-wide limits sub-leased among the shards, and which of the core's limits they are.
     board: std::sync::Arc<ShareBoard>,
     split_limits: Vec<(LimitId, NodeCapacity)>,
@@ -367,6 +370,7 @@ impl ShardState {
             log: setup.log,
             metrics: setup.metrics,
             index: setup.index,
+            shard_count: setup.shards as usize,
         }
     }
 
