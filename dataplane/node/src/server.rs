@@ -20,6 +20,8 @@ use crate::shard::ShardMsg;
 /// Encoded frames waiting for the socket, per connection.
 const OUTBOUND_QUEUE_MAX: usize = 1024;
 const READ_CHUNK: usize = 64 * 1024;
+/// Encoded frames joined into one write while more are queued, up to this many bytes.
+const WRITE_COALESCE_BYTES: usize = 64 * 1024;
 
 /// What every connection on this executor shares.
 pub struct ConnCtx {
@@ -78,7 +80,15 @@ pub async fn serve(stream: glommio::net::TcpStream, ctx: Rc<ConnCtx>) {
     let (mut reader, mut writer) = stream.split();
     let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(OUTBOUND_QUEUE_MAX);
     let writer_task = glommio::spawn_local(async move {
-        while let Some(buf) = out_rx.recv().await {
+        while let Some(mut buf) = out_rx.recv().await {
+            // Answers that became ready together (a submit call answers every frame it carried
+            // at once) leave in one write: one system call and one segment, not one each.
+            while buf.len() < WRITE_COALESCE_BYTES {
+                match out_rx.try_recv() {
+                    Ok(more) => buf.extend_from_slice(&more),
+                    Err(_) => break,
+                }
+            }
             if writer.write_all(&buf).await.is_err() {
                 break;
             }
