@@ -107,6 +107,12 @@ pub struct Config {
     /// (for nodes where a spinning core is worth more elsewhere).
     #[serde(default = "default_idle_spin_us")]
     pub idle_spin_us: u64,
+    /// Microseconds within which an idle CPU must be able to run again, asked of the kernel for
+    /// as long as the node runs (Linux PM QoS: [`crate::wake_latency`]). Unset: not asked. 0
+    /// keeps idle CPUs polling — on a virtual machine whose idle CPUs halt, each wake-up of a
+    /// commit's path otherwise goes through the hypervisor.
+    #[serde(default)]
+    pub cpu_wake_latency_us: Option<u32>,
     /// Ended tasks (SUCCEEDED, CANCELED, EXPIRED) leave PostgreSQL this long after they ended,
     /// with their attempt history; their idempotency keys are forgotten with them. 0 keeps
     /// every task forever.
@@ -342,6 +348,10 @@ impl Config {
         anyhow::ensure!(
             self.idle_spin_us <= 10_000,
             "idle_spin_us must be 0..=10000"
+        );
+        anyhow::ensure!(
+            self.cpu_wake_latency_us.is_none_or(|us| us <= 1_000_000),
+            "cpu_wake_latency_us must be 0..=1000000"
         );
         anyhow::ensure!(
             (1..=spindle_control::limits::SCAN_MAX).contains(&self.retention_scan_rows),

@@ -21,6 +21,7 @@ pub mod relay;
 pub mod server;
 pub mod shard;
 pub mod systemd;
+pub mod wake_latency;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -93,6 +94,13 @@ pub fn run(config: Config) -> anyhow::Result<()> {
 }
 
 fn run_node(config: Config) -> anyhow::Result<()> {
+    // Held to the end of the process (the kernel drops the request with its file).
+    let _wake_latency = config.cpu_wake_latency_us.and_then(|us| {
+        wake_latency::hold(us)
+            .inspect(|_| tracing::info!("idle CPUs asked to wake within {us} µs"))
+            .inspect_err(|e| tracing::warn!("cpu_wake_latency_us not applied: {e}"))
+            .ok()
+    });
     let live = live_policy::LivePolicy::new(policy(&config));
     let conninfo = if config.postgres == "embedded" {
         let pg = EmbeddedPostgres::start(EmbeddedOptions::default())
