@@ -123,10 +123,15 @@ fn run_node(config: Config) -> anyhow::Result<()> {
     let ownership = std::sync::Arc::new(ownership::Ownership::new(config.partitions));
     let mut inboxes = Vec::new();
     let mut shard_senders = Vec::new();
+    let mut handoff_rxs = Vec::new();
+    let mut handoff_senders = Vec::new();
     for _ in 0..config.shards {
         let (tx, rx) = tokio::sync::mpsc::channel::<ShardMsg>(SHARD_QUEUE_MAX);
         shard_senders.push(tx);
         inboxes.push(rx);
+        let (tx, rx) = tokio::sync::mpsc::channel(server::HANDOFF_QUEUE_MAX);
+        handoff_senders.push(tx);
+        handoff_rxs.push(rx);
     }
 
     // The control plane thread (and the HTTP endpoints, on its runtime).
@@ -241,6 +246,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
     let mut handles = Vec::new();
     let mut addr: SocketAddr = config.listen;
     let mut restores = std::mem::take(&mut started.restores).into_iter();
+    let mut handoff_rxs = handoff_rxs.into_iter();
     for (i, (inbox, (pipes, ids))) in inboxes
         .into_iter()
         .zip(
@@ -251,6 +257,8 @@ fn run_node(config: Config) -> anyhow::Result<()> {
         .enumerate()
     {
         let restore = restores.next().unwrap_or_default();
+        let handoffs_in = handoff_rxs.next().expect("one handoff queue per shard");
+        let handoffs = handoff_senders.clone();
         let log = match &config.local_provider_log {
             Some(path) => Some(
                 std::fs::OpenOptions::new()
@@ -314,13 +322,16 @@ fn run_node(config: Config) -> anyhow::Result<()> {
                 glommio::spawn_local(shard::run(state, inbox)).detach();
                 let ctx = Rc::new(ConnCtx {
                     node_id: config.node_id.clone(),
+                    index: i,
                     shards: senders,
+                    handoffs,
                     credentials,
                     partitions: config.partitions,
                     inflight_max: config.connection_inflight_max,
                     metrics: shard_metrics,
                     ownership,
                 });
+                glommio::spawn_local(server::take_handoffs(handoffs_in, ctx.clone())).detach();
                 loop {
                     match listener.accept().await {
                         Ok(stream) => {

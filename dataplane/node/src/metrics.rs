@@ -117,6 +117,9 @@ pub struct ShardGauges {
     pub queued_tasks: [AtomicU64; Lane::COUNT],
     pub queued_units_milli: [AtomicU64; Lane::COUNT],
     pub live_tasks: AtomicU64,
+    /// Authenticated client connections this shard served (each on the shard owning its
+    /// tenant: one accepted elsewhere is handed over after its Hello).
+    pub connections: AtomicU64,
     /// Dispatched and not yet finished (what a drain waits for).
     pub running_tasks: AtomicU64,
     /// Tenants with running work, rewritten every shard tick.
@@ -349,6 +352,14 @@ impl Metrics {
             "# HELP spindle_events_pending Events not yet relayed, as last counted.\n# TYPE spindle_events_pending gauge\nspindle_events_pending {}",
             self.events_pending.load(Ordering::Relaxed)
         );
+        let _ = writeln!(w, "# HELP spindle_connections_served_total Authenticated client connections served, per shard (the shard owning the connection's tenant).\n# TYPE spindle_connections_served_total counter");
+        for (i, g) in self.shards.iter().enumerate() {
+            let _ = writeln!(
+                w,
+                "spindle_connections_served_total{{shard=\"{i}\"}} {}",
+                g.connections.load(Ordering::Relaxed)
+            );
+        }
         let _ = writeln!(w, "# HELP spindle_queued_tasks Queued tasks per shard and lane.\n# TYPE spindle_queued_tasks gauge");
         for (i, g) in self.shards.iter().enumerate() {
             for lane in Lane::ALL {

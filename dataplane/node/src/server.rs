@@ -1,7 +1,8 @@
-//! Client connections: one glommio task per connection on whichever shard's executor accepted
-//! it. Frames are read, verified and validated (`spindle-wire`); the first must be Hello; every
-//! later command goes to the shard owning the authenticated tenant and is answered when that
-//! shard answers — in any order, matched by request id.
+//! Client connections. Whichever shard's executor accepted one reads its Hello; once
+//! authenticated, the connection is handed to the shard that owns its tenant (its descriptor
+//! and the bytes read past the Hello), so that its frames reach the shard and its answers leave
+//! without crossing threads. Frames are read, verified and validated (`spindle-wire`); every
+//! command is answered when the shard answers — in any order, matched by request id.
 
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -26,7 +27,11 @@ const WRITE_COALESCE_BYTES: usize = 64 * 1024;
 /// What every connection on this executor shares.
 pub struct ConnCtx {
     pub node_id: String,
+    /// The shard whose executor this is.
+    pub index: usize,
     pub shards: Vec<mpsc::Sender<ShardMsg>>,
+    /// Each shard's queue of connections handed over to it.
+    pub handoffs: Vec<mpsc::Sender<Handoff>>,
     pub credentials: HashMap<u32, String>,
     pub partitions: u32,
     pub inflight_max: usize,
@@ -35,9 +40,14 @@ pub struct ConnCtx {
 }
 
 impl ConnCtx {
-    fn shard_of(&self, tenant: TenantId) -> &mpsc::Sender<ShardMsg> {
+    /// The shard that owns `tenant`.
+    fn owner_of(&self, tenant: TenantId) -> usize {
         let partition = tenant.0 % self.partitions;
-        &self.shards[(partition % self.shards.len() as u32) as usize]
+        (partition % self.shards.len() as u32) as usize
+    }
+
+    fn shard_of(&self, tenant: TenantId) -> &mpsc::Sender<ShardMsg> {
+        &self.shards[self.owner_of(tenant)]
     }
 
     /// Constant-time over the presented credential: the time taken says nothing about how
@@ -73,10 +83,175 @@ pub(crate) fn frame(request_id: u64, body: Response) -> Vec<u8> {
     out
 }
 
-pub async fn serve(stream: glommio::net::TcpStream, ctx: Rc<ConnCtx>) {
+/// Serves one accepted connection: its Hello here, then everything else on the shard that owns
+/// the authenticated tenant — handed over when another shard's executor accepted it, so that
+/// its frames and answers never cross threads.
+pub async fn serve(mut stream: glommio::net::TcpStream, ctx: Rc<ConnCtx>) {
     if let Err(e) = stream.set_nodelay(true) {
         tracing::warn!("TCP_NODELAY: {e}");
     }
+    let mut frames = FrameReader::new();
+    let Some(tenant) = hello(&mut stream, &ctx, &mut frames).await else {
+        return;
+    };
+    let owner = ctx.owner_of(tenant);
+    if owner != ctx.index {
+        match hand_over(stream, &ctx, owner, tenant, frames) {
+            Ok(()) => return,
+            // The owner's queue of handed-over connections is full (or the descriptor could
+            // not be duplicated): served here, its frames crossing to the owner as messages.
+            Err((back, rest)) => {
+                stream = back;
+                frames = rest;
+            }
+        }
+    }
+    serve_tenant(stream, ctx, tenant, frames).await;
+}
+
+/// Reads up to the Hello and answers it. `Some(tenant)` once authenticated (with the frames
+/// that followed it still in `frames`); `None` when the connection is to close — its error, if
+/// any, already written.
+async fn hello(
+    stream: &mut glommio::net::TcpStream,
+    ctx: &ConnCtx,
+    frames: &mut FrameReader,
+) -> Option<TenantId> {
+    let mut buf = vec![0u8; READ_CHUNK];
+    loop {
+        let n = match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => n,
+        };
+        frames.extend(&buf[..n]);
+        loop {
+            let payload = match frames.next_frame() {
+                Ok(Some(p)) => p,
+                Ok(None) => break,
+                Err(e) => {
+                    // The stream cannot be resynchronized: say why, then close.
+                    let _ = stream.write_all(&frame(0, Response::Error(e))).await;
+                    return None;
+                }
+            };
+            let request = match decode_request(payload) {
+                Ok(r) => r,
+                Err(e) => {
+                    // The frame boundary is intact: refuse this frame, keep the connection.
+                    if stream
+                        .write_all(&frame(0, Response::Error(e)))
+                        .await
+                        .is_err()
+                    {
+                        return None;
+                    }
+                    continue;
+                }
+            };
+            let id = request.request_id;
+            let refuse = |code, why: String| frame(id, Response::Error(WireError::new(code, why)));
+            let Request::Hello(h) = request.body else {
+                let no = refuse(
+                    ErrorCode::NotAuthenticated,
+                    "the first request must be Hello".into(),
+                );
+                let _ = stream.write_all(&no).await;
+                return None;
+            };
+            if !ctx.authenticate(h.tenant, &h.credential) {
+                let no = refuse(
+                    ErrorCode::AuthFailed,
+                    format!("tenant {} refused", h.tenant),
+                );
+                let _ = stream.write_all(&no).await;
+                return None;
+            }
+            let partition = h.tenant.0 % ctx.partitions;
+            if !ctx.ownership.owns(partition) {
+                let why = ctx.ownership.refusal(h.tenant.0, partition);
+                let _ = stream.write_all(&refuse(ErrorCode::WrongNode, why)).await;
+                return None;
+            }
+            let ok = Response::HelloOk(HelloOk {
+                protocol_version: PROTOCOL_VERSION,
+                node_id: ctx.node_id.clone(),
+                frame_bytes_max: FRAME_BYTES_MAX as u32,
+                batch_max: BATCH_MAX as u32,
+            });
+            return stream
+                .write_all(&frame(id, ok))
+                .await
+                .is_ok()
+                .then_some(h.tenant);
+        }
+    }
+}
+
+/// An authenticated connection on its way to the shard that owns its tenant.
+pub struct Handoff {
+    fd: std::os::fd::OwnedFd,
+    tenant: TenantId,
+    /// What arrived after the Hello and is not yet served.
+    frames: FrameReader,
+}
+
+/// Connections waiting to be taken up by one shard.
+pub const HANDOFF_QUEUE_MAX: usize = 1024;
+
+/// Hands `stream` to shard `owner`, or gives it back when that cannot be done now.
+#[allow(clippy::result_large_err)]
+fn hand_over(
+    stream: glommio::net::TcpStream,
+    ctx: &ConnCtx,
+    owner: usize,
+    tenant: TenantId,
+    frames: FrameReader,
+) -> Result<(), (glommio::net::TcpStream, FrameReader)> {
+    use std::os::fd::{AsRawFd, BorrowedFd};
+    let Ok(permit) = ctx.handoffs[owner].try_reserve() else {
+        return Err((stream, frames));
+    };
+    // glommio's stream gives its descriptor only as a raw one.
+    #[allow(unsafe_code)]
+    // SAFETY: the descriptor is the stream's, open for as long as `stream` lives, which
+    // outlasts this borrow. Duplicated, the socket outlives the stream dropped below (a drop
+    // closes the stream's own descriptor; it does not shut the socket down).
+    let fd = unsafe { BorrowedFd::borrow_raw(stream.as_raw_fd()) }.try_clone_to_owned();
+    match fd {
+        Ok(fd) => {
+            drop(stream);
+            permit.send(Handoff { fd, tenant, frames });
+            Ok(())
+        }
+        Err(e) => {
+            tracing::warn!("a connection could not be handed to its shard: {e}");
+            Err((stream, frames))
+        }
+    }
+}
+
+/// Takes up the connections other shards hand to this one, until the node stops.
+pub async fn take_handoffs(mut rx: mpsc::Receiver<Handoff>, ctx: Rc<ConnCtx>) {
+    use std::os::fd::{FromRawFd, IntoRawFd};
+    while let Some(h) = rx.recv().await {
+        #[allow(unsafe_code)]
+        // SAFETY: an open socket descriptor this task owns, given up here to the stream.
+        let stream = unsafe { glommio::net::TcpStream::from_raw_fd(h.fd.into_raw_fd()) };
+        glommio::spawn_local(serve_tenant(stream, ctx.clone(), h.tenant, h.frames)).detach();
+    }
+}
+
+/// Serves an authenticated connection of `tenant` on the shard that owns it (or, when it could
+/// not be handed over, wherever it is): every command is the tenant's, answered in any order.
+async fn serve_tenant(
+    stream: glommio::net::TcpStream,
+    ctx: Rc<ConnCtx>,
+    t: TenantId,
+    mut frames: FrameReader,
+) {
+    ctx.metrics.shards[ctx.index]
+        .connections
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let (mut reader, mut writer) = stream.split();
     let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(OUTBOUND_QUEUE_MAX);
     let writer_task = glommio::spawn_local(async move {
@@ -97,15 +272,18 @@ pub async fn serve(stream: glommio::net::TcpStream, ctx: Rc<ConnCtx>) {
     })
     .detach();
     let inflight = Rc::new(glommio::sync::Semaphore::new(ctx.inflight_max as u64));
-    let mut frames = FrameReader::new();
     let mut buf = vec![0u8; READ_CHUNK];
-    let mut tenant: Option<TenantId> = None;
+    // The frames that came with the Hello first, then what arrives.
+    let mut read = false;
     'conn: loop {
-        let n = match reader.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => n,
-        };
-        frames.extend(&buf[..n]);
+        if read {
+            let n = match reader.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            frames.extend(&buf[..n]);
+        }
+        read = true;
         loop {
             let payload = match frames.next_frame() {
                 Ok(Some(p)) => p,
@@ -130,42 +308,6 @@ pub async fn serve(stream: glommio::net::TcpStream, ctx: Rc<ConnCtx>) {
             // Frame decoded → answer encoded: what `/metrics` reports as the node's own
             // submit latency (the client adds the network and its own scheduling).
             let received = std::time::Instant::now();
-            let Some(t) = tenant else {
-                let Request::Hello(h) = request.body else {
-                    let e = WireError::new(
-                        ErrorCode::NotAuthenticated,
-                        "the first request must be Hello",
-                    );
-                    let _ = out_tx.send(frame(id, Response::Error(e))).await;
-                    break 'conn;
-                };
-                if !ctx.authenticate(h.tenant, &h.credential) {
-                    let e = WireError::new(
-                        ErrorCode::AuthFailed,
-                        format!("tenant {} refused", h.tenant),
-                    );
-                    let _ = out_tx.send(frame(id, Response::Error(e))).await;
-                    break 'conn;
-                }
-                let partition = h.tenant.0 % ctx.partitions;
-                if !ctx.ownership.owns(partition) {
-                    let why = ctx.ownership.refusal(h.tenant.0, partition);
-                    let e = WireError::new(ErrorCode::WrongNode, why);
-                    let _ = out_tx.send(frame(id, Response::Error(e))).await;
-                    break 'conn;
-                }
-                tenant = Some(h.tenant);
-                let ok = Response::HelloOk(HelloOk {
-                    protocol_version: PROTOCOL_VERSION,
-                    node_id: ctx.node_id.clone(),
-                    frame_bytes_max: FRAME_BYTES_MAX as u32,
-                    batch_max: BATCH_MAX as u32,
-                });
-                if out_tx.send(frame(id, ok)).await.is_err() {
-                    break 'conn;
-                }
-                continue;
-            };
             let (reply, answer) = oneshot::channel();
             let msg = match request.body {
                 Request::Hello(_) => {

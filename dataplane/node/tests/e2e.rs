@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{http_get, start, task, wait_for};
+use common::{http_get, metric, start, task, wait_for};
 use spindle_client::{Client, ClientError};
 use spindle_control::testing::TestDb;
 use spindle_core::{Decision, TaskState, TenantId};
@@ -520,4 +520,37 @@ async fn consecutive_submit_calls_of_a_shard_charge_different_pool_rows() {
     assert_eq!(rows.len(), 3, "every task claimed in its submit: {rows:?}");
     let distinct: std::collections::HashSet<_> = rows.iter().collect();
     assert_eq!(distinct.len(), 3, "one row per call: {rows:?}");
+}
+
+/// Every authenticated connection is served by the shard that owns its tenant, whichever
+/// shard's executor accepted it (a connection accepted elsewhere is handed over after its
+/// Hello, so its frames and answers do not cross threads).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_are_served_on_the_shard_that_owns_their_tenant() {
+    let test = TestDb::new().await;
+    // Two shards, eight partitions: tenant 1 is shard 1's, tenant 2 shard 0's.
+    let daemon = start(&test).await;
+    let mut clients = Vec::new();
+    for i in 0..6 {
+        for (tenant, credential) in [(1, "one"), (2, "two")] {
+            let client = Client::connect(daemon.addr, TenantId(tenant), credential)
+                .await
+                .unwrap();
+            let a = client
+                .submit(task(&format!("conn-{tenant}-{i}")))
+                .await
+                .unwrap();
+            assert_eq!(a.decision, Decision::Accepted, "{a:?}");
+            clients.push(client);
+        }
+    }
+    let served = [
+        metric(&daemon, "spindle_connections_served_total{shard=\"0\"}").await,
+        metric(&daemon, "spindle_connections_served_total{shard=\"1\"}").await,
+    ];
+    assert_eq!(
+        served,
+        [6, 6],
+        "tenant 2's six on shard 0, tenant 1's on shard 1"
+    );
 }

@@ -167,3 +167,47 @@ async fn cancel_racing_dispatch_never_runs_a_canceled_task() {
         .get(0);
     assert_eq!(active, 0, "every reservation was released");
 }
+
+/// Frames sent right behind the Hello, in the same write, are served: the connection carries
+/// what it read past the Hello when it moves to the shard owning its tenant. Several
+/// connections per tenant, so that some are accepted by the other shard's executor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_pipelined_behind_the_hello_are_answered() {
+    let test = TestDb::new().await;
+    let daemon = start(&test).await;
+    for i in 0..8u64 {
+        for (tenant, credential) in [(1u32, "one"), (2, "two")] {
+            let mut stream = TcpStream::connect(daemon.addr).await.unwrap();
+            let mut out = Vec::new();
+            Encoder::new().request(
+                &RequestFrame {
+                    request_id: 1,
+                    body: Request::Hello(Hello {
+                        protocol_version: PROTOCOL_VERSION,
+                        tenant: TenantId(tenant),
+                        credential: credential.into(),
+                        client_name: None,
+                    }),
+                },
+                &mut out,
+            );
+            // Two lookups of a task that does not exist, in the same write as the Hello.
+            spindle_wire::frame::write_frame(&mut out, &get_payload(900 + i));
+            spindle_wire::frame::write_frame(&mut out, &get_payload(1900 + i));
+            stream.write_all(&out).await.unwrap();
+            let mut raw = Raw {
+                stream,
+                frames: FrameReader::new(),
+            };
+            let hello = raw.read().await.unwrap();
+            assert!(matches!(hello.body, Response::HelloOk(_)), "{hello:?}");
+            for _ in 0..2 {
+                let next = raw.read().await.expect("answered, not closed");
+                assert!(
+                    matches!(&next.body, Response::Error(e) if e.code == ErrorCode::NotFound),
+                    "tenant {tenant}, connection {i}: {next:?}"
+                );
+            }
+        }
+    }
+}
