@@ -11,8 +11,8 @@ use futures_util::io::{AsyncReadExt, AsyncWriteExt};
 use spindle_core::TenantId;
 use spindle_wire::limits::{BATCH_MAX, FRAME_BYTES_MAX};
 use spindle_wire::{
-    decode_request, Encoder, ErrorCode, FrameReader, HelloOk, Request, Response, ResponseFrame,
-    WireError, PROTOCOL_VERSION,
+    decode_request, Encoder, ErrorCode, FrameReader, HelloOk, Request, RequestFrame, Response,
+    ResponseFrame, WireError, PROTOCOL_VERSION,
 };
 use tokio::sync::{mpsc, oneshot};
 
@@ -83,6 +83,31 @@ pub(crate) fn frame(request_id: u64, body: Response) -> Vec<u8> {
     out
 }
 
+/// What the bytes read so far hold next.
+enum Next {
+    /// A whole request, verified and validated.
+    Request(RequestFrame),
+    /// Nothing whole yet: read more.
+    More,
+    /// A frame that could not be decoded, and its error answer: the frame boundary is intact,
+    /// so only this frame is refused and the connection goes on.
+    Refused(Vec<u8>),
+    /// A framing error (zero or oversized length), and its answer: the stream cannot be
+    /// resynchronized, so the connection closes after it.
+    Fatal(Vec<u8>),
+}
+
+fn next_request(frames: &mut FrameReader) -> Next {
+    match frames.next_frame() {
+        Ok(None) => Next::More,
+        Err(e) => Next::Fatal(frame(0, Response::Error(e))),
+        Ok(Some(payload)) => match decode_request(payload) {
+            Ok(r) => Next::Request(r),
+            Err(e) => Next::Refused(frame(0, Response::Error(e))),
+        },
+    }
+}
+
 /// Serves one accepted connection: its Hello here, then everything else on the shard that owns
 /// the authenticated tenant — handed over when another shard's executor accepted it, so that
 /// its frames and answers never cross threads.
@@ -125,27 +150,18 @@ async fn hello(
         };
         frames.extend(&buf[..n]);
         loop {
-            let payload = match frames.next_frame() {
-                Ok(Some(p)) => p,
-                Ok(None) => break,
-                Err(e) => {
-                    // The stream cannot be resynchronized: say why, then close.
-                    let _ = stream.write_all(&frame(0, Response::Error(e))).await;
-                    return None;
-                }
-            };
-            let request = match decode_request(payload) {
-                Ok(r) => r,
-                Err(e) => {
-                    // The frame boundary is intact: refuse this frame, keep the connection.
-                    if stream
-                        .write_all(&frame(0, Response::Error(e)))
-                        .await
-                        .is_err()
-                    {
+            let request = match next_request(frames) {
+                Next::Request(r) => r,
+                Next::More => break,
+                Next::Refused(answer) => {
+                    if stream.write_all(&answer).await.is_err() {
                         return None;
                     }
                     continue;
+                }
+                Next::Fatal(answer) => {
+                    let _ = stream.write_all(&answer).await;
+                    return None;
                 }
             };
             let id = request.request_id;
@@ -285,23 +301,18 @@ async fn serve_tenant(
         }
         read = true;
         loop {
-            let payload = match frames.next_frame() {
-                Ok(Some(p)) => p,
-                Ok(None) => break,
-                Err(e) => {
-                    // The stream cannot be resynchronized: say why, then close.
-                    let _ = out_tx.send(frame(0, Response::Error(e))).await;
-                    break 'conn;
-                }
-            };
-            let request = match decode_request(payload) {
-                Ok(r) => r,
-                Err(e) => {
-                    // The frame boundary is intact: refuse this frame, keep the connection.
-                    if out_tx.send(frame(0, Response::Error(e))).await.is_err() {
+            let request = match next_request(&mut frames) {
+                Next::Request(r) => r,
+                Next::More => break,
+                Next::Refused(answer) => {
+                    if out_tx.send(answer).await.is_err() {
                         break 'conn;
                     }
                     continue;
+                }
+                Next::Fatal(answer) => {
+                    let _ = out_tx.send(answer).await;
+                    break 'conn;
                 }
             };
             let id = request.request_id;

@@ -23,26 +23,34 @@ struct Raw {
     frames: FrameReader,
 }
 
+/// A Hello for `tenant`, framed, as request 1.
+fn hello_frame(tenant: u32, credential: &str) -> Vec<u8> {
+    let mut out = Vec::new();
+    Encoder::new().request(
+        &RequestFrame {
+            request_id: 1,
+            body: Request::Hello(Hello {
+                protocol_version: PROTOCOL_VERSION,
+                tenant: TenantId(tenant),
+                credential: credential.into(),
+                client_name: None,
+            }),
+        },
+        &mut out,
+    );
+    out
+}
+
 impl Raw {
     async fn connect(addr: std::net::SocketAddr, tenant: u32, credential: &str) -> Raw {
         let mut raw = Raw {
             stream: TcpStream::connect(addr).await.unwrap(),
             frames: FrameReader::new(),
         };
-        let mut out = Vec::new();
-        Encoder::new().request(
-            &RequestFrame {
-                request_id: 1,
-                body: Request::Hello(Hello {
-                    protocol_version: PROTOCOL_VERSION,
-                    tenant: TenantId(tenant),
-                    credential: credential.into(),
-                    client_name: None,
-                }),
-            },
-            &mut out,
-        );
-        raw.stream.write_all(&out).await.unwrap();
+        raw.stream
+            .write_all(&hello_frame(tenant, credential))
+            .await
+            .unwrap();
         assert!(matches!(
             raw.read().await.unwrap().body,
             Response::HelloOk(_)
@@ -178,19 +186,7 @@ async fn requests_pipelined_behind_the_hello_are_answered() {
     for i in 0..8u64 {
         for (tenant, credential) in [(1u32, "one"), (2, "two")] {
             let mut stream = TcpStream::connect(daemon.addr).await.unwrap();
-            let mut out = Vec::new();
-            Encoder::new().request(
-                &RequestFrame {
-                    request_id: 1,
-                    body: Request::Hello(Hello {
-                        protocol_version: PROTOCOL_VERSION,
-                        tenant: TenantId(tenant),
-                        credential: credential.into(),
-                        client_name: None,
-                    }),
-                },
-                &mut out,
-            );
+            let mut out = hello_frame(tenant, credential);
             // Two lookups of a task that does not exist, in the same write as the Hello.
             spindle_wire::frame::write_frame(&mut out, &get_payload(900 + i));
             spindle_wire::frame::write_frame(&mut out, &get_payload(1900 + i));
