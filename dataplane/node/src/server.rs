@@ -117,6 +117,8 @@ pub async fn serve(mut stream: glommio::net::TcpStream, ctx: Rc<ConnCtx>) {
     }
     let mut frames = FrameReader::new();
     let Some(tenant) = hello(&mut stream, &ctx, &mut frames).await else {
+        // Its end of the stream after the error answer, as a served connection's writer does.
+        let _ = stream.close().await;
         return;
     };
     let owner = ctx.owner_of(tenant);
