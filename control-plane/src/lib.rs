@@ -34,3 +34,11 @@ pub use requeue::RequeueOutcome;
 pub use retention::{Pruned, Retention};
 pub use submit::{NewTask, SubmitOutcome};
 pub use types::{PartitionId, PoolShard};
+
+/// FNV-1a, 64 bits: a hash that is the same across builds, platforms and processes (migration
+/// checksums; which pool rows a node's shards ask for first).
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}

@@ -101,12 +101,7 @@ pub const MIGRATIONS: &[Migration] = &[
 
 /// FNV-1a over the migration's text: stable across builds and platforms.
 fn checksum(sql: &str) -> i64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in sql.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    h as i64
+    crate::fnv1a(sql.as_bytes()) as i64
 }
 
 /// Applies every migration not yet applied; returns the versions this call applied. Unbounded:

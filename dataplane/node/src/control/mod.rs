@@ -290,9 +290,7 @@ pub fn provider_pool_shards(concurrency: u64) -> u16 {
 /// call at 5,000 single-task frames a second: docs/benchmarks.md, "Thirteenth round"). Taking
 /// turns, the report gives back the rows of the calls before while the submit charges the next.
 pub fn preferred_pool_shard(node: &str, index: usize, shards: usize, turn: u64, rows: u16) -> u16 {
-    let salt = node.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
+    let salt = spindle_control::fnv1a(node.as_bytes());
     let step = (shards.max(1) as u64).wrapping_mul(turn);
     (salt.wrapping_add(index as u64).wrapping_add(step) % u64::from(rows.max(1))) as u16
 }
