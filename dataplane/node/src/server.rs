@@ -291,17 +291,9 @@ async fn serve_tenant(
     .detach();
     let inflight = Rc::new(glommio::sync::Semaphore::new(ctx.inflight_max as u64));
     let mut buf = vec![0u8; READ_CHUNK];
-    // The frames that came with the Hello first, then what arrives.
-    let mut read = false;
     'conn: loop {
-        if read {
-            let n = match reader.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => n,
-            };
-            frames.extend(&buf[..n]);
-        }
-        read = true;
+        // Every whole frame received so far (first, those that came with the Hello), then
+        // more from the socket.
         loop {
             let request = match next_request(&mut frames) {
                 Next::Request(r) => r,
@@ -393,6 +385,11 @@ async fn serve_tenant(
             })
             .detach();
         }
+        let n = match reader.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        frames.extend(&buf[..n]);
     }
     drop(out_tx);
     let _ = writer_task.await;
