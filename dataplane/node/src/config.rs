@@ -9,6 +9,8 @@ use spindle_core::Lane;
 
 /// The longest interval between counter checks (`counter_check_s`): a day.
 const COUNTER_CHECK_S_MAX: u64 = 24 * 3600;
+/// The longest CPU wake-up latency worth asking for: a second (PM QoS takes up to i32::MAX µs).
+const CPU_WAKE_LATENCY_US_MAX: u32 = 1_000_000;
 
 #[derive(Debug, Clone, clap::Parser)]
 #[command(name = "spindled", about = "spindle's node daemon")]
@@ -350,8 +352,9 @@ impl Config {
             "idle_spin_us must be 0..=10000"
         );
         anyhow::ensure!(
-            self.cpu_wake_latency_us.is_none_or(|us| us <= 1_000_000),
-            "cpu_wake_latency_us must be 0..=1000000"
+            self.cpu_wake_latency_us
+                .is_none_or(|us| us <= CPU_WAKE_LATENCY_US_MAX),
+            "cpu_wake_latency_us must be 0..={CPU_WAKE_LATENCY_US_MAX}"
         );
         anyhow::ensure!(
             (1..=spindle_control::limits::SCAN_MAX).contains(&self.retention_scan_rows),
@@ -606,6 +609,21 @@ mod tests {
                 .counter_check_s,
             0
         );
+    }
+
+    #[test]
+    fn a_cpu_wake_latency_past_a_second_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "cpu_wake_latency_us = 1000001\n").unwrap();
+        let e = Config::load(&Args::file(path.clone(), None)).unwrap_err();
+        assert_eq!(e.to_string(), "cpu_wake_latency_us must be 0..=1000000");
+        std::fs::write(&path, "cpu_wake_latency_us = 0\n").unwrap();
+        let config = Config::load(&Args::file(path.clone(), None)).unwrap();
+        assert_eq!(config.cpu_wake_latency_us, Some(0));
+        std::fs::write(&path, "").unwrap();
+        let config = Config::load(&Args::file(path, None)).unwrap();
+        assert_eq!(config.cpu_wake_latency_us, None, "not asked unless set");
     }
 
     #[test]
