@@ -76,6 +76,13 @@ pub struct Config {
     /// Rows per control-plane batch.
     #[serde(default = "default_batch_max")]
     pub batch_max: usize,
+    /// Pairs of control-plane pipelines (a submit connection and a claim-and-report
+    /// connection each) the shards share: shard `i` uses pair `i % control_pipelines`. Fewer
+    /// pairs make fewer, larger calls, and PostgreSQL's cost per call — a function's statements
+    /// started and ended, a commit — is most of a small batch's. Default: one pair per four
+    /// shards ([`Config::control_pipelines`]).
+    #[serde(default)]
+    pub control_pipelines: Option<u32>,
     /// The local provider finishes a task after its modelled provider time × this factor.
     #[serde(default = "default_time_scale")]
     pub local_provider_time_scale: f64,
@@ -207,6 +214,9 @@ fn default_postgres_answer_grace_ms() -> u32 {
 fn default_drain_ms() -> u64 {
     30_000
 }
+/// Shards per pair of control-plane pipelines by default.
+const SHARDS_PER_PIPELINES: u32 = 4;
+
 fn default_batch_max() -> usize {
     256
 }
@@ -303,6 +313,12 @@ impl Config {
         Ok(config)
     }
 
+    /// The pairs of control-plane pipelines: as configured, else one per four shards.
+    pub fn control_pipelines(&self) -> u32 {
+        self.control_pipelines
+            .unwrap_or(self.shards.div_ceil(SHARDS_PER_PIPELINES))
+    }
+
     fn check(&self) -> anyhow::Result<()> {
         anyhow::ensure!(
             (1..=64).contains(&self.shards),
@@ -321,6 +337,12 @@ impl Config {
             (1..=spindle_control::limits::BATCH_MAX).contains(&self.batch_max),
             "batch_max must be 1..={}",
             spindle_control::limits::BATCH_MAX
+        );
+        anyhow::ensure!(
+            (1..=self.shards).contains(&self.control_pipelines()),
+            "control_pipelines must be 1..=shards ({}), not {}",
+            self.shards,
+            self.control_pipelines()
         );
         anyhow::ensure!(self.lease_ms >= 1_000, "lease_ms must be at least 1000");
         anyhow::ensure!(
@@ -624,6 +646,28 @@ mod tests {
         std::fs::write(&path, "").unwrap();
         let config = Config::load(&Args::file(path, None)).unwrap();
         assert_eq!(config.cpu_wake_latency_us, None, "not asked unless set");
+    }
+
+    #[test]
+    fn control_pipelines_default_to_one_pair_per_four_shards_and_at_most_one_per_shard() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        for (shards, pairs) in [(1, 1), (2, 1), (4, 1), (5, 2), (16, 4)] {
+            std::fs::write(&path, format!("shards = {shards}\npartitions = 64\n")).unwrap();
+            let config = Config::load(&Args::file(path.clone(), None)).unwrap();
+            assert_eq!(config.control_pipelines(), pairs, "{shards} shards");
+        }
+        for pairs in [0, 3] {
+            std::fs::write(&path, format!("shards = 2\ncontrol_pipelines = {pairs}\n")).unwrap();
+            let e = Config::load(&Args::file(path.clone(), None)).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!("control_pipelines must be 1..=shards (2), not {pairs}")
+            );
+        }
+        std::fs::write(&path, "shards = 2\ncontrol_pipelines = 2\n").unwrap();
+        let config = Config::load(&Args::file(path, None)).unwrap();
+        assert_eq!(config.control_pipelines(), 2);
     }
 
     #[test]

@@ -1,9 +1,11 @@
-//! The control plane's thread: a tokio runtime owning the PostgreSQL connections. Each shard has
-//! two pipelines (one connection and one task each): one for submits and task-id blocks, so
+//! The control plane's thread: a tokio runtime owning the PostgreSQL connections. Pipelines come
+//! in pairs (one connection and one task each), shared by the shards of the pair
+//! (`control_pipelines`: shard i uses pair i % pairs): one for submits and task-id blocks, so
 //! acknowledgements never queue behind claim and report batches, and one for the work — claims
-//! and reports, which reach PostgreSQL in the order the shard sent them. A shard sends a task's
+//! and reports, which reach PostgreSQL in the order each shard sent them. A shard sends a task's
 //! claim only after its submit committed, so the two never race. Consecutive messages of one
-//! kind are merged into one batch (group commit across clients).
+//! kind, from any of the pair's shards, are merged into one batch (group commit across clients
+//! and shards).
 //!
 //! Here: the messages, and `start` (connections, registration, partitions, recovery, restores).
 //! `pipeline` forms and runs the batches (and the reads), `restore` takes a previous owner's
@@ -113,19 +115,19 @@ pub struct Started {
     pub restores: Vec<ShardRestores>,
 }
 
-/// One shard's two pipelines.
+/// A pair of pipelines, as one shard sees it (the shards of a pair share it).
 #[derive(Clone)]
 pub struct Pipes {
     /// Submits and task-id blocks.
     pub submits: mpsc::Sender<CpMsg>,
     /// Claims and reports, in order.
     pub work: mpsc::Sender<CpMsg>,
-    /// Submit calls the submit pipeline has started: the turn of the pool rows the shard's
-    /// next claims ask for ([`preferred_pool_shard`]).
+    /// Submit calls the submit pipeline has started: the turn of the pool rows the pair's
+    /// shards' next claims ask for ([`preferred_pool_shard`]).
     pub submit_calls: Arc<AtomicU64>,
 }
 
-/// Opens one connection per shard (migrating on the first), registers the node, takes the
+/// Opens the pipelines' connections (migrating on the first), registers the node, takes the
 /// partitions and the pools, and starts the pipelines on `rt`.
 pub async fn start(
     config: &crate::config::Config,
@@ -183,14 +185,20 @@ pub async fn start(
             tokio::spawn(pipeline(setup, rx));
             Ok(tx)
         };
-    for _ in 0..config.shards {
-        id_blocks.push(admin.reserve_task_ids().await?);
+    for _ in 0..config.control_pipelines() {
         let submit_calls = Arc::new(AtomicU64::new(0));
         pipes.push(Pipes {
             submits: open_pipeline(Some(submit_calls.clone())).await?,
             work: open_pipeline(None).await?,
             submit_calls,
         });
+    }
+    // Shard i uses pair i % pairs.
+    let pipes: Vec<Pipes> = (0..config.shards as usize)
+        .map(|i| pipes[i % pipes.len()].clone())
+        .collect();
+    for _ in 0..config.shards {
+        id_blocks.push(admin.reserve_task_ids().await?);
     }
     // The admin connection renews the partition leases for the life of the node and takes
     // over partitions whose owner went away.

@@ -142,6 +142,14 @@ const BACKLOG_MAX: usize = 4 * PIPELINE_QUEUE_MAX;
 /// ahead of claims and reports is safe, and it keeps acknowledgements fast and batches large. Everything else runs in the order it was sent,
 /// consecutive messages of one kind merged while they fit and name no task twice.
 fn next_group(backlog: &mut VecDeque<CpMsg>, batch_max: usize) -> Vec<CpMsg> {
+    // A block of task ids first: the submits that wait for it would otherwise wait behind
+    // every submit of the other shards that share this pipeline.
+    if let Some(at) = backlog
+        .iter()
+        .position(|m| matches!(m, CpMsg::TaskIds { .. }))
+    {
+        return vec![backlog.remove(at).expect("found")];
+    }
     let first_version = backlog.iter().find_map(|m| match m {
         CpMsg::Submit { version, .. } => Some(*version),
         _ => None,
