@@ -37,7 +37,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::metrics::Metrics;
 use crate::ownership::Ownership;
 
-/// Messages one shard's pipeline takes at once before it pushes back.
+/// Messages one pipeline takes at once before it pushes back.
 pub const PIPELINE_QUEUE_MAX: usize = 4096;
 
 pub type Reply<T> = oneshot::Sender<Result<Vec<T>, StoreError>>;

@@ -25,7 +25,7 @@ pub struct PipelineSetup {
     pub submit_calls: Option<Arc<std::sync::atomic::AtomicU64>>,
 }
 
-/// Runs one shard's pipeline until its sender is dropped.
+/// Runs one pipeline (shared by the shards of its pair) until its senders are dropped.
 pub async fn pipeline(setup: PipelineSetup, mut rx: mpsc::Receiver<CpMsg>) {
     let PipelineSetup {
         mut db,
