@@ -97,6 +97,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "report_sorts_once",
         sql: include_str!("../migrations/0016_report_sorts_once.sql"),
     },
+    Migration {
+        version: 17,
+        name: "fewer_statements",
+        sql: include_str!("../migrations/0017_fewer_statements.sql"),
+    },
 ];
 
 /// FNV-1a over the migration's text: stable across builds and platforms.
