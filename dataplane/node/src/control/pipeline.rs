@@ -368,3 +368,98 @@ pub(super) async fn reader(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spindle_control::{NewTask, PartitionId};
+    use spindle_core::{Band, Lane, PolicyVersion, UserId};
+
+    fn submit(tasks: std::ops::Range<u64>) -> CpMsg {
+        let tasks = tasks
+            .map(|t| {
+                let task = NewTask {
+                    task: TaskId(t),
+                    tenant: TenantId(1),
+                    user: UserId(1),
+                    idempotency_key: format!("k{t}"),
+                    payload: Vec::new(),
+                    partition: PartitionId(1),
+                    lane: Lane::Standard,
+                    band: Band::P2,
+                    cost_estimate_milli: 1,
+                    fairness_milli: 1,
+                };
+                (task, None)
+            })
+            .collect();
+        CpMsg::Submit {
+            tasks,
+            version: PolicyVersion(1),
+            reply: oneshot::channel().0,
+        }
+    }
+
+    fn lookup(tasks: &[u64]) -> CpMsg {
+        CpMsg::Lookup {
+            tasks: tasks.iter().copied().map(TaskId).collect(),
+            reply: oneshot::channel().0,
+        }
+    }
+
+    fn kinds(group: &[CpMsg]) -> Vec<&'static str> {
+        group
+            .iter()
+            .map(|m| match m {
+                CpMsg::Submit { .. } => "submit",
+                CpMsg::TaskIds { .. } => "ids",
+                CpMsg::Lookup { .. } => "lookup",
+                _ => "other",
+            })
+            .collect()
+    }
+
+    /// Two shards on one pipeline: the first's submits keep coming while the second waits for a
+    /// block of task ids. The block runs first; then every waiting submit goes in one call.
+    #[test]
+    fn a_task_id_block_runs_before_the_submits_waiting_ahead_of_it() {
+        let mut backlog: VecDeque<CpMsg> = [
+            submit(0..3),
+            submit(3..5),
+            CpMsg::TaskIds {
+                reply: oneshot::channel().0,
+            },
+            submit(5..6),
+        ]
+        .into_iter()
+        .collect();
+        assert_eq!(kinds(&next_group(&mut backlog, 256)), ["ids"]);
+        let group = next_group(&mut backlog, 256);
+        assert_eq!(kinds(&group), ["submit", "submit", "submit"]);
+        assert_eq!(group.iter().map(CpMsg::rows).sum::<usize>(), 6);
+        assert!(backlog.is_empty());
+    }
+
+    /// Other messages run in the order they came, merged while they fit and name no task twice.
+    #[test]
+    fn messages_other_than_submits_keep_their_order_and_split_where_a_task_repeats() {
+        let mut backlog: VecDeque<CpMsg> =
+            [lookup(&[1, 2]), lookup(&[3]), lookup(&[2]), lookup(&[4])]
+                .into_iter()
+                .collect();
+        let first = next_group(&mut backlog, 256);
+        assert_eq!(first.iter().map(CpMsg::rows).sum::<usize>(), 3);
+        let second = next_group(&mut backlog, 256);
+        assert_eq!(
+            second.iter().map(CpMsg::tasks).collect::<Vec<_>>(),
+            [vec![TaskId(2)], vec![TaskId(4)]]
+        );
+        assert!(backlog.is_empty());
+        // A batch stops at batch_max rows (a message is never split).
+        let mut backlog: VecDeque<CpMsg> = [submit(0..2), submit(2..4), submit(4..5)]
+            .into_iter()
+            .collect();
+        assert_eq!(next_group(&mut backlog, 4).len(), 2);
+        assert_eq!(next_group(&mut backlog, 4).len(), 1);
+    }
+}
