@@ -137,16 +137,17 @@ pub(crate) async fn reconnect(config: &DbConfig, metrics: &Metrics) -> Db {
 /// Messages one pipeline looks at when it forms the next batch.
 const BACKLOG_MAX: usize = 4 * PIPELINE_QUEUE_MAX;
 
-/// The next batch to run. Submits go first and all together (those admitted under the first
-/// one's policy version): nothing waits on a task that is not yet submitted, so moving them
-/// ahead of claims and reports is safe, and it keeps acknowledgements fast and batches large. Everything else runs in the order it was sent,
-/// consecutive messages of one kind merged while they fit and name no task twice.
+/// The next batch to run. What a shard waits on to go on — a block of task ids, the rows of a
+/// call in doubt — goes first, one message at a time: behind submits it could wait as long as
+/// any shard of the pair kept submitting. Then submits, all together (those admitted under the
+/// first one's policy version): nothing waits on a task that is not yet submitted, so moving
+/// them ahead of claims and reports is safe, and it keeps acknowledgements fast and batches
+/// large. Everything else runs in the order it was sent, consecutive messages of one kind
+/// merged while they fit and name no task twice.
 fn next_group(backlog: &mut VecDeque<CpMsg>, batch_max: usize) -> Vec<CpMsg> {
-    // A block of task ids first: the submits that wait for it would otherwise wait behind
-    // every submit of the other shards that share this pipeline.
     if let Some(at) = backlog
         .iter()
-        .position(|m| matches!(m, CpMsg::TaskIds { .. }))
+        .position(|m| matches!(m, CpMsg::TaskIds { .. } | CpMsg::Lookup { .. }))
     {
         return vec![backlog.remove(at).expect("found")];
     }
@@ -407,6 +408,37 @@ mod tests {
         }
     }
 
+    fn claim(tasks: &[u64]) -> CpMsg {
+        CpMsg::Claim {
+            claims: tasks
+                .iter()
+                .map(|&t| spindle_control::ClaimRequest {
+                    task: TaskId(t),
+                    expected_version: 0,
+                    provider: "p".into(),
+                    demands: Vec::new(),
+                })
+                .collect(),
+            reply: oneshot::channel().0,
+        }
+    }
+
+    fn report(tasks: &[u64]) -> CpMsg {
+        CpMsg::Report {
+            reports: tasks
+                .iter()
+                .map(|&t| {
+                    spindle_control::Report::new(
+                        TaskId(t),
+                        None,
+                        spindle_control::ReportAction::Release,
+                    )
+                })
+                .collect(),
+            reply: oneshot::channel().0,
+        }
+    }
+
     fn kinds(group: &[CpMsg]) -> Vec<&'static str> {
         group
             .iter()
@@ -440,20 +472,42 @@ mod tests {
         assert!(backlog.is_empty());
     }
 
-    /// Other messages run in the order they came, merged while they fit and name no task twice.
+    /// A read of rows in doubt goes before submits too, one at a time.
     #[test]
-    fn messages_other_than_submits_keep_their_order_and_split_where_a_task_repeats() {
-        let mut backlog: VecDeque<CpMsg> =
-            [lookup(&[1, 2]), lookup(&[3]), lookup(&[2]), lookup(&[4])]
-                .into_iter()
-                .collect();
+    fn a_read_of_rows_in_doubt_runs_before_waiting_submits() {
+        let mut backlog: VecDeque<CpMsg> = [submit(0..2), lookup(&[1]), lookup(&[7, 8])]
+            .into_iter()
+            .collect();
         let first = next_group(&mut backlog, 256);
-        assert_eq!(first.iter().map(CpMsg::rows).sum::<usize>(), 3);
-        let second = next_group(&mut backlog, 256);
+        assert_eq!(kinds(&first), ["lookup"]);
+        assert_eq!(first[0].tasks(), [TaskId(1)]);
+        assert_eq!(kinds(&next_group(&mut backlog, 256)), ["lookup"]);
+        assert_eq!(kinds(&next_group(&mut backlog, 256)), ["submit"]);
+        assert!(backlog.is_empty());
+    }
+
+    /// Claims and reports run in the order they came, merged while they fit and name no task
+    /// twice; a batch stops at batch_max rows (a message is never split).
+    #[test]
+    fn claims_and_reports_keep_their_order_and_split_where_a_task_repeats() {
+        let mut backlog: VecDeque<CpMsg> = [
+            claim(&[1, 2]),
+            claim(&[3]),
+            claim(&[2]),
+            report(&[4]),
+            report(&[5]),
+        ]
+        .into_iter()
+        .collect();
+        let tasks = |g: Vec<CpMsg>| g.iter().map(CpMsg::tasks).collect::<Vec<_>>();
+        let ids = |t: &[u64]| t.iter().copied().map(TaskId).collect::<Vec<_>>();
         assert_eq!(
-            second.iter().map(CpMsg::tasks).collect::<Vec<_>>(),
-            [vec![TaskId(2)], vec![TaskId(4)]]
+            tasks(next_group(&mut backlog, 256)),
+            [ids(&[1, 2]), ids(&[3])]
         );
+        assert_eq!(tasks(next_group(&mut backlog, 256)), [ids(&[2])]);
+        assert_eq!(tasks(next_group(&mut backlog, 1)), [ids(&[4])]);
+        assert_eq!(tasks(next_group(&mut backlog, 256)), [ids(&[5])]);
         assert!(backlog.is_empty());
         // A batch stops at batch_max rows (a message is never split).
         let mut backlog: VecDeque<CpMsg> = [submit(0..2), submit(2..4), submit(4..5)]
