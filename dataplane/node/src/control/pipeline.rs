@@ -137,19 +137,40 @@ pub(crate) async fn reconnect(config: &DbConfig, metrics: &Metrics) -> Db {
 /// Messages one pipeline looks at when it forms the next batch.
 const BACKLOG_MAX: usize = 4 * PIPELINE_QUEUE_MAX;
 
-/// The next batch to run. What a shard waits on to go on — a block of task ids, the rows of a
-/// call in doubt — goes first, one message at a time: behind submits it could wait as long as
-/// any shard of the pair kept submitting. Then submits, all together (those admitted under the
-/// first one's policy version): nothing waits on a task that is not yet submitted, so moving
-/// them ahead of claims and reports is safe, and it keeps acknowledgements fast and batches
-/// large. Everything else runs in the order it was sent, consecutive messages of one kind
-/// merged while they fit and name no task twice.
+/// The next batch to run. What a shard waits on to go on goes first: behind submits it could
+/// wait as long as any shard of the pair kept submitting — a block of task ids, then the reads
+/// of rows of calls in doubt (every one waiting, while they fit and name no task twice; each
+/// reads rows whose call already ended, so nothing sent before it changes its answer). Then
+/// submits, all together (those admitted under the first one's policy version): nothing waits
+/// on a task that is not yet submitted, so moving them ahead of claims and reports is safe, and
+/// it keeps acknowledgements fast and batches large. Everything else runs in the order it was
+/// sent, consecutive messages of one kind merged while they fit and name no task twice.
 fn next_group(backlog: &mut VecDeque<CpMsg>, batch_max: usize) -> Vec<CpMsg> {
     if let Some(at) = backlog
         .iter()
-        .position(|m| matches!(m, CpMsg::TaskIds { .. } | CpMsg::Lookup { .. }))
+        .position(|m| matches!(m, CpMsg::TaskIds { .. }))
     {
         return vec![backlog.remove(at).expect("found")];
+    }
+    if backlog.iter().any(|m| matches!(m, CpMsg::Lookup { .. })) {
+        let mut group = Vec::new();
+        let mut rows = 0;
+        let mut seen: HashSet<TaskId> = HashSet::new();
+        let mut rest = VecDeque::with_capacity(backlog.len());
+        for m in backlog.drain(..) {
+            let take = matches!(m, CpMsg::Lookup { .. })
+                && (group.is_empty() || rows + m.rows() <= batch_max)
+                && m.tasks().iter().all(|t| !seen.contains(t));
+            if take {
+                rows += m.rows();
+                seen.extend(m.tasks());
+                group.push(m);
+            } else {
+                rest.push_back(m);
+            }
+        }
+        *backlog = rest;
+        return group;
     }
     let first_version = backlog.iter().find_map(|m| match m {
         CpMsg::Submit { version, .. } => Some(*version),
@@ -472,17 +493,25 @@ mod tests {
         assert!(backlog.is_empty());
     }
 
-    /// A read of rows in doubt goes before submits too, one at a time.
+    /// Reads of rows in doubt go before submits too, together while they fit and name no
+    /// task twice.
     #[test]
-    fn a_read_of_rows_in_doubt_runs_before_waiting_submits() {
-        let mut backlog: VecDeque<CpMsg> = [submit(0..2), lookup(&[1]), lookup(&[7, 8])]
-            .into_iter()
-            .collect();
+    fn reads_of_rows_in_doubt_run_before_waiting_submits() {
+        let mut backlog: VecDeque<CpMsg> = [
+            submit(0..2),
+            lookup(&[1]),
+            submit(2..3),
+            lookup(&[7, 8]),
+            lookup(&[1, 9]),
+        ]
+        .into_iter()
+        .collect();
         let first = next_group(&mut backlog, 256);
-        assert_eq!(kinds(&first), ["lookup"]);
-        assert_eq!(first[0].tasks(), [TaskId(1)]);
-        assert_eq!(kinds(&next_group(&mut backlog, 256)), ["lookup"]);
-        assert_eq!(kinds(&next_group(&mut backlog, 256)), ["submit"]);
+        assert_eq!(kinds(&first), ["lookup", "lookup"]);
+        assert_eq!(first.iter().map(CpMsg::rows).sum::<usize>(), 3);
+        let second = next_group(&mut backlog, 256);
+        assert_eq!(second[0].tasks(), [TaskId(1), TaskId(9)]);
+        assert_eq!(kinds(&next_group(&mut backlog, 256)), ["submit", "submit"]);
         assert!(backlog.is_empty());
     }
 
