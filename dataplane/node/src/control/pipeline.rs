@@ -153,45 +153,26 @@ fn next_group(backlog: &mut VecDeque<CpMsg>, batch_max: usize) -> Vec<CpMsg> {
         return vec![backlog.remove(at).expect("found")];
     }
     if backlog.iter().any(|m| matches!(m, CpMsg::Lookup { .. })) {
-        let mut group = Vec::new();
-        let mut rows = 0;
         let mut seen: HashSet<TaskId> = HashSet::new();
-        let mut rest = VecDeque::with_capacity(backlog.len());
-        for m in backlog.drain(..) {
-            let take = matches!(m, CpMsg::Lookup { .. })
-                && (group.is_empty() || rows + m.rows() <= batch_max)
-                && m.tasks().iter().all(|t| !seen.contains(t));
-            if take {
-                rows += m.rows();
+        return take_where(backlog, batch_max, |m| {
+            let fresh =
+                matches!(m, CpMsg::Lookup { .. }) && m.tasks().iter().all(|t| !seen.contains(t));
+            if fresh {
                 seen.extend(m.tasks());
-                group.push(m);
-            } else {
-                rest.push_back(m);
             }
-        }
-        *backlog = rest;
-        return group;
+            fresh
+        });
     }
     let first_version = backlog.iter().find_map(|m| match m {
         CpMsg::Submit { version, .. } => Some(*version),
         _ => None,
     });
     if let Some(first_version) = first_version {
-        let mut group = Vec::new();
-        let mut rows = 0;
-        let mut rest = VecDeque::with_capacity(backlog.len());
-        for m in backlog.drain(..) {
-            let take = matches!(m, CpMsg::Submit { version, .. } if version == first_version)
-                && (group.is_empty() || rows + m.rows() <= batch_max);
-            if take {
-                rows += m.rows();
-                group.push(m);
-            } else {
-                rest.push_back(m);
-            }
-        }
-        *backlog = rest;
-        return group;
+        return take_where(
+            backlog,
+            batch_max,
+            |m| matches!(m, CpMsg::Submit { version, .. } if *version == first_version),
+        );
     }
     let first = backlog.pop_front().expect("a non-empty backlog");
     let mut group = vec![first];
@@ -208,6 +189,29 @@ fn next_group(backlog: &mut VecDeque<CpMsg>, batch_max: usize) -> Vec<CpMsg> {
         seen.extend(next.tasks());
         group.push(next);
     }
+    group
+}
+
+/// Takes from anywhere in the backlog, the rest kept in order, the messages `wanted` accepts
+/// while they fit in `batch_max` rows (the first always fits). `wanted` is asked only about a
+/// message that fits, and a message it accepts is taken.
+fn take_where(
+    backlog: &mut VecDeque<CpMsg>,
+    batch_max: usize,
+    mut wanted: impl FnMut(&CpMsg) -> bool,
+) -> Vec<CpMsg> {
+    let mut group = Vec::new();
+    let mut rows = 0;
+    let mut rest = VecDeque::with_capacity(backlog.len());
+    for m in backlog.drain(..) {
+        if (group.is_empty() || rows + m.rows() <= batch_max) && wanted(&m) {
+            rows += m.rows();
+            group.push(m);
+        } else {
+            rest.push_back(m);
+        }
+    }
+    *backlog = rest;
     group
 }
 
