@@ -993,8 +993,6 @@ async fn the_media_stage_transcodes_checks_declarations_and_fails_what_it_cannot
     assert_eq!(left.len(), 8, "{left:?}");
 }
 
-/// A client's cancel stops the task's running media job: the task ends CANCELED, its partial
-/// output is removed and its media units come back.
 /// kill -9 during the media step: the restarted node finds the job again at the provider
 /// (not submitted again), takes its video and runs the media step once more, writing the whole
 /// ladder under the attempt's own names.
@@ -1069,6 +1067,8 @@ async fn a_restart_during_the_media_step_runs_it_again_from_the_providers_video(
     }
 }
 
+/// A client's cancel stops the task's running media job: the task ends CANCELED, its partial
+/// output is removed and its media units come back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_stops_a_running_media_job() {
     use spindle_transcode::{JobLimits, Rendition, Source};
