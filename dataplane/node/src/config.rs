@@ -446,14 +446,21 @@ impl Config {
         Ok(())
     }
 
-    /// Tenants hash to partitions, partitions to shards.
-    pub fn partition_of(&self, tenant: u32) -> u32 {
-        tenant % self.partitions
-    }
-
+    /// The shard that owns `tenant` ([`shard_of`]).
     pub fn shard_of(&self, tenant: u32) -> usize {
-        (self.partition_of(tenant) % self.shards) as usize
+        shard_of(tenant, self.partitions, self.shards)
     }
+}
+
+/// Tenants hash to partitions: the partition `tenant` is in, of `partitions`.
+pub fn partition_of(tenant: u32, partitions: u32) -> u32 {
+    tenant % partitions
+}
+
+/// Partitions hash to shards: the shard of `shards` that owns `tenant`. Every router (the
+/// connection hand-over, restores, policy changes) goes by this one rule.
+pub fn shard_of(tenant: u32, partitions: u32, shards: u32) -> usize {
+    (partition_of(tenant, partitions) % shards) as usize
 }
 
 #[cfg(test)]

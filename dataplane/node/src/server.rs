@@ -42,8 +42,7 @@ pub struct ConnCtx {
 impl ConnCtx {
     /// The shard that owns `tenant`.
     fn owner_of(&self, tenant: TenantId) -> usize {
-        let partition = tenant.0 % self.partitions;
-        (partition % self.shards.len() as u32) as usize
+        crate::config::shard_of(tenant.0, self.partitions, self.shards.len() as u32)
     }
 
     fn shard_of(&self, tenant: TenantId) -> &mpsc::Sender<ShardMsg> {
@@ -184,7 +183,7 @@ async fn hello(
                 let _ = stream.write_all(&no).await;
                 return None;
             }
-            let partition = h.tenant.0 % ctx.partitions;
+            let partition = crate::config::partition_of(h.tenant.0, ctx.partitions);
             if !ctx.ownership.owns(partition) {
                 let why = ctx.ownership.refusal(h.tenant.0, partition);
                 let _ = stream.write_all(&refuse(ErrorCode::WrongNode, why)).await;

@@ -49,7 +49,7 @@ pub(super) async fn submit(
     }
     let refusal = {
         let s = state.borrow();
-        let partition = tenant.0 % s.partitions;
+        let partition = crate::config::partition_of(tenant.0, s.partitions);
         (!s.ownership.owns(partition)).then(|| s.ownership.refusal(tenant.0, partition))
     };
     if let Some(why) = refusal {
@@ -113,7 +113,7 @@ pub(super) async fn submit(
             answers.push(Some(wire_admission(&admission, false)));
             continue;
         }
-        let partition = PartitionId(tenant.0 % s.partitions);
+        let partition = PartitionId(crate::config::partition_of(tenant.0, s.partitions));
         s.meta.insert(
             id,
             Meta {
