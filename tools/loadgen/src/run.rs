@@ -119,9 +119,10 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
         let (shared, pacer) = (shared.clone(), pacer.clone());
         let (arrival, batch, duration) = (opts.arrival, opts.batch, opts.duration);
         let seed = opts.seed ^ (i as u64).wrapping_mul(0x9e37_79b9);
+        let first = start + phase(arrival, i, opts.tenants.len(), batch, load.rate);
         handles.push(tokio::spawn(async move {
             tenant_loop(
-                client, load, arrival, batch, duration, seed, start, shared, pacer,
+                client, load, arrival, batch, duration, seed, start, first, shared, pacer,
             )
             .await
         }));
@@ -342,6 +343,19 @@ fn progress_bar(show: bool, duration: Duration) -> Option<indicatif::ProgressBar
     Some(bar)
 }
 
+/// When tenant `i` of `n` sends its first frame, after the run's start. With fixed arrivals,
+/// tenants at one rate would otherwise send every frame at the same instant, a burst of `n`
+/// frames no independent clients make; each is offset by its part of its own frame period
+/// (as wrk2 spreads its connections' first requests). Poisson arrivals are independent already.
+fn phase(arrival: Arrival, i: usize, n: usize, batch: usize, rate: f64) -> Duration {
+    match arrival {
+        Arrival::Fixed if n > 1 && rate > 0.0 => {
+            Duration::from_secs_f64(batch as f64 / rate * i as f64 / n as f64)
+        }
+        _ => Duration::ZERO,
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn tenant_loop(
     client: Arc<Client>,
@@ -351,6 +365,7 @@ async fn tenant_loop(
     duration: Duration,
     seed: u64,
     start: Instant,
+    first: Instant,
     shared: Arc<Mutex<Shared>>,
     pacer: Pacer,
 ) -> anyhow::Result<(TenantOutcome, Arc<Client>)> {
@@ -364,7 +379,7 @@ async fn tenant_loop(
         ..TenantOutcome::default()
     }));
     let inflight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let mut intended = start;
+    let mut intended = first;
     let mut seq = 0u64;
     let mut sends = Vec::new();
     loop {
@@ -445,4 +460,34 @@ async fn tenant_loop(
     }
     let o = outcome.lock().expect("outcome").clone();
     Ok((o, client))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two tenants at 5,000/s in frames of 64 (a frame every 12.8 ms each): the second starts
+    /// half a period after the first, so their frames interleave instead of coinciding.
+    #[test]
+    fn fixed_arrivals_spread_tenants_over_one_frame_period() {
+        let at = |i| phase(Arrival::Fixed, i, 2, 64, 5_000.0);
+        assert_eq!(at(0), Duration::ZERO);
+        assert_eq!(at(1), Duration::from_micros(6_400));
+        // Four tenants: quarters of the period, each below one period.
+        let quarters: Vec<_> = (0..4)
+            .map(|i| phase(Arrival::Fixed, i, 4, 1, 1_000.0))
+            .collect();
+        assert_eq!(
+            quarters,
+            [0, 250, 500, 750].map(Duration::from_micros).to_vec()
+        );
+    }
+
+    /// Poisson arrivals are independent already; a lone tenant or a zero rate has no offset.
+    #[test]
+    fn other_arrivals_start_at_once() {
+        assert_eq!(phase(Arrival::Poisson, 1, 2, 64, 5_000.0), Duration::ZERO);
+        assert_eq!(phase(Arrival::Fixed, 0, 1, 64, 5_000.0), Duration::ZERO);
+        assert_eq!(phase(Arrival::Fixed, 1, 2, 64, 0.0), Duration::ZERO);
+    }
 }

@@ -7,7 +7,7 @@ use spindle_wire::SubmitTask;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 pub enum Arrival {
-    /// Evenly spaced sends.
+    /// Evenly spaced sends; tenants' first frames offset across one frame period.
     Fixed,
     /// Exponential gaps (seeded): bursts and lulls at the same mean rate.
     Poisson,
