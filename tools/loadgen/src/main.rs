@@ -149,10 +149,10 @@ fn drive(
         drain: Duration::from_secs(common.drain),
         metrics,
     };
-    // One thread (besides the pacer's): the generator shares the machine with what it
-    // measures, and two workers woke each other for every frame — 61k context switches in a
-    // 10 s run at 20,000 tasks/s against 17k on one thread, 10.8–11.5 against 6.6–6.9 µs of
-    // CPU per task, sends no later (docs/benchmarks.md, "Sixteenth round").
+    // One thread: the generator shares the machine with what it measures, and two workers
+    // woke each other for every frame — 61k context switches in a 10 s run at 20,000 tasks/s
+    // against 17k on one thread, 10.8–11.5 against 6.6–6.9 µs of CPU per task, sends no later
+    // (docs/benchmarks.md, "Sixteenth round").
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

@@ -105,7 +105,6 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
         Some(addr) => dispatch_buckets(addr).await,
         None => None,
     };
-    let pacer = Pacer::start(opts.tenants.len())?;
     let start = Instant::now();
     let bar = progress_bar(opts.progress, opts.duration);
     let mut handles = Vec::new();
@@ -116,7 +115,8 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
                 .map_err(|e| anyhow::anyhow!("tenant {}: {e}", load.tenant))?,
         );
         let load = load.clone();
-        let (shared, pacer) = (shared.clone(), pacer.clone());
+        let shared = shared.clone();
+        let pacer = Pacer::new()?;
         let (arrival, batch, duration) = (opts.arrival, opts.batch, opts.duration);
         let seed = opts.seed ^ (i as u64).wrapping_mul(0x9e37_79b9);
         let first = start + phase(arrival, i, opts.tenants.len(), batch, load.rate);
@@ -367,7 +367,7 @@ async fn tenant_loop(
     start: Instant,
     first: Instant,
     shared: Arc<Mutex<Shared>>,
-    pacer: Pacer,
+    mut pacer: Pacer,
 ) -> anyhow::Result<(TenantOutcome, Arc<Client>)> {
     let mut rng = Rng::new(seed);
     // Keys unique per run: a node keeps every key it saw, and a rerun would only replay.
@@ -398,7 +398,7 @@ async fn tenant_loop(
         if first.duration_since(start) >= duration {
             break;
         }
-        pacer.wait_until(first).await;
+        pacer.wait_until(first).await?;
         let late = first.elapsed().as_micros() as u64;
         shared
             .lock()
