@@ -381,8 +381,13 @@ async fn tenant_loop(
     let inflight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut intended = first;
     let mut seq = 0u64;
-    let mut sends = Vec::new();
+    // The frames in flight: finished ones are reaped as the loop goes, so what the run keeps
+    // is bounded by what is in flight, not by the frames sent.
+    let mut sends = tokio::task::JoinSet::new();
     loop {
+        while let Some(sent) = sends.try_join_next() {
+            sent?;
+        }
         // The next batch is due when its first task is.
         let mut tasks = Vec::with_capacity(batch);
         let first = intended;
@@ -420,7 +425,7 @@ async fn tenant_loop(
             shared.clone(),
             inflight.clone(),
         );
-        sends.push(tokio::spawn(async move {
+        sends.spawn(async move {
             let answer = if tasks.len() == 1 {
                 let t = tasks.pop().expect("one task");
                 client.submit(t).await.map(|a| vec![a])
@@ -453,10 +458,10 @@ async fn tenant_loop(
                 Err(_) => o.errors += n,
             }
             inflight.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
-        }));
+        });
     }
-    for s in sends {
-        s.await?;
+    while let Some(sent) = sends.join_next().await {
+        sent?;
     }
     let o = outcome.lock().expect("outcome").clone();
     Ok((o, client))
