@@ -69,10 +69,7 @@ pub(super) async fn pump(state: &SharedShard) {
                         let committed = remove_meta(s, &task).is_some_and(|m| m.committed);
                         notify(s, task, TaskState::Expired);
                         if committed {
-                            send_reports(
-                                s,
-                                vec![vec![finish(task, None, TaskState::Expired, None)]],
-                            );
+                            send_reports(s, [finish(task, None, TaskState::Expired, None)]);
                         } else {
                             // Its submit is still on the way (on another connection): the end is
                             // reported once it committed.
@@ -127,7 +124,7 @@ fn granted(
             remove_meta(s, &task);
             notify(s, task, TaskState::Canceled);
             let end = finish(task, Some(token), TaskState::Canceled, None);
-            send_reports(s, vec![vec![end]]);
+            send_reports(s, [end]);
             false
         }
         Err(e) => {

@@ -13,15 +13,15 @@ pub(super) fn start_media(s: &mut ShardState, now: Time) {
         };
         let Some(t) = meta.token else { continue };
         let input = meta.attempt.as_ref().and_then(|a| a.output_url.clone());
-        let advance = |to| vec![Report::new(media_task, Some(t), ReportAction::Advance(to))];
-        let steps = match meta.stored_stage {
-            Some(TaskState::MediaProcessing) => Vec::new(),
-            Some(_) => vec![advance(TaskState::MediaProcessing)],
-            None => vec![
-                advance(TaskState::ProviderSucceeded),
-                advance(TaskState::MediaProcessing),
-            ],
+        // The steps its row has not recorded yet, in order.
+        let from: &[TaskState] = match meta.stored_stage {
+            Some(TaskState::MediaProcessing) => &[],
+            Some(_) => &[TaskState::MediaProcessing],
+            None => &[TaskState::ProviderSucceeded, TaskState::MediaProcessing],
         };
+        let steps = from
+            .iter()
+            .map(|&to| Report::new(media_task, Some(t), ReportAction::Advance(to)));
         send_reports(s, steps);
         let Some((pool, input_url)) = s.media.clone().zip(input) else {
             media_finished(s, media_task, t, Ok(()));
@@ -80,7 +80,7 @@ pub(super) fn media_finished(
         cost_actual_milli: cost,
         reason: reason.map(|r| format!("media: {r}")),
     };
-    send_reports(s, vec![vec![Report::new(task, Some(token), action)]]);
+    send_reports(s, [Report::new(task, Some(token), action)]);
     true
 }
 

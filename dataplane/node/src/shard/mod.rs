@@ -434,8 +434,8 @@ impl ShardState {
                 };
                 Report::new(u.task, u.token, action)
             })
-            .collect();
-        send_reports(self, vec![reports]);
+            .collect::<Vec<_>>();
+        send_reports(self, reports);
     }
 
     fn restore_one(
@@ -503,7 +503,7 @@ impl ShardState {
                 if live.stored == TaskState::Dispatching {
                     // Whether its submit reached the provider is not known.
                     let to = ReportAction::Advance(TaskState::SubmitUnknown);
-                    send_reports(self, vec![vec![Report::new(task, Some(live.token), to)]]);
+                    send_reports(self, [Report::new(task, Some(live.token), to)]);
                 }
             }
         }
@@ -858,10 +858,7 @@ fn cancel(state: &SharedShard, tenant: TenantId, task: TaskId, reply: oneshot::S
             if !running {
                 remove_meta(&mut s, &task);
                 notify(&mut s, task, TaskState::Canceled);
-                send_reports(
-                    &mut s,
-                    vec![vec![finish(task, None, TaskState::Canceled, None)]],
-                );
+                send_reports(&mut s, [finish(task, None, TaskState::Canceled, None)]);
             }
         }
         Err(e) => {

@@ -200,11 +200,11 @@ pub(super) fn accepted(
         notify(s, task, TaskState::Running);
         send_reports(
             s,
-            vec![vec![Report::new(
+            [Report::new(
                 task,
                 Some(token),
                 ReportAction::Advance(TaskState::Running),
-            )]],
+            )],
         );
     }
     Some(Call::Watch {
@@ -235,11 +235,11 @@ pub(super) fn unknown(
     if s.core.task_state(task) == Some(TaskState::SubmitUnknown) {
         send_reports(
             s,
-            vec![vec![Report::new(
+            [Report::new(
                 task,
                 Some(token),
                 ReportAction::Advance(TaskState::SubmitUnknown),
-            )]],
+            )],
         );
     }
     Some(resolve)
@@ -326,7 +326,7 @@ pub(super) fn after_failure(
             }
         }
     };
-    send_reports(s, vec![vec![Report::new(task, Some(token), report)]]);
+    send_reports(s, [Report::new(task, Some(token), report)]);
 }
 
 /// The local provider: accepts at once, finishes after the modelled provider time × scale.
@@ -353,11 +353,11 @@ pub(super) async fn run_local(
         notify(&mut s, task, TaskState::Running);
         send_reports(
             &mut s,
-            vec![vec![Report::new(
+            [Report::new(
                 task,
                 Some(token),
                 ReportAction::Advance(TaskState::Running),
-            )]],
+            )],
         );
         let modelled_ms = s
             .meta
@@ -402,10 +402,7 @@ pub(super) fn provider_succeeded(
             // Canceled while running: its reservation is released now; persist the end.
             remove_meta(s, &task);
             notify(s, task, TaskState::Canceled);
-            send_reports(
-                s,
-                vec![vec![finish(task, Some(token), TaskState::Canceled, None)]],
-            );
+            send_reports(s, [finish(task, Some(token), TaskState::Canceled, None)]);
             return;
         }
         Ok(other) => {

@@ -25,14 +25,14 @@ pub(super) fn stored_reason(why: &str) -> String {
         .collect()
 }
 
-/// Queues report batches for the next flush, in order.
-pub(super) fn send_reports(s: &mut ShardState, batches: Vec<Vec<Report>>) {
-    for b in batches {
-        s.metrics
-            .reports_pending
-            .fetch_add(b.len() as u64, std::sync::atomic::Ordering::Relaxed);
-        s.outbox.extend(b);
-    }
+/// Queues `reports` for the next flush, in order.
+pub(super) fn send_reports(s: &mut ShardState, reports: impl IntoIterator<Item = Report>) {
+    let before = s.outbox.len();
+    s.outbox.extend(reports);
+    s.metrics.reports_pending.fetch_add(
+        (s.outbox.len() - before) as u64,
+        std::sync::atomic::Ordering::Relaxed,
+    );
 }
 
 /// Rows of one report message (the control plane's batch limit is higher).

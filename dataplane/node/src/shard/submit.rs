@@ -340,7 +340,7 @@ fn committed(s: &mut ShardState, task: TaskId) {
         s.ready_claims.push(claim);
     }
     if s.expired_uncommitted.remove(&task) {
-        send_reports(s, vec![vec![finish(task, None, TaskState::Expired, None)]]);
+        send_reports(s, [finish(task, None, TaskState::Expired, None)]);
     }
 }
 
