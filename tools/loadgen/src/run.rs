@@ -365,7 +365,7 @@ async fn tenant_loop(
     duration: Duration,
     seed: u64,
     start: Instant,
-    first: Instant,
+    schedule_start: Instant,
     shared: Arc<Mutex<Shared>>,
     mut pacer: Pacer,
 ) -> anyhow::Result<(TenantOutcome, Arc<Client>)> {
@@ -378,11 +378,11 @@ async fn tenant_loop(
         tenant: load.tenant,
         ..TenantOutcome::default()
     }));
-    let inflight = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let mut intended = first;
+    let mut intended = schedule_start;
     let mut seq = 0u64;
     // The frames in flight: finished ones are reaped as the loop goes, so what the run keeps
-    // is bounded by what is in flight, not by the frames sent.
+    // is bounded by what is in flight, not by the frames sent, and its length is the count
+    // INFLIGHT_MAX bounds.
     let mut sends = tokio::task::JoinSet::new();
     loop {
         while let Some(sent) = sends.try_join_next() {
@@ -414,17 +414,11 @@ async fn tenant_loop(
             .saturating_record(late);
         let n = tasks.len() as u64;
         outcome.lock().expect("outcome").offered += n;
-        if inflight.load(std::sync::atomic::Ordering::Relaxed) >= INFLIGHT_MAX {
+        if sends.len() >= INFLIGHT_MAX {
             outcome.lock().expect("outcome").backlog_drops += n;
             continue;
         }
-        inflight.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let (client, outcome, shared, inflight) = (
-            client.clone(),
-            outcome.clone(),
-            shared.clone(),
-            inflight.clone(),
-        );
+        let (client, outcome, shared) = (client.clone(), outcome.clone(), shared.clone());
         sends.spawn(async move {
             let answer = if tasks.len() == 1 {
                 let t = tasks.pop().expect("one task");
@@ -457,7 +451,6 @@ async fn tenant_loop(
                 }
                 Err(_) => o.errors += n,
             }
-            inflight.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         });
     }
     while let Some(sent) = sends.join_next().await {
