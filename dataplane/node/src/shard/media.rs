@@ -14,12 +14,12 @@ pub(super) fn start_media(s: &mut ShardState, now: Time) {
         let Some(t) = meta.token else { continue };
         let input = meta.attempt.as_ref().and_then(|a| a.output_url.clone());
         // The steps its row has not recorded yet, in order.
-        let from: &[TaskState] = match meta.stored_stage {
+        let unrecorded: &[TaskState] = match meta.stored_stage {
             Some(TaskState::MediaProcessing) => &[],
             Some(_) => &[TaskState::MediaProcessing],
             None => &[TaskState::ProviderSucceeded, TaskState::MediaProcessing],
         };
-        let steps = from
+        let steps = unrecorded
             .iter()
             .map(|&to| Report::new(media_task, Some(t), ReportAction::Advance(to)));
         send_reports(s, steps);
