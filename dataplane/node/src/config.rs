@@ -83,6 +83,13 @@ pub struct Config {
     /// shards ([`Config::control_pipelines`]).
     #[serde(default)]
     pub control_pipelines: Option<u32>,
+    /// How long, at most, a claim-and-report pipeline that is free holds reports back for a
+    /// fuller call (`batch_max` rows); 0: a call starts as soon as anything waits. A finish
+    /// becomes durable (and visible, and its slots free) up to this much later; PostgreSQL's
+    /// fixed cost per call is shared by more reports, and fewer report calls compete with the
+    /// submits for the CPU (docs/benchmarks.md, "Seventeenth round").
+    #[serde(default = "default_report_hold_us")]
+    pub report_hold_us: u32,
     /// The local provider finishes a task after its modelled provider time × this factor.
     #[serde(default = "default_time_scale")]
     pub local_provider_time_scale: f64,
@@ -214,6 +221,11 @@ fn default_postgres_answer_grace_ms() -> u32 {
 fn default_drain_ms() -> u64 {
     30_000
 }
+fn default_report_hold_us() -> u32 {
+    5_000
+}
+/// The longest `report_hold_us` accepted.
+const REPORT_HOLD_MAX_US: u32 = 100_000;
 /// Shards per pair of control-plane pipelines by default.
 const SHARDS_PER_PIPELINES: u32 = 4;
 
@@ -337,6 +349,11 @@ impl Config {
             (1..=spindle_control::limits::BATCH_MAX).contains(&self.batch_max),
             "batch_max must be 1..={}",
             spindle_control::limits::BATCH_MAX
+        );
+        anyhow::ensure!(
+            self.report_hold_us <= REPORT_HOLD_MAX_US,
+            "report_hold_us must be 0..={REPORT_HOLD_MAX_US}, not {}",
+            self.report_hold_us
         );
         anyhow::ensure!(
             (1..=self.shards).contains(&self.control_pipelines()),
@@ -597,6 +614,23 @@ mod tests {
             let e = Config::load(&Args::file(path.clone(), None)).unwrap_err();
             assert_eq!(e.to_string(), why, "{text}");
         }
+    }
+
+    #[test]
+    fn reports_are_held_five_ms_by_default_and_at_most_a_tenth_of_a_second() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "").unwrap();
+        let config = Config::load(&Args::file(path.clone(), None)).unwrap();
+        assert_eq!(config.report_hold_us, 5_000);
+        std::fs::write(&path, "report_hold_us = 100000\n").unwrap();
+        assert!(Config::load(&Args::file(path.clone(), None)).is_ok());
+        std::fs::write(&path, "report_hold_us = 100001\n").unwrap();
+        let e = Config::load(&Args::file(path, None)).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "report_hold_us must be 0..=100000, not 100001"
+        );
     }
 
     #[test]

@@ -25,6 +25,7 @@ pub use restore::{LiveRestore, Restore, ShardRestores, Unrestorable};
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
+use std::time::Duration;
 
 use spindle_control::query::TaskHead;
 use spindle_control::submit::ClaimedSubmit;
@@ -170,26 +171,28 @@ pub async fn start(
     ownership.set_live_nodes(admin.live_nodes(config.lease_ms).await?);
     let mut pipes = Vec::new();
     let mut id_blocks = Vec::new();
-    let open_pipeline =
-        async |submit_calls: Option<Arc<AtomicU64>>| -> anyhow::Result<mpsc::Sender<CpMsg>> {
-            let (tx, rx) = mpsc::channel(PIPELINE_QUEUE_MAX);
-            let setup = PipelineSetup {
-                db: Db::open_with_backoff(db_config).await?,
-                db_config: db_config.clone(),
-                node: config.node_id.clone(),
-                lease_ms: config.lease_ms,
-                batch_max: config.batch_max,
-                metrics: metrics.clone(),
-                submit_calls,
-            };
-            tokio::spawn(pipeline(setup, rx));
-            Ok(tx)
+    let open_pipeline = async |submit_calls: Option<Arc<AtomicU64>>,
+                               report_hold: Duration|
+           -> anyhow::Result<mpsc::Sender<CpMsg>> {
+        let (tx, rx) = mpsc::channel(PIPELINE_QUEUE_MAX);
+        let setup = PipelineSetup {
+            db: Db::open_with_backoff(db_config).await?,
+            db_config: db_config.clone(),
+            node: config.node_id.clone(),
+            lease_ms: config.lease_ms,
+            batch_max: config.batch_max,
+            metrics: metrics.clone(),
+            submit_calls,
+            report_hold,
         };
+        tokio::spawn(pipeline(setup, rx));
+        Ok(tx)
+    };
     for _ in 0..config.control_pipelines() {
         let submit_calls = Arc::new(AtomicU64::new(0));
         pipes.push(Pipes {
-            submits: open_pipeline(Some(submit_calls.clone())).await?,
-            work: open_pipeline(None).await?,
+            submits: open_pipeline(Some(submit_calls.clone()), Duration::ZERO).await?,
+            work: open_pipeline(None, Duration::from_micros(config.report_hold_us.into())).await?,
             submit_calls,
         });
     }

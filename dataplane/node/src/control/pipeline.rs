@@ -23,6 +23,8 @@ pub struct PipelineSetup {
     pub metrics: Arc<Metrics>,
     /// Counted up at each submit call (the submit pipeline's; see [`super::Pipes`]).
     pub submit_calls: Option<Arc<std::sync::atomic::AtomicU64>>,
+    /// How long reports wait for a fuller call once the pipeline is free (zero: not at all).
+    pub report_hold: std::time::Duration,
 }
 
 /// Runs one pipeline (shared by the shards of its pair) until its senders are dropped.
@@ -35,6 +37,7 @@ pub async fn pipeline(setup: PipelineSetup, mut rx: mpsc::Receiver<CpMsg>) {
         batch_max,
         metrics,
         submit_calls,
+        report_hold,
     } = setup;
     let mut backlog: VecDeque<CpMsg> = VecDeque::new();
     loop {
@@ -49,6 +52,9 @@ pub async fn pipeline(setup: PipelineSetup, mut rx: mpsc::Receiver<CpMsg>) {
                 Ok(m) => backlog.push_back(m),
                 Err(_) => break,
             }
+        }
+        if !report_hold.is_zero() {
+            hold_reports(&mut backlog, &mut rx, batch_max, report_hold).await;
         }
         let group = next_group(&mut backlog, batch_max);
         if db.is_closed() {
@@ -89,6 +95,38 @@ pub async fn pipeline(setup: PipelineSetup, mut rx: mpsc::Receiver<CpMsg>) {
         metrics
             .postgres_ok
             .store(ok, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// While everything waiting is reports of fewer than `batch_max` rows, waits for more, for at
+/// most `hold`: a report call's fixed cost in PostgreSQL (its statements started and ended, a
+/// commit) is shared by more rows. Anything else arriving ends the wait (it is not held).
+async fn hold_reports(
+    backlog: &mut VecDeque<CpMsg>,
+    rx: &mut mpsc::Receiver<CpMsg>,
+    batch_max: usize,
+    hold: std::time::Duration,
+) {
+    let deadline = tokio::time::Instant::now() + hold;
+    let mut rows = 0;
+    for m in backlog.iter() {
+        if !matches!(m, CpMsg::Report { .. }) {
+            return;
+        }
+        rows += m.rows();
+    }
+    while rows < batch_max && backlog.len() < BACKLOG_MAX {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some(m)) => {
+                let report = matches!(m, CpMsg::Report { .. });
+                rows += m.rows();
+                backlog.push_back(m);
+                if !report {
+                    return;
+                }
+            }
+            Ok(None) | Err(_) => return,
+        }
     }
 }
 
@@ -548,5 +586,67 @@ mod tests {
             .collect();
         assert_eq!(next_group(&mut backlog, 4).len(), 2);
         assert_eq!(next_group(&mut backlog, 4).len(), 1);
+    }
+
+    const HOLD: std::time::Duration = std::time::Duration::from_millis(5);
+
+    /// Holds `backlog` with `hold_reports` (batch_max 4) while `later` arrives 1 ms in; the
+    /// messages then waiting and how long the hold took on tokio's paused clock.
+    async fn held(
+        backlog: Vec<CpMsg>,
+        later: Vec<CpMsg>,
+    ) -> (Vec<&'static str>, std::time::Duration) {
+        let (tx, mut rx) = mpsc::channel(16);
+        let mut backlog: VecDeque<CpMsg> = backlog.into_iter().collect();
+        let start = tokio::time::Instant::now();
+        let sender = tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            for m in later {
+                tx.send(m).await.unwrap();
+            }
+            // Kept open past the hold: a closed channel would end it too.
+            tokio::time::sleep(HOLD * 2).await;
+        });
+        hold_reports(&mut backlog, &mut rx, 4, HOLD).await;
+        let took = start.elapsed();
+        sender.abort();
+        let kinds = backlog
+            .iter()
+            .map(|m| match m {
+                CpMsg::Report { .. } => "report",
+                CpMsg::Claim { .. } => "claim",
+                _ => "other",
+            })
+            .collect();
+        (kinds, took)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reports_wait_for_a_full_batch_or_the_hold_and_nothing_else_waits() {
+        let ms = std::time::Duration::from_millis;
+        // A full batch ends the wait when it arrives.
+        assert_eq!(
+            held(vec![report(&[1, 2])], vec![report(&[3, 4])]).await,
+            (vec!["report", "report"], ms(1))
+        );
+        // Fewer rows wait the whole hold, taking what came meanwhile.
+        assert_eq!(
+            held(vec![report(&[1])], vec![report(&[2])]).await,
+            (vec!["report", "report"], HOLD)
+        );
+        // A claim arriving ends it (and is not held itself).
+        assert_eq!(
+            held(vec![report(&[1])], vec![claim(&[2])]).await,
+            (vec!["report", "claim"], ms(1))
+        );
+        // Anything but reports waiting, or a full batch already: no wait.
+        assert_eq!(
+            held(vec![report(&[1]), claim(&[2])], vec![report(&[3])]).await,
+            (vec!["report", "claim"], ms(0))
+        );
+        assert_eq!(
+            held(vec![report(&[1, 2, 3, 4])], vec![report(&[5])]).await,
+            (vec!["report"], ms(0))
+        );
     }
 }
