@@ -491,6 +491,14 @@ mod tests {
         Config::load(&Args::file(path, None))
     }
 
+    /// Loads `text` as a configuration file.
+    fn load_text(text: &str) -> anyhow::Result<Config> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, text).unwrap();
+        Config::load(&Args::file(path, None))
+    }
+
     /// The example's commented-out sections are valid too, once uncommented.
     #[test]
     fn the_examples_optional_sections_load() {
@@ -566,14 +574,8 @@ mod tests {
 
     #[test]
     fn a_bad_tenant_limit_is_named() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("c.toml");
-        std::fs::write(
-            &path,
-            "[[tenants]]\nid = 3\ncredential = \"x\"\nsubmit_per_minute = 0\n",
-        )
-        .unwrap();
-        let e = Config::load(&Args::file(path, None)).unwrap_err();
+        let e = load_text("[[tenants]]\nid = 3\ncredential = \"x\"\nsubmit_per_minute = 0\n")
+            .unwrap_err();
         assert_eq!(
             e.to_string(),
             "tenant 3: submit_per_minute must be 1..=1000000000"
@@ -582,8 +584,6 @@ mod tests {
 
     #[test]
     fn the_provider_and_events_bounds_are_named() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("c.toml");
         let provider = "[provider]\nurl = \"http://127.0.0.1:1\"\nsecret = \"s\"\n";
         let events = "[events]\nurl = \"http://127.0.0.1:2/e\"\nsecret = \"s\"\n";
         for (text, why) in [
@@ -612,25 +612,19 @@ mod tests {
                 "events.idle_ms must be 1..=60000",
             ),
         ] {
-            std::fs::write(&path, &text).unwrap();
-            let e = Config::load(&Args::file(path.clone(), None)).unwrap_err();
+            let e = load_text(&text).unwrap_err();
             assert_eq!(e.to_string(), why, "{text}");
         }
     }
 
     #[test]
     fn calls_carry_1024_rows_and_reports_are_held_five_ms_by_default() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("c.toml");
-        std::fs::write(&path, "").unwrap();
-        let config = Config::load(&Args::file(path.clone(), None)).unwrap();
+        let config = load_text("").unwrap();
         assert_eq!(config.batch_max, 1024);
         assert_eq!(config.report_hold_us, 5_000);
         // The hold is at most a tenth of a second.
-        std::fs::write(&path, "report_hold_us = 100000\n").unwrap();
-        assert!(Config::load(&Args::file(path.clone(), None)).is_ok());
-        std::fs::write(&path, "report_hold_us = 100001\n").unwrap();
-        let e = Config::load(&Args::file(path, None)).unwrap_err();
+        assert!(load_text("report_hold_us = 100000\n").is_ok());
+        let e = load_text("report_hold_us = 100001\n").unwrap_err();
         assert_eq!(
             e.to_string(),
             "report_hold_us must be 0..=100000, not 100001"
@@ -639,90 +633,66 @@ mod tests {
 
     #[test]
     fn more_partitions_than_a_batch_holds_are_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("c.toml");
-        std::fs::write(&path, "shards = 2\npartitions = 4097\n").unwrap();
-        let e = Config::load(&Args::file(path.clone(), None)).unwrap_err();
+        let e = load_text("shards = 2\npartitions = 4097\n").unwrap_err();
         assert_eq!(e.to_string(), "partitions must be shards..=4096, not 4097");
-        std::fs::write(&path, "shards = 2\npartitions = 4096\n").unwrap();
         assert_eq!(
-            Config::load(&Args::file(path, None)).unwrap().partitions,
+            load_text("shards = 2\npartitions = 4096\n")
+                .unwrap()
+                .partitions,
             4096
         );
     }
 
     #[test]
     fn a_retention_scan_outside_its_bounds_is_named() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("c.toml");
         for rows in [0, spindle_control::limits::SCAN_MAX + 1] {
-            std::fs::write(&path, format!("retention_scan_rows = {rows}\n")).unwrap();
-            let e = Config::load(&Args::file(path.clone(), None)).unwrap_err();
+            let e = load_text(&format!("retention_scan_rows = {rows}\n")).unwrap_err();
             assert_eq!(e.to_string(), "retention_scan_rows must be 1..=10000");
         }
     }
 
     #[test]
     fn a_counter_check_interval_past_a_day_is_named() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("c.toml");
-        std::fs::write(&path, "counter_check_s = 86401\n").unwrap();
-        let e = Config::load(&Args::file(path.clone(), None)).unwrap_err();
+        let e = load_text("counter_check_s = 86401\n").unwrap_err();
         assert_eq!(e.to_string(), "counter_check_s must be 0..=86400");
-        std::fs::write(&path, "counter_check_s = 0\n").unwrap();
         assert_eq!(
-            Config::load(&Args::file(path, None))
-                .unwrap()
-                .counter_check_s,
+            load_text("counter_check_s = 0\n").unwrap().counter_check_s,
             0
         );
     }
 
     #[test]
     fn a_cpu_wake_latency_past_a_second_is_named() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("c.toml");
-        std::fs::write(&path, "cpu_wake_latency_us = 1000001\n").unwrap();
-        let e = Config::load(&Args::file(path.clone(), None)).unwrap_err();
+        let e = load_text("cpu_wake_latency_us = 1000001\n").unwrap_err();
         assert_eq!(e.to_string(), "cpu_wake_latency_us must be 0..=1000000");
-        std::fs::write(&path, "cpu_wake_latency_us = 0\n").unwrap();
-        let config = Config::load(&Args::file(path.clone(), None)).unwrap();
+        let config = load_text("cpu_wake_latency_us = 0\n").unwrap();
         assert_eq!(config.cpu_wake_latency_us, Some(0));
-        std::fs::write(&path, "").unwrap();
-        let config = Config::load(&Args::file(path, None)).unwrap();
+        let config = load_text("").unwrap();
         assert_eq!(config.cpu_wake_latency_us, None, "not asked unless set");
     }
 
     #[test]
     fn control_pipelines_default_to_one_pair_per_four_shards_and_at_most_one_per_shard() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("c.toml");
         for (shards, pairs) in [(1, 1), (2, 1), (4, 1), (5, 2), (16, 4)] {
-            std::fs::write(&path, format!("shards = {shards}\npartitions = 64\n")).unwrap();
-            let config = Config::load(&Args::file(path.clone(), None)).unwrap();
+            let config = load_text(&format!("shards = {shards}\npartitions = 64\n")).unwrap();
             assert_eq!(config.control_pipelines(), pairs, "{shards} shards");
         }
         for pairs in [0, 3] {
-            std::fs::write(&path, format!("shards = 2\ncontrol_pipelines = {pairs}\n")).unwrap();
-            let e = Config::load(&Args::file(path.clone(), None)).unwrap_err();
+            let e = load_text(&format!("shards = 2\ncontrol_pipelines = {pairs}\n")).unwrap_err();
             assert_eq!(
                 e.to_string(),
                 format!("control_pipelines must be 1..=shards (2), not {pairs}")
             );
         }
-        std::fs::write(&path, "shards = 2\ncontrol_pipelines = 2\n").unwrap();
-        let config = Config::load(&Args::file(path, None)).unwrap();
+        let config = load_text("shards = 2\ncontrol_pipelines = 2\n").unwrap();
         assert_eq!(config.control_pipelines(), 2);
     }
 
     #[test]
     fn the_postgres_timeouts_outside_their_bounds_are_named() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("c.toml");
         for key in ["postgres_statement_timeout_ms", "postgres_answer_grace_ms"] {
             for ms in [99, 600_001] {
-                std::fs::write(&path, format!("{key} = {ms}\n")).unwrap();
-                let e = Config::load(&Args::file(path.clone(), None)).unwrap_err();
+                let e = load_text(&format!("{key} = {ms}\n")).unwrap_err();
                 assert_eq!(e.to_string(), format!("{key} must be 100..=600000"));
             }
         }
