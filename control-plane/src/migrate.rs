@@ -102,6 +102,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "fewer_statements",
         sql: include_str!("../migrations/0017_fewer_statements.sql"),
     },
+    Migration {
+        version: 18,
+        name: "byte_order_keys",
+        sql: include_str!("../migrations/0018_byte_order_keys.sql"),
+    },
 ];
 
 /// FNV-1a over the migration's text: stable across builds and platforms.

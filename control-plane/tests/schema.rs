@@ -3,9 +3,10 @@
 mod common;
 
 use spindle_control::report::core_transitions;
+use spindle_control::submit::SubmitOutcome;
 use spindle_control::testing::TestDb;
-use spindle_control::{migrate, Db, StoreError};
-use spindle_core::TaskState;
+use spindle_control::{migrate, Db, DbConfig, StoreError};
+use spindle_core::{PolicyVersion, TaskId, TaskState};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn nodes_starting_at_once_apply_each_migration_exactly_once() {
@@ -45,6 +46,74 @@ async fn an_applied_migration_that_changed_is_an_error_not_a_rerun() {
             }
         ),
         "{err:?}"
+    );
+}
+
+/// Version 18: an idempotency key compares as bytes whatever the database's collation. In a
+/// database created with ICU's en-US (which puts "a" before "B"), the keys come out of their
+/// index in byte order ("B" first), and a resubmit of a key still finds its task.
+#[tokio::test]
+async fn idempotency_keys_compare_as_bytes_in_a_database_of_another_collation() {
+    let test = TestDb::new().await;
+    let admin = test.sql().await.unwrap();
+    let own = test
+        .config()
+        .conninfo
+        .split_whitespace()
+        .find_map(|p| p.strip_prefix("dbname="))
+        .expect("a dbname")
+        .to_string();
+    let name = format!("{own}_en_us");
+    admin
+        .batch_execute(&format!(
+            "CREATE DATABASE {name} TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' \
+             LOCALE 'C'"
+        ))
+        .await
+        .unwrap();
+    let config = DbConfig::new(
+        test.config()
+            .conninfo
+            .replace(&format!("dbname={own}"), &format!("dbname={name}")),
+    );
+    let db = Db::open(&config).await.unwrap();
+    let (sql, connection) = tokio_postgres::connect(&config.conninfo, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let default_order: Vec<String> = common::column(
+        &sql,
+        "SELECT k FROM (VALUES ('B'), ('a')) AS v (k) ORDER BY k",
+    )
+    .await;
+    assert_eq!(
+        default_order,
+        ["a", "B"],
+        "the database's own order is en-US's"
+    );
+
+    db.submit_batch(
+        &[common::task(1, 1, "a"), common::task(2, 1, "B")],
+        PolicyVersion(1),
+    )
+    .await
+    .unwrap();
+    let keys: Vec<String> = common::column(
+        &sql,
+        "SELECT idempotency_key FROM task ORDER BY tenant_id, idempotency_key",
+    )
+    .await;
+    assert_eq!(keys, ["B", "a"]);
+    let again = db
+        .submit_batch(&[common::task(3, 1, "a")], PolicyVersion(1))
+        .await
+        .unwrap();
+    assert_eq!(
+        again,
+        [SubmitOutcome::Replay {
+            task: TaskId(1),
+            state: TaskState::Queued
+        }]
     );
 }
 
