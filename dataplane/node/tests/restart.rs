@@ -3,10 +3,10 @@
 
 mod common;
 
-use common::{start_with, task};
+use common::{start_with, submit_accepted, task};
 use spindle_client::Client;
 use spindle_control::testing::TestDb;
-use spindle_core::{TaskId, TenantId};
+use spindle_core::TenantId;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_under_load_then_restart_completes_every_acked_task_exactly_once() {
@@ -35,25 +35,7 @@ credential = "two"
     );
 
     let mut daemon = start_with(&test, &config).await;
-    let mut acked: Vec<TaskId> = Vec::new();
-    for tenant in [1u32, 2] {
-        let client = Client::connect(
-            daemon.addr,
-            TenantId(tenant),
-            if tenant == 1 { "one" } else { "two" },
-        )
-        .await
-        .unwrap();
-        for b in 0..2 {
-            let batch: Vec<_> = (0..30)
-                .map(|i| task(&format!("t{tenant}-{b}-{i}")))
-                .collect();
-            for a in client.submit_batch(batch).await.unwrap() {
-                assert!(a.decision.is_accepted(), "{a:?}");
-                acked.push(a.task);
-            }
-        }
-    }
+    let acked = submit_accepted(daemon.addr, &[(1, "one"), (2, "two")], 2, 30).await;
     // Killed while tasks are queued, claimed and running.
     daemon.child.kill().unwrap();
     daemon.child.wait().unwrap();

@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::{start_with, task};
 use spindle_client::{Client, ClientError};
 use spindle_control::testing::TestDb;
-use spindle_core::{TaskId, TenantId};
+use spindle_core::TenantId;
 use spindle_wire::ErrorCode;
 
 fn config(node: &str, log: &std::path::Path) -> String {
@@ -72,21 +72,7 @@ async fn a_second_node_takes_over_after_the_first_dies_and_completes_every_acked
         other => panic!("node B served a tenant of node A: {:?}", other.map(|_| ())),
     }
 
-    let mut acked: Vec<TaskId> = Vec::new();
-    for (tenant, credential) in [(1u32, "one"), (2, "two")] {
-        let client = Client::connect(a.addr, TenantId(tenant), credential)
-            .await
-            .unwrap();
-        for batch in 0..2 {
-            let tasks: Vec<_> = (0..30)
-                .map(|i| task(&format!("t{tenant}-{batch}-{i}")))
-                .collect();
-            for adm in client.submit_batch(tasks).await.unwrap() {
-                assert!(adm.decision.is_accepted(), "{adm:?}");
-                acked.push(adm.task);
-            }
-        }
-    }
+    let mut acked = common::submit_accepted(a.addr, &[(1, "one"), (2, "two")], 2, 30).await;
     a.child.kill().unwrap();
     a.child.wait().unwrap();
 

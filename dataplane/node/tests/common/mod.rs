@@ -151,6 +151,32 @@ pub fn accepted_ids(
         .collect()
 }
 
+/// For each `(tenant, credential)`, `batches` frames of `per_batch` tasks keyed
+/// `t{tenant}-{batch}-{i}`, every one of which must be accepted: their ids, in the order sent.
+pub async fn submit_accepted(
+    addr: SocketAddr,
+    tenants: &[(u32, &str)],
+    batches: usize,
+    per_batch: usize,
+) -> Vec<TaskId> {
+    let mut acked = Vec::new();
+    for &(tenant, credential) in tenants {
+        let client = Client::connect(addr, spindle_core::TenantId(tenant), credential)
+            .await
+            .unwrap();
+        for batch in 0..batches {
+            let tasks: Vec<_> = (0..per_batch)
+                .map(|i| task(&format!("t{tenant}-{batch}-{i}")))
+                .collect();
+            for a in client.submit_batch(tasks).await.unwrap() {
+                assert!(a.decision.is_accepted(), "{a:?}");
+                acked.push(a.task);
+            }
+        }
+    }
+    acked
+}
+
 /// A plain HTTP GET, answered with (status line, body).
 pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
