@@ -8,5 +8,6 @@
 -- byte order changes nothing but the cost. Inserting 50,000 keys like the loadgen's into a
 -- table of 400,000 with that index, medians of alternating runs on this project's machine
 -- (docs/benchmarks.md, "Eighteenth round"): ~10.0 µs per row under C.UTF-8, ~12.0 under ICU's
--- en-US, ~9.1 under "C". The column keeps its type; only the index is rebuilt.
+-- en-US, ~9.1 under "C". The column keeps its type; only the index is rebuilt, under the
+-- table's exclusive lock: on a database holding many tasks, apply it in a quiet moment.
 ALTER TABLE task ALTER COLUMN idempotency_key TYPE text COLLATE "C";
