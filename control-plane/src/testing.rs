@@ -17,6 +17,8 @@ pub const TEST_PG_ENV: &str = "SPINDLE_TEST_PG";
 static NEXT_DB: AtomicU32 = AtomicU32::new(0);
 
 pub struct TestDb {
+    /// The database's name on its server.
+    name: String,
     config: DbConfig,
     /// The private server when no shared one was given; dropped (stopped) with the test.
     server: Option<Arc<EmbeddedPostgres>>,
@@ -56,6 +58,7 @@ impl TestDb {
             .expect("admin connection");
         let conninfo = replace_dbname(&admin_conninfo, &name);
         TestDb {
+            name,
             config: DbConfig::new(conninfo),
             server,
         }
@@ -63,6 +66,12 @@ impl TestDb {
 
     pub fn config(&self) -> &DbConfig {
         &self.config
+    }
+
+    /// The database's name on its server (a test that creates a database beside it names it
+    /// after this one).
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     /// A migrated connection.
@@ -85,7 +94,8 @@ impl TestDb {
     }
 }
 
-fn replace_dbname(conninfo: &str, dbname: &str) -> String {
+/// `conninfo` with its `dbname` replaced (or added).
+pub fn replace_dbname(conninfo: &str, dbname: &str) -> String {
     let mut parts: Vec<String> = conninfo
         .split_whitespace()
         .filter(|p| !p.starts_with("dbname="))

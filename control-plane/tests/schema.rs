@@ -4,7 +4,7 @@ mod common;
 
 use spindle_control::report::core_transitions;
 use spindle_control::submit::SubmitOutcome;
-use spindle_control::testing::TestDb;
+use spindle_control::testing::{self, TestDb};
 use spindle_control::{migrate, Db, DbConfig, StoreError};
 use spindle_core::{PolicyVersion, TaskId, TaskState};
 
@@ -56,14 +56,7 @@ async fn an_applied_migration_that_changed_is_an_error_not_a_rerun() {
 async fn idempotency_keys_compare_as_bytes_in_a_database_of_another_collation() {
     let test = TestDb::new().await;
     let admin = test.sql().await.unwrap();
-    let own = test
-        .config()
-        .conninfo
-        .split_whitespace()
-        .find_map(|p| p.strip_prefix("dbname="))
-        .expect("a dbname")
-        .to_string();
-    let name = format!("{own}_en_us");
+    let name = format!("{}_en_us", test.name());
     admin
         .batch_execute(&format!(
             "CREATE DATABASE {name} TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' \
@@ -71,11 +64,7 @@ async fn idempotency_keys_compare_as_bytes_in_a_database_of_another_collation() 
         ))
         .await
         .unwrap();
-    let config = DbConfig::new(
-        test.config()
-            .conninfo
-            .replace(&format!("dbname={own}"), &format!("dbname={name}")),
-    );
+    let config = DbConfig::new(testing::replace_dbname(&test.config().conninfo, &name));
     let db = Db::open(&config).await.unwrap();
     let (sql, connection) = tokio_postgres::connect(&config.conninfo, tokio_postgres::NoTls)
         .await

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use spindle_client::Client;
 use spindle_control::testing::TestDb;
-use spindle_core::{Band, ModelId, TaskId, TaskSpec, TaskState, UserId};
+use spindle_core::{Band, ModelId, TaskId, TaskSpec, TaskState, TenantId, UserId};
 use spindle_wire::SubmitTask;
 
 pub struct Daemon {
@@ -161,7 +161,7 @@ pub async fn submit_accepted(
 ) -> Vec<TaskId> {
     let mut acked = Vec::new();
     for &(tenant, credential) in tenants {
-        let client = Client::connect(addr, spindle_core::TenantId(tenant), credential)
+        let client = Client::connect(addr, TenantId(tenant), credential)
             .await
             .unwrap();
         for batch in 0..batches {
