@@ -338,15 +338,18 @@ impl spindle_control::events::EventSink for TakeAll {
 /// Opens a connection through a proxy that loses the first answer containing `$pattern` and
 /// everything after it while the connection stays open (a server that stopped answering: TCP
 /// keepalive cannot tell it from a live one), runs `$call` on it and checks that the call gives
-/// up within its deadline — 300 ms per statement it may run, plus 200 ms — as `Unavailable` or
+/// up within its deadline — 300 ms per statement it may run, plus 1 s — as `Unavailable` or
 /// `InDoubt`, leaving the connection given up. Without a deadline the call would wait forever;
-/// the test's own bound (30 s) turns that into a failure.
+/// the test's own bound (30 s) turns that into a failure. The second of grace leaves room for
+/// the lost answer to come as far as the proxy even when a commit's flush stalls under the
+/// other tests' load (this disk's flushes have stalled for over 300 ms; with 200 ms of grace
+/// a call once gave up before its answer arrived, and no answer had been lost).
 macro_rules! gives_up_on_silence {
     ($test:expr, $pattern:expr, |$db:ident| $call:expr) => {{
         let proxy = spindle_control::testing::Proxy::start(&$test.config().conninfo);
         let mut config = DbConfig::new(proxy.conninfo());
         config.statement_timeout_ms = 300;
-        config.answer_grace_ms = 200;
+        config.answer_grace_ms = 1000;
         #[allow(unused_mut)]
         let mut $db = Db::open(&config).await.unwrap();
         proxy.lose_answer_containing($pattern);
