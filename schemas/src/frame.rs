@@ -61,6 +61,8 @@ pub fn write_frame(out: &mut Vec<u8>, payload: &[u8]) {
         payload.len() <= FRAME_BYTES_MAX,
         "frames we send stay under the maximum"
     );
+    // One allocation for prefix and payload (an empty `out` would otherwise grow twice).
+    out.reserve(4 + payload.len());
     out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
     out.extend_from_slice(payload);
 }
