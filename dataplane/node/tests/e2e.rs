@@ -92,6 +92,55 @@ async fn tenants_are_isolated_and_credentials_checked() {
     wait_for(&one, a.task, TaskState::Succeeded).await;
 }
 
+/// A batch the core cannot decide on in full (its last task names a model the policy does not
+/// have) is refused as a whole — and the tasks admitted before the bad one are let go again:
+/// none stays in the shard, queued or dispatched, with no row behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_refused_for_one_task_leaves_nothing_of_the_others_behind() {
+    let test = TestDb::new().await;
+    let daemon = start(&test).await;
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let mut batch: Vec<_> = (0..3).map(|i| task(&format!("fine{i}"))).collect();
+    let mut bad = task("bad");
+    bad.spec.model = spindle_core::ModelId(999);
+    batch.push(bad);
+    let refused = client.submit_batch(batch).await;
+    assert!(
+        matches!(refused, Err(ClientError::Refused(ref e))
+            if e.code == ErrorCode::InvalidSpec && e.message.contains("task 3")),
+        "{refused:?}"
+    );
+    // The node goes on: a task after it runs to the end.
+    let a = client.submit(task("after")).await.unwrap();
+    assert_eq!(a.decision, Decision::Accepted, "{a:?}");
+    wait_for(&client, a.task, TaskState::Succeeded).await;
+    // Nothing of the refused batch is live in any shard (the gauge follows each pump).
+    let mut live = u64::MAX;
+    for _ in 0..400 {
+        let (_, metrics) = http_get(daemon.http, "/metrics").await;
+        live = metrics
+            .lines()
+            .filter_map(|l| l.strip_prefix("spindle_live_tasks{"))
+            .filter_map(|l| l.split_once("} ")?.1.parse::<u64>().ok())
+            .sum();
+        if live == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(live, 0, "tasks of the refused batch stayed live in a shard");
+    // And none of them has a row.
+    let sql = test.sql().await.unwrap();
+    let rows: i64 = sql
+        .query_one("SELECT count(*) FROM task", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(rows, 1, "only the task submitted after the refusal");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_and_metrics_are_served() {
     let test = TestDb::new().await;

@@ -105,6 +105,11 @@ pub(super) async fn submit(
         let admission = match s.core.handle_submit(now, req) {
             Ok(a) => a,
             Err(e) => {
+                // The frame is refused whole: the tasks admitted before this one are let go
+                // again (queued in the core only: nothing was picked or sent since).
+                for &(_, task) in &commit {
+                    forget(&mut s, task);
+                }
                 drop(s);
                 return answer_error(reply, ErrorCode::InvalidSpec, format!("task {i}: {e}"));
             }
