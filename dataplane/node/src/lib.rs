@@ -319,7 +319,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
                 };
                 let _ = bound_tx.send(listener.local_addr().map_err(|e| e.to_string()));
                 let state = Rc::new(std::cell::RefCell::new(shard));
-                glommio::spawn_local(shard::run(state, inbox)).detach();
+                glommio::spawn_local(shard::run(state.clone(), inbox)).detach();
                 let ctx = Rc::new(ConnCtx {
                     node_id: config.node_id.clone(),
                     index: i,
@@ -330,6 +330,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
                     inflight_max: config.connection_inflight_max,
                     metrics: shard_metrics,
                     ownership,
+                    local: state,
                 });
                 glommio::spawn_local(server::take_handoffs(handoffs_in, ctx.clone())).detach();
                 loop {

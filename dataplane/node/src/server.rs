@@ -2,7 +2,11 @@
 //! authenticated, the connection is handed to the shard that owns its tenant (its descriptor
 //! and the bytes read past the Hello), so that its frames reach the shard and its answers leave
 //! without crossing threads. Frames are read, verified and validated (`spindle-wire`); every
-//! command is answered when the shard answers — in any order, matched by request id.
+//! command is answered when the shard answers — in any order, matched by request id. A submit
+//! is admitted right in the connection's task (it runs on its tenant's shard): one that needs
+//! nothing of PostgreSQL — refused, or every task rejected — is answered from there, without a
+//! hop through the shard's inbox (docs/benchmarks.md, "Twentieth round"); accepted tasks go on
+//! to their group commit in a task of their own.
 
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -37,6 +41,9 @@ pub struct ConnCtx {
     pub inflight_max: usize,
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
     pub ownership: std::sync::Arc<crate::ownership::Ownership>,
+    /// This executor's shard: a tenant's connection is served on the shard that owns it, and
+    /// admits its submits there directly ([`crate::shard::decide_now`]).
+    pub local: crate::shard::SharedShard,
 }
 
 impl ConnCtx {
@@ -260,6 +267,55 @@ pub async fn take_handoffs(mut rx: mpsc::Receiver<Handoff>, ctx: Rc<ConnCtx>) {
 
 /// Serves an authenticated connection of `tenant` on the shard that owns it (or, when it could
 /// not be handed over, wherever it is): every command is the tenant's, answered in any order.
+/// Where a request goes: the shard's inbox, or (a submit admitted here) its group commit.
+enum Route {
+    Shard(ShardMsg),
+    Commit(crate::shard::Admitted, oneshot::Sender<Response>),
+}
+
+/// A submit frame admitted on the connection's own thread, when that is its tenant's shard.
+enum Here {
+    /// Nothing for PostgreSQL (refused, or every task rejected): answer now.
+    Answered(Response),
+    Commit(crate::shard::Admitted),
+    /// Through the shard's inbox after all (another shard's tenant, or the shard must wait
+    /// for a block of task ids).
+    Inbox(Vec<spindle_wire::SubmitTask>),
+}
+
+fn submit_here(
+    ctx: &ConnCtx,
+    tenant: TenantId,
+    tasks: Vec<spindle_wire::SubmitTask>,
+    batch: bool,
+) -> Here {
+    if ctx.owner_of(tenant) != ctx.index {
+        return Here::Inbox(tasks);
+    }
+    match crate::shard::decide_now(&ctx.local, tenant, tasks, batch) {
+        Ok(crate::shard::Decided::Answered(body)) => Here::Answered(body),
+        Ok(crate::shard::Decided::Commit(admitted)) => Here::Commit(admitted),
+        Err(tasks) => Here::Inbox(tasks),
+    }
+}
+
+/// Answers a submit decided without PostgreSQL: no hop through the shard's inbox or an
+/// answering task (a rejection's whole path is this thread's).
+async fn answer_now(
+    ctx: &ConnCtx,
+    out: &mpsc::Sender<Vec<u8>>,
+    id: u64,
+    body: Response,
+    received: std::time::Instant,
+) {
+    let outcome = submit_outcome(&body);
+    let bytes = frame(id, body);
+    if let Some(accepted) = outcome {
+        ctx.metrics.answered_submit(accepted, received.elapsed());
+    }
+    let _ = out.send(bytes).await;
+}
+
 async fn serve_tenant(
     stream: glommio::net::TcpStream,
     ctx: Rc<ConnCtx>,
@@ -313,7 +369,7 @@ async fn serve_tenant(
             // submit latency (the client adds the network and its own scheduling).
             let received = std::time::Instant::now();
             let (reply, answer) = oneshot::channel();
-            let msg = match request.body {
+            let route = match request.body {
                 Request::Hello(_) => {
                     let e = WireError::new(
                         ErrorCode::AlreadyAuthenticated,
@@ -322,48 +378,73 @@ async fn serve_tenant(
                     let _ = out_tx.send(frame(id, Response::Error(e))).await;
                     continue;
                 }
-                Request::Submit(task) => ShardMsg::Submit {
-                    tenant: t,
-                    tasks: vec![task],
-                    batch: false,
-                    reply,
+                Request::Submit(task) => match submit_here(&ctx, t, vec![task], false) {
+                    Here::Answered(body) => {
+                        answer_now(&ctx, &out_tx, id, body, received).await;
+                        continue;
+                    }
+                    Here::Commit(admitted) => Route::Commit(admitted, reply),
+                    Here::Inbox(tasks) => Route::Shard(ShardMsg::Submit {
+                        tenant: t,
+                        tasks,
+                        batch: false,
+                        reply,
+                    }),
                 },
-                Request::SubmitBatch(tasks) => ShardMsg::Submit {
-                    tenant: t,
-                    tasks,
-                    batch: true,
-                    reply,
+                Request::SubmitBatch(tasks) => match submit_here(&ctx, t, tasks, true) {
+                    Here::Answered(body) => {
+                        answer_now(&ctx, &out_tx, id, body, received).await;
+                        continue;
+                    }
+                    Here::Commit(admitted) => Route::Commit(admitted, reply),
+                    Here::Inbox(tasks) => Route::Shard(ShardMsg::Submit {
+                        tenant: t,
+                        tasks,
+                        batch: true,
+                        reply,
+                    }),
                 },
-                Request::Get(task) => ShardMsg::Get {
+                Request::Get(task) => Route::Shard(ShardMsg::Get {
                     tenant: t,
                     task,
                     reply,
-                },
-                Request::Cancel(task) => ShardMsg::Cancel {
+                }),
+                Request::Cancel(task) => Route::Shard(ShardMsg::Cancel {
                     tenant: t,
                     task,
                     reply,
-                },
-                Request::Subscribe(task) => ShardMsg::Subscribe {
+                }),
+                Request::Subscribe(task) => Route::Shard(ShardMsg::Subscribe {
                     tenant: t,
                     task,
                     request_id: id,
                     out: out_tx.clone(),
                     reply,
-                },
-                Request::Unsubscribe(task) => ShardMsg::Unsubscribe {
+                }),
+                Request::Unsubscribe(task) => Route::Shard(ShardMsg::Unsubscribe {
                     task,
                     out: out_tx.clone(),
                     reply,
-                },
+                }),
             };
             let Ok(permit) = inflight.acquire_static_permit(1).await else {
                 break 'conn;
             };
-            if ctx.shard_of(t).send(msg).await.is_err() {
-                let e = WireError::new(ErrorCode::Draining, "the node is stopping");
-                let _ = out_tx.send(frame(id, Response::Error(e))).await;
-                break 'conn;
+            match route {
+                Route::Shard(msg) => {
+                    if ctx.shard_of(t).send(msg).await.is_err() {
+                        let e = WireError::new(ErrorCode::Draining, "the node is stopping");
+                        let _ = out_tx.send(frame(id, Response::Error(e))).await;
+                        break 'conn;
+                    }
+                }
+                Route::Commit(admitted, reply) => {
+                    let local = ctx.local.clone();
+                    glommio::spawn_local(async move {
+                        crate::shard::commit(&local, admitted, reply).await;
+                    })
+                    .detach();
+                }
             }
             let out = out_tx.clone();
             let metrics = ctx.metrics.clone();

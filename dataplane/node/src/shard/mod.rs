@@ -49,6 +49,7 @@ use provider::*;
 use reports::*;
 pub use submit::StoredRequest;
 use submit::*;
+pub(crate) use submit::{commit, decide_now, Admitted, Decided};
 
 /// Inputs one shard buffers before senders wait.
 pub const SHARD_QUEUE_MAX: usize = 8192;

@@ -33,6 +33,49 @@ fn payload(t: &SubmitTask) -> Vec<u8> {
     serde_json::to_vec(&stored).expect("plain data serializes")
 }
 
+/// A frame's tasks decided by the core, with nothing awaited since: the answers so far (one
+/// per task; the accepted ones wait for the group commit), and what goes to it.
+pub(crate) struct Admitted {
+    batch: bool,
+    /// The policy version the tasks were admitted under.
+    version: spindle_core::PolicyVersion,
+    answers: Vec<Option<Admission>>,
+    rows: Vec<NewTask>,
+    /// Each row's place among the answers, and its task.
+    commit: Vec<(usize, TaskId)>,
+}
+
+/// What admission made of a submit frame.
+pub(crate) enum Decided {
+    /// Answered without PostgreSQL: refused whole, or no task accepted.
+    Answered(Response),
+    /// Accepted tasks wait for their group commit ([`commit`]).
+    Commit(Admitted),
+}
+
+/// Admits a frame with no await, for the connection's task on the shard's own thread (a
+/// rejection then leaves without a hop through the shard's inbox): `Err` gives the tasks back
+/// when the shard's block of task ids is too short for them, and [`submit`] takes its turn.
+pub(crate) fn decide_now(
+    state: &SharedShard,
+    tenant: TenantId,
+    tasks: Vec<SubmitTask>,
+    batch: bool,
+) -> Result<Decided, Vec<SubmitTask>> {
+    let ids = {
+        let mut s = state.borrow_mut();
+        if (s.ids.end - s.ids.start) < tasks.len() as u64 {
+            return Err(tasks);
+        }
+        (0..tasks.len())
+            .map(|_| TaskId(s.ids.next().expect("counted above")))
+            .collect()
+    };
+    Ok(decide(state, tenant, &tasks, batch, ids))
+}
+
+/// A submit frame from the shard's inbox: ids taken (a new block awaited when this one is
+/// spent), admitted, committed, answered.
 pub(super) async fn submit(
     state: &SharedShard,
     tenant: TenantId,
@@ -40,9 +83,35 @@ pub(super) async fn submit(
     batch: bool,
     reply: oneshot::Sender<Response>,
 ) {
+    // Every id first, so that a batch is admitted and sent without an await in between.
+    let mut ids = Vec::with_capacity(tasks.len());
+    for _ in &tasks {
+        match next_task_id(state).await {
+            Ok(id) => ids.push(id),
+            Err(e) => return answer_error(reply, ErrorCode::Unavailable, e.to_string()),
+        }
+    }
+    match decide(state, tenant, &tasks, batch, ids) {
+        Decided::Answered(response) => {
+            let _ = reply.send(response);
+        }
+        Decided::Commit(admitted) => commit(state, admitted, reply).await,
+    }
+}
+
+/// Admission of a frame whose task ids are taken: the node's refusals (draining, a partition
+/// gone, the event relay's backlog), then each task in the core.
+fn decide(
+    state: &SharedShard,
+    tenant: TenantId,
+    tasks: &[SubmitTask],
+    batch: bool,
+    ids: Vec<TaskId>,
+) -> Decided {
+    let refused =
+        |code, message: String| Decided::Answered(Response::Error(WireError::new(code, message)));
     if state.borrow().metrics.stopping() {
-        return answer_error(
-            reply,
+        return refused(
             ErrorCode::Draining,
             "the node is draining; submit to another node".into(),
         );
@@ -54,7 +123,7 @@ pub(super) async fn submit(
     };
     if let Some(why) = refusal {
         // The partition moved to another node since this connection said Hello.
-        return answer_error(reply, ErrorCode::WrongNode, why);
+        return refused(ErrorCode::WrongNode, why);
     }
     // Past the event relay's bound, new work is refused rather than added to the backlog.
     let backlog = {
@@ -68,14 +137,7 @@ pub(super) async fn submit(
     // What goes to the group commit, and where each row's answer goes.
     let mut rows: Vec<NewTask> = Vec::new();
     let mut commit: Vec<(usize, TaskId)> = Vec::new();
-    // Every id first, so that a batch is admitted and sent without an await in between.
-    let mut ids = Vec::with_capacity(tasks.len());
-    for _ in &tasks {
-        match next_task_id(state).await {
-            Ok(id) => ids.push(id),
-            Err(e) => return answer_error(reply, ErrorCode::Unavailable, e.to_string()),
-        }
-    }
+    let mut s = state.borrow_mut();
     for ((i, t), id) in tasks.iter().enumerate().zip(ids) {
         if let Some(pending) = backlog {
             answers.push(Some(Admission {
@@ -90,7 +152,6 @@ pub(super) async fn submit(
             }));
             continue;
         }
-        let mut s = state.borrow_mut();
         let now = s.now();
         let req = SubmitRequest {
             task: id,
@@ -110,8 +171,7 @@ pub(super) async fn submit(
                 for &(_, task) in &commit {
                     forget(&mut s, task);
                 }
-                drop(s);
-                return answer_error(reply, ErrorCode::InvalidSpec, format!("task {i}: {e}"));
+                return refused(ErrorCode::InvalidSpec, format!("task {i}: {e}"));
             }
         };
         if !admission.decision.is_accepted() {
@@ -149,47 +209,89 @@ pub(super) async fn submit(
         });
         answers.push(Some(wire_admission(&admission, false)));
     }
+    if commit.is_empty() {
+        return Decided::Answered(respond(&s, answers, batch));
+    }
+    Decided::Commit(Admitted {
+        batch,
+        version: s.core.policy().version,
+        answers,
+        rows,
+        commit,
+    })
+}
+
+/// The frame's answer, every task's decision counted.
+fn respond(s: &ShardState, answers: Vec<Option<Admission>>, batch: bool) -> Response {
+    let answers: Vec<Admission> = answers
+        .into_iter()
+        .map(|a| a.expect("every row answered"))
+        .collect();
+    for a in &answers {
+        s.metrics.admitted(a.decision);
+    }
+    if batch {
+        Response::SubmitBatch(answers)
+    } else if let Some(only) = answers.into_iter().next() {
+        Response::Admission(only)
+    } else {
+        Response::Error(WireError::new(ErrorCode::Internal, "empty submit"))
+    }
+}
+
+/// The group commit of a frame's accepted tasks (their claims with them where the shard picked
+/// them at once), then the frame's answer and the attempts that start.
+pub(crate) async fn commit(
+    state: &SharedShard,
+    admitted: Admitted,
+    reply: oneshot::Sender<Response>,
+) {
+    let Admitted {
+        batch,
+        version,
+        mut answers,
+        rows,
+        commit,
+    } = admitted;
     let mut started = Vec::new();
-    if !commit.is_empty() {
-        // No await since the admissions: the version is the one they were made under.
-        let version = state.borrow().core.policy().version;
-        // The tasks just admitted are picked now. One that starts at once carries its claim in
-        // its own submit: taken in the same transaction when the whole batch can be, else held
-        // until the commit is in and sent at once after it, as a claim of a task picked later
-        // is. (Left to the pump that follows the message which brought them, the pick came
-        // too late when this submit awaited before admitting — a new block of task ids: its
-        // tasks waited for the next message or tick, and a shard found backlogged at a tick
-        // took the node's shared provider limits from one that was not: docs/benchmarks.md,
-        // "Tenth round".)
-        pump(state).await;
-        let (cp, rows) = {
-            let s = state.borrow();
-            let rows: Vec<(NewTask, Option<ClaimRequest>)> = rows
-                .into_iter()
-                .map(|t| {
-                    let claim = s.held_claims.get(&t.task).cloned();
-                    (t, claim)
-                })
-                .collect();
-            (s.pipes.submits.clone(), rows)
-        };
-        let outcome = ask(&cp, |reply| CpMsg::Submit {
-            tasks: rows,
-            version,
-            reply,
-        })
-        .await;
-        // Only a batch in doubt needs its tasks' ids apart.
-        let ids = || commit.iter().map(|&(_, t)| t).collect::<Vec<TaskId>>();
-        // A batch whose answer was lost: the rows tell which tasks it made (and claimed), if
-        // PostgreSQL is back soon enough (the client waits for this answer).
-        let heads = match &outcome {
-            Err(e) if e.is_in_doubt() => {
-                count_in_doubt(state);
-                look_up(&cp, ids(), IN_DOUBT_ANSWER_LOOKUPS).await
-            }
-            _ => None,
-        };
+    // The tasks just admitted are picked now. One that starts at once carries its claim in
+    // its own submit: taken in the same transaction when the whole batch can be, else held
+    // until the commit is in and sent at once after it, as a claim of a task picked later
+    // is. (Left to the pump that follows the message which brought them, the pick came
+    // too late when this submit awaited before admitting — a new block of task ids: its
+    // tasks waited for the next message or tick, and a shard found backlogged at a tick
+    // took the node's shared provider limits from one that was not: docs/benchmarks.md,
+    // "Tenth round".)
+    pump(state).await;
+    let (cp, rows) = {
+        let s = state.borrow();
+        let rows: Vec<(NewTask, Option<ClaimRequest>)> = rows
+            .into_iter()
+            .map(|t| {
+                let claim = s.held_claims.get(&t.task).cloned();
+                (t, claim)
+            })
+            .collect();
+        (s.pipes.submits.clone(), rows)
+    };
+    let outcome = ask(&cp, |reply| CpMsg::Submit {
+        tasks: rows,
+        version,
+        reply,
+    })
+    .await;
+    // Only a batch in doubt needs its tasks' ids apart.
+    let ids = || commit.iter().map(|&(_, t)| t).collect::<Vec<TaskId>>();
+    // A batch whose answer was lost: the rows tell which tasks it made (and claimed), if
+    // PostgreSQL is back soon enough (the client waits for this answer).
+    let heads = match &outcome {
+        Err(e) if e.is_in_doubt() => {
+            count_in_doubt(state);
+            look_up(&cp, ids(), IN_DOUBT_ANSWER_LOOKUPS).await
+        }
+        _ => None,
+    };
+    let response = {
         let mut s = state.borrow_mut();
         let now = s.now();
         match (outcome, heads) {
@@ -236,23 +338,7 @@ pub(super) async fn submit(
                 }
             }
         }
-    }
-    let answers: Vec<Admission> = answers
-        .into_iter()
-        .map(|a| a.expect("every row answered"))
-        .collect();
-    {
-        let s = state.borrow();
-        for a in &answers {
-            s.metrics.admitted(a.decision);
-        }
-    }
-    let response = if batch {
-        Response::SubmitBatch(answers)
-    } else if let Some(only) = answers.into_iter().next() {
-        Response::Admission(only)
-    } else {
-        Response::Error(WireError::new(ErrorCode::Internal, "empty submit"))
+        respond(&s, answers, batch)
     };
     let _ = reply.send(response);
     start_attempts(state, started).await;
