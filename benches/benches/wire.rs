@@ -17,20 +17,12 @@ use spindle_wire::{
 #[global_allocator]
 static ALLOC: spindle_alloc::HugePages = spindle_alloc::HugePages;
 
-/// A task as the loadgen sends one: a 1080p clip of 8 s, a key of ~30 bytes.
+/// A task like the loadgen's: a short clip, a key of ~30 bytes.
 fn task(i: usize) -> SubmitTask {
     SubmitTask {
         idempotency_key: format!("lg-1764780000000000000-1-{i}"),
         user: UserId(1 + (i % 16) as u32),
-        spec: TaskSpec {
-            model: ModelId(2),
-            width: 1920,
-            height: 1080,
-            duration_ms: 8_000,
-            fps: 24,
-            audio: true,
-            references: 2,
-        },
+        spec: TaskSpec::clip_720p(ModelId(2)),
         band_hint: None,
         deadline_ms: Some(60_000),
     }

@@ -267,36 +267,39 @@ pub async fn take_handoffs(mut rx: mpsc::Receiver<Handoff>, ctx: Rc<ConnCtx>) {
 
 /// Serves an authenticated connection of `tenant` on the shard that owns it (or, when it could
 /// not be handed over, wherever it is): every command is the tenant's, answered in any order.
-/// Where a request goes: the shard's inbox, or (a submit admitted here) its group commit.
+/// Where a request goes: the shard's inbox, or — a submit admitted here — its answer at once or
+/// its group commit.
 enum Route {
     Shard(ShardMsg),
+    /// Nothing for PostgreSQL (refused, or every task rejected).
+    Answered(Response),
     Commit(crate::shard::Admitted, oneshot::Sender<Response>),
 }
 
-/// A submit frame admitted on the connection's own thread, when that is its tenant's shard.
-enum Here {
-    /// Nothing for PostgreSQL (refused, or every task rejected): answer now.
-    Answered(Response),
-    Commit(crate::shard::Admitted),
-    /// Through the shard's inbox after all (another shard's tenant, or the shard must wait
-    /// for a block of task ids).
-    Inbox(Vec<spindle_wire::SubmitTask>),
-}
-
-fn submit_here(
+/// A submit frame, admitted on the connection's own thread when that is its tenant's shard
+/// and the shard's block of task ids covers it; otherwise through the shard's inbox.
+fn submit_route(
     ctx: &ConnCtx,
     tenant: TenantId,
     tasks: Vec<spindle_wire::SubmitTask>,
     batch: bool,
-) -> Here {
-    if ctx.owner_of(tenant) != ctx.index {
-        return Here::Inbox(tasks);
-    }
-    match crate::shard::decide_now(&ctx.local, tenant, tasks, batch) {
-        Ok(crate::shard::Decided::Answered(body)) => Here::Answered(body),
-        Ok(crate::shard::Decided::Commit(admitted)) => Here::Commit(admitted),
-        Err(tasks) => Here::Inbox(tasks),
-    }
+    reply: oneshot::Sender<Response>,
+) -> Route {
+    let tasks = if ctx.owner_of(tenant) == ctx.index {
+        match crate::shard::decide_now(&ctx.local, tenant, tasks, batch) {
+            Ok(crate::shard::Decided::Answered(body)) => return Route::Answered(body),
+            Ok(crate::shard::Decided::Commit(admitted)) => return Route::Commit(admitted, reply),
+            Err(tasks) => tasks,
+        }
+    } else {
+        tasks
+    };
+    Route::Shard(ShardMsg::Submit {
+        tenant,
+        tasks,
+        batch,
+        reply,
+    })
 }
 
 /// Answers a submit decided without PostgreSQL: no hop through the shard's inbox or an
@@ -378,32 +381,8 @@ async fn serve_tenant(
                     let _ = out_tx.send(frame(id, Response::Error(e))).await;
                     continue;
                 }
-                Request::Submit(task) => match submit_here(&ctx, t, vec![task], false) {
-                    Here::Answered(body) => {
-                        answer_now(&ctx, &out_tx, id, body, received).await;
-                        continue;
-                    }
-                    Here::Commit(admitted) => Route::Commit(admitted, reply),
-                    Here::Inbox(tasks) => Route::Shard(ShardMsg::Submit {
-                        tenant: t,
-                        tasks,
-                        batch: false,
-                        reply,
-                    }),
-                },
-                Request::SubmitBatch(tasks) => match submit_here(&ctx, t, tasks, true) {
-                    Here::Answered(body) => {
-                        answer_now(&ctx, &out_tx, id, body, received).await;
-                        continue;
-                    }
-                    Here::Commit(admitted) => Route::Commit(admitted, reply),
-                    Here::Inbox(tasks) => Route::Shard(ShardMsg::Submit {
-                        tenant: t,
-                        tasks,
-                        batch: true,
-                        reply,
-                    }),
-                },
+                Request::Submit(task) => submit_route(&ctx, t, vec![task], false, reply),
+                Request::SubmitBatch(tasks) => submit_route(&ctx, t, tasks, true, reply),
                 Request::Get(task) => Route::Shard(ShardMsg::Get {
                     tenant: t,
                     task,
@@ -427,6 +406,10 @@ async fn serve_tenant(
                     reply,
                 }),
             };
+            if let Route::Answered(body) = route {
+                answer_now(&ctx, &out_tx, id, body, received).await;
+                continue;
+            }
             let Ok(permit) = inflight.acquire_static_permit(1).await else {
                 break 'conn;
             };
@@ -445,6 +428,7 @@ async fn serve_tenant(
                     })
                     .detach();
                 }
+                Route::Answered(_) => unreachable!("answered above"),
             }
             let out = out_tx.clone();
             let metrics = ctx.metrics.clone();
