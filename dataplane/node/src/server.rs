@@ -265,8 +265,6 @@ pub async fn take_handoffs(mut rx: mpsc::Receiver<Handoff>, ctx: Rc<ConnCtx>) {
     }
 }
 
-/// Serves an authenticated connection of `tenant` on the shard that owns it (or, when it could
-/// not be handed over, wherever it is): every command is the tenant's, answered in any order.
 /// Where a request goes: the shard's inbox, or — a submit admitted here — its answer at once or
 /// its group commit.
 enum Route {
@@ -319,6 +317,8 @@ async fn answer_now(
     let _ = out.send(bytes).await;
 }
 
+/// Serves an authenticated connection of `tenant` on the shard that owns it (or, when it could
+/// not be handed over, wherever it is): every command is the tenant's, answered in any order.
 async fn serve_tenant(
     stream: glommio::net::TcpStream,
     ctx: Rc<ConnCtx>,
