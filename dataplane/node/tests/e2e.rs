@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{http_get, metric, start, task, wait_for};
+use common::{http_get, metric, metric_sum, start, task, wait_for};
 use spindle_client::{Client, ClientError};
 use spindle_control::testing::TestDb;
 use spindle_core::{Decision, TaskState, TenantId};
@@ -120,11 +120,7 @@ async fn a_batch_refused_for_one_task_leaves_nothing_of_the_others_behind() {
     let mut live = u64::MAX;
     for _ in 0..400 {
         let (_, metrics) = http_get(daemon.http, "/metrics").await;
-        live = metrics
-            .lines()
-            .filter_map(|l| l.strip_prefix("spindle_live_tasks{"))
-            .filter_map(|l| l.split_once("} ")?.1.parse::<u64>().ok())
-            .sum();
+        live = metric_sum(&metrics, "spindle_live_tasks");
         if live == 0 {
             break;
         }
@@ -344,11 +340,7 @@ credential = "two"
         metrics = http_get(daemon.http, "/metrics").await.1;
     }
     assert!(metrics.contains(gauge), "{metrics}");
-    let waits: u64 = metrics
-        .lines()
-        .filter(|l| l.starts_with("spindle_dispatch_wait_seconds_count"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum();
+    let waits = metric_sum(&metrics, "spindle_dispatch_wait_seconds_count");
     assert!(
         waits >= 8,
         "8 dispatches, {waits} waits recorded\n{metrics}"

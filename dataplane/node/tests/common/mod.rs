@@ -137,6 +137,18 @@ pub async fn metric(daemon: &Daemon, series: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// The sum of every series of the metric `name`, whatever its labels, in a `/metrics` text.
+pub fn metric_sum(metrics: &str, name: &str) -> u64 {
+    metrics
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
 /// The tasks of a batch's answers, every one of which must be accepted.
 pub fn accepted_ids(
     answers: Result<Vec<spindle_wire::Admission>, spindle_client::ClientError>,
