@@ -265,13 +265,26 @@ pub async fn take_handoffs(mut rx: mpsc::Receiver<Handoff>, ctx: Rc<ConnCtx>) {
     }
 }
 
-/// Where a request goes: the shard's inbox, or — a submit admitted here — its answer at once or
-/// its group commit.
+/// What becomes of a request: a submit admitted here and answered at once, or something to
+/// wait for.
 enum Route {
-    Shard(ShardMsg),
     /// Nothing for PostgreSQL (refused, or every task rejected).
     Answered(Response),
-    Commit(crate::shard::Admitted, oneshot::Sender<Response>),
+    Wait(Pending),
+}
+
+/// A request whose answer comes later, holding one of the connection's in-flight permits.
+enum Pending {
+    /// For the shard's inbox, with the receiver of its answer.
+    Shard(ShardMsg, oneshot::Receiver<Response>),
+    /// Accepted tasks of a submit admitted here, for their group commit.
+    Commit(crate::shard::Admitted),
+}
+
+/// A request for the shard's inbox; `msg` makes it around the sender of its answer.
+fn to_shard(msg: impl FnOnce(oneshot::Sender<Response>) -> ShardMsg) -> Route {
+    let (reply, answer) = oneshot::channel();
+    Route::Wait(Pending::Shard(msg(reply), answer))
 }
 
 /// A submit frame, admitted on the connection's own thread when that is its tenant's shard
@@ -281,18 +294,19 @@ fn submit_route(
     tenant: TenantId,
     tasks: Vec<spindle_wire::SubmitTask>,
     batch: bool,
-    reply: oneshot::Sender<Response>,
 ) -> Route {
     let tasks = if ctx.owner_of(tenant) == ctx.index {
         match crate::shard::decide_now(&ctx.local, tenant, tasks, batch) {
             Ok(crate::shard::Decided::Answered(body)) => return Route::Answered(body),
-            Ok(crate::shard::Decided::Commit(admitted)) => return Route::Commit(admitted, reply),
+            Ok(crate::shard::Decided::Commit(admitted)) => {
+                return Route::Wait(Pending::Commit(admitted))
+            }
             Err(tasks) => tasks,
         }
     } else {
         tasks
     };
-    Route::Shard(ShardMsg::Submit {
+    to_shard(|reply| ShardMsg::Submit {
         tenant,
         tasks,
         batch,
@@ -300,21 +314,52 @@ fn submit_route(
     })
 }
 
-/// Answers a submit decided without PostgreSQL: no hop through the shard's inbox or an
-/// answering task (a rejection's whole path is this thread's).
-async fn answer_now(
-    ctx: &ConnCtx,
-    out: &mpsc::Sender<Vec<u8>>,
+/// A request's answer on its way to the connection's writer: encoded, counted (a submit's, in
+/// `/metrics`), queued. Holds the request's in-flight permit until its frame is queued.
+struct Answer {
     id: u64,
-    body: Response,
     received: std::time::Instant,
-) {
-    let outcome = submit_outcome(&body);
-    let bytes = frame(id, body);
-    if let Some(accepted) = outcome {
-        ctx.metrics.answered_submit(accepted, received.elapsed());
+    out: mpsc::Sender<Vec<u8>>,
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
+    permit: Option<glommio::sync::StaticPermit>,
+}
+
+impl Answer {
+    fn encode(&self, body: Response) -> Vec<u8> {
+        let outcome = submit_outcome(&body);
+        let bytes = frame(self.id, body);
+        if let Some(accepted) = outcome {
+            self.metrics
+                .answered_submit(accepted, self.received.elapsed());
+        }
+        bytes
     }
-    let _ = out.send(bytes).await;
+
+    /// Queues the answer from the calling task, with no await. Only when the writer's queue
+    /// is full does a task of its own wait for room, holding the permit: such waits stay
+    /// bounded by the connection's in-flight limit.
+    fn send_now(mut self, body: Response) {
+        let bytes = self.encode(body);
+        match self.out.try_send(bytes) {
+            Ok(()) => {}
+            Err(mpsc::error::TrySendError::Full(bytes)) => {
+                let permit = self.permit.take();
+                let out = self.out.clone();
+                glommio::spawn_local(async move {
+                    let _ = out.send(bytes).await;
+                    drop(permit);
+                })
+                .detach();
+            }
+            // The connection is gone: nobody to answer.
+            Err(mpsc::error::TrySendError::Closed(_)) => {}
+        }
+    }
+
+    async fn send(self, body: Response) {
+        let bytes = self.encode(body);
+        let _ = self.out.send(bytes).await;
+    }
 }
 
 /// Serves an authenticated connection of `tenant` on the shard that owns it (or, when it could
@@ -371,7 +416,6 @@ async fn serve_tenant(
             // Frame decoded → answer encoded: what `/metrics` reports as the node's own
             // submit latency (the client adds the network and its own scheduling).
             let received = std::time::Instant::now();
-            let (reply, answer) = oneshot::channel();
             let route = match request.body {
                 Request::Hello(_) => {
                     let e = WireError::new(
@@ -381,73 +425,77 @@ async fn serve_tenant(
                     let _ = out_tx.send(frame(id, Response::Error(e))).await;
                     continue;
                 }
-                Request::Submit(task) => submit_route(&ctx, t, vec![task], false, reply),
-                Request::SubmitBatch(tasks) => submit_route(&ctx, t, tasks, true, reply),
-                Request::Get(task) => Route::Shard(ShardMsg::Get {
+                Request::Submit(task) => submit_route(&ctx, t, vec![task], false),
+                Request::SubmitBatch(tasks) => submit_route(&ctx, t, tasks, true),
+                Request::Get(task) => to_shard(|reply| ShardMsg::Get {
                     tenant: t,
                     task,
                     reply,
                 }),
-                Request::Cancel(task) => Route::Shard(ShardMsg::Cancel {
+                Request::Cancel(task) => to_shard(|reply| ShardMsg::Cancel {
                     tenant: t,
                     task,
                     reply,
                 }),
-                Request::Subscribe(task) => Route::Shard(ShardMsg::Subscribe {
+                Request::Subscribe(task) => to_shard(|reply| ShardMsg::Subscribe {
                     tenant: t,
                     task,
                     request_id: id,
                     out: out_tx.clone(),
                     reply,
                 }),
-                Request::Unsubscribe(task) => Route::Shard(ShardMsg::Unsubscribe {
+                Request::Unsubscribe(task) => to_shard(|reply| ShardMsg::Unsubscribe {
                     task,
                     out: out_tx.clone(),
                     reply,
                 }),
             };
-            if let Route::Answered(body) = route {
-                answer_now(&ctx, &out_tx, id, body, received).await;
-                continue;
-            }
+            let mut answer = Answer {
+                id,
+                received,
+                out: out_tx.clone(),
+                metrics: ctx.metrics.clone(),
+                permit: None,
+            };
+            let pending = match route {
+                Route::Answered(body) => {
+                    // A rejection's whole path is this task's: no hop, no answering task.
+                    answer.send(body).await;
+                    continue;
+                }
+                Route::Wait(pending) => pending,
+            };
             let Ok(permit) = inflight.acquire_static_permit(1).await else {
                 break 'conn;
             };
-            match route {
-                Route::Shard(msg) => {
+            answer.permit = Some(permit);
+            match pending {
+                Pending::Shard(msg, reply) => {
                     if ctx.shard_of(t).send(msg).await.is_err() {
                         let e = WireError::new(ErrorCode::Draining, "the node is stopping");
                         let _ = out_tx.send(frame(id, Response::Error(e))).await;
                         break 'conn;
                     }
-                }
-                Route::Commit(admitted, reply) => {
-                    let local = ctx.local.clone();
                     glommio::spawn_local(async move {
-                        crate::shard::commit(&local, admitted, reply).await;
+                        let body = reply.await.unwrap_or_else(|_| {
+                            Response::Error(WireError::new(
+                                ErrorCode::Internal,
+                                "the shard dropped the request",
+                            ))
+                        });
+                        answer.send(body).await;
                     })
                     .detach();
                 }
-                Route::Answered(_) => unreachable!("answered above"),
-            }
-            let out = out_tx.clone();
-            let metrics = ctx.metrics.clone();
-            glommio::spawn_local(async move {
-                let body = answer.await.unwrap_or_else(|_| {
-                    Response::Error(WireError::new(
-                        ErrorCode::Internal,
-                        "the shard dropped the request",
-                    ))
-                });
-                let outcome = submit_outcome(&body);
-                let bytes = frame(id, body);
-                if let Some(accepted) = outcome {
-                    metrics.answered_submit(accepted, received.elapsed());
+                Pending::Commit(admitted) => {
+                    // The commit answers the moment its outcome is known, from its own task.
+                    let local = ctx.local.clone();
+                    glommio::spawn_local(async move {
+                        crate::shard::commit(&local, admitted, |body| answer.send_now(body)).await;
+                    })
+                    .detach();
                 }
-                let _ = out.send(bytes).await;
-                drop(permit);
-            })
-            .detach();
+            }
         }
         let n = match reader.read(&mut buf).await {
             Ok(0) | Err(_) => break,

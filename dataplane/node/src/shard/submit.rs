@@ -95,7 +95,12 @@ pub(super) async fn submit(
         Decided::Answered(response) => {
             let _ = reply.send(response);
         }
-        Decided::Commit(admitted) => commit(state, admitted, reply).await,
+        Decided::Commit(admitted) => {
+            commit(state, admitted, |response| {
+                let _ = reply.send(response);
+            })
+            .await
+        }
     }
 }
 
@@ -240,12 +245,10 @@ fn respond(s: &ShardState, answers: Vec<Option<Admission>>, batch: bool) -> Resp
 }
 
 /// The group commit of a frame's accepted tasks (their claims with them where the shard picked
-/// them at once), then the frame's answer and the attempts that start.
-pub(crate) async fn commit(
-    state: &SharedShard,
-    admitted: Admitted,
-    reply: oneshot::Sender<Response>,
-) {
+/// them at once), then the frame's answer and the attempts that start. `reply` takes the
+/// answer as soon as it is known, before the attempts start: a connection's own commit writes
+/// it to the socket's queue from there, with no other task to wake.
+pub(crate) async fn commit(state: &SharedShard, admitted: Admitted, reply: impl FnOnce(Response)) {
     let Admitted {
         batch,
         version,
@@ -307,14 +310,13 @@ pub(crate) async fn commit(
                 // again with the same idempotency keys.
                 drop(s);
                 resolve_submits_later(state.clone(), ids());
-                return answer_error(
-                    reply,
+                return reply(Response::Error(WireError::new(
                     ErrorCode::Unavailable,
                     format!(
                         "the submit may have committed ({e}); submit again with the same \
                          idempotency keys to learn each task's outcome"
                     ),
-                );
+                )));
             }
             (Err(e), heads) => {
                 // Not committed — nothing of the batch, or (in doubt, now read back) the tasks
@@ -340,7 +342,7 @@ pub(crate) async fn commit(
         }
         respond(&s, answers, batch)
     };
-    let _ = reply.send(response);
+    reply(response);
     start_attempts(state, started).await;
     // Claims held for these tasks can go now.
     if !state.borrow().ready_claims.is_empty() {
