@@ -507,3 +507,73 @@ async fn serve_tenant(
     drop(out_tx);
     let _ = writer_task.await;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn admission(task: u64) -> Response {
+        Response::Admission(spindle_wire::Admission {
+            task: spindle_core::TaskId(task),
+            decision: spindle_core::Decision::Accepted,
+            reason: None,
+            replay: false,
+            queue_level: 0,
+            expected_start_ms: 0,
+        })
+    }
+
+    /// A commit's answer that finds the writer's queue full is neither dropped nor awaited by
+    /// the commit: a task of its own queues it once there is room, and only then gives the
+    /// request's in-flight permit back. With room, it is queued at once.
+    #[test]
+    fn an_answer_meeting_a_full_writer_queue_waits_for_room_with_its_permit() {
+        glommio::LocalExecutorBuilder::new(glommio::Placement::Unbound)
+            .spawn(|| async move {
+                let metrics = crate::metrics::Metrics::new(1);
+                let inflight = Rc::new(glommio::sync::Semaphore::new(2));
+                let (out, mut writer) = mpsc::channel::<Vec<u8>>(1);
+                let answer = |id: u64| Answer {
+                    id,
+                    received: std::time::Instant::now(),
+                    out: out.clone(),
+                    metrics: metrics.clone(),
+                    permit: Some(inflight.clone().try_acquire_static_permit(1).expect("room")),
+                };
+                let (first, second) = (answer(7), answer(8));
+                assert_eq!(inflight.available(), 0);
+                first.send_now(admission(70));
+                // Queued at once: its permit is back.
+                assert_eq!(inflight.available(), 1);
+                second.send_now(admission(80));
+                // The queue was full: the answer waits, holding its permit.
+                assert_eq!(inflight.available(), 1);
+                // The writer drains its queue; each turn gives the waiting task its chance.
+                let mut ids = Vec::new();
+                for _ in 0..64 {
+                    while let Ok(bytes) = writer.try_recv() {
+                        let mut frames = FrameReader::new();
+                        frames.extend(&bytes);
+                        let payload = frames.next_frame().expect("framed").expect("whole");
+                        let frame = spindle_wire::decode_response(payload).expect("decodes");
+                        ids.push(frame.request_id);
+                    }
+                    if ids.len() == 2 && inflight.available() == 2 {
+                        break;
+                    }
+                    glommio::executor().yield_now().await;
+                }
+                assert_eq!(ids, [7, 8], "both answers reach the writer, in order here");
+                // Once queued, the waiting answer's permit is back too.
+                assert_eq!(inflight.available(), 2);
+                let text = metrics.render();
+                assert!(
+                    text.contains("spindle_submit_answer_seconds_count{outcome=\"accepted\"} 2"),
+                    "both counted as accepted answers"
+                );
+            })
+            .expect("executor")
+            .join()
+            .expect("test body");
+    }
+}
