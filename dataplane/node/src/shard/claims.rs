@@ -25,7 +25,7 @@ pub(super) async fn pump(state: &SharedShard) {
                         let (version, committed, queued_at) = match s.meta.get_mut(&d.task) {
                             Some(m) => {
                                 // A task dispatched again holds the new attempt's units.
-                                if let Some(old) = m.estimate.replace(d.estimate) {
+                                if let Some(old) = m.estimate.replace(Box::new(d.estimate)) {
                                     s.running.stop(m.tenant, old.fairness.milli());
                                 }
                                 s.running.start(m.tenant, d.estimate.fairness.milli());

@@ -180,15 +180,17 @@ struct Meta {
     db_version: u32,
     token: Option<FencingToken>,
     committed: bool,
-    /// Set when the core dispatches the task.
-    estimate: Option<CostEstimate>,
+    /// Set when the core dispatches the task. Boxed, as `attempt` is: most live tasks are
+    /// queued and hold neither, and this record is most of a queued task's memory in the node
+    /// (docs/benchmarks.md, "Memory per queued task").
+    estimate: Option<Box<CostEstimate>>,
     /// When it was admitted (or restored): its queue wait ends at dispatch.
     queued_at: Time,
     /// What the client declared (checked against the probed video).
     spec: Option<spindle_core::TaskSpec>,
     /// The current attempt at an HTTP provider: account and request key once claimed, the
     /// job id once accepted.
-    attempt: Option<ProviderAttempt>,
+    attempt: Option<Box<ProviderAttempt>>,
     /// Report rows sent and not yet answered. A claim waits for them: its compare-and-set
     /// needs the version they leave behind (a requeue's, say).
     pending_reports: u32,
@@ -492,7 +494,7 @@ impl ShardState {
                     .clone();
                 self.running.start(tenant, estimate.fairness.milli());
                 meta.token = Some(live.token);
-                meta.estimate = Some(estimate);
+                meta.estimate = Some(Box::new(estimate));
                 let attempt = ProviderAttempt {
                     account,
                     request_key: live.request_key,
@@ -500,7 +502,7 @@ impl ShardState {
                     output_url: None,
                 };
                 resolve = Some(attempt.resolve(self.index, task, live.token));
-                meta.attempt = Some(attempt);
+                meta.attempt = Some(Box::new(attempt));
                 if live.stored == TaskState::Dispatching {
                     // Whether its submit reached the provider is not known.
                     let to = ReportAction::Advance(TaskState::SubmitUnknown);
@@ -673,7 +675,7 @@ fn count_in_doubt(state: &SharedShard) {
 fn remove_meta(s: &mut ShardState, task: &TaskId) -> Option<Meta> {
     let meta = s.meta.remove(task);
     if let Some(m) = &meta {
-        if let Some(e) = m.estimate {
+        if let Some(e) = &m.estimate {
             s.running.stop(m.tenant, e.fairness.milli());
         }
     }
@@ -719,7 +721,7 @@ async fn get(
                     version: m.db_version,
                     attempt_no: 0,
                     progress_pct: 0,
-                    cost_estimate_milli: m.estimate.map_or(0, |e| e.cost_milli),
+                    cost_estimate_milli: m.estimate.as_ref().map_or(0, |e| e.cost_milli),
                     cost_actual_milli: 0,
                     failure_reason: None,
                 })
@@ -975,7 +977,7 @@ fn publish_tenants(s: &ShardState) {
     {
         let mut walked: HashMap<u32, (u64, u64)> = HashMap::new();
         for m in s.meta.values() {
-            if let Some(e) = m.estimate {
+            if let Some(e) = &m.estimate {
                 let t = walked.entry(m.tenant.0).or_default();
                 t.0 += 1;
                 t.1 += e.fairness.milli();
@@ -1028,4 +1030,15 @@ fn publish_gauges(s: &ShardState) {
     }
     g.live_tasks.store(s.meta.len() as u64, Relaxed);
     g.running_tasks.store(s.running.total, Relaxed);
+}
+#[cfg(test)]
+mod tests {
+    /// A queued task's record here is, with the core's, what the node holds per queued task
+    /// (`benches/node/memory`; docs/benchmarks.md, "Memory per queued task"). What only a
+    /// dispatched task needs is boxed: 80 bytes, 224 before.
+    #[test]
+    fn a_queued_tasks_record_stays_small() {
+        let size = std::mem::size_of::<super::Meta>();
+        assert!(size <= 80, "Meta is {size} bytes");
+    }
 }

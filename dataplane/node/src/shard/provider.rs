@@ -26,12 +26,12 @@ pub(super) async fn submit_to_provider(
         };
         let account = s.core.policy().providers[provider.0 as usize].name.clone();
         let meta = s.meta.get_mut(&task).expect("checked above");
-        meta.attempt = Some(ProviderAttempt {
+        meta.attempt = Some(Box::new(ProviderAttempt {
             account: account.clone(),
             request_key: request_key.clone(),
             job_id: None,
             output_url: None,
-        });
+        }));
         crate::dispatch::Call::Submit {
             shard: index,
             task,
@@ -362,7 +362,7 @@ pub(super) async fn run_local(
         let modelled_ms = s
             .meta
             .get(&task)
-            .and_then(|m| m.estimate)
+            .and_then(|m| m.estimate.as_deref())
             .map_or(0, |e| e.provider_ms);
         Duration::from_secs_f64(modelled_ms as f64 / 1_000.0 * s.time_scale)
     };
@@ -385,7 +385,10 @@ pub(super) fn provider_succeeded(
     token: FencingToken,
     actual: Option<u64>,
 ) {
-    let estimate = s.meta.get(&task).and_then(|m| m.estimate);
+    let estimate = s
+        .meta
+        .get(&task)
+        .and_then(|m| m.estimate.as_deref().copied());
     // The fairness debt in proportion to what it really cost.
     let units = estimate.map_or(0, |e| match actual {
         Some(a) if e.cost_milli > 0 => {
