@@ -325,15 +325,24 @@ struct Answer {
     permit: Option<glommio::sync::StaticPermit>,
 }
 
+/// A request's answer framed; a submit's counted in `/metrics` with its time since `received`.
+fn encode_answer(
+    metrics: &crate::metrics::Metrics,
+    id: u64,
+    received: std::time::Instant,
+    body: Response,
+) -> Vec<u8> {
+    let outcome = submit_outcome(&body);
+    let bytes = frame(id, body);
+    if let Some(accepted) = outcome {
+        metrics.answered_submit(accepted, received.elapsed());
+    }
+    bytes
+}
+
 impl Answer {
     fn encode(&self, body: Response) -> Vec<u8> {
-        let outcome = submit_outcome(&body);
-        let bytes = frame(self.id, body);
-        if let Some(accepted) = outcome {
-            self.metrics
-                .answered_submit(accepted, self.received.elapsed());
-        }
-        bytes
+        encode_answer(&self.metrics, self.id, self.received, body)
     }
 
     /// Queues the answer from the calling task, with no await. Only when the writer's queue
@@ -451,17 +460,11 @@ async fn serve_tenant(
                     reply,
                 }),
             };
-            let mut answer = Answer {
-                id,
-                received,
-                out: out_tx.clone(),
-                metrics: ctx.metrics.clone(),
-                permit: None,
-            };
             let pending = match route {
                 Route::Answered(body) => {
                     // A rejection's whole path is this task's: no hop, no answering task.
-                    answer.send(body).await;
+                    let bytes = encode_answer(&ctx.metrics, id, received, body);
+                    let _ = out_tx.send(bytes).await;
                     continue;
                 }
                 Route::Wait(pending) => pending,
@@ -469,7 +472,13 @@ async fn serve_tenant(
             let Ok(permit) = inflight.acquire_static_permit(1).await else {
                 break 'conn;
             };
-            answer.permit = Some(permit);
+            let answer = Answer {
+                id,
+                received,
+                out: out_tx.clone(),
+                metrics: ctx.metrics.clone(),
+                permit: Some(permit),
+            };
             match pending {
                 Pending::Shard(msg, reply) => {
                     if ctx.shard_of(t).send(msg).await.is_err() {
