@@ -542,6 +542,9 @@ mod tests {
         load("bench.toml").unwrap();
         let reject = load("bench-reject.toml").unwrap();
         assert_eq!(reject.tenants[1].submit_per_minute, Some(60));
+        // One provider slot, held: what benches/node/memory keeps queued depends on it.
+        let memory = load("bench-memory.toml").unwrap();
+        assert_eq!(memory.provider_concurrency, 1);
     }
 
     /// docs/operations.md's configuration reference names every key of `Config` (read from this
