@@ -1031,6 +1031,7 @@ fn publish_gauges(s: &ShardState) {
     g.live_tasks.store(s.meta.len() as u64, Relaxed);
     g.running_tasks.store(s.running.total, Relaxed);
 }
+
 #[cfg(test)]
 mod tests {
     /// A queued task's record here is, with the core's, what the node holds per queued task
