@@ -197,12 +197,14 @@ impl Proxy {
         self.shared.lost.load(Ordering::SeqCst)
     }
 
-    /// Waits (bounded: ~20 s, then panics) until an answer was lost and `committed` — a query
-    /// answering one boolean — holds on `sql` (a direct connection): a call's rows go out before
-    /// its commit, so a cut before that would roll it back.
+    /// Waits (bounded: ~20 s, then panics) until the answer armed last was lost and
+    /// `committed` — a query answering one boolean — holds on `sql` (a direct connection): a
+    /// call's rows go out before its commit, so a cut before that would roll it back. Answers
+    /// lost earlier do not count: with a second pattern armed, only its own loss ends the wait.
     pub async fn wait_lost_and(&self, sql: &tokio_postgres::Client, committed: &str) {
         for _ in 0..20_000 {
-            if self.lost() > 0 {
+            let armed_lost = self.lost() > 0 && lock(&self.shared.armed).is_none();
+            if armed_lost {
                 let row = sql.query_one(committed, &[]).await;
                 if row.is_ok_and(|r| r.get::<_, bool>(0)) {
                     return;

@@ -13,7 +13,7 @@ use spindle_client::Client;
 use spindle_control::testing::{Proxy, TestDb};
 use spindle_core::{Decision, TaskState, TenantId};
 
-/// Once an answer was lost and `committed` holds, breaks every connection through the proxy.
+/// Once the armed answer was lost and `committed` holds, breaks every connection through the proxy.
 async fn lose_one_then_cut(proxy: &Proxy, sql: &tokio_postgres::Client, committed: &str) {
     proxy.wait_lost_and(sql, committed).await;
     proxy.cut();
