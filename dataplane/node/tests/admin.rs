@@ -4,8 +4,8 @@
 mod common;
 
 use common::{
-    admin_tokens, ctl, http_get, metric, start_with, Daemon, ADMIN_TOKEN, OPERATOR_TOKEN,
-    VIEWER_TOKEN,
+    admin_tokens, ctl, http_get, metric, poll_until, start_with, Daemon, ADMIN_TOKEN,
+    OPERATOR_TOKEN, VIEWER_TOKEN,
 };
 use spindle_control::testing::TestDb;
 
@@ -199,15 +199,16 @@ async fn a_policy_change_reaches_the_running_node_within_two_seconds() {
         .as_u64()
         .unwrap();
     let applied = format!("spindle_policy_version {version}");
-    let mut seen = false;
-    while started.elapsed() < std::time::Duration::from_secs(2) {
-        if http_get(daemon.http, "/metrics").await.1.contains(&applied) {
-            seen = true;
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    assert!(seen, "version {version} not applied within 2 s");
+    let metrics = poll_until(
+        std::time::Duration::from_secs(2).saturating_sub(started.elapsed()),
+        async || http_get(daemon.http, "/metrics").await.1,
+        |metrics| metrics.contains(&applied),
+    )
+    .await;
+    assert!(
+        metrics.contains(&applied),
+        "version {version} not applied within 2 s"
+    );
     let mut accepted = 0;
     for i in 0..5 {
         let a = client
@@ -285,18 +286,23 @@ async fn an_admin_rebuilds_drifted_pool_counters_from_what_live_attempts_hold() 
     assert_eq!(audited, 2);
 }
 
-/// Polls the node's metrics (bounded: 600 polls, 30 s) until `done` holds for the counter
-/// checks done and the drifted shards the last one found.
+/// Polls the node's metrics (bounded: 30 s) until `done` holds for the counter checks done and
+/// the drifted shards the last one found.
 async fn until_checked(daemon: &Daemon, done: impl Fn(u64, u64) -> bool) -> (u64, u64) {
-    for _ in 0..600 {
-        let checks = metric(daemon, "spindle_counter_checks_total").await;
-        let drifted = metric(daemon, "spindle_counter_drift_shards").await;
-        if done(checks, drifted) {
-            return (checks, drifted);
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    panic!("the counter check did not get there in 30 s");
+    let (checks, drifted) = poll_until(
+        std::time::Duration::from_secs(30),
+        async || {
+            let checks = metric(daemon, "spindle_counter_checks_total").await;
+            (checks, metric(daemon, "spindle_counter_drift_shards").await)
+        },
+        |&(checks, drifted)| done(checks, drifted),
+    )
+    .await;
+    assert!(
+        done(checks, drifted),
+        "the counter check did not get there in 30 s: {checks} checks, {drifted} drifted"
+    );
+    (checks, drifted)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

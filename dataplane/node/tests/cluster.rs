@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{start_with, task, Daemon};
+use common::{poll_until, start_with, task, wait_all_succeeded, Daemon};
 use spindle_client::Client;
 use spindle_control::testing::TestDb;
 use spindle_core::TenantId;
@@ -81,14 +81,12 @@ async fn three_nodes_share_one_provider_without_a_violation() {
     ];
     // Every node counts the others before load starts (their RPM shares depend on it).
     for n in &nodes {
-        let mut seen = 0;
-        for _ in 0..500 {
-            seen = live_nodes(n).await;
-            if seen == 3 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let seen = poll_until(
+            Duration::from_secs(5),
+            async || live_nodes(n).await,
+            |&seen| seen == 3,
+        )
+        .await;
         assert_eq!(seen, 3, "a node never saw the other two");
     }
     // Tenant t lives on partition t % 6, so on node (t % 6) / 2.
@@ -105,22 +103,8 @@ async fn three_nodes_share_one_provider_without_a_violation() {
         }
     }
     let sql = test.sql().await.unwrap();
-    let mut done = 0;
     // 120 tasks on 2 accounts at 570 requests a minute together: about 7 s.
-    for _ in 0..6_000 {
-        done = sql
-            .query_one(
-                "SELECT count(*) FROM task WHERE task_id = ANY ($1) AND state = 'SUCCEEDED'",
-                &[&ids],
-            )
-            .await
-            .unwrap()
-            .get::<_, i64>(0);
-        if done == ids.len() as i64 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let done = wait_all_succeeded(&sql, &ids).await;
     let stats = mock
         .client(Duration::from_secs(5))
         .mock_stats()

@@ -7,7 +7,7 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{start_with, task};
+use common::{poll_until, read_i64, start_with, task};
 use spindle_client::{Client, ClientError};
 use spindle_control::testing::TestDb;
 use spindle_core::TenantId;
@@ -41,17 +41,13 @@ credential = "one"
     }
     // Wait (bounded) until some work runs.
     let sql = test.sql().await.unwrap();
-    for _ in 0..1_000 {
-        let running: i64 = sql
-            .query_one("SELECT count(*) FROM task WHERE state = 'RUNNING'", &[])
-            .await
-            .unwrap()
-            .get(0);
-        if running > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let running = poll_until(
+        Duration::from_secs(10),
+        async || read_i64(&sql, "SELECT count(*) FROM task WHERE state = 'RUNNING'").await,
+        |&running| running > 0,
+    )
+    .await;
+    assert!(running > 0, "no work ran in 10 s");
     let pid = daemon.child.id().to_string();
     assert!(Command::new("kill")
         .args(["-TERM", &pid])
@@ -61,19 +57,20 @@ credential = "one"
 
     // While draining, new work is refused with a reason. (Submits that land before the signal
     // is handled are accepted as usual: they are counted.)
-    let mut refused = false;
     let mut accepted_late = 0;
-    for i in 0..200 {
-        match client.submit(task(&format!("late{i}"))).await {
-            Err(ClientError::Refused(e)) if e.code == ErrorCode::Draining => {
-                refused = true;
-                break;
+    let refused = poll_until(
+        Duration::from_secs(5),
+        async || match client.submit(task(&format!("late{accepted_late}"))).await {
+            Err(ClientError::Refused(e)) if e.code == ErrorCode::Draining => true,
+            Ok(a) if a.decision.is_accepted() => {
+                accepted_late += 1;
+                false
             }
-            Ok(a) if a.decision.is_accepted() => accepted_late += 1,
             other => panic!("unexpected answer while stopping: {other:?}"),
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+        },
+        |&refused| refused,
+    )
+    .await;
     assert!(refused, "submits during the drain are refused as Draining");
 
     let status = tokio::task::spawn_blocking(move || daemon.child.wait().unwrap())

@@ -2,7 +2,11 @@
 
 mod common;
 
-use common::{http_get, metric, metric_sum, start, task, wait_for};
+use std::time::Duration;
+
+use common::{
+    http_get, metric, metric_sum, poll_until, start, task, wait_all_succeeded_within, wait_for,
+};
 use spindle_client::{Client, ClientError};
 use spindle_control::testing::TestDb;
 use spindle_core::{Decision, TaskState, TenantId};
@@ -117,15 +121,17 @@ async fn a_batch_refused_for_one_task_leaves_nothing_of_the_others_behind() {
     assert_eq!(a.decision, Decision::Accepted, "{a:?}");
     wait_for(&client, a.task, TaskState::Succeeded).await;
     // Nothing of the refused batch is live in any shard (the gauge follows each pump).
-    let mut live = u64::MAX;
-    for _ in 0..400 {
-        let (_, metrics) = http_get(daemon.http, "/metrics").await;
-        live = metric_sum(&metrics, "spindle_live_tasks");
-        if live == 0 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    let live = poll_until(
+        Duration::from_secs(4),
+        async || {
+            metric_sum(
+                &http_get(daemon.http, "/metrics").await.1,
+                "spindle_live_tasks",
+            )
+        },
+        |&live| live == 0,
+    )
+    .await;
     assert_eq!(live, 0, "tasks of the refused batch stayed live in a shard");
     // And none of them has a row.
     let sql = test.sql().await.unwrap();
@@ -190,7 +196,7 @@ async fn subscribers_receive_progress_until_the_task_ends() {
     );
     let mut seen = Vec::new();
     loop {
-        let e = tokio::time::timeout(std::time::Duration::from_secs(10), client.next_event())
+        let e = tokio::time::timeout(Duration::from_secs(10), client.next_event())
             .await
             .expect("an event within 10 s")
             .expect("the connection stays open");
@@ -235,21 +241,7 @@ async fn batches_across_task_id_blocks_all_complete() {
     let sql = test.sql().await.unwrap();
     // Bounded at 120 s: a debug build on two cores moves a few hundred tasks a second here; a
     // stranded task never completes however long the wait.
-    let mut done = 0i64;
-    for _ in 0..12_000 {
-        done = sql
-            .query_one(
-                "SELECT count(*) FROM task WHERE task_id = ANY ($1) AND state = 'SUCCEEDED'",
-                &[&acked],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if done == acked.len() as i64 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    let done = wait_all_succeeded_within(&sql, &acked, Duration::from_secs(120)).await;
     if done != 5_000 {
         let states: Vec<(String, i64)> = sql
             .query("SELECT state, count(*) FROM task GROUP BY state", &[])
@@ -318,27 +310,26 @@ credential = "two"
         .get::<_, i64>(0)
     };
     // The shards re-split every tick (20 ms); 10 s is far beyond what that takes.
-    let mut seen = 0;
-    for _ in 0..1_000 {
-        seen = running().await;
-        assert!(seen <= 8, "{seen} running on 8 provider slots");
-        if seen == 8 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    let seen = poll_until(
+        Duration::from_secs(10),
+        async || {
+            let seen = running().await;
+            assert!(seen <= 8, "{seen} running on 8 provider slots");
+            seen
+        },
+        |&seen| seen == 8,
+    )
+    .await;
     let (_, metrics) = http_get(daemon.http, "/metrics").await;
     assert_eq!(seen, 8, "tenant 1 stayed at its shard's half\n{metrics}");
     // The per-tenant gauges are written every 10 shard ticks (200 ms).
     let gauge = "spindle_tenant_running_tasks{shard=\"1\",tenant=\"1\"} 8";
-    let mut metrics = metrics;
-    for _ in 0..500 {
-        if metrics.contains(gauge) {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        metrics = http_get(daemon.http, "/metrics").await.1;
-    }
+    let metrics = poll_until(
+        Duration::from_secs(5),
+        async || http_get(daemon.http, "/metrics").await.1,
+        |metrics| metrics.contains(gauge),
+    )
+    .await;
     assert!(metrics.contains(gauge), "{metrics}");
     let waits = metric_sum(&metrics, "spindle_dispatch_wait_seconds_count");
     assert!(
@@ -434,21 +425,20 @@ async fn ended_tasks_leave_postgres_after_their_retention_window() {
         .unwrap()
         .get::<_, i64>(0)
     };
-    let mut left = i64::MAX;
-    for _ in 0..300 {
-        left = sql
-            .query_one(
+    let left = poll_until(
+        Duration::from_secs(15),
+        async || {
+            sql.query_one(
                 "SELECT count(*) FROM task WHERE task_id = ANY ($1)",
                 &[&ids],
             )
             .await
             .unwrap()
-            .get(0);
-        if left == 0 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+            .get::<_, i64>(0)
+        },
+        |&left| left == 0,
+    )
+    .await;
     assert_eq!(left, 0, "{}", daemon.log_tail(40));
     let (_, metrics) = http_get(daemon.http, "/metrics").await;
     assert!(
@@ -495,26 +485,15 @@ async fn a_running_attempts_lease_is_renewed_while_it_runs() {
         .ok()
         .and_then(|r| r.get(0))
     };
-    let mut first = None;
-    for _ in 0..1_000 {
-        first = lease().await;
-        if first.is_some() {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
-    let first = first.expect("the task never ran");
+    let first = poll_until(Duration::from_secs(5), lease, Option::is_some)
+        .await
+        .expect("the task never ran");
     // Two renewals later the lease lies past where the claim put it.
-    let mut renewed = None;
-    for _ in 0..300 {
-        match lease().await {
-            Some(l) if l > first + std::time::Duration::from_millis(600) => {
-                renewed = Some(l);
-                break;
-            }
-            _ => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
-        }
-    }
+    let renewed = poll_until(Duration::from_secs(3), lease, |l| {
+        l.is_some_and(|l| l > first + Duration::from_millis(600))
+    })
+    .await
+    .filter(|&l| l > first + Duration::from_millis(600));
     let renewed = renewed.expect("the running attempt's lease was never renewed");
     assert!(
         renewed > std::time::SystemTime::now(),

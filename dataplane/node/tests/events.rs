@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{http_get, start_with, task, Daemon};
+use common::{http_get, poll_until, start_with, task, Daemon};
 use spindle_client::Client;
 use spindle_control::testing::TestDb;
 use spindle_core::{Decision, TaskId, TenantId};
@@ -62,14 +62,9 @@ async fn metric(daemon: &Daemon, name: &str) -> u64 {
 }
 
 /// Polls (bounded: 30 s) until `done` holds.
-async fn eventually(what: &str, mut done: impl AsyncFnMut() -> bool) {
-    for _ in 0..3_000 {
-        if done().await {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("never: {what}");
+async fn eventually(what: &str, done: impl AsyncFnMut() -> bool) {
+    let held = poll_until(Duration::from_secs(30), done, |&held| held).await;
+    assert!(held, "never: {what}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -183,17 +178,17 @@ async fn past_the_backlog_bound_new_work_is_refused_until_the_relay_catches_up()
         metric(&daemon, "spindle_events_pending").await <= 10
     })
     .await;
-    let mut accepted = false;
-    for i in 0..100 {
-        if submit(&daemon, &format!("again{i}-"), 1).await[0]
-            .decision
-            .is_accepted()
-        {
-            accepted = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let mut tries = 0;
+    let accepted = poll_until(
+        Duration::from_secs(5),
+        async || {
+            tries += 1;
+            let answers = submit(&daemon, &format!("again{tries}-"), 1).await;
+            answers[0].decision.is_accepted()
+        },
+        |&accepted| accepted,
+    )
+    .await;
     assert!(accepted, "new work still refused after the backlog drained");
 }
 

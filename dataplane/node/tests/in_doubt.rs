@@ -6,8 +6,8 @@
 mod common;
 
 use common::{
-    accepted_ids, executed_once_per_attempt, metric, start_on, task, wait_all_succeeded, wait_for,
-    CONFIG,
+    accepted_ids, executed_once_per_attempt, metric, poll_until, start_on, task,
+    wait_all_succeeded, wait_for, CONFIG,
 };
 use spindle_client::Client;
 use spindle_control::testing::{Proxy, TestDb};
@@ -199,13 +199,11 @@ async fn a_finish_whose_answer_is_lost_still_counts_as_succeeded() {
         a.task.0
     );
     lose_one_then_cut(&proxy, &sql, &done).await;
-    let mut counted = 0;
-    for _ in 0..2_000 {
-        counted = metric(&daemon, "spindle_tasks_succeeded_total").await;
-        if counted == 1 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    let counted = poll_until(
+        std::time::Duration::from_secs(20),
+        async || metric(&daemon, "spindle_tasks_succeeded_total").await,
+        |&counted| counted == 1,
+    )
+    .await;
     assert_eq!(counted, 1, "the committed success is counted once");
 }

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{http_get, start_with, task, wait_for};
+use common::{http_get, poll_until, start_with, task, wait_for};
 use spindle_client::Client;
 use spindle_control::testing::TestDb;
 use spindle_core::{Decision, TaskState, TenantId};
@@ -93,15 +93,11 @@ fn effective(http: std::net::SocketAddr) -> serde_json::Value {
 }
 
 /// Polls (bounded: 4 s) until `f` holds; how long it took.
-async fn within(what: &str, mut f: impl AsyncFnMut() -> bool) -> Duration {
+async fn within(what: &str, f: impl AsyncFnMut() -> bool) -> Duration {
     let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(4) {
-        if f().await {
-            return start.elapsed();
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("{what}: not within 4 s");
+    let held = poll_until(Duration::from_secs(4), f, |&held| held).await;
+    assert!(held, "{what}: not within 4 s");
+    start.elapsed()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

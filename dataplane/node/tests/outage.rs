@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{http_get, start_on, task, wait_for, CONFIG};
+use common::{http_get, poll_until, start_on, task, wait_for, CONFIG};
 use spindle_client::Client;
 use spindle_control::{EmbeddedOptions, EmbeddedPostgres};
 use spindle_core::{Decision, TaskState, TenantId};
@@ -51,26 +51,25 @@ async fn a_postgres_outage_rejects_paid_work_and_the_node_resumes_by_itself() {
     pg.start_server().unwrap();
     // Ready again by itself, before any client sends anything (bounded wait: 30 s): a node
     // that waited for work to prove PostgreSQL back would stay out of its load balancer.
-    let mut ready = false;
-    for _ in 0..600 {
-        if readyz(daemon.http).await == "HTTP/1.1 200 OK" {
-            ready = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(ready, "not ready 30 s after PostgreSQL returned");
+    let ready = poll_until(
+        Duration::from_secs(30),
+        async || readyz(daemon.http).await,
+        |status| status == "HTTP/1.1 200 OK",
+    )
+    .await;
+    assert_eq!(ready, "HTTP/1.1 200 OK", "30 s after PostgreSQL returned");
     // The node reconnects on its own (bounded wait): a submit is accepted and runs again.
-    let mut accepted = None;
-    for i in 0..600 {
-        let a = client.submit(task(&format!("after{i}"))).await.unwrap();
-        if a.decision.is_accepted() {
-            accepted = Some(a);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let a = accepted.expect("the node resumed within 30 s");
-    wait_for(&client, a.task, TaskState::Succeeded).await;
+    let mut tries = 0;
+    let accepted = poll_until(
+        Duration::from_secs(30),
+        async || {
+            tries += 1;
+            client.submit(task(&format!("after{tries}"))).await.unwrap()
+        },
+        |a| a.decision.is_accepted(),
+    )
+    .await;
+    assert!(accepted.decision.is_accepted(), "30 s: {accepted:?}");
+    wait_for(&client, accepted.task, TaskState::Succeeded).await;
     assert_eq!(readyz(daemon.http).await, "HTTP/1.1 200 OK");
 }

@@ -145,22 +145,7 @@ async fn cancel_racing_dispatch_never_runs_a_canceled_task() {
     for (t, canceled) in tasks {
         if canceled {
             // Canceled tasks end CANCELED and never SUCCEEDED.
-            let mut state = String::new();
-            for _ in 0..2_000 {
-                state = sql
-                    .query_one(
-                        "SELECT state FROM task WHERE task_id = $1",
-                        &[&(t.0 as i64)],
-                    )
-                    .await
-                    .unwrap()
-                    .get(0);
-                if state == "CANCELED" {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            assert_eq!(state, "CANCELED", "task {t}");
+            wait_for(&client, t, TaskState::Canceled).await;
         } else {
             wait_for(&client, t, TaskState::Succeeded).await;
         }

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{http_get, start_on, start_with, task, Daemon};
+use common::{http_get, poll_until, start_on, start_with, task, Daemon};
 use spindle_client::Client;
 use spindle_control::testing::{Proxy, TestDb};
 use spindle_core::{TaskId, TenantId};
@@ -148,25 +148,33 @@ async fn submit(daemon: &Daemon, prefix: &str, n: usize) -> Vec<TaskId> {
         .collect()
 }
 
+/// The stored state of task `key`.
+async fn state_of(sql: &tokio_postgres::Client, key: i64) -> String {
+    sql.query_one("SELECT state FROM task WHERE task_id = $1", &[&key])
+        .await
+        .unwrap()
+        .get(0)
+}
+
 /// Waits (bounded) until every one of `ids` is in a final state; returns the states in order.
 async fn wait_final(test: &TestDb, ids: &[TaskId]) -> Vec<String> {
     let keys: Vec<i64> = ids.iter().map(|t| t.0 as i64).collect();
     let sql = test.sql().await.unwrap();
-    for _ in 0..3_000 {
-        let open: i64 = sql
-            .query_one(
+    poll_until(
+        Duration::from_secs(30),
+        async || {
+            sql.query_one(
                 "SELECT count(*) FROM task WHERE task_id = ANY ($1)
                     AND state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELED', 'EXPIRED')",
                 &[&keys],
             )
             .await
             .unwrap()
-            .get(0);
-        if open == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+            .get::<_, i64>(0)
+        },
+        |&open| open == 0,
+    )
+    .await;
     sql.query(
         "SELECT state FROM task WHERE task_id = ANY ($1) ORDER BY task_id",
         &[&keys],
@@ -246,15 +254,15 @@ async fn healthy_provider_runs_everything_once_with_its_actual_cost() {
 /// (2 accounts × 4); returns the tasks.
 async fn kill_while_jobs_run(admin: &HttpProvider, mut node: Daemon) -> Vec<TaskId> {
     let ids = submit(&node, "resume", 16).await;
-    let mut in_flight = 0;
-    for _ in 0..3_000 {
-        let stats = admin.mock_stats().await.unwrap();
-        in_flight = stats.accounts.values().map(|s| s.in_flight).sum::<u64>();
-        if in_flight == 8 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let in_flight = poll_until(
+        Duration::from_secs(15),
+        async || {
+            let stats = admin.mock_stats().await.unwrap();
+            stats.accounts.values().map(|s| s.in_flight).sum::<u64>()
+        },
+        |&in_flight| in_flight == 8,
+    )
+    .await;
     assert_eq!(in_flight, 8, "the provider never ran the node's first jobs");
     node.child.kill().unwrap();
     node.child.wait().unwrap();
@@ -351,17 +359,17 @@ async fn a_429_storm_is_retried_with_backoff_and_never_breaks_the_contract() {
     assert_eq!(total.accepted, 30, "each task accepted once");
     assert!(total.rate_limited > 0, "the storm never hit: {total:?}");
     // The 429s halved an account's rate for two minutes; /metrics (and the dashboard) say so.
-    let mut penalized = false;
-    for _ in 0..200 {
-        let (_, metrics) = http_get(daemon.http, "/metrics").await;
-        penalized = metrics
-            .lines()
-            .any(|l| l.starts_with("spindle_provider_penalized") && l.ends_with(" 1"));
-        if penalized {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let penalized = poll_until(
+        Duration::from_secs(5),
+        async || {
+            let (_, metrics) = http_get(daemon.http, "/metrics").await;
+            metrics
+                .lines()
+                .any(|l| l.starts_with("spindle_provider_penalized") && l.ends_with(" 1"))
+        },
+        |&penalized| penalized,
+    )
+    .await;
     assert!(penalized, "no account shown as penalized after a 429 storm");
 }
 
@@ -392,26 +400,24 @@ async fn an_attempt_in_doubt_is_asked_about_again_until_the_provider_answers() {
     set_fault(&admin, Fault::TimeoutAfterAccept).await;
     let daemon = node(&test, &m).await;
     let ids = submit(&daemon, "doubt", 2).await;
-    let mut accepted = 0;
-    for _ in 0..3_000 {
-        let stats = admin.mock_stats().await.unwrap();
-        accepted = stats.accounts.values().map(|s| s.accepted).sum::<u64>();
-        if accepted == 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    let accepted = poll_until(
+        Duration::from_secs(10),
+        async || {
+            let stats = admin.mock_stats().await.unwrap();
+            stats.accounts.values().map(|s| s.accepted).sum::<u64>()
+        },
+        |&accepted| accepted == 2,
+    )
+    .await;
     assert_eq!(accepted, 2);
     // Before the node's first query (one call timeout after the unknown outcome).
     set_fault(&admin, Fault::QueryOutage).await;
-    let mut rounds = 0;
-    for _ in 0..3_000 {
-        rounds = common::metric(&daemon, "spindle_provider_unresolved_total").await;
-        if rounds >= 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let rounds = poll_until(
+        Duration::from_secs(30),
+        async || common::metric(&daemon, "spindle_provider_unresolved_total").await,
+        |&rounds| rounds >= 2,
+    )
+    .await;
     assert!(rounds >= 2, "no round of queries went unanswered");
     let sql = test.sql().await.unwrap();
     let keys: Vec<i64> = ids.iter().map(|t| t.0 as i64).collect();
@@ -792,8 +798,17 @@ async fn a_cancel_racing_the_callback_ends_canceled_with_nothing_held() {
         let a = client.submit(task(&format!("c{i}"))).await.unwrap();
         ids.push(a.task);
     }
-    // Cancel while they run at the provider (jobs take 300 ms); some may already be done.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Cancel once they run at the provider (jobs take 300 ms); some may already be done.
+    let running = poll_until(
+        Duration::from_secs(10),
+        async || {
+            let stats = admin.mock_stats().await.unwrap();
+            stats.accounts.values().map(|s| s.in_flight).sum::<u64>()
+        },
+        |&running| running > 0,
+    )
+    .await;
+    assert!(running > 0, "no job ran at the provider");
     let mut canceled = Vec::new();
     for t in &ids {
         if client.cancel(*t).await.is_ok() {
@@ -801,23 +816,12 @@ async fn a_cancel_racing_the_callback_ends_canceled_with_nothing_held() {
         }
     }
     assert!(!canceled.is_empty(), "nothing was cancelable");
+    let states = wait_final(&test, &ids).await;
+    assert!(
+        states.iter().all(|s| s == "SUCCEEDED" || s == "CANCELED"),
+        "{states:?}"
+    );
     let sql = test.sql().await.unwrap();
-    let keys: Vec<i64> = ids.iter().map(|t| t.0 as i64).collect();
-    for _ in 0..1_000 {
-        let open: i64 = sql
-            .query_one(
-                "SELECT count(*) FROM task WHERE task_id = ANY ($1)
-                    AND state NOT IN ('SUCCEEDED', 'CANCELED')",
-                &[&keys],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if open == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
     let ended_canceled: i64 = sql
         .query_one(
             "SELECT count(*) FROM task WHERE task_id = ANY ($1) AND state = 'CANCELED'",
@@ -1024,18 +1028,12 @@ async fn a_restart_during_the_media_step_runs_it_again_from_the_providers_video(
     let ids = submit(&daemon, "media", 1).await;
     let sql = test.sql().await.unwrap();
     let key = ids[0].0 as i64;
-    let mut state = String::new();
-    for _ in 0..3_000 {
-        state = sql
-            .query_one("SELECT state FROM task WHERE task_id = $1", &[&key])
-            .await
-            .unwrap()
-            .get(0);
-        if state != "QUEUED" && state != "DISPATCHING" && state != "RUNNING" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    let state = poll_until(
+        Duration::from_secs(15),
+        async || state_of(&sql, key).await,
+        |s| !["QUEUED", "DISPATCHING", "RUNNING"].contains(&s.as_str()),
+    )
+    .await;
     assert_eq!(
         state, "MEDIA_PROCESSING",
         "the media step was not caught running"
@@ -1109,34 +1107,26 @@ async fn a_cancel_stops_a_running_media_job() {
     client.cancel(a.task).await.unwrap();
     // Stored CANCELED once the worker stopped and the shard settled the task.
     let sql = test.sql().await.unwrap();
-    let mut state = String::new();
-    for _ in 0..1_000 {
-        state = sql
-            .query_one(
-                "SELECT state FROM task WHERE task_id = $1",
-                &[&(a.task.0 as i64)],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        if state == "CANCELED" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let key = a.task.0 as i64;
+    let state = poll_until(
+        Duration::from_secs(10),
+        async || state_of(&sql, key).await,
+        |s| s == "CANCELED",
+    )
+    .await;
     assert_eq!(state, "CANCELED");
     assert_clean(&test, &admin).await;
     // The worker notices between packets; give it its bounded moment to clean up.
-    let mut left = Vec::new();
-    for _ in 0..500 {
-        left = std::fs::read_dir(&out)
-            .map(|d| d.map(|e| e.unwrap().file_name()).collect())
-            .unwrap_or_default();
-        if left.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let left = poll_until(
+        Duration::from_secs(5),
+        async || -> Vec<std::ffi::OsString> {
+            std::fs::read_dir(&out)
+                .map(|d| d.map(|e| e.unwrap().file_name()).collect())
+                .unwrap_or_default()
+        },
+        Vec::is_empty,
+    )
+    .await;
     assert!(left.is_empty(), "outputs of a canceled job: {left:?}");
     let (_, metrics) = http_get(daemon.http, "/metrics").await;
     assert!(

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{start_with, task};
+use common::{poll_until, start_with, task};
 use spindle_client::{Client, ClientError};
 use spindle_control::testing::TestDb;
 use spindle_core::TenantId;
@@ -37,19 +37,16 @@ credential = "two"
     )
 }
 
-/// A client of `tenant` on `node` once the node serves the tenant's partition (bounded: 1,000
-/// tries 10 ms apart), after answers that name another node.
+/// A client of `tenant` on `node` once the node serves the tenant's partition (bounded: 20 s),
+/// after answers that name another node.
 async fn once_served(node: &common::Daemon, tenant: u32, credential: &str) -> Client {
-    for _ in 0..1_000 {
-        match Client::connect(node.addr, TenantId(tenant), credential).await {
-            Ok(c) => return c,
-            Err(ClientError::Refused(e)) if e.code == ErrorCode::WrongNode => {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            Err(e) => panic!("{e}"),
-        }
-    }
-    panic!("the node never took tenant {tenant}'s partition over");
+    let answer = poll_until(
+        Duration::from_secs(20),
+        async || Client::connect(node.addr, TenantId(tenant), credential).await,
+        |r| !matches!(r, Err(ClientError::Refused(e)) if e.code == ErrorCode::WrongNode),
+    )
+    .await;
+    answer.unwrap_or_else(|e| panic!("tenant {tenant}'s partition never served there: {e}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -202,21 +199,21 @@ credential = "one"
     // The node's leases lapse (as when PostgreSQL was out of its reach past `lease_ms`) and
     // nobody takes them: kept lapsed until a claim was refused for it.
     let sql = test.sql().await.unwrap();
-    let mut refused = 0u64;
-    for _ in 0..5_000 {
-        sql.execute(
-            "UPDATE partition_lease SET lease_until = now() - interval '1 second'
-              WHERE owner_node = 'lapse-node'",
-            &[],
-        )
-        .await
-        .unwrap();
-        refused = common::metric(&daemon, "spindle_claims_total{result=\"refused\"}").await;
-        if refused > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    let refused = poll_until(
+        Duration::from_secs(20),
+        async || {
+            sql.execute(
+                "UPDATE partition_lease SET lease_until = now() - interval '1 second'
+                  WHERE owner_node = 'lapse-node'",
+                &[],
+            )
+            .await
+            .unwrap();
+            common::metric(&daemon, "spindle_claims_total{result=\"refused\"}").await
+        },
+        |&refused| refused > 0,
+    )
+    .await;
     assert!(
         refused > 0,
         "no claim was refused while the lease was lapsed"

@@ -113,18 +113,41 @@ pub fn task(key: &str) -> SubmitTask {
     }
 }
 
-/// Polls until `task` is in `state` (bounded: 2,000 polls).
-pub async fn wait_for(client: &Client, task: TaskId, state: TaskState) {
-    let mut last = None;
-    for _ in 0..2_000 {
-        let s = client.get(task).await.unwrap();
-        if s.state == state {
-            return;
+/// How often `poll_until` reads.
+pub const POLL_EVERY: Duration = Duration::from_millis(5);
+
+/// Reads `read` until `done` holds of a reading, every `POLL_EVERY`, for at most `budget` (a
+/// condition waited for, bounded, never a sleep standing in for it); returns the last reading,
+/// for the caller to assert on, whether `done` held of it or the budget ran out.
+pub async fn poll_until<T>(
+    budget: Duration,
+    mut read: impl AsyncFnMut() -> T,
+    done: impl Fn(&T) -> bool,
+) -> T {
+    let deadline = std::time::Instant::now() + budget;
+    loop {
+        let reading = read().await;
+        if done(&reading) || std::time::Instant::now() >= deadline {
+            return reading;
         }
-        last = Some(s);
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        tokio::time::sleep(POLL_EVERY).await;
     }
-    panic!("task {task} never reached {state:?}; last {last:?}");
+}
+
+/// The one bigint `query` reads on `sql`.
+pub async fn read_i64(sql: &tokio_postgres::Client, query: &str) -> i64 {
+    sql.query_one(query, &[]).await.unwrap().get(0)
+}
+
+/// Polls until `task` is in `state` (bounded: 20 s).
+pub async fn wait_for(client: &Client, task: TaskId, state: TaskState) {
+    let last = poll_until(
+        Duration::from_secs(20),
+        async || client.get(task).await.unwrap(),
+        |s| s.state == state,
+    )
+    .await;
+    assert_eq!(last.state, state, "task {task}; last {last:?}");
 }
 
 /// The value of `series` (a metric name with its labels, as `/metrics` writes it) on `daemon`;
@@ -203,25 +226,32 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String
     (head.lines().next().unwrap().to_string(), body.to_string())
 }
 
-/// Polls (bounded: 30 s) until every task in `ids` is SUCCEEDED in PostgreSQL; returns how many
+/// Polls (bounded: 60 s) until every task in `ids` is SUCCEEDED in PostgreSQL; returns how many
 /// are.
 pub async fn wait_all_succeeded(sql: &tokio_postgres::Client, ids: &[i64]) -> i64 {
-    let mut done = 0i64;
-    for _ in 0..3_000 {
-        done = sql
-            .query_one(
+    wait_all_succeeded_within(sql, ids, Duration::from_secs(60)).await
+}
+
+/// `wait_all_succeeded` bounded by `budget`.
+pub async fn wait_all_succeeded_within(
+    sql: &tokio_postgres::Client,
+    ids: &[i64],
+    budget: Duration,
+) -> i64 {
+    poll_until(
+        budget,
+        async || {
+            sql.query_one(
                 "SELECT count(*) FROM task WHERE task_id = ANY ($1) AND state = 'SUCCEEDED'",
                 &[&ids],
             )
             .await
             .unwrap()
-            .get(0);
-        if done == ids.len() as i64 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    done
+            .get::<_, i64>(0)
+        },
+        |&done| done == ids.len() as i64,
+    )
+    .await
 }
 
 /// The local provider's execution logs: no (task, attempt) line appears twice across them;
@@ -286,13 +316,10 @@ pub fn admin_tokens() -> String {
 
 /// Polls (bounded: 30 s) until `query` (one bigint) reads `want`; returns the last reading.
 pub async fn wait_reading(sql: &tokio_postgres::Client, query: &str, want: i64) -> i64 {
-    let mut got = -1;
-    for _ in 0..3_000 {
-        got = sql.query_one(query, &[]).await.unwrap().get(0);
-        if got == want {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    got
+    poll_until(
+        Duration::from_secs(30),
+        async || read_i64(sql, query).await,
+        |&got| got == want,
+    )
+    .await
 }
