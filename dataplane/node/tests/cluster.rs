@@ -82,7 +82,7 @@ async fn three_nodes_share_one_provider_without_a_violation() {
     // Every node counts the others before load starts (their RPM shares depend on it).
     for n in &nodes {
         let seen = poll_until(
-            Duration::from_secs(5),
+            Duration::from_secs(10),
             async || live_nodes(n).await,
             |&seen| seen == 3,
         )

@@ -59,7 +59,7 @@ credential = "one"
     // is handled are accepted as usual: they are counted.)
     let mut accepted_late = 0;
     let refused = poll_until(
-        Duration::from_secs(5),
+        Duration::from_secs(10),
         async || match client.submit(task(&format!("late{accepted_late}"))).await {
             Err(ClientError::Refused(e)) if e.code == ErrorCode::Draining => true,
             Ok(a) if a.decision.is_accepted() => {

@@ -122,7 +122,7 @@ async fn a_batch_refused_for_one_task_leaves_nothing_of_the_others_behind() {
     wait_for(&client, a.task, TaskState::Succeeded).await;
     // Nothing of the refused batch is live in any shard (the gauge follows each pump).
     let live = poll_until(
-        Duration::from_secs(4),
+        Duration::from_secs(10),
         async || {
             metric_sum(
                 &http_get(daemon.http, "/metrics").await.1,
@@ -325,7 +325,7 @@ credential = "two"
     // The per-tenant gauges are written every 10 shard ticks (200 ms).
     let gauge = "spindle_tenant_running_tasks{shard=\"1\",tenant=\"1\"} 8";
     let metrics = poll_until(
-        Duration::from_secs(5),
+        Duration::from_secs(10),
         async || http_get(daemon.http, "/metrics").await.1,
         |metrics| metrics.contains(gauge),
     )
@@ -485,7 +485,7 @@ async fn a_running_attempts_lease_is_renewed_while_it_runs() {
         .ok()
         .and_then(|r| r.get(0))
     };
-    let first = poll_until(Duration::from_secs(5), lease, Option::is_some)
+    let first = poll_until(Duration::from_secs(10), lease, Option::is_some)
         .await
         .expect("the task never ran");
     // Two renewals later the lease lies past where the claim put it.

@@ -180,7 +180,7 @@ async fn past_the_backlog_bound_new_work_is_refused_until_the_relay_catches_up()
     .await;
     let mut tries = 0;
     let accepted = poll_until(
-        Duration::from_secs(5),
+        Duration::from_secs(10),
         async || {
             tries += 1;
             let answers = submit(&daemon, &format!("again{tries}-"), 1).await;

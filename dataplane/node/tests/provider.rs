@@ -360,7 +360,7 @@ async fn a_429_storm_is_retried_with_backoff_and_never_breaks_the_contract() {
     assert!(total.rate_limited > 0, "the storm never hit: {total:?}");
     // The 429s halved an account's rate for two minutes; /metrics (and the dashboard) say so.
     let penalized = poll_until(
-        Duration::from_secs(5),
+        Duration::from_secs(10),
         async || {
             let (_, metrics) = http_get(daemon.http, "/metrics").await;
             metrics
@@ -1118,7 +1118,7 @@ async fn a_cancel_stops_a_running_media_job() {
     assert_clean(&test, &admin).await;
     // The worker notices between packets; give it its bounded moment to clean up.
     let left = poll_until(
-        Duration::from_secs(5),
+        Duration::from_secs(10),
         async || -> Vec<std::ffi::OsString> {
             std::fs::read_dir(&out)
                 .map(|d| d.map(|e| e.unwrap().file_name()).collect())
