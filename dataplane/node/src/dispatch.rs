@@ -118,13 +118,16 @@ pub enum Call {
         account: String,
         request_key: String,
     },
-    /// Follow an accepted job to its end.
+    /// Follow an accepted job to its end; with `cancel`, ask the provider to stop it first (its
+    /// task was canceled before the provider's acceptance came back). Either way the shard hears
+    /// how the job ended, and only then lets go of what the attempt holds.
     Watch {
         shard: usize,
         task: TaskId,
         token: FencingToken,
         account: String,
         job_id: String,
+        cancel: bool,
     },
     /// Best effort: the task was canceled while the provider ran it.
     Cancel { account: String, job_id: String },
@@ -317,7 +320,9 @@ impl Dispatcher {
                 token,
                 account,
                 job_id,
+                cancel,
             } => {
+                // Watched before the cancel goes out: the callback it causes finds the watch.
                 self.lock().insert(
                     job_id.clone(),
                     Watched {
@@ -327,6 +332,12 @@ impl Dispatcher {
                         stuck: false,
                     },
                 );
+                if cancel {
+                    let canceled = self.provider.cancel(&account, &job_id).await;
+                    if let Err(e) = canceled {
+                        tracing::warn!("canceling {job_id} at the provider: {e}");
+                    }
+                }
                 self.poll(&account, &job_id).await;
             }
             Call::Cancel { account, job_id } => {

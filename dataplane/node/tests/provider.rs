@@ -148,6 +148,12 @@ async fn submit(daemon: &Daemon, prefix: &str, n: usize) -> Vec<TaskId> {
         .collect()
 }
 
+/// One of the mock provider's per-account counters, summed over its accounts.
+async fn mock_total(admin: &HttpProvider, counter: fn(&AccountStats) -> u64) -> u64 {
+    let stats = admin.mock_stats().await.unwrap();
+    stats.accounts.values().map(counter).sum()
+}
+
 /// The stored state of task `key`.
 async fn state_of(sql: &tokio_postgres::Client, key: i64) -> String {
     sql.query_one("SELECT state FROM task WHERE task_id = $1", &[&key])
@@ -256,10 +262,7 @@ async fn kill_while_jobs_run(admin: &HttpProvider, mut node: Daemon) -> Vec<Task
     let ids = submit(&node, "resume", 16).await;
     let in_flight = poll_until(
         Duration::from_secs(15),
-        async || {
-            let stats = admin.mock_stats().await.unwrap();
-            stats.accounts.values().map(|s| s.in_flight).sum::<u64>()
-        },
+        async || mock_total(admin, |s| s.in_flight).await,
         |&in_flight| in_flight == 8,
     )
     .await;
@@ -402,10 +405,7 @@ async fn an_attempt_in_doubt_is_asked_about_again_until_the_provider_answers() {
     let ids = submit(&daemon, "doubt", 2).await;
     let accepted = poll_until(
         Duration::from_secs(10),
-        async || {
-            let stats = admin.mock_stats().await.unwrap();
-            stats.accounts.values().map(|s| s.accepted).sum::<u64>()
-        },
+        async || mock_total(&admin, |s| s.accepted).await,
         |&accepted| accepted == 2,
     )
     .await;
@@ -801,10 +801,7 @@ async fn a_cancel_racing_the_callback_ends_canceled_with_nothing_held() {
     // Cancel once they run at the provider (jobs take 300 ms); some may already be done.
     let running = poll_until(
         Duration::from_secs(10),
-        async || {
-            let stats = admin.mock_stats().await.unwrap();
-            stats.accounts.values().map(|s| s.in_flight).sum::<u64>()
-        },
+        async || mock_total(&admin, |s| s.in_flight).await,
         |&running| running > 0,
     )
     .await;
@@ -819,7 +816,8 @@ async fn a_cancel_racing_the_callback_ends_canceled_with_nothing_held() {
     let states = wait_final(&test, &ids).await;
     assert!(
         states.iter().all(|s| s == "SUCCEEDED" || s == "CANCELED"),
-        "{states:?}"
+        "{states:?} (canceled {canceled:?} of {ids:?})\n{}",
+        daemon.log_tail(60)
     );
     let sql = test.sql().await.unwrap();
     let ended_canceled: i64 = sql
@@ -836,6 +834,40 @@ async fn a_cancel_racing_the_callback_ends_canceled_with_nothing_held() {
         "every acknowledged cancel holds"
     );
     assert_clean(&test, &admin).await;
+}
+
+/// A task canceled while its submit is in doubt (the provider accepted the job; its answer
+/// missed the node's timeout): once the query by request key finds the job, the job is stopped
+/// at the provider and watched to its end, and the task ends CANCELED with nothing held. (The
+/// job was stopped but not watched before: nothing ended the attempt, and the task stayed
+/// DISPATCHING for good, holding its reservations.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_while_the_submit_is_in_doubt_stops_the_job_and_ends_canceled() {
+    let test = TestDb::new().await;
+    // Jobs outlast the submit's timeout and the query after it (400 ms each).
+    let (m, admin) = mock(3_000).await;
+    set_fault(&admin, Fault::TimeoutAfterAccept).await;
+    let daemon = node(&test, &m).await;
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let a = client.submit(task("doubt")).await.unwrap();
+    assert!(a.decision.is_accepted(), "{a:?}");
+    // Accepted at the provider; the node hears nothing of it for one timeout.
+    let accepted = poll_until(
+        Duration::from_secs(10),
+        async || mock_total(&admin, |s| s.accepted).await,
+        |&accepted| accepted == 1,
+    )
+    .await;
+    assert_eq!(accepted, 1);
+    client.cancel(a.task).await.unwrap();
+    let states = wait_final(&test, &[a.task]).await;
+    assert_eq!(states, ["CANCELED"], "{}", daemon.log_tail(30));
+    let total = assert_clean(&test, &admin).await;
+    assert_eq!(total.accepted, 1, "found by key, never sent again");
+    assert_eq!(total.completed, 0, "the job was stopped, not run out");
+    assert_eq!(mock_total(&admin, |s| s.in_flight).await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

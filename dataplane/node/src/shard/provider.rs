@@ -166,8 +166,9 @@ pub(super) async fn provider_event(state: &SharedShard, event: crate::dispatch::
     pump(state).await;
 }
 
-/// The provider took the attempt: RUNNING, then watch the job (or cancel it, if the task was
-/// canceled meanwhile).
+/// The provider took the attempt: RUNNING, then watch the job — asking the provider to stop it
+/// first if the task was canceled meanwhile; the watch tells how it ended, and that end lets go
+/// of the attempt's reservations.
 pub(super) fn accepted(
     s: &mut ShardState,
     index: usize,
@@ -190,13 +191,8 @@ pub(super) fn accepted(
     let attempt = s.meta.get_mut(&task).and_then(|m| m.attempt.as_mut())?;
     attempt.job_id = Some(view.job_id.clone());
     let account = attempt.account.clone();
-    if s.core.task_state(task) == Some(TaskState::Canceled) {
-        return Some(Call::Cancel {
-            account,
-            job_id: view.job_id,
-        });
-    }
-    if !was_running {
+    let cancel = s.core.task_state(task) == Some(TaskState::Canceled);
+    if !was_running && !cancel {
         notify(s, task, TaskState::Running);
         send_reports(
             s,
@@ -213,6 +209,7 @@ pub(super) fn accepted(
         token,
         account,
         job_id: view.job_id,
+        cancel,
     })
 }
 
