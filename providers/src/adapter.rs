@@ -36,6 +36,10 @@ pub enum SubmitError {
     /// No definite answer: it may have been accepted.
     #[error("outcome unknown: {0}")]
     Unknown(String),
+    /// The caller withdrew it while it waited for its turn ([`HttpProvider::submit_unless`]):
+    /// nothing was sent, and nothing about the provider's health follows from it.
+    #[error("withdrawn before it was sent")]
+    Withdrawn,
 }
 
 /// A lookup's answer: the job, or a definite "no such job".
@@ -114,11 +118,21 @@ impl HttpProvider {
     }
 
     pub(crate) async fn call(&self, method: &str, path: &str, body: Option<Vec<u8>>) -> Sent {
+        let _open = self.turn().await;
+        self.exchange(method, path, body).await
+    }
+
+    /// Waits for a call's turn when calls are bounded; the permit is held for the call.
+    async fn turn(&self) -> Option<tokio::sync::SemaphorePermit<'_>> {
         // Never closed: a permit always comes.
-        let _open = match &self.open {
+        match &self.open {
             Some(open) => open.acquire().await.ok(),
             None => None,
-        };
+        }
+    }
+
+    /// One request and its answer, bounded by the timeout.
+    async fn exchange(&self, method: &str, path: &str, body: Option<Vec<u8>>) -> Sent {
         let request = hyper::Request::builder()
             .method(method)
             .uri(format!("{}{path}", self.base))
@@ -149,6 +163,22 @@ impl HttpProvider {
         }
     }
 
+    /// `submit`, unless `withdrawn` is set by the time the call's turn comes (with
+    /// `with_requests_max`, a call may wait for one): then nothing is sent and the answer is
+    /// [`SubmitError::Withdrawn`]. A submit already on its way is not called back.
+    pub async fn submit_unless(
+        &self,
+        s: &Submission,
+        withdrawn: &std::sync::atomic::AtomicBool,
+    ) -> Result<JobView, SubmitError> {
+        let body = serde_json::to_vec(s).map_err(|e| SubmitError::NotSent(e.to_string()))?;
+        let _open = self.turn().await;
+        if withdrawn.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(SubmitError::Withdrawn);
+        }
+        submit_answer(self.exchange("POST", "/v1/jobs", Some(body)).await)
+    }
+
     async fn lookup(&self, method: &str, path: &str) -> Result<Lookup, QueryError> {
         match self.call(method, path, None).await {
             Sent::Answer(StatusCode::OK, body) => serde_json::from_slice(&body)
@@ -161,6 +191,43 @@ impl HttpProvider {
             ))),
             Sent::Unsent(e) | Sent::NoAnswer(e) => Err(QueryError(e)),
         }
+    }
+}
+
+/// What a submit's exchange says about the job.
+fn submit_answer(sent: Sent) -> Result<JobView, SubmitError> {
+    match sent {
+        Sent::Answer(status, body) if status.is_success() => serde_json::from_slice(&body)
+            // It answered success: accepted, but we cannot read what. Ask by key.
+            .map_err(|e| SubmitError::Unknown(format!("unreadable acceptance: {e}"))),
+        Sent::Answer(status, body) => {
+            let problem: Option<Problem> = serde_json::from_slice(&body).ok();
+            let message = problem.as_ref().map_or_else(
+                || String::from_utf8_lossy(&body).into_owned(),
+                |p| p.message.clone(),
+            );
+            match status.as_u16() {
+                429 => Err(SubmitError::RateLimited {
+                    retry_after_ms: problem.and_then(|p| p.retry_after_ms),
+                }),
+                400..=499 => Err(SubmitError::Refused {
+                    kind: problem.map_or(
+                        match status.as_u16() {
+                            401 | 403 => ProblemKind::Auth,
+                            402 => ProblemKind::Balance,
+                            422 => ProblemKind::Moderation,
+                            _ => ProblemKind::InvalidParameters,
+                        },
+                        |p| p.error,
+                    ),
+                    message,
+                }),
+                // A 5xx says nothing about whether the job was taken.
+                _ => Err(SubmitError::Unknown(format!("{status}: {message}"))),
+            }
+        }
+        Sent::Unsent(e) => Err(SubmitError::NotSent(e)),
+        Sent::NoAnswer(e) => Err(SubmitError::Unknown(e)),
     }
 }
 
@@ -180,39 +247,7 @@ fn encode(v: &str) -> String {
 impl AsyncJobProvider for HttpProvider {
     async fn submit(&self, s: &Submission) -> Result<JobView, SubmitError> {
         let body = serde_json::to_vec(s).map_err(|e| SubmitError::NotSent(e.to_string()))?;
-        match self.call("POST", "/v1/jobs", Some(body)).await {
-            Sent::Answer(status, body) if status.is_success() => serde_json::from_slice(&body)
-                // It answered success: accepted, but we cannot read what. Ask by key.
-                .map_err(|e| SubmitError::Unknown(format!("unreadable acceptance: {e}"))),
-            Sent::Answer(status, body) => {
-                let problem: Option<Problem> = serde_json::from_slice(&body).ok();
-                let message = problem.as_ref().map_or_else(
-                    || String::from_utf8_lossy(&body).into_owned(),
-                    |p| p.message.clone(),
-                );
-                match status.as_u16() {
-                    429 => Err(SubmitError::RateLimited {
-                        retry_after_ms: problem.and_then(|p| p.retry_after_ms),
-                    }),
-                    400..=499 => Err(SubmitError::Refused {
-                        kind: problem.map_or(
-                            match status.as_u16() {
-                                401 | 403 => ProblemKind::Auth,
-                                402 => ProblemKind::Balance,
-                                422 => ProblemKind::Moderation,
-                                _ => ProblemKind::InvalidParameters,
-                            },
-                            |p| p.error,
-                        ),
-                        message,
-                    }),
-                    // A 5xx says nothing about whether the job was taken.
-                    _ => Err(SubmitError::Unknown(format!("{status}: {message}"))),
-                }
-            }
-            Sent::Unsent(e) => Err(SubmitError::NotSent(e)),
-            Sent::NoAnswer(e) => Err(SubmitError::Unknown(e)),
-        }
+        submit_answer(self.call("POST", "/v1/jobs", Some(body)).await)
     }
 
     async fn job(&self, _account: &str, job_id: &str) -> Result<Lookup, QueryError> {

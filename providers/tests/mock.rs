@@ -80,6 +80,28 @@ async fn a_job_runs_to_success_and_a_repeated_key_is_the_same_job() {
     assert_eq!((s.concurrency_violations, s.rpm_violations), (0, 0));
 }
 
+/// A submit withdrawn before its turn is not sent: the provider never sees it, and its key is
+/// free for a later submit. One not withdrawn goes out as usual.
+#[tokio::test]
+async fn a_withdrawn_submit_is_never_sent() {
+    use std::sync::atomic::AtomicBool;
+    let m = mock(20).await;
+    let p = m.client(Duration::from_secs(2)).with_requests_max(1);
+    let e = p
+        .submit_unless(&job("acme", "w", None), &AtomicBool::new(true))
+        .await
+        .unwrap_err();
+    assert_eq!(e, SubmitError::Withdrawn);
+    assert_eq!(p.find_by_key("acme", "w").await.unwrap(), Lookup::NotFound);
+    let a = p
+        .submit_unless(&job("acme", "w", None), &AtomicBool::new(false))
+        .await
+        .unwrap();
+    assert_eq!(a.state, JobState::Running);
+    let s = p.mock_stats().await.unwrap().accounts["acme"].clone();
+    assert_eq!((s.accepted, s.duplicate_keys), (1, 0));
+}
+
 #[tokio::test]
 async fn submits_beyond_the_contract_are_refused_and_counted() {
     let m = mock(10_000).await;

@@ -8,6 +8,7 @@
 //! each job's end once.
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -108,6 +109,8 @@ pub enum Call {
         shard: usize,
         task: TaskId,
         token: FencingToken,
+        /// Set by the shard when the task is canceled before the submit's turn comes.
+        withdrawn: Arc<AtomicBool>,
         submission: Submission,
     },
     /// After an unknown outcome: find the attempt by its request key.
@@ -271,20 +274,24 @@ impl Dispatcher {
                 shard,
                 task,
                 token,
+                withdrawn,
                 submission,
             } => {
-                let result = self.provider.submit(&submission).await;
-                let definite = !matches!(
-                    result,
-                    Err(SubmitError::NotSent(_) | SubmitError::Unknown(_))
-                );
-                self.health.record(&submission.account, definite);
+                let result = self.provider.submit_unless(&submission, &withdrawn).await;
+                if result != Err(SubmitError::Withdrawn) {
+                    let definite = !matches!(
+                        result,
+                        Err(SubmitError::NotSent(_) | SubmitError::Unknown(_))
+                    );
+                    self.health.record(&submission.account, definite);
+                }
                 self.metrics.provider_call(match &result {
                     Ok(_) => "accepted",
                     Err(SubmitError::RateLimited { .. }) => "rate_limited",
                     Err(SubmitError::Refused { .. }) => "refused",
                     Err(SubmitError::NotSent(_)) => "not_sent",
                     Err(SubmitError::Unknown(_)) => "unknown",
+                    Err(SubmitError::Withdrawn) => "withdrawn",
                 });
                 self.send(
                     shard,

@@ -37,9 +37,15 @@ const DISPATCH_BUCKETS_US: &[u64] = &[
     50_000, 100_000, 250_000, 500_000, 1_000_000, 5_000_000,
 ];
 pub const KINDS: [&str; 4] = ["submit", "claim", "report", "read"];
-/// Provider submit results.
-pub const PROVIDER_RESULTS: [&str; 5] =
-    ["accepted", "rate_limited", "refused", "not_sent", "unknown"];
+/// Provider submit results (withdrawn: its task was canceled before its turn; nothing sent).
+pub const PROVIDER_RESULTS: [&str; 6] = [
+    "accepted",
+    "rate_limited",
+    "refused",
+    "not_sent",
+    "unknown",
+    "withdrawn",
+];
 /// Provider callbacks and polls: progress, final (ended a watch), ignored (nobody watched:
 /// a duplicate or late one), polled (a poll found the end), bad_signature.
 pub const CALLBACK_KINDS: [&str; 5] = ["progress", "final", "ignored", "polled", "bad_signature"];

@@ -870,6 +870,41 @@ async fn a_cancel_while_the_submit_is_in_doubt_stops_the_job_and_ends_canceled()
     assert_eq!(mock_total(&admin, |s| s.in_flight).await, 0);
 }
 
+/// With one request to the provider open at a time, the second of two granted tasks waits for
+/// its turn while the first's submit hangs (accepted, answered past the node's timeout). Both
+/// are canceled then: the waiting submit is never sent, the first's job is stopped once the
+/// query by request key finds it, and both end CANCELED with nothing held. (The waiting submit
+/// went out after the cancel before: the provider took two jobs for two canceled tasks.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_submit_waiting_its_turn_is_not_sent_once_its_task_is_canceled() {
+    let test = TestDb::new().await;
+    let (m, admin) = mock(3_000).await;
+    set_fault(&admin, Fault::TimeoutAfterAccept).await;
+    let config = node_config("provider-node", &m, "requests_max = 1");
+    let daemon = start_with(&test, &config).await;
+    let ids = submit(&daemon, "turn", 2).await;
+    let accepted = poll_until(
+        Duration::from_secs(10),
+        async || mock_total(&admin, |s| s.accepted).await,
+        |&accepted| accepted == 1,
+    )
+    .await;
+    assert_eq!(accepted, 1, "the first submit never reached the provider");
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    for t in &ids {
+        client.cancel(*t).await.unwrap();
+    }
+    let states = wait_final(&test, &ids).await;
+    assert_eq!(states, ["CANCELED", "CANCELED"], "{}", daemon.log_tail(30));
+    let total = assert_clean(&test, &admin).await;
+    assert_eq!(total.accepted, 1, "a canceled task's submit was sent");
+    assert_eq!(total.completed, 0, "the job was stopped, not run out");
+    let withdrawn = "spindle_provider_submits_total{result=\"withdrawn\"}";
+    assert_eq!(common::metric(&daemon, withdrawn).await, 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_provider_opens_its_circuit_and_work_fails_over_to_a_compatible_one() {
     let test = TestDb::new().await;

@@ -204,6 +204,9 @@ struct ProviderAttempt {
     account: String,
     request_key: String,
     job_id: Option<String>,
+    /// Set when the task is canceled before its submit went out: the provider thread then
+    /// does not send it (`HttpProvider::submit_unless`).
+    withdrawn: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// The provider's video, once the job succeeded: the media stage's input.
     output_url: Option<String>,
 }
@@ -499,6 +502,7 @@ impl ShardState {
                     account,
                     request_key: live.request_key,
                     job_id: None,
+                    withdrawn: Default::default(),
                     output_url: None,
                 };
                 resolve = Some(attempt.resolve(self.index, task, live.token));
@@ -841,11 +845,14 @@ fn cancel(state: &SharedShard, tenant: TenantId, task: TaskId, reply: oneshot::S
             // A queued task is gone at once: persist. A running one persists when its step
             // reports back (the token moves with it); the provider is asked to stop it.
             let running = s.meta.get(&task).is_some_and(|m| m.token.is_some());
-            let at_provider = s
-                .meta
-                .get(&task)
-                .and_then(|m| m.attempt.as_ref())
-                .and_then(|a| Some((a.account.clone(), a.job_id.clone()?)));
+            let attempt = s.meta.get(&task).and_then(|m| m.attempt.as_ref());
+            if let Some(a) = attempt.filter(|a| a.job_id.is_none()) {
+                // A submit not sent yet is not sent at all; one already out is stopped once
+                // its job is known (`provider::accepted`).
+                a.withdrawn
+                    .store(true, std::sync::atomic::Ordering::Release);
+            }
+            let at_provider = attempt.and_then(|a| Some((a.account.clone(), a.job_id.clone()?)));
             if s.core.task_state(task) == Some(TaskState::Canceled) {
                 if let Some(pool) = &s.media {
                     // A media job of this task, queued or running, stops and cleans up.

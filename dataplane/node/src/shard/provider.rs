@@ -5,7 +5,8 @@
 use super::*;
 
 /// Sends a granted attempt to the HTTP provider (nothing is sent before the claim committed:
-/// this runs on its answer). The request key is the attempt's: a repeat is the same job.
+/// this runs on its answer). The request key is the attempt's: a repeat is the same job. A task
+/// canceled since its grant is not sent at all: its attempt ends here.
 pub(super) async fn submit_to_provider(
     state: &SharedShard,
     d: &crate::dispatch::DispatchHandle,
@@ -20,22 +21,28 @@ pub(super) async fn submit_to_provider(
         if !s.meta.contains_key(&task) {
             return;
         }
+        if canceled_before_sent(&mut s, task, token) {
+            return;
+        }
         let Some(provider) = s.core.task_provider(task) else {
             tracing::warn!("{task}: granted without a provider");
             return;
         };
         let account = s.core.policy().providers[provider.0 as usize].name.clone();
         let meta = s.meta.get_mut(&task).expect("checked above");
+        let withdrawn = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         meta.attempt = Some(Box::new(ProviderAttempt {
             account: account.clone(),
             request_key: request_key.clone(),
             job_id: None,
+            withdrawn: withdrawn.clone(),
             output_url: None,
         }));
         crate::dispatch::Call::Submit {
             shard: index,
             task,
             token,
+            withdrawn,
             submission: spindle_providers::Submission {
                 account,
                 request_key,
@@ -48,6 +55,18 @@ pub(super) async fn submit_to_provider(
     if d.calls.send(call).await.is_err() {
         tracing::warn!("{task}: the provider thread stopped; the reconciler resolves it");
     }
+}
+
+/// Ends the attempt of a task canceled between its grant and its start, which is then never
+/// sent to a provider (DESIGN §8); false when the task was not canceled.
+fn canceled_before_sent(s: &mut ShardState, task: TaskId, token: FencingToken) -> bool {
+    if s.core.task_state(task) != Some(TaskState::Canceled) {
+        return false;
+    }
+    let now = s.now();
+    let failure = spindle_core::shard::Failure::Retryable;
+    failed(s, now, task, token, failure, "canceled before it was sent");
+    true
 }
 
 /// What the provider thread answered about an attempt.
@@ -82,7 +101,8 @@ pub(super) async fn provider_event(state: &SharedShard, event: crate::dispatch::
                 let failure = match &e {
                     SubmitError::RateLimited { .. } => Some(Failure::RateLimited),
                     SubmitError::Refused { .. } => Some(Failure::NonRetryable),
-                    SubmitError::NotSent(_) => Some(Failure::Retryable),
+                    // Withdrawn: canceled before it was sent; the core ends it CANCELED.
+                    SubmitError::NotSent(_) | SubmitError::Withdrawn => Some(Failure::Retryable),
                     SubmitError::Unknown(_) => None,
                 };
                 match failure {
@@ -335,6 +355,9 @@ pub(super) async fn run_local(
 ) {
     let wait = {
         let mut s = state.borrow_mut();
+        if canceled_before_sent(&mut s, task, token) {
+            return;
+        }
         if let Some(log) = &mut s.log {
             use std::io::Write;
             // One write per line (O_APPEND): a kill -9 never leaves half a line.
