@@ -84,6 +84,18 @@ credential = "one"
     )
 }
 
+/// A node whose submits to a mock hanging on them (`Fault::TimeoutAfterAccept`: it answers
+/// after 1.5 s) give up after 1 s, leaving a second of doubt to act in; `provider_extra` as in
+/// `node_config`.
+async fn doubting_node(test: &TestDb, m: &MockProvider, provider_extra: &str) -> Daemon {
+    let config = node_config("provider-node", m, provider_extra);
+    start_with(
+        test,
+        &config.replace("timeout_ms = 400", "timeout_ms = 1000"),
+    )
+    .await
+}
+
 /// spindled with the mock at `m` and a media stage writing to `out`.
 async fn media_node(test: &TestDb, m: &MockProvider, out: &std::path::Path, media: &str) -> Daemon {
     let config = format!(
@@ -844,10 +856,10 @@ async fn a_cancel_racing_the_callback_ends_canceled_with_nothing_held() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_while_the_submit_is_in_doubt_stops_the_job_and_ends_canceled() {
     let test = TestDb::new().await;
-    // Jobs outlast the submit's timeout and the query after it (400 ms each).
-    let (m, admin) = mock(3_000).await;
+    // Jobs outlast the submit's timeout and the query after it (1 s each).
+    let (m, admin) = mock(10_000).await;
     set_fault(&admin, Fault::TimeoutAfterAccept).await;
-    let daemon = node(&test, &m).await;
+    let daemon = doubting_node(&test, &m, "").await;
     let client = Client::connect(daemon.addr, TenantId(1), "one")
         .await
         .unwrap();
@@ -878,10 +890,12 @@ async fn a_cancel_while_the_submit_is_in_doubt_stops_the_job_and_ends_canceled()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_submit_waiting_its_turn_is_not_sent_once_its_task_is_canceled() {
     let test = TestDb::new().await;
-    let (m, admin) = mock(3_000).await;
+    let (m, admin) = mock(10_000).await;
     set_fault(&admin, Fault::TimeoutAfterAccept).await;
-    let config = node_config("provider-node", &m, "requests_max = 1");
-    let daemon = start_with(&test, &config).await;
+    let daemon = doubting_node(&test, &m, "requests_max = 1").await;
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
     let ids = submit(&daemon, "turn", 2).await;
     let accepted = poll_until(
         Duration::from_secs(10),
@@ -890,9 +904,6 @@ async fn a_submit_waiting_its_turn_is_not_sent_once_its_task_is_canceled() {
     )
     .await;
     assert_eq!(accepted, 1, "the first submit never reached the provider");
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
-        .await
-        .unwrap();
     for t in &ids {
         client.cancel(*t).await.unwrap();
     }
