@@ -107,6 +107,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "byte_order_keys",
         sql: include_str!("../migrations/0018_byte_order_keys.sql"),
     },
+    Migration {
+        version: 19,
+        name: "cancel_request",
+        sql: include_str!("../migrations/0019_cancel_request.sql"),
+    },
 ];
 
 /// FNV-1a over the migration's text: stable across builds and platforms.

@@ -112,6 +112,29 @@ impl Db {
             .collect()
     }
 
+    /// Marks `tasks` as canceled by their client, before the cancel is answered: a node that
+    /// puts them back (at start, or taking their partition over) cancels them. For each task,
+    /// in order: whether it was marked (false: no such task, or it has ended). Idempotent, so
+    /// a call in doubt is made again as it is.
+    pub async fn request_cancel(&self, tasks: &[TaskId]) -> Result<Vec<bool>, StoreError> {
+        crate::error::check_batch_len(tasks.len())?;
+        let ids: Vec<i64> = tasks.iter().map(|t| t.0 as i64).collect();
+        let rows = self
+            .answered(
+                true,
+                self.client().query(
+                    "UPDATE task SET cancel_requested = true
+                      WHERE task_id = ANY ($1)
+                        AND state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELED', 'EXPIRED')
+                  RETURNING task_id",
+                    &[&ids],
+                ),
+            )
+            .await?;
+        let marked: std::collections::HashSet<i64> = rows.iter().map(|r| r.get(0)).collect();
+        Ok(ids.iter().map(|id| marked.contains(id)).collect())
+    }
+
     /// The rows of `tasks` as they are now, in order (`None`: no such row): what decides a
     /// submit or a claim whose answer was lost (see [`lost_claim`]).
     pub async fn task_heads(&self, tasks: &[TaskId]) -> Result<Vec<Option<TaskHead>>, StoreError> {

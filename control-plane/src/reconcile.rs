@@ -164,6 +164,8 @@ pub struct OwnedTask {
     /// Its stored fields; with a live attempt, `attempt_no` is that attempt's number.
     pub task: QueuedTask,
     pub live: Option<LiveOf>,
+    /// Its client canceled it ([`Db::request_cancel`]); the task has not ended yet.
+    pub cancel_requested: bool,
 }
 
 /// An owned task's live attempt.
@@ -429,7 +431,8 @@ impl Db {
                 self.client().query(
                     &format!(
                     "SELECT {QUEUED_COLUMNS}, state, current_attempt IS NOT NULL, current_fencing,
-                            attempt_provider, 'spindle-' || task_id || '-' || attempt_no
+                            attempt_provider, 'spindle-' || task_id || '-' || attempt_no,
+                            cancel_requested
                        FROM task
                       WHERE task_id > $2 AND partition = ANY ($1)
                         AND (state = 'QUEUED' OR current_attempt IS NOT NULL)
@@ -454,6 +457,7 @@ impl Db {
                 Ok(OwnedTask {
                     task: queued_task(r),
                     live,
+                    cancel_requested: r.get(19),
                 })
             })
             .collect()

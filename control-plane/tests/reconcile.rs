@@ -366,6 +366,55 @@ async fn queued_tasks_and_live_attempts_of_owned_partitions_are_reloaded_page_by
     assert_eq!(seen.len(), expected.len());
 }
 
+/// A stored cancel marks a task that has not ended, and the task comes back marked when a
+/// node puts its partition's tasks back (queued, or with its live attempt); an ended task or a
+/// missing one is not marked, and marking again changes nothing.
+#[tokio::test]
+async fn a_stored_cancel_marks_a_live_task_and_comes_back_with_it() {
+    let (_test, db) = setup().await;
+    // Tenant 1's tasks are on partition 1.
+    let batch: Vec<_> = (1..=3).map(|i| task(i, 1, &format!("c{i}"))).collect();
+    db.submit_batch(&batch, V1).await.unwrap();
+    db.set_pool("p", 100, 1).await.unwrap();
+    db.claim_batch(NODE, LEASE_MS, &[claim(2, 0, &[("p", 0, 1)])])
+        .await
+        .unwrap();
+    let ended = Report::new(
+        TaskId(3),
+        None,
+        ReportAction::Finish {
+            state: TaskState::Canceled,
+            cost_actual_milli: None,
+            reason: None,
+        },
+    );
+    let applied = db.report_batch(&[ended]).await.unwrap();
+    assert!(
+        matches!(applied[0], ReportResult::Applied { .. }),
+        "{applied:?}"
+    );
+    let asked = [TaskId(1), TaskId(2), TaskId(3), TaskId(99)];
+    assert_eq!(
+        db.request_cancel(&asked).await.unwrap(),
+        [true, true, false, false]
+    );
+    assert_eq!(
+        db.request_cancel(&asked).await.unwrap(),
+        [true, true, false, false],
+        "marking again"
+    );
+    let back = db.load_owned(&[PartitionId(1)], None, 10).await.unwrap();
+    let marks: Vec<(TaskId, bool, bool)> = back
+        .iter()
+        .map(|o| (o.task.task, o.live.is_some(), o.cancel_requested))
+        .collect();
+    assert_eq!(
+        marks,
+        [(TaskId(1), false, true), (TaskId(2), true, true)],
+        "the queued and the live task, both marked; the ended one not put back"
+    );
+}
+
 #[tokio::test]
 async fn the_starvation_detector_reports_long_waits_but_not_backoffs() {
     let (test, db) = setup().await;

@@ -418,6 +418,7 @@ impl Admin {
                             request,
                             version: q.version,
                             live: None,
+                            cancel: false,
                         });
                         (name, Value::Null)
                     }

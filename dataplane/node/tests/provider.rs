@@ -330,6 +330,68 @@ async fn a_restart_follows_the_providers_running_jobs_instead_of_submitting_them
     assert_each_job_ran_once(&test, &admin, &ids, &restarted).await;
 }
 
+/// Canceled tasks stay canceled when their node dies right after answering: two queued and
+/// two at the provider are canceled, the node is killed (-9) at once, and the restarted node
+/// ends all four CANCELED (the jobs canceled at the provider) while the rest run to success.
+/// (The cancels lived in the dead node's memory before: the restarted node ran them on.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answered_cancel_outlives_its_node() {
+    let test = TestDb::new().await;
+    // Jobs outlast the restart, so that a canceled one is stopped, not run out.
+    let (m, admin) = mock(4_000).await;
+    let mut first = node(&test, &m).await;
+    let ids = submit(&first, "gone", 16).await;
+    let in_flight = poll_until(
+        Duration::from_secs(15),
+        async || mock_total(&admin, |s| s.in_flight).await,
+        |&in_flight| in_flight == 8,
+    )
+    .await;
+    assert_eq!(in_flight, 8, "the provider never ran the node's first jobs");
+    let sql = test.sql().await.unwrap();
+    let keys: Vec<i64> = ids.iter().map(|t| t.0 as i64).collect();
+    let in_state = async |states: &[&str]| -> Vec<i64> {
+        let states: Vec<String> = states.iter().map(|s| s.to_string()).collect();
+        sql.query(
+            "SELECT task_id FROM task WHERE task_id = ANY ($1) AND state = ANY ($2)
+              ORDER BY task_id LIMIT 2",
+            &[&keys, &states],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+    };
+    let mut canceled = in_state(&["QUEUED"]).await;
+    canceled.extend(in_state(&["DISPATCHING", "SUBMIT_UNKNOWN", "RUNNING"]).await);
+    assert_eq!(canceled.len(), 4, "two queued and two at the provider");
+    let client = Client::connect(first.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    for &t in &canceled {
+        client.cancel(TaskId(t as u64)).await.unwrap();
+    }
+    first.child.kill().unwrap();
+    first.child.wait().unwrap();
+
+    let restarted = node(&test, &m).await;
+    let states = wait_final(&test, &ids).await;
+    for (t, state) in ids.iter().zip(&states) {
+        let want = if canceled.contains(&(t.0 as i64)) {
+            "CANCELED"
+        } else {
+            "SUCCEEDED"
+        };
+        assert_eq!(state, want, "task {t}\n{}", restarted.log_tail(30));
+    }
+    let total = assert_clean(&test, &admin).await;
+    assert_eq!(
+        total.completed, 12,
+        "the canceled tasks' jobs did not run out"
+    );
+}
+
 /// The same when another node takes the dead node's partitions over after their leases lapse:
 /// it follows the dead node's jobs (their callbacks go to the dead node; it polls).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

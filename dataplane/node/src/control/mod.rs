@@ -74,6 +74,12 @@ pub enum CpMsg {
     Renew {
         attempts: Vec<(TaskId, spindle_core::FencingToken)>,
     },
+    /// Store that clients canceled these tasks, before the cancels are answered
+    /// (`Db::request_cancel`): each answer says whether the task was marked.
+    Cancel {
+        tasks: Vec<TaskId>,
+        reply: Reply<bool>,
+    },
 }
 
 impl CpMsg {
@@ -85,6 +91,7 @@ impl CpMsg {
             CpMsg::TaskIds { .. } => 0,
             CpMsg::Lookup { tasks, .. } => tasks.len(),
             CpMsg::Renew { attempts } => attempts.len(),
+            CpMsg::Cancel { tasks, .. } => tasks.len(),
         }
     }
 
@@ -101,6 +108,7 @@ impl CpMsg {
             CpMsg::TaskIds { .. } => Vec::new(),
             CpMsg::Lookup { tasks, .. } => tasks.clone(),
             CpMsg::Renew { attempts } => attempts.iter().map(|(t, _)| *t).collect(),
+            CpMsg::Cancel { tasks, .. } => tasks.clone(),
         }
     }
 }

@@ -80,7 +80,10 @@ pub async fn pipeline(setup: PipelineSetup, mut rx: mpsc::Receiver<CpMsg>) {
             CpMsg::Submit { .. } => Some(0),
             CpMsg::Claim { .. } => Some(1),
             CpMsg::Report { .. } => Some(2),
-            CpMsg::TaskIds { .. } | CpMsg::Lookup { .. } | CpMsg::Renew { .. } => None,
+            CpMsg::TaskIds { .. }
+            | CpMsg::Lookup { .. }
+            | CpMsg::Renew { .. }
+            | CpMsg::Cancel { .. } => None,
         };
         if let (Some(0), Some(calls)) = (kind, &submit_calls) {
             // Claims picked from now on go into the next call: to the next turn's pool rows.
@@ -144,6 +147,7 @@ fn fail_group(group: Vec<CpMsg>, e: &StoreError) {
             CpMsg::Report { reply, .. } => drop(reply.send(Err(unavailable()))),
             CpMsg::TaskIds { reply } => drop(reply.send(Err(unavailable()))),
             CpMsg::Lookup { reply, .. } => drop(reply.send(Err(unavailable()))),
+            CpMsg::Cancel { reply, .. } => drop(reply.send(Err(unavailable()))),
             CpMsg::Renew { .. } => {}
         }
     }
@@ -297,18 +301,17 @@ async fn run_group(db: &Db, node: &str, lease_ms: u32, group: Vec<CpMsg>) -> boo
                 CpMsg::Lookup { tasks, reply } => Some((tasks, reply)),
                 _ => None,
             });
-            let mut heads = Vec::with_capacity(all.len());
-            let mut failed = None;
-            for chunk in all.chunks(spindle_control::limits::BATCH_MAX) {
-                match db.task_heads(chunk).await {
-                    Ok(h) => heads.extend(h),
-                    Err(e) => {
-                        failed = Some(e);
-                        break;
-                    }
-                }
-            }
-            answer(failed.map_or(Ok(heads), Err), replies)
+            let heads = chunked(&all, |chunk| async move { db.task_heads(&chunk).await }).await;
+            answer(heads, replies)
+        }
+        CpMsg::Cancel { .. } => {
+            let (all, replies) = merge(group, |m| match m {
+                CpMsg::Cancel { tasks, reply } => Some((tasks, reply)),
+                _ => None,
+            });
+            let marked =
+                chunked(&all, |chunk| async move { db.request_cancel(&chunk).await }).await;
+            answer(marked, replies)
         }
         CpMsg::Renew { .. } => {
             let all: Vec<_> = group
@@ -328,6 +331,22 @@ async fn run_group(db: &Db, node: &str, lease_ms: u32, group: Vec<CpMsg>) -> boo
             ok
         }
     }
+}
+
+/// `call` over `all` in chunks of at most one batch's rows, the answers concatenated in order;
+/// the first failure is the answer.
+async fn chunked<T: Clone, R, F>(
+    all: &[T],
+    mut call: impl FnMut(Vec<T>) -> F,
+) -> Result<Vec<R>, StoreError>
+where
+    F: std::future::Future<Output = Result<Vec<R>, StoreError>>,
+{
+    let mut rows = Vec::with_capacity(all.len());
+    for chunk in all.chunks(spindle_control::limits::BATCH_MAX) {
+        rows.extend(call(chunk.to_vec()).await?);
+    }
+    Ok(rows)
 }
 
 /// Concatenates the rows of a group of messages of one kind, keeping each message's reply

@@ -9,6 +9,8 @@ pub struct Restore {
     pub version: u32,
     /// Set for a live attempt (`request.attempts_before` is then its number).
     pub live: Option<LiveRestore>,
+    /// Its client canceled it (stored, not yet ended): the shard cancels it once it is back.
+    pub cancel: bool,
 }
 
 /// A stored task that cannot be put back as it is (its request unreadable, its live attempt's
@@ -271,6 +273,7 @@ fn owned_restore(
         request,
         version: o.task.version,
         live,
+        cancel: o.cancel_requested,
     })
 }
 

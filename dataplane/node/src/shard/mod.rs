@@ -400,8 +400,18 @@ impl ShardState {
         for r in restores.tasks {
             let task = r.request.submit.task;
             let token = r.live.as_ref().map(|l| l.token);
+            let cancel = r.cancel;
             match self.restore_one(now, r) {
-                Ok(call) => done.calls.extend(call),
+                Ok(call) => {
+                    done.calls.extend(call);
+                    // Canceled by its client before this node had it: a queued task ends
+                    // here; a live attempt's job is canceled once the query finds it.
+                    if cancel {
+                        if let Err(e) = cancel_held(self, task) {
+                            tracing::warn!("canceling {task} put back: {e}");
+                        }
+                    }
+                }
                 // Held here already (an operator's requeue asked again, a lease re-taken after
                 // it lapsed): nothing to put back.
                 Err(spindle_core::SubmitError::DuplicateTask(_)) => {
@@ -822,60 +832,107 @@ fn subscribe(
     notify(&mut s, task, current);
 }
 
-fn cancel(state: &SharedShard, tenant: TenantId, task: TaskId, reply: oneshot::Sender<Response>) {
-    let mut s = state.borrow_mut();
-    let owned = s
-        .meta
+/// Whether `task` is `tenant`'s and held by this shard with its submit committed.
+fn cancelable(s: &ShardState, tenant: TenantId, task: TaskId) -> bool {
+    s.meta
         .get(&task)
-        .is_some_and(|m| m.tenant == tenant && m.committed);
-    if !owned {
-        drop(s);
+        .is_some_and(|m| m.tenant == tenant && m.committed)
+}
+
+fn cancel(state: &SharedShard, tenant: TenantId, task: TaskId, reply: oneshot::Sender<Response>) {
+    if !cancelable(&state.borrow(), tenant, task) {
         return answer_error(
             reply,
             ErrorCode::NotFound,
             format!("task {task} not found or not cancelable"),
         );
     }
-    match s.core.handle_cancel(task) {
-        Ok(_) => {
+    let state = state.clone();
+    glommio::spawn_local(async move { cancel_stored(&state, tenant, task, reply).await }).detach();
+}
+
+/// Stores the cancel (`Db::request_cancel`: a node that puts the task back cancels it), then
+/// cancels the task here and answers: an answered cancel outlives this node.
+async fn cancel_stored(
+    state: &SharedShard,
+    tenant: TenantId,
+    task: TaskId,
+    reply: oneshot::Sender<Response>,
+) {
+    let work = state.borrow().pipes.work.clone();
+    let (tx, rx) = oneshot::channel();
+    let msg = CpMsg::Cancel {
+        tasks: vec![task],
+        reply: tx,
+    };
+    let stopped = || "control plane stopped".to_string();
+    if work.send(msg).await.is_err() {
+        return answer_error(reply, ErrorCode::Unavailable, stopped());
+    }
+    match rx.await {
+        Ok(Ok(marked)) if marked.first() == Some(&true) => {}
+        Ok(Ok(_)) => {
+            return answer_error(reply, ErrorCode::NotFound, format!("task {task} has ended"))
+        }
+        Ok(Err(e)) => {
+            let why = format!("the cancel of {task} was not stored: {e}");
+            return answer_error(reply, ErrorCode::Unavailable, why);
+        }
+        Err(_) => return answer_error(reply, ErrorCode::Unavailable, stopped()),
+    }
+    let mut s = state.borrow_mut();
+    // The task may have ended here while the cancel was stored.
+    if !cancelable(&s, tenant, task) {
+        drop(s);
+        return answer_error(reply, ErrorCode::NotFound, format!("task {task} has ended"));
+    }
+    match cancel_held(&mut s, task) {
+        Ok(()) => {
             let _ = reply.send(Response::Canceled {
                 task,
                 state: TaskState::Canceled,
             });
-            // A queued task is gone at once: persist. A running one persists when its step
-            // reports back (the token moves with it); the provider is asked to stop it.
-            let running = s.meta.get(&task).is_some_and(|m| m.token.is_some());
-            let attempt = s.meta.get(&task).and_then(|m| m.attempt.as_ref());
-            if let Some(a) = attempt.filter(|a| a.job_id.is_none()) {
-                // A submit not sent yet is not sent at all; one already out is stopped once
-                // its job is known (`provider::accepted`).
-                a.withdrawn
-                    .store(true, std::sync::atomic::Ordering::Release);
-            }
-            let at_provider = attempt.and_then(|a| Some((a.account.clone(), a.job_id.clone()?)));
-            if s.core.task_state(task) == Some(TaskState::Canceled) {
-                if let Some(pool) = &s.media {
-                    // A media job of this task, queued or running, stops and cleans up.
-                    pool.cancel(task);
-                }
-            }
-            if let (Some(d), Some((account, job_id))) = (&s.dispatch, at_provider) {
-                let call = crate::dispatch::Call::Cancel { account, job_id };
-                if d.calls.try_send(call).is_err() {
-                    tracing::warn!("{task}: provider cancel not sent (queue full); it runs out");
-                }
-            }
-            if !running {
-                remove_meta(&mut s, &task);
-                notify(&mut s, task, TaskState::Canceled);
-                send_reports(&mut s, [finish(task, None, TaskState::Canceled, None)]);
-            }
         }
         Err(e) => {
             drop(s);
             answer_error(reply, ErrorCode::NotFound, format!("task {task}: {e}"));
         }
     }
+}
+
+/// Cancels `task`, held by this shard. A queued task is gone at once and its end is reported.
+/// One at the provider or media stage is CANCELED here and keeps its reservations until that
+/// step ends: a submit not sent yet is withdrawn, a job at the provider is asked to stop, a
+/// media job stops; the step's end reports the task's.
+fn cancel_held(s: &mut ShardState, task: TaskId) -> Result<(), spindle_core::ShardError> {
+    s.core.handle_cancel(task)?;
+    let running = s.meta.get(&task).is_some_and(|m| m.token.is_some());
+    let attempt = s.meta.get(&task).and_then(|m| m.attempt.as_ref());
+    if let Some(a) = attempt.filter(|a| a.job_id.is_none()) {
+        // A submit not sent yet is not sent at all; one already out is stopped once its job
+        // is known (`provider::accepted`).
+        a.withdrawn
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+    let at_provider = attempt.and_then(|a| Some((a.account.clone(), a.job_id.clone()?)));
+    if s.core.task_state(task) == Some(TaskState::Canceled) {
+        if let Some(pool) = &s.media {
+            // A media job of this task, queued or running, stops and cleans up.
+            pool.cancel(task);
+        }
+    }
+    if let (Some(d), Some((account, job_id))) = (&s.dispatch, at_provider) {
+        let call = crate::dispatch::Call::Cancel { account, job_id };
+        if d.calls.try_send(call).is_err() {
+            tracing::warn!("{task}: provider cancel not sent (queue full); it runs out");
+        }
+    }
+    if !running {
+        remove_meta(s, &task);
+        notify(s, task, TaskState::Canceled);
+        send_reports(s, [finish(task, None, TaskState::Canceled, None)]);
+    }
+    Ok(())
 }
 
 /// Takes one object of a newer policy version into the core, and the node-wide capacities it
