@@ -268,10 +268,10 @@ async fn healthy_provider_runs_everything_once_with_its_actual_cost() {
     );
 }
 
-/// Submits 16 tasks to `node` and kills it (-9) once the provider runs all it may for the node
-/// (2 accounts × 4); returns the tasks.
-async fn kill_while_jobs_run(admin: &HttpProvider, mut node: Daemon) -> Vec<TaskId> {
-    let ids = submit(&node, "resume", 16).await;
+/// Submits 16 tasks to `node` and waits until the provider runs all it may for the node (2
+/// accounts × 4, the other 8 queued); returns the tasks.
+async fn submit_until_jobs_run(admin: &HttpProvider, node: &Daemon, prefix: &str) -> Vec<TaskId> {
+    let ids = submit(node, prefix, 16).await;
     let in_flight = poll_until(
         Duration::from_secs(15),
         async || mock_total(admin, |s| s.in_flight).await,
@@ -279,6 +279,13 @@ async fn kill_while_jobs_run(admin: &HttpProvider, mut node: Daemon) -> Vec<Task
     )
     .await;
     assert_eq!(in_flight, 8, "the provider never ran the node's first jobs");
+    ids
+}
+
+/// Submits 16 tasks to `node` and kills it (-9) once the provider runs all it may for the node;
+/// returns the tasks.
+async fn kill_while_jobs_run(admin: &HttpProvider, mut node: Daemon) -> Vec<TaskId> {
+    let ids = submit_until_jobs_run(admin, &node, "resume").await;
     node.child.kill().unwrap();
     node.child.wait().unwrap();
     ids
@@ -340,14 +347,7 @@ async fn an_answered_cancel_outlives_its_node() {
     // Jobs outlast the restart, so that a canceled one is stopped, not run out.
     let (m, admin) = mock(4_000).await;
     let mut first = node(&test, &m).await;
-    let ids = submit(&first, "gone", 16).await;
-    let in_flight = poll_until(
-        Duration::from_secs(15),
-        async || mock_total(&admin, |s| s.in_flight).await,
-        |&in_flight| in_flight == 8,
-    )
-    .await;
-    assert_eq!(in_flight, 8, "the provider never ran the node's first jobs");
+    let ids = submit_until_jobs_run(&admin, &first, "gone").await;
     let sql = test.sql().await.unwrap();
     let keys: Vec<i64> = ids.iter().map(|t| t.0 as i64).collect();
     let in_state = async |states: &[&str]| -> Vec<i64> {
