@@ -218,7 +218,8 @@ impl Db {
                                  RETURNING 1)
                              UPDATE task SET state = 'QUEUED', version = version + 1, failure_reason = NULL,
                                           next_eligible_at = NULL, updated_at = now(),
-                                          final_attempt = NULL, final_fencing = NULL
+                                          final_attempt = NULL, final_fencing = NULL,
+                                          cancel_requested = false
                                     WHERE task_id = ANY ($1)
                                 RETURNING {QUEUED_COLUMNS}"
                         ),

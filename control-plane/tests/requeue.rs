@@ -32,6 +32,27 @@ async fn run(db: &spindle_control::Db, ids: &[u64], version: u32, state: TaskSta
     db.report_batch(&reports).await.unwrap();
 }
 
+/// A task its client canceled that failed all the same (a cancel stored while its attempt was
+/// ending) comes back from an operator's requeue without its cancel: the requeue is the
+/// newer decision, and a node putting the task back would otherwise cancel it at once.
+#[tokio::test]
+async fn a_requeue_clears_an_old_cancel() {
+    let (_test, mut db) = setup().await;
+    db.set_pool(POOL, 100, 1).await.unwrap();
+    db.submit_batch(&[task(1, 1, "k1")], V1).await.unwrap();
+    assert_eq!(db.request_cancel(&[TaskId(1)]).await.unwrap(), [true]);
+    run(&db, &[1], 0, TaskState::Failed).await;
+    let mine = [PartitionId(1)];
+    let out = db
+        .requeue_failed(&[TaskId(1)], &mine, "alice", "run it after all")
+        .await
+        .unwrap();
+    assert!(matches!(&out[0], RequeueOutcome::Requeued(_)), "{out:?}");
+    let back = db.load_owned(&mine, None, 10).await.unwrap();
+    assert_eq!(back.len(), 1);
+    assert!(!back[0].cancel_requested, "{:?}", back[0]);
+}
+
 #[tokio::test]
 async fn failed_tasks_go_back_to_their_queues_with_a_new_budget_cycle() {
     let (test, mut db) = setup().await;
