@@ -73,3 +73,57 @@ async fn a_postgres_outage_rejects_paid_work_and_the_node_resumes_by_itself() {
     wait_for(&client, accepted.task, TaskState::Succeeded).await;
     assert_eq!(readyz(daemon.http).await, "HTTP/1.1 200 OK");
 }
+
+/// A cancel while PostgreSQL is away cannot be stored, so it is refused as `Unavailable` and
+/// cancels nothing: the task runs on in the node. Asked again once PostgreSQL is back, it is
+/// stored and holds: the task ends CANCELED in PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_that_cannot_be_stored_is_refused_and_cancels_nothing() {
+    let mut pg = EmbeddedPostgres::start(EmbeddedOptions::default()).unwrap();
+    // The local provider runs a task for about 6 s.
+    let config = CONFIG.replace(
+        "local_provider_time_scale = 0.0001",
+        "local_provider_time_scale = 0.2",
+    );
+    let daemon = start_on(&pg.conninfo("postgres"), &config).await;
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let a = client.submit(task("long")).await.unwrap();
+    assert!(a.decision.is_accepted(), "{a:?}");
+    wait_for(&client, a.task, TaskState::Running).await;
+
+    pg.stop_server().unwrap();
+    match client.cancel(a.task).await {
+        Err(spindle_client::ClientError::Refused(e)) => {
+            assert_eq!(e.code, spindle_wire::ErrorCode::Unavailable, "{e:?}");
+            assert!(e.message.contains("not stored"), "{e:?}");
+        }
+        other => panic!("a cancel that could not be stored: {other:?}"),
+    }
+    let status = client.get(a.task).await.unwrap();
+    assert_eq!(status.state, TaskState::Running, "nothing canceled");
+
+    pg.start_server().unwrap();
+    // The pipeline reconnects with its next call (bounded wait).
+    let canceled = poll_until(
+        Duration::from_secs(30),
+        async || client.cancel(a.task).await,
+        Result::is_ok,
+    )
+    .await;
+    assert!(canceled.is_ok(), "{canceled:?}");
+    let (sql, connection) =
+        tokio_postgres::connect(&pg.conninfo("postgres"), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let key = a.task.0 as i64;
+    let ended = common::wait_reading(
+        &sql,
+        &format!("SELECT count(*) FROM task WHERE task_id = {key} AND state = 'CANCELED'"),
+        1,
+    )
+    .await;
+    assert_eq!(ended, 1, "{}", daemon.log_tail(20));
+}

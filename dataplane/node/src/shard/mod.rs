@@ -875,7 +875,8 @@ async fn cancel_stored(
             return answer_error(reply, ErrorCode::NotFound, format!("task {task} has ended"))
         }
         Ok(Err(e)) => {
-            let why = format!("the cancel of {task} was not stored: {e}");
+            // In doubt or not, nothing is canceled here: asked again, it is stored (once).
+            let why = format!("the cancel of {task} was not stored, or not known to be: {e}");
             return answer_error(reply, ErrorCode::Unavailable, why);
         }
         Err(_) => return answer_error(reply, ErrorCode::Unavailable, stopped()),
