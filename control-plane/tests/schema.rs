@@ -329,7 +329,8 @@ async fn the_schema_snapshot_is_what_the_migrations_build() {
     }
     let stored = std::fs::read_to_string(&path).unwrap_or_default();
     if !stored.lines().eq(built.lines()) {
-        let (want, got): (Vec<&str>, Vec<&str>) = (built.lines().collect(), stored.lines().collect());
+        let (want, got): (Vec<&str>, Vec<&str>) =
+            (built.lines().collect(), stored.lines().collect());
         let end = "<end of file>";
         let line = (0..=want.len().max(got.len()))
             .find(|&i| want.get(i) != got.get(i))
