@@ -12,7 +12,7 @@ use crate::cost::{CostBases, ModelCapability, ResourceClass};
 use crate::ids::{Band, Lane, ModelId, PolicyVersion, ProviderId, TenantId};
 use crate::limits::{
     BURST_ROUNDS_MAX, FIT_SCAN_MAX, MODELS_MAX, PROVIDERS_MAX, PROVIDERS_PER_MODEL_MAX, SKIPS_MAX,
-    WEIGHT_MAX,
+    TENANTS_MAX, WEIGHT_MAX,
 };
 use crate::units::Units;
 
@@ -315,6 +315,9 @@ impl Policy {
             PROVIDERS_MAX as u64,
         )?;
         range("models", self.models.len() as u64, 0, MODELS_MAX as u64)?;
+        // A shard holds at most every tenant of its policy (tenants are never removed from a
+        // running one), so this bounds the shard's tenant table too.
+        range("tenants", self.tenants.len() as u64, 0, TENANTS_MAX as u64)?;
         for (index, p) in self.providers.iter().enumerate() {
             if p.id.0 as usize != index {
                 return Err(PolicyError::IdMismatch {
@@ -374,7 +377,13 @@ impl Policy {
     /// for a provider account or a model, that it is one this policy has under that name.
     pub fn check(&self, patch: &PolicyPatch) -> Result<(), PolicyError> {
         match patch {
-            PolicyPatch::Tenant(tenant, t) => check_tenant(*tenant, t),
+            PolicyPatch::Tenant(tenant, t) => {
+                if !self.tenants.contains_key(tenant) {
+                    let count = self.tenants.len() as u64 + 1;
+                    range("tenants", count, 0, TENANTS_MAX as u64)?;
+                }
+                check_tenant(*tenant, t)
+            }
             PolicyPatch::Lane(lane, l) => check_lane(*lane, l),
             PolicyPatch::Provider(p) => match self.providers.get(p.id.0 as usize) {
                 Some(old) if old.name == p.name => Ok(()),
@@ -512,6 +521,36 @@ mod tests {
             .assert_eq(&err(|p| p.drr.burst_rounds = 1));
         expect!["lanes.STANDARD.weight: 0 is outside 1..=10000"]
             .assert_eq(&err(|p| p.lanes[2].weight = 0));
+    }
+
+    /// More tenants than a shard's table holds is a policy error, by validation and by patch,
+    /// not a shard that stops at its first submit from one too many.
+    #[test]
+    fn a_policy_holds_at_most_tenants_max_tenants() {
+        use super::PolicyPatch;
+        use crate::ids::TenantId;
+        use crate::limits::TENANTS_MAX;
+
+        let mut p = small_node();
+        let one = crate::presets::tenant(crate::ids::Lane::Standard, 1);
+        let first = p.tenants.keys().map(|t| t.0 + 1).max().unwrap_or(0);
+        let missing = TENANTS_MAX - p.tenants.len();
+        p.tenants.reserve(missing + 1);
+        for i in 0..missing as u32 {
+            p.tenants.insert(TenantId(first + i), one.clone());
+        }
+        p.validate().expect("TENANTS_MAX tenants are allowed");
+        let next = TenantId(first + missing as u32);
+        let before = p.tenants.len();
+        let e = p.apply(PolicyPatch::Tenant(next, one.clone())).unwrap_err();
+        expect!["tenants: 1048577 is outside 0..=1048576"].assert_eq(&e.to_string());
+        assert_eq!(p.tenants.len(), before, "a refused tenant was added");
+        // A tenant already there still takes a new policy.
+        p.apply(PolicyPatch::Tenant(TenantId(first), one.clone()))
+            .expect("a known tenant's change");
+        p.tenants.insert(next, one);
+        expect!["tenants: 1048577 is outside 0..=1048576"]
+            .assert_eq(&p.validate().unwrap_err().to_string());
     }
 
     #[test]
