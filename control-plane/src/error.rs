@@ -3,7 +3,7 @@
 
 use spindle_core::TaskId;
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     /// The server is down, the connection was lost or the backend was terminated. Nothing of
     /// the failed call is committed.

@@ -378,13 +378,10 @@ fn answer<T>(result: Result<Vec<T>, StoreError>, replies: Vec<(usize, Reply<T>)>
             }
         }
         Err(e) => {
-            let each = || match &e {
-                StoreError::InDoubt(text) => StoreError::InDoubt(text.clone()),
-                StoreError::Unavailable(text) => StoreError::Unavailable(text.clone()),
-                other => StoreError::Unavailable(other.to_string()),
-            };
+            // Each message of the batch learns what failed it, as it was: a refusal is not an
+            // outage (and is not retried as one).
             for (_, reply) in replies {
-                let _ = reply.send(Err(each()));
+                let _ = reply.send(Err(e.clone()));
             }
         }
     }
