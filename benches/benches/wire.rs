@@ -25,6 +25,7 @@ fn task(i: usize) -> SubmitTask {
         spec: TaskSpec::clip_720p(ModelId(2)),
         band_hint: None,
         deadline_ms: Some(60_000),
+        input: None,
     }
 }
 

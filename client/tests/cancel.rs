@@ -24,6 +24,7 @@ fn task(i: usize) -> SubmitTask {
         spec: TaskSpec::clip_720p(ModelId(0)),
         band_hint: Some(Band::P3),
         deadline_ms: None,
+        input: None,
     }
 }
 

@@ -14,7 +14,8 @@ def main():
     host, port, tenant, credential = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
     client = Client.connect(host, port, tenant, credential)
     admission = client.submit("python-1", user=1, model=0, width=1280, height=720,
-                              duration_ms=5000, fps=24)
+                              duration_ms=5000, fps=24,
+                              input={"prompt": "a paper boat on a canal", "seed": 7})
     assert admission["decision"] == 0, admission  # ACCEPTED
     print(f"submitted task {admission['task_id']}")
     state = None
@@ -32,6 +33,14 @@ def main():
         print(f"error {e.code}: {e.message}")
     else:
         raise AssertionError("a missing task must be an error")
+    try:
+        client.submit("python-2", user=1, model=0, width=1280, height=720, duration_ms=5000,
+                      fps=24, input='{"prompt": "unclosed')
+    except SpindleError as e:
+        assert e.code == "InvalidInput", e
+        print(f"error {e.code}: {e.message}")
+    else:
+        raise AssertionError("an input that is not JSON must be refused")
     try:
         Client.connect(host, port, tenant, credential + "-wrong")
     except SpindleError as e:

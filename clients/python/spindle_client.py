@@ -9,6 +9,7 @@ from the same schema (schemas/fbs/spindle.fbs) and the flatbuffers runtime from 
 Errors from the node raise SpindleError(code_name, message).
 """
 
+import json
 import os
 import socket
 import struct
@@ -115,9 +116,14 @@ class Client:
         return ResponseFrame.ResponseFrame.GetRootAs(payload, 0)
 
     def submit(self, key, user, model, width, height, duration_ms, fps, audio=False,
-               references=0, band_hint=0):
+               references=0, band_hint=0, input=None):
+        """`input`: what to generate, for the provider — a dict/list (sent as JSON) or a JSON
+        text, at most 16 KiB."""
         b = flatbuffers.Builder(256)
         k = b.CreateString(key)
+        if input is not None and not isinstance(input, str):
+            input = json.dumps(input, separators=(",", ":"))
+        i = b.CreateString(input) if input is not None else None
         TaskSpec.Start(b)
         TaskSpec.AddModel(b, model)
         TaskSpec.AddWidth(b, width)
@@ -132,6 +138,8 @@ class Client:
         SubmitTask.AddUserId(b, user)
         SubmitTask.AddSpec(b, spec)
         SubmitTask.AddBandHint(b, band_hint)
+        if i is not None:
+            SubmitTask.AddInput(b, i)
         body = SubmitTask.End(b)
         frame = self._call(b, Request.Request.SubmitTask, body)
         a = Admission.Admission()

@@ -6,8 +6,9 @@ pub const BATCH_MAX: usize = 4096;
 pub const DEMANDS_PER_CLAIM_MAX: usize = 16;
 /// Bytes of a client's idempotency key.
 pub const IDEMPOTENCY_KEY_BYTES_MAX: usize = 128;
-/// Bytes of a task's canonical payload (the spec a replay is compared against).
-pub const PAYLOAD_BYTES_MAX: usize = 16 * 1024;
+/// Bytes of a task's canonical payload (the request a replay is compared against: its spec and
+/// its input for the provider, up to 16 KiB of it).
+pub const PAYLOAD_BYTES_MAX: usize = 20 * 1024;
 /// Bytes of a pool key, a provider name, a node id, a reason.
 pub const NAME_BYTES_MAX: usize = 128;
 pub const POOL_KEY_BYTES_MAX: usize = 200;

@@ -232,7 +232,7 @@ fn submit_answer(sent: Sent) -> Result<JobView, SubmitError> {
 }
 
 /// Percent-encodes a query value (request keys and accounts are short ASCII in practice).
-fn encode(v: &str) -> String {
+pub(crate) fn encode(v: &str) -> String {
     let mut out = String::with_capacity(v.len());
     for b in v.bytes() {
         if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {

@@ -17,11 +17,19 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::{Method, Request, Response, StatusCode};
 
-use crate::adapter::{HttpProvider, QueryError, Sent};
+use crate::adapter::{encode, HttpProvider, QueryError, Sent};
 use crate::api::{
     AccountStats, Fault, FaultBody, JobState, JobView, Problem, ProblemKind, Stats, SubmitBody,
     BODY_BYTES_MAX, REQUEST_KEY_BYTES_MAX,
 };
+
+/// What a job was submitted with, as the mock received it (`HttpProvider::mock_submission`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Submitted {
+    pub job_id: String,
+    pub model: String,
+    pub input: serde_json::Value,
+}
 
 /// One account's contract.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,6 +124,9 @@ struct Account {
 struct Job {
     view: JobView,
     callback_url: Option<String>,
+    /// What the caller asked for (`GET /v1/admin/submissions`).
+    model: String,
+    input: serde_json::Value,
 }
 
 #[derive(Default)]
@@ -214,6 +225,28 @@ impl HttpProvider {
         }
     }
 
+    /// The model and input the job of `request_key` was submitted with (GET
+    /// /v1/admin/submissions?account=A&request_key=K); `None`: no such job.
+    pub async fn mock_submission(
+        &self,
+        account: &str,
+        request_key: &str,
+    ) -> Result<Option<Submitted>, QueryError> {
+        let path = format!(
+            "/v1/admin/submissions?account={}&request_key={}",
+            encode(account),
+            encode(request_key)
+        );
+        match self.call("GET", &path, None).await {
+            Sent::Answer(StatusCode::OK, body) => serde_json::from_slice(&body)
+                .map(Some)
+                .map_err(|e| QueryError(e.to_string())),
+            Sent::Answer(StatusCode::NOT_FOUND, _) => Ok(None),
+            Sent::Answer(status, _) => Err(QueryError(status.to_string())),
+            Sent::Unsent(e) | Sent::NoAnswer(e) => Err(QueryError(e)),
+        }
+    }
+
     /// Sets an account's fault mode (POST /v1/admin/faults).
     pub async fn set_fault(&self, account: &str, fault: Fault) -> Result<(), QueryError> {
         let body = serde_json::to_vec(&FaultBody {
@@ -285,6 +318,7 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Full<By
     match (&method, segments.as_slice()) {
         (&Method::GET, ["v1", "jobs", id, "output"]) => output(shared, id).await,
         (&Method::GET, ["v1", "stats"]) => json(StatusCode::OK, &stats(shared)),
+        (&Method::GET, ["v1", "admin", "submissions"]) => submission(shared, &query),
         (&Method::POST, ["v1", "admin", "faults"]) => {
             let Ok(f) = serde_json::from_slice::<FaultBody>(&body) else {
                 return problem(
@@ -397,7 +431,13 @@ fn decode(v: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-fn by_key(shared: &Shared, query: &str) -> Response<Full<Bytes>> {
+/// The job of the query's `account` and `request_key`, or the answer that says why there is
+/// none.
+fn with_job_by_key(
+    shared: &Shared,
+    query: &str,
+    answer: impl FnOnce(&Job) -> Response<Full<Bytes>>,
+) -> Response<Full<Bytes>> {
     let (Some(account), Some(key)) = (
         query_param(query, "account"),
         query_param(query, "request_key"),
@@ -414,9 +454,25 @@ fn by_key(shared: &Shared, query: &str) -> Response<Full<Bytes>> {
         .get(&(account, key.clone()))
         .and_then(|id| s.jobs.get(id))
     {
-        Some(j) => json(StatusCode::OK, &j.view),
+        Some(j) => answer(j),
         None => problem(ProblemKind::NotFound, format!("no job for key {key}"), None),
     }
+}
+
+fn by_key(shared: &Shared, query: &str) -> Response<Full<Bytes>> {
+    with_job_by_key(shared, query, |j| json(StatusCode::OK, &j.view))
+}
+
+/// What the job of `account` and `request_key` was submitted with.
+fn submission(shared: &Shared, query: &str) -> Response<Full<Bytes>> {
+    with_job_by_key(shared, query, |j| {
+        let submitted = Submitted {
+            job_id: j.view.job_id.clone(),
+            model: j.model.clone(),
+            input: j.input.clone(),
+        };
+        json(StatusCode::OK, &submitted)
+    })
 }
 
 async fn submit(shared: &Arc<Shared>, body: &[u8]) -> Response<Full<Bytes>> {
@@ -520,6 +576,8 @@ async fn submit(shared: &Arc<Shared>, body: &[u8]) -> Response<Full<Bytes>> {
             Job {
                 view: view.clone(),
                 callback_url: sub.callback_url.clone(),
+                model: sub.model.clone(),
+                input: sub.input.clone(),
             },
         );
         let run_ms = if fault == Fault::Slow {

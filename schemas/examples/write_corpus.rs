@@ -15,6 +15,7 @@ fn main() -> std::io::Result<()> {
         spec: TaskSpec::clip_720p(ModelId(1)),
         band_hint: Some(Band::P3),
         deadline_ms: None,
+        input: None,
     };
     let requests = [
         (
@@ -33,6 +34,9 @@ fn main() -> std::io::Result<()> {
                 submit.clone(),
                 SubmitTask {
                     idempotency_key: "order-18".into(),
+                    input: Some(
+                        r#"{"prompt":"a kite","refs":["https://x/1.png"],"seed":7}"#.into(),
+                    ),
                     ..submit
                 },
             ]),

@@ -42,6 +42,17 @@ fn check_identifier(payload: &[u8]) -> Result<(), WireError> {
 }
 
 /// Verifies and validates a client's frame.
+/// The request a refusal of `payload` answers: its frame's `request_id` when the frame itself
+/// could be read (what it asks for was refused: a field out of range, an input that is not
+/// JSON), so that a pipelining client matches the error to its request; 0 when it could not.
+pub fn request_id_of(payload: &[u8]) -> u64 {
+    if check_identifier(payload).is_err() {
+        return 0;
+    }
+    flatbuffers::root_with_opts::<fb::RequestFrame>(&verifier_options(), payload)
+        .map_or(0, |f| f.request_id())
+}
+
 pub fn decode_request(payload: &[u8]) -> Result<RequestFrame, WireError> {
     check_identifier(payload)?;
     let frame = flatbuffers::root_with_opts::<fb::RequestFrame>(&verifier_options(), payload)
@@ -158,7 +169,26 @@ fn submit(s: Option<fb::SubmitTask<'_>>, at: &str) -> Result<SubmitTask, WireErr
         spec,
         band_hint,
         deadline_ms,
+        input: input(s.input())?,
     })
+}
+
+/// A task's input: absent, or one JSON value within `INPUT_BYTES_MAX` (checked for its shape
+/// only: what it says is the provider's business).
+fn input(value: Option<&str>) -> Result<Option<String>, WireError> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    if value.len() > INPUT_BYTES_MAX {
+        return Err(WireError::too_long("input", value.len(), INPUT_BYTES_MAX));
+    }
+    serde_json::from_str::<serde::de::IgnoredAny>(value).map_err(|e| {
+        WireError::new(
+            ErrorCode::InvalidInput,
+            format!("`input` is not one JSON value: {e}"),
+        )
+    })?;
+    Ok(Some(value.to_string()))
 }
 
 fn batch(b: Option<fb::SubmitBatch<'_>>) -> Result<Vec<SubmitTask>, WireError> {
@@ -498,6 +528,7 @@ fn encode_submit<'a>(
     s: &SubmitTask,
 ) -> WIPOffset<fb::SubmitTask<'a>> {
     let key = fbb.create_string(&s.idempotency_key);
+    let input = s.input.as_deref().map(|i| fbb.create_string(i));
     let spec = fb::TaskSpec::create(
         fbb,
         &fb::TaskSpecArgs {
@@ -518,6 +549,7 @@ fn encode_submit<'a>(
             spec: Some(spec),
             band_hint: s.band_hint.map_or(0, |b| b.index() as u8),
             deadline_ms: s.deadline_ms.unwrap_or(0),
+            input,
         },
     )
 }

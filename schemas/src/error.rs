@@ -20,6 +20,7 @@ pub enum ErrorCode {
     TooLong = 8,
     BatchTooLarge = 9,
     BadUtf8 = 10,
+    InvalidInput = 11,
     UnsupportedVersion = 20,
     NotAuthenticated = 21,
     AuthFailed = 22,
@@ -36,7 +37,7 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 23] = [
+    pub const ALL: [ErrorCode; 24] = [
         ErrorCode::FrameEmpty,
         ErrorCode::FrameTooLarge,
         ErrorCode::BadIdentifier,
@@ -47,6 +48,7 @@ impl ErrorCode {
         ErrorCode::TooLong,
         ErrorCode::BatchTooLarge,
         ErrorCode::BadUtf8,
+        ErrorCode::InvalidInput,
         ErrorCode::UnsupportedVersion,
         ErrorCode::NotAuthenticated,
         ErrorCode::AuthFailed,

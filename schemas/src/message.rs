@@ -42,6 +42,9 @@ pub struct SubmitTask {
     pub band_hint: Option<Band>,
     /// Expire unstarted this many ms after submission.
     pub deadline_ms: Option<u32>,
+    /// What to generate, for the provider: one JSON value of at most
+    /// [`crate::limits::INPUT_BYTES_MAX`] bytes, as the client sent it.
+    pub input: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -26,6 +26,7 @@ fn submit(key: &str) -> SubmitTask {
         spec: spec(),
         band_hint: Some(Band::P3),
         deadline_ms: Some(60_000),
+        input: Some(r#"{"prompt":"a red kite over the sea","seed":7}"#.into()),
     }
 }
 
@@ -255,6 +256,29 @@ fn semantic_checks_name_the_field() {
         e.to_string(),
         "TooLong: `idempotency_key` is 129 bytes, more than 128"
     );
+    let with_input = |input: String| {
+        let s = SubmitTask {
+            input: Some(input),
+            ..submit("k")
+        };
+        err(&request_payload(&RequestFrame {
+            request_id: 1,
+            body: Request::Submit(s),
+        }))
+        .to_string()
+    };
+    assert_eq!(
+        with_input(r#"{"prompt": "unclosed"#.into()),
+        "InvalidInput: `input` is not one JSON value: EOF while parsing a string at line 1 column 20"
+    );
+    assert_eq!(
+        with_input(r#"{"a":1} {"b":2}"#.into()),
+        "InvalidInput: `input` is not one JSON value: trailing characters at line 1 column 9"
+    );
+    assert_eq!(
+        with_input(format!(r#""{}""#, "x".repeat(16 * 1024))),
+        "TooLong: `input` is 16386 bytes, more than 16384"
+    );
     let mut bad = submit("x");
     bad.spec.width = 0;
     let e = err(&request_payload(&RequestFrame {
@@ -312,6 +336,9 @@ fn arb_submit() -> impl Strategy<Value = SubmitTask> {
         ),
         prop::option::of(1usize..=4),
         prop::option::of(1u32..=86_400_000),
+        prop::option::of(("[ -~]{0,40}", any::<i64>()).prop_map(|(prompt, seed)| {
+            serde_json::json!({ "prompt": prompt, "seed": seed }).to_string()
+        })),
     )
         .prop_map(
             |(
@@ -320,6 +347,7 @@ fn arb_submit() -> impl Strategy<Value = SubmitTask> {
                 (model, width, height, duration_ms, fps, audio, references),
                 band,
                 deadline_ms,
+                input,
             )| {
                 SubmitTask {
                     idempotency_key: key,
@@ -335,6 +363,7 @@ fn arb_submit() -> impl Strategy<Value = SubmitTask> {
                     },
                     band_hint: band.map(Band::from_index),
                     deadline_ms,
+                    input,
                 }
             },
         )

@@ -412,14 +412,9 @@ impl Admin {
         for (task, outcome) in tasks.iter().zip(outcomes) {
             let mut take_back = |q: &spindle_control::reconcile::QueuedTask, name| {
                 let to = &mut per_shard[config.shard_of(q.tenant.0)];
-                match crate::control::restore_request(q) {
-                    Ok(request) => {
-                        to.tasks.push(crate::control::Restore {
-                            request,
-                            version: q.version,
-                            live: None,
-                            cancel: false,
-                        });
+                match crate::control::Restore::queued(q) {
+                    Ok(restore) => {
+                        to.tasks.push(restore);
                         (name, Value::Null)
                     }
                     // Requeued, but its stored request cannot be read: its shard fails it

@@ -11,6 +11,8 @@ use spindle_core::Lane;
 const COUNTER_CHECK_S_MAX: u64 = 24 * 3600;
 /// The longest CPU wake-up latency worth asking for: a second (PM QoS takes up to i32::MAX µs).
 const CPU_WAKE_LATENCY_US_MAX: u32 = 1_000_000;
+/// The most `task_inputs_mb` takes (1 TiB).
+const TASK_INPUTS_MB_MAX: u32 = 1 << 20;
 
 #[derive(Debug, Clone, clap::Parser)]
 #[command(name = "spindled", about = "spindle's node daemon")]
@@ -99,6 +101,12 @@ pub struct Config {
     /// across restarts with it); none by default.
     #[serde(default)]
     pub local_provider_log: Option<PathBuf>,
+    /// MiB of task inputs (`SubmitTask.input`) the node holds for its live tasks, split evenly
+    /// among the shards: an input is kept from admission until its task ends (each attempt at
+    /// the provider sends it). Past a shard's part, a new task with an input is rejected as
+    /// overloaded with the reason; tasks without one are not affected.
+    #[serde(default = "default_task_inputs_mb")]
+    pub task_inputs_mb: u32,
     /// Requests one connection may have in flight.
     #[serde(default = "default_inflight")]
     pub connection_inflight_max: usize,
@@ -210,6 +218,9 @@ fn default_shards() -> u32 {
 }
 fn default_partitions() -> u32 {
     64
+}
+fn default_task_inputs_mb() -> u32 {
+    1024
 }
 fn default_lease_ms() -> u32 {
     30_000
@@ -364,6 +375,11 @@ impl Config {
             self.control_pipelines()
         );
         anyhow::ensure!(self.lease_ms >= 1_000, "lease_ms must be at least 1000");
+        anyhow::ensure!(
+            (1..=TASK_INPUTS_MB_MAX).contains(&self.task_inputs_mb),
+            "task_inputs_mb must be 1..={TASK_INPUTS_MB_MAX}, not {}",
+            self.task_inputs_mb
+        );
         anyhow::ensure!(
             (100..=600_000).contains(&self.postgres_statement_timeout_ms),
             "postgres_statement_timeout_ms must be 100..=600000"

@@ -304,6 +304,8 @@ fn run_node(config: Config) -> anyhow::Result<()> {
                     health,
                     media,
                     lease_ms: config.lease_ms,
+                    inputs_bytes_max: (config.task_inputs_mb as usize).saturating_mul(1 << 20)
+                        / config.shards as usize,
                 });
                 // A stored task that cannot come back is failed with its reason (logged and
                 // counted), not left unserved; the node serves the others.

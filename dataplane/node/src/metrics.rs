@@ -123,6 +123,8 @@ pub struct ShardGauges {
     pub queued_tasks: [AtomicU64; Lane::COUNT],
     pub queued_units_milli: [AtomicU64; Lane::COUNT],
     pub live_tasks: AtomicU64,
+    /// Bytes of task inputs held for live tasks (bounded by `task_inputs_mb`).
+    pub input_bytes: AtomicU64,
     /// Authenticated client connections this shard served (each on the shard owning its
     /// tenant: one accepted elsewhere is handed over after its Hello).
     pub connections: AtomicU64,
@@ -386,6 +388,14 @@ impl Metrics {
                 w,
                 "spindle_live_tasks{{shard=\"{i}\"}} {}",
                 g.live_tasks.load(Ordering::Relaxed)
+            );
+        }
+        let _ = writeln!(w, "# HELP spindle_task_input_bytes Bytes of task inputs held for live tasks, per shard (bounded by task_inputs_mb).\n# TYPE spindle_task_input_bytes gauge");
+        for (i, g) in self.shards.iter().enumerate() {
+            let _ = writeln!(
+                w,
+                "spindle_task_input_bytes{{shard=\"{i}\"}} {}",
+                g.input_bytes.load(Ordering::Relaxed)
             );
         }
         let _ = writeln!(w, "# HELP spindle_control_batch_seconds Control-plane batch latency by kind.\n# TYPE spindle_control_batch_seconds histogram");

@@ -16,8 +16,8 @@ use futures_util::io::{AsyncReadExt, AsyncWriteExt};
 use spindle_core::TenantId;
 use spindle_wire::limits::{BATCH_MAX, FRAME_BYTES_MAX};
 use spindle_wire::{
-    decode_request, Encoder, ErrorCode, FrameReader, HelloOk, Request, RequestFrame, Response,
-    ResponseFrame, WireError, PROTOCOL_VERSION,
+    decode_request, request_id_of, Encoder, ErrorCode, FrameReader, HelloOk, Request, RequestFrame,
+    Response, ResponseFrame, WireError, PROTOCOL_VERSION,
 };
 use tokio::sync::{mpsc, oneshot};
 
@@ -110,7 +110,7 @@ fn next_request(frames: &mut FrameReader) -> Next {
         Err(e) => Next::Fatal(frame(0, Response::Error(e))),
         Ok(Some(payload)) => match decode_request(payload) {
             Ok(r) => Next::Request(r),
-            Err(e) => Next::Refused(frame(0, Response::Error(e))),
+            Err(e) => Next::Refused(frame(request_id_of(payload), Response::Error(e))),
         },
     }
 }

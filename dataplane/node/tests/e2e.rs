@@ -65,6 +65,86 @@ async fn submit_ack_complete_and_idempotent_resubmit() {
     assert_eq!(seen, (51, 51, 0, 0));
 }
 
+/// A task's input is part of the request a replay is compared with, and the inputs a shard
+/// holds are bounded: past `task_inputs_mb` (1 MiB here, 512 KiB per shard), a task with an
+/// input is rejected as overloaded with the reason while one without is accepted, and an input
+/// let go (its task canceled) makes room again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_inputs_are_part_of_the_request_and_bounded_per_shard() {
+    let test = TestDb::new().await;
+    // Tasks run for their modelled time (tens of seconds): every one stays live.
+    let config = common::CONFIG.replace(
+        "local_provider_time_scale = 0.0001",
+        "local_provider_time_scale = 1.0\ntask_inputs_mb = 1",
+    );
+    let daemon = common::start_with(&test, &config).await;
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let with_input = |key: &str, input: &str| {
+        let mut t = task(key);
+        t.input = Some(input.to_string());
+        t
+    };
+    let a = client
+        .submit(with_input("r", r#"{"prompt":"a"}"#))
+        .await
+        .unwrap();
+    assert!(a.decision.is_accepted(), "{a:?}");
+    let again = client
+        .submit(with_input("r", r#"{"prompt":"a"}"#))
+        .await
+        .unwrap();
+    assert_eq!((again.task, again.replay), (a.task, true));
+    let other = client
+        .submit(with_input("r", r#"{"prompt":"b"}"#))
+        .await
+        .unwrap();
+    assert!(
+        other
+            .reason
+            .unwrap_or_default()
+            .contains("different request"),
+        "another input is another request"
+    );
+
+    // 16 KiB inputs: 31 fit beside the first task's, the 32nd does not.
+    let big = format!("\"{}\"", "x".repeat(16 * 1024 - 2));
+    let batch: Vec<_> = (0..32)
+        .map(|i| with_input(&format!("big{i}"), &big))
+        .collect();
+    let answers = client.submit_batch(batch).await.unwrap();
+    assert!(
+        answers[..31].iter().all(|a| a.decision.is_accepted()),
+        "{answers:?}"
+    );
+    let last = &answers[31];
+    assert_eq!(
+        last.decision,
+        Decision::RejectPlatformOverloaded,
+        "{last:?}"
+    );
+    assert!(
+        last.reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("task_inputs_mb"),
+        "{last:?}"
+    );
+    let plain = client.submit(task("plain")).await.unwrap();
+    assert!(
+        plain.decision.is_accepted(),
+        "no input, no bound: {plain:?}"
+    );
+    let (_, metrics) = http_get(daemon.http, "/metrics").await;
+    let held = metric_sum(&metrics, "spindle_task_input_bytes");
+    assert_eq!(held as usize, r#"{"prompt":"a"}"#.len() + 31 * big.len());
+
+    client.cancel(answers[0].task).await.unwrap();
+    let room = client.submit(with_input("after", &big)).await.unwrap();
+    assert!(room.decision.is_accepted(), "{room:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenants_are_isolated_and_credentials_checked() {
     let test = TestDb::new().await;

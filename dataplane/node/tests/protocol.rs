@@ -127,6 +127,47 @@ async fn malformed_frames_are_answered_and_other_connections_keep_working() {
     }
 }
 
+/// A request refused for what it asks (a field out of range, an input that is not JSON) is
+/// answered under its own request id, so that a client with requests pipelined matches the
+/// error to the request; the pipelined requests around it are answered as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_request_is_answered_under_its_own_id() {
+    let test = TestDb::new().await;
+    let daemon = start(&test).await;
+    let mut raw = Raw::connect(daemon.addr, 1, "one").await;
+    let mut out = Vec::new();
+    let mut bad_fps = task("bad-fps");
+    bad_fps.spec.fps = 0;
+    let mut bad_input = task("bad-input");
+    bad_input.input = Some(r#"{"prompt": "unclosed"#.into());
+    let mut good = task("good");
+    good.input = Some(r#"{"prompt":"a kite"}"#.into());
+    let mut encoder = Encoder::new();
+    for (id, t) in [(7, bad_fps), (8, bad_input), (9, good)] {
+        let frame = RequestFrame {
+            request_id: id,
+            body: Request::Submit(t),
+        };
+        encoder.request(&frame, &mut out);
+    }
+    raw.stream.write_all(&out).await.unwrap();
+    let mut answers = std::collections::BTreeMap::new();
+    for _ in 0..3 {
+        let a = raw.read().await.expect("an answer");
+        answers.insert(a.request_id, a.body);
+    }
+    let code = |id| match &answers[&id] {
+        Response::Error(e) => Some(e.code),
+        _ => None,
+    };
+    assert_eq!(code(7), Some(ErrorCode::OutOfRange), "{answers:?}");
+    assert_eq!(code(8), Some(ErrorCode::InvalidInput), "{answers:?}");
+    assert!(
+        matches!(&answers[&9], Response::Admission(a) if a.decision.is_accepted()),
+        "{answers:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_racing_dispatch_never_runs_a_canceled_task() {
     let test = TestDb::new().await;

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{http_get, poll_until, start_on, start_with, task, Daemon};
+use common::{http_get, metric_sum, poll_until, start_on, start_with, task, Daemon};
 use spindle_client::Client;
 use spindle_control::testing::{Proxy, TestDb};
 use spindle_core::{TaskId, TenantId};
@@ -266,6 +266,112 @@ async fn healthy_provider_runs_everything_once_with_its_actual_cost() {
         metrics.contains("spindle_provider_submits_total{result=\"accepted\"} 40"),
         "{metrics}"
     );
+}
+
+/// What the mock received for `task`'s first attempt, from whichever account ran it, once it
+/// did (within 10 s).
+async fn submitted(admin: &HttpProvider, task: TaskId) -> spindle_providers::mock::Submitted {
+    let key = format!("spindle-{}-1", task.0);
+    let found = poll_until(
+        Duration::from_secs(10),
+        async || {
+            for account in ACCOUNTS {
+                if let Some(s) = admin.mock_submission(account, &key).await.unwrap() {
+                    return Some(s);
+                }
+            }
+            None
+        },
+        Option::is_some,
+    )
+    .await;
+    found.unwrap_or_else(|| panic!("no account has a job for {key}"))
+}
+
+/// The client's input and the task's model reach the provider as sent — the input as the same
+/// JSON value, a task without one as null — and a task put back by a restart is sent with its
+/// input too (read back from its stored request). The node holds each input once while its
+/// task lives (`spindle_task_input_bytes`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tasks_input_and_model_reach_the_provider_as_the_client_sent_them() {
+    let test = TestDb::new().await;
+    // Jobs outlive the test: what is sent is read at the mock while they run.
+    let (m, admin) = mock(600_000).await;
+    let input = serde_json::json!({
+        "prompt": "a paper boat on a canal at dusk, \"slow pan\"",
+        "references": ["https://example.com/ref-1.png"],
+        "seed": 7,
+        "strength": 0.35
+    });
+    let client_task = |key: &str, input: Option<&serde_json::Value>| {
+        let mut t = task(key);
+        t.input = input.map(|i| i.to_string());
+        t
+    };
+    let daemon = node(&test, &m).await;
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let with = client
+        .submit(client_task("with", Some(&input)))
+        .await
+        .unwrap();
+    let without = client.submit(client_task("without", None)).await.unwrap();
+    let got = submitted(&admin, with.task).await;
+    assert_eq!(got.input, input);
+    assert_eq!(got.model, "video-model-0");
+    assert_eq!(
+        submitted(&admin, without.task).await.input,
+        serde_json::Value::Null
+    );
+    let held = poll_until(
+        Duration::from_secs(5),
+        async || {
+            let (_, metrics) = http_get(daemon.http, "/metrics").await;
+            metric_sum(&metrics, "spindle_task_input_bytes") as usize
+        },
+        |&held| held == input.to_string().len(),
+    )
+    .await;
+    assert_eq!(held, input.to_string().len(), "the input is held once");
+
+    // Every slot of the provider's two accounts (4 each) taken, a task with an input waits
+    // QUEUED when its node dies; the next node puts it back and, once slots free, sends it
+    // with its input.
+    let fill: Vec<_> = (0..6)
+        .map(|i| client_task(&format!("fill{i}"), None))
+        .collect();
+    let mut running: Vec<TaskId> = client
+        .submit_batch(fill)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| a.task)
+        .collect();
+    running.extend([with.task, without.task]);
+    let queued = client
+        .submit(client_task("queued", Some(&input)))
+        .await
+        .unwrap();
+    let in_flight = poll_until(
+        Duration::from_secs(10),
+        async || mock_total(&admin, |s| s.in_flight).await,
+        |&n| n == 8,
+    )
+    .await;
+    assert_eq!(in_flight, 8);
+    let sql = test.sql().await.unwrap();
+    assert_eq!(state_of(&sql, queued.task.0 as i64).await, "QUEUED");
+    drop(client);
+    drop(daemon);
+    let daemon = node(&test, &m).await;
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    for t in running {
+        client.cancel(t).await.unwrap();
+    }
+    assert_eq!(submitted(&admin, queued.task).await.input, input);
 }
 
 /// Submits 16 tasks to `node` and waits until the provider runs all it may for the node (2

@@ -31,12 +31,17 @@ async fn the_python_client_submits_reads_status_and_gets_errors() {
         "python client failed:\n{stdout}\n{stderr}"
     );
     let lines: Vec<&str> = stdout.lines().collect();
-    assert_eq!(lines.len(), 4, "{stdout}");
+    assert_eq!(lines.len(), 5, "{stdout}");
     assert!(lines[0].starts_with("submitted task "), "{stdout}");
     assert_eq!(lines[1], "status Succeeded");
     assert!(
         lines[2].starts_with("error NotFound: task 999999999 not found"),
         "{stdout}"
     );
-    assert_eq!(lines[3], "error AuthFailed");
+    assert!(
+        lines[3].starts_with("error InvalidInput: tasks[0]: `input` is not one JSON value")
+            || lines[3].starts_with("error InvalidInput: `input` is not one JSON value"),
+        "{stdout}"
+    );
+    assert_eq!(lines[4], "error AuthFailed");
 }

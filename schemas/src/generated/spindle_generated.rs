@@ -16,7 +16,7 @@ pub const ENUM_MIN_ERROR_CODE: u16 = 0;
 pub const ENUM_MAX_ERROR_CODE: u16 = 63;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 24] = [
+pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 25] = [
   ErrorCode::None,
   ErrorCode::FrameEmpty,
   ErrorCode::FrameTooLarge,
@@ -28,6 +28,7 @@ pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 24] = [
   ErrorCode::TooLong,
   ErrorCode::BatchTooLarge,
   ErrorCode::BadUtf8,
+  ErrorCode::InvalidInput,
   ErrorCode::UnsupportedVersion,
   ErrorCode::NotAuthenticated,
   ErrorCode::AuthFailed,
@@ -60,6 +61,7 @@ impl ErrorCode {
   pub const TooLong: Self = Self(8);
   pub const BatchTooLarge: Self = Self(9);
   pub const BadUtf8: Self = Self(10);
+  pub const InvalidInput: Self = Self(11);
   pub const UnsupportedVersion: Self = Self(20);
   pub const NotAuthenticated: Self = Self(21);
   pub const AuthFailed: Self = Self(22);
@@ -88,6 +90,7 @@ impl ErrorCode {
     Self::TooLong,
     Self::BatchTooLarge,
     Self::BadUtf8,
+    Self::InvalidInput,
     Self::UnsupportedVersion,
     Self::NotAuthenticated,
     Self::AuthFailed,
@@ -116,6 +119,7 @@ impl ErrorCode {
       Self::TooLong => Some("TooLong"),
       Self::BatchTooLarge => Some("BatchTooLarge"),
       Self::BadUtf8 => Some("BadUtf8"),
+      Self::InvalidInput => Some("InvalidInput"),
       Self::UnsupportedVersion => Some("UnsupportedVersion"),
       Self::NotAuthenticated => Some("NotAuthenticated"),
       Self::AuthFailed => Some("AuthFailed"),
@@ -1010,6 +1014,7 @@ impl<'a> SubmitTask<'a> {
   pub const VT_SPEC: ::flatbuffers::VOffsetT = 8;
   pub const VT_BAND_HINT: ::flatbuffers::VOffsetT = 10;
   pub const VT_DEADLINE_MS: ::flatbuffers::VOffsetT = 12;
+  pub const VT_INPUT: ::flatbuffers::VOffsetT = 14;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -1021,6 +1026,7 @@ impl<'a> SubmitTask<'a> {
     args: &'args SubmitTaskArgs<'args>
   ) -> ::flatbuffers::WIPOffset<SubmitTask<'bldr>> {
     let mut builder = SubmitTaskBuilder::new(_fbb);
+    if let Some(x) = args.input { builder.add_input(x); }
     builder.add_deadline_ms(args.deadline_ms);
     if let Some(x) = args.spec { builder.add_spec(x); }
     builder.add_user_id(args.user_id);
@@ -1068,6 +1074,16 @@ impl<'a> SubmitTask<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u32>(SubmitTask::VT_DEADLINE_MS, Some(0)).unwrap()}
   }
+  /// What to generate, for the provider: one JSON value (an object of prompt, reference URLs,
+  /// parameters), at most 16 KiB, sent to the provider as given with the model's name. Opaque to
+  /// the node; part of the request a replay is compared with. Absent: the provider gets null.
+  #[inline]
+  pub fn input(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(SubmitTask::VT_INPUT, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for SubmitTask<'_> {
@@ -1081,6 +1097,7 @@ impl ::flatbuffers::Verifiable for SubmitTask<'_> {
      .visit_field::<::flatbuffers::ForwardsUOffset<TaskSpec>>("spec", Self::VT_SPEC, true)?
      .visit_field::<u8>("band_hint", Self::VT_BAND_HINT, false)?
      .visit_field::<u32>("deadline_ms", Self::VT_DEADLINE_MS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("input", Self::VT_INPUT, false)?
      .finish();
     Ok(())
   }
@@ -1091,6 +1108,7 @@ pub struct SubmitTaskArgs<'a> {
     pub spec: Option<::flatbuffers::WIPOffset<TaskSpec<'a>>>,
     pub band_hint: u8,
     pub deadline_ms: u32,
+    pub input: Option<::flatbuffers::WIPOffset<&'a str>>,
 }
 impl<'a> Default for SubmitTaskArgs<'a> {
   #[inline]
@@ -1101,6 +1119,7 @@ impl<'a> Default for SubmitTaskArgs<'a> {
       spec: None, // required field
       band_hint: 0,
       deadline_ms: 0,
+      input: None,
     }
   }
 }
@@ -1131,6 +1150,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> SubmitTaskBuilder<'a, 'b, A> 
     self.fbb_.push_slot::<u32>(SubmitTask::VT_DEADLINE_MS, deadline_ms, 0);
   }
   #[inline]
+  pub fn add_input(&mut self, input: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(SubmitTask::VT_INPUT, input);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> SubmitTaskBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     SubmitTaskBuilder {
@@ -1155,6 +1178,7 @@ impl ::core::fmt::Debug for SubmitTask<'_> {
       ds.field("spec", &self.spec());
       ds.field("band_hint", &self.band_hint());
       ds.field("deadline_ms", &self.deadline_ms());
+      ds.field("input", &self.input());
       ds.finish()
   }
 }

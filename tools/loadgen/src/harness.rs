@@ -68,5 +68,6 @@ pub fn video_task(key: String) -> SubmitTask {
         spec: TaskSpec::clip_720p(ModelId(0)),
         band_hint: Some(Band::P3),
         deadline_ms: None,
+        input: None,
     }
 }

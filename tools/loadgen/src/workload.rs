@@ -97,5 +97,6 @@ pub fn task(key: String, user: u32, rng: &mut Rng) -> SubmitTask {
         },
         band_hint: Some(Band::P3),
         deadline_ms: None,
+        input: None,
     }
 }

@@ -19,7 +19,6 @@ use leases::LeaseLoop;
 use pipeline::reader;
 pub(crate) use pipeline::reconnect;
 pub use pipeline::{pipeline, PipelineSetup, ReadMsg, READ_QUEUE_MAX};
-pub(crate) use restore::restore_request;
 use restore::{load_restores, recover_attempts, Followed};
 pub use restore::{LiveRestore, Restore, ShardRestores, Unrestorable};
 

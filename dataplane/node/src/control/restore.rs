@@ -11,6 +11,23 @@ pub struct Restore {
     pub live: Option<LiveRestore>,
     /// Its client canceled it (stored, not yet ended): the shard cancels it once it is back.
     pub cancel: bool,
+    /// What to generate, for the provider, if the client sent it (`SubmitTask.input`).
+    pub input: Option<Box<str>>,
+}
+
+impl Restore {
+    /// A stored task as its shard takes it back, queued (a live attempt and a stored cancel
+    /// are the caller's to add); `Err` when its stored request cannot be read.
+    pub(crate) fn queued(q: &spindle_control::reconcile::QueuedTask) -> anyhow::Result<Restore> {
+        let (request, input) = restore_request(q)?;
+        Ok(Restore {
+            request,
+            version: q.version,
+            live: None,
+            cancel: false,
+            input: input.map(String::into_boxed_str),
+        })
+    }
 }
 
 /// A stored task that cannot be put back as it is (its request unreadable, its live attempt's
@@ -182,10 +199,10 @@ async fn recover_page(
     Ok(changed)
 }
 
-/// A stored task as its shard's core takes it back.
-pub(crate) fn restore_request(
+/// A stored task as its shard's core takes it back, and its input.
+fn restore_request(
     q: &spindle_control::reconcile::QueuedTask,
-) -> anyhow::Result<spindle_core::RestoreRequest> {
+) -> anyhow::Result<(spindle_core::RestoreRequest, Option<String>)> {
     let stored: crate::shard::StoredRequest = serde_json::from_slice(&q.payload)
         .map_err(|e| anyhow::anyhow!("task {}: unreadable payload: {e}", q.task))?;
     let lane = *spindle_core::Lane::ALL
@@ -194,7 +211,7 @@ pub(crate) fn restore_request(
     let band = *spindle_core::Band::ALL
         .get(q.band as usize)
         .ok_or_else(|| anyhow::anyhow!("task {}: band {}", q.task, q.band))?;
-    Ok(spindle_core::RestoreRequest {
+    let request = spindle_core::RestoreRequest {
         submit: spindle_core::SubmitRequest {
             task: q.task,
             tenant: q.tenant,
@@ -208,7 +225,8 @@ pub(crate) fn restore_request(
         lane,
         band,
         attempts_before: q.attempt_no,
-    })
+    };
+    Ok((request, stored.input.map(|i| i.get().to_string())))
 }
 
 /// Every task of `mine` to put back, as restores per shard: the QUEUED ones, and the live
@@ -251,7 +269,7 @@ fn owned_restore(
         token,
         reason,
     };
-    let request = restore_request(&o.task).map_err(|e| unrestorable(format!("{e:#}")))?;
+    let mut restore = Restore::queued(&o.task).map_err(|e| unrestorable(format!("{e:#}")))?;
     let live = match o.live {
         None => None,
         Some(l) => {
@@ -269,12 +287,9 @@ fn owned_restore(
             })
         }
     };
-    Ok(Restore {
-        request,
-        version: o.task.version,
-        live,
-        cancel: o.cancel_requested,
-    })
+    restore.live = live;
+    restore.cancel = o.cancel_requested;
+    Ok(restore)
 }
 
 #[cfg(test)]

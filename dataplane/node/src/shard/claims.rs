@@ -289,7 +289,7 @@ pub(super) async fn start_attempts(state: &SharedShard, started: Vec<Started>) {
     let dispatch = state.borrow().dispatch.clone();
     for (task, token, attempt_no, request_key) in started {
         match &dispatch {
-            Some(d) => submit_to_provider(state, d, task, token, attempt_no, request_key).await,
+            Some(d) => submit_to_provider(state, d, task, token, request_key).await,
             None => {
                 let state = state.clone();
                 glommio::spawn_local(

@@ -39,11 +39,13 @@ use crate::control::{
 use spindle_control::query::{lost_claim, TaskHead};
 
 mod claims;
+mod inputs;
 mod media;
 mod provider;
 mod reports;
 mod submit;
 use claims::*;
+use inputs::Inputs;
 use media::*;
 use provider::*;
 use reports::*;
@@ -234,6 +236,8 @@ pub struct ShardState {
     ids: std::ops::Range<u64>,
     partitions: u32,
     meta: RunMap<TaskId, Meta>,
+    /// The inputs of the live tasks submitted with one, for the provider.
+    inputs: Inputs,
     /// Live tasks whose attempt holds provider-stage capacity (their `Meta::estimate` is set),
     /// in all and per tenant: kept as they change, so that publishing them never walks the tasks.
     running: Running,
@@ -308,6 +312,8 @@ pub struct ShardSetup {
     pub media: Option<crate::media::MediaPool>,
     /// The lease of running attempts (renewed every third of it).
     pub lease_ms: u32,
+    /// Bytes of task inputs this shard holds at most (its part of `task_inputs_mb`).
+    pub inputs_bytes_max: usize,
 }
 
 /// The board every shard of a node shares: one entry per node limit (any may become binding by
@@ -368,6 +374,7 @@ impl ShardState {
             ids: setup.ids,
             partitions: setup.partitions,
             meta: RunMap::default(),
+            inputs: Inputs::new(setup.inputs_bytes_max),
             running: Running::default(),
             time_scale: setup.time_scale,
             outbox: Vec::new(),
@@ -525,6 +532,9 @@ impl ShardState {
             }
         }
         self.meta.insert(task, meta);
+        if let Some(input) = r.input {
+            self.inputs.hold(task, input);
+        }
         Ok(resolve)
     }
 
@@ -688,6 +698,7 @@ fn count_in_doubt(state: &SharedShard) {
 /// Forgets a live task, keeping the count of running ones.
 fn remove_meta(s: &mut ShardState, task: &TaskId) -> Option<Meta> {
     let meta = s.meta.remove(task);
+    s.inputs.release(*task);
     if let Some(m) = &meta {
         if let Some(e) = &m.estimate {
             s.running.stop(m.tenant, e.fairness.milli());
@@ -907,6 +918,8 @@ async fn cancel_stored(
 /// media job stops; the step's end reports the task's.
 fn cancel_held(s: &mut ShardState, task: TaskId) -> Result<(), spindle_core::ShardError> {
     s.core.handle_cancel(task)?;
+    // Nothing is sent to a provider for it again.
+    s.inputs.release(task);
     let running = s.meta.get(&task).is_some_and(|m| m.token.is_some());
     let attempt = s.meta.get(&task).and_then(|m| m.attempt.as_ref());
     if let Some(a) = attempt.filter(|a| a.job_id.is_none()) {
@@ -1094,6 +1107,7 @@ fn publish_gauges(s: &ShardState) {
         g.queued_units_milli[lane.index()].store(s.core.queued_units(lane).milli(), Relaxed);
     }
     g.live_tasks.store(s.meta.len() as u64, Relaxed);
+    g.input_bytes.store(s.inputs.bytes() as u64, Relaxed);
     g.running_tasks.store(s.running.total, Relaxed);
 }
 

@@ -5,14 +5,14 @@
 use super::*;
 
 /// Sends a granted attempt to the HTTP provider (nothing is sent before the claim committed:
-/// this runs on its answer). The request key is the attempt's: a repeat is the same job. A task
-/// canceled since its grant is not sent at all: its attempt ends here.
+/// this runs on its answer), with the task's model by name and its client's input as sent. The
+/// request key is the attempt's: a repeat is the same job. A task canceled since its grant is
+/// not sent at all: its attempt ends here.
 pub(super) async fn submit_to_provider(
     state: &SharedShard,
     d: &crate::dispatch::DispatchHandle,
     task: TaskId,
     token: FencingToken,
-    attempt_no: u32,
     request_key: String,
 ) {
     let call = {
@@ -28,7 +28,16 @@ pub(super) async fn submit_to_provider(
             tracing::warn!("{task}: granted without a provider");
             return;
         };
-        let account = s.core.policy().providers[provider.0 as usize].name.clone();
+        let policy = s.core.policy();
+        let account = policy.providers[provider.0 as usize].name.clone();
+        let model = s.meta[&task]
+            .spec
+            .and_then(|spec| policy.models.get(usize::from(spec.model.0)))
+            .map_or_else(String::new, |m| m.name.clone());
+        let input = s.inputs.get(task).map_or(serde_json::Value::Null, |i| {
+            // Checked to be one JSON value when it arrived (`spindle_wire`).
+            serde_json::from_str(i).unwrap_or(serde_json::Value::Null)
+        });
         let meta = s.meta.get_mut(&task).expect("checked above");
         let withdrawn = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         meta.attempt = Some(Box::new(ProviderAttempt {
@@ -46,8 +55,8 @@ pub(super) async fn submit_to_provider(
             submission: spindle_providers::Submission {
                 account,
                 request_key,
-                model: format!("model-{}", provider.0),
-                input: serde_json::json!({ "task": task.0, "attempt": attempt_no }),
+                model,
+                input,
                 callback_url: Some(d.callback_url().to_string()),
             },
         }

@@ -15,13 +15,24 @@ async fn next_task_id(state: &SharedShard) -> Result<TaskId, StoreError> {
 
 /// What a task's payload holds: the client's request as the node read it. Its JSON is what a
 /// replay is compared with, and what a restart rebuilds the task from.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
 pub struct StoredRequest {
     pub user: u32,
     pub spec: spindle_core::TaskSpec,
     pub band_hint: Option<spindle_core::Band>,
     pub deadline_ms: Option<u32>,
+    /// What to generate, for the provider: the client's JSON value, embedded as it came (not
+    /// escaped into a string, so the payload is the input's size plus the rest's, within
+    /// [`STORED_REQUEST_BYTES_MAX`]). Absent when the client sent none, so such a task's
+    /// payload is what it was before inputs existed (and a replay of it still matches).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<Box<serde_json::value::RawValue>>,
 }
+
+/// The largest stored request: every field at its widest, and the largest input. The store
+/// takes it (`tests::the_largest_request_fits_the_store`).
+pub const STORED_REQUEST_BYTES_MAX: usize = spindle_wire::limits::INPUT_BYTES_MAX + 512;
+const _: () = assert!(STORED_REQUEST_BYTES_MAX <= spindle_control::limits::PAYLOAD_BYTES_MAX);
 
 fn payload(t: &SubmitTask) -> Vec<u8> {
     let stored = StoredRequest {
@@ -29,6 +40,11 @@ fn payload(t: &SubmitTask) -> Vec<u8> {
         spec: t.spec,
         band_hint: t.band_hint,
         deadline_ms: t.deadline_ms,
+        // One JSON value, checked when it arrived (`spindle_wire`): taken as it is.
+        input: t
+            .input
+            .as_ref()
+            .and_then(|i| serde_json::value::RawValue::from_string(i.clone()).ok()),
     };
     serde_json::to_vec(&stored).expect("plain data serializes")
 }
@@ -145,16 +161,12 @@ fn decide(
     let mut s = state.borrow_mut();
     for ((i, t), id) in tasks.iter().enumerate().zip(ids) {
         if let Some(pending) = backlog {
-            answers.push(Some(Admission {
-                task: id,
-                decision: Decision::RejectPlatformOverloaded,
-                reason: Some(format!(
-                    "event relay backlog: {pending} events wait for the events endpoint"
-                )),
-                replay: false,
-                queue_level: 0,
-                expected_start_ms: 0,
-            }));
+            let why = format!("event relay backlog: {pending} events wait for the events endpoint");
+            answers.push(Some(overloaded(id, why)));
+            continue;
+        }
+        if let Some(why) = t.input.as_ref().and_then(|i| s.inputs.refusal(i.len())) {
+            answers.push(Some(overloaded(id, why)));
             continue;
         }
         let now = s.now();
@@ -199,6 +211,9 @@ fn decide(
                 stored_stage: None,
             },
         );
+        if let Some(input) = &t.input {
+            s.inputs.hold(id, input.as_str().into());
+        }
         commit.push((i, id));
         rows.push(NewTask {
             task: id,
@@ -224,6 +239,18 @@ fn decide(
         rows,
         commit,
     })
+}
+
+/// A task the node refuses before its core sees it, for `why`.
+fn overloaded(task: TaskId, why: String) -> Admission {
+    Admission {
+        task,
+        decision: Decision::RejectPlatformOverloaded,
+        reason: Some(why),
+        replay: false,
+        queue_level: 0,
+        expected_start_ms: 0,
+    }
 }
 
 /// The frame's answer, every task's decision counted.
@@ -332,7 +359,7 @@ pub(crate) async fn commit(state: &SharedShard, admitted: Admitted, reply: impl 
                     answers[i] = Some(Admission {
                         task,
                         decision: Decision::RejectPlatformOverloaded,
-                        reason: Some(format!("control plane unavailable: {e}")),
+                        reason: Some(format!("not stored: {e}")),
                         replay: false,
                         queue_level: 0,
                         expected_start_ms: 0,
@@ -483,5 +510,46 @@ fn wire_admission(a: &spindle_core::Admission, replay: bool) -> Admission {
         expected_start_ms: a
             .estimated_start_at
             .map_or(0, |t| u32::try_from(t.as_ms()).unwrap_or(u32::MAX)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spindle_wire::limits::{
+        DEADLINE_MS_MAX, DIMENSION_MAX, DURATION_MS_MAX, FPS_MAX, INPUT_BYTES_MAX, KEY_BYTES_MAX,
+        REFERENCES_MAX,
+    };
+
+    /// Every field at its widest and the largest input: the stored request stays within
+    /// `STORED_REQUEST_BYTES_MAX`, and so within what the store takes.
+    #[test]
+    fn the_largest_request_fits_the_store() {
+        let input = format!("[\"{}\"]", "x".repeat(INPUT_BYTES_MAX - 4));
+        let t = SubmitTask {
+            idempotency_key: "k".repeat(KEY_BYTES_MAX),
+            user: spindle_core::UserId(u32::MAX),
+            spec: spindle_core::TaskSpec {
+                model: spindle_core::ModelId(u16::MAX),
+                width: DIMENSION_MAX,
+                height: DIMENSION_MAX,
+                duration_ms: DURATION_MS_MAX,
+                fps: FPS_MAX,
+                audio: true,
+                references: REFERENCES_MAX,
+            },
+            band_hint: Some(spindle_core::Band::P4),
+            deadline_ms: Some(DEADLINE_MS_MAX),
+            input: Some(input.clone()),
+        };
+        let stored = payload(&t);
+        assert!(
+            stored.len() <= STORED_REQUEST_BYTES_MAX,
+            "{} bytes",
+            stored.len()
+        );
+        // The input is embedded as it came, and read back the same.
+        let back: StoredRequest = serde_json::from_slice(&stored).unwrap();
+        assert_eq!(back.input.map(|i| i.get().to_string()), Some(input));
     }
 }

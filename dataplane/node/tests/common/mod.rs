@@ -110,6 +110,7 @@ pub fn task(key: &str) -> SubmitTask {
         spec: TaskSpec::clip_720p(ModelId(0)),
         band_hint: Some(Band::P3),
         deadline_ms: None,
+        input: None,
     }
 }
 

@@ -15,6 +15,7 @@ class ErrorCode(object):
     TooLong = 8
     BatchTooLarge = 9
     BadUtf8 = 10
+    InvalidInput = 11
     UnsupportedVersion = 20
     NotAuthenticated = 21
     AuthFailed = 22

@@ -70,8 +70,18 @@ class SubmitTask(object):
             return self._tab.Get(flatbuffers.number_types.Uint32Flags, o + self._tab.Pos)
         return 0
 
+    # What to generate, for the provider: one JSON value (an object of prompt, reference URLs,
+    # parameters), at most 16 KiB, sent to the provider as given with the model's name. Opaque to
+    # the node; part of the request a replay is compared with. Absent: the provider gets null.
+    # SubmitTask
+    def Input(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
 def SubmitTaskStart(builder):
-    builder.StartObject(5)
+    builder.StartObject(6)
 
 def Start(builder):
     SubmitTaskStart(builder)
@@ -105,6 +115,12 @@ def SubmitTaskAddDeadlineMs(builder, deadlineMs):
 
 def AddDeadlineMs(builder, deadlineMs):
     SubmitTaskAddDeadlineMs(builder, deadlineMs)
+
+def SubmitTaskAddInput(builder, input):
+    builder.PrependUOffsetTRelativeSlot(5, flatbuffers.number_types.UOffsetTFlags.py_type(input), 0)
+
+def AddInput(builder, input):
+    SubmitTaskAddInput(builder, input)
 
 def SubmitTaskEnd(builder):
     return builder.EndObject()
