@@ -37,6 +37,10 @@ struct Common {
     /// Tasks per submit frame (1: single submits).
     #[arg(long, default_value_t = 1)]
     batch: usize,
+    /// Bytes of the JSON input (`{"prompt":"…"}`) sent with every task, for the provider;
+    /// 0: none.
+    #[arg(long, default_value_t = 0)]
+    input_bytes: usize,
     #[arg(long, value_enum, default_value_t = Arrival::Poisson)]
     arrival: Arrival,
     #[arg(long, default_value_t = 1)]
@@ -137,12 +141,14 @@ fn drive(
         (1..=spindle_wire::limits::BATCH_MAX).contains(&common.batch),
         "--batch must be 1..=1024"
     );
+    let input = workload::input_of(common.input_bytes)?;
     let offered: f64 = tenants.iter().map(|t| t.rate).sum();
     let opts = run::Options {
         addr,
         tenants,
         duration: Duration::from_secs(common.duration),
         batch: common.batch,
+        input,
         arrival: common.arrival,
         seed: common.seed,
         progress: !common.json,

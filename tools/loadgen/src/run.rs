@@ -24,6 +24,8 @@ pub struct Options {
     pub tenants: Vec<TenantLoad>,
     pub duration: Duration,
     pub batch: usize,
+    /// Sent with every task as its input (`--input-bytes`).
+    pub input: Option<String>,
     pub arrival: Arrival,
     pub seed: u64,
     pub progress: bool,
@@ -119,10 +121,11 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
         let pacer = Pacer::new()?;
         let (arrival, batch, duration) = (opts.arrival, opts.batch, opts.duration);
         let seed = opts.seed ^ (i as u64).wrapping_mul(0x9e37_79b9);
+        let input = opts.input.clone();
         let first = start + phase(arrival, i, opts.tenants.len(), batch, load.rate);
         handles.push(tokio::spawn(async move {
             tenant_loop(
-                client, load, arrival, batch, duration, seed, start, first, shared, pacer,
+                client, load, arrival, batch, input, duration, seed, start, first, shared, pacer,
             )
             .await
         }));
@@ -362,6 +365,7 @@ async fn tenant_loop(
     load: TenantLoad,
     arrival: Arrival,
     batch: usize,
+    input: Option<String>,
     duration: Duration,
     seed: u64,
     start: Instant,
@@ -393,11 +397,13 @@ async fn tenant_loop(
         let first = intended;
         for _ in 0..batch {
             seq += 1;
-            tasks.push(task(
+            let mut t = task(
                 format!("lg-{run_id}-{}-{seq}", load.tenant),
                 1 + (seq % 16) as u32,
                 &mut rng,
-            ));
+            );
+            t.input = input.clone();
+            tasks.push(t);
             intended += gap(arrival, load.rate, &mut rng);
         }
         if first.duration_since(start) >= duration {

@@ -74,6 +74,19 @@ pub fn gap(arrival: Arrival, rate: f64, rng: &mut Rng) -> Duration {
     }
 }
 
+/// A JSON input of exactly `bytes` bytes (`{"prompt":"xx…"}`); `None` for 0.
+pub fn input_of(bytes: usize) -> anyhow::Result<Option<String>> {
+    const FRAME: usize = r#"{"prompt":""}"#.len();
+    let max = spindle_wire::limits::INPUT_BYTES_MAX;
+    match bytes {
+        0 => Ok(None),
+        n if (FRAME..=max).contains(&n) => {
+            Ok(Some(format!(r#"{{"prompt":"{}"}}"#, "x".repeat(n - FRAME))))
+        }
+        n => anyhow::bail!("--input-bytes must be 0 or {FRAME}..={max}, not {n}"),
+    }
+}
+
 /// The simulator's mix, smallest first: mostly 720p/5 s, some 1080p/10 s with audio, a few
 /// 1080p/30 s with references.
 pub fn task(key: String, user: u32, rng: &mut Rng) -> SubmitTask {
@@ -98,5 +111,22 @@ pub fn task(key: String, user: u32, rng: &mut Rng) -> SubmitTask {
         band_hint: Some(Band::P3),
         deadline_ms: None,
         input: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inputs_have_the_asked_size_and_parse() {
+        assert_eq!(input_of(0).unwrap(), None);
+        for n in [13, 14, 1024, spindle_wire::limits::INPUT_BYTES_MAX] {
+            let input = input_of(n).unwrap().unwrap();
+            assert_eq!(input.len(), n);
+            serde_json::from_str::<serde_json::Value>(&input).unwrap();
+        }
+        assert!(input_of(12).is_err());
+        assert!(input_of(spindle_wire::limits::INPUT_BYTES_MAX + 1).is_err());
     }
 }
