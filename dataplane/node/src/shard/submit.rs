@@ -34,19 +34,28 @@ pub struct StoredRequest {
 pub const STORED_REQUEST_BYTES_MAX: usize = spindle_wire::limits::INPUT_BYTES_MAX + 512;
 const _: () = assert!(STORED_REQUEST_BYTES_MAX <= spindle_control::limits::PAYLOAD_BYTES_MAX);
 
+/// The stored request of `t`: its JSON as `StoredRequest` writes it. The input, one JSON value
+/// checked when it arrived (`spindle_wire`), is appended as it is — what the field, written
+/// last, would write — rather than parsed again into a `RawValue` to be copied back out.
 fn payload(t: &SubmitTask) -> Vec<u8> {
     let stored = StoredRequest {
         user: t.user.0,
         spec: t.spec,
         band_hint: t.band_hint,
         deadline_ms: t.deadline_ms,
-        // One JSON value, checked when it arrived (`spindle_wire`): taken as it is.
-        input: t
-            .input
-            .as_ref()
-            .and_then(|i| serde_json::value::RawValue::from_string(i.clone()).ok()),
+        input: None,
     };
-    serde_json::to_vec(&stored).expect("plain data serializes")
+    let extra = t.input.as_ref().map_or(0, |i| i.len() + 10);
+    let mut out = Vec::with_capacity(128 + extra);
+    serde_json::to_writer(&mut out, &stored).expect("plain data serializes");
+    if let Some(input) = &t.input {
+        debug_assert_eq!(out.last(), Some(&b'}'));
+        out.pop();
+        out.extend_from_slice(b",\"input\":");
+        out.extend_from_slice(input.as_bytes());
+        out.push(b'}');
+    }
+    out
 }
 
 /// A frame's tasks decided by the core, with nothing awaited since: the answers so far (one
@@ -87,7 +96,7 @@ pub(crate) fn decide_now(
             .map(|_| TaskId(s.ids.next().expect("counted above")))
             .collect()
     };
-    Ok(decide(state, tenant, &tasks, batch, ids))
+    Ok(decide(state, tenant, tasks, batch, ids))
 }
 
 /// A submit frame from the shard's inbox: ids taken (a new block awaited when this one is
@@ -107,7 +116,7 @@ pub(super) async fn submit(
             Err(e) => return answer_error(reply, ErrorCode::Unavailable, e.to_string()),
         }
     }
-    match decide(state, tenant, &tasks, batch, ids) {
+    match decide(state, tenant, tasks, batch, ids) {
         Decided::Answered(response) => {
             let _ = reply.send(response);
         }
@@ -125,7 +134,7 @@ pub(super) async fn submit(
 fn decide(
     state: &SharedShard,
     tenant: TenantId,
-    tasks: &[SubmitTask],
+    tasks: Vec<SubmitTask>,
     batch: bool,
     ids: Vec<TaskId>,
 ) -> Decided {
@@ -159,7 +168,7 @@ fn decide(
     let mut rows: Vec<NewTask> = Vec::new();
     let mut commit: Vec<(usize, TaskId)> = Vec::new();
     let mut s = state.borrow_mut();
-    for ((i, t), id) in tasks.iter().enumerate().zip(ids) {
+    for ((i, t), id) in tasks.into_iter().enumerate().zip(ids) {
         if let Some(pending) = backlog {
             let why = format!("event relay backlog: {pending} events wait for the events endpoint");
             answers.push(Some(overloaded(id, why)));
@@ -211,16 +220,17 @@ fn decide(
                 stored_stage: None,
             },
         );
-        if let Some(input) = &t.input {
-            s.inputs.hold(id, input.as_str().into());
+        let payload = payload(&t);
+        if let Some(input) = t.input {
+            s.inputs.hold(id, input.into_boxed_str());
         }
         commit.push((i, id));
         rows.push(NewTask {
             task: id,
             tenant,
             user: t.user,
-            idempotency_key: t.idempotency_key.clone(),
-            payload: payload(t),
+            idempotency_key: t.idempotency_key,
+            payload,
             partition,
             lane: admission.lane,
             band: admission.band,
@@ -548,8 +558,13 @@ mod tests {
             "{} bytes",
             stored.len()
         );
-        // The input is embedded as it came, and read back the same.
+        // The input is embedded as it came — the bytes serde writes for the whole request —
+        // and read back the same.
         let back: StoredRequest = serde_json::from_slice(&stored).unwrap();
+        assert_eq!(serde_json::to_vec(&back).unwrap(), stored);
         assert_eq!(back.input.map(|i| i.get().to_string()), Some(input));
+        // Without one, the field is absent: the payload of before inputs existed.
+        let plain = payload(&SubmitTask { input: None, ..t });
+        assert!(!String::from_utf8(plain).unwrap().contains("input"));
     }
 }
