@@ -21,10 +21,13 @@ pub enum Decision {
     RejectCostBudget,
     RejectResourceClassDisabled,
     RejectPlatformOverloaded,
+    /// Not the core's: the store found the idempotency key already used by another request
+    /// (retrying it changes nothing, unlike an overload).
+    RejectIdempotencyConflict,
 }
 
 impl Decision {
-    pub const ALL: [Decision; 8] = [
+    pub const ALL: [Decision; 9] = [
         Decision::Accepted,
         Decision::AcceptedBestEffort,
         Decision::RejectUserRateLimit,
@@ -33,6 +36,7 @@ impl Decision {
         Decision::RejectCostBudget,
         Decision::RejectResourceClassDisabled,
         Decision::RejectPlatformOverloaded,
+        Decision::RejectIdempotencyConflict,
     ];
 
     pub fn is_accepted(self) -> bool {
@@ -49,6 +53,7 @@ impl Decision {
             Decision::RejectCostBudget => "REJECT_COST_BUDGET",
             Decision::RejectResourceClassDisabled => "REJECT_RESOURCE_CLASS_DISABLED",
             Decision::RejectPlatformOverloaded => "REJECT_PLATFORM_OVERLOADED",
+            Decision::RejectIdempotencyConflict => "REJECT_IDEMPOTENCY_CONFLICT",
         }
     }
 }

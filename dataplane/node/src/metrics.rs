@@ -137,7 +137,7 @@ pub struct ShardGauges {
 }
 
 pub struct Metrics {
-    pub admissions: [AtomicU64; 8],
+    pub admissions: [AtomicU64; Decision::ALL.len()],
     pub completed: AtomicU64,
     /// Tasks whose SUCCEEDED is committed in PostgreSQL (their finish report was applied).
     pub succeeded_durable: AtomicU64,

@@ -34,6 +34,7 @@ async fn submit_ack_complete_and_idempotent_resubmit() {
     other.spec.duration_ms = 9_000;
     let conflict = client.submit(other).await.unwrap();
     assert_eq!(conflict.task, a.task);
+    assert_eq!(conflict.decision, Decision::RejectIdempotencyConflict);
     assert!(conflict
         .reason
         .unwrap_or_default()
@@ -100,12 +101,10 @@ async fn task_inputs_are_part_of_the_request_and_bounded_per_shard() {
         .submit(with_input("r", r#"{"prompt":"b"}"#))
         .await
         .unwrap();
-    assert!(
-        other
-            .reason
-            .unwrap_or_default()
-            .contains("different request"),
-        "another input is another request"
+    assert_eq!(
+        (other.task, other.decision),
+        (a.task, Decision::RejectIdempotencyConflict),
+        "another input is another request: {other:?}"
     );
 
     // 16 KiB inputs: 31 fit beside the first task's, the 32nd does not.

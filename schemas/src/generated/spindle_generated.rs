@@ -190,10 +190,10 @@ impl ::flatbuffers::SimpleToVerifyInSlice for ErrorCode {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_DECISION: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_DECISION: u8 = 7;
+pub const ENUM_MAX_DECISION: u8 = 8;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_DECISION: [Decision; 8] = [
+pub const ENUM_VALUES_DECISION: [Decision; 9] = [
   Decision::Accepted,
   Decision::AcceptedBestEffort,
   Decision::RejectUserRateLimit,
@@ -202,6 +202,7 @@ pub const ENUM_VALUES_DECISION: [Decision; 8] = [
   Decision::RejectCostBudget,
   Decision::RejectResourceClassDisabled,
   Decision::RejectPlatformOverloaded,
+  Decision::RejectIdempotencyConflict,
 ];
 
 /// Admission decisions (DESIGN §4), in the core's order.
@@ -218,9 +219,12 @@ impl Decision {
   pub const RejectCostBudget: Self = Self(5);
   pub const RejectResourceClassDisabled: Self = Self(6);
   pub const RejectPlatformOverloaded: Self = Self(7);
+  /// The idempotency key was used by another request (Admission.task_id is that task's):
+  /// sending it again changes nothing.
+  pub const RejectIdempotencyConflict: Self = Self(8);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 7;
+  pub const ENUM_MAX: u8 = 8;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::Accepted,
     Self::AcceptedBestEffort,
@@ -230,6 +234,7 @@ impl Decision {
     Self::RejectCostBudget,
     Self::RejectResourceClassDisabled,
     Self::RejectPlatformOverloaded,
+    Self::RejectIdempotencyConflict,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -242,6 +247,7 @@ impl Decision {
       Self::RejectCostBudget => Some("RejectCostBudget"),
       Self::RejectResourceClassDisabled => Some("RejectResourceClassDisabled"),
       Self::RejectPlatformOverloaded => Some("RejectPlatformOverloaded"),
+      Self::RejectIdempotencyConflict => Some("RejectIdempotencyConflict"),
       _ => None,
     }
   }

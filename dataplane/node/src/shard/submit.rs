@@ -416,7 +416,7 @@ fn apply_submit_outcome(
         SubmitOutcome::Conflict { task: original } => {
             forget(s, task);
             a.task = original;
-            a.decision = Decision::RejectPlatformOverloaded;
+            a.decision = Decision::RejectIdempotencyConflict;
             a.reason = Some(format!(
                 "idempotency key already used for task {original} with a different request"
             ));

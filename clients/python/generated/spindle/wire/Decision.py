@@ -12,3 +12,6 @@ class Decision(object):
     RejectCostBudget = 5
     RejectResourceClassDisabled = 6
     RejectPlatformOverloaded = 7
+    # The idempotency key was used by another request (Admission.task_id is that task's):
+    # sending it again changes nothing.
+    RejectIdempotencyConflict = 8
