@@ -1387,6 +1387,7 @@ CREATE TABLE public.task (
     final_attempt bigint,
     final_fencing bigint,
     cancel_requested boolean DEFAULT false NOT NULL,
+    result text,
     CONSTRAINT task_cost_estimate_milli_check CHECK ((cost_estimate_milli >= 0)),
     CONSTRAINT task_fairness_milli_check CHECK ((fairness_milli >= 0)),
     CONSTRAINT task_partition_check CHECK ((partition >= 0))

@@ -163,6 +163,7 @@ class Client:
             "task_id": s.TaskId(),
             "state": STATE_NAMES.get(s.State(), str(s.State())),
             "attempt_no": s.AttemptNo(),
+            "result": json.loads(s.Result()) if s.Result() else None,
         }
 
     def close(self):

@@ -267,6 +267,7 @@ async fn complete_all(w: &Worker, tokens: &[FencingToken], batch: usize) -> Resu
                 state: TaskState::Succeeded,
                 cost_actual_milli: Some(1_100),
                 reason: None,
+                result: None,
             },
         })
         .collect();

@@ -13,6 +13,8 @@ pub const PAYLOAD_BYTES_MAX: usize = 20 * 1024;
 pub const NAME_BYTES_MAX: usize = 128;
 pub const POOL_KEY_BYTES_MAX: usize = 200;
 pub const REASON_BYTES_MAX: usize = 1024;
+/// Bytes of a succeeded task's result (its outputs' locations, as JSON).
+pub const RESULT_BYTES_MAX: usize = 4096;
 /// Shards one pool may be split into.
 pub const POOL_SHARDS_MAX: u16 = 256;
 /// Partitions tenants hash into.

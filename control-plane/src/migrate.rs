@@ -112,6 +112,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "cancel_request",
         sql: include_str!("../migrations/0019_cancel_request.sql"),
     },
+    Migration {
+        version: 20,
+        name: "task_result",
+        sql: include_str!("../migrations/0020_task_result.sql"),
+    },
 ];
 
 /// FNV-1a over the migration's text: stable across builds and platforms.

@@ -73,6 +73,8 @@ pub struct StoredTask {
     pub cost_estimate_milli: u64,
     pub cost_actual_milli: Option<u64>,
     pub failure_reason: Option<String>,
+    /// What it produced, once SUCCEEDED (`ReportAction::Finish::result`).
+    pub result: Option<String>,
 }
 
 impl Db {
@@ -88,7 +90,7 @@ impl Db {
                 false,
                 self.client().query(
                     "SELECT task_id, tenant_id, state, version, attempt_no, cost_estimate_milli,
-                        cost_actual_milli, failure_reason
+                        cost_actual_milli, failure_reason, result
                    FROM task WHERE task_id = ANY ($1)",
                     &[&ids],
                 ),
@@ -106,6 +108,7 @@ impl Db {
                         cost_estimate_milli: r.get::<_, i64>(5) as u64,
                         cost_actual_milli: r.get::<_, Option<i64>>(6).map(|c| c as u64),
                         failure_reason: r.get(7),
+                        result: r.get(8),
                     },
                 ))
             })

@@ -7,7 +7,7 @@ use spindle_core::{FencingToken, TaskId, TaskState};
 
 use crate::db::Db;
 use crate::error::{check_answered, check_batch_len, to_i64, BatchTasks, InputError, StoreError};
-use crate::limits::REASON_BYTES_MAX;
+use crate::limits::{REASON_BYTES_MAX, RESULT_BYTES_MAX};
 use crate::types::parse_state;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,6 +73,9 @@ pub enum ReportAction {
         state: TaskState,
         cost_actual_milli: Option<u64>,
         reason: Option<String>,
+        /// What the task produced (SUCCEEDED): stored with it, fenced by the report's token,
+        /// before the finish (`task.result`, read by `GetTask`). At most `RESULT_BYTES_MAX`.
+        result: Option<String>,
     },
 }
 
@@ -160,10 +163,27 @@ fn validate(batch: &[Report]) -> Result<(), InputError> {
             ReportAction::Finish {
                 reason,
                 cost_actual_milli,
+                result,
                 ..
             } => {
                 if let Some(c) = cost_actual_milli {
                     to_i64(row, "cost_actual_milli", *c)?;
+                }
+                if let Some(result) = result {
+                    if r.token.is_none() {
+                        return Err(InputError::Illegal {
+                            row,
+                            reason: "a result comes from an attempt: it needs its token".into(),
+                        });
+                    }
+                    if result.len() > RESULT_BYTES_MAX {
+                        return Err(InputError::TooLong {
+                            row,
+                            field: "result",
+                            len: result.len(),
+                            max: RESULT_BYTES_MAX,
+                        });
+                    }
                 }
                 reason.as_ref()
             }
@@ -184,12 +204,50 @@ fn validate(batch: &[Report]) -> Result<(), InputError> {
 }
 
 impl Db {
+    /// The results the finishes of `batch` carry, each written to its task while the report's
+    /// token is the task's current one (a stale attempt writes nothing), ahead of the finishes
+    /// themselves: a finish that then fails leaves a result its next attempt overwrites, and a
+    /// repeat writes the same again. No call when no finish carries one.
+    async fn store_results(&self, batch: &[Report]) -> Result<(), StoreError> {
+        let mut task = Vec::new();
+        let mut token = Vec::new();
+        let mut result = Vec::new();
+        for r in batch {
+            if let (
+                ReportAction::Finish {
+                    result: Some(x), ..
+                },
+                Some(t),
+            ) = (&r.action, r.token)
+            {
+                task.push(r.task.0 as i64);
+                token.push(t.0 as i64);
+                result.push(x.as_str());
+            }
+        }
+        if task.is_empty() {
+            return Ok(());
+        }
+        self.answered(
+            true,
+            self.client().execute(
+                "UPDATE task t SET result = r.result
+                   FROM unnest($1::bigint[], $2::bigint[], $3::text[]) AS r (task, token, result)
+                  WHERE t.task_id = r.task AND t.current_fencing = r.token",
+                &[&task, &token, &result],
+            ),
+        )
+        .await?;
+        Ok(())
+    }
+
     /// Applies `batch` in one transaction; one result per row, in order.
     pub async fn report_batch(&self, batch: &[Report]) -> Result<Vec<ReportResult>, StoreError> {
         validate(batch)?;
         if batch.is_empty() {
             return Ok(Vec::new());
         }
+        self.store_results(batch).await?;
         let task: Vec<i64> = batch.iter().map(|r| r.task.0 as i64).collect();
         let token: Vec<Option<i64>> = batch.iter().map(|r| r.token.map(|t| t.0 as i64)).collect();
         let mode: Vec<&str> = batch.iter().map(|r| r.action.mode()).collect();

@@ -3,7 +3,9 @@
 
 mod common;
 
-use common::{assert_counters_derived, claim, finish, granted, setup, task, LEASE_MS, NODE};
+use common::{
+    assert_counters_derived, claim, finish, finish_costing, granted, setup, task, LEASE_MS, NODE,
+};
 use spindle_control::{
     ClaimRefusal, ClaimResult, NewTask, PoolShard, Report, ReportAction, ReportResult,
     SubmitOutcome,
@@ -88,6 +90,7 @@ async fn a_task_runs_from_submit_to_success_and_gives_its_capacity_back() {
             state: TaskState::Succeeded,
             cost_actual_milli: Some(1_300),
             reason: None,
+            result: None,
         },
     };
     let r = db
@@ -436,6 +439,7 @@ async fn budgets_are_reserved_at_submit_and_settled_or_refunded_once() {
             state: TaskState::Failed,
             cost_actual_milli: None,
             reason: Some("invalid parameters".into()),
+            result: None,
         },
     };
     // DISPATCHING → FAILED is on the whitelist: refund the estimate.
@@ -461,6 +465,7 @@ async fn budgets_are_reserved_at_submit_and_settled_or_refunded_once() {
             state: TaskState::Canceled,
             cost_actual_milli: None,
             reason: None,
+            result: None,
         },
     };
     let r = db
@@ -546,6 +551,7 @@ async fn a_requeued_task_gets_a_new_attempt_and_the_old_token_is_fenced() {
             state: TaskState::Succeeded,
             cost_actual_milli: Some(1),
             reason: None,
+            result: None,
         },
     ] {
         let r = db
@@ -668,6 +674,7 @@ async fn bad_batches_are_refused_before_any_round_trip_with_the_row_named() {
             state: TaskState::Running,
             cost_actual_milli: None,
             reason: None,
+            result: None,
         },
     };
     let e = db.report_batch(&[bad]).await.unwrap_err();
@@ -722,6 +729,7 @@ async fn a_multi_step_report_checks_every_hop_and_writes_once() {
                 state: S::Succeeded,
                 cost_actual_milli: Some(900),
                 reason: None,
+                result: None,
             },
         );
         r.via = via;
@@ -920,4 +928,47 @@ async fn a_report_batch_in_any_order_answers_each_row_for_its_own_task() {
         }
     );
     assert_counters_derived(&test).await;
+}
+
+/// A finish's result is stored with its task only from the attempt that holds it (a stale token
+/// writes nothing), read back by `task_statuses`, and a result too long is refused by name
+/// before anything reaches PostgreSQL.
+#[tokio::test]
+async fn a_result_is_stored_by_the_attempt_that_finishes_and_by_no_other() {
+    let (_test, db) = setup().await;
+    db.set_pool("provider:acme", 2, 1).await.unwrap();
+    let tokens = submit_and_claim(&db, &[task(1, 1, "k1"), task(2, 1, "k2")]).await;
+    let with_result = |task: u64, token: FencingToken, text: &str| {
+        let mut r = finish_costing(task, token, TaskState::Succeeded, None);
+        if let ReportAction::Finish { result, .. } = &mut r.action {
+            *result = Some(text.to_string());
+        }
+        r
+    };
+    let stale = FencingToken(tokens[1].0 + 1_000);
+    let out = db
+        .report_batch(&[
+            with_result(1, tokens[0], r#"{"outputs":["a.mp4"]}"#),
+            with_result(2, stale, r#"{"outputs":["forged.mp4"]}"#),
+        ])
+        .await
+        .unwrap();
+    assert!(matches!(out[0], ReportResult::Applied { .. }), "{out:?}");
+    assert!(matches!(out[1], ReportResult::StaleToken { .. }), "{out:?}");
+    let stored = db
+        .task_statuses(&[TaskId(1), TaskId(2)])
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(_, s)| (s.task.0, s.result))
+        .collect::<std::collections::BTreeMap<_, _>>();
+    assert_eq!(stored[&1].as_deref(), Some(r#"{"outputs":["a.mp4"]}"#));
+    assert_eq!(stored[&2], None, "a stale attempt wrote a result");
+
+    let long = "x".repeat(spindle_control::limits::RESULT_BYTES_MAX + 1);
+    let err = db
+        .report_batch(&[with_result(2, tokens[1], &long)])
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("field `result`"), "{err}");
 }

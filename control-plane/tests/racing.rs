@@ -104,6 +104,7 @@ async fn race(test: &TestDb, racer: u64) -> Vec<(TaskId, FencingToken)> {
                     state: TaskState::Canceled,
                     cost_actual_milli: None,
                     reason: None,
+                    result: None,
                 },
             })
             .collect();

@@ -300,6 +300,7 @@ async fn a_stale_reconciler_is_fenced_like_any_writer() {
             state: TaskState::Canceled,
             cost_actual_milli: None,
             reason: None,
+            result: None,
         },
     }])
     .await
@@ -386,6 +387,7 @@ async fn a_stored_cancel_marks_a_live_task_and_comes_back_with_it() {
             state: TaskState::Canceled,
             cost_actual_milli: None,
             reason: None,
+            result: None,
         },
     );
     let applied = db.report_batch(&[ended]).await.unwrap();

@@ -221,6 +221,7 @@ async fn version_5_carries_work_in_flight_over() {
                 state: TaskState::Failed,
                 cost_actual_milli: None,
                 reason: Some("migrated".into()),
+                result: None,
             },
         )])
         .await

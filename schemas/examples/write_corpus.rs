@@ -83,6 +83,7 @@ fn main() -> std::io::Result<()> {
                 cost_estimate_milli: 1_000,
                 cost_actual_milli: 0,
                 failure_reason: None,
+                result: Some(r#"{"outputs":["/media/task-9-7-720p.mp4"]}"#.into()),
             }),
         ),
         (

@@ -272,6 +272,7 @@ pub fn decode_response(payload: &[u8]) -> Result<ResponseFrame, WireError> {
                     "failure_reason",
                     MESSAGE_BYTES_MAX,
                 )?,
+                result: optional_text(s.result(), "result", RESULT_BYTES_MAX)?,
             })
         }
         fb::Response::Canceled => {
@@ -452,6 +453,7 @@ impl Encoder {
             }
             Response::Status(s) => {
                 let failure_reason = s.failure_reason.as_deref().map(|r| fbb.create_string(r));
+                let result = s.result.as_deref().map(|r| fbb.create_string(r));
                 let args = fb::TaskStatusArgs {
                     task_id: s.task.0,
                     state: fb::TaskState(s.state as u8),
@@ -461,6 +463,7 @@ impl Encoder {
                     cost_estimate_milli: s.cost_estimate_milli,
                     cost_actual_milli: s.cost_actual_milli,
                     failure_reason,
+                    result,
                 };
                 (
                     fb::Response::TaskStatus,

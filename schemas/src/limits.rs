@@ -14,6 +14,8 @@ pub const NAME_BYTES_MAX: usize = 64;
 /// Bytes of a task's input (`SubmitTask.input`, one JSON value); a provider's body holds it
 /// with room to spare (`spindle_providers::api::BODY_BYTES_MAX`, 64 KiB).
 pub const INPUT_BYTES_MAX: usize = 16 * 1024;
+/// Bytes of a succeeded task's result (`TaskStatus.result`, JSON).
+pub const RESULT_BYTES_MAX: usize = 4096;
 /// Bytes of a reason or error message the node sends.
 pub const MESSAGE_BYTES_MAX: usize = 1024;
 /// Verifier limits: nesting depth and tables per frame (a full batch plus its specs and slack).

@@ -97,6 +97,8 @@ pub struct TaskStatus {
     pub cost_estimate_milli: u64,
     pub cost_actual_milli: u64,
     pub failure_reason: Option<String>,
+    /// What a SUCCEEDED task produced (JSON, at most `RESULT_BYTES_MAX`).
+    pub result: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

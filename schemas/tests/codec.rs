@@ -111,6 +111,7 @@ fn every_response_round_trips() {
             cost_estimate_milli: 1_000,
             cost_actual_milli: 0,
             failure_reason: None,
+            result: Some(r#"{"outputs":["/media/task-9-7-720p.mp4"]}"#.into()),
         }),
         Response::Canceled {
             task: TaskId(9),

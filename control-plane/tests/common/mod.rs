@@ -125,6 +125,7 @@ pub fn finish_costing(
             state,
             cost_actual_milli,
             reason: None,
+            result: None,
         },
     }
 }

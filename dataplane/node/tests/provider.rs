@@ -374,6 +374,28 @@ async fn a_tasks_input_and_model_reach_the_provider_as_the_client_sent_them() {
     assert_eq!(submitted(&admin, queued.task).await.input, input);
 }
 
+/// Without a media stage, a succeeded task's result is the provider's video: `GetTask` tells
+/// the client where it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_succeeded_task_tells_where_its_video_is() {
+    let test = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let clip = dir.path().join("clip.mp4");
+    std::fs::write(&clip, b"the provider's video").unwrap();
+    let (m, _admin) = mock_with(20, Some(clip.clone())).await;
+    let daemon = node(&test, &m).await;
+    let (ids, states) = run(&daemon, &test, "video", 1).await;
+    assert_eq!(states, ["SUCCEEDED"]);
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let status = client.get(ids[0]).await.unwrap();
+    let result: serde_json::Value =
+        serde_json::from_str(status.result.as_deref().expect("a result")).unwrap();
+    let url = result["output_url"].as_str().expect("the provider's URL");
+    assert_eq!(url, format!("{}/v1/jobs/job-1/output", m.base_url()));
+}
+
 /// Submits 16 tasks to `node` and waits until the provider runs all it may for the node (2
 /// accounts × 4, the other 8 queued); returns the tasks.
 async fn submit_until_jobs_run(admin: &HttpProvider, node: &Daemon, prefix: &str) -> Vec<TaskId> {
@@ -1147,18 +1169,20 @@ async fn the_media_stage_transcodes_checks_declarations_and_fails_what_it_cannot
         match expect {
             Expect::Ladder => {
                 assert!(states.iter().all(|s| s == "SUCCEEDED"), "{states:?}");
+                // The client learns where its renditions are from the task's result.
+                let client = Client::connect(daemon.addr, TenantId(1), "one")
+                    .await
+                    .unwrap();
                 for t in &ids {
-                    let token: i64 = sql
-                        .query_one(
-                            "SELECT fencing_token FROM task_attempt WHERE task_id = $1",
-                            &[&(t.0 as i64)],
-                        )
-                        .await
-                        .unwrap()
-                        .get(0);
-                    for (h, w) in [(240, 426), (120, 212)] {
-                        let file = out.join(format!("task-{}-{token}-{h}p.mp4", t.0));
-                        let (frames, fw, fh) = spindle_transcode::decode_all(&file).unwrap();
+                    let status = client.get(*t).await.unwrap();
+                    let result: serde_json::Value =
+                        serde_json::from_str(status.result.as_deref().expect("a result")).unwrap();
+                    let outputs: Vec<std::path::PathBuf> =
+                        serde_json::from_value(result["outputs"].clone()).unwrap();
+                    assert_eq!(outputs.len(), 2, "{result}");
+                    for (file, (h, w)) in outputs.iter().zip([(240, 426), (120, 212)]) {
+                        assert!(file.starts_with(&out), "{file:?}");
+                        let (frames, fw, fh) = spindle_transcode::decode_all(file).unwrap();
                         assert_eq!((frames, fw, fh), (25, w, h), "{file:?}");
                     }
                 }

@@ -2416,6 +2416,7 @@ impl<'a> TaskStatus<'a> {
   pub const VT_COST_ESTIMATE_MILLI: ::flatbuffers::VOffsetT = 14;
   pub const VT_COST_ACTUAL_MILLI: ::flatbuffers::VOffsetT = 16;
   pub const VT_FAILURE_REASON: ::flatbuffers::VOffsetT = 18;
+  pub const VT_RESULT: ::flatbuffers::VOffsetT = 20;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -2430,6 +2431,7 @@ impl<'a> TaskStatus<'a> {
     builder.add_cost_actual_milli(args.cost_actual_milli);
     builder.add_cost_estimate_milli(args.cost_estimate_milli);
     builder.add_task_id(args.task_id);
+    if let Some(x) = args.result { builder.add_result(x); }
     if let Some(x) = args.failure_reason { builder.add_failure_reason(x); }
     builder.add_attempt_no(args.attempt_no);
     builder.add_version(args.version);
@@ -2495,6 +2497,16 @@ impl<'a> TaskStatus<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(TaskStatus::VT_FAILURE_REASON, None)}
   }
+  /// What a SUCCEEDED task produced, as JSON: `{"outputs": [paths of its renditions]}` after
+  /// the media stage, `{"output_url": …}` where the provider's video is the result; absent
+  /// otherwise.
+  #[inline]
+  pub fn result(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(TaskStatus::VT_RESULT, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for TaskStatus<'_> {
@@ -2511,6 +2523,7 @@ impl ::flatbuffers::Verifiable for TaskStatus<'_> {
      .visit_field::<u64>("cost_estimate_milli", Self::VT_COST_ESTIMATE_MILLI, false)?
      .visit_field::<u64>("cost_actual_milli", Self::VT_COST_ACTUAL_MILLI, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("failure_reason", Self::VT_FAILURE_REASON, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("result", Self::VT_RESULT, false)?
      .finish();
     Ok(())
   }
@@ -2524,6 +2537,7 @@ pub struct TaskStatusArgs<'a> {
     pub cost_estimate_milli: u64,
     pub cost_actual_milli: u64,
     pub failure_reason: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub result: Option<::flatbuffers::WIPOffset<&'a str>>,
 }
 impl<'a> Default for TaskStatusArgs<'a> {
   #[inline]
@@ -2537,6 +2551,7 @@ impl<'a> Default for TaskStatusArgs<'a> {
       cost_estimate_milli: 0,
       cost_actual_milli: 0,
       failure_reason: None,
+      result: None,
     }
   }
 }
@@ -2579,6 +2594,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> TaskStatusBuilder<'a, 'b, A> 
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(TaskStatus::VT_FAILURE_REASON, failure_reason);
   }
   #[inline]
+  pub fn add_result(&mut self, result: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(TaskStatus::VT_RESULT, result);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> TaskStatusBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     TaskStatusBuilder {
@@ -2604,6 +2623,7 @@ impl ::core::fmt::Debug for TaskStatus<'_> {
       ds.field("cost_estimate_milli", &self.cost_estimate_milli());
       ds.field("cost_actual_milli", &self.cost_actual_milli());
       ds.field("failure_reason", &self.failure_reason());
+      ds.field("result", &self.result());
       ds.finish()
   }
 }

@@ -167,6 +167,7 @@ async fn recover_page(
                 state: S::Succeeded,
                 cost_actual_milli: None,
                 reason: None,
+                result: None,
             };
             let mut r = Report::new(a.task, Some(a.token), succeeded);
             match a.state {
@@ -367,6 +368,7 @@ mod tests {
                 state: TaskState::Succeeded,
                 cost_actual_milli: None,
                 reason: None,
+                result: None,
             },
         );
         finished.via = vec![

@@ -23,8 +23,10 @@ pub(super) fn start_media(s: &mut ShardState, now: Time) {
             .iter()
             .map(|&to| Report::new(media_task, Some(t), ReportAction::Advance(to)));
         send_reports(s, steps);
-        let Some((pool, input_url)) = s.media.clone().zip(input) else {
-            media_finished(s, media_task, t, Ok(()));
+        let Some((pool, input_url)) = s.media.clone().zip(input.clone()) else {
+            // No media stage: the provider's video, if it gave one, is the result.
+            let result = input.map(|url| stored_result(serde_json::json!({ "output_url": url })));
+            media_finished(s, media_task, t, Ok(result));
             continue;
         };
         let job = crate::media::MediaJob {
@@ -43,12 +45,28 @@ pub(super) fn start_media(s: &mut ShardState, now: Time) {
     }
 }
 
-/// A media step ended (`Err`: why it failed): the core settles the task; the end is reported.
+const _: () =
+    assert!(spindle_control::limits::RESULT_BYTES_MAX <= spindle_wire::limits::RESULT_BYTES_MAX);
+
+/// A task's result as stored: `result` as JSON, or — when that is longer than a result may be
+/// (a provider's URL can be) — a note saying so, so that the finish is never refused for it.
+fn stored_result(result: serde_json::Value) -> String {
+    let text = result.to_string();
+    let max = spindle_control::limits::RESULT_BYTES_MAX;
+    if text.len() <= max {
+        return text;
+    }
+    serde_json::json!({ "omitted": format!("a result of {} bytes (at most {max} are kept)", text.len()) })
+        .to_string()
+}
+
+/// A media step ended — `Ok` with what the task produced, if anything, or `Err` with why it
+/// failed: the core settles the task; the end (and the result, for a success) is reported.
 pub(super) fn media_finished(
     s: &mut ShardState,
     task: TaskId,
     token: FencingToken,
-    result: Result<(), String>,
+    result: Result<Option<String>, String>,
 ) -> bool {
     let outcome = match s.core.handle_media_done(task, token, result.is_ok()) {
         Ok(o) => o,
@@ -60,25 +78,23 @@ pub(super) fn media_finished(
     let Some(meta) = remove_meta(s, &task) else {
         return true;
     };
-    let (state, cost, reason) = match outcome {
-        CompleteOutcome::Succeeded => {
+    let (state, cost, reason, produced) = match (outcome, result) {
+        (CompleteOutcome::Succeeded, result) => {
             s.metrics
                 .completed
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            (
-                TaskState::Succeeded,
-                meta.estimate.map(|e| e.cost_milli),
-                None,
-            )
+            let cost = meta.estimate.map(|e| e.cost_milli);
+            (TaskState::Succeeded, cost, None, result.ok().flatten())
         }
-        CompleteOutcome::Canceled => (TaskState::Canceled, None, None),
-        _ => (TaskState::Failed, None, result.err()),
+        (CompleteOutcome::Canceled, _) => (TaskState::Canceled, None, None, None),
+        (_, result) => (TaskState::Failed, None, result.err(), None),
     };
     notify(s, task, state);
     let action = ReportAction::Finish {
         state,
         cost_actual_milli: cost,
         reason: reason.map(|r| format!("media: {r}")),
+        result: produced,
     };
     send_reports(s, [Report::new(task, Some(token), action)]);
     true
@@ -93,9 +109,17 @@ pub(super) fn media_event(s: &mut ShardState, event: crate::media::MediaEvent) {
         MediaOutcome::Done { probed, .. } => check_declaration(s, event.task, probed),
         MediaOutcome::Failed { reason, .. } => Err(reason.clone()),
     };
+    // What the task produced: its renditions.
+    let produced = match &event.outcome {
+        MediaOutcome::Done { outputs, .. } => {
+            let paths: Vec<String> = outputs.iter().map(|o| o.display().to_string()).collect();
+            Some(stored_result(serde_json::json!({ "outputs": paths })))
+        }
+        MediaOutcome::Failed { .. } => None,
+    };
     let result = match (result, s.media.as_ref().map(|m| m.declaration)) {
         (Err(why), _) => Err(why),
-        (Ok(None), _) => Ok(()),
+        (Ok(None), _) => Ok(produced),
         (Ok(Some((why, _))), Some(DeclarationPolicy::Reject)) => Err(why),
         (Ok(Some((why, corrected))), _) => {
             tracing::info!("{}: {why}; charged as probed", event.task);
@@ -106,7 +130,7 @@ pub(super) fn media_event(s: &mut ShardState, event: crate::media::MediaEvent) {
             {
                 e.cost_milli = e.cost_milli.max(corrected);
             }
-            Ok(())
+            Ok(produced)
         }
     };
     let failed = result.is_err();

@@ -454,6 +454,7 @@ impl ShardState {
                     state: TaskState::Failed,
                     cost_actual_milli: None,
                     reason: Some(stored_reason(&format!("not restorable: {}", u.reason))),
+                    result: None,
                 };
                 Report::new(u.task, u.token, action)
             })
@@ -749,6 +750,7 @@ async fn get(
                     cost_estimate_milli: m.estimate.as_ref().map_or(0, |e| e.cost_milli),
                     cost_actual_milli: 0,
                     failure_reason: None,
+                    result: None,
                 })
             });
         (live, s.reads.clone())
@@ -787,6 +789,7 @@ async fn get(
             cost_estimate_milli: t.cost_estimate_milli,
             cost_actual_milli: t.cost_actual_milli.unwrap_or(0),
             failure_reason: t.failure_reason,
+            result: t.result,
         }),
         Ok(Ok(None)) => Response::Error(WireError::new(
             ErrorCode::NotFound,

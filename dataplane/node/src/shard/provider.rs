@@ -340,6 +340,7 @@ pub(super) fn after_failure(
                 state: TaskState::Failed,
                 cost_actual_milli: None,
                 reason: Some(reason),
+                result: None,
             }
         }
         FailOutcome::Canceled => {
@@ -349,6 +350,7 @@ pub(super) fn after_failure(
                 state: TaskState::Canceled,
                 cost_actual_milli: None,
                 reason: None,
+                result: None,
             }
         }
     };

@@ -13,6 +13,7 @@ pub(super) fn finish(
         state,
         cost_actual_milli: cost,
         reason: None,
+        result: None,
     };
     Report::new(task, token, action)
 }

@@ -84,8 +84,18 @@ class TaskStatus(object):
             return self._tab.String(o + self._tab.Pos)
         return None
 
+    # What a SUCCEEDED task produced, as JSON: `{"outputs": [paths of its renditions]}` after
+    # the media stage, `{"output_url": …}` where the provider's video is the result; absent
+    # otherwise.
+    # TaskStatus
+    def Result(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(20))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
 def TaskStatusStart(builder):
-    builder.StartObject(8)
+    builder.StartObject(9)
 
 def Start(builder):
     TaskStatusStart(builder)
@@ -137,6 +147,12 @@ def TaskStatusAddFailureReason(builder, failureReason):
 
 def AddFailureReason(builder, failureReason):
     TaskStatusAddFailureReason(builder, failureReason)
+
+def TaskStatusAddResult(builder, result):
+    builder.PrependUOffsetTRelativeSlot(8, flatbuffers.number_types.UOffsetTFlags.py_type(result), 0)
+
+def AddResult(builder, result):
+    TaskStatusAddResult(builder, result)
 
 def TaskStatusEnd(builder):
     return builder.EndObject()
