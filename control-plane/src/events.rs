@@ -10,7 +10,7 @@
 use std::future::Future;
 
 use serde_json::Value;
-use spindle_core::{TaskId, TenantId};
+use spindle_core::{TaskId, TaskState, TenantId};
 
 use crate::db::Db;
 use crate::error::{check_text, StoreError};
@@ -97,6 +97,7 @@ impl Db {
         // the sink bounds its own wait (a transaction idle longer than the server's
         // `idle_in_transaction_session_timeout` is ended by it, and the batch goes again).
         let (read_deadline, write_deadline) = (self.within(4), self.within(2));
+        let results_deadline = self.within(1);
         let mut tx = None;
         let rows = read_deadline
             .run(false, async {
@@ -144,10 +145,46 @@ impl Db {
         let Some(first) = events.first() else {
             return Ok(RelayReport::default());
         };
+        let first_id = first.id;
+        // A SUCCEEDED event carries what its task produced (`task.result`, written before the
+        // finish that wrote the event).
+        let succeeded: Vec<i64> = events
+            .iter()
+            .filter(|e| e.kind == TaskState::Succeeded.name())
+            .filter_map(|e| e.task.map(|t| t.0 as i64))
+            .collect();
+        if !succeeded.is_empty() {
+            let rows = results_deadline
+                .run(false, async {
+                    Ok(tx
+                        .query(
+                            "SELECT task_id, result FROM task
+                              WHERE task_id = ANY ($1) AND result IS NOT NULL",
+                            &[&succeeded],
+                        )
+                        .await?)
+                })
+                .await?;
+            let results: std::collections::HashMap<u64, String> = rows
+                .iter()
+                .map(|r| (r.get::<_, i64>(0) as u64, r.get(1)))
+                .collect();
+            for e in &mut events {
+                if e.kind != TaskState::Succeeded.name() {
+                    continue;
+                }
+                let result = e.task.and_then(|t| results.get(&t.0));
+                if let (Some(result), Value::Object(body)) = (result, &mut e.body) {
+                    let value = serde_json::from_str(result)
+                        .unwrap_or_else(|_| Value::String(result.clone()));
+                    body.insert("result".into(), value);
+                }
+            }
+        }
         if let Err(e) = sink.deliver(&events).await {
             return Ok(RelayReport {
                 delivered: 0,
-                failed_at: Some((first.id, e.to_string())),
+                failed_at: Some((first_id, e.to_string())),
             });
         }
         let (ids, counts): (Vec<i64>, Vec<i32>) = progress.into_iter().unzip();

@@ -529,6 +529,51 @@ async fn the_outbox_is_relayed_at_least_once_and_consumers_apply_each_event_once
     assert_eq!(applied, 2);
 }
 
+/// A SUCCEEDED event, as relayed, carries its task's result; the task's other events do not.
+#[tokio::test]
+async fn a_relayed_success_carries_the_tasks_result() {
+    let (_test, mut db) = setup().await;
+    db.set_pool("p", 100, 1).await.unwrap();
+    db.submit_batch(&[task(1, 1, "k1")], V1).await.unwrap();
+    let granted = db
+        .claim_batch(NODE, LEASE_MS, &[claim(1, 0, &[("p", 0, 1)])])
+        .await
+        .unwrap();
+    let mut done =
+        common::finish_costing(1, common::granted(&granted[0]), TaskState::Succeeded, None);
+    if let ReportAction::Finish { result, .. } = &mut done.action {
+        *result = Some(r#"{"outputs":["/media/task-1-720p.mp4"]}"#.into());
+    }
+    let applied = db.report_batch(&[done]).await.unwrap();
+    assert!(
+        matches!(applied[0], ReportResult::Applied { .. }),
+        "{applied:?}"
+    );
+    let mut sink = FlakySink {
+        fail_next: false,
+        got: Vec::new(),
+        bodies: Vec::new(),
+    };
+    db.relay_events(&mut sink, 100).await.unwrap();
+    let kinds: Vec<String> = common::column(
+        db.client(),
+        "SELECT kind FROM outbox_event ORDER BY event_id",
+    )
+    .await;
+    assert_eq!(kinds.len(), sink.bodies.len());
+    for (kind, body) in kinds.iter().zip(&sink.bodies) {
+        if kind == "SUCCEEDED" {
+            assert_eq!(
+                body["result"],
+                serde_json::json!({ "outputs": ["/media/task-1-720p.mp4"] })
+            );
+        } else {
+            assert!(body.get("result").is_none(), "{kind}: {body}");
+        }
+    }
+    assert!(kinds.iter().any(|k| k == "SUCCEEDED"), "{kinds:?}");
+}
+
 /// A sink that, while it holds a batch, has a second relay (another connection: another node)
 /// try at the same time.
 struct RacingSink {
