@@ -319,6 +319,9 @@ async fn a_tasks_input_and_model_reach_the_provider_as_the_client_sent_them() {
     let without = client.submit(client_task("without", None)).await.unwrap();
     let got = submitted(&admin, with.task).await;
     assert_eq!(got.input, input);
+    // A live task's status, answered from the node's memory, counts its attempt.
+    let status = client.get(with.task).await.unwrap();
+    assert_eq!(status.attempt_no, 1, "{status:?}");
     assert_eq!(got.model, "video-model-0");
     assert_eq!(
         submitted(&admin, without.task).await.input,

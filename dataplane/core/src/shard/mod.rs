@@ -946,6 +946,12 @@ impl Shard {
         self.tasks.get(&task).map(|e| e.state.state)
     }
 
+    /// Attempts a task has had so far, the current one included (0 while it waits for its
+    /// first).
+    pub fn task_attempt_no(&self, task: TaskId) -> Option<u32> {
+        self.tasks.get(&task).map(|e| e.attempt_no)
+    }
+
     /// The provider a dispatched task's attempt goes to.
     pub fn task_provider(&self, task: TaskId) -> Option<ProviderId> {
         self.tasks.get(&task).and_then(|e| e.provider)

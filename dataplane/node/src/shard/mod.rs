@@ -745,7 +745,7 @@ async fn get(
                     task,
                     state: st,
                     version: m.db_version,
-                    attempt_no: 0,
+                    attempt_no: s.core.task_attempt_no(task).unwrap_or(0),
                     progress_pct: 0,
                     cost_estimate_milli: m.estimate.as_ref().map_or(0, |e| e.cost_milli),
                     cost_actual_milli: 0,
