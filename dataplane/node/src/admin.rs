@@ -172,6 +172,7 @@ impl Admin {
             .collect();
         let needed = match (method, segments.as_slice()) {
             ("GET", ["admin", "v1", "policy" | "audit" | "counters"]) => Role::Viewer,
+            ("GET", ["admin", "v1", "tasks", _]) => Role::Viewer,
             ("PUT" | "DELETE", ["admin", "v1", "policy", kind, _]) => match object(kind) {
                 Some(PolicyObject::Tenant | PolicyObject::Lane) => Role::Operator,
                 Some(_) => Role::Admin,
@@ -330,6 +331,27 @@ impl Admin {
                     Err(e) => answer("503 Service Unavailable", json!({ "error": e.to_string() })),
                 }
             }
+            ("GET", [_, _, "tasks", id]) => {
+                // Any tenant's task as stored (what an operator looks at before a requeue).
+                let Some(id) = id.parse::<u64>().ok().filter(|&id| id > 0) else {
+                    let why = format!("{id:?} is not a task id");
+                    return answer("400 Bad Request", json!({ "error": why }));
+                };
+                let task = spindle_core::TaskId(id);
+                match self
+                    .with_db(async |db| db.task_statuses(&[task]).await)
+                    .await
+                {
+                    Ok(found) => match found.into_iter().next() {
+                        Some((tenant, t)) => answer("200 OK", task_json(tenant, &t)),
+                        None => answer(
+                            "404 Not Found",
+                            json!({ "error": format!("task {id} not found") }),
+                        ),
+                    },
+                    Err(e) => answer("503 Service Unavailable", json!({ "error": e.to_string() })),
+                }
+            }
             ("GET", [_, _, "counters"]) => {
                 // The nodes' periodic check, on demand: read-only, nothing locked or repaired.
                 match self.with_db(async |db| db.check_counters().await).await {
@@ -475,6 +497,25 @@ impl Admin {
 }
 
 /// Drifted (or repaired) counters as JSON: the pool shards, then the tenants' reserved budgets.
+/// A stored task for `GET /admin/v1/tasks/{id}`: its result as the JSON it is.
+fn task_json(tenant: spindle_core::TenantId, t: &spindle_control::query::StoredTask) -> Value {
+    let result = t
+        .result
+        .as_deref()
+        .map(|r| serde_json::from_str(r).unwrap_or_else(|_| Value::String(r.to_string())));
+    json!({
+        "task": t.task.0,
+        "tenant": tenant.0,
+        "state": t.state.name(),
+        "version": t.version,
+        "attempt_no": t.attempt_no,
+        "cost_estimate_milli": t.cost_estimate_milli,
+        "cost_actual_milli": t.cost_actual_milli,
+        "failure_reason": t.failure_reason,
+        "result": result,
+    })
+}
+
 fn drift_json(
     drift: &spindle_control::reconcile::Counters,
 ) -> (serde_json::Value, serde_json::Value) {

@@ -695,6 +695,21 @@ async fn an_operator_requeues_dead_letters_and_they_run_again() {
     let daemon = start_with(&test, &config).await;
     let (ids, states) = run(&daemon, &test, "dead", 3).await;
     assert_eq!(states, ["FAILED", "FAILED", "FAILED"]);
+    // What an operator looks at first: the task, whatever its tenant, and why it failed.
+    let id = ids[0].0.to_string();
+    let (ok, out) = common::ctl(daemon.http, common::VIEWER_TOKEN, &["task", &id]);
+    assert!(ok, "{out}");
+    assert!(
+        out.starts_with(&format!("task {id} of tenant 1: FAILED")),
+        "{out}"
+    );
+    assert!(out.contains("failed: refused (Auth)"), "{out}");
+    let (ok, out) = common::ctl(
+        daemon.http,
+        common::VIEWER_TOKEN,
+        &["--json", "task", "999999"],
+    );
+    assert!(!ok && out.contains("task 999999 not found"), "{out}");
     set_fault(&admin, Fault::None).await;
     let mut args: Vec<String> = vec!["--json".into(), "requeue".into()];
     args.extend(ids.iter().map(|t| t.0.to_string()));

@@ -72,6 +72,9 @@ enum Command {
         #[arg(long)]
         reason: String,
     },
+    /// A task as stored, whatever its tenant: state, attempts, costs, why it failed, what it
+    /// produced.
+    Task { task: u64 },
     /// Put FAILED tasks (the dead-letter queue) back in their queues, for another attempt.
     /// The node requeues those of the partitions it serves and names the node for the others.
     Requeue {
@@ -231,6 +234,7 @@ fn main() -> anyhow::Result<()> {
             Some(&json!({ "reason": reason })),
         )?,
         Command::CheckCounters => call(&cli, "GET", "/admin/v1/counters", None)?,
+        Command::Task { task } => call(&cli, "GET", &format!("/admin/v1/tasks/{task}"), None)?,
         Command::RebuildCounters { reason } => call(
             &cli,
             "POST",
@@ -244,12 +248,14 @@ fn main() -> anyhow::Result<()> {
             Some(&json!({ "tasks": tasks, "reason": reason })),
         )?,
     };
+    let refused = !(200..300).contains(&status);
     if cli.json {
         println!("{}", serde_json::to_string_pretty(&value)?);
-    } else {
+    } else if !refused {
+        // A refusal is its error line alone, not a report of fields it does not have.
         print_human(&cli.command, &value);
     }
-    if !(200..300).contains(&status) {
+    if refused {
         anyhow::bail!("the node refused ({status}): {}", value["error"]);
     }
     Ok(())
@@ -297,6 +303,28 @@ fn print_human(command: &Command, v: &Value) {
             }
         }
         Command::CheckCounters => print_drift(&v["drifted"], &v["budgets_drifted"]),
+        Command::Task { .. } => {
+            let actual = match &v["cost_actual_milli"] {
+                Value::Null => "none".to_string(),
+                c => c.to_string(),
+            };
+            println!(
+                "task {} of tenant {}: {} (version {}, attempt {}), cost {} milli-units \
+                 estimated, {actual} actual",
+                v["task"],
+                v["tenant"],
+                v["state"].as_str().unwrap_or(""),
+                v["version"],
+                v["attempt_no"],
+                v["cost_estimate_milli"]
+            );
+            if let Some(why) = v["failure_reason"].as_str() {
+                println!("  failed: {why}");
+            }
+            if !v["result"].is_null() {
+                println!("  result: {}", v["result"]);
+            }
+        }
         Command::RebuildCounters { .. } => print_drift(&v["repaired"], &v["budgets_repaired"]),
         Command::Requeue { .. } => {
             for t in v["tasks"].as_array().into_iter().flatten() {
