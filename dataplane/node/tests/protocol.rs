@@ -168,6 +168,68 @@ async fn a_refused_request_is_answered_under_its_own_id() {
     );
 }
 
+/// A cancel is stored before it is answered; a task that ends on the node while its cancel is
+/// being stored is answered "has ended" (not canceled), and ends as it did. Here a test
+/// transaction holds the task's row, so the cancel waits in PostgreSQL while the task finishes
+/// (its finish report queues behind the cancel on the same pipeline).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_that_ends_while_its_cancel_is_stored_is_answered_has_ended() {
+    let test = TestDb::new().await;
+    // Tasks take ~1.5 s at the local provider: time to hold the row and send the cancel.
+    let config = common::CONFIG.replace(
+        "local_provider_time_scale = 0.0001",
+        "local_provider_time_scale = 0.05",
+    );
+    let daemon = common::start_with(&test, &config).await;
+    let client = std::sync::Arc::new(
+        Client::connect(daemon.addr, TenantId(1), "one")
+            .await
+            .unwrap(),
+    );
+    let a = client.submit(task("ending")).await.unwrap();
+    assert!(a.decision.is_accepted(), "{a:?}");
+    let (mut holder, connection) =
+        tokio_postgres::connect(&test.config().conninfo, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let tx = holder.transaction().await.unwrap();
+    tx.execute(
+        "SELECT 1 FROM task WHERE task_id = $1 FOR UPDATE",
+        &[&(a.task.0 as i64)],
+    )
+    .await
+    .unwrap();
+    let canceling = {
+        let client = client.clone();
+        tokio::spawn(async move { client.cancel(a.task).await })
+    };
+    // The task ends on the node (it leaves the node's live tasks) while the cancel waits.
+    let live = common::poll_until(
+        Duration::from_secs(10),
+        async || {
+            let (_, metrics) = common::http_get(daemon.http, "/metrics").await;
+            common::metric_sum(&metrics, "spindle_live_tasks")
+        },
+        |&live| live == 0,
+    )
+    .await;
+    assert_eq!(live, 0, "the task did not end");
+    assert!(
+        !canceling.is_finished(),
+        "the cancel was answered before it was stored"
+    );
+    tx.commit().await.unwrap();
+    match canceling.await.unwrap() {
+        Err(spindle_client::ClientError::Refused(e)) => {
+            assert_eq!(e.code, ErrorCode::NotFound, "{e}");
+            assert!(e.message.contains("has ended"), "{e}");
+        }
+        other => panic!("expected \"has ended\", got {other:?}"),
+    }
+    wait_for(&client, a.task, TaskState::Succeeded).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_racing_dispatch_never_runs_a_canceled_task() {
     let test = TestDb::new().await;
