@@ -115,6 +115,50 @@ impl Db {
             .collect()
     }
 
+    /// One page of the dead-letter queue: of the (at most `scan`) tasks after `after` in id
+    /// order, the FAILED ones, each with its tenant; and where the next page starts (`None`:
+    /// this one reached the last task). Bounded by `scan` rows read, however few are FAILED.
+    pub async fn failed_tasks(
+        &self,
+        after: TaskId,
+        scan: usize,
+    ) -> Result<(Vec<(TenantId, StoredTask)>, Option<TaskId>), StoreError> {
+        if scan == 0 || scan > crate::limits::SCAN_MAX {
+            return Err(crate::error::InputError::OutOfRange {
+                row: 0,
+                field: "scan",
+                value: scan.to_string(),
+            }
+            .into());
+        }
+        let rows = self
+            .answered(
+                false,
+                self.client().query(
+                    "SELECT task_id, state = 'FAILED' FROM task WHERE task_id > $1
+                      ORDER BY task_id LIMIT $2",
+                    &[&(after.0 as i64), &(scan as i64)],
+                ),
+            )
+            .await?;
+        let next = (rows.len() == scan)
+            .then(|| rows.last().map(|r| TaskId(r.get::<_, i64>(0) as u64)))
+            .flatten();
+        let failed: Vec<TaskId> = rows
+            .iter()
+            .filter(|r| r.get::<_, bool>(1))
+            .map(|r| TaskId(r.get::<_, i64>(0) as u64))
+            .collect();
+        let mut found = Vec::with_capacity(failed.len());
+        for chunk in failed.chunks(crate::limits::BATCH_MAX) {
+            found.extend(self.task_statuses(chunk).await?);
+        }
+        // Changed since the walk (requeued): not a dead letter any more.
+        found.retain(|(_, t)| t.state == TaskState::Failed);
+        found.sort_by_key(|(_, t)| t.task);
+        Ok((found, next))
+    }
+
     /// Marks `tasks` as canceled by their client, before the cancel is answered: a node that
     /// puts them back (at start, or taking their partition over) cancels them. For each task,
     /// in order: whether it was marked (false: no such task, or it has ended). Idempotent, so

@@ -172,7 +172,7 @@ impl Admin {
             .collect();
         let needed = match (method, segments.as_slice()) {
             ("GET", ["admin", "v1", "policy" | "audit" | "counters"]) => Role::Viewer,
-            ("GET", ["admin", "v1", "tasks", _]) => Role::Viewer,
+            ("GET", ["admin", "v1", "tasks", _] | ["admin", "v1", "dead-letters"]) => Role::Viewer,
             ("PUT" | "DELETE", ["admin", "v1", "policy", kind, _]) => match object(kind) {
                 Some(PolicyObject::Tenant | PolicyObject::Lane) => Role::Operator,
                 Some(_) => Role::Admin,
@@ -328,6 +328,37 @@ impl Admin {
                             json!({ "repaired": pools, "budgets_repaired": budgets }),
                         )
                     }
+                    Err(e) => answer("503 Service Unavailable", json!({ "error": e.to_string() })),
+                }
+            }
+            ("GET", [_, _, "dead-letters"]) => {
+                // A page of FAILED tasks: `after` (a task id, 0 to start), `scan` (rows read).
+                let param = |name: &str| {
+                    let query = path.split_once('?').map_or("", |(_, q)| q);
+                    query
+                        .split('&')
+                        .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+                        .map(str::to_string)
+                };
+                let after = param("after")
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0);
+                let scan = param("scan")
+                    .and_then(|v| v.parse::<usize>().ok())
+                    .unwrap_or(spindle_control::limits::SCAN_MAX)
+                    .clamp(1, spindle_control::limits::SCAN_MAX);
+                let after = spindle_core::TaskId(after);
+                match self
+                    .with_db(async |db| db.failed_tasks(after, scan).await)
+                    .await
+                {
+                    Ok((tasks, next)) => answer(
+                        "200 OK",
+                        json!({
+                            "tasks": tasks.iter().map(|(tenant, t)| task_json(*tenant, t)).collect::<Vec<_>>(),
+                            "next_after": next.map(|t| t.0),
+                        }),
+                    ),
                     Err(e) => answer("503 Service Unavailable", json!({ "error": e.to_string() })),
                 }
             }

@@ -710,6 +710,32 @@ async fn an_operator_requeues_dead_letters_and_they_run_again() {
         &["--json", "task", "999999"],
     );
     assert!(!ok && out.contains("task 999999 not found"), "{out}");
+    // The dead-letter queue, two tasks looked at per page: every FAILED task, once, in order.
+    let mut listed = Vec::new();
+    let mut after = 0u64;
+    for _ in 0..10 {
+        let after_arg = after.to_string();
+        let args = [
+            "--json",
+            "dead-letters",
+            "--scan",
+            "2",
+            "--after",
+            &after_arg,
+        ];
+        let (ok, out) = common::ctl(daemon.http, common::VIEWER_TOKEN, &args);
+        assert!(ok, "{out}");
+        let page: serde_json::Value = serde_json::from_str(&out).unwrap();
+        for t in page["tasks"].as_array().unwrap() {
+            assert_eq!(t["state"], "FAILED", "{t}");
+            listed.push(TaskId(t["task"].as_u64().unwrap()));
+        }
+        match page["next_after"].as_u64() {
+            Some(next) => after = next,
+            None => break,
+        }
+    }
+    assert_eq!(listed, ids, "the dead letters, page by page");
     set_fault(&admin, Fault::None).await;
     let mut args: Vec<String> = vec!["--json".into(), "requeue".into()];
     args.extend(ids.iter().map(|t| t.0.to_string()));

@@ -75,6 +75,14 @@ enum Command {
     /// A task as stored, whatever its tenant: state, attempts, costs, why it failed, what it
     /// produced.
     Task { task: u64 },
+    /// The dead-letter queue (FAILED tasks), a page at a time in task id order: at most `scan`
+    /// tasks are looked at per page; the answer says where the next page starts.
+    DeadLetters {
+        #[arg(long, default_value_t = 0)]
+        after: u64,
+        #[arg(long, default_value_t = 10_000)]
+        scan: usize,
+    },
     /// Put FAILED tasks (the dead-letter queue) back in their queues, for another attempt.
     /// The node requeues those of the partitions it serves and names the node for the others.
     Requeue {
@@ -235,6 +243,12 @@ fn main() -> anyhow::Result<()> {
         )?,
         Command::CheckCounters => call(&cli, "GET", "/admin/v1/counters", None)?,
         Command::Task { task } => call(&cli, "GET", &format!("/admin/v1/tasks/{task}"), None)?,
+        Command::DeadLetters { after, scan } => call(
+            &cli,
+            "GET",
+            &format!("/admin/v1/dead-letters?after={after}&scan={scan}"),
+            None,
+        )?,
         Command::RebuildCounters { reason } => call(
             &cli,
             "POST",
@@ -323,6 +337,20 @@ fn print_human(command: &Command, v: &Value) {
             }
             if !v["result"].is_null() {
                 println!("  result: {}", v["result"]);
+            }
+        }
+        Command::DeadLetters { .. } => {
+            for t in v["tasks"].as_array().into_iter().flatten() {
+                println!(
+                    "task {:<10} tenant {:<6} attempt {:<3} {}",
+                    t["task"],
+                    t["tenant"],
+                    t["attempt_no"],
+                    t["failure_reason"].as_str().unwrap_or("")
+                );
+            }
+            if let Some(next) = v["next_after"].as_u64() {
+                println!("more: spindlectl dead-letters --after {next}");
             }
         }
         Command::RebuildCounters { .. } => print_drift(&v["repaired"], &v["budgets_repaired"]),
