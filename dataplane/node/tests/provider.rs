@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::{http_get, metric_sum, poll_until, start_on, start_with, task, Daemon};
 use spindle_client::Client;
 use spindle_control::testing::{Proxy, TestDb};
-use spindle_core::{TaskId, TenantId};
+use spindle_core::{TaskId, TaskState, TenantId};
 use spindle_providers::api::{AccountStats, Fault};
 use spindle_providers::{HttpProvider, MockConfig, MockProvider};
 
@@ -319,9 +319,17 @@ async fn a_tasks_input_and_model_reach_the_provider_as_the_client_sent_them() {
     let without = client.submit(client_task("without", None)).await.unwrap();
     let got = submitted(&admin, with.task).await;
     assert_eq!(got.input, input);
-    // A live task's status, answered from the node's memory, counts its attempt.
+    // A live task's status, answered from the node's memory, counts its attempt and gives its
+    // state's milestone.
     let status = client.get(with.task).await.unwrap();
     assert_eq!(status.attempt_no, 1, "{status:?}");
+    assert!(
+        matches!(
+            (status.state, status.progress_pct),
+            (TaskState::Dispatching | TaskState::SubmitUnknown, 10) | (TaskState::Running, 30)
+        ),
+        "{status:?}"
+    );
     assert_eq!(got.model, "video-model-0");
     assert_eq!(
         submitted(&admin, without.task).await.input,

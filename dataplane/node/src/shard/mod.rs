@@ -746,7 +746,8 @@ async fn get(
                     state: st,
                     version: m.db_version,
                     attempt_no: s.core.task_attempt_no(task).unwrap_or(0),
-                    progress_pct: 0,
+                    // Its state's milestone, as its subscribers were told.
+                    progress_pct: progress_of(st),
                     cost_estimate_milli: m.estimate.as_ref().map_or(0, |e| e.cost_milli),
                     cost_actual_milli: 0,
                     failure_reason: None,
