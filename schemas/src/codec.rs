@@ -295,6 +295,7 @@ pub fn decode_response(payload: &[u8]) -> Result<ResponseFrame, WireError> {
                 state: state(e.state())?,
                 progress_pct: e.progress_pct(),
                 at_ms: e.at_ms(),
+                result: optional_text(e.result(), "result", RESULT_BYTES_MAX)?,
             })
         }
         fb::Response::Error => {
@@ -490,11 +491,13 @@ impl Encoder {
                     .as_union_value(),
             ),
             Response::Event(e) => {
+                let result = e.result.as_deref().map(|r| fbb.create_string(r));
                 let args = fb::EventArgs {
                     task_id: e.task.0,
                     state: fb::TaskState(e.state as u8),
                     progress_pct: e.progress_pct,
                     at_ms: e.at_ms,
+                    result,
                 };
                 (
                     fb::Response::Event,

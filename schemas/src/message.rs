@@ -107,4 +107,6 @@ pub struct Event {
     pub state: TaskState,
     pub progress_pct: u8,
     pub at_ms: u64,
+    /// With SUCCEEDED: what the task produced (JSON, as `TaskStatus::result`).
+    pub result: Option<String>,
 }

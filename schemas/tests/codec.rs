@@ -124,6 +124,7 @@ fn every_response_round_trips() {
             state: TaskState::Succeeded,
             progress_pct: 100,
             at_ms: 1_700_000_000_000,
+            result: Some(r#"{"output_url":"http://p/v1/jobs/j/output"}"#.into()),
         }),
         Response::Error(WireError::new(ErrorCode::NotFound, "task 9 not found")),
     ];

@@ -1459,16 +1459,25 @@ async fn subscribers_hear_the_media_stage_milestone() {
     let a = client.submit(task("followed")).await.unwrap();
     client.subscribe(a.task).await.unwrap();
     let mut seen = Vec::new();
-    loop {
+    let last = loop {
         let e = tokio::time::timeout(Duration::from_secs(30), client.next_event())
             .await
             .expect("an event within 30 s")
             .expect("the connection stays open");
         seen.push((e.state, e.progress_pct));
         if e.state.is_terminal() {
-            break;
+            break e;
         }
-    }
+        assert_eq!(e.result, None, "only the end carries a result: {e:?}");
+    };
+    // The end carries what the task produced: its renditions, as GetTask gives them.
+    let result = last.result.as_deref().expect("a result with SUCCEEDED");
+    let outputs: Vec<String> = serde_json::from_value(
+        serde_json::from_str::<serde_json::Value>(result).unwrap()["outputs"].clone(),
+    )
+    .unwrap();
+    assert_eq!(outputs.len(), 2, "{result}");
+    assert!(outputs[0].ends_with("-240p.mp4"), "{result}");
     let at = |x: (TaskState, u8)| seen.iter().position(|&s| s == x);
     let entered = at((TaskState::MediaProcessing, 60)).expect("entered the media stage");
     let milestone = at((TaskState::MediaProcessing, 90)).expect("the media milestone");

@@ -2952,6 +2952,7 @@ impl<'a> Event<'a> {
   pub const VT_STATE: ::flatbuffers::VOffsetT = 6;
   pub const VT_PROGRESS_PCT: ::flatbuffers::VOffsetT = 8;
   pub const VT_AT_MS: ::flatbuffers::VOffsetT = 10;
+  pub const VT_RESULT: ::flatbuffers::VOffsetT = 12;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -2960,11 +2961,12 @@ impl<'a> Event<'a> {
   #[allow(unused_mut)]
   pub fn create<'bldr: 'args, 'args: 'mut_bldr, 'mut_bldr, A: ::flatbuffers::Allocator + 'bldr>(
     _fbb: &'mut_bldr mut ::flatbuffers::FlatBufferBuilder<'bldr, A>,
-    args: &'args EventArgs
+    args: &'args EventArgs<'args>
   ) -> ::flatbuffers::WIPOffset<Event<'bldr>> {
     let mut builder = EventBuilder::new(_fbb);
     builder.add_at_ms(args.at_ms);
     builder.add_task_id(args.task_id);
+    if let Some(x) = args.result { builder.add_result(x); }
     builder.add_progress_pct(args.progress_pct);
     builder.add_state(args.state);
     builder.finish()
@@ -3000,6 +3002,14 @@ impl<'a> Event<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u64>(Event::VT_AT_MS, Some(0)).unwrap()}
   }
+  /// With SUCCEEDED: what the task produced, as `TaskStatus.result` gives it.
+  #[inline]
+  pub fn result(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(Event::VT_RESULT, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for Event<'_> {
@@ -3012,17 +3022,19 @@ impl ::flatbuffers::Verifiable for Event<'_> {
      .visit_field::<TaskState>("state", Self::VT_STATE, false)?
      .visit_field::<u8>("progress_pct", Self::VT_PROGRESS_PCT, false)?
      .visit_field::<u64>("at_ms", Self::VT_AT_MS, false)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("result", Self::VT_RESULT, false)?
      .finish();
     Ok(())
   }
 }
-pub struct EventArgs {
+pub struct EventArgs<'a> {
     pub task_id: u64,
     pub state: TaskState,
     pub progress_pct: u8,
     pub at_ms: u64,
+    pub result: Option<::flatbuffers::WIPOffset<&'a str>>,
 }
-impl<'a> Default for EventArgs {
+impl<'a> Default for EventArgs<'a> {
   #[inline]
   fn default() -> Self {
     EventArgs {
@@ -3030,6 +3042,7 @@ impl<'a> Default for EventArgs {
       state: TaskState::Created,
       progress_pct: 0,
       at_ms: 0,
+      result: None,
     }
   }
 }
@@ -3056,6 +3069,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> EventBuilder<'a, 'b, A> {
     self.fbb_.push_slot::<u64>(Event::VT_AT_MS, at_ms, 0);
   }
   #[inline]
+  pub fn add_result(&mut self, result: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Event::VT_RESULT, result);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> EventBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     EventBuilder {
@@ -3077,6 +3094,7 @@ impl ::core::fmt::Debug for Event<'_> {
       ds.field("state", &self.state());
       ds.field("progress_pct", &self.progress_pct());
       ds.field("at_ms", &self.at_ms());
+      ds.field("result", &self.result());
       ds.finish()
   }
 }

@@ -89,7 +89,7 @@ pub(super) fn media_finished(
         (CompleteOutcome::Canceled, _) => (TaskState::Canceled, None, None, None),
         (_, result) => (TaskState::Failed, None, result.err(), None),
     };
-    notify(s, task, state);
+    notify_at(s, task, state, progress_of(state), produced.as_deref());
     let action = ReportAction::Finish {
         state,
         cost_actual_milli: cost,

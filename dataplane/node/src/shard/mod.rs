@@ -137,12 +137,19 @@ fn progress_of(state: TaskState) -> u8 {
 
 /// Pushes an event to `task`'s subscribers at its state's milestone.
 fn notify(s: &mut ShardState, task: TaskId, state: TaskState) {
-    notify_at(s, task, state, progress_of(state));
+    notify_at(s, task, state, progress_of(state), None);
 }
 
 /// Pushes an event to `task`'s subscribers. A subscriber whose connection is gone or whose
 /// queue is full is dropped (a slow reader cannot hold the shard); the task's end drops all.
-fn notify_at(s: &mut ShardState, task: TaskId, state: TaskState, progress_pct: u8) {
+/// `result`: what a SUCCEEDED task produced.
+fn notify_at(
+    s: &mut ShardState,
+    task: TaskId,
+    state: TaskState,
+    progress_pct: u8,
+    result: Option<&str>,
+) {
     let Some(subs) = s.subs.get_mut(&task) else {
         return;
     };
@@ -154,6 +161,7 @@ fn notify_at(s: &mut ShardState, task: TaskId, state: TaskState, progress_pct: u
         state,
         progress_pct,
         at_ms,
+        result: result.map(str::to_string),
     };
     let before = subs.len();
     subs.retain(|sub| {
@@ -631,7 +639,7 @@ pub async fn run(state: SharedShard, mut inbox: mpsc::Receiver<ShardMsg>) {
                 // Only the live attempt's job, while its media stage runs.
                 let current = s.meta.get(&task).is_some_and(|m| m.token == Some(token));
                 if current && s.core.task_state(task) == Some(TaskState::MediaProcessing) {
-                    notify_at(&mut s, task, TaskState::MediaProcessing, pct);
+                    notify_at(&mut s, task, TaskState::MediaProcessing, pct, None);
                 }
             }
             ShardMsg::Restore(restores) => {

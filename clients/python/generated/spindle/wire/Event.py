@@ -57,8 +57,16 @@ class Event(object):
             return self._tab.Get(flatbuffers.number_types.Uint64Flags, o + self._tab.Pos)
         return 0
 
+    # With SUCCEEDED: what the task produced, as `TaskStatus.result` gives it.
+    # Event
+    def Result(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
 def EventStart(builder):
-    builder.StartObject(4)
+    builder.StartObject(5)
 
 def Start(builder):
     EventStart(builder)
@@ -86,6 +94,12 @@ def EventAddAtMs(builder, atMs):
 
 def AddAtMs(builder, atMs):
     EventAddAtMs(builder, atMs)
+
+def EventAddResult(builder, result):
+    builder.PrependUOffsetTRelativeSlot(4, flatbuffers.number_types.UOffsetTFlags.py_type(result), 0)
+
+def AddResult(builder, result):
+    EventAddResult(builder, result)
 
 def EventEnd(builder):
     return builder.EndObject()
