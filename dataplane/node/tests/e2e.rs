@@ -74,10 +74,7 @@ async fn submit_ack_complete_and_idempotent_resubmit() {
 async fn task_inputs_are_part_of_the_request_and_bounded_per_shard() {
     let test = TestDb::new().await;
     // Tasks run for their modelled time (tens of seconds): every one stays live.
-    let config = common::CONFIG.replace(
-        "local_provider_time_scale = 0.0001",
-        "local_provider_time_scale = 1.0\ntask_inputs_mb = 1",
-    );
+    let config = common::config_scaled("1.0", "task_inputs_mb = 1");
     let daemon = common::start_with(&test, &config).await;
     let client = Client::connect(daemon.addr, TenantId(1), "one")
         .await
@@ -254,10 +251,7 @@ async fn health_and_metrics_are_served() {
 async fn subscribers_receive_progress_until_the_task_ends() {
     let test = TestDb::new().await;
     // Tasks take 300 ms at the provider: time to subscribe while they run.
-    let config = common::CONFIG.replace(
-        "local_provider_time_scale = 0.0001",
-        "local_provider_time_scale = 0.01",
-    );
+    let config = common::config_scaled("0.01", "");
     let daemon = common::start_with(&test, &config).await;
     let client = Client::connect(daemon.addr, TenantId(1), "one")
         .await
@@ -545,10 +539,7 @@ async fn ended_tasks_leave_postgres_after_their_retention_window() {
 async fn a_running_attempts_lease_is_renewed_while_it_runs() {
     let test = TestDb::new().await;
     // Tasks take ~4 s at the provider; leases last 1.5 s.
-    let config = common::CONFIG.replace(
-        "local_provider_time_scale = 0.0001",
-        "local_provider_time_scale = 0.13\nlease_ms = 1500",
-    );
+    let config = common::config_scaled("0.13", "lease_ms = 1500");
     let daemon = common::start_with(&test, &config).await;
     let client = Client::connect(daemon.addr, TenantId(1), "one")
         .await

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{http_get, poll_until, start_on, task, wait_for, CONFIG};
+use common::{config_scaled, http_get, poll_until, start_on, task, wait_for, CONFIG};
 use spindle_client::Client;
 use spindle_control::{EmbeddedOptions, EmbeddedPostgres};
 use spindle_core::{Decision, TaskState, TenantId};
@@ -81,10 +81,7 @@ async fn a_postgres_outage_rejects_paid_work_and_the_node_resumes_by_itself() {
 async fn a_cancel_that_cannot_be_stored_is_refused_and_cancels_nothing() {
     let mut pg = EmbeddedPostgres::start(EmbeddedOptions::default()).unwrap();
     // The local provider runs a task for about 6 s.
-    let config = CONFIG.replace(
-        "local_provider_time_scale = 0.0001",
-        "local_provider_time_scale = 0.2",
-    );
+    let config = config_scaled("0.2", "");
     let daemon = start_on(&pg.conninfo("postgres"), &config).await;
     let client = Client::connect(daemon.addr, TenantId(1), "one")
         .await

@@ -176,10 +176,7 @@ async fn a_refused_request_is_answered_under_its_own_id() {
 async fn a_task_that_ends_while_its_cancel_is_stored_is_answered_has_ended() {
     let test = TestDb::new().await;
     // Tasks take ~1.5 s at the local provider: time to hold the row and send the cancel.
-    let config = common::CONFIG.replace(
-        "local_provider_time_scale = 0.0001",
-        "local_provider_time_scale = 0.05",
-    );
+    let config = common::config_scaled("0.05", "");
     let daemon = common::start_with(&test, &config).await;
     let client = std::sync::Arc::new(
         Client::connect(daemon.addr, TenantId(1), "one")

@@ -51,6 +51,15 @@ id = 2
 credential = "two"
 "#;
 
+/// `CONFIG` with the local provider's time scale set to `scale` (its tasks then take their
+/// modelled time × `scale`) and `extra` settings added.
+pub fn config_scaled(scale: &str, extra: &str) -> String {
+    CONFIG.replace(
+        "local_provider_time_scale = 0.0001",
+        &format!("local_provider_time_scale = {scale}\n{extra}"),
+    )
+}
+
 /// Starts spindled on a fresh database and waits (bounded) until it serves.
 pub async fn start(test: &TestDb) -> Daemon {
     start_with(test, CONFIG).await
