@@ -167,6 +167,18 @@ pub(crate) fn check_batch_len(len: usize) -> Result<(), InputError> {
     Ok(())
 }
 
+/// A bounded walk of the task or outbox table reads 1..=`SCAN_MAX` rows.
+pub(crate) fn check_scan(scan: usize) -> Result<(), InputError> {
+    if scan == 0 || scan > crate::limits::SCAN_MAX {
+        return Err(InputError::OutOfRange {
+            row: 0,
+            field: "scan",
+            value: scan.to_string(),
+        });
+    }
+    Ok(())
+}
+
 /// The task ids of one batch, row by row: each may appear once and must fit a PostgreSQL
 /// `bigint`.
 #[derive(Default)]

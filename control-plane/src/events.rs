@@ -175,9 +175,7 @@ impl Db {
                 }
                 let result = e.task.and_then(|t| results.get(&t.0));
                 if let (Some(result), Value::Object(body)) = (result, &mut e.body) {
-                    let value = serde_json::from_str(result)
-                        .unwrap_or_else(|_| Value::String(result.clone()));
-                    body.insert("result".into(), value);
+                    body.insert("result".into(), crate::report::result_value(result));
                 }
             }
         }
@@ -217,14 +215,7 @@ impl Db {
         undelivered_too: bool,
         scan: usize,
     ) -> Result<u64, StoreError> {
-        if scan == 0 || scan > SCAN_MAX {
-            return Err(crate::error::InputError::OutOfRange {
-                row: 0,
-                field: "scan",
-                value: scan.to_string(),
-            }
-            .into());
-        }
+        crate::error::check_scan(scan)?;
         let keep_ms = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX);
         // The walk reads at most `scan` rows from the oldest (ids grow with time), so a pass
         // never reads the recent part of the table, however much of it there is.

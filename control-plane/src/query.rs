@@ -123,14 +123,7 @@ impl Db {
         after: TaskId,
         scan: usize,
     ) -> Result<(Vec<(TenantId, StoredTask)>, Option<TaskId>), StoreError> {
-        if scan == 0 || scan > crate::limits::SCAN_MAX {
-            return Err(crate::error::InputError::OutOfRange {
-                row: 0,
-                field: "scan",
-                value: scan.to_string(),
-            }
-            .into());
-        }
+        crate::error::check_scan(scan)?;
         let rows = self
             .answered(
                 false,

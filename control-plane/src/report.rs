@@ -203,6 +203,12 @@ fn validate(batch: &[Report]) -> Result<(), InputError> {
     Ok(())
 }
 
+/// A stored result (`task.result`) as the JSON value it holds; one that is not JSON (written
+/// around this crate) as a string, so that a reader never fails on it.
+pub fn result_value(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or_else(|_| serde_json::Value::String(text.to_string()))
+}
+
 impl Db {
     /// The results the finishes of `batch` carry, each written to its task while the report's
     /// token is the task's current one (a stale attempt writes nothing), ahead of the finishes
@@ -241,7 +247,8 @@ impl Db {
         Ok(())
     }
 
-    /// Applies `batch` in one transaction; one result per row, in order.
+    /// Applies `batch` in one transaction — after the results its finishes carry, in a statement
+    /// of their own ([`Db::store_results`]) — one result per row, in order.
     pub async fn report_batch(&self, batch: &[Report]) -> Result<Vec<ReportResult>, StoreError> {
         validate(batch)?;
         if batch.is_empty() {

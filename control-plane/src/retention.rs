@@ -17,8 +17,7 @@ use std::time::Duration;
 use spindle_core::TaskId;
 
 use crate::db::Db;
-use crate::error::{InputError, StoreError};
-use crate::limits::SCAN_MAX;
+use crate::error::{check_scan, StoreError};
 use crate::types::PartitionId;
 
 /// How long ended tasks stay after they ended; `None` keeps them forever.
@@ -51,14 +50,7 @@ impl Db {
         after: Option<TaskId>,
         scan: usize,
     ) -> Result<Pruned, StoreError> {
-        if scan == 0 || scan > SCAN_MAX {
-            return Err(InputError::OutOfRange {
-                row: 0,
-                field: "scan",
-                value: scan.to_string(),
-            }
-            .into());
-        }
+        check_scan(scan)?;
         // NULL (kept forever) compares as unknown: no row of that kind is deleted.
         let ms = |d: Option<Duration>| d.map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
         let parts: Vec<i32> = partitions.iter().map(|p| p.0 as i32).collect();

@@ -218,9 +218,8 @@ impl Admin {
                 }
             }
             ("GET", [_, _, "audit"]) => {
-                let limit = path
-                    .split_once("limit=")
-                    .and_then(|(_, v)| v.split('&').next()?.parse::<u32>().ok())
+                let limit = query_param(path, "limit")
+                    .and_then(|v| v.parse::<u32>().ok())
                     .unwrap_or(50)
                     .min(1_000);
                 match self.with_db(async |db| db.audit_log(limit).await).await {
@@ -333,17 +332,10 @@ impl Admin {
             }
             ("GET", [_, _, "dead-letters"]) => {
                 // A page of FAILED tasks: `after` (a task id, 0 to start), `scan` (rows read).
-                let param = |name: &str| {
-                    let query = path.split_once('?').map_or("", |(_, q)| q);
-                    query
-                        .split('&')
-                        .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
-                        .map(str::to_string)
-                };
-                let after = param("after")
+                let after = query_param(path, "after")
                     .and_then(|v| v.parse::<u64>().ok())
                     .unwrap_or(0);
-                let scan = param("scan")
+                let scan = query_param(path, "scan")
                     .and_then(|v| v.parse::<usize>().ok())
                     .unwrap_or(spindle_control::limits::SCAN_MAX)
                     .clamp(1, spindle_control::limits::SCAN_MAX);
@@ -528,12 +520,20 @@ impl Admin {
 }
 
 /// Drifted (or repaired) counters as JSON: the pool shards, then the tenants' reserved budgets.
+/// The value of `name` in `path`'s query string.
+fn query_param<'a>(path: &'a str, name: &str) -> Option<&'a str> {
+    let query = path.split_once('?')?.1;
+    query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+}
+
 /// A stored task for `GET /admin/v1/tasks/{id}`: its result as the JSON it is.
 fn task_json(tenant: spindle_core::TenantId, t: &spindle_control::query::StoredTask) -> Value {
     let result = t
         .result
         .as_deref()
-        .map(|r| serde_json::from_str(r).unwrap_or_else(|_| Value::String(r.to_string())));
+        .map(spindle_control::report::result_value);
     json!({
         "task": t.task.0,
         "tenant": tenant.0,

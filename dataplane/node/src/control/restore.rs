@@ -25,7 +25,7 @@ impl Restore {
             version: q.version,
             live: None,
             cancel: false,
-            input: input.map(String::into_boxed_str),
+            input,
         })
     }
 }
@@ -203,7 +203,7 @@ async fn recover_page(
 /// A stored task as its shard's core takes it back, and its input.
 fn restore_request(
     q: &spindle_control::reconcile::QueuedTask,
-) -> anyhow::Result<(spindle_core::RestoreRequest, Option<String>)> {
+) -> anyhow::Result<(spindle_core::RestoreRequest, Option<Box<str>>)> {
     let stored: crate::shard::StoredRequest = serde_json::from_slice(&q.payload)
         .map_err(|e| anyhow::anyhow!("task {}: unreadable payload: {e}", q.task))?;
     let lane = *spindle_core::Lane::ALL
@@ -227,7 +227,7 @@ fn restore_request(
         band,
         attempts_before: q.attempt_no,
     };
-    Ok((request, stored.input.map(|i| i.get().to_string())))
+    Ok((request, stored.input.map(|i| i.get().into())))
 }
 
 /// Every task of `mine` to put back, as restores per shard: the QUEUED ones, and the live
