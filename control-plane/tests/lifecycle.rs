@@ -971,4 +971,18 @@ async fn a_result_is_stored_by_the_attempt_that_finishes_and_by_no_other() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("field `result`"), "{err}");
+    // A result comes from an attempt: without its token it is refused, naming why.
+    let mut tokenless = with_result(2, tokens[1], "{}");
+    tokenless.token = None;
+    let err = db.report_batch(&[tokenless]).await.unwrap_err();
+    assert!(err.to_string().contains("it needs its token"), "{err}");
+    assert_eq!(
+        db.task_statuses(&[TaskId(2)]).await.unwrap()[0].1.result,
+        None
+    );
+    // The dead-letter walk is bounded like every walk.
+    for scan in [0, spindle_control::limits::SCAN_MAX + 1] {
+        let err = db.failed_tasks(TaskId(0), scan).await.unwrap_err();
+        assert!(err.to_string().contains("`scan`"), "{err}");
+    }
 }

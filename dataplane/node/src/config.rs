@@ -602,6 +602,18 @@ mod tests {
     }
 
     #[test]
+    fn the_task_inputs_bound_is_named() {
+        for mb in [0, TASK_INPUTS_MB_MAX + 1] {
+            let e = load_text(&format!("task_inputs_mb = {mb}\n")).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!("task_inputs_mb must be 1..={TASK_INPUTS_MB_MAX}, not {mb}")
+            );
+        }
+        assert_eq!(load_text("").unwrap().task_inputs_mb, 1024);
+    }
+
+    #[test]
     fn the_provider_and_events_bounds_are_named() {
         let provider = "[provider]\nurl = \"http://127.0.0.1:1\"\nsecret = \"s\"\n";
         let events = "[events]\nurl = \"http://127.0.0.1:2/e\"\nsecret = \"s\"\n";
