@@ -115,6 +115,30 @@ impl Db {
             .collect()
     }
 
+    /// The stored requests (`task.payload`, as the node wrote them at submit) of `tasks`, in
+    /// their order; `None` for a task that is not stored (or was pruned).
+    pub async fn task_payloads(
+        &self,
+        tasks: &[TaskId],
+    ) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        crate::error::check_batch_len(tasks.len())?;
+        let ids: Vec<i64> = tasks.iter().map(|t| t.0 as i64).collect();
+        let rows = self
+            .answered(
+                false,
+                self.client().query(
+                    "SELECT t.payload
+                   FROM unnest($1::bigint[]) WITH ORDINALITY AS c (task, ord)
+                   LEFT JOIN task t ON t.task_id = c.task
+                  ORDER BY c.ord",
+                    &[&ids],
+                ),
+            )
+            .await?;
+        crate::error::check_answered("task payloads", &rows, tasks.len())?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
     /// One page of the dead-letter queue: of the (at most `scan`) tasks after `after` in id
     /// order, the FAILED ones, each with its tenant; and where the next page starts (`None`:
     /// this one reached the last task). Bounded by `scan` rows read, however few are FAILED.

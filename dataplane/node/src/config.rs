@@ -101,10 +101,10 @@ pub struct Config {
     /// across restarts with it); none by default.
     #[serde(default)]
     pub local_provider_log: Option<PathBuf>,
-    /// MiB of task inputs (`SubmitTask.input`) the node holds for its live tasks, split evenly
-    /// among the shards: an input is kept from admission until its task ends (each attempt at
-    /// the provider sends it). Past a shard's part, a new task with an input is rejected as
-    /// overloaded with the reason; tasks without one are not affected.
+    /// MiB of task inputs (`SubmitTask.input`) the node holds in memory for its live tasks,
+    /// split evenly among the shards: an input is kept from admission until its task ends (each
+    /// attempt at the provider sends it). Past a shard's part, a new task's input is left in its
+    /// stored request (in PostgreSQL) and read back when an attempt goes to the provider.
     #[serde(default = "default_task_inputs_mb")]
     pub task_inputs_mb: u32,
     /// Requests one connection may have in flight.

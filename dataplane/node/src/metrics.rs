@@ -123,8 +123,10 @@ pub struct ShardGauges {
     pub queued_tasks: [AtomicU64; Lane::COUNT],
     pub queued_units_milli: [AtomicU64; Lane::COUNT],
     pub live_tasks: AtomicU64,
-    /// Bytes of task inputs held for live tasks (bounded by `task_inputs_mb`).
+    /// Bytes of task inputs held in memory for live tasks (bounded by `task_inputs_mb`).
     pub input_bytes: AtomicU64,
+    /// Live tasks whose input was left in their stored request (past `task_inputs_mb`).
+    pub inputs_stored: AtomicU64,
     /// Authenticated client connections this shard served (each on the shard owning its
     /// tenant: one accepted elsewhere is handed over after its Hello).
     pub connections: AtomicU64,
@@ -390,12 +392,20 @@ impl Metrics {
                 g.live_tasks.load(Ordering::Relaxed)
             );
         }
-        let _ = writeln!(w, "# HELP spindle_task_input_bytes Bytes of task inputs held for live tasks, per shard (bounded by task_inputs_mb).\n# TYPE spindle_task_input_bytes gauge");
+        let _ = writeln!(w, "# HELP spindle_task_input_bytes Bytes of task inputs held in memory for live tasks, per shard (bounded by task_inputs_mb).\n# TYPE spindle_task_input_bytes gauge");
         for (i, g) in self.shards.iter().enumerate() {
             let _ = writeln!(
                 w,
                 "spindle_task_input_bytes{{shard=\"{i}\"}} {}",
                 g.input_bytes.load(Ordering::Relaxed)
+            );
+        }
+        let _ = writeln!(w, "# HELP spindle_task_inputs_stored Live tasks whose input is read back from PostgreSQL at dispatch (past task_inputs_mb), per shard.\n# TYPE spindle_task_inputs_stored gauge");
+        for (i, g) in self.shards.iter().enumerate() {
+            let _ = writeln!(
+                w,
+                "spindle_task_inputs_stored{{shard=\"{i}\"}} {}",
+                g.inputs_stored.load(Ordering::Relaxed)
             );
         }
         let _ = writeln!(w, "# HELP spindle_control_batch_seconds Control-plane batch latency by kind.\n# TYPE spindle_control_batch_seconds histogram");

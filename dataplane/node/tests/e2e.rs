@@ -67,11 +67,12 @@ async fn submit_ack_complete_and_idempotent_resubmit() {
 }
 
 /// A task's input is part of the request a replay is compared with, and the inputs a shard
-/// holds are bounded: past `task_inputs_mb` (1 MiB here, 512 KiB per shard), a task with an
-/// input is rejected as overloaded with the reason while one without is accepted, and an input
-/// let go (its task canceled) makes room again.
+/// holds in memory are bounded: past `task_inputs_mb` (1 MiB here, 512 KiB per shard), a task
+/// with an input is accepted with its input left in its stored request (read back at dispatch:
+/// `provider::inputs_past_the_nodes_bound_are_read_back_for_the_provider`), its replay is a
+/// replay, and an input let go (its task canceled) makes room again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn task_inputs_are_part_of_the_request_and_bounded_per_shard() {
+async fn task_inputs_are_part_of_the_request_and_held_within_a_bound_per_shard() {
     let test = TestDb::new().await;
     // Tasks run for their modelled time (tens of seconds): every one stays live.
     let config = common::config_scaled("1.0", "task_inputs_mb = 1");
@@ -104,41 +105,43 @@ async fn task_inputs_are_part_of_the_request_and_bounded_per_shard() {
         "another input is another request: {other:?}"
     );
 
-    // 16 KiB inputs: 31 fit beside the first task's, the 32nd does not.
+    // 16 KiB inputs: 31 fit in memory beside the first task's; the 32nd and the 33rd are left
+    // in their stored requests (their tasks are accepted all the same).
     let big = format!("\"{}\"", "x".repeat(16 * 1024 - 2));
-    let batch: Vec<_> = (0..32)
+    let batch: Vec<_> = (0..33)
         .map(|i| with_input(&format!("big{i}"), &big))
         .collect();
     let answers = client.submit_batch(batch).await.unwrap();
     assert!(
-        answers[..31].iter().all(|a| a.decision.is_accepted()),
+        answers.iter().all(|a| a.decision.is_accepted()),
         "{answers:?}"
     );
-    let last = &answers[31];
-    assert_eq!(
-        last.decision,
-        Decision::RejectPlatformOverloaded,
-        "{last:?}"
-    );
-    assert!(
-        last.reason
-            .as_deref()
-            .unwrap_or("")
-            .contains("task_inputs_mb"),
-        "{last:?}"
-    );
-    let plain = client.submit(task("plain")).await.unwrap();
-    assert!(
-        plain.decision.is_accepted(),
-        "no input, no bound: {plain:?}"
-    );
-    let (_, metrics) = http_get(daemon.http, "/metrics").await;
-    let held = metric_sum(&metrics, "spindle_task_input_bytes");
-    assert_eq!(held as usize, r#"{"prompt":"a"}"#.len() + 31 * big.len());
+    let kept = async || {
+        let (_, metrics) = http_get(daemon.http, "/metrics").await;
+        (
+            metric_sum(&metrics, "spindle_task_input_bytes") as usize,
+            metric_sum(&metrics, "spindle_task_inputs_stored"),
+        )
+    };
+    let first = r#"{"prompt":"a"}"#.len();
+    let want = (first + 31 * big.len(), 2);
+    let now = poll_until(Duration::from_secs(5), kept, |k| *k == want).await;
+    assert_eq!(now, want, "bytes held, inputs left in PostgreSQL");
+    // A replay of a task whose input was left in PostgreSQL is a replay.
+    let replay = client.submit(with_input("big32", &big)).await.unwrap();
+    assert_eq!((replay.task, replay.replay), (answers[32].task, true));
 
+    // Canceled tasks let their inputs go, held or left.
     client.cancel(answers[0].task).await.unwrap();
+    client.cancel(answers[32].task).await.unwrap();
+    let want = (first + 30 * big.len(), 1);
+    let now = poll_until(Duration::from_secs(5), kept, |k| *k == want).await;
+    assert_eq!(now, want);
     let room = client.submit(with_input("after", &big)).await.unwrap();
     assert!(room.decision.is_accepted(), "{room:?}");
+    let want = (first + 31 * big.len(), 1);
+    let now = poll_until(Duration::from_secs(5), kept, |k| *k == want).await;
+    assert_eq!(now, want, "room again in memory after a cancel");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

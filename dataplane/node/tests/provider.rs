@@ -385,6 +385,42 @@ async fn a_tasks_input_and_model_reach_the_provider_as_the_client_sent_them() {
     assert_eq!(submitted(&admin, queued.task).await.input, input);
 }
 
+/// Past the node's bound on inputs held in memory (`task_inputs_mb`), a task's input is left in
+/// its stored request and read back when its attempt goes to the provider: every task reaches
+/// the provider with its own input, held or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inputs_past_the_nodes_bound_are_read_back_for_the_provider() {
+    let test = TestDb::new().await;
+    let (m, admin) = mock(20).await;
+    // 1 MiB for two shards: one shard holds 32 inputs of 16 KiB.
+    let config = node_config("provider-node", &m, "").replacen(
+        "shards = 2",
+        "shards = 2\ntask_inputs_mb = 1",
+        1,
+    );
+    let daemon = start_with(&test, &config).await;
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let input_of = |i: usize| format!("\"{i:05}{}\"", "x".repeat(16 * 1024 - 7));
+    let batch: Vec<_> = (0..40)
+        .map(|i| {
+            let mut t = task(&format!("big{i}"));
+            t.input = Some(input_of(i));
+            t
+        })
+        .collect();
+    let answers = client.submit_batch(batch).await.unwrap();
+    assert!(
+        answers.iter().all(|a| a.decision.is_accepted()),
+        "{answers:?}"
+    );
+    for (i, a) in answers.iter().enumerate() {
+        let got = submitted(&admin, a.task).await;
+        assert_eq!(got.input.to_string(), input_of(i), "task {i}");
+    }
+}
+
 /// Without a media stage, a succeeded task's result is the provider's video: `GetTask` tells
 /// the client where it is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

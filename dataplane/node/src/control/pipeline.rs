@@ -351,9 +351,9 @@ where
 
 /// Concatenates the rows of a group of messages of one kind, keeping each message's reply
 /// and row count so `answer` can split the results back.
-fn merge<T, R>(
-    group: Vec<CpMsg>,
-    rows_of: impl Fn(CpMsg) -> Option<(Vec<T>, Reply<R>)>,
+fn merge<M, T, R>(
+    group: Vec<M>,
+    rows_of: impl Fn(M) -> Option<(Vec<T>, Reply<R>)>,
 ) -> (Vec<T>, Vec<(usize, Reply<R>)>) {
     let mut all = Vec::new();
     let mut replies = Vec::new();
@@ -388,12 +388,30 @@ fn answer<T>(result: Result<Vec<T>, StoreError>, replies: Vec<(usize, Reply<T>)>
     reachable
 }
 
-/// A read of a task's stored status, answered by the read connection (batched, unordered
-/// with respect to the pipelines: a task's acknowledged submit is always visible).
-pub struct ReadMsg {
-    pub tenant: TenantId,
-    pub task: TaskId,
-    pub reply: oneshot::Sender<Result<Option<StoredTask>, StoreError>>,
+/// A read on the read connection (batched, unordered with respect to the pipelines: a task's
+/// acknowledged submit is always visible).
+pub enum ReadMsg {
+    /// A task's stored status, for its tenant (another tenant's task reads as missing).
+    Status {
+        tenant: TenantId,
+        task: TaskId,
+        reply: oneshot::Sender<Result<Option<StoredTask>, StoreError>>,
+    },
+    /// The inputs tasks were submitted with, read from their stored requests (for attempts
+    /// whose shard did not hold them: `shard/inputs.rs`).
+    Inputs {
+        tasks: Vec<TaskId>,
+        reply: Reply<StoredInput>,
+    },
+}
+
+impl ReadMsg {
+    fn rows(&self) -> usize {
+        match self {
+            ReadMsg::Status { .. } => 1,
+            ReadMsg::Inputs { tasks, .. } => tasks.len(),
+        }
+    }
 }
 
 /// Reads waiting before senders wait.
@@ -406,6 +424,17 @@ pub(super) async fn reader(
     mut rx: mpsc::Receiver<ReadMsg>,
 ) {
     while let Some(first) = rx.recv().await {
+        let mut rows = first.rows();
+        let mut group = vec![first];
+        while rows < spindle_control::limits::BATCH_MAX {
+            match rx.try_recv() {
+                Ok(m) => {
+                    rows += m.rows();
+                    group.push(m);
+                }
+                Err(_) => break,
+            }
+        }
         if db.is_closed() {
             match Db::open(&db_config).await {
                 Ok(fresh) => db = fresh,
@@ -413,40 +442,90 @@ pub(super) async fn reader(
                     metrics
                         .postgres_ok
                         .store(false, std::sync::atomic::Ordering::Relaxed);
-                    let _ = first.reply.send(Err(e));
+                    for m in group {
+                        fail_read(m, &e);
+                    }
                     continue;
                 }
             }
         }
-        let mut group = vec![first];
-        while group.len() < spindle_control::limits::BATCH_MAX {
-            match rx.try_recv() {
-                Ok(m) => group.push(m),
-                Err(_) => break,
+        let (statuses, inputs): (Vec<_>, Vec<_>) = group
+            .into_iter()
+            .partition(|m| matches!(m, ReadMsg::Status { .. }));
+        if !statuses.is_empty() {
+            read_statuses(&db, statuses).await;
+        }
+        if !inputs.is_empty() {
+            let (all, replies) = merge(inputs, |m| match m {
+                ReadMsg::Inputs { tasks, reply } => Some((tasks, reply)),
+                ReadMsg::Status { .. } => None,
+            });
+            let db = &db;
+            let read = chunked(&all, |chunk| async move {
+                let payloads = db.task_payloads(&chunk).await?;
+                Ok(payloads
+                    .iter()
+                    .map(|p| stored_input(p.as_deref()))
+                    .collect())
+            })
+            .await;
+            answer(read, replies);
+        }
+    }
+}
+
+fn fail_read(m: ReadMsg, e: &StoreError) {
+    match m {
+        ReadMsg::Status { reply, .. } => drop(reply.send(Err(e.clone()))),
+        ReadMsg::Inputs { reply, .. } => drop(reply.send(Err(e.clone()))),
+    }
+}
+
+async fn read_statuses(db: &Db, group: Vec<ReadMsg>) {
+    let ids: Vec<TaskId> = group
+        .iter()
+        .filter_map(|m| match m {
+            ReadMsg::Status { task, .. } => Some(*task),
+            ReadMsg::Inputs { .. } => None,
+        })
+        .collect();
+    match db.task_statuses(&ids).await {
+        Ok(rows) => {
+            let found: std::collections::HashMap<TaskId, (TenantId, StoredTask)> =
+                rows.into_iter().map(|(t, s)| (s.task, (t, s))).collect();
+            for m in group {
+                if let ReadMsg::Status {
+                    tenant,
+                    task,
+                    reply,
+                } = m
+                {
+                    let answer = found
+                        .get(&task)
+                        .filter(|(owner, _)| *owner == tenant)
+                        .map(|(_, s)| s.clone());
+                    let _ = reply.send(Ok(answer));
+                }
             }
         }
-        let ids: Vec<TaskId> = group.iter().map(|m| m.task).collect();
-        match db.task_statuses(&ids).await {
-            Ok(rows) => {
-                let found: std::collections::HashMap<TaskId, (TenantId, StoredTask)> =
-                    rows.into_iter().map(|(t, s)| (s.task, (t, s))).collect();
-                for m in group {
-                    // Another tenant's task is answered like a missing one.
-                    let answer = found
-                        .get(&m.task)
-                        .filter(|(owner, _)| *owner == m.tenant)
-                        .map(|(_, s)| s.clone());
-                    let _ = m.reply.send(Ok(answer));
-                }
-            }
-            Err(e) => {
-                let text = e.to_string();
-                for m in group {
-                    let _ = m.reply.send(Err(StoreError::Unavailable(text.clone())));
-                }
+        Err(e) => {
+            let e = StoreError::Unavailable(e.to_string());
+            for m in group {
+                fail_read(m, &e);
             }
         }
     }
+}
+
+/// A task's input as its stored request has it: `Ok(None)` when it was submitted without one,
+/// `Err` (why) when its row or its request cannot give it.
+pub type StoredInput = Result<Option<Box<str>>, String>;
+
+fn stored_input(payload: Option<&[u8]>) -> StoredInput {
+    let payload = payload.ok_or("its row is gone")?;
+    let stored: crate::shard::StoredRequest = serde_json::from_slice(payload)
+        .map_err(|e| format!("its stored request is unreadable: {e}"))?;
+    Ok(stored.input.map(|i| i.get().into()))
 }
 
 #[cfg(test)]
@@ -663,6 +742,40 @@ mod tests {
         assert_eq!(
             held(vec![report(&[1, 2, 3, 4])], vec![report(&[5])]).await,
             (vec!["report"], ms(0))
+        );
+    }
+
+    #[test]
+    fn a_stored_input_is_read_from_the_request_or_refused_with_why() {
+        let request = |input: Option<&str>| {
+            let stored = crate::shard::StoredRequest {
+                user: 1,
+                spec: spindle_core::TaskSpec {
+                    model: spindle_core::ModelId(0),
+                    width: 1280,
+                    height: 720,
+                    duration_ms: 5_000,
+                    fps: 24,
+                    audio: false,
+                    references: 0,
+                },
+                band_hint: None,
+                deadline_ms: None,
+                input: input.map(|i| serde_json::value::RawValue::from_string(i.into()).unwrap()),
+            };
+            serde_json::to_vec(&stored).unwrap()
+        };
+        let with = request(Some(r#"{"prompt":"a"}"#));
+        assert_eq!(
+            stored_input(Some(&with)),
+            Ok(Some(r#"{"prompt":"a"}"#.into()))
+        );
+        assert_eq!(stored_input(Some(&request(None))), Ok(None));
+        assert_eq!(stored_input(None), Err("its row is gone".into()));
+        let broken = stored_input(Some(&with[..10])).unwrap_err();
+        assert!(
+            broken.starts_with("its stored request is unreadable"),
+            "{broken}"
         );
     }
 }

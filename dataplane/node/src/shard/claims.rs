@@ -287,17 +287,18 @@ pub(super) type Started = (TaskId, FencingToken, u32, String);
 /// Starts attempts whose claims committed: at their provider, or on the local one.
 pub(super) async fn start_attempts(state: &SharedShard, started: Vec<Started>) {
     let dispatch = state.borrow().dispatch.clone();
-    for (task, token, attempt_no, request_key) in started {
-        match &dispatch {
-            Some(d) => submit_to_provider(state, d, task, token, request_key).await,
-            None => {
-                let state = state.clone();
-                glommio::spawn_local(
-                    async move { run_local(&state, task, token, attempt_no).await },
-                )
+    let Some(d) = dispatch else {
+        for (task, token, attempt_no, _) in started {
+            let state = state.clone();
+            glommio::spawn_local(async move { run_local(&state, task, token, attempt_no).await })
                 .detach();
-            }
         }
+        return;
+    };
+    let mut stored = stored_inputs(state, &started).await;
+    for (task, token, _, request_key) in started {
+        let stored = stored.remove(&task);
+        submit_to_provider(state, &d, task, token, request_key, stored).await;
     }
 }
 

@@ -1,18 +1,31 @@
 //! The inputs of a shard's live tasks (`SubmitTask.input`: what to generate, for the provider),
-//! held from admission until the task ends or is canceled, since every attempt at a provider
-//! sends it again. Only tasks submitted with an input have an entry, and the bytes held are bounded
-//! (`task_inputs_mb`, split among the shards): past the bound, a task with an input is
-//! rejected as overloaded (`RejectPlatformOverloaded`, with the reason) rather than held;
-//! tasks without one are not affected. Tasks put back by a restart or takeover are held past it:
-//! they were accepted once, and the bound only refuses new work until they end.
+//! kept from admission until the task ends or is canceled, since every attempt at a provider
+//! sends it again. Only tasks submitted with an input have an entry. The bytes held in memory
+//! are bounded (`task_inputs_mb`, split among the shards): past the bound a task's input is
+//! not held but left where it is durable anyway — in the task's stored request, in
+//! PostgreSQL — and read back when an attempt goes to its provider (one read per batch of
+//! attempts, `shard::provider::stored_inputs`). So a long queue of tasks with large inputs
+//! costs the node a few bytes per task beyond the bound, not a refusal.
 
 use spindle_core::hash::RunMap;
 use spindle_core::TaskId;
 
 pub(super) struct Inputs {
-    held: RunMap<TaskId, Box<str>>,
+    /// `None`: the task's input was left in its stored request.
+    held: RunMap<TaskId, Option<Box<str>>>,
     bytes: usize,
     bytes_max: usize,
+    stored: usize,
+}
+
+/// Where a task's input is.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Input<'a> {
+    /// It was submitted without one.
+    None,
+    Held(&'a str),
+    /// Only in its stored request (the bound was reached when it was kept).
+    Stored,
 }
 
 impl Inputs {
@@ -21,42 +34,50 @@ impl Inputs {
             held: RunMap::default(),
             bytes: 0,
             bytes_max,
+            stored: 0,
         }
     }
 
-    /// Why a new task's input of `len` bytes cannot be held now, if it cannot.
-    pub(super) fn refusal(&self, len: usize) -> Option<String> {
-        (self.bytes + len > self.bytes_max).then(|| {
-            format!(
-                "task inputs held by this shard at their limit ({} of {} bytes; \
-                 task_inputs_mb): retry as tasks end",
-                self.bytes, self.bytes_max
-            )
-        })
-    }
-
-    /// Holds `task`'s input (a restored task's may go past the bound).
-    pub(super) fn hold(&mut self, task: TaskId, input: Box<str>) {
-        self.bytes += input.len();
-        if let Some(old) = self.held.insert(task, input) {
-            self.bytes -= old.len();
+    /// Keeps `task`'s input: in memory while the bound has room for it, else only the mark that
+    /// its stored request has it. True when it is held in memory.
+    pub(super) fn keep(&mut self, task: TaskId, input: Box<str>) -> bool {
+        self.release(task);
+        let held = self.bytes + input.len() <= self.bytes_max;
+        if held {
+            self.bytes += input.len();
+            self.held.insert(task, Some(input));
+        } else {
+            self.stored += 1;
+            self.held.insert(task, None);
         }
+        held
     }
 
-    pub(super) fn get(&self, task: TaskId) -> Option<&str> {
-        self.held.get(&task).map(|i| &**i)
+    pub(super) fn get(&self, task: TaskId) -> Input<'_> {
+        match self.held.get(&task) {
+            None => Input::None,
+            Some(Some(i)) => Input::Held(i),
+            Some(None) => Input::Stored,
+        }
     }
 
     /// Lets `task`'s input go (the task ended or was never stored).
     pub(super) fn release(&mut self, task: TaskId) {
-        if let Some(old) = self.held.remove(&task) {
-            self.bytes -= old.len();
+        match self.held.remove(&task) {
+            Some(Some(old)) => self.bytes -= old.len(),
+            Some(None) => self.stored -= 1,
+            None => {}
         }
     }
 
-    /// Bytes held now.
+    /// Bytes held in memory now.
     pub(super) fn bytes(&self) -> usize {
         self.bytes
+    }
+
+    /// Live tasks whose input is only in their stored request.
+    pub(super) fn stored(&self) -> usize {
+        self.stored
     }
 }
 
@@ -65,28 +86,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn bytes_follow_what_is_held_and_the_bound_refuses_past_it() {
+    fn inputs_are_held_up_to_the_bound_and_left_in_the_store_past_it() {
         let mut inputs = Inputs::new(10);
-        assert_eq!(inputs.refusal(10), None);
-        inputs.hold(TaskId(1), "abcdef".into());
-        assert_eq!(inputs.bytes(), 6);
-        assert!(inputs
-            .refusal(5)
-            .is_some_and(|r| r.contains("6 of 10 bytes")));
-        assert_eq!(inputs.refusal(4), None);
-        // Held again (a restore of a task held already): counted once.
-        inputs.hold(TaskId(1), "abc".into());
-        assert_eq!(inputs.bytes(), 3);
-        // A restored task's input goes past the bound; new ones are refused until it ends.
-        inputs.hold(TaskId(2), "0123456789".into());
-        assert_eq!(inputs.bytes(), 13);
-        assert!(inputs.refusal(1).is_some());
-        assert_eq!(inputs.get(TaskId(2)), Some("0123456789"));
-        inputs.release(TaskId(2));
-        inputs.release(TaskId(2));
-        assert_eq!(inputs.bytes(), 3);
-        assert_eq!(inputs.get(TaskId(2)), None);
-        inputs.release(TaskId(1));
-        assert_eq!(inputs.bytes(), 0);
+        assert!(inputs.keep(TaskId(1), "abcdef".into()));
+        assert_eq!((inputs.bytes(), inputs.stored()), (6, 0));
+        assert_eq!(inputs.get(TaskId(1)), Input::Held("abcdef"));
+        // Past the bound: only marked.
+        assert!(!inputs.keep(TaskId(2), "01234".into()));
+        assert_eq!((inputs.bytes(), inputs.stored()), (6, 1));
+        assert_eq!(inputs.get(TaskId(2)), Input::Stored);
+        assert_eq!(inputs.get(TaskId(3)), Input::None);
+        // What fits still goes to memory.
+        assert!(inputs.keep(TaskId(3), "0123".into()));
+        assert_eq!(inputs.bytes(), 10);
+        // Kept again (a restore of a task kept already): counted once, where it is now.
+        assert!(!inputs.keep(TaskId(1), "abcdefg".into()));
+        assert_eq!((inputs.bytes(), inputs.stored()), (4, 2));
+        assert!(inputs.keep(TaskId(2), "012345".into()));
+        assert_eq!((inputs.bytes(), inputs.stored()), (10, 1));
+        for t in [1, 2, 3, 3] {
+            inputs.release(TaskId(t));
+        }
+        assert_eq!((inputs.bytes(), inputs.stored()), (0, 0));
+        assert_eq!(inputs.get(TaskId(2)), Input::None);
     }
 }

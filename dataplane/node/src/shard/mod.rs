@@ -34,7 +34,7 @@ use spindle_wire::{Admission, ErrorCode, Response, SubmitTask, TaskStatus, WireE
 use tokio::sync::{mpsc, oneshot};
 
 use crate::control::{
-    preferred_pool_shard, provider_pool, provider_pool_shards, CpMsg, Pipes, ReadMsg,
+    preferred_pool_shard, provider_pool, provider_pool_shards, CpMsg, Pipes, ReadMsg, StoredInput,
 };
 use spindle_control::query::{lost_claim, TaskHead};
 
@@ -45,7 +45,7 @@ mod provider;
 mod reports;
 mod submit;
 use claims::*;
-use inputs::Inputs;
+use inputs::{Input, Inputs};
 use media::*;
 use provider::*;
 use reports::*;
@@ -320,7 +320,7 @@ pub struct ShardSetup {
     pub media: Option<crate::media::MediaPool>,
     /// The lease of running attempts (renewed every third of it).
     pub lease_ms: u32,
-    /// Bytes of task inputs this shard holds at most (its part of `task_inputs_mb`).
+    /// Bytes of task inputs this shard holds in memory at most (its part of `task_inputs_mb`).
     pub inputs_bytes_max: usize,
 }
 
@@ -542,7 +542,7 @@ impl ShardState {
         }
         self.meta.insert(task, meta);
         if let Some(input) = r.input {
-            self.inputs.hold(task, input);
+            self.inputs.keep(task, input);
         }
         Ok(resolve)
     }
@@ -685,9 +685,9 @@ async fn renew_attempts(state: &SharedShard) {
 
 /// Sends one message down this shard's pipeline and waits for its answer; a pipeline that is
 /// gone answers `Unavailable`.
-async fn ask<T>(
-    cp: &mpsc::Sender<CpMsg>,
-    message: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> CpMsg,
+async fn ask<M, T>(
+    cp: &mpsc::Sender<M>,
+    message: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> M,
 ) -> Result<T, StoreError> {
     let stopped = || StoreError::Unavailable("control plane stopped".into());
     let (tx, rx) = oneshot::channel();
@@ -770,7 +770,7 @@ async fn get(
     }
     let (tx, rx) = oneshot::channel();
     if reads
-        .send(ReadMsg {
+        .send(ReadMsg::Status {
             tenant,
             task,
             reply: tx,
@@ -1120,6 +1120,7 @@ fn publish_gauges(s: &ShardState) {
     }
     g.live_tasks.store(s.meta.len() as u64, Relaxed);
     g.input_bytes.store(s.inputs.bytes() as u64, Relaxed);
+    g.inputs_stored.store(s.inputs.stored() as u64, Relaxed);
     g.running_tasks.store(s.running.total, Relaxed);
 }
 

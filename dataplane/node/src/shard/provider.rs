@@ -4,16 +4,50 @@
 
 use super::*;
 
+/// The inputs of `started` attempts whose shard left them in their stored requests
+/// (`shard/inputs.rs`), read in one call on the read connection; an error (PostgreSQL
+/// unreachable) is every one's answer.
+pub(super) async fn stored_inputs(
+    state: &SharedShard,
+    started: &[super::claims::Started],
+) -> RunMap<TaskId, StoredInput> {
+    let (tasks, reads) = {
+        let s = state.borrow();
+        let tasks: Vec<TaskId> = started
+            .iter()
+            .map(|a| a.0)
+            .filter(|&t| s.inputs.get(t) == Input::Stored)
+            .collect();
+        (tasks, s.reads.clone())
+    };
+    if tasks.is_empty() {
+        return RunMap::default();
+    }
+    let asked = tasks.clone();
+    let answer = match ask(&reads, |reply| ReadMsg::Inputs {
+        tasks: asked,
+        reply,
+    })
+    .await
+    {
+        Ok(inputs) => inputs,
+        Err(e) => vec![Err(format!("reading it: {e}")); tasks.len()],
+    };
+    tasks.into_iter().zip(answer).collect()
+}
+
 /// Sends a granted attempt to the HTTP provider (nothing is sent before the claim committed:
-/// this runs on its answer), with the task's model by name and its client's input as sent. The
-/// request key is the attempt's: a repeat is the same job. A task canceled since its grant is
-/// not sent at all: its attempt ends here.
+/// this runs on its answer), with the task's model by name and its client's input as sent
+/// (held by the shard, or `stored`: read back for it by [`stored_inputs`]). The request key is
+/// the attempt's: a repeat is the same job. A task canceled since its grant is not sent at all:
+/// its attempt ends here; so does one whose input could not be read (retryable).
 pub(super) async fn submit_to_provider(
     state: &SharedShard,
     d: &crate::dispatch::DispatchHandle,
     task: TaskId,
     token: FencingToken,
     request_key: String,
+    stored: Option<StoredInput>,
 ) {
     let call = {
         let mut s = state.borrow_mut();
@@ -24,6 +58,24 @@ pub(super) async fn submit_to_provider(
         if canceled_before_sent(&mut s, task, token) {
             return;
         }
+        let input = match (s.inputs.get(task), stored) {
+            (Input::Held(i), _) => Some(i.to_owned()),
+            (Input::Stored, Some(Ok(i))) => i.map(String::from),
+            (Input::Stored, Some(Err(why))) => {
+                let now = s.now();
+                let why = format!("its input is left in PostgreSQL and could not be read: {why}");
+                failed(
+                    &mut s,
+                    now,
+                    task,
+                    token,
+                    spindle_core::shard::Failure::Retryable,
+                    &why,
+                );
+                return;
+            }
+            (Input::Stored, None) | (Input::None, _) => None,
+        };
         let Some(provider) = s.core.task_provider(task) else {
             tracing::warn!("{task}: granted without a provider");
             return;
@@ -34,9 +86,9 @@ pub(super) async fn submit_to_provider(
             .spec
             .and_then(|spec| policy.models.get(usize::from(spec.model.0)))
             .map_or_else(String::new, |m| m.name.clone());
-        let input = s.inputs.get(task).map_or(serde_json::Value::Null, |i| {
+        let input = input.map_or(serde_json::Value::Null, |i| {
             // Checked to be one JSON value when it arrived (`spindle_wire`).
-            serde_json::from_str(i).unwrap_or(serde_json::Value::Null)
+            serde_json::from_str(&i).unwrap_or(serde_json::Value::Null)
         });
         let meta = s.meta.get_mut(&task).expect("checked above");
         let withdrawn = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));

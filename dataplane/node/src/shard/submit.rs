@@ -174,10 +174,6 @@ fn decide(
             answers.push(Some(overloaded(id, why)));
             continue;
         }
-        if let Some(why) = t.input.as_ref().and_then(|i| s.inputs.refusal(i.len())) {
-            answers.push(Some(overloaded(id, why)));
-            continue;
-        }
         let now = s.now();
         let req = SubmitRequest {
             task: id,
@@ -222,7 +218,7 @@ fn decide(
         );
         let payload = payload(&t);
         if let Some(input) = t.input {
-            s.inputs.hold(id, input.into_boxed_str());
+            s.inputs.keep(id, input.into_boxed_str());
         }
         commit.push((i, id));
         rows.push(NewTask {
