@@ -121,22 +121,33 @@ impl Db {
         &self,
         tasks: &[TaskId],
     ) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let rows = self
+            .rows_in_order("task payloads", "t.payload", tasks)
+            .await?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
+    /// `columns` of the rows of `tasks` (`t`), one row per task in their order, NULLs for a
+    /// task that is not stored.
+    async fn rows_in_order(
+        &self,
+        what: &str,
+        columns: &str,
+        tasks: &[TaskId],
+    ) -> Result<Vec<tokio_postgres::Row>, StoreError> {
         crate::error::check_batch_len(tasks.len())?;
         let ids: Vec<i64> = tasks.iter().map(|t| t.0 as i64).collect();
+        let sql = format!(
+            "SELECT {columns}
+               FROM unnest($1::bigint[]) WITH ORDINALITY AS c (task, ord)
+               LEFT JOIN task t ON t.task_id = c.task
+              ORDER BY c.ord"
+        );
         let rows = self
-            .answered(
-                false,
-                self.client().query(
-                    "SELECT t.payload
-                   FROM unnest($1::bigint[]) WITH ORDINALITY AS c (task, ord)
-                   LEFT JOIN task t ON t.task_id = c.task
-                  ORDER BY c.ord",
-                    &[&ids],
-                ),
-            )
+            .answered(false, self.client().query(&sql, &[&ids]))
             .await?;
-        crate::error::check_answered("task payloads", &rows, tasks.len())?;
-        Ok(rows.iter().map(|r| r.get(0)).collect())
+        crate::error::check_answered(what, &rows, tasks.len())?;
+        Ok(rows)
     }
 
     /// One page of the dead-letter queue: of the (at most `scan`) tasks after `after` in id
@@ -202,22 +213,14 @@ impl Db {
     /// The rows of `tasks` as they are now, in order (`None`: no such row): what decides a
     /// submit or a claim whose answer was lost (see [`lost_claim`]).
     pub async fn task_heads(&self, tasks: &[TaskId]) -> Result<Vec<Option<TaskHead>>, StoreError> {
-        crate::error::check_batch_len(tasks.len())?;
-        let ids: Vec<i64> = tasks.iter().map(|t| t.0 as i64).collect();
         let rows = self
-            .answered(
-                false,
-                self.client().query(
-                    "SELECT t.state, t.version, t.attempt_no, t.current_attempt, t.current_fencing,
-                        t.attempt_node
-                   FROM unnest($1::bigint[]) WITH ORDINALITY AS c (task, ord)
-                   LEFT JOIN task t ON t.task_id = c.task
-                  ORDER BY c.ord",
-                    &[&ids],
-                ),
+            .rows_in_order(
+                "task heads",
+                "t.state, t.version, t.attempt_no, t.current_attempt, t.current_fencing, \
+                 t.attempt_node",
+                tasks,
             )
             .await?;
-        crate::error::check_answered("task heads", &rows, tasks.len())?;
         rows.iter()
             .zip(tasks)
             .map(|(r, &task)| {

@@ -750,15 +750,7 @@ mod tests {
         let request = |input: Option<&str>| {
             let stored = crate::shard::StoredRequest {
                 user: 1,
-                spec: spindle_core::TaskSpec {
-                    model: spindle_core::ModelId(0),
-                    width: 1280,
-                    height: 720,
-                    duration_ms: 5_000,
-                    fps: 24,
-                    audio: false,
-                    references: 0,
-                },
+                spec: spindle_core::TaskSpec::clip_720p(spindle_core::ModelId(0)),
                 band_hint: None,
                 deadline_ms: None,
                 input: input.map(|i| serde_json::value::RawValue::from_string(i.into()).unwrap()),
