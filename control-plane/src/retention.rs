@@ -8,6 +8,9 @@
 //! once a pass reaches the end — or reaches tasks created within the window, since none after
 //! them can have ended before it (so the recent part of the table is not walked over and over).
 //!
+//! Where the cluster relays its events, a task also stays until the relay has sent every event
+//! written at or before its end ([`Retention::after_relay`]).
+//!
 //! What leaves with a task: its status (GetTask answers not found) and its idempotency key — a
 //! submit with that key after the retention window is a new task. Budget ledger rows stay (they
 //! are the record of what was reserved and spent).
@@ -27,6 +30,10 @@ pub struct Retention {
     pub finished: Option<Duration>,
     /// FAILED tasks (the dead-letter queue, which an operator may still requeue).
     pub failed: Option<Duration>,
+    /// The cluster relays its events (`Db::relay_events`): a task also stays while an event
+    /// written at or before its end waits for the relay, which reads the task's result when it
+    /// sends the end event (a relay that fell behind the window loses nothing).
+    pub after_relay: bool,
 }
 
 /// What one pass did.
@@ -64,9 +71,17 @@ impl Db {
                     "WITH walked AS MATERIALIZED (
                             SELECT task_id, created_at FROM task WHERE task_id > $1
                              ORDER BY task_id LIMIT $2),
+                        -- The oldest event the relay has yet to send (bounded: past the relay's
+                        -- backlog bound nodes take no new work). An end event is written in
+                        -- its task's last change, both at that transaction's now().
+                        relay AS MATERIALIZED (
+                            SELECT CASE WHEN $6 THEN (SELECT min(o.created_at) FROM outbox_batch o
+                                                       WHERE o.delivered_at IS NULL)
+                                   END AS waiting_since),
                         gone AS (
-                            DELETE FROM task t USING walked w
+                            DELETE FROM task t USING walked w, relay r
                              WHERE t.task_id = w.task_id AND t.partition = ANY ($3)
+                               AND (r.waiting_since IS NULL OR t.updated_at < r.waiting_since)
                                AND ((t.state IN ('SUCCEEDED', 'CANCELED', 'EXPIRED')
                                      AND t.updated_at < now() - $4::bigint * interval '1 millisecond')
                                  OR (t.state = 'FAILED'
@@ -89,6 +104,7 @@ impl Db {
                         &parts,
                         &ms(keep.finished),
                         &ms(keep.failed),
+                        &keep.after_relay,
                     ],
                 ),
             )

@@ -95,6 +95,7 @@ async fn ended_tasks_leave_after_their_window_and_live_ones_never() {
     let long = Retention {
         finished: Some(Duration::from_secs(3600)),
         failed: Some(Duration::from_secs(3600)),
+        after_relay: false,
     };
     let p = db.prune_finished(&ALL, long, None, 100).await.unwrap();
     assert_eq!((p.walked, p.tasks, p.next), (7, 0, None));
@@ -110,6 +111,7 @@ async fn ended_tasks_leave_after_their_window_and_live_ones_never() {
     let keep_failed = Retention {
         finished: Some(Duration::from_secs(3600)),
         failed: None,
+        after_relay: false,
     };
     let p = db
         .prune_finished(&[PartitionId(1)], keep_failed, None, 100)
@@ -121,6 +123,7 @@ async fn ended_tasks_leave_after_their_window_and_live_ones_never() {
     let now = Retention {
         finished: Some(Duration::ZERO),
         failed: Some(Duration::ZERO),
+        after_relay: false,
     };
     db.prune_finished(&ALL, now, None, 100).await.unwrap();
     assert_eq!(left().await, (vec![4, 5, 6], 0));
@@ -152,6 +155,7 @@ async fn a_pass_walks_at_most_its_scan_and_hands_back_a_cursor() {
     let keep = Retention {
         finished: Some(Duration::from_secs(60)),
         failed: None,
+        after_relay: false,
     };
     let mut cursor = None;
     let mut passes = Vec::new();
@@ -237,4 +241,78 @@ async fn rows(sql: &tokio_postgres::Client) -> Vec<i64> {
         .iter()
         .map(|r| r.get::<_, i64>(0))
         .collect()
+}
+
+/// A sink that takes every event, counting them.
+struct Taker(usize);
+
+impl spindle_control::events::EventSink for Taker {
+    type Error = String;
+    async fn deliver(&mut self, events: &[spindle_control::events::Event]) -> Result<(), String> {
+        self.0 += events.len();
+        Ok(())
+    }
+}
+
+/// Where the cluster relays its events, an ended task stays past its window while an event
+/// written at or before its end waits for the relay (which reads the task's result when it
+/// sends the end event), and leaves once the relay has sent it — an event written after its
+/// end does not hold it.
+#[tokio::test]
+async fn with_a_relay_an_ended_task_stays_until_its_end_event_is_sent() {
+    let (test, mut db) = setup().await;
+    db.set_pool(POOL, 100, 1).await.unwrap();
+    db.submit_batch(&[task(1, 1, "k1"), task(2, 1, "k2")], V1)
+        .await
+        .unwrap();
+    let claims = [claim(1, 0, &[(POOL, 0, 1)]), claim(2, 0, &[(POOL, 0, 1)])];
+    let tokens: Vec<_> = db
+        .claim_batch(NODE, LEASE_MS, &claims)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| match r {
+            ClaimResult::Granted { token, .. } => token,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    let reports = [
+        finish(1, tokens[0], TaskState::Succeeded),
+        finish(2, tokens[1], TaskState::Succeeded),
+    ];
+    for r in db.report_batch(&reports).await.unwrap() {
+        assert!(matches!(r, ReportResult::Applied { .. }), "{r:?}");
+    }
+    // Both ended two hours ago, and so were their events written (in the same transactions).
+    let sql = test.sql().await.unwrap();
+    sql.batch_execute(
+        "UPDATE task SET updated_at = updated_at - interval '2 hours';
+         UPDATE outbox_batch SET created_at = created_at - interval '2 hours';",
+    )
+    .await
+    .unwrap();
+    let keep = Retention {
+        finished: Some(Duration::from_secs(60)),
+        failed: Some(Duration::from_secs(60)),
+        after_relay: true,
+    };
+    let tasks =
+        || async { common::column::<i64>(&sql, "SELECT task_id FROM task ORDER BY 1").await };
+    let p = db.prune_finished(&ALL, keep, None, 100).await.unwrap();
+    assert_eq!((p.walked, p.tasks), (2, 0), "their events wait: {p:?}");
+    assert_eq!(tasks().await, vec![1, 2]);
+
+    let mut sink = Taker(0);
+    let sent = db.relay_events(&mut sink, 1000).await.unwrap();
+    assert!(sent.delivered > 0 && sent.failed_at.is_none(), "{sent:?}");
+    // A task claimed now writes an event the relay has not sent: it is younger than their ends.
+    db.submit_batch(&[task(3, 1, "k3")], V1).await.unwrap();
+    let third = db
+        .claim_batch(NODE, LEASE_MS, &[claim(3, 0, &[(POOL, 0, 1)])])
+        .await
+        .unwrap();
+    assert!(matches!(third[0], ClaimResult::Granted { .. }), "{third:?}");
+    let p = db.prune_finished(&ALL, keep, None, 100).await.unwrap();
+    assert_eq!(p.tasks, 2, "{p:?}");
+    assert_eq!(tasks().await, vec![3]);
 }

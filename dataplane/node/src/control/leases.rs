@@ -116,6 +116,7 @@ impl LeaseLoop {
         let keep = Retention {
             finished: window(self.config.retention_finished_s),
             failed: window(self.config.retention_failed_s),
+            after_relay: self.config.events.is_some(),
         };
         let scan = self.config.retention_scan_rows;
         let started = std::time::Instant::now();
