@@ -43,7 +43,9 @@ pub enum ClientError {
     /// The node answered with an error frame.
     #[error("the node refused: {0}")]
     Refused(WireError),
-    /// The node sent something this client cannot read.
+    /// The node sent something this client cannot read: for one request, an answer with a
+    /// value this build does not know (a newer node's), which fails that request alone; a
+    /// frame that does not verify ends the connection.
     #[error("undecodable frame from the node: {0}")]
     Protocol(WireError),
     #[error("the connection closed")]
@@ -56,10 +58,13 @@ pub enum ClientError {
     Unexpected(Box<Response>),
 }
 
+/// A request's answer: `Err` when its frame verified but its body could not be read.
+type Answer = Result<Response, WireError>;
+
 /// The requests waiting for their answers, until the connection is known to be gone.
 #[derive(Default)]
 struct Waiters {
-    by_id: HashMap<u64, oneshot::Sender<Response>>,
+    by_id: HashMap<u64, oneshot::Sender<Answer>>,
     /// The reader or the writer met the connection's end: no answer can come any more.
     closed: bool,
 }
@@ -189,8 +194,9 @@ impl Client {
             .await
             .map_err(|_| ClientError::Timeout(self.request_timeout))?;
         match answer.map_err(|_| ClientError::Closed)? {
-            Response::Error(e) => Err(ClientError::Refused(e)),
-            other => Ok(other),
+            Err(e) => Err(ClientError::Protocol(e)),
+            Ok(Response::Error(e)) => Err(ClientError::Refused(e)),
+            Ok(other) => Ok(other),
         }
     }
 
@@ -260,15 +266,20 @@ async fn read_loop(
         };
         frames.extend(&buf[..n]);
         loop {
-            let frame = match frames.next_frame() {
-                Ok(Some(f)) => decode_response(f),
+            let (request_id, answer) = match frames.next_frame() {
+                Ok(Some(f)) => match decode_response(f) {
+                    Ok(frame) => (frame.request_id, Ok(frame.body)),
+                    // Verified, but with a value this build does not know: that request fails
+                    // (an event of a kind it does not know is passed over).
+                    Err(e) => match spindle_wire::response_id_of(f) {
+                        Some(id) => (id, Err(e)),
+                        None => return close(&pending),
+                    },
+                },
                 Ok(None) => break,
                 Err(_) => return close(&pending),
             };
-            let Ok(frame) = frame else {
-                return close(&pending);
-            };
-            if let Response::Event(e) = frame.body {
+            if let Ok(Response::Event(e)) = answer {
                 if events.send(e).await.is_err() {
                     // Nobody listens for events any more; answers still flow.
                 }
@@ -278,9 +289,9 @@ async fn read_loop(
                 .lock()
                 .expect("pending map")
                 .by_id
-                .remove(&frame.request_id);
+                .remove(&request_id);
             if let Some(w) = waiter {
-                let _ = w.send(frame.body);
+                let _ = w.send(answer);
             }
         }
         if frames.pending() > FRAME_BYTES_MAX + 4 {

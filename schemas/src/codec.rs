@@ -41,7 +41,6 @@ fn check_identifier(payload: &[u8]) -> Result<(), WireError> {
     }
 }
 
-/// Verifies and validates a client's frame.
 /// The request a refusal of `payload` answers: its frame's `request_id` when the frame itself
 /// could be read (what it asks for was refused: a field out of range, an input that is not
 /// JSON), so that a pipelining client matches the error to its request; 0 when it could not.
@@ -53,6 +52,18 @@ pub fn request_id_of(payload: &[u8]) -> u64 {
         .map_or(0, |f| f.request_id())
 }
 
+/// The request a node's answer in `payload` is for, when the frame verifies — whether or not
+/// its body can be read: a newer node may answer with a value this build does not know (a
+/// decision, a state, an error code, a response type), and a client fails that one request
+/// instead of its connection. `None` when the frame itself does not verify.
+pub fn response_id_of(payload: &[u8]) -> Option<u64> {
+    check_identifier(payload).ok()?;
+    flatbuffers::root_with_opts::<fb::ResponseFrame>(&verifier_options(), payload)
+        .ok()
+        .map(|f| f.request_id())
+}
+
+/// Verifies and validates a client's frame.
 pub fn decode_request(payload: &[u8]) -> Result<RequestFrame, WireError> {
     check_identifier(payload)?;
     let frame = flatbuffers::root_with_opts::<fb::RequestFrame>(&verifier_options(), payload)

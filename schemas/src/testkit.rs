@@ -38,6 +38,31 @@ pub fn hand_built(body_type: u8, strings: &[(u16, &[u8])]) -> Vec<u8> {
     fbb.finished_data().to_vec()
 }
 
+/// A node's answer to request `request_id` as a newer node might send it: an admission with
+/// decision `decision` (this build knows 0..=8), or, with `body_type` other than
+/// `Admission`'s, a response type this build does not know. Length prefix included.
+pub fn newer_answer(request_id: u64, body_type: u8, decision: u8) -> Vec<u8> {
+    let mut fbb = FlatBufferBuilder::new();
+    let body = fb::Admission::create(
+        &mut fbb,
+        &fb::AdmissionArgs {
+            task_id: 7,
+            decision: fb::Decision(decision),
+            ..Default::default()
+        },
+    );
+    let root = fb::ResponseFrame::create(
+        &mut fbb,
+        &fb::ResponseFrameArgs {
+            request_id,
+            body_type: fb::Response(body_type),
+            body: Some(body.as_union_value()),
+        },
+    );
+    fbb.finish(root, Some(fb::REQUEST_FRAME_IDENTIFIER));
+    framed(fbb.finished_data())
+}
+
 fn framed(payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     write_frame(&mut out, payload);
