@@ -512,6 +512,85 @@ async fn a_restart_follows_the_providers_running_jobs_instead_of_submitting_them
     assert_each_job_ran_once(&test, &admin, &ids, &restarted).await;
 }
 
+/// kill -9 again and again while tasks queue, dispatch and run at the provider: after the last
+/// restart every stored task (each acknowledged one among them) SUCCEEDED, the provider
+/// accepted and ran exactly one job per task — no restart submitted a job a dead process had
+/// sent, and none was lost — and the contract was never broken, nothing left held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_kills_under_load_lose_no_task_and_submit_no_job_twice() {
+    const ROUNDS: usize = 6;
+    const BATCHES: usize = 6;
+    let test = TestDb::new().await;
+    let (m, admin) = mock(300).await;
+    let mut acked: Vec<TaskId> = Vec::new();
+    for round in 0..ROUNDS {
+        let mut daemon = node(&test, &m).await;
+        let client = Client::connect(daemon.addr, TenantId(1), "one")
+            .await
+            .unwrap();
+        for b in 0..BATCHES {
+            let batch: Vec<_> = (0..4)
+                .map(|i| task(&format!("chaos-{round}-{b}-{i}")))
+                .collect();
+            for a in client.submit_batch(batch).await.unwrap() {
+                assert!(a.decision.is_accepted(), "{a:?}");
+                acked.push(a.task);
+            }
+        }
+        // Killed at a different stage each round: right after the acknowledgements (claims
+        // and provider submits in flight), once the provider runs this round's jobs (more
+        // queued behind them), or once one of them finished (its report in flight).
+        let (counter, at_least): (fn(&AccountStats) -> u64, u64) = match round % 3 {
+            0 => (|s| s.accepted, 0),
+            1 => (|s| s.accepted, 4),
+            _ => (|s| s.completed, 1),
+        };
+        let before = mock_total(&admin, counter).await;
+        let now = poll_until(
+            Duration::from_secs(15),
+            async || mock_total(&admin, counter).await,
+            |&n| n >= before + at_least,
+        )
+        .await;
+        assert!(
+            now >= before + at_least,
+            "round {round}: the provider never got there"
+        );
+        daemon.child.kill().unwrap();
+        daemon.child.wait().unwrap();
+    }
+    let last = node(&test, &m).await;
+    let sql = test.sql().await.unwrap();
+    let stored: Vec<i64> = sql
+        .query("SELECT task_id FROM task ORDER BY task_id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        stored.len(),
+        ROUNDS * BATCHES * 4,
+        "every acknowledged task is stored"
+    );
+    let ids: Vec<TaskId> = stored.iter().map(|&t| TaskId(t as u64)).collect();
+    let states = wait_final(&test, &ids).await;
+    assert!(
+        states.iter().all(|s| s == "SUCCEEDED"),
+        "{states:?}\n{}",
+        last.log_tail(30)
+    );
+    for t in &acked {
+        assert!(stored.contains(&(t.0 as i64)), "{t} was acknowledged");
+    }
+    let total = assert_clean(&test, &admin).await;
+    assert_eq!(
+        (total.accepted, total.completed),
+        (ids.len() as u64, ids.len() as u64),
+        "one job per task, each run once"
+    );
+}
+
 /// Canceled tasks stay canceled when their node dies right after answering: two queued and
 /// two at the provider are canceled, the node is killed (-9) at once, and the restarted node
 /// ends all four CANCELED (the jobs canceled at the provider) while the rest run to success.
