@@ -374,7 +374,8 @@ impl Policy {
     }
 
     /// Whether `patch` could be applied to this (valid) policy: the object's own checks, and
-    /// for a provider account or a model, that it is one this policy has under that name.
+    /// for a provider account or a model, that it is one this policy has under that name, or a
+    /// new one: the next id (ids stay their index), a name no other has, within the maximum.
     pub fn check(&self, patch: &PolicyPatch) -> Result<(), PolicyError> {
         match patch {
             PolicyPatch::Tenant(tenant, t) => {
@@ -391,11 +392,17 @@ impl Policy {
                     "provider {} is {:?}; a live change cannot rename it to {:?}",
                     p.id, old.name, p.name
                 ))),
-                None => Err(PolicyError::NotLive(format!(
-                    "provider {} is not configured on this node; a new provider account \
-                     needs the configuration and a restart",
-                    p.id
-                ))),
+                None => {
+                    let next = self.providers.len();
+                    Self::check_new(
+                        "provider",
+                        p.id.0.into(),
+                        next,
+                        PROVIDERS_MAX,
+                        &p.name,
+                        self.providers.iter().map(|q| q.name.as_str()),
+                    )
+                }
             },
             PolicyPatch::Model(m) => match self.models.get(m.id.0 as usize) {
                 Some(old) if old.name == m.name => self.check_model(m),
@@ -403,13 +410,44 @@ impl Policy {
                     "model {} is {:?}; a live change cannot rename it to {:?}",
                     m.id, old.name, m.name
                 ))),
-                None => Err(PolicyError::NotLive(format!(
-                    "model {} is not configured on this node; a new model needs the \
-                     configuration and a restart",
-                    m.id
-                ))),
+                None => {
+                    let next = self.models.len();
+                    Self::check_new(
+                        "model",
+                        m.id.0.into(),
+                        next,
+                        MODELS_MAX,
+                        &m.name,
+                        self.models.iter().map(|q| q.name.as_str()),
+                    )?;
+                    self.check_model(m)
+                }
             },
         }
+    }
+
+    /// A provider account or model added to a running policy: it takes the next id (`next`,
+    /// ids are indexes), stays within `max`, and its name is not taken.
+    fn check_new<'a>(
+        what: &str,
+        id: u64,
+        next: usize,
+        max: usize,
+        name: &str,
+        names: impl IntoIterator<Item = &'a str>,
+    ) -> Result<(), PolicyError> {
+        if id != next as u64 {
+            return Err(PolicyError::NotLive(format!(
+                "{what} {id} is not configured; a new {what} takes the next id, {next}"
+            )));
+        }
+        range(format!("{what}s"), next as u64 + 1, 0, max as u64)?;
+        if names.into_iter().any(|n| n == name) {
+            return Err(PolicyError::NotLive(format!(
+                "{what} {id} is named {name:?}, which another {what} has"
+            )));
+        }
+        Ok(())
     }
 
     /// Applies `patch` after [`Policy::check`]; on an error nothing changed.
@@ -420,21 +458,21 @@ impl Policy {
                 self.tenants.insert(tenant, t);
             }
             PolicyPatch::Lane(lane, l) => self.lanes[lane.index()] = l,
-            PolicyPatch::Provider(p) => {
-                let i = p.id.0 as usize;
-                self.providers[i] = p;
-            }
-            PolicyPatch::Model(m) => {
-                let i = m.id.0 as usize;
-                self.models[i] = m;
-            }
+            PolicyPatch::Provider(p) => match self.providers.get_mut(p.id.0 as usize) {
+                Some(old) => *old = p,
+                None => self.providers.push(p),
+            },
+            PolicyPatch::Model(m) => match self.models.get_mut(m.id.0 as usize) {
+                Some(old) => *old = m,
+                None => self.models.push(m),
+            },
         }
         Ok(())
     }
 
     /// What turns `self` into `to`, object by object (tenants only `to` has, or has changed;
-    /// a tenant is never removed from a running policy). Both must have the same providers and
-    /// models, as every policy of one node does.
+    /// a tenant is never removed from a running policy). `to` has every provider and model
+    /// `self` has, under the same ids, and may have more after them (added at run time).
     pub fn diff(&self, to: &Policy) -> Vec<PolicyPatch> {
         let mut patches = Vec::new();
         for lane in Lane::ALL {
@@ -442,13 +480,14 @@ impl Policy {
                 patches.push(PolicyPatch::Lane(lane, to.lane(lane).clone()));
             }
         }
-        for (old, new) in self.providers.iter().zip(&to.providers) {
-            if old != new {
+        // Providers first, new ones after changed ones: a model may name a new provider.
+        for (i, new) in to.providers.iter().enumerate() {
+            if self.providers.get(i) != Some(new) {
                 patches.push(PolicyPatch::Provider(new.clone()));
             }
         }
-        for (old, new) in self.models.iter().zip(&to.models) {
-            if old != new {
+        for (i, new) in to.models.iter().enumerate() {
+            if self.models.get(i) != Some(new) {
                 patches.push(PolicyPatch::Model(new.clone()));
             }
         }
@@ -584,12 +623,29 @@ mod tests {
             .assert_eq(&refuse(&mut p, PolicyPatch::Provider(renamed)));
         let mut new = p.providers[1].clone();
         new.id = ProviderId(7);
-        expect!["provider 7 is not configured on this node; a new provider account needs the configuration and a restart"]
-            .assert_eq(&refuse(&mut p, PolicyPatch::Provider(new)));
+        expect!["provider 7 is not configured; a new provider takes the next id, 2"]
+            .assert_eq(&refuse(&mut p, PolicyPatch::Provider(new.clone())));
+        new.id = ProviderId(2);
+        expect![[
+            r#"provider 2 is named "vendor-1:acct-1:us:video-model-0", which another provider has"#
+        ]]
+        .assert_eq(&refuse(&mut p, PolicyPatch::Provider(new.clone())));
         let mut model = p.models[0].clone();
-        model.providers.push(ProviderId(5));
-        expect!["model 0 names provider 5, which is not configured"]
-            .assert_eq(&refuse(&mut p, PolicyPatch::Model(model)));
+        model.providers.push(ProviderId(2));
+        expect!["model 0 names provider 2, which is not configured"]
+            .assert_eq(&refuse(&mut p, PolicyPatch::Model(model.clone())));
+        // A new account under a new name, then a new model that it serves.
+        new.name = "vendor-2:acct-1:us:video-model-9".into();
+        p.apply(PolicyPatch::Provider(new)).unwrap();
+        assert_eq!(p.providers.len(), 3);
+        let mut added = p.models[0].clone();
+        added.id = ModelId(1);
+        expect![[r#"model 1 is named "video-model-0", which another model has"#]]
+            .assert_eq(&refuse(&mut p, PolicyPatch::Model(added.clone())));
+        added.name = "video-model-9".into();
+        added.providers = vec![ProviderId(2)];
+        p.apply(PolicyPatch::Model(added)).unwrap();
+        assert_eq!(p.models[1].providers, [ProviderId(2)]);
         let mut model = p.models[0].clone();
         model.cost_milli_per_output_s *= 2;
         p.apply(PolicyPatch::Model(model)).unwrap();
@@ -602,7 +658,7 @@ mod tests {
         // The diff from the old policy replays every change, in a fixed order.
         let mut replayed = base.clone();
         let patches = base.diff(&p);
-        assert_eq!(patches.len(), 3);
+        assert_eq!(patches.len(), 5);
         for patch in patches {
             replayed.apply(patch).unwrap();
         }

@@ -167,3 +167,80 @@ fn a_shard_whose_only_waiters_want_media_slots_asks_for_them() {
     assert_eq!(shard.split_weight(cpu), 1);
     shard.check_invariants();
 }
+
+/// A provider account and a model added to a running policy: tasks of the new model are
+/// admitted and dispatched to the new account, never past its concurrency. On a shard of a
+/// node with several shards the new limits start with no share (the shell's split hands parts
+/// out): nothing is dispatched there until it gets one.
+#[test]
+fn a_provider_and_a_model_added_at_run_time_take_work_within_their_limits() {
+    use spindle_core::policy::PolicyPatch;
+    use spindle_core::shard::{NodeCapacity, Poll};
+    use spindle_core::ProviderId;
+    for shards in [1, 2] {
+        let policy = presets::with_tenants(presets::small_node(), 1);
+        let mut shard = Shard::new(policy, shards, Time::ZERO);
+        let limits_before = shard.node_limits().len();
+        let mut account = shard.policy().providers[0].clone();
+        account.id = ProviderId(shard.policy().providers.len() as u16);
+        account.name = "vendor-9:acct-1:us:video-model-9".into();
+        account.concurrency = 2;
+        let mut model = shard.policy().models[0].clone();
+        model.id = ModelId(shard.policy().models.len() as u16);
+        model.name = "video-model-9".into();
+        model.providers = vec![account.id];
+        shard
+            .apply_patch(PolicyPatch::Provider(account.clone()), Time::ZERO)
+            .unwrap();
+        shard
+            .apply_patch(PolicyPatch::Model(model.clone()), Time::ZERO)
+            .unwrap();
+        shard.check_invariants();
+        let added = shard.node_limits();
+        assert_eq!(
+            added.len(),
+            limits_before + 4,
+            "concurrency, RPM, two model limits"
+        );
+        for t in 0..5 {
+            let a = shard
+                .handle_submit(
+                    Time::ZERO,
+                    SubmitRequest {
+                        task: TaskId(t),
+                        tenant: TenantId(1),
+                        user: UserId(1),
+                        spec: TaskSpec::clip_720p(model.id),
+                        band_hint: None,
+                        deadline: None,
+                    },
+                )
+                .unwrap();
+            assert!(a.decision.is_accepted(), "{a:?}");
+        }
+        let drain = |shard: &mut Shard, now: Time| {
+            let mut to = Vec::new();
+            loop {
+                match shard.poll_dispatch(now) {
+                    Poll::Dispatch(d) => to.push(d.provider),
+                    Poll::Yield => {}
+                    _ => return to,
+                }
+            }
+        };
+        // A share of a rate given at run time fills as time passes (no burst at once).
+        let later = Time::ZERO.plus_ns(1_000_000_000);
+        if shards > 1 {
+            assert!(drain(&mut shard, later).is_empty(), "no share yet");
+            // The split gives this shard the whole account and model, as one shard of an
+            // otherwise idle node would get.
+            for (id, capacity) in &added[limits_before..] {
+                shard.set_share(*id, *capacity, Time::ZERO);
+            }
+            assert!(matches!(added[limits_before].1, NodeCapacity::Slots(2)));
+        }
+        let later = later.plus_ns(1_000_000_000);
+        assert_eq!(drain(&mut shard, later), [account.id; 2], "{shards} shards");
+        shard.check_invariants();
+    }
+}

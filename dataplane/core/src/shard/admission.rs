@@ -334,7 +334,8 @@ impl Shard {
     }
 
     /// One object of a newer policy version, checked first ([`Policy::check`]; on an error
-    /// nothing changed). Queued and running tasks keep the lane, band and estimate they were
+    /// nothing changed). A new provider account or model gets its node limits after every
+    /// existing one ([`Shard::node_limits`] grows; see `add_node_limit`). Queued and running tasks keep the lane, band and estimate they were
     /// admitted with; what reads the policy at each decision (a lane closed or reweighted, retry
     /// limits, a model's price for new tasks) follows at once. Node-wide capacities are the
     /// shell's to re-split: see [`Shard::node_limits`].
@@ -343,11 +344,24 @@ impl Shard {
         match patch {
             PolicyPatch::Tenant(tenant, policy) => self.set_tenant_policy(tenant, policy, now),
             PolicyPatch::Model(m) => {
-                self.estimates.forget_model(m.id);
+                let (id, new) = (m.id, usize::from(m.id.0) == self.policy.models.len());
+                self.estimates.forget_model(id);
                 self.policy.apply(PolicyPatch::Model(m))?;
+                if new {
+                    self.add_model_limits(id, now);
+                }
             }
             patch @ (PolicyPatch::Lane(..) | PolicyPatch::Provider(_)) => {
+                let new = match &patch {
+                    PolicyPatch::Provider(p) if p.id.0 as usize == self.policy.providers.len() => {
+                        Some(p.id)
+                    }
+                    _ => None,
+                };
                 self.policy.apply(patch)?;
+                if let Some(id) = new {
+                    self.add_provider_limits(id, now);
+                }
                 // A lane opened or reweighted may go on.
                 self.unstall_all();
             }

@@ -707,6 +707,8 @@ pub struct Shard {
     ledger: Ledger,
     node: NodeIds,
     node_limit_ids: Vec<LimitId>,
+    /// Shards of the node this one belongs to (node limits are split among them).
+    shards: u32,
     tenants: Vec<TenantRt>,
     tenant_slots: RunMap<TenantId, u32>,
     users: Vec<UserRt>,
@@ -802,6 +804,43 @@ pub fn node_capacity(policy: &Policy, key: LimitKey) -> Option<NodeCapacity> {
         LimitKey::CpuUnits => slots(n.cpu_units),
         LimitKey::TempDiskMb => slots(n.temp_disk_mb),
         _ => None,
+    }
+}
+
+impl Shard {
+    /// Registers a node limit a policy change added at run time (a new provider account's or
+    /// model's) after every existing one, so that the shell's split keeps its places. A shard of
+    /// several starts it with no share (the split hands parts out of the node's capacity, which
+    /// no shard holds yet); a lone shard with all of it.
+    pub(super) fn add_node_limit(&mut self, key: LimitKey, now: Time) -> LimitId {
+        let capacity = node_capacity(&self.policy, key).expect("a node-wide key");
+        let share = if self.shards == 1 {
+            capacity
+        } else {
+            capacity.part(0)
+        };
+        let id = match share {
+            NodeCapacity::Slots(v) => self.ledger.add_semaphore(key, v),
+            NodeCapacity::Rate(r) => self.ledger.add_bucket(key, r, now),
+        };
+        self.node_limit_ids.push(id);
+        id
+    }
+
+    /// A provider account added at run time: its concurrency and RPM limits.
+    pub(super) fn add_provider_limits(&mut self, provider: ProviderId, now: Time) {
+        let c = self.add_node_limit(LimitKey::ProviderConcurrency(provider), now);
+        let r = self.add_node_limit(LimitKey::ProviderRpm(provider), now);
+        self.node.provider_concurrency.push(c);
+        self.node.provider_rpm.push(r);
+    }
+
+    /// A model added at run time: its running task and unit limits.
+    pub(super) fn add_model_limits(&mut self, model: crate::ModelId, now: Time) {
+        let t = self.add_node_limit(LimitKey::ModelRunning(model), now);
+        let u = self.add_node_limit(LimitKey::ModelRunningUnits(model), now);
+        self.node.model_running.push(t);
+        self.node.model_running_units.push(u);
     }
 }
 
@@ -906,6 +945,7 @@ impl Shard {
             ledger,
             node,
             node_limit_ids,
+            shards,
             tenants: Vec::new(),
             tenant_slots: RunMap::default(),
             users: Vec::new(),
