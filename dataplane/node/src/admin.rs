@@ -265,10 +265,20 @@ impl Admin {
                 }
                 let kind = object(kind).expect("checked above");
                 if let (Some(body), "PUT") = (&change.body, method) {
-                    // Refused before anything is written: what the node could not take.
+                    // Refused before anything is written: what the node could not take over
+                    // what is stored.
+                    let stored = match self.with_db(async |db| db.policy_snapshot().await).await {
+                        Ok(stored) => stored,
+                        Err(e) => {
+                            return answer(
+                                "503 Service Unavailable",
+                                json!({ "error": e.to_string() }),
+                            )
+                        }
+                    };
                     let checked = kind
                         .patch(key, body)
-                        .and_then(|p| self.live.current().check(&p).map_err(|e| e.to_string()));
+                        .and_then(|p| self.live.check_over(stored.0, &stored.1, &p));
                     if let Err(why) = checked {
                         let why = format!("{} {key}: {why}", kind.name());
                         return self.refuse("400 Bad Request", &actor, &what, why).await;

@@ -200,6 +200,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
 
     let health = std::sync::Arc::new(health::ProviderHealth::new(
         policy.providers.iter().map(|p| p.name.clone()).collect(),
+        live_policy::ADDED_WHILE_RUNNING_MAX,
     ));
     let _ = metrics.health.set(health.clone());
     let dispatch = match &config.provider {
@@ -240,7 +241,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
     let (board, limit_names) = shard::split_board(&policy, config.shards);
     let board = std::sync::Arc::new(board);
     let _ = metrics.split.set(metrics::SplitView {
-        names: limit_names,
+        names: std::sync::Mutex::new(limit_names),
         board: board.clone(),
     });
     let mut handles = Vec::new();

@@ -11,11 +11,15 @@
 //! account's concurrency and RPM) move through the shards' share board, and a provider
 //! account's concurrency also resizes its pool in PostgreSQL.
 //!
-//! Provider accounts and models are fixed in number and name at start (their ids index the
-//! shards' limits): a stored row that adds or renames one is left out, counted in
-//! `spindle_policy_objects_skipped` and logged; the admin API refuses such changes up front.
+//! A provider account or a model may also be added while the node runs — the next id under a
+//! new name — up to [`ADDED_WHILE_RUNNING_MAX`] of each beyond those the node started with
+//! (the shards' share board is made with room for their limits at start): the account's pool
+//! rows are made in PostgreSQL and its circuit breaker added before the shards take it, and
+//! every shard registers its limits after the existing ones. Renames, and additions past the
+//! room, are left out, counted in `spindle_policy_objects_skipped` and logged (a restart takes
+//! them); the admin API refuses them up front.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use spindle_control::policy::PolicyRow;
 use spindle_control::{Db, DbConfig};
@@ -29,17 +33,67 @@ use crate::shard::ShardMsg;
 /// How often a node looks for a newer policy version.
 const POLICY_POLL: std::time::Duration = std::time::Duration::from_secs(1);
 
+/// Provider accounts a running node takes beyond those it started with, and as many models.
+pub const ADDED_WHILE_RUNNING_MAX: usize = 64;
+
+/// Node-wide limits the shards' share board holds room for, beyond the starting policy's: a
+/// provider account's concurrency and RPM, a model's running tasks and units.
+pub const ROOM_LIMITS: usize = 4 * ADDED_WHILE_RUNNING_MAX;
+
+/// The most provider accounts and models the running node can hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Room {
+    pub providers: usize,
+    pub models: usize,
+}
+
+impl Room {
+    /// Room for [`ADDED_WHILE_RUNNING_MAX`] of each beyond what `policy` has.
+    pub fn beyond(policy: &Policy) -> Room {
+        Room {
+            providers: policy.providers.len() + ADDED_WHILE_RUNNING_MAX,
+            models: policy.models.len() + ADDED_WHILE_RUNNING_MAX,
+        }
+    }
+
+    /// Whether `patch`, applied to `policy`, stays within this room.
+    fn check(&self, policy: &Policy, patch: &PolicyPatch) -> Result<(), String> {
+        let (what, count, most) = match patch {
+            PolicyPatch::Provider(p) if usize::from(p.id.0) >= policy.providers.len() => {
+                ("provider accounts", usize::from(p.id.0) + 1, self.providers)
+            }
+            PolicyPatch::Model(m) if usize::from(m.id.0) >= policy.models.len() => {
+                ("models", usize::from(m.id.0) + 1, self.models)
+            }
+            _ => return Ok(()),
+        };
+        if count > most {
+            return Err(format!(
+                "this node holds at most {most} {what} until it restarts \
+                 ({ADDED_WHILE_RUNNING_MAX} more than it started with)"
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// The configured policy and the effective one, shared by the watcher (which writes it) and
 /// the admin API (which reads it).
 pub struct LivePolicy {
     base: Policy,
     current: Mutex<Arc<Policy>>,
+    /// Set when the shards are built from the loaded policy.
+    room: OnceLock<Room>,
 }
 
 impl LivePolicy {
     pub fn new(base: Policy) -> Arc<LivePolicy> {
         let current = Mutex::new(Arc::new(base.clone()));
-        Arc::new(LivePolicy { base, current })
+        Arc::new(LivePolicy {
+            base,
+            current,
+            room: OnceLock::new(),
+        })
     }
 
     /// The configuration's policy.
@@ -55,6 +109,22 @@ impl LivePolicy {
             .clone()
     }
 
+    /// Whether the running node can take `patch` over the stored policy objects `rows` (what
+    /// it will run once its watcher reads them, which may be ahead of [`LivePolicy::current`]:
+    /// a model may name an account added a moment before): the policy's own checks, and room
+    /// for a new provider account or model.
+    pub fn check_over(
+        &self,
+        version: PolicyVersion,
+        rows: &[PolicyRow],
+        patch: &PolicyPatch,
+    ) -> Result<(), String> {
+        let room = self.room.get();
+        let (stored, _) = effective(&self.base, version, rows, room);
+        stored.check(patch).map_err(|e| e.to_string())?;
+        room.map_or(Ok(()), |room| room.check(&stored, patch))
+    }
+
     fn set(&self, policy: Policy) {
         *self.current.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(policy);
     }
@@ -63,8 +133,9 @@ impl LivePolicy {
     /// the shards from what this returns.
     pub async fn load(&self, db: &mut Db, metrics: &Metrics) -> anyhow::Result<Policy> {
         let (version, rows) = db.policy_snapshot().await?;
-        let (policy, skipped) = effective(&self.base, version, &rows);
+        let (policy, skipped) = effective(&self.base, version, &rows, None);
         report_skipped(&skipped, metrics);
+        let _ = self.room.set(Room::beyond(&policy));
         self.set(policy.clone());
         metrics
             .policy_version
@@ -74,24 +145,60 @@ impl LivePolicy {
 }
 
 /// `base` with every stored object of `rows` over it, at `version`; the objects the node cannot
-/// take, each with why, are left out.
+/// take (within `room`, for a running node), each with why, are left out.
 pub fn effective(
     base: &Policy,
     version: PolicyVersion,
     rows: &[PolicyRow],
+    room: Option<&Room>,
 ) -> (Policy, Vec<String>) {
     let mut policy = base.clone();
     policy.version = version;
     let mut skipped = Vec::new();
     for row in rows {
-        let applied = row
-            .patch()
-            .and_then(|patch| policy.apply(patch).map_err(|e| e.to_string()));
+        let applied = row.patch().and_then(|patch| {
+            if let Some(room) = room {
+                room.check(&policy, &patch)?;
+            }
+            policy.apply(patch).map_err(|e| e.to_string())
+        });
         if let Err(why) = applied {
             skipped.push(format!("{} {}: {why}", row.object.name(), row.key));
         }
     }
     (policy, skipped)
+}
+
+/// Makes every provider account `patches` add ready for the shards: its pool rows in
+/// PostgreSQL (as a start makes them) and its circuit breaker. False when one could not be.
+async fn add_providers(
+    db: &Db,
+    metrics: &Metrics,
+    current: &Policy,
+    patches: &[PolicyPatch],
+) -> bool {
+    for patch in patches {
+        let PolicyPatch::Provider(p) = patch else {
+            continue;
+        };
+        if usize::from(p.id.0) < current.providers.len() {
+            continue;
+        }
+        if let Err(e) = crate::control::set_provider_pool(db, &p.name, p.concurrency).await {
+            tracing::warn!("adding provider account {}: its pool: {e}", p.name);
+            return false;
+        }
+        if metrics.health.get().is_some_and(|h| !h.add(&p.name)) {
+            // Room was checked against the same bound.
+            tracing::warn!(
+                "adding provider account {}: no room for its breaker",
+                p.name
+            );
+            return false;
+        }
+        tracing::info!("provider account {} ({}) added", p.name, p.id);
+    }
+    true
 }
 
 fn report_skipped(skipped: &[String], metrics: &Metrics) {
@@ -136,13 +243,21 @@ pub async fn watch(
                 continue;
             }
         };
-        let (next, skipped) = effective(live.base(), version, &rows);
+        let (next, skipped) = effective(live.base(), version, &rows, live.room.get());
         report_skipped(&skipped, &metrics);
         let current = live.current();
-        for patch in current.diff(&next) {
+        let patches = current.diff(&next);
+        // A new provider account's pool rows and circuit breaker come first: the shards may
+        // claim on it as soon as they take it. Until both are in place nothing of the version
+        // is applied (the next poll tries again).
+        if !add_providers(conn, &metrics, &current, &patches).await {
+            continue;
+        }
+        for patch in patches {
             if let PolicyPatch::Provider(p) = &patch {
-                let old = &current.providers[p.id.0 as usize];
-                if old.concurrency != p.concurrency {
+                // A new account's pool was made above.
+                let old = current.providers.get(p.id.0 as usize);
+                if old.is_some_and(|old| old.concurrency != p.concurrency) {
                     let resized =
                         crate::control::set_provider_pool(conn, &p.name, p.concurrency).await;
                     if let Err(e) = resized {
@@ -176,5 +291,57 @@ pub async fn watch(
             .policy_version
             .store(version.0, std::sync::atomic::Ordering::Relaxed);
         tracing::info!("policy version {version} applied");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use spindle_control::policy::PolicyObject;
+    use spindle_core::{ModelId, ProviderId};
+
+    fn provider_row(base: &Policy, id: u16) -> PolicyRow {
+        let mut p = base.providers[0].clone();
+        p.id = ProviderId(id);
+        p.name = format!("added-{id}");
+        PolicyRow {
+            object: PolicyObject::ProviderAccount,
+            key: p.name.clone(),
+            version: PolicyVersion(2),
+            body: serde_json::to_value(&p).unwrap(),
+        }
+    }
+
+    /// A running node takes accounts added within its room and leaves the rest out, with why;
+    /// at start (no room yet) it takes every one the policy allows.
+    #[test]
+    fn accounts_added_past_the_room_are_left_out_with_the_reason() {
+        let base = spindle_core::presets::small_node();
+        let n = base.providers.len() as u16;
+        let rows: Vec<_> = (n..n + 3).map(|id| provider_row(&base, id)).collect();
+        let room = Room {
+            providers: usize::from(n) + 2,
+            models: base.models.len(),
+        };
+        let (policy, skipped) = effective(&base, PolicyVersion(2), &rows, Some(&room));
+        assert_eq!(policy.providers.len(), usize::from(n) + 2);
+        assert_eq!(skipped.len(), 1, "{skipped:?}");
+        assert!(
+            skipped[0].contains(&format!("at most {} provider accounts", n + 2)),
+            "{skipped:?}"
+        );
+        let (policy, skipped) = effective(&base, PolicyVersion(2), &rows, None);
+        assert_eq!((policy.providers.len(), skipped.len()), (usize::from(n) + 3, 0));
+        // A model past the room is left out the same way.
+        let mut m = base.models[0].clone();
+        m.id = ModelId(base.models.len() as u16);
+        m.name = "added-model".into();
+        let patch = PolicyPatch::Model(m);
+        let full = Room {
+            providers: room.providers,
+            models: base.models.len(),
+        };
+        assert!(full.check(&base, &patch).unwrap_err().contains("at most"));
+        assert_eq!(Room::beyond(&base).check(&base, &patch), Ok(()));
     }
 }

@@ -112,9 +112,10 @@ pub struct TenantRunning {
     pub weight: u32,
 }
 
-/// The node-wide limits split among shards, for `/metrics`: their names and the board.
+/// The node-wide limits split among shards, for `/metrics`: their names (shard 0 adds those
+/// of limits added while the node runs) and the board.
 pub struct SplitView {
-    pub names: Vec<String>,
+    pub names: std::sync::Mutex<Vec<String>>,
     pub board: Arc<ShareBoard>,
 }
 
@@ -552,7 +553,8 @@ impl Metrics {
         }
         if let Some(split) = self.split.get() {
             let _ = writeln!(w, "# HELP spindle_node_limit_capacity Node-wide limits (slots, or requests per minute) and each shard's part of them: held, used, and the backlogged weight that asks for it.\n# TYPE spindle_node_limit_capacity gauge");
-            for (k, name) in split.names.iter().enumerate() {
+            let names = split.names.lock().map(|n| n.clone()).unwrap_or_default();
+            for (k, name) in names.iter().enumerate() {
                 let _ = writeln!(
                     w,
                     "spindle_node_limit_capacity{{limit=\"{name}\"}} {}",

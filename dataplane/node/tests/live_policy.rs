@@ -1,5 +1,6 @@
 //! Policy changes reach a running node without a restart: a lane closed and reopened through
-//! spindlectl, a provider account's concurrency, a model's price. Tasks keep the version they
+//! spindlectl, a provider account's concurrency, a model's price, a provider account and a
+//! model added. Tasks keep the version they
 //! were admitted under; changes the node could not take are refused before they are stored.
 
 mod common;
@@ -250,7 +251,10 @@ async fn lanes_providers_and_models_change_on_a_running_node() {
     let mut new_account = account.clone();
     new_account["id"] = 9.into();
     let (ok, out) = set(http, "provider_account", PROVIDER, &new_account);
-    assert!(!ok && out.contains("not configured on this node"), "{out}");
+    assert!(
+        !ok && out.contains("a new provider takes the next id"),
+        "{out}"
+    );
     let (ok, out) = set(http, "provider_account", "vendor-9", &account);
     assert!(
         !ok && out.contains("is not the provider account's name"),
@@ -294,7 +298,81 @@ async fn lanes_providers_and_models_change_on_a_running_node() {
         assert!(out.contains(&format!("\"{reason}\"")), "{reason}: {out}");
     }
     assert!(
-        out.contains("provider 9 is not configured on this node"),
+        out.contains("provider 9 is not configured"),
         "refused changes are audited: {out}"
+    );
+}
+
+/// A provider account and a model that only it serves, added through spindlectl while the node
+/// runs: the account's pool rows are made in PostgreSQL, the node's split takes its limits, and
+/// a task of the new model runs on the new account. An id that would leave a gap is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_account_and_a_model_added_while_running_take_work() {
+    let test = TestDb::new().await;
+    let daemon = start_with(&test, CONFIG).await;
+    let http = daemon.http;
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let sql = test.sql().await.unwrap();
+    let policy = effective(http);
+    let providers = policy["providers"].as_array().unwrap().len();
+    let models = policy["models"].as_array().unwrap().len();
+    let name = "vendor-9:acct-1:us:video-model-9";
+
+    let mut account = policy["providers"][0].clone();
+    account["id"] = (providers + 1).into();
+    account["name"] = name.into();
+    account["concurrency"] = 2.into();
+    let (ok, out) = set(http, "provider_account", name, &account);
+    assert!(
+        !ok && out.contains(&format!("takes the next id, {providers}")),
+        "{out}"
+    );
+    account["id"] = providers.into();
+    let (ok, out) = set(http, "provider_account", name, &account);
+    assert!(ok, "{out}");
+    let mut model = policy["models"][0].clone();
+    model["id"] = models.into();
+    model["name"] = "video-model-9".into();
+    model["providers"] = serde_json::json!([providers]);
+    let (ok, out) = set(http, "model_capability", "video-model-9", &model);
+    assert!(ok, "{out}");
+
+    let limit =
+        format!("spindle_node_limit_capacity{{limit=\"provider:{providers}:concurrency\"}} 2\n");
+    within(
+        "the node splits the new account's concurrency",
+        async || http_get(http, "/metrics").await.1.contains(&limit),
+    )
+    .await;
+    let pool: Option<i64> = sql
+        .query_one(
+            "SELECT sum(capacity)::bigint FROM resource_pool_shard WHERE pool_key = $1",
+            &[&format!("provider:{name}")],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(pool, Some(2), "the account's pool rows");
+
+    let mut t = task("on-the-new-model");
+    t.spec.model = spindle_core::ModelId(models as u16);
+    let a = client.submit(t).await.unwrap();
+    assert_eq!(a.decision, Decision::Accepted, "{a:?}");
+    wait_for(&client, a.task, TaskState::Succeeded).await;
+    let ran_on: Option<String> = sql
+        .query_one(
+            "SELECT attempt_provider FROM task WHERE task_id = $1",
+            &[&(a.task.0 as i64)],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(ran_on.as_deref(), Some(name));
+    let (_, metrics) = http_get(http, "/metrics").await;
+    assert!(
+        metrics.contains("spindle_policy_objects_skipped 0\n"),
+        "{metrics}"
     );
 }

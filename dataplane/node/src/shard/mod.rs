@@ -327,11 +327,17 @@ pub struct ShardSetup {
 /// The board every shard of a node shares: one entry per node limit (any may become binding by
 /// a policy change), in the order
 /// the core lists them (every shard's core lists the same limits under the same ids), with the
-/// limits' names in that order (for `/metrics`).
+/// limits' names in that order (for `/metrics`) — and, after them, room for the limits of
+/// provider accounts and models added while the node runs (`live_policy::ROOM_LIMITS`, empty
+/// until then).
 pub fn split_board(policy: &Policy, shards: u32) -> (ShareBoard, Vec<String>) {
     let probe = Shard::new(policy.clone(), shards, Time::ZERO);
     let limits = probe.node_limits();
-    let capacities: Vec<u64> = limits.iter().map(|(_, c)| c.units()).collect();
+    let capacities: Vec<u64> = limits
+        .iter()
+        .map(|(_, c)| c.units())
+        .chain(std::iter::repeat_n(0, crate::live_policy::ROOM_LIMITS))
+        .collect();
     let names = limits
         .iter()
         .map(|&(id, _)| probe.ledger().key(id).to_string())
@@ -357,7 +363,7 @@ impl ShardState {
             })
             .collect();
         assert_eq!(
-            split_limits.len(),
+            split_limits.len() + crate::live_policy::ROOM_LIMITS,
             setup.board.limits(),
             "the board was made for this policy"
         );
@@ -970,9 +976,28 @@ fn apply_policy(s: &mut ShardState, patch: spindle_core::policy::PolicyPatch) {
         tracing::warn!("shard {}: policy object refused: {e}", s.index);
         return;
     }
-    let fresh = s.core.node_limits();
-    debug_assert_eq!(fresh.len(), s.split_limits.len(), "node limits are fixed");
-    for (k, (slot, (id, capacity))) in s.split_limits.iter_mut().zip(fresh).enumerate() {
+    for (k, (id, capacity)) in s.core.node_limits().into_iter().enumerate() {
+        let Some(slot) = s.split_limits.get_mut(k) else {
+            // A new provider account's or model's limit, after every other one: on the board's
+            // room (`live_policy::Room` keeps additions within it), empty until now. The
+            // coordinator gives it its capacity; every shard then takes parts by the split.
+            assert!(k < s.board.limits(), "a limit added past the board's room");
+            s.split_limits.push((id, capacity));
+            let key = s.core.ledger().key(id);
+            if let spindle_core::ledger::LimitKey::ProviderRpm(p) = key {
+                let name = s.core.policy().providers[usize::from(p.0)].name.clone();
+                s.provider_rpm.push((id, name));
+            }
+            if s.index == 0 {
+                s.board.set_capacity(k, capacity.units());
+                if let Some(split) = s.metrics.split.get() {
+                    if let Ok(mut names) = split.names.lock() {
+                        names.push(key.to_string());
+                    }
+                }
+            }
+            continue;
+        };
         debug_assert_eq!(slot.0, id, "node limits keep their order");
         if slot.1 != capacity {
             slot.1 = capacity;
