@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{claim, finish, setup, task, LEASE_MS, NODE};
+use common::{claim, finish, granted, setup, task, LEASE_MS, NODE};
 use spindle_control::{
     ClaimResult, PartitionId, Report, ReportAction, ReportResult, Retention, StoreError,
     SubmitOutcome,
@@ -38,11 +38,8 @@ async fn ended_tasks_leave_after_their_window_and_live_ones_never() {
         .claim_batch(NODE, LEASE_MS, &claims)
         .await
         .unwrap()
-        .into_iter()
-        .map(|r| match r {
-            ClaimResult::Granted { token, .. } => token,
-            other => panic!("{other:?}"),
-        })
+        .iter()
+        .map(granted)
         .collect();
     // 1 is retried once: its first attempt ends in a requeue (into the history), its second
     // ends the task (kept in its row).
@@ -270,11 +267,8 @@ async fn with_a_relay_an_ended_task_stays_until_its_end_event_is_sent() {
         .claim_batch(NODE, LEASE_MS, &claims)
         .await
         .unwrap()
-        .into_iter()
-        .map(|r| match r {
-            ClaimResult::Granted { token, .. } => token,
-            other => panic!("{other:?}"),
-        })
+        .iter()
+        .map(granted)
         .collect();
     let reports = [
         finish(1, tokens[0], TaskState::Succeeded),

@@ -331,7 +331,10 @@ mod tests {
             "{skipped:?}"
         );
         let (policy, skipped) = effective(&base, PolicyVersion(2), &rows, None);
-        assert_eq!((policy.providers.len(), skipped.len()), (usize::from(n) + 3, 0));
+        assert_eq!(
+            (policy.providers.len(), skipped.len()),
+            (usize::from(n) + 3, 0)
+        );
         // A model past the room is left out the same way.
         let mut m = base.models[0].clone();
         m.id = ModelId(base.models.len() as u16);
