@@ -301,7 +301,7 @@ async fn run_group(db: &Db, node: &str, lease_ms: u32, group: Vec<CpMsg>) -> boo
                 CpMsg::Lookup { tasks, reply } => Some((tasks, reply)),
                 _ => None,
             });
-            let heads = chunked(&all, |chunk| async move { db.task_heads(&chunk).await }).await;
+            let heads = chunked(&all, |chunk| async move { db.task_heads(chunk).await }).await;
             answer(heads, replies)
         }
         CpMsg::Cancel { .. } => {
@@ -309,8 +309,7 @@ async fn run_group(db: &Db, node: &str, lease_ms: u32, group: Vec<CpMsg>) -> boo
                 CpMsg::Cancel { tasks, reply } => Some((tasks, reply)),
                 _ => None,
             });
-            let marked =
-                chunked(&all, |chunk| async move { db.request_cancel(&chunk).await }).await;
+            let marked = chunked(&all, |chunk| async move { db.request_cancel(chunk).await }).await;
             answer(marked, replies)
         }
         CpMsg::Renew { .. } => {
@@ -335,16 +334,16 @@ async fn run_group(db: &Db, node: &str, lease_ms: u32, group: Vec<CpMsg>) -> boo
 
 /// `call` over `all` in chunks of at most one batch's rows, the answers concatenated in order;
 /// the first failure is the answer.
-async fn chunked<T: Clone, R, F>(
-    all: &[T],
-    mut call: impl FnMut(Vec<T>) -> F,
+async fn chunked<'a, T, R, F>(
+    all: &'a [T],
+    mut call: impl FnMut(&'a [T]) -> F,
 ) -> Result<Vec<R>, StoreError>
 where
     F: std::future::Future<Output = Result<Vec<R>, StoreError>>,
 {
     let mut rows = Vec::with_capacity(all.len());
     for chunk in all.chunks(spindle_control::limits::BATCH_MAX) {
-        rows.extend(call(chunk.to_vec()).await?);
+        rows.extend(call(chunk).await?);
     }
     Ok(rows)
 }
@@ -462,7 +461,7 @@ pub(super) async fn reader(
             });
             let db = &db;
             let read = chunked(&all, |chunk| async move {
-                let payloads = db.task_payloads(&chunk).await?;
+                let payloads = db.task_payloads(chunk).await?;
                 Ok(payloads
                     .iter()
                     .map(|p| stored_input(p.as_deref()))
