@@ -21,7 +21,7 @@
 
 use std::sync::{Arc, Mutex, OnceLock};
 
-use spindle_control::policy::PolicyRow;
+use spindle_control::policy::{PolicyObject, PolicyRow};
 use spindle_control::{Db, DbConfig};
 use spindle_core::policy::PolicyPatch;
 use spindle_core::{Policy, PolicyVersion};
@@ -155,8 +155,22 @@ pub fn effective(
     let mut policy = base.clone();
     policy.version = version;
     let mut skipped = Vec::new();
-    for row in rows {
-        let applied = row.patch().and_then(|patch| {
+    // The store lists each kind's rows by name; accounts and models are taken in id order (a
+    // new one must take the next id), every kind in the order of `PolicyObject::ALL` (accounts
+    // before the models that name them).
+    let mut ordered: Vec<(&PolicyRow, Result<PolicyPatch, String>)> =
+        rows.iter().map(|row| (row, row.patch())).collect();
+    ordered.sort_by_key(|(row, patch)| {
+        let kind = PolicyObject::ALL.iter().position(|o| *o == row.object);
+        let id = match patch {
+            Ok(PolicyPatch::Provider(p)) => p.id.0,
+            Ok(PolicyPatch::Model(m)) => m.id.0,
+            _ => 0,
+        };
+        (kind, id)
+    });
+    for (row, patch) in ordered {
+        let applied = patch.and_then(|patch| {
             if let Some(room) = room {
                 room.check(&policy, &patch)?;
             }
@@ -297,7 +311,6 @@ pub async fn watch(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use spindle_control::policy::PolicyObject;
     use spindle_core::{ModelId, ProviderId};
 
     fn provider_row(base: &Policy, id: u16) -> PolicyRow {
@@ -346,5 +359,26 @@ mod tests {
         };
         assert!(full.check(&base, &patch).unwrap_err().contains("at most"));
         assert_eq!(Room::beyond(&base).check(&base, &patch), Ok(()));
+    }
+
+    /// The store lists rows by name; accounts added in another order of names than of ids are
+    /// all taken.
+    #[test]
+    fn added_accounts_are_taken_in_id_order_whatever_their_names() {
+        let base = spindle_core::presets::small_node();
+        let n = base.providers.len() as u16;
+        let mut rows: Vec<_> = (n..n + 3).map(|id| provider_row(&base, id)).collect();
+        for (row, name) in rows.iter_mut().zip(["zulu", "mike", "alpha"]) {
+            row.key = name.into();
+            row.body["name"] = name.into();
+        }
+        rows.sort_by(|a, b| a.key.cmp(&b.key));
+        let (policy, skipped) = effective(&base, PolicyVersion(2), &rows, None);
+        assert_eq!(skipped, Vec::<String>::new());
+        let names: Vec<_> = policy.providers[usize::from(n)..]
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect();
+        assert_eq!(names, ["zulu", "mike", "alpha"]);
     }
 }
