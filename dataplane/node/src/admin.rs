@@ -264,6 +264,12 @@ impl Admin {
                         .await;
                 }
                 let kind = object(kind).expect("checked above");
+                if method == "DELETE" {
+                    if let Err(why) = self.live.check_delete(kind, key) {
+                        let why = format!("{} {key}: {why}", kind.name());
+                        return self.refuse("400 Bad Request", &actor, &what, why).await;
+                    }
+                }
                 if let (Some(body), "PUT") = (&change.body, method) {
                     // Refused before anything is written: what the node could not take over
                     // what is stored.

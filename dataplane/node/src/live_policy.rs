@@ -120,9 +120,40 @@ impl LivePolicy {
         patch: &PolicyPatch,
     ) -> Result<(), String> {
         let room = self.room.get();
-        let (stored, _) = effective(&self.base, version, rows, room);
+        let current = self.current();
+        let running = room.map(|room| Running {
+            room,
+            current: &current,
+        });
+        let (stored, _) = effective(&self.base, version, rows, running);
         stored.check(patch).map_err(|e| e.to_string())?;
         room.map_or(Ok(()), |room| room.check(&stored, patch))
+    }
+
+    /// Whether the row of `object` `key` may be deleted: not that of a provider account or
+    /// model the configuration does not have (added through the store) — its id would be left
+    /// unfilled at the next start, and every one added after it refused there. Such an account
+    /// is stopped by its concurrency (0), such a model by not naming it.
+    pub fn check_delete(&self, object: PolicyObject, key: &str) -> Result<(), String> {
+        let current = self.current();
+        let added = match object {
+            PolicyObject::ProviderAccount => {
+                let named = |p: &spindle_core::policy::ProviderPolicy| p.name == key;
+                !self.base.providers.iter().any(named) && current.providers.iter().any(named)
+            }
+            PolicyObject::ModelCapability => {
+                let named = |m: &spindle_core::ModelCapability| m.name == key;
+                !self.base.models.iter().any(named) && current.models.iter().any(named)
+            }
+            PolicyObject::Tenant | PolicyObject::Lane => false,
+        };
+        if !added {
+            return Ok(());
+        }
+        Err(format!(
+            "{key} was added through the store and cannot be deleted (its id would be left \
+             unfilled); stop using it instead (a provider account: concurrency 0)"
+        ))
     }
 
     fn set(&self, policy: Policy) {
@@ -144,16 +175,35 @@ impl LivePolicy {
     }
 }
 
+/// What a running node's effective policy is computed against.
+#[derive(Clone, Copy)]
+pub struct Running<'a> {
+    /// Additions past it are left out.
+    pub room: &'a Room,
+    /// What the shards run: an account or model the node added (beyond `base`'s) stays, at its
+    /// last value, when its row is deleted — the shards cannot drop its limits — until the node
+    /// restarts, as a tenant only the store knew does.
+    pub current: &'a Policy,
+}
+
 /// `base` with every stored object of `rows` over it, at `version`; the objects the node cannot
-/// take (within `room`, for a running node), each with why, are left out.
+/// take (for a running node, within its room and over what it added), each with why, are left
+/// out.
 pub fn effective(
     base: &Policy,
     version: PolicyVersion,
     rows: &[PolicyRow],
-    room: Option<&Room>,
+    running: Option<Running<'_>>,
 ) -> (Policy, Vec<String>) {
     let mut policy = base.clone();
     policy.version = version;
+    if let Some(r) = running {
+        let added = r.current.providers.iter().skip(base.providers.len());
+        policy.providers.extend(added.cloned());
+        let added = r.current.models.iter().skip(base.models.len());
+        policy.models.extend(added.cloned());
+    }
+    let room = running.map(|r| r.room);
     let mut skipped = Vec::new();
     // The store lists each kind's rows by name; accounts and models are taken in id order (a
     // new one must take the next id), every kind in the order of `PolicyObject::ALL` (accounts
@@ -257,9 +307,13 @@ pub async fn watch(
                 continue;
             }
         };
-        let (next, skipped) = effective(live.base(), version, &rows, live.room.get());
-        report_skipped(&skipped, &metrics);
         let current = live.current();
+        let running = live.room.get().map(|room| Running {
+            room,
+            current: &current,
+        });
+        let (next, skipped) = effective(live.base(), version, &rows, running);
+        report_skipped(&skipped, &metrics);
         let patches = current.diff(&next);
         // A new provider account's pool rows and circuit breaker come first: the shards may
         // claim on it as soon as they take it. Until both are in place nothing of the version
@@ -336,7 +390,11 @@ mod tests {
             providers: usize::from(n) + 2,
             models: base.models.len(),
         };
-        let (policy, skipped) = effective(&base, PolicyVersion(2), &rows, Some(&room));
+        let running = Running {
+            room: &room,
+            current: &base,
+        };
+        let (policy, skipped) = effective(&base, PolicyVersion(2), &rows, Some(running));
         assert_eq!(policy.providers.len(), usize::from(n) + 2);
         assert_eq!(skipped.len(), 1, "{skipped:?}");
         assert!(
@@ -359,6 +417,39 @@ mod tests {
         };
         assert!(full.check(&base, &patch).unwrap_err().contains("at most"));
         assert_eq!(Room::beyond(&base).check(&base, &patch), Ok(()));
+    }
+
+    /// An account the running node added stays when its row is deleted (its shards hold its
+    /// limits), at its last value, and the next one added after it still takes the next id.
+    #[test]
+    fn an_added_account_whose_row_is_deleted_stays_until_a_restart() {
+        let base = spindle_core::presets::small_node();
+        let n = base.providers.len() as u16;
+        let first = provider_row(&base, n);
+        let (current, _) = effective(&base, PolicyVersion(2), &[first], None);
+        let room = Room::beyond(&base);
+        let running = Running {
+            room: &room,
+            current: &current,
+        };
+        let second = provider_row(&base, n + 1);
+        let (next, skipped) = effective(&base, PolicyVersion(3), &[second], Some(running));
+        assert_eq!(skipped, Vec::<String>::new());
+        let names: Vec<_> = next.providers[usize::from(n)..]
+            .iter()
+            .map(|p| p.name.clone())
+            .collect();
+        assert_eq!(names, [format!("added-{n}"), format!("added-{}", n + 1)]);
+        assert!(current
+            .diff(&next)
+            .iter()
+            .all(|p| matches!(p, PolicyPatch::Provider(p) if p.id == ProviderId(n + 1))));
+        // After a restart (no running policy) the deleted row's account is gone, and so the
+        // one after it has a gap before it.
+        let second = provider_row(&base, n + 1);
+        let (restarted, skipped) = effective(&base, PolicyVersion(3), &[second], None);
+        assert_eq!(restarted.providers.len(), usize::from(n));
+        assert_eq!(skipped.len(), 1, "{skipped:?}");
     }
 
     /// The store lists rows by name; accounts added in another order of names than of ids are

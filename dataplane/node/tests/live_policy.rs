@@ -375,4 +375,18 @@ async fn a_provider_account_and_a_model_added_while_running_take_work() {
         metrics.contains("spindle_policy_objects_skipped 0\n"),
         "{metrics}"
     );
+    // Its row cannot be deleted (the id would be left unfilled at the next start).
+    let (ok, out) = ctl(
+        http,
+        "admin-token-0123456789",
+        &[
+            "policy",
+            "delete",
+            "provider_account",
+            name,
+            "--reason",
+            "try",
+        ],
+    );
+    assert!(!ok && out.contains("cannot be deleted"), "{out}");
 }
