@@ -387,7 +387,8 @@ async fn a_tasks_input_and_model_reach_the_provider_as_the_client_sent_them() {
 
 /// Past the node's bound on inputs held in memory (`task_inputs_mb`), a task's input is left in
 /// its stored request and read back when its attempt goes to the provider: every task reaches
-/// the provider with its own input, held or not.
+/// the provider with its own input, held or not — also after a kill -9 and a restart, which
+/// puts the queued ones back under the same bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inputs_past_the_nodes_bound_are_read_back_for_the_provider() {
     let test = TestDb::new().await;
@@ -417,6 +418,47 @@ async fn inputs_past_the_nodes_bound_are_read_back_for_the_provider() {
     );
     for (i, a) in answers.iter().enumerate() {
         let got = submitted(&admin, a.task).await;
+        assert_eq!(got.input.to_string(), input_of(i), "task {i}");
+    }
+
+    // Killed with the next 40 queued: the restarted node puts them back under the same bound
+    // and each still reaches the provider with its own input, whichever attempt sends it.
+    let batch: Vec<_> = (40..80)
+        .map(|i| {
+            let mut t = task(&format!("big{i}"));
+            t.input = Some(input_of(i));
+            t
+        })
+        .collect();
+    let answers = client.submit_batch(batch).await.unwrap();
+    assert!(answers.iter().all(|a| a.decision.is_accepted()));
+    let mut daemon = daemon;
+    daemon.child.kill().unwrap();
+    daemon.child.wait().unwrap();
+    let restarted = start_with(&test, &config).await;
+    let ids: Vec<TaskId> = answers.iter().map(|a| a.task).collect();
+    let states = wait_final(&test, &ids).await;
+    assert!(
+        states.iter().all(|s| s == "SUCCEEDED"),
+        "{states:?}\n{}",
+        restarted.log_tail(20)
+    );
+    let sql = test.sql().await.unwrap();
+    for (i, a) in (40..).zip(&answers) {
+        let attempt: i32 = sql
+            .query_one(
+                "SELECT attempt_no FROM task WHERE task_id = $1",
+                &[&(a.task.0 as i64)],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        let key = format!("spindle-{}-{attempt}", a.task.0);
+        let mut got = None;
+        for account in ACCOUNTS {
+            got = got.or(admin.mock_submission(account, &key).await.unwrap());
+        }
+        let got = got.unwrap_or_else(|| panic!("no job for {key}"));
         assert_eq!(got.input.to_string(), input_of(i), "task {i}");
     }
 }
