@@ -91,3 +91,35 @@ fn a_capacity_lowered_under_the_shards_is_paid_back_exactly() {
         assert_eq!(board.accounted(0), 1);
     });
 }
+
+/// A limit added while the node runs (a new provider account's): its entry starts with no
+/// capacity and nobody holding any, the coordinator gives it one while the shards already move
+/// toward targets and use what they hold; they never use more than it, and no unit is lost or
+/// created.
+#[test]
+fn a_limit_added_with_no_capacity_is_filled_under_the_shards() {
+    loom::model(|| {
+        let board = Arc::new(ShareBoard::new(&[0], 2));
+        let in_use = Arc::new(AtomicU64::new(0));
+        board.set_targets(0, &[2, 2]);
+        let coordinator = {
+            let board = board.clone();
+            thread::spawn(move || {
+                board.set_capacity(0, 3);
+                board.set_targets(0, &[2, 1]);
+            })
+        };
+        let shards: Vec<_> = (0..2)
+            .map(|i| {
+                let (board, in_use) = (board.clone(), in_use.clone());
+                thread::spawn(move || shard(&board, &in_use, i, 3))
+            })
+            .collect();
+        coordinator.join().unwrap();
+        for s in shards {
+            s.join().unwrap();
+        }
+        assert_eq!(board.owed(0), 0);
+        assert_eq!(board.accounted(0), 3, "units lost or created");
+    });
+}
