@@ -58,11 +58,18 @@ pub(super) async fn submit_to_provider(
         if canceled_before_sent(&mut s, task, token) {
             return;
         }
+        // Checked to be one JSON value when it arrived (`spindle_wire`).
+        let parse = |i: &str| serde_json::from_str(i).unwrap_or(serde_json::Value::Null);
         let input = match (s.inputs.get(task), stored) {
-            (Input::Held(i), _) => Some(i.to_owned()),
-            (Input::Stored, Some(Ok(i))) => i.map(String::from),
-            (Input::Stored, Some(Err(why))) => {
+            (Input::None, _) => serde_json::Value::Null,
+            (Input::Held(i), _) => parse(i),
+            (Input::Stored, Some(Ok(i))) => i.as_deref().map_or(serde_json::Value::Null, parse),
+            (Input::Stored, read) => {
                 let now = s.now();
+                let why = match read {
+                    Some(Err(why)) => why,
+                    _ => "it was not read".into(),
+                };
                 let why = format!("its input is left in PostgreSQL and could not be read: {why}");
                 failed(
                     &mut s,
@@ -74,7 +81,6 @@ pub(super) async fn submit_to_provider(
                 );
                 return;
             }
-            (Input::Stored, None) | (Input::None, _) => None,
         };
         let Some(provider) = s.core.task_provider(task) else {
             tracing::warn!("{task}: granted without a provider");
@@ -86,10 +92,6 @@ pub(super) async fn submit_to_provider(
             .spec
             .and_then(|spec| policy.models.get(usize::from(spec.model.0)))
             .map_or_else(String::new, |m| m.name.clone());
-        let input = input.map_or(serde_json::Value::Null, |i| {
-            // Checked to be one JSON value when it arrived (`spindle_wire`).
-            serde_json::from_str(&i).unwrap_or(serde_json::Value::Null)
-        });
         let meta = s.meta.get_mut(&task).expect("checked above");
         let withdrawn = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         meta.attempt = Some(Box::new(ProviderAttempt {
