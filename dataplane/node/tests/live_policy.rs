@@ -303,9 +303,10 @@ async fn lanes_providers_and_models_change_on_a_running_node() {
     );
 }
 
-/// A provider account and a model that only it serves, added through spindlectl while the node
-/// runs: the account's pool rows are made in PostgreSQL, the node's split takes its limits, and
-/// a task of the new model runs on the new account. An id that would leave a gap is refused.
+/// A provider account and a model that only it serves, added through `spindlectl add` while the
+/// node runs: the account's pool rows are made in PostgreSQL, the node's split takes its
+/// limits, and a task of the new model runs on the new account. An id that would leave a gap
+/// is refused, and so is deleting the added account.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_provider_account_and_a_model_added_while_running_take_work() {
     let test = TestDb::new().await;
@@ -329,15 +330,54 @@ async fn a_provider_account_and_a_model_added_while_running_take_work() {
         !ok && out.contains(&format!("takes the next id, {providers}")),
         "{out}"
     );
-    account["id"] = providers.into();
-    let (ok, out) = set(http, "provider_account", name, &account);
+    // `spindlectl add` takes the next id and copies the rest; the model names the account
+    // at once (before the node runs it: the store has it).
+    let admin = "admin-token-0123456789";
+    let (ok, out) = ctl(
+        http,
+        admin,
+        &[
+            "add",
+            "provider",
+            name,
+            "--concurrency",
+            "2",
+            "--reason",
+            "a second account",
+        ],
+    );
     assert!(ok, "{out}");
-    let mut model = policy["models"][0].clone();
-    model["id"] = models.into();
-    model["name"] = "video-model-9".into();
-    model["providers"] = serde_json::json!([providers]);
-    let (ok, out) = set(http, "model_capability", "video-model-9", &model);
+    let (ok, out) = ctl(
+        http,
+        admin,
+        &[
+            "add",
+            "model",
+            "video-model-9",
+            "--providers",
+            name,
+            "--reason",
+            "a new model",
+        ],
+    );
     assert!(ok, "{out}");
+    let (ok, out) = ctl(
+        http,
+        admin,
+        &[
+            "add",
+            "model",
+            "video-model-10",
+            "--providers",
+            "vendor-7:none",
+            "--reason",
+            "a typo",
+        ],
+    );
+    assert!(
+        !ok && out.contains("no provider account vendor-7:none"),
+        "{out}"
+    );
 
     let limit =
         format!("spindle_node_limit_capacity{{limit=\"provider:{providers}:concurrency\"}} 2\n");

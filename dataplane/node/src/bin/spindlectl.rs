@@ -3,6 +3,10 @@
 //!   spindlectl --node 127.0.0.1:7472 --token $TOKEN policy show
 //!   spindlectl … policy set tenant 42 --body tenant.json --reason "raise the queue cap"
 //!   spindlectl … policy delete lane BEST_EFFORT --reason "back to the configured lane"
+//!   spindlectl … add provider vendor-2:acct-1:us:video-model-0 --concurrency 8 --rpm 600 \
+//!       --reason "second account"   (the next id; other values copied from `--like`, or the first)
+//!   spindlectl … add model video-model-2 --providers vendor-2:acct-1:us:video-model-0 \
+//!       --like video-model-0 --reason "new model"
 //!   spindlectl … lane close EXPENSIVE --reason "GPU pool degraded"   (the high-cost class)
 //!   spindlectl … lane open EXPENSIVE --reason "GPUs back"
 //!   spindlectl … audit --limit 20
@@ -52,6 +56,12 @@ enum Command {
     Lane {
         #[command(subcommand)]
         action: LaneAction,
+    },
+    /// Add a provider account or a model to the running nodes: it takes the next id, and the
+    /// values not given are copied from an existing one (`--like`, else the first).
+    Add {
+        #[command(subcommand)]
+        what: AddAction,
     },
     /// The latest audit entries (changes, drains, refusals).
     Audit {
@@ -107,6 +117,127 @@ enum LaneAction {
         #[arg(long)]
         reason: String,
     },
+}
+
+#[derive(Subcommand)]
+enum AddAction {
+    /// A provider account, named provider:account:region:model.
+    Provider {
+        name: String,
+        #[arg(long)]
+        like: Option<String>,
+        #[arg(long)]
+        concurrency: Option<u64>,
+        /// Requests per minute.
+        #[arg(long)]
+        rpm: Option<u64>,
+        /// The RPM bucket's burst.
+        #[arg(long)]
+        burst: Option<u64>,
+        #[arg(long)]
+        reason: String,
+    },
+    /// A model, served by the named provider accounts (in preference order).
+    Model {
+        name: String,
+        #[arg(long, value_delimiter = ',', required = true)]
+        providers: Vec<String>,
+        #[arg(long)]
+        like: Option<String>,
+        #[arg(long)]
+        reason: String,
+    },
+}
+
+/// The provider accounts, or models (`field` of the effective policy, `object` in the store),
+/// by id: those the node runs, with the store's rows over them — one added a moment ago may
+/// not have reached the node's running policy yet, and the next id counts it.
+fn known(policy: &Value, field: &str, object: &str) -> Vec<Value> {
+    let mut all = policy["effective"][field]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let mut stored: Vec<Value> = policy["objects"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|o| o["object"] == object)
+        .map(|o| o["body"].clone())
+        .collect();
+    stored.sort_by_key(|b| b["id"].as_u64());
+    for body in stored {
+        match body["id"].as_u64().map(|id| id as usize) {
+            Some(id) if id < all.len() => all[id] = body,
+            Some(id) if id == all.len() => all.push(body),
+            _ => {}
+        }
+    }
+    all
+}
+
+/// The one of `all` named `like`, or the first.
+fn template(all: &[Value], like: Option<&str>, what: &str) -> anyhow::Result<Value> {
+    let found = match like {
+        Some(name) => all.iter().find(|v| v["name"] == name),
+        None => all.first(),
+    };
+    found
+        .cloned()
+        .with_context(|| format!("no {what} {} to copy", like.unwrap_or("at all")))
+}
+
+/// The object `add` sends (`PUT /admin/v1/policy/{object}/{name}`), from `policy` (the node's
+/// `GET /admin/v1/policy`).
+fn addition(policy: &Value, add: &AddAction) -> anyhow::Result<(&'static str, String, Value)> {
+    match add {
+        AddAction::Provider {
+            name,
+            like,
+            concurrency,
+            rpm,
+            burst,
+            ..
+        } => {
+            let all = known(policy, "providers", "provider_account");
+            let mut body = template(&all, like.as_deref(), "provider account")?;
+            body["id"] = all.len().into();
+            body["name"] = name.as_str().into();
+            if let Some(c) = concurrency {
+                body["concurrency"] = (*c).into();
+            }
+            if let Some(r) = rpm {
+                body["rpm"]["per_minute"] = (*r).into();
+            }
+            if let Some(b) = burst {
+                body["rpm"]["burst"] = (*b).into();
+            }
+            Ok(("provider_account", name.clone(), body))
+        }
+        AddAction::Model {
+            name,
+            providers,
+            like,
+            ..
+        } => {
+            let accounts = known(policy, "providers", "provider_account");
+            let ids = providers
+                .iter()
+                .map(|p| {
+                    accounts
+                        .iter()
+                        .find(|a| a["name"] == p.as_str())
+                        .map(|a| a["id"].clone())
+                        .with_context(|| format!("no provider account {p}"))
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let all = known(policy, "models", "model_capability");
+            let mut body = template(&all, like.as_deref(), "model")?;
+            body["id"] = all.len().into();
+            body["name"] = name.as_str().into();
+            body["providers"] = ids.into();
+            Ok(("model_capability", name.clone(), body))
+        }
+    }
 }
 
 /// Lane names in the order of the policy's `lanes` array.
@@ -229,6 +360,22 @@ fn main() -> anyhow::Result<()> {
                 &cli,
                 "PUT",
                 &path,
+                Some(&json!({ "reason": reason, "body": body })),
+            )?
+        }
+        Command::Add { what } => {
+            let (status, policy) = call(&cli, "GET", "/admin/v1/policy", None)?;
+            if !(200..300).contains(&status) {
+                anyhow::bail!("reading the policy ({status}): {}", policy["error"]);
+            }
+            let (object, key, body) = addition(&policy, what)?;
+            let reason = match what {
+                AddAction::Provider { reason, .. } | AddAction::Model { reason, .. } => reason,
+            };
+            call(
+                &cli,
+                "PUT",
+                &format!("/admin/v1/policy/{object}/{key}"),
                 Some(&json!({ "reason": reason, "body": body })),
             )?
         }
