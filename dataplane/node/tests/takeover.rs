@@ -321,7 +321,7 @@ async fn nodes_killed_in_turn_lose_no_acknowledged_task() {
     let dir = tempfile::tempdir().unwrap();
     let names = ["node-a", "node-b"];
     let logs = [dir.path().join("a.log"), dir.path().join("b.log")];
-    let mut nodes = vec![
+    let mut nodes = [
         start_with(&test, &config(names[0], &logs[0])).await,
         start_with(&test, &config(names[1], &logs[1])).await,
     ];
