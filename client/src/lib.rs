@@ -1,6 +1,6 @@
 //! An async client for spindle's protocol (tokio). Requests are pipelined: any number may be in
 //! flight on one connection; a reader task matches answers to requests by `request_id`, in
-//! whatever order the node sends them. Events of subscriptions arrive on [`Client::events`].
+//! whatever order the node sends them. Events of subscriptions arrive on [`Client::next_event`].
 //!
 //! Requests are cancel-safe: a request is encoded whole and handed to a writer task over a
 //! bounded queue, so a request future dropped at any point (a `select!`, a caller's timeout)

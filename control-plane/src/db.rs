@@ -143,7 +143,7 @@ impl Db {
     /// Connects, applies pending migrations (under the advisory lock) and prepares statements,
     /// each step under a deadline: the start-up exchange within `connect_timeout` + the grace
     /// (the driver bounds only the socket's connect), the migrations and the prepares as
-    /// [`Db::within`] bounds any call. A server that accepts the connection and then stops
+    /// `Db::within` bounds any call. A server that accepts the connection and then stops
     /// answering fails the open `Unavailable` instead of holding the caller — a node's start,
     /// a pipeline's reconnect — forever.
     pub async fn open(config: &DbConfig) -> Result<Db, StoreError> {

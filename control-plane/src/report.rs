@@ -248,7 +248,7 @@ impl Db {
     }
 
     /// Applies `batch` in one transaction — after the results its finishes carry, in a statement
-    /// of their own ([`Db::store_results`]) — one result per row, in order.
+    /// of their own (`Db::store_results`) — one result per row, in order.
     pub async fn report_batch(&self, batch: &[Report]) -> Result<Vec<ReportResult>, StoreError> {
         validate(batch)?;
         if batch.is_empty() {

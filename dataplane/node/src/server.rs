@@ -43,7 +43,7 @@ pub struct ConnCtx {
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
     pub ownership: std::sync::Arc<crate::ownership::Ownership>,
     /// This executor's shard: a tenant's connection is served on the shard that owns it, and
-    /// admits its submits there directly ([`crate::shard::decide_now`]).
+    /// admits its submits there directly (`shard::decide_now`).
     pub local: crate::shard::SharedShard,
 }
 

@@ -23,7 +23,7 @@ pub struct StoredRequest {
     pub deadline_ms: Option<u32>,
     /// What to generate, for the provider: the client's JSON value, embedded as it came (not
     /// escaped into a string, so the payload is the input's size plus the rest's, within
-    /// [`STORED_REQUEST_BYTES_MAX`]). Absent when the client sent none, so such a task's
+    /// `STORED_REQUEST_BYTES_MAX`). Absent when the client sent none, so such a task's
     /// payload is what it was before inputs existed (and a replay of it still matches).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input: Option<Box<serde_json::value::RawValue>>,
