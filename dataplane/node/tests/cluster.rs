@@ -154,13 +154,6 @@ async fn three_nodes_share_one_provider_without_a_violation() {
         ids.len() as u64,
         "each task accepted exactly once"
     );
-    let held: i64 = sql
-        .query_one(
-            "SELECT count(*) FROM resource_reservation WHERE status = 'ACTIVE'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let held = common::active_reservations(&sql).await;
     assert_eq!(held, 0);
 }

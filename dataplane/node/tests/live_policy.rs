@@ -333,46 +333,23 @@ async fn a_provider_account_and_a_model_added_while_running_take_work() {
     // `spindlectl add` takes the next id and copies the rest; the model names the account
     // at once (before the node runs it: the store has it).
     let admin = "admin-token-0123456789";
-    let (ok, out) = ctl(
-        http,
-        admin,
-        &[
-            "add",
-            "provider",
-            name,
-            "--concurrency",
-            "2",
-            "--reason",
-            "a second account",
-        ],
-    );
+    let add = |what: &str, name: &str, option: &str, value: &str, reason: &str| {
+        ctl(
+            http,
+            admin,
+            &["add", what, name, option, value, "--reason", reason],
+        )
+    };
+    let (ok, out) = add("provider", name, "--concurrency", "2", "a second account");
     assert!(ok, "{out}");
-    let (ok, out) = ctl(
-        http,
-        admin,
-        &[
-            "add",
-            "model",
-            "video-model-9",
-            "--providers",
-            name,
-            "--reason",
-            "a new model",
-        ],
-    );
+    let (ok, out) = add("model", "video-model-9", "--providers", name, "a new model");
     assert!(ok, "{out}");
-    let (ok, out) = ctl(
-        http,
-        admin,
-        &[
-            "add",
-            "model",
-            "video-model-10",
-            "--providers",
-            "vendor-7:none",
-            "--reason",
-            "a typo",
-        ],
+    let (ok, out) = add(
+        "model",
+        "video-model-10",
+        "--providers",
+        "vendor-7:none",
+        "a typo",
     );
     assert!(
         !ok && out.contains("no provider account vendor-7:none"),

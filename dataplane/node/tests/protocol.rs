@@ -250,14 +250,7 @@ async fn cancel_racing_dispatch_never_runs_a_canceled_task() {
             wait_for(&client, t, TaskState::Succeeded).await;
         }
     }
-    let active: i64 = sql
-        .query_one(
-            "SELECT count(*) FROM resource_reservation WHERE status = 'ACTIVE'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let active = common::active_reservations(&sql).await;
     assert_eq!(active, 0, "every reservation was released");
 }
 

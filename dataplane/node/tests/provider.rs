@@ -404,14 +404,16 @@ async fn inputs_past_the_nodes_bound_are_read_back_for_the_provider() {
         .await
         .unwrap();
     let input_of = |i: usize| format!("\"{i:05}{}\"", "x".repeat(16 * 1024 - 7));
-    let batch: Vec<_> = (0..40)
-        .map(|i| {
-            let mut t = task(&format!("big{i}"));
-            t.input = Some(input_of(i));
-            t
-        })
-        .collect();
-    let answers = client.submit_batch(batch).await.unwrap();
+    let batch = |range: std::ops::Range<usize>| -> Vec<_> {
+        range
+            .map(|i| {
+                let mut t = task(&format!("big{i}"));
+                t.input = Some(input_of(i));
+                t
+            })
+            .collect()
+    };
+    let answers = client.submit_batch(batch(0..40)).await.unwrap();
     assert!(
         answers.iter().all(|a| a.decision.is_accepted()),
         "{answers:?}"
@@ -423,14 +425,7 @@ async fn inputs_past_the_nodes_bound_are_read_back_for_the_provider() {
 
     // Killed with the next 40 queued: the restarted node puts them back under the same bound
     // and each still reaches the provider with its own input, whichever attempt sends it.
-    let batch: Vec<_> = (40..80)
-        .map(|i| {
-            let mut t = task(&format!("big{i}"));
-            t.input = Some(input_of(i));
-            t
-        })
-        .collect();
-    let answers = client.submit_batch(batch).await.unwrap();
+    let answers = client.submit_batch(batch(40..80)).await.unwrap();
     assert!(answers.iter().all(|a| a.decision.is_accepted()));
     let mut daemon = daemon;
     daemon.child.kill().unwrap();

@@ -108,14 +108,7 @@ async fn a_second_node_takes_over_after_the_first_dies_and_completes_every_acked
         on_b.lines().count() > 1,
         "node B ran only the new task: the takeover restored nothing"
     );
-    let held: i64 = sql
-        .query_one(
-            "SELECT count(*) FROM resource_reservation WHERE status = 'ACTIVE'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let held = common::active_reservations(&sql).await;
     assert_eq!(held, 0, "nothing held after the last completion");
     drop(b);
 }
@@ -357,13 +350,6 @@ async fn nodes_killed_in_turn_lose_no_acknowledged_task() {
     for t in &acked {
         assert!(ran.contains(&t.0), "task {t} completed without running");
     }
-    let held: i64 = sql
-        .query_one(
-            "SELECT count(*) FROM resource_reservation WHERE status = 'ACTIVE'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let held = common::active_reservations(&sql).await;
     assert_eq!(held, 0, "nothing held after the last completion");
 }

@@ -333,3 +333,14 @@ pub async fn wait_reading(sql: &tokio_postgres::Client, query: &str, want: i64) 
     )
     .await
 }
+
+/// Reservations still ACTIVE: none once every attempt has ended.
+pub async fn active_reservations(sql: &tokio_postgres::Client) -> i64 {
+    sql.query_one(
+        "SELECT count(*) FROM resource_reservation WHERE status = 'ACTIVE'",
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
