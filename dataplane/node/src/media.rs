@@ -15,6 +15,10 @@ use tokio::sync::mpsc;
 
 use crate::shard::ShardMsg;
 
+/// The longest `media.output_url`: a result names up to 8 renditions by path and by URL within
+/// the store's bound on a result.
+pub const OUTPUT_URL_BYTES_MAX: usize = 256;
+
 /// Jobs waiting for a worker before the shard refuses more (the task then fails with the
 /// reason; nothing waits unbounded).
 pub const MEDIA_QUEUE_MAX: usize = 1024;
@@ -28,6 +32,11 @@ pub struct MediaConfig {
     /// Where outputs go (one file per task); default: the system temp dir.
     #[serde(default)]
     pub output_dir: Option<PathBuf>,
+    /// The URL `output_dir` is served under (a CDN, or an HTTP server in front of a volume the
+    /// platform shares): a task's result then also names each rendition by URL (`urls`), which
+    /// a client elsewhere can fetch; without it, only by path on this node.
+    #[serde(default)]
+    pub output_url: Option<String>,
     /// Bytes one job's output may take.
     #[serde(default = "default_quota_mb")]
     pub quota_mb: u64,
@@ -87,6 +96,15 @@ impl MediaConfig {
                 && self.renditions.iter().all(|h| (2..=4_320).contains(h)),
             "media.renditions must hold 1..=8 heights of 2..=4320"
         );
+        if let Some(url) = &self.output_url {
+            anyhow::ensure!(
+                (url.starts_with("http://") || url.starts_with("https://"))
+                    && url.len() <= OUTPUT_URL_BYTES_MAX
+                    && !url.contains(char::is_whitespace),
+                "media.output_url must be an http:// or https:// URL of at most \
+                 {OUTPUT_URL_BYTES_MAX} bytes without spaces, not {url:?}"
+            );
+        }
         Ok(())
     }
 }
@@ -129,6 +147,8 @@ pub struct MediaPool {
     /// Cancel flags of queued and running jobs, by task.
     cancels: Arc<Mutex<std::collections::HashMap<TaskId, Arc<std::sync::atomic::AtomicBool>>>>,
     pub declaration: DeclarationPolicy,
+    /// `media.output_url`, without a trailing `/`.
+    pub output_url: Option<String>,
     pub ledger: Arc<MediaLedger>,
     /// The inventory the ledger was built from.
     pub inventory: Arc<Inventory>,
@@ -276,6 +296,10 @@ impl MediaPool {
             jobs: tx,
             cancels,
             declaration: config.declaration,
+            output_url: config
+                .output_url
+                .as_deref()
+                .map(|u| u.trim_end_matches('/').to_string()),
             ledger,
             inventory,
             latest,
@@ -430,4 +454,31 @@ fn transcode_ladder(
         }
     }
     MediaOutcome::Done { outputs, probed }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn checked(text: &str) -> anyhow::Result<()> {
+        toml::from_str::<MediaConfig>(text)?.check()
+    }
+
+    #[test]
+    fn the_output_url_is_an_http_url_within_its_bound() {
+        checked("output_url = \"https://cdn.example.com/renditions/\"").unwrap();
+        checked("").unwrap();
+        let long = format!(
+            "output_url = \"https://{}\"",
+            "a".repeat(OUTPUT_URL_BYTES_MAX)
+        );
+        for bad in [
+            "output_url = \"ftp://cdn.example.com/\"",
+            "output_url = \"https://cdn.example.com/a b\"",
+            long.as_str(),
+        ] {
+            let e = checked(bad).unwrap_err().to_string();
+            assert!(e.starts_with("media.output_url must be"), "{bad}: {e}");
+        }
+    }
 }

@@ -1603,7 +1603,9 @@ async fn subscribers_hear_the_media_stage_milestone() {
     let test = TestDb::new().await;
     // 300 ms at the provider: time to subscribe before the media stage.
     let (m, admin) = mock_with(300, Some(clip)).await;
-    let media = "renditions = [240, 120]\ndeclaration = \"correct\"";
+    // The output directory served under a URL: the result names the renditions by it too.
+    let media = "renditions = [240, 120]\ndeclaration = \"correct\"\n\
+                 output_url = \"https://cdn.example.com/renditions/\"";
     let daemon = media_node(&test, &m, &dir.path().join("out"), media).await;
     let client = Client::connect(daemon.addr, TenantId(1), "one")
         .await
@@ -1624,12 +1626,23 @@ async fn subscribers_hear_the_media_stage_milestone() {
     };
     // The end carries what the task produced: its renditions, as GetTask gives them.
     let result = last.result.as_deref().expect("a result with SUCCEEDED");
-    let outputs: Vec<String> = serde_json::from_value(
-        serde_json::from_str::<serde_json::Value>(result).unwrap()["outputs"].clone(),
-    )
-    .unwrap();
+    let result: serde_json::Value = serde_json::from_str(result).unwrap();
+    let outputs: Vec<String> = serde_json::from_value(result["outputs"].clone()).unwrap();
     assert_eq!(outputs.len(), 2, "{result}");
     assert!(outputs[0].ends_with("-240p.mp4"), "{result}");
+    let urls: Vec<String> = serde_json::from_value(result["urls"].clone()).unwrap();
+    for (url, path) in urls.iter().zip(&outputs) {
+        let name = std::path::Path::new(path).file_name().unwrap();
+        assert_eq!(
+            *url,
+            format!(
+                "https://cdn.example.com/renditions/{}",
+                name.to_string_lossy()
+            ),
+            "{result}"
+        );
+    }
+    assert_eq!(urls.len(), 2, "{result}");
     let at = |x: (TaskState, u8)| seen.iter().position(|&s| s == x);
     let entered = at((TaskState::MediaProcessing, 60)).expect("entered the media stage");
     let milestone = at((TaskState::MediaProcessing, 90)).expect("the media milestone");

@@ -113,7 +113,17 @@ pub(super) fn media_event(s: &mut ShardState, event: crate::media::MediaEvent) {
     let produced = match &event.outcome {
         MediaOutcome::Done { outputs, .. } => {
             let paths: Vec<String> = outputs.iter().map(|o| o.display().to_string()).collect();
-            Some(stored_result(serde_json::json!({ "outputs": paths })))
+            let mut result = serde_json::json!({ "outputs": paths });
+            if let Some(base) = s.media.as_ref().and_then(|m| m.output_url.as_deref()) {
+                // Outputs are files directly in `output_dir`, named by the node (ASCII).
+                let urls: Vec<String> = outputs
+                    .iter()
+                    .filter_map(|o| o.file_name())
+                    .map(|name| format!("{base}/{}", name.to_string_lossy()))
+                    .collect();
+                result["urls"] = urls.into();
+            }
+            Some(stored_result(result))
         }
         MediaOutcome::Failed { .. } => None,
     };
