@@ -18,6 +18,8 @@ enum Event {
         tenant: u32,
         user: u32,
         res: u8,
+        /// Of the models the policy has now (more may be added).
+        model: u8,
         dur_s: u32,
         band: Option<u8>,
         deadline_ms: Option<u64>,
@@ -37,15 +39,16 @@ enum Event {
     Stale(usize),
     Refuse(usize),
     Clock(u32),
-    /// A newer policy version: reprice the model, or change the STANDARD lane.
+    /// A newer policy version: reprice the model, change the STANDARD lane or a provider
+    /// account, or add an account or a model (served by the newest account).
     Policy(u8, u32),
 }
 
 fn event() -> impl Strategy<Value = Event> {
     prop_oneof![
-        4 => (1u32..6, 0u32..4, 0u8..3, 1u32..70, prop::option::of(0u8..5), prop::option::of(0u64..20_000))
-            .prop_map(|(tenant, user, res, dur_s, band, deadline_ms)| Event::Submit {
-                tenant, user: tenant * 10 + user, res, dur_s, band, deadline_ms
+        4 => (1u32..6, 0u32..4, 0u8..3, any::<u8>(), 1u32..70, prop::option::of(0u8..5), prop::option::of(0u64..20_000))
+            .prop_map(|(tenant, user, res, model, dur_s, band, deadline_ms)| Event::Submit {
+                tenant, user: tenant * 10 + user, res, model, dur_s, band, deadline_ms
             }),
         3 => (1u8..8, any::<bool>()).prop_map(|(max, accept)| Event::Dispatch { max, accept }),
         1 => any::<usize>().prop_map(Event::Accept),
@@ -59,7 +62,7 @@ fn event() -> impl Strategy<Value = Event> {
         1 => any::<usize>().prop_map(Event::Stale),
         1 => any::<usize>().prop_map(Event::Refuse),
         2 => (0u32..120_000).prop_map(Event::Clock),
-        1 => (0u8..4, 1u32..20).prop_map(|(k, v)| Event::Policy(k, v)),
+        1 => (0u8..6, 1u32..20).prop_map(|(k, v)| Event::Policy(k, v)),
     ]
 }
 
@@ -164,8 +167,22 @@ impl World {
                 lane.weight = v;
                 PolicyPatch::Lane(Lane::Standard, lane)
             }
+            4 if policy.providers.len() < 5 => {
+                let mut p = policy.providers[0].clone();
+                p.id = spindle_core::ProviderId(policy.providers.len() as u16);
+                p.name = format!("added-account-{}", p.id.0);
+                p.concurrency = u64::from(v / 3);
+                PolicyPatch::Provider(p)
+            }
+            5 if policy.models.len() < 4 => {
+                let mut m = policy.models[0].clone();
+                m.id = ModelId(policy.models.len() as u16);
+                m.name = format!("added-model-{}", m.id.0);
+                m.providers = vec![spindle_core::ProviderId(policy.providers.len() as u16 - 1)];
+                PolicyPatch::Model(m)
+            }
             _ => {
-                let mut p = policy.providers[v as usize % 2].clone();
+                let mut p = policy.providers[v as usize % policy.providers.len()].clone();
                 p.concurrency = u64::from(v / 3);
                 PolicyPatch::Provider(p)
             }
@@ -194,6 +211,7 @@ impl World {
                 tenant,
                 user,
                 res,
+                model,
                 dur_s,
                 band,
                 deadline_ms,
@@ -201,8 +219,9 @@ impl World {
                 self.next_task += 1;
                 let task = TaskId(self.next_task);
                 let (width, height) = [(1280, 720), (1920, 1080), (3840, 2160)][res as usize];
+                let models = self.shard.policy().models.len();
                 let spec = TaskSpec {
-                    model: ModelId(0),
+                    model: ModelId((usize::from(model) % models) as u16),
                     width,
                     height,
                     duration_ms: dur_s * 1000,
