@@ -356,6 +356,13 @@ async fn a_provider_account_and_a_model_added_while_running_take_work() {
         "{out}"
     );
 
+    // `policy show` lists the accounts and models the node runs, with their ids.
+    let line = format!("provider {providers:<3} {name}");
+    within("the node runs the new account", async || {
+        let (ok, out) = ctl(http, admin, &["policy", "show"]);
+        ok && out.contains(&line) && out.contains("video-model-9")
+    })
+    .await;
     let limit =
         format!("spindle_node_limit_capacity{{limit=\"provider:{providers}:concurrency\"}} 2\n");
     within(

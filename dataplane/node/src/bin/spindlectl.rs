@@ -438,8 +438,26 @@ fn print_human(command: &Command, v: &Value) {
                 println!(
                     "  lane {name:<20} {:<6} weight {:<5} capacity {} units",
                     if l["open"] == true { "open" } else { "CLOSED" },
-                    l["weight"],
+                    l["weight"].to_string(),
                     l["capacity"].as_u64().map_or(0, |m| m / 1000)
+                );
+            }
+            for p in v["effective"]["providers"].as_array().into_iter().flatten() {
+                println!(
+                    "  provider {:<3} {:<40} concurrency {:<6} rpm {} (burst {})",
+                    p["id"].to_string(),
+                    p["name"].as_str().unwrap_or(""),
+                    p["concurrency"].to_string(),
+                    p["rpm"]["per_minute"],
+                    p["rpm"]["burst"]
+                );
+            }
+            for m in v["effective"]["models"].as_array().into_iter().flatten() {
+                println!(
+                    "  model    {:<3} {:<40} providers {}",
+                    m["id"].to_string(),
+                    m["name"].as_str().unwrap_or(""),
+                    m["providers"]
                 );
             }
             for o in v["objects"].as_array().into_iter().flatten() {
