@@ -271,6 +271,12 @@ impl TokenBucket {
         self.rate
     }
 
+    /// Tops the bucket up to its burst, as a new bucket starts.
+    pub fn fill(&mut self, now: Time) {
+        self.refill(now);
+        self.level = self.cap;
+    }
+
     /// Changes rate and burst (a new share of a node-wide budget); stored tokens above the new
     /// burst are dropped, never created.
     pub fn set_rate(&mut self, rate: RateSpec, now: Time) {
@@ -756,6 +762,13 @@ impl Ledger {
     pub fn set_rate(&mut self, id: LimitId, rate: RateSpec, now: Time) {
         if id.semaphore_index().is_none() {
             self.buckets[id.index()].set_rate(rate, now);
+        }
+    }
+
+    /// Tops bucket `id` up to its burst (a bucket that starts only once it is given a rate).
+    pub fn fill(&mut self, id: LimitId, now: Time) {
+        if id.semaphore_index().is_none() {
+            self.buckets[id.index()].fill(now);
         }
     }
 

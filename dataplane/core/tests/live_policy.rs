@@ -228,18 +228,16 @@ fn a_provider_and_a_model_added_at_run_time_take_work_within_their_limits() {
                 }
             }
         };
-        // A share of a rate given at run time fills as time passes (no burst at once).
         let later = Time::ZERO.plus_ns(1_000_000_000);
         if shards > 1 {
             assert!(drain(&mut shard, later).is_empty(), "no share yet");
             // The split gives this shard the whole account and model, as one shard of an
-            // otherwise idle node would get.
+            // otherwise idle node would get; the RPM bucket starts full, as at a start.
             for (id, capacity) in &added[limits_before..] {
-                shard.set_share(*id, *capacity, Time::ZERO);
+                shard.set_share(*id, *capacity, later);
             }
             assert!(matches!(added[limits_before].1, NodeCapacity::Slots(2)));
         }
-        let later = later.plus_ns(1_000_000_000);
         assert_eq!(drain(&mut shard, later), [account.id; 2], "{shards} shards");
         shard.check_invariants();
     }

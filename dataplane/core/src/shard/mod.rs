@@ -709,6 +709,9 @@ pub struct Shard {
     node_limit_ids: Vec<LimitId>,
     /// Shards of the node this one belongs to (node limits are split among them).
     shards: u32,
+    /// Rate limits added at run time that have had no rate yet: each starts full, as the
+    /// node's buckets do, once its first share comes ([`Shard::set_share`]).
+    unstarted_rates: Vec<LimitId>,
     tenants: Vec<TenantRt>,
     tenant_slots: RunMap<TenantId, u32>,
     users: Vec<UserRt>,
@@ -821,7 +824,13 @@ impl Shard {
         };
         let id = match share {
             NodeCapacity::Slots(v) => self.ledger.add_semaphore(key, v),
-            NodeCapacity::Rate(r) => self.ledger.add_bucket(key, r, now),
+            NodeCapacity::Rate(r) => {
+                let id = self.ledger.add_bucket(key, r, now);
+                if r.per_minute == 0 {
+                    self.unstarted_rates.push(id);
+                }
+                id
+            }
         };
         self.node_limit_ids.push(id);
         id
@@ -946,6 +955,7 @@ impl Shard {
             node,
             node_limit_ids,
             shards,
+            unstarted_rates: Vec::new(),
             tenants: Vec::new(),
             tenant_slots: RunMap::default(),
             users: Vec::new(),
@@ -1100,6 +1110,12 @@ impl Shard {
             NodeCapacity::Rate(r) => {
                 let before = self.ledger.rate(id).expect("a rate share for a bucket");
                 self.ledger.set_rate(id, r, now);
+                if r.per_minute > 0 {
+                    if let Some(i) = self.unstarted_rates.iter().position(|&u| u == id) {
+                        self.unstarted_rates.swap_remove(i);
+                        self.ledger.fill(id, now);
+                    }
+                }
                 r.per_minute > before.per_minute || r.burst > before.burst
             }
         };
