@@ -119,21 +119,29 @@ impl LivePolicy {
         rows: &[PolicyRow],
         patch: &PolicyPatch,
     ) -> Result<(), String> {
-        let room = self.room.get();
-        let current = self.current();
-        let running = room.map(|room| Running {
-            room,
-            current: &current,
-        });
-        let (stored, _) = effective(&self.base, version, rows, running);
+        let (stored, _) = self.effective_over(&self.current(), version, rows);
         stored.check(patch).map_err(|e| e.to_string())?;
-        room.map_or(Ok(()), |room| room.check(&stored, patch))
+        self.room
+            .get()
+            .map_or(Ok(()), |room| room.check(&stored, patch))
+    }
+
+    /// The configuration with the stored objects `rows` over it, for a node that runs `current`
+    /// (see [`Running`]; before the shards are built, as at a start).
+    fn effective_over(
+        &self,
+        current: &Policy,
+        version: PolicyVersion,
+        rows: &[PolicyRow],
+    ) -> (Policy, Vec<String>) {
+        let running = self.room.get().map(|room| Running { room, current });
+        effective(&self.base, version, rows, running)
     }
 
     /// Whether the row of `object` `key` may be deleted: not that of a provider account or
     /// model the configuration does not have (added through the store) — its id would be left
     /// unfilled at the next start, and every one added after it refused there. Such an account
-    /// is stopped by its concurrency (0), such a model by not naming it.
+    /// is stopped by its concurrency (0); such a model stays in the policy.
     pub fn check_delete(&self, object: PolicyObject, key: &str) -> Result<(), String> {
         let current = self.current();
         let added = match object {
@@ -308,11 +316,7 @@ pub async fn watch(
             }
         };
         let current = live.current();
-        let running = live.room.get().map(|room| Running {
-            room,
-            current: &current,
-        });
-        let (next, skipped) = effective(live.base(), version, &rows, running);
+        let (next, skipped) = live.effective_over(&current, version, &rows);
         report_skipped(&skipped, &metrics);
         let patches = current.diff(&next);
         // A new provider account's pool rows and circuit breaker come first: the shards may

@@ -335,10 +335,11 @@ impl Shard {
 
     /// One object of a newer policy version, checked first ([`Policy::check`]; on an error
     /// nothing changed). A new provider account or model gets its node limits after every
-    /// existing one ([`Shard::node_limits`] grows; see `add_node_limit`). Queued and running tasks keep the lane, band and estimate they were
-    /// admitted with; what reads the policy at each decision (a lane closed or reweighted, retry
-    /// limits, a model's price for new tasks) follows at once. Node-wide capacities are the
-    /// shell's to re-split: see [`Shard::node_limits`].
+    /// existing one ([`Shard::node_limits`] grows; see `add_node_limit`). Queued and running
+    /// tasks keep the lane, band and estimate they were admitted with; what reads the policy
+    /// at each decision (a lane closed or reweighted, retry limits, a model's price for new
+    /// tasks) follows at once. Node-wide capacities are the shell's to re-split: see
+    /// [`Shard::node_limits`].
     pub fn apply_patch(&mut self, patch: PolicyPatch, now: Time) -> Result<(), PolicyError> {
         self.policy.check(&patch)?;
         match patch {

@@ -822,16 +822,10 @@ impl Shard {
         } else {
             capacity.part(0)
         };
-        let id = match share {
-            NodeCapacity::Slots(v) => self.ledger.add_semaphore(key, v),
-            NodeCapacity::Rate(r) => {
-                let id = self.ledger.add_bucket(key, r, now);
-                if r.per_minute == 0 {
-                    self.unstarted_rates.push(id);
-                }
-                id
-            }
-        };
+        let id = add_share(&mut self.ledger, key, share, now);
+        if matches!(share, NodeCapacity::Rate(r) if r.per_minute == 0) {
+            self.unstarted_rates.push(id);
+        }
         self.node_limit_ids.push(id);
         id
     }
@@ -863,7 +857,13 @@ pub fn register_node_limit(
     now: Time,
 ) -> LimitId {
     let capacity = node_capacity(policy, key).expect("a node-wide key");
-    match even_share(capacity, shards) {
+    add_share(ledger, key, even_share(capacity, shards), now)
+}
+
+/// Registers node limit `key` in `ledger` holding `share`: a semaphore for slots, a bucket for
+/// a rate.
+fn add_share(ledger: &mut Ledger, key: LimitKey, share: NodeCapacity, now: Time) -> LimitId {
+    match share {
         NodeCapacity::Slots(v) => ledger.add_semaphore(key, v),
         NodeCapacity::Rate(r) => ledger.add_bucket(key, r, now),
     }

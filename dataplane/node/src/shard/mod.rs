@@ -353,14 +353,7 @@ impl ShardState {
         let provider_rpm = core
             .ledger()
             .ids()
-            .filter_map(|(id, key)| match key {
-                spindle_core::ledger::LimitKey::ProviderRpm(p) => setup
-                    .policy
-                    .providers
-                    .get(p.0 as usize)
-                    .map(|p| (id, p.name.clone())),
-                _ => None,
-            })
+            .filter_map(|(id, key)| provider_rpm_of(&setup.policy, id, key))
             .collect();
         assert_eq!(
             split_limits.len() + crate::live_policy::ROOM_LIMITS,
@@ -967,6 +960,22 @@ fn cancel_held(s: &mut ShardState, task: TaskId) -> Result<(), spindle_core::Sha
     Ok(())
 }
 
+/// `id` with its account's name when it is a provider account's RPM limit (`ShardState`'s
+/// `provider_rpm`: which accounts a 429 has halved, for `/metrics`).
+fn provider_rpm_of(
+    policy: &Policy,
+    id: LimitId,
+    key: spindle_core::ledger::LimitKey,
+) -> Option<(LimitId, String)> {
+    match key {
+        spindle_core::ledger::LimitKey::ProviderRpm(p) => policy
+            .providers
+            .get(usize::from(p.0))
+            .map(|p| (id, p.name.clone())),
+        _ => None,
+    }
+}
+
 /// Takes one object of a newer policy version into the core, and the node-wide capacities it
 /// changed into the split: the coordinator (shard 0) resizes them on the board, every shard
 /// splits its own part of the new capacity from the next tick on.
@@ -984,10 +993,8 @@ fn apply_policy(s: &mut ShardState, patch: spindle_core::policy::PolicyPatch) {
             assert!(k < s.board.limits(), "a limit added past the board's room");
             s.split_limits.push((id, capacity));
             let key = s.core.ledger().key(id);
-            if let spindle_core::ledger::LimitKey::ProviderRpm(p) = key {
-                let name = s.core.policy().providers[usize::from(p.0)].name.clone();
-                s.provider_rpm.push((id, name));
-            }
+            s.provider_rpm
+                .extend(provider_rpm_of(s.core.policy(), id, key));
             if s.index == 0 {
                 s.board.set_capacity(k, capacity.units());
                 if let Some(split) = s.metrics.split.get() {
