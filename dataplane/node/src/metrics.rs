@@ -280,6 +280,25 @@ impl Metrics {
     }
 
     /// Prometheus text exposition.
+    /// A series with one value per shard: `name{shard="i"} value`, after its HELP and TYPE.
+    fn per_shard(
+        &self,
+        w: &mut String,
+        name: &str,
+        kind: &str,
+        help: &str,
+        value: impl Fn(&ShardGauges) -> &AtomicU64,
+    ) {
+        let _ = writeln!(w, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (i, g) in self.shards.iter().enumerate() {
+            let _ = writeln!(
+                w,
+                "{name}{{shard=\"{i}\"}} {}",
+                value(g).load(Ordering::Relaxed)
+            );
+        }
+    }
+
     pub fn render(&self) -> String {
         let mut out = String::new();
         let w = &mut out;
@@ -363,14 +382,13 @@ impl Metrics {
             "# HELP spindle_events_pending Events not yet relayed, as last counted.\n# TYPE spindle_events_pending gauge\nspindle_events_pending {}",
             self.events_pending.load(Ordering::Relaxed)
         );
-        let _ = writeln!(w, "# HELP spindle_connections_served_total Authenticated client connections served, per shard (the shard owning the connection's tenant).\n# TYPE spindle_connections_served_total counter");
-        for (i, g) in self.shards.iter().enumerate() {
-            let _ = writeln!(
-                w,
-                "spindle_connections_served_total{{shard=\"{i}\"}} {}",
-                g.connections.load(Ordering::Relaxed)
-            );
-        }
+        self.per_shard(
+            w,
+            "spindle_connections_served_total",
+            "counter",
+            "Authenticated client connections served, per shard (the shard owning the connection's tenant).",
+            |g| &g.connections,
+        );
         let _ = writeln!(w, "# HELP spindle_queued_tasks Queued tasks per shard and lane.\n# TYPE spindle_queued_tasks gauge");
         for (i, g) in self.shards.iter().enumerate() {
             for lane in Lane::ALL {
@@ -393,22 +411,20 @@ impl Metrics {
                 g.live_tasks.load(Ordering::Relaxed)
             );
         }
-        let _ = writeln!(w, "# HELP spindle_task_input_bytes Bytes of task inputs held in memory for live tasks, per shard (bounded by task_inputs_mb).\n# TYPE spindle_task_input_bytes gauge");
-        for (i, g) in self.shards.iter().enumerate() {
-            let _ = writeln!(
-                w,
-                "spindle_task_input_bytes{{shard=\"{i}\"}} {}",
-                g.input_bytes.load(Ordering::Relaxed)
-            );
-        }
-        let _ = writeln!(w, "# HELP spindle_task_inputs_stored Live tasks whose input is read back from PostgreSQL at dispatch (past task_inputs_mb), per shard.\n# TYPE spindle_task_inputs_stored gauge");
-        for (i, g) in self.shards.iter().enumerate() {
-            let _ = writeln!(
-                w,
-                "spindle_task_inputs_stored{{shard=\"{i}\"}} {}",
-                g.inputs_stored.load(Ordering::Relaxed)
-            );
-        }
+        self.per_shard(
+            w,
+            "spindle_task_input_bytes",
+            "gauge",
+            "Bytes of task inputs held in memory for live tasks, per shard (bounded by task_inputs_mb).",
+            |g| &g.input_bytes,
+        );
+        self.per_shard(
+            w,
+            "spindle_task_inputs_stored",
+            "gauge",
+            "Live tasks whose input is read back from PostgreSQL at dispatch (past task_inputs_mb), per shard.",
+            |g| &g.inputs_stored,
+        );
         let _ = writeln!(w, "# HELP spindle_control_batch_seconds Control-plane batch latency by kind.\n# TYPE spindle_control_batch_seconds histogram");
         for (kind, h) in KINDS.iter().zip(&self.batches) {
             h.render(
