@@ -458,6 +458,78 @@ async fn inputs_past_the_nodes_bound_are_read_back_for_the_provider() {
     }
 }
 
+/// An input left in PostgreSQL whose stored request no longer parses (overwritten here, as a
+/// damaged row or a foreign writer would leave it) ends its task FAILED at its first attempt,
+/// with the reason and without a retry — no attempt could read it — while the node's other
+/// tasks run as sent, and nothing stays held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreadable_stored_input_fails_its_task_without_a_retry() {
+    let test = TestDb::new().await;
+    // Jobs of 1.5 s: the 8 claimed at submit hold the provider while the rows are overwritten.
+    let (m, admin) = mock(1_500).await;
+    // As in the test above: one shard holds inputs 0..32 of these, 32..40 are left stored.
+    let config = node_config("provider-node", &m, "").replacen(
+        "shards = 2",
+        "shards = 2\ntask_inputs_mb = 1",
+        1,
+    );
+    let daemon = start_with(&test, &config).await;
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let input_of = |i: usize| format!("\"{i:05}{}\"", "x".repeat(16 * 1024 - 7));
+    let tasks = (0..40)
+        .map(|i| {
+            let mut t = task(&format!("big{i}"));
+            t.input = Some(input_of(i));
+            t
+        })
+        .collect();
+    let answers = client.submit_batch(tasks).await.unwrap();
+    assert!(answers.iter().all(|a| a.decision.is_accepted()));
+    let ids: Vec<TaskId> = answers.iter().map(|a| a.task).collect();
+    let damaged: Vec<i64> = ids[36..].iter().map(|t| t.0 as i64).collect();
+    let sql = test.sql().await.unwrap();
+    let overwritten = sql
+        .execute(
+            "UPDATE task SET payload = '\\x7b'::bytea
+              WHERE task_id = ANY ($1) AND state = 'QUEUED' AND attempt_no = 0",
+            &[&damaged],
+        )
+        .await
+        .unwrap();
+    assert_eq!(overwritten, 4, "the damaged tasks were still waiting");
+
+    let states = wait_final(&test, &ids).await;
+    assert_eq!(
+        states,
+        [vec!["SUCCEEDED"; 36], vec!["FAILED"; 4]].concat(),
+        "{}",
+        daemon.log_tail(20)
+    );
+    for row in sql
+        .query(
+            "SELECT attempt_no, failure_reason FROM task WHERE task_id = ANY ($1)",
+            &[&damaged],
+        )
+        .await
+        .unwrap()
+    {
+        let reason: String = row.get(1);
+        assert_eq!(row.get::<_, i32>(0), 1, "not retried: {reason}");
+        assert!(
+            reason.contains("could not be read: its stored request is unreadable"),
+            "{reason}"
+        );
+    }
+    for (i, &task) in ids[..36].iter().enumerate() {
+        let got = submitted(&admin, task).await;
+        assert_eq!(got.input.to_string(), input_of(i), "task {i}");
+    }
+    let total = assert_clean(&test, &admin).await;
+    assert_eq!(total.accepted, 36, "no job for a damaged task");
+}
+
 /// Without a media stage, a succeeded task's result is the provider's video: `GetTask` tells
 /// the client where it is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,7 +18,7 @@ mod restore;
 use leases::LeaseLoop;
 use pipeline::reader;
 pub(crate) use pipeline::reconnect;
-pub use pipeline::{pipeline, PipelineSetup, ReadMsg, StoredInput, READ_QUEUE_MAX};
+pub use pipeline::{pipeline, InputUnread, PipelineSetup, ReadMsg, StoredInput, READ_QUEUE_MAX};
 use restore::{load_restores, recover_attempts, Followed};
 pub use restore::{LiveRestore, Restore, ShardRestores, Unrestorable};
 

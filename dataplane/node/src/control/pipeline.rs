@@ -516,14 +516,39 @@ async fn read_statuses(db: &Db, group: Vec<ReadMsg>) {
     }
 }
 
-/// A task's input as its stored request has it: `Ok(None)` when it was submitted without one,
-/// `Err` (why) when its row or its request cannot give it.
-pub type StoredInput = Result<Option<Box<str>>, String>;
+/// A task's input as its stored request has it: `Ok(None)` when it was submitted without one.
+pub type StoredInput = Result<Option<Box<str>>, InputUnread>;
+
+/// Why a task's input, left in PostgreSQL, did not come back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InputUnread {
+    /// The read failed (PostgreSQL unreachable, a timeout): a later attempt may read it.
+    Read(String),
+    /// What is stored cannot give it (the row is gone, the request does not parse): no attempt
+    /// will.
+    Stored(String),
+}
+
+impl InputUnread {
+    /// Whether a later attempt could read it.
+    pub fn retryable(&self) -> bool {
+        matches!(self, InputUnread::Read(_))
+    }
+}
+
+impl std::fmt::Display for InputUnread {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            InputUnread::Read(why) => write!(f, "reading it: {why}"),
+            InputUnread::Stored(why) => f.write_str(why),
+        }
+    }
+}
 
 fn stored_input(payload: Option<&[u8]>) -> StoredInput {
-    let payload = payload.ok_or("its row is gone")?;
+    let payload = payload.ok_or_else(|| InputUnread::Stored("its row is gone".into()))?;
     let stored: crate::shard::StoredRequest = serde_json::from_slice(payload)
-        .map_err(|e| format!("its stored request is unreadable: {e}"))?;
+        .map_err(|e| InputUnread::Stored(format!("its stored request is unreadable: {e}")))?;
     Ok(stored.input.map(|i| i.get().into()))
 }
 
@@ -762,11 +787,20 @@ mod tests {
             Ok(Some(r#"{"prompt":"a"}"#.into()))
         );
         assert_eq!(stored_input(Some(&request(None))), Ok(None));
-        assert_eq!(stored_input(None), Err("its row is gone".into()));
+        assert_eq!(
+            stored_input(None),
+            Err(InputUnread::Stored("its row is gone".into()))
+        );
         let broken = stored_input(Some(&with[..10])).unwrap_err();
+        assert!(!broken.retryable(), "no later attempt reads it either");
         assert!(
-            broken.starts_with("its stored request is unreadable"),
+            broken
+                .to_string()
+                .starts_with("its stored request is unreadable"),
             "{broken}"
         );
+        let down = InputUnread::Read("PostgreSQL is unavailable".into());
+        assert!(down.retryable());
+        assert_eq!(down.to_string(), "reading it: PostgreSQL is unavailable");
     }
 }

@@ -34,7 +34,8 @@ use spindle_wire::{Admission, ErrorCode, Response, SubmitTask, TaskStatus, WireE
 use tokio::sync::{mpsc, oneshot};
 
 use crate::control::{
-    preferred_pool_shard, provider_pool, provider_pool_shards, CpMsg, Pipes, ReadMsg, StoredInput,
+    preferred_pool_shard, provider_pool, provider_pool_shards, CpMsg, InputUnread, Pipes, ReadMsg,
+    StoredInput,
 };
 use spindle_control::query::{lost_claim, TaskHead};
 

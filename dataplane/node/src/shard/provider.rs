@@ -31,7 +31,7 @@ pub(super) async fn stored_inputs(
     .await
     {
         Ok(inputs) => inputs,
-        Err(e) => vec![Err(format!("reading it: {e}")); tasks.len()],
+        Err(e) => vec![Err(InputUnread::Read(e.to_string())); tasks.len()],
     };
     tasks.into_iter().zip(answer).collect()
 }
@@ -40,7 +40,8 @@ pub(super) async fn stored_inputs(
 /// this runs on its answer), with the task's model by name and its client's input as sent
 /// (held by the shard, or `stored`: read back for it by [`stored_inputs`]). The request key is
 /// the attempt's: a repeat is the same job. A task canceled since its grant is not sent at all:
-/// its attempt ends here; so does one whose input could not be read (retryable).
+/// its attempt ends here; so does one whose input could not be read (retryable when the read
+/// failed, not when what is stored cannot give it).
 pub(super) async fn submit_to_provider(
     state: &SharedShard,
     d: &crate::dispatch::DispatchHandle,
@@ -65,20 +66,20 @@ pub(super) async fn submit_to_provider(
             (Input::Held(i), _) => parse(i),
             (Input::Stored, Some(Ok(i))) => i.as_deref().map_or(serde_json::Value::Null, parse),
             (Input::Stored, read) => {
+                use spindle_core::shard::Failure;
                 let now = s.now();
-                let why = match read {
-                    Some(Err(why)) => why,
-                    _ => "it was not read".into(),
+                let unread = match read {
+                    Some(Err(unread)) => unread,
+                    _ => InputUnread::Read("it was not read".into()),
                 };
-                let why = format!("its input is left in PostgreSQL and could not be read: {why}");
-                failed(
-                    &mut s,
-                    now,
-                    task,
-                    token,
-                    spindle_core::shard::Failure::Retryable,
-                    &why,
-                );
+                let failure = if unread.retryable() {
+                    Failure::Retryable
+                } else {
+                    Failure::NonRetryable
+                };
+                let why =
+                    format!("its input is left in PostgreSQL and could not be read: {unread}");
+                failed(&mut s, now, task, token, failure, &why);
                 return;
             }
         };
