@@ -1513,6 +1513,7 @@ CREATE TABLE public.node (
     started_at timestamp with time zone DEFAULT now() NOT NULL,
     heartbeat_at timestamp with time zone DEFAULT now() NOT NULL,
     state text DEFAULT 'UP'::text NOT NULL,
+    relays_events boolean DEFAULT false NOT NULL,
     CONSTRAINT node_node_id_check CHECK (((length(node_id) >= 1) AND (length(node_id) <= 128))),
     CONSTRAINT node_state_check CHECK ((state = ANY (ARRAY['UP'::text, 'DRAINING'::text, 'DOWN'::text])))
 );

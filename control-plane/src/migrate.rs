@@ -117,6 +117,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "task_result",
         sql: include_str!("../migrations/0020_task_result.sql"),
     },
+    Migration {
+        version: 21,
+        name: "cluster_relay",
+        sql: include_str!("../migrations/0021_cluster_relay.sql"),
+    },
 ];
 
 /// FNV-1a over the migration's text: stable across builds and platforms.

@@ -158,6 +158,11 @@ pub struct Metrics {
     pub counter_drift_budgets: AtomicU64,
     /// Outbox rows (event batches) the retention passes removed.
     pub events_pruned: AtomicU64,
+    /// Retention rounds run (one after each lease renewal), and the nodes relaying the
+    /// cluster's events the last one counted (this one included): while it is above zero,
+    /// nothing a relay has yet to send is pruned.
+    pub retention_rounds: AtomicU64,
+    pub relaying_nodes: AtomicU64,
     /// The event relay (when `[events]` is configured): events the sink took, batches it
     /// refused, events pending as last counted, and whether that is above `pending_max`.
     pub events_relayed: AtomicU64,
@@ -211,6 +216,8 @@ impl Metrics {
             counter_drift_shards: AtomicU64::new(0),
             counter_drift_budgets: AtomicU64::new(0),
             events_pruned: AtomicU64::new(0),
+            retention_rounds: AtomicU64::new(0),
+            relaying_nodes: AtomicU64::new(0),
             events_relayed: AtomicU64::new(0),
             events_refused: AtomicU64::new(0),
             events_pending: AtomicU64::new(0),
@@ -361,6 +368,16 @@ impl Metrics {
             w,
             "# HELP spindle_counter_drift_budgets Tenants whose reserved budget differed from their open reservations at the last check.\n# TYPE spindle_counter_drift_budgets gauge\nspindle_counter_drift_budgets {}",
             self.counter_drift_budgets.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            w,
+            "# HELP spindle_retention_rounds_total Retention rounds run (one after each lease renewal).\n# TYPE spindle_retention_rounds_total counter\nspindle_retention_rounds_total {}",
+            self.retention_rounds.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            w,
+            "# HELP spindle_relaying_nodes Nodes relaying the cluster's events (this one included) heard from within the events' retention window, as the last retention round counted: while above zero nothing a relay has yet to send is pruned.\n# TYPE spindle_relaying_nodes gauge\nspindle_relaying_nodes {}",
+            self.relaying_nodes.load(Ordering::Relaxed)
         );
         let _ = writeln!(
             w,

@@ -206,3 +206,98 @@ async fn an_idle_node_with_a_relay_is_ready() {
     )
     .await;
 }
+
+/// Two nodes on one PostgreSQL, configured differently (as during a rolling change): one
+/// relays the events, the other has no `[events]` and windows of a second. The second's
+/// retention keeps its ended tasks and their undelivered events while the first's relay has
+/// them to send — before, it pruned both after its window and the relay lost them — and prunes
+/// them once they are sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_without_a_relay_keeps_what_another_nodes_relay_has_to_send() {
+    let test = TestDb::new().await;
+    let rx = receiver().await;
+    rx.refuse(true);
+    let relay_config = config(&rx.url(), 1_000_000).replace(
+        "partitions = 8\n",
+        "partitions = 2\nowned_partitions = [0]\nlease_ms = 1000\n",
+    );
+    let relay = start_with(&test, &relay_config).await;
+    let plain = start_with(
+        &test,
+        r#"
+node_id = "plain-node"
+listen = "127.0.0.1:0"
+http_listen = "127.0.0.1:0"
+shards = 2
+partitions = 2
+owned_partitions = [1]
+lease_ms = 1000
+local_provider_time_scale = 0.0001
+retention_finished_s = 1
+retention_events_s = 1
+
+[[tenants]]
+id = 1
+credential = "one"
+"#,
+    )
+    .await;
+    // Tenant 1 lives on partition 1: the plain node's.
+    let ids: Vec<i64> = submit(&plain, "k", 20)
+        .await
+        .into_iter()
+        .map(|a| {
+            assert!(a.decision.is_accepted(), "{a:?}");
+            a.task.0 as i64
+        })
+        .collect();
+    let sql = test.sql().await.unwrap();
+    assert_eq!(common::wait_all_succeeded(&sql, &ids).await, 20);
+    let count = async |query: &str| -> i64 { sql.query_one(query, &[&ids]).await.unwrap().get(0) };
+    let tasks = "SELECT count(*) FROM task WHERE task_id = ANY ($1)";
+    let waiting = "SELECT count(*) FROM outbox_event
+                    WHERE task_id = ANY ($1) AND delivered_at IS NULL";
+    let events = count(waiting).await;
+    assert!(events >= 20, "an end event per task at least: {events}");
+
+    // Two of the plain node's retention rounds after both windows passed: nothing went.
+    let ended: f64 = sql
+        .query_one(
+            "SELECT extract(epoch FROM max(updated_at))::float8 FROM task WHERE task_id = ANY ($1)",
+            &[&ids],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    eventually("both windows passed", async || {
+        sql.query_one(
+            "SELECT now() > to_timestamp($1) + interval '1.5 s'",
+            &[&ended],
+        )
+        .await
+        .unwrap()
+        .get::<_, bool>(0)
+    })
+    .await;
+    let rounds = metric(&plain, "spindle_retention_rounds_total").await;
+    eventually("two more retention rounds", async || {
+        metric(&plain, "spindle_retention_rounds_total").await >= rounds + 2
+    })
+    .await;
+    assert_eq!(metric(&plain, "spindle_relaying_nodes").await, 1);
+    assert_eq!(count(tasks).await, 20, "{}", plain.log_tail(20));
+    assert_eq!(count(waiting).await, events);
+    assert_eq!(metric(&plain, "spindle_events_pruned_total").await, 0);
+
+    // Sent: then they go.
+    rx.refuse(false);
+    eventually("the relay sent them and the tasks left", async || {
+        count(waiting).await == 0 && count(tasks).await == 0
+    })
+    .await;
+    eventually("the sent events left too", async || {
+        count("SELECT count(*) FROM outbox_event WHERE task_id = ANY ($1)").await == 0
+    })
+    .await;
+    drop(relay);
+}

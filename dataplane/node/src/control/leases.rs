@@ -29,6 +29,9 @@ pub(super) struct LeaseLoop {
     pub(super) preferred: Vec<PartitionId>,
     /// Where the next retention pass starts (`None`: at the oldest task).
     pub(super) prune_from: Option<TaskId>,
+    /// The other nodes relaying the cluster's events, as the last retention round found them
+    /// (a change is logged).
+    pub(super) relays_seen: Vec<String>,
 }
 
 impl LeaseLoop {
@@ -113,16 +116,22 @@ impl LeaseLoop {
     /// renewal is never delayed; a backlog is worked off over the following rounds).
     async fn prune(&mut self, held: &[PartitionId], every: std::time::Duration) {
         let window = |s: u64| (s > 0).then(|| std::time::Duration::from_secs(s));
+        self.metrics
+            .retention_rounds
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let relayed = self
+            .cluster_relays(window(self.config.retention_events_s))
+            .await;
         let keep = Retention {
             finished: window(self.config.retention_finished_s),
             failed: window(self.config.retention_failed_s),
-            after_relay: self.config.events.is_some(),
+            after_relay: relayed,
         };
         let scan = self.config.retention_scan_rows;
         let started = std::time::Instant::now();
         if let Some(events) = window(self.config.retention_events_s) {
             // Without a relay nobody takes the events: they leave after the window too.
-            let undelivered_too = self.config.events.is_none();
+            let undelivered_too = !relayed;
             loop {
                 match self.admin.prune_events(events, undelivered_too, scan).await {
                     Ok(n) => {
@@ -164,6 +173,44 @@ impl LeaseLoop {
                 }
             }
         }
+    }
+
+    /// Whether the cluster relays its events: this node does (its `[events]`), or another that
+    /// relays was heard from within the events' window (`within`; `None`: kept forever, so
+    /// ever) — configurations that differ between nodes, as during a rolling change, lose no
+    /// event and no ended task that a relay has yet to send. When the nodes cannot be read,
+    /// as if one relayed: waiting loses nothing.
+    async fn cluster_relays(&mut self, within: Option<std::time::Duration>) -> bool {
+        let own = self.config.events.is_some();
+        let others = match self.admin.relaying_nodes(within).await {
+            Ok(mut nodes) => {
+                nodes.retain(|n| *n != self.config.node_id);
+                nodes
+            }
+            Err(e) => {
+                tracing::warn!("reading which nodes relay events: {e}");
+                return true;
+            }
+        };
+        if others != self.relays_seen {
+            match (own, others.is_empty()) {
+                (false, false) => tracing::info!(
+                    "nodes {others:?} relay the cluster's events: this node, which has no \
+                     [events], keeps what they have yet to send"
+                ),
+                (false, true) => tracing::info!(
+                    "no node relays the cluster's events: this node prunes them after \
+                     retention_events_s"
+                ),
+                (true, _) => {}
+            }
+            self.relays_seen = others.clone();
+        }
+        let relaying = others.len() + usize::from(own);
+        self.metrics
+            .relaying_nodes
+            .store(relaying as u64, std::sync::atomic::Ordering::Relaxed);
+        relaying > 0
     }
 
     /// Resolves the live attempts of `gained`, sends their QUEUED tasks to the shards, then

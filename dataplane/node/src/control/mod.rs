@@ -150,6 +150,24 @@ pub async fn start(
     admin
         .register_node(&config.node_id, &config.listen.to_string())
         .await?;
+    admin
+        .set_relays_events(&config.node_id, config.events.is_some())
+        .await?;
+    let events_window =
+        (config.retention_events_s > 0).then(|| Duration::from_secs(config.retention_events_s));
+    let relaying: Vec<String> = admin
+        .relaying_nodes(events_window)
+        .await?
+        .into_iter()
+        .filter(|n| *n != config.node_id)
+        .collect();
+    if config.events.is_none() && !relaying.is_empty() {
+        tracing::warn!(
+            "this node has no [events] but {relaying:?} relay the cluster's events: it keeps \
+             what they have yet to send while one of them is heard from; give every node of a \
+             cluster the same [events]"
+        );
+    }
     admin.ensure_partitions(config.partitions).await?;
     let preferred = preferred_partitions(config);
     let held: Vec<PartitionId> = admin
@@ -221,6 +239,7 @@ pub async fn start(
         live: live.clone(),
         preferred,
         prune_from: None,
+        relays_seen: Vec::new(),
     };
     tokio::spawn(crate::live_policy::watch(
         db_config.clone(),
