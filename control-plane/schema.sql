@@ -1513,10 +1513,18 @@ CREATE TABLE public.node (
     started_at timestamp with time zone DEFAULT now() NOT NULL,
     heartbeat_at timestamp with time zone DEFAULT now() NOT NULL,
     state text DEFAULT 'UP'::text NOT NULL,
-    relays_events boolean DEFAULT false NOT NULL,
+    relay_pending_max bigint,
     CONSTRAINT node_node_id_check CHECK (((length(node_id) >= 1) AND (length(node_id) <= 128))),
+    CONSTRAINT node_relay_pending_max_check CHECK (((relay_pending_max IS NULL) OR (relay_pending_max > 0))),
     CONSTRAINT node_state_check CHECK ((state = ANY (ARRAY['UP'::text, 'DRAINING'::text, 'DOWN'::text])))
 );
+
+
+--
+-- Name: COLUMN node.relay_pending_max; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON COLUMN public.node.relay_pending_max IS 'The events this node''s relay lets wait before it refuses new work; NULL: it runs no relay';
 
 
 --

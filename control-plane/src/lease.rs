@@ -52,32 +52,37 @@ impl Db {
         Ok(())
     }
 
-    /// Records whether `node` relays the cluster's events (its `[events]`), which every node's
-    /// retention reads ([`Db::relaying_nodes`]).
-    pub async fn set_relays_events(&self, node: &str, relays: bool) -> Result<(), StoreError> {
-        let sql = "UPDATE node SET relays_events = $2 WHERE node_id = $1";
-        self.answered(true, self.client().execute(sql, &[&node, &relays]))
+    /// Records whether `node` relays the cluster's events (its `[events]`), and with what
+    /// bound on the events left waiting (`pending_max`; `None`: it runs no relay), which every
+    /// node reads ([`Db::relaying_nodes`]).
+    pub async fn set_relay(&self, node: &str, pending_max: Option<u64>) -> Result<(), StoreError> {
+        let bound = pending_max.map(|n| i64::try_from(n).unwrap_or(i64::MAX));
+        let sql = "UPDATE node SET relay_pending_max = $2 WHERE node_id = $1";
+        self.answered(true, self.client().execute(sql, &[&node, &bound]))
             .await?;
         Ok(())
     }
 
     /// The nodes that relay events and were heard from (a heartbeat, up or not) within
-    /// `within` (`None`: ever), by name. While there is one, no node prunes what a relay has
-    /// yet to send.
+    /// `within` (`None`: ever), by name, each with its relay's backlog bound. While there is
+    /// one, no node prunes what a relay has yet to send.
     pub async fn relaying_nodes(
         &self,
         within: Option<std::time::Duration>,
-    ) -> Result<Vec<String>, StoreError> {
+    ) -> Result<Vec<(String, u64)>, StoreError> {
         let within_ms = within.map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-        let sql = "SELECT node_id FROM node
-                    WHERE relays_events
+        let sql = "SELECT node_id, relay_pending_max FROM node
+                    WHERE relay_pending_max IS NOT NULL
                       AND ($1::bigint IS NULL
                            OR heartbeat_at > now() - $1::bigint * interval '1 millisecond')
                     ORDER BY node_id";
         let rows = self
             .answered(false, self.client().query(sql, &[&within_ms]))
             .await?;
-        Ok(rows.iter().map(|r| r.get(0)).collect())
+        Ok(rows
+            .iter()
+            .map(|r| (r.get(0), r.get::<_, i64>(1) as u64))
+            .collect())
     }
 
     pub async fn heartbeat(&self, node: &str) -> Result<(), StoreError> {

@@ -208,16 +208,17 @@ async fn an_idle_node_with_a_relay_is_ready() {
 }
 
 /// Two nodes on one PostgreSQL, configured differently (as during a rolling change): one
-/// relays the events, the other has no `[events]` and windows of a second. The second's
-/// retention keeps its ended tasks and their undelivered events while the first's relay has
-/// them to send — before, it pruned both after its window and the relay lost them — and prunes
-/// them once they are sent.
+/// relays the events (a backlog bound of 10), the other has no `[events]` and windows of a
+/// second. The second's retention keeps its ended tasks and their undelivered events while the
+/// first's relay has them to send — before, it pruned both after its window and the relay lost
+/// them — and prunes them once they are sent; past the relay's bound it refuses new work as
+/// the relay does — before, it let the backlog grow.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_without_a_relay_keeps_what_another_nodes_relay_has_to_send() {
     let test = TestDb::new().await;
     let rx = receiver().await;
     rx.refuse(true);
-    let relay_config = config(&rx.url(), 1_000_000).replace(
+    let relay_config = config(&rx.url(), 10).replace(
         "partitions = 8\n",
         "partitions = 2\nowned_partitions = [0]\nlease_ms = 1000\n",
     );
@@ -288,6 +289,11 @@ credential = "one"
     assert_eq!(count(tasks).await, 20, "{}", plain.log_tail(20));
     assert_eq!(count(waiting).await, events);
     assert_eq!(metric(&plain, "spindle_events_pruned_total").await, 0);
+    assert!(metric(&plain, "spindle_events_pending").await >= 20);
+    let refused = submit(&plain, "late", 1).await.remove(0);
+    assert_eq!(refused.decision, Decision::RejectPlatformOverloaded);
+    let reason = refused.reason.unwrap_or_default();
+    assert!(reason.contains("event relay backlog"), "{reason}");
 
     // Sent: then they go.
     rx.refuse(false);
@@ -299,5 +305,17 @@ credential = "one"
         count("SELECT count(*) FROM outbox_event WHERE task_id = ANY ($1)").await == 0
     })
     .await;
+    let mut tries = 0;
+    let accepted = poll_until(
+        Duration::from_secs(10),
+        async || {
+            tries += 1;
+            let answers = submit(&plain, &format!("again{tries}-"), 1).await;
+            answers[0].decision.is_accepted()
+        },
+        |&accepted| accepted,
+    )
+    .await;
+    assert!(accepted, "new work still refused after the relay caught up");
     drop(relay);
 }

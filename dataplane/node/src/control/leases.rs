@@ -179,12 +179,15 @@ impl LeaseLoop {
     /// relays was heard from within the events' window (`within`; `None`: kept forever, so
     /// ever) — configurations that differ between nodes, as during a rolling change, lose no
     /// event and no ended task that a relay has yet to send. When the nodes cannot be read,
-    /// as if one relayed: waiting loses nothing.
+    /// as if one relayed: waiting loses nothing. A node without a relay of its own, while
+    /// another relays, also counts the events waiting and refuses new work past the smallest
+    /// of the relays' bounds, as they do (its own relay counts them otherwise).
     async fn cluster_relays(&mut self, within: Option<std::time::Duration>) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
         let own = self.config.events.is_some();
         let others = match self.admin.relaying_nodes(within).await {
             Ok(mut nodes) => {
-                nodes.retain(|n| *n != self.config.node_id);
+                nodes.retain(|(n, _)| *n != self.config.node_id);
                 nodes
             }
             Err(e) => {
@@ -192,11 +195,13 @@ impl LeaseLoop {
                 return true;
             }
         };
-        if others != self.relays_seen {
-            match (own, others.is_empty()) {
+        let names: Vec<String> = others.iter().map(|(n, _)| n.clone()).collect();
+        if names != self.relays_seen {
+            match (own, names.is_empty()) {
                 (false, false) => tracing::info!(
-                    "nodes {others:?} relay the cluster's events: this node, which has no \
-                     [events], keeps what they have yet to send"
+                    "nodes {names:?} relay the cluster's events: this node, which has no \
+                     [events], keeps what they have yet to send and refuses new work past their \
+                     backlog bound"
                 ),
                 (false, true) => tracing::info!(
                     "no node relays the cluster's events: this node prunes them after \
@@ -204,12 +209,27 @@ impl LeaseLoop {
                 ),
                 (true, _) => {}
             }
-            self.relays_seen = others.clone();
+            self.relays_seen = names;
+        }
+        if !own {
+            let bound = others.iter().map(|&(_, max)| max).min();
+            let pending = match bound {
+                Some(_) => match self.admin.pending_events().await {
+                    Ok(n) => n,
+                    Err(e) => {
+                        tracing::warn!("counting pending events: {e}");
+                        self.metrics.events_pending.load(Relaxed)
+                    }
+                },
+                None => 0,
+            };
+            self.metrics.events_pending.store(pending, Relaxed);
+            self.metrics
+                .events_backlogged
+                .store(bound.is_some_and(|max| pending > max), Relaxed);
         }
         let relaying = others.len() + usize::from(own);
-        self.metrics
-            .relaying_nodes
-            .store(relaying as u64, std::sync::atomic::Ordering::Relaxed);
+        self.metrics.relaying_nodes.store(relaying as u64, Relaxed);
         relaying > 0
     }
 

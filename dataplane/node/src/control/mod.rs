@@ -151,7 +151,10 @@ pub async fn start(
         .register_node(&config.node_id, &config.listen.to_string())
         .await?;
     admin
-        .set_relays_events(&config.node_id, config.events.is_some())
+        .set_relay(
+            &config.node_id,
+            config.events.as_ref().map(|e| e.pending_max),
+        )
         .await?;
     let events_window =
         (config.retention_events_s > 0).then(|| Duration::from_secs(config.retention_events_s));
@@ -159,6 +162,7 @@ pub async fn start(
         .relaying_nodes(events_window)
         .await?
         .into_iter()
+        .map(|(n, _)| n)
         .filter(|n| *n != config.node_id)
         .collect();
     if config.events.is_none() && !relaying.is_empty() {
