@@ -1528,6 +1528,24 @@ COMMENT ON COLUMN public.node.relay_pending_max IS 'The events this node''s rela
 
 
 --
+-- Name: node_rate_part; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.node_rate_part (
+    rate text NOT NULL,
+    node_id text NOT NULL,
+    weight bigint DEFAULT 0 NOT NULL,
+    part_ppm integer DEFAULT 0 NOT NULL,
+    lowered_from_ppm integer,
+    lowered_until timestamp with time zone,
+    CONSTRAINT node_rate_part_lowered_from_ppm_check CHECK (((lowered_from_ppm >= 0) AND (lowered_from_ppm <= 1000000))),
+    CONSTRAINT node_rate_part_part_ppm_check CHECK (((part_ppm >= 0) AND (part_ppm <= 1000000))),
+    CONSTRAINT node_rate_part_rate_check CHECK (((length(rate) >= 1) AND (length(rate) <= 256))),
+    CONSTRAINT node_rate_part_weight_check CHECK ((weight >= 0))
+);
+
+
+--
 -- Name: outbox_batch; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -1865,6 +1883,14 @@ ALTER TABLE ONLY public.model_capability
 
 ALTER TABLE ONLY public.node
     ADD CONSTRAINT node_pkey PRIMARY KEY (node_id);
+
+
+--
+-- Name: node_rate_part node_rate_part_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.node_rate_part
+    ADD CONSTRAINT node_rate_part_pkey PRIMARY KEY (rate, node_id);
 
 
 --

@@ -17,6 +17,7 @@ pub mod migrate;
 pub mod policy;
 pub mod pools;
 pub mod query;
+pub mod rate_parts;
 pub mod reconcile;
 pub mod report;
 pub mod requeue;

@@ -31,7 +31,8 @@ pub const STANDBY_DIV: u64 = 16;
 
 /// How `capacity` is targeted over shards of `weights` (their backlogged weight): in proportion
 /// to the weight, each idle shard's standby part first; evenly when nothing waits anywhere.
-pub(crate) fn targets(capacity: u128, weights: impl Iterator<Item = u64> + Clone) -> Vec<u128> {
+/// (Also how a cluster's rates are targeted over its nodes: `spindle_control::rate_parts`.)
+pub fn targets(capacity: u128, weights: impl Iterator<Item = u64> + Clone) -> Vec<u128> {
     let n = weights.clone().count() as u128;
     let total: u128 = weights.clone().map(u128::from).sum();
     if total == 0 {
