@@ -93,8 +93,8 @@ pub fn allot(me: NodePart, others: &[NodePart]) -> Allotted {
 impl Db {
     /// Publishes `node`'s backlogged weight per rate (`wants`: the rate's name and the weight)
     /// and takes its part of each (in millionths, in the order of `wants`) by the [`allot`] rule
-    /// over the nodes heard from within `live_ms` (see the module docs). One transaction, one at
-    /// a time across the cluster.
+    /// over the nodes heard from within `live_ms` (see the module docs), and heartbeats `node`.
+    /// One transaction, one at a time across the cluster.
     pub async fn allot_rate_parts(
         &mut self,
         node: &str,
@@ -114,12 +114,19 @@ impl Db {
             .iter()
             .map(|&(_, w)| i64::try_from(w).unwrap_or(i64::MAX))
             .collect();
-        let deadline = self.within(5);
+        let deadline = self.within(6);
         deadline
             .run(true, async {
                 let tx = self.client_mut().transaction().await?;
                 tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ALLOT_LOCK])
                     .await?;
+                // A node that allots is live: its heartbeat, so that no other node's allotment
+                // counts it dead while it runs at its part.
+                tx.execute(
+                    "UPDATE node SET heartbeat_at = now() WHERE node_id = $1",
+                    &[&node],
+                )
+                .await?;
                 tx.execute(
                     "INSERT INTO node_rate_part (rate, node_id, weight)
                      SELECT u.rate, $1, u.weight FROM unnest($2::text[], $3::bigint[]) AS u (rate, weight)

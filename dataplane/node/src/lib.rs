@@ -238,11 +238,15 @@ fn run_node(config: Config) -> anyhow::Result<()> {
         .map(|t| (t.id, t.credential.clone()))
         .collect();
 
-    let (board, limit_names) = shard::split_board(&policy, config.shards);
-    let board = std::sync::Arc::new(board);
+    let split = started
+        .split
+        .take()
+        .context("the control plane split no board")?;
+    let board = std::sync::Arc::new(split.board);
     let _ = metrics.split.set(metrics::SplitView {
-        names: std::sync::Mutex::new(limit_names),
+        names: std::sync::Mutex::new(split.names),
         board: board.clone(),
+        ownership: ownership.clone(),
     });
     let mut handles = Vec::new();
     let mut addr: SocketAddr = config.listen;

@@ -1,36 +1,98 @@
-//! Which tenant partitions this node owns. The control-plane thread leases them in PostgreSQL
-//! and writes here; connections and shards read here to refuse tenants another node serves.
+//! What this node holds of its cluster: the tenant partitions it owns, and its part of each
+//! rate the nodes share. The control-plane thread leases the partitions and allots the parts in
+//! PostgreSQL and writes here; connections and shards read here to refuse tenants another node
+//! serves, and to run their rates at the node's part.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use spindle_control::lease::PartitionOwner;
 use spindle_control::PartitionId;
 
 pub struct Ownership {
     owned: Vec<AtomicBool>,
-    /// Live nodes of the cluster (this one included), from their heartbeats.
-    live_nodes: AtomicU32,
     /// Partitions other nodes hold, with "node at address", for the WrongNode answer.
     elsewhere: Mutex<HashMap<u32, String>>,
+    /// The cluster's rates this node runs a part of, once the board of node limits exists.
+    rates: OnceLock<ClusterRates>,
+    rates_ready: tokio::sync::Notify,
+}
+
+/// The node's parts of the cluster's rates (`spindle_control::rate_parts`), one slot per node
+/// limit of the board: a rate's part in millionths of the cluster's rate, 0 until its first
+/// allotment (a starting node holds nothing of a rate the other nodes may be running at whole).
+struct ClusterRates {
+    parts: Box<[AtomicU32]>,
+    /// The board's places of the rates (the others are slots, which PostgreSQL's pools or the
+    /// node alone bound), with their names across the cluster.
+    names: Mutex<Vec<(usize, String)>>,
 }
 
 impl Ownership {
     pub fn new(partitions: u32) -> Ownership {
         Ownership {
             owned: (0..partitions).map(|_| AtomicBool::new(false)).collect(),
-            live_nodes: AtomicU32::new(1),
             elsewhere: Mutex::new(HashMap::new()),
+            rates: OnceLock::new(),
+            rates_ready: tokio::sync::Notify::new(),
         }
     }
 
-    pub fn live_nodes(&self) -> u32 {
-        self.live_nodes.load(Ordering::Acquire)
+    /// Gives the node its `limits` board places, of which `rates` (place, name) are the
+    /// cluster's rates; once, before the shards start.
+    pub fn init_rates(&self, limits: usize, rates: Vec<(usize, String)>) {
+        let fresh = ClusterRates {
+            parts: (0..limits).map(|_| AtomicU32::new(0)).collect(),
+            names: Mutex::new(rates),
+        };
+        if self.rates.set(fresh).is_ok() {
+            self.rates_ready.notify_waiters();
+        }
     }
 
-    pub fn set_live_nodes(&self, n: u32) {
-        self.live_nodes.store(n.max(1), Ordering::Release);
+    /// Returns once [`Ownership::init_rates`] was called.
+    pub async fn rates_ready(&self) {
+        let ready = self.rates_ready.notified();
+        tokio::pin!(ready);
+        ready.as_mut().enable();
+        if self.rates.get().is_none() {
+            ready.await;
+        }
+    }
+
+    /// A rate added while the node runs (a new provider account's RPM) at board place `k`.
+    pub fn add_rate(&self, k: usize, name: String) {
+        if let Some(r) = self.rates.get() {
+            if let Ok(mut names) = r.names.lock() {
+                names.push((k, name));
+            }
+        }
+    }
+
+    /// The cluster's rates by board place and name.
+    pub fn rate_names(&self) -> Vec<(usize, String)> {
+        self.rates
+            .get()
+            .and_then(|r| r.names.lock().ok().map(|n| n.clone()))
+            .unwrap_or_default()
+    }
+
+    /// This node's part of the rate at board place `k`, in millionths.
+    pub fn rate_part(&self, k: usize) -> u32 {
+        self.rates
+            .get()
+            .and_then(|r| r.parts.get(k))
+            .map_or(0, |p| p.load(Ordering::Acquire))
+    }
+
+    pub fn set_rate_part(&self, k: usize, ppm: u32) {
+        if let Some(p) = self.rates.get().and_then(|r| r.parts.get(k)) {
+            p.store(
+                ppm.min(spindle_control::rate_parts::WHOLE),
+                Ordering::Release,
+            );
+        }
     }
 
     pub fn owns(&self, partition: u32) -> bool {

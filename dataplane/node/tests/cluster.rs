@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{poll_until, start_with, task, wait_all_succeeded, Daemon};
+use common::{poll_until, read_i64, start_with, task, wait_all_succeeded, Daemon};
 use spindle_client::Client;
 use spindle_control::testing::TestDb;
 use spindle_core::TenantId;
@@ -156,4 +156,147 @@ async fn three_nodes_share_one_provider_without_a_violation() {
     );
     let held = common::active_reservations(&sql).await;
     assert_eq!(held, 0);
+}
+
+/// This node's part of the first account's RPM, in millionths.
+async fn rpm_part(d: &Daemon) -> u64 {
+    let (_, text) = common::http_get(d.http, "/metrics").await;
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix("spindle_rate_part_ppm{limit=\"provider:0:rpm\"} ")?
+                .parse()
+                .ok()
+        })
+        .expect("the account's part in /metrics")
+}
+
+/// Two nodes, accounts whose RPM binds, work on one node only: that node's part of an
+/// account's RPM grows to all but the idle node's standby part (before, each node ran half of
+/// it whatever waited where), every task completes, and the provider sees no RPM violation.
+/// Then both nodes wait: the parts follow the weights.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_node_takes_the_rate_an_idle_one_does_not_need() {
+    let test = TestDb::new().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mock = MockProvider::serve(
+        listener,
+        MockConfig {
+            accounts: ACCOUNTS
+                .iter()
+                .map(|a| format!("{a}:50:600").parse().unwrap())
+                .collect(),
+            secret: SECRET.into(),
+            job_ms: 20,
+            cost_milli: 1_000,
+            hang_ms: 2_000,
+            clip: None,
+        },
+    );
+    let node_config = |node: &str, owned: u32| {
+        format!(
+            r#"
+node_id = "{node}"
+listen = "127.0.0.1:0"
+http_listen = "127.0.0.1:0"
+shards = 2
+partitions = 2
+owned_partitions = [{owned}]
+lease_ms = 1500
+provider_concurrency = 50
+provider_rpm = 600
+lane_capacity_units = 100000
+
+[provider]
+url = "{}"
+secret = "{SECRET}"
+timeout_ms = 1000
+poll_ms = [200, 400]
+
+[[tenants]]
+id = 1
+credential = "t1"
+
+[[tenants]]
+id = 2
+credential = "t2"
+"#,
+            mock.base_url()
+        )
+    };
+    // Tenant t lives on partition t % 2.
+    let busy = start_with(&test, &node_config("busy", 0)).await;
+    let idle = start_with(&test, &node_config("idle", 1)).await;
+    let submit = async |node: &Daemon, tenant: u32, from: usize, n: usize| -> Vec<i64> {
+        let client = Client::connect(node.addr, TenantId(tenant), &format!("t{tenant}"))
+            .await
+            .unwrap();
+        let batch: Vec<_> = (from..from + n)
+            .map(|i| task(&format!("r{tenant}-{i}")))
+            .collect();
+        client
+            .submit_batch(batch)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|a| {
+                assert!(a.decision.is_accepted(), "{a:?}");
+                a.task.0 as i64
+            })
+            .collect()
+    };
+    // 570 requests a minute per account between them: 120 tasks take over 6 s at the whole
+    // rates.
+    let mut ids = submit(&busy, 2, 0, 120).await;
+    let whole = u64::from(spindle_control::rate_parts::WHOLE);
+    let standby = whole / 2 / 16;
+    // (The idle node, started second, gets its standby part once the busy one's lowering has
+    // passed its grace.)
+    let parts = poll_until(
+        Duration::from_secs(20),
+        async || (rpm_part(&busy).await, rpm_part(&idle).await),
+        |&parts| parts == (whole - standby, standby),
+    )
+    .await;
+    assert_eq!(parts, (whole - standby, standby), "busy, idle");
+    let sql = test.sql().await.unwrap();
+    let done = read_i64(
+        &sql,
+        &format!(
+            "SELECT count(*) FROM task WHERE state = 'SUCCEEDED' AND task_id IN ({})",
+            ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
+        ),
+    )
+    .await;
+    assert!(
+        done < 120,
+        "the part came while the work still waited ({done} done)"
+    );
+
+    // Both wait, with equal weights: even halves (80 more each: over 8 s at half the rates).
+    ids.extend(submit(&busy, 2, 120, 80).await);
+    ids.extend(submit(&idle, 1, 0, 80).await);
+    let parts = poll_until(
+        Duration::from_secs(20),
+        async || (rpm_part(&busy).await, rpm_part(&idle).await),
+        |&(a, b)| a == whole / 2 && b == whole / 2,
+    )
+    .await;
+    assert_eq!(parts, (whole / 2, whole / 2));
+
+    assert_eq!(wait_all_succeeded(&sql, &ids).await, ids.len() as i64);
+    let stats = mock
+        .client(Duration::from_secs(5))
+        .mock_stats()
+        .await
+        .unwrap();
+    let mut accepted = 0;
+    for (name, s) in &stats.accounts {
+        assert_eq!(
+            (s.concurrency_violations, s.rpm_violations, s.duplicate_keys),
+            (0, 0, 0),
+            "{name}: {s:?}"
+        );
+        accepted += s.accepted;
+    }
+    assert_eq!(accepted, ids.len() as u64, "each task accepted once");
 }

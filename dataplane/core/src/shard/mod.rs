@@ -753,7 +753,8 @@ impl NodeCapacity {
     }
 
     /// The part of this capacity that holds `units` of its `units()` (a rate's burst in
-    /// proportion).
+    /// proportion, at least one request where the part has any rate: a bucket of no burst
+    /// never holds a token, however fast it fills).
     pub fn part(self, units: u64) -> NodeCapacity {
         match self {
             NodeCapacity::Slots(_) => NodeCapacity::Slots(units),
@@ -761,7 +762,8 @@ impl NodeCapacity {
                 per_minute: units,
                 burst: (u128::from(r.burst) * u128::from(units))
                     .checked_div(u128::from(r.per_minute))
-                    .map_or(0, |b| b as u64),
+                    .map_or(0, |b| b as u64)
+                    .max(u64::from(units > 0)),
             }),
         }
     }

@@ -68,3 +68,28 @@ fn an_idle_shard_keeps_a_standby_part_of_a_rate() {
     // Nothing waits anywhere: evenly.
     assert_eq!(rate.split_targets(&[load(0), load(0)]), vec![3_200, 3_200]);
 }
+
+/// A part of a rate small enough that its burst rounds to nothing still holds one request: a
+/// bucket of no burst never holds a token, and its shard never sent anything (three nodes of an
+/// account at 570 a minute, burst 9, stood still this way); no rate, no burst.
+#[test]
+fn a_small_part_of_a_rate_still_holds_one_request() {
+    let rate = NodeCapacity::Rate(RateSpec {
+        per_minute: 190,
+        burst: 2,
+    });
+    assert_eq!(
+        rate.part(94),
+        NodeCapacity::Rate(RateSpec {
+            per_minute: 94,
+            burst: 1,
+        })
+    );
+    assert_eq!(
+        rate.part(0),
+        NodeCapacity::Rate(RateSpec {
+            per_minute: 0,
+            burst: 0,
+        })
+    );
+}

@@ -100,7 +100,6 @@ impl LeaseLoop {
             }
             match self.admin.live_nodes(self.config.lease_ms).await {
                 Ok(n) => {
-                    self.ownership.set_live_nodes(n);
                     self.metrics
                         .live_nodes
                         .store(u64::from(n), std::sync::atomic::Ordering::Relaxed);

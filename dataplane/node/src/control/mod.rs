@@ -13,6 +13,7 @@
 
 mod leases;
 mod pipeline;
+mod rates;
 mod restore;
 
 use leases::LeaseLoop;
@@ -121,6 +122,8 @@ pub struct Started {
     pub id_blocks: Vec<std::ops::Range<u64>>,
     /// Per shard: QUEUED tasks of its partitions to put back before serving.
     pub restores: Vec<ShardRestores>,
+    /// The node's limits split among its shards (taken once by the caller).
+    pub split: Option<crate::shard::SplitBoard>,
 }
 
 /// A pair of pipelines, as one shard sees it (the shards of a pair share it).
@@ -197,7 +200,21 @@ pub async fn start(
         ownership.set(*p, true);
     }
     ownership.set_owners(&admin.partition_owners().await?, &config.node_id);
-    ownership.set_live_nodes(admin.live_nodes(config.lease_ms).await?);
+    metrics.live_nodes.store(
+        u64::from(admin.live_nodes(config.lease_ms).await?),
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    // The node's parts of the cluster's rates before it serves: it holds none until the first
+    // allotment (nothing of its own waits yet: it asks for its standby part, or an even one).
+    let split = crate::shard::split_board(&policy, config.shards);
+    ownership.init_rates(split.board.limits(), split.rates.clone());
+    let idle: Vec<(String, u64)> = split.rates.iter().map(|(_, n)| (n.clone(), 0)).collect();
+    let parts = admin
+        .allot_rate_parts(&config.node_id, config.lease_ms, &idle)
+        .await?;
+    for ((k, _), part) in split.rates.iter().zip(parts) {
+        ownership.set_rate_part(*k, part);
+    }
     let mut pipes = Vec::new();
     let mut id_blocks = Vec::new();
     let open_pipeline = async |submit_calls: Option<Arc<AtomicU64>>,
@@ -253,6 +270,12 @@ pub async fn start(
         shard_inboxes.clone(),
     ));
     tokio::spawn(lease.run(shard_inboxes));
+    tokio::spawn(rates::run(
+        db_config.clone(),
+        config.clone(),
+        metrics.clone(),
+        ownership.clone(),
+    ));
     if config.counter_check_s > 0 {
         tokio::spawn(crate::counter_check::run(
             db_config.clone(),
@@ -280,6 +303,7 @@ pub async fn start(
         pipes,
         id_blocks,
         restores,
+        split: Some(split),
     })
 }
 

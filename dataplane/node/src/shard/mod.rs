@@ -331,7 +331,7 @@ pub struct ShardSetup {
 /// limits' names in that order (for `/metrics`) — and, after them, room for the limits of
 /// provider accounts and models added while the node runs (`live_policy::ROOM_LIMITS`, empty
 /// until then).
-pub fn split_board(policy: &Policy, shards: u32) -> (ShareBoard, Vec<String>) {
+pub fn split_board(policy: &Policy, shards: u32) -> SplitBoard {
     let probe = Shard::new(policy.clone(), shards, Time::ZERO);
     let limits = probe.node_limits();
     let capacities: Vec<u64> = limits
@@ -339,11 +339,32 @@ pub fn split_board(policy: &Policy, shards: u32) -> (ShareBoard, Vec<String>) {
         .map(|(_, c)| c.units())
         .chain(std::iter::repeat_n(0, crate::live_policy::ROOM_LIMITS))
         .collect();
-    let names = limits
+    let names: Vec<String> = limits
         .iter()
         .map(|&(id, _)| probe.ledger().key(id).to_string())
         .collect();
-    (ShareBoard::new(&capacities, shards as usize), names)
+    let rates = limits
+        .iter()
+        .zip(&names)
+        .enumerate()
+        .filter(|(_, ((_, c), _))| matches!(c, NodeCapacity::Rate(_)))
+        .map(|(k, (_, name))| (k, name.clone()))
+        .collect();
+    SplitBoard {
+        board: ShareBoard::new(&capacities, shards as usize),
+        names,
+        rates,
+    }
+}
+
+/// [`split_board`]'s answer.
+pub struct SplitBoard {
+    pub board: ShareBoard,
+    /// Every node limit's name, in board order.
+    pub names: Vec<String>,
+    /// The rates among them (board place, name): the node runs its part of the cluster's
+    /// ([`crate::ownership::Ownership::rate_part`]).
+    pub rates: Vec<(usize, String)>,
 }
 
 impl ShardState {
@@ -998,6 +1019,9 @@ fn apply_policy(s: &mut ShardState, patch: spindle_core::policy::PolicyPatch) {
                 .extend(provider_rpm_of(s.core.policy(), id, key));
             if s.index == 0 {
                 s.board.set_capacity(k, capacity.units());
+                if matches!(capacity, NodeCapacity::Rate(_)) {
+                    s.ownership.add_rate(k, key.to_string());
+                }
                 if let Some(split) = s.metrics.split.get() {
                     if let Ok(mut names) = split.names.lock() {
                         names.push(key.to_string());
@@ -1021,14 +1045,10 @@ fn apply_policy(s: &mut ShardState, patch: spindle_core::policy::PolicyPatch) {
 /// gives back units through the board's free pool, never below what it uses.
 fn resplit(s: &mut ShardState) {
     let now = s.now();
-    // Rates are the node's part of the cluster's: several live nodes share one account's RPM.
-    let nodes = u64::from(s.ownership.live_nodes().max(1));
     for (k, &(id, full)) in s.split_limits.iter().enumerate() {
+        // A rate is the node's part of the cluster's (the nodes share one account's RPM).
         let capacity = match full {
-            NodeCapacity::Rate(r) => NodeCapacity::Rate(spindle_core::policy::RateSpec {
-                per_minute: r.per_minute / nodes,
-                burst: (r.burst / nodes).max(1),
-            }),
+            NodeCapacity::Rate(r) => NodeCapacity::Rate(cluster_part(r, s.ownership.rate_part(k))),
             slots => slots,
         };
         let load = s.core.split_load(id);
@@ -1059,6 +1079,23 @@ fn resplit(s: &mut ShardState) {
             }
         }
         s.core.set_share(id, capacity.part(held), now);
+    }
+}
+
+/// `ppm` millionths of the cluster's rate `r`: a burst of at least one request where the part
+/// has any rate.
+fn cluster_part(r: spindle_core::policy::RateSpec, ppm: u32) -> spindle_core::policy::RateSpec {
+    let of = |v: u64| {
+        (u128::from(v) * u128::from(ppm) / u128::from(spindle_control::rate_parts::WHOLE)) as u64
+    };
+    let per_minute = of(r.per_minute);
+    spindle_core::policy::RateSpec {
+        per_minute,
+        burst: if per_minute == 0 {
+            0
+        } else {
+            of(r.burst).max(1)
+        },
     }
 }
 
