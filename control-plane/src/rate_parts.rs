@@ -3,9 +3,9 @@
 //! whose tenants wait gets the part the others do not need, an idle one keeps a standby part,
 //! and the parts never add up to more than the whole.
 //!
-//! Each node, every third of a lease, publishes per rate the summed weight of its backlogged
-//! tenants that want it and takes its part ([`Db::allot_rate_parts`]), in millionths of the
-//! cluster's rate ([`WHOLE`]). One allotment runs at a time across the cluster (a
+//! Each node, every second (or third of a lease, if shorter), publishes per rate the summed
+//! weight of its backlogged tenants that want it and takes its part
+//! ([`Db::allot_rate_parts`]), in millionths of the cluster's rate ([`WHOLE`]). One allotment runs at a time across the cluster (a
 //! transaction-scoped advisory lock) and reads every node's row of the rates it allots. A node's
 //! target is its share of the whole by the split rule the shards use
 //! (`spindle_core::share::targets`) over the live nodes' weights; what it takes is its target, at

@@ -615,7 +615,7 @@ impl Metrics {
                     let _ = writeln!(w, "spindle_node_limit_weight{{{labels}}} {}", l.weight);
                 }
             }
-            let _ = writeln!(w, "# HELP spindle_rate_part_ppm This node's part of each rate the cluster's nodes share, in millionths (allotted by backlogged weight every third of a lease).\n# TYPE spindle_rate_part_ppm gauge");
+            let _ = writeln!(w, "# HELP spindle_rate_part_ppm This node's part of each rate the cluster's nodes share, in millionths (allotted by backlogged weight every second).\n# TYPE spindle_rate_part_ppm gauge");
             for (k, name) in split.ownership.rate_names() {
                 let _ = writeln!(
                     w,

@@ -17,6 +17,8 @@ pub struct Ownership {
     /// The cluster's rates this node runs a part of, once the board of node limits exists.
     rates: OnceLock<ClusterRates>,
     rates_ready: tokio::sync::Notify,
+    /// A rate was added: allot it now rather than at the next round.
+    rates_added: tokio::sync::Notify,
 }
 
 /// The node's parts of the cluster's rates (`spindle_control::rate_parts`), one slot per node
@@ -36,6 +38,7 @@ impl Ownership {
             elsewhere: Mutex::new(HashMap::new()),
             rates: OnceLock::new(),
             rates_ready: tokio::sync::Notify::new(),
+            rates_added: tokio::sync::Notify::new(),
         }
     }
 
@@ -67,7 +70,13 @@ impl Ownership {
             if let Ok(mut names) = r.names.lock() {
                 names.push((k, name));
             }
+            self.rates_added.notify_one();
         }
+    }
+
+    /// Returns when a rate was added since the last call returned.
+    pub async fn rate_added(&self) {
+        self.rates_added.notified().await;
     }
 
     /// The cluster's rates by board place and name.

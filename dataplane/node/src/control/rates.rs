@@ -1,4 +1,5 @@
-//! The node's parts of the cluster's rates (DESIGN §3): every third of a lease, the summed
+//! The node's parts of the cluster's rates (DESIGN §3): every second (or third of a lease, if
+//! shorter), the summed
 //! backlogged weight of its shards per rate goes to PostgreSQL and its parts come back
 //! (`spindle_control::rate_parts`), which the shards' splits then run at
 //! ([`crate::ownership::Ownership::rate_part`]).
@@ -21,11 +22,14 @@ pub(super) async fn run(
 ) {
     ownership.rates_ready().await;
     let mut db = super::pipeline::reconnect(&db_config, &metrics).await;
-    let every = std::time::Duration::from_millis(u64::from(config.lease_ms / 3).max(1));
-    let mut tick = tokio::time::interval(every);
+    let mut tick = tokio::time::interval(allot_every(config.lease_ms));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        tick.tick().await;
+        tokio::select! {
+            _ = tick.tick() => {}
+            // A new provider account's RPM: its first part now, not a round later.
+            () = ownership.rate_added() => {}
+        }
         if db.is_closed() {
             db = super::pipeline::reconnect(&db_config, &metrics).await;
         }
@@ -62,4 +66,11 @@ pub(super) async fn run(
             Err(e) => tracing::warn!("allotting the cluster's rates: {e}"),
         }
     }
+}
+
+/// How often the parts are allotted: every second, or every third of a lease if that is
+/// shorter. One small transaction per node each time; parts follow the backlog within a round
+/// or two and a lowering's grace.
+fn allot_every(lease_ms: u32) -> std::time::Duration {
+    std::time::Duration::from_millis(u64::from(lease_ms / 3).clamp(1, 1_000))
 }
