@@ -51,6 +51,25 @@ poll_ms = [200, 400]
     c
 }
 
+/// The mock with both accounts, each of `concurrency` slots and 600 requests a minute.
+async fn mock(concurrency: u32, job_ms: u64) -> MockProvider {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    MockProvider::serve(
+        listener,
+        MockConfig {
+            accounts: ACCOUNTS
+                .iter()
+                .map(|a| format!("{a}:{concurrency}:600").parse().unwrap())
+                .collect(),
+            secret: SECRET.into(),
+            job_ms,
+            cost_milli: 1_000,
+            hang_ms: 2_000,
+            clip: None,
+        },
+    )
+}
+
 async fn live_nodes(d: &Daemon) -> u64 {
     common::metric(d, "spindle_live_nodes").await
 }
@@ -58,21 +77,7 @@ async fn live_nodes(d: &Daemon) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_nodes_share_one_provider_without_a_violation() {
     let test = TestDb::new().await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let mock = MockProvider::serve(
-        listener,
-        MockConfig {
-            accounts: ACCOUNTS
-                .iter()
-                .map(|a| format!("{a}:3:600").parse().unwrap())
-                .collect(),
-            secret: SECRET.into(),
-            job_ms: 150,
-            cost_milli: 1_000,
-            hang_ms: 2_000,
-            clip: None,
-        },
-    );
+    let mock = mock(3, 150).await;
     let url = mock.base_url();
     let nodes = [
         start_with(&test, &config("n1", "[0, 1]", &url)).await,
@@ -177,21 +182,7 @@ async fn rpm_part(d: &Daemon) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_node_takes_the_rate_an_idle_one_does_not_need() {
     let test = TestDb::new().await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let mock = MockProvider::serve(
-        listener,
-        MockConfig {
-            accounts: ACCOUNTS
-                .iter()
-                .map(|a| format!("{a}:50:600").parse().unwrap())
-                .collect(),
-            secret: SECRET.into(),
-            job_ms: 20,
-            cost_milli: 1_000,
-            hang_ms: 2_000,
-            clip: None,
-        },
-    );
+    let mock = mock(50, 20).await;
     let node_config = |node: &str, owned: u32| {
         format!(
             r#"
@@ -233,16 +224,7 @@ credential = "t2"
         let batch: Vec<_> = (from..from + n)
             .map(|i| task(&format!("r{tenant}-{i}")))
             .collect();
-        client
-            .submit_batch(batch)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|a| {
-                assert!(a.decision.is_accepted(), "{a:?}");
-                a.task.0 as i64
-            })
-            .collect()
+        common::accepted_ids(client.submit_batch(batch).await)
     };
     // 570 requests a minute per account between them: 120 tasks take over 6 s at the whole
     // rates.

@@ -53,6 +53,21 @@ async fn submit(daemon: &Daemon, prefix: &str, n: usize) -> Vec<spindle_wire::Ad
     client.submit_batch(batch).await.unwrap()
 }
 
+/// Whether `daemon` accepts a new task again within 10 s (one fresh task per try).
+async fn accepted_again(daemon: &Daemon) -> bool {
+    let mut tries = 0;
+    poll_until(
+        Duration::from_secs(10),
+        async || {
+            tries += 1;
+            let answers = submit(daemon, &format!("again{tries}-"), 1).await;
+            answers[0].decision.is_accepted()
+        },
+        |&accepted| accepted,
+    )
+    .await
+}
+
 /// A counter or gauge of the node's /metrics.
 async fn metric(daemon: &Daemon, name: &str) -> u64 {
     let (_, text) = http_get(daemon.http, "/metrics").await;
@@ -178,18 +193,10 @@ async fn past_the_backlog_bound_new_work_is_refused_until_the_relay_catches_up()
         metric(&daemon, "spindle_events_pending").await <= 10
     })
     .await;
-    let mut tries = 0;
-    let accepted = poll_until(
-        Duration::from_secs(10),
-        async || {
-            tries += 1;
-            let answers = submit(&daemon, &format!("again{tries}-"), 1).await;
-            answers[0].decision.is_accepted()
-        },
-        |&accepted| accepted,
-    )
-    .await;
-    assert!(accepted, "new work still refused after the backlog drained");
+    assert!(
+        accepted_again(&daemon).await,
+        "new work still refused after the backlog drained"
+    );
 }
 
 /// The relay's own connection says nothing about readiness while it works: before, connecting
@@ -305,17 +312,9 @@ credential = "one"
         count("SELECT count(*) FROM outbox_event WHERE task_id = ANY ($1)").await == 0
     })
     .await;
-    let mut tries = 0;
-    let accepted = poll_until(
-        Duration::from_secs(10),
-        async || {
-            tries += 1;
-            let answers = submit(&plain, &format!("again{tries}-"), 1).await;
-            answers[0].decision.is_accepted()
-        },
-        |&accepted| accepted,
-    )
-    .await;
-    assert!(accepted, "new work still refused after the relay caught up");
+    assert!(
+        accepted_again(&plain).await,
+        "new work still refused after the relay caught up"
+    );
     drop(relay);
 }

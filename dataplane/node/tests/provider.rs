@@ -385,6 +385,37 @@ async fn a_tasks_input_and_model_reach_the_provider_as_the_client_sent_them() {
     assert_eq!(submitted(&admin, queued.task).await.input, input);
 }
 
+/// A node of 1 MiB for inputs (two shards: one shard holds 32 of [`big_inputs`]), a client of
+/// tenant 1, and the node's configuration.
+async fn inputs_node(test: &TestDb, m: &MockProvider) -> (Daemon, Client, String) {
+    let config = node_config("provider-node", m, "").replacen(
+        "shards = 2",
+        "shards = 2\ntask_inputs_mb = 1",
+        1,
+    );
+    let daemon = start_with(test, &config).await;
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    (daemon, client, config)
+}
+
+/// Task `i`'s input of 16 KiB, its number first.
+fn input_of(i: usize) -> String {
+    format!("\"{i:05}{}\"", "x".repeat(16 * 1024 - 7))
+}
+
+/// Tasks `big{i}` with [`input_of`]`(i)`.
+fn big_inputs(range: std::ops::Range<usize>) -> Vec<spindle_wire::SubmitTask> {
+    range
+        .map(|i| {
+            let mut t = task(&format!("big{i}"));
+            t.input = Some(input_of(i));
+            t
+        })
+        .collect()
+}
+
 /// Past the node's bound on inputs held in memory (`task_inputs_mb`), a task's input is left in
 /// its stored request and read back when its attempt goes to the provider: every task reaches
 /// the provider with its own input, held or not — also after a kill -9 and a restart, which
@@ -393,26 +424,8 @@ async fn a_tasks_input_and_model_reach_the_provider_as_the_client_sent_them() {
 async fn inputs_past_the_nodes_bound_are_read_back_for_the_provider() {
     let test = TestDb::new().await;
     let (m, admin) = mock(20).await;
-    // 1 MiB for two shards: one shard holds 32 inputs of 16 KiB.
-    let config = node_config("provider-node", &m, "").replacen(
-        "shards = 2",
-        "shards = 2\ntask_inputs_mb = 1",
-        1,
-    );
-    let daemon = start_with(&test, &config).await;
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
-        .await
-        .unwrap();
-    let input_of = |i: usize| format!("\"{i:05}{}\"", "x".repeat(16 * 1024 - 7));
-    let batch = |range: std::ops::Range<usize>| -> Vec<_> {
-        range
-            .map(|i| {
-                let mut t = task(&format!("big{i}"));
-                t.input = Some(input_of(i));
-                t
-            })
-            .collect()
-    };
+    let (daemon, client, config) = inputs_node(&test, &m).await;
+    let batch = big_inputs;
     let answers = client.submit_batch(batch(0..40)).await.unwrap();
     assert!(
         answers.iter().all(|a| a.decision.is_accepted()),
@@ -467,25 +480,9 @@ async fn an_unreadable_stored_input_fails_its_task_without_a_retry() {
     let test = TestDb::new().await;
     // Jobs of 1.5 s: the 8 claimed at submit hold the provider while the rows are overwritten.
     let (m, admin) = mock(1_500).await;
-    // As in the test above: one shard holds inputs 0..32 of these, 32..40 are left stored.
-    let config = node_config("provider-node", &m, "").replacen(
-        "shards = 2",
-        "shards = 2\ntask_inputs_mb = 1",
-        1,
-    );
-    let daemon = start_with(&test, &config).await;
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
-        .await
-        .unwrap();
-    let input_of = |i: usize| format!("\"{i:05}{}\"", "x".repeat(16 * 1024 - 7));
-    let tasks = (0..40)
-        .map(|i| {
-            let mut t = task(&format!("big{i}"));
-            t.input = Some(input_of(i));
-            t
-        })
-        .collect();
-    let answers = client.submit_batch(tasks).await.unwrap();
+    // Inputs 0..32 held, 32..40 left stored.
+    let (daemon, client, _) = inputs_node(&test, &m).await;
+    let answers = client.submit_batch(big_inputs(0..40)).await.unwrap();
     assert!(answers.iter().all(|a| a.decision.is_accepted()));
     let ids: Vec<TaskId> = answers.iter().map(|a| a.task).collect();
     let damaged: Vec<i64> = ids[36..].iter().map(|t| t.0 as i64).collect();
