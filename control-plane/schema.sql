@@ -1528,20 +1528,22 @@ COMMENT ON COLUMN public.node.relay_pending_max IS 'The events this node''s rela
 
 
 --
--- Name: node_rate_part; Type: TABLE; Schema: public; Owner: -
+-- Name: node_share; Type: TABLE; Schema: public; Owner: -
 --
 
-CREATE TABLE public.node_rate_part (
-    rate text NOT NULL,
+CREATE TABLE public.node_share (
+    limit_key text NOT NULL,
     node_id text NOT NULL,
     weight bigint DEFAULT 0 NOT NULL,
-    part_ppm integer DEFAULT 0 NOT NULL,
-    lowered_from_ppm integer,
+    used bigint DEFAULT 0 NOT NULL,
+    part bigint DEFAULT 0 NOT NULL,
+    lowered_from bigint,
     lowered_until timestamp with time zone,
-    CONSTRAINT node_rate_part_lowered_from_ppm_check CHECK (((lowered_from_ppm >= 0) AND (lowered_from_ppm <= 1000000))),
-    CONSTRAINT node_rate_part_part_ppm_check CHECK (((part_ppm >= 0) AND (part_ppm <= 1000000))),
-    CONSTRAINT node_rate_part_rate_check CHECK (((length(rate) >= 1) AND (length(rate) <= 256))),
-    CONSTRAINT node_rate_part_weight_check CHECK ((weight >= 0))
+    CONSTRAINT node_share_limit_key_check CHECK (((length(limit_key) >= 1) AND (length(limit_key) <= 256))),
+    CONSTRAINT node_share_lowered_from_check CHECK ((lowered_from >= 0)),
+    CONSTRAINT node_share_part_check CHECK ((part >= 0)),
+    CONSTRAINT node_share_used_check CHECK ((used >= 0)),
+    CONSTRAINT node_share_weight_check CHECK ((weight >= 0))
 );
 
 
@@ -1886,11 +1888,11 @@ ALTER TABLE ONLY public.node
 
 
 --
--- Name: node_rate_part node_rate_part_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+-- Name: node_share node_share_pkey; Type: CONSTRAINT; Schema: public; Owner: -
 --
 
-ALTER TABLE ONLY public.node_rate_part
-    ADD CONSTRAINT node_rate_part_pkey PRIMARY KEY (rate, node_id);
+ALTER TABLE ONLY public.node_share
+    ADD CONSTRAINT node_share_pkey PRIMARY KEY (limit_key, node_id);
 
 
 --

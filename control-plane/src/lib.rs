@@ -7,6 +7,7 @@
 //! a result row per input row; see `migrations/` for the SQL and its lock order.
 
 pub mod claim;
+pub mod cluster_shares;
 pub mod db;
 pub mod embedded;
 pub mod error;
@@ -17,7 +18,6 @@ pub mod migrate;
 pub mod policy;
 pub mod pools;
 pub mod query;
-pub mod rate_parts;
 pub mod reconcile;
 pub mod report;
 pub mod requeue;

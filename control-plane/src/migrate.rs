@@ -119,8 +119,8 @@ pub const MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 21,
-        name: "cluster_relay_and_rates",
-        sql: include_str!("../migrations/0021_cluster_relay_and_rates.sql"),
+        name: "cluster_relay_and_shares",
+        sql: include_str!("../migrations/0021_cluster_relay_and_shares.sql"),
     },
 ];
 

@@ -31,7 +31,8 @@ pub const STANDBY_DIV: u64 = 16;
 
 /// How `capacity` is targeted over shards of `weights` (their backlogged weight): in proportion
 /// to the weight, each idle shard's standby part first; evenly when nothing waits anywhere.
-/// (Also how a cluster's rates are targeted over its nodes: `spindle_control::rate_parts`.)
+/// (Also how the limits a cluster shares are targeted over its nodes:
+/// `spindle_control::cluster_shares`.)
 pub fn targets(capacity: u128, weights: impl Iterator<Item = u64> + Clone) -> Vec<u128> {
     let n = weights.clone().count() as u128;
     let total: u128 = weights.clone().map(u128::from).sum();

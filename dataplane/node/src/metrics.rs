@@ -165,8 +165,8 @@ pub struct Metrics {
     /// nothing a relay has yet to send is pruned.
     pub retention_rounds: AtomicU64,
     pub relaying_nodes: AtomicU64,
-    /// Allotments of the node's parts of the cluster's rates that succeeded.
-    pub rate_allotments: AtomicU64,
+    /// Allotments of the node's parts of the limits it shares with the cluster that succeeded.
+    pub share_allotments: AtomicU64,
     /// The event relay (when `[events]` is configured): events the sink took, batches it
     /// refused, events pending as last counted, and whether that is above `pending_max`.
     pub events_relayed: AtomicU64,
@@ -222,7 +222,7 @@ impl Metrics {
             events_pruned: AtomicU64::new(0),
             retention_rounds: AtomicU64::new(0),
             relaying_nodes: AtomicU64::new(0),
-            rate_allotments: AtomicU64::new(0),
+            share_allotments: AtomicU64::new(0),
             events_relayed: AtomicU64::new(0),
             events_refused: AtomicU64::new(0),
             events_pending: AtomicU64::new(0),
@@ -615,19 +615,20 @@ impl Metrics {
                     let _ = writeln!(w, "spindle_node_limit_weight{{{labels}}} {}", l.weight);
                 }
             }
-            let _ = writeln!(w, "# HELP spindle_rate_part_ppm This node's part of each rate the cluster's nodes share, in millionths (allotted by backlogged weight every second).\n# TYPE spindle_rate_part_ppm gauge");
-            for (k, name) in split.ownership.rate_names() {
+            let _ = writeln!(w, "# HELP spindle_cluster_share This node's part of each limit the cluster's nodes share (a rate's in millionths, slots in slots), allotted by backlogged weight every second.\n# TYPE spindle_cluster_share gauge");
+            for l in split.ownership.shared_limits() {
                 let _ = writeln!(
                     w,
-                    "spindle_rate_part_ppm{{limit=\"{name}\"}} {}",
-                    split.ownership.rate_part(k)
+                    "spindle_cluster_share{{limit=\"{}\"}} {}",
+                    l.name,
+                    split.ownership.share(l.place).unwrap_or(0)
                 );
             }
         }
         let _ = writeln!(
             w,
-            "# HELP spindle_rate_allotments_total Allotments of this node's parts of the cluster's rates.\n# TYPE spindle_rate_allotments_total counter\nspindle_rate_allotments_total {}",
-            self.rate_allotments.load(Ordering::Relaxed)
+            "# HELP spindle_share_allotments_total Allotments of this node's parts of the limits it shares with the cluster.\n# TYPE spindle_share_allotments_total counter\nspindle_share_allotments_total {}",
+            self.share_allotments.load(Ordering::Relaxed)
         );
         let _ = writeln!(
             w,

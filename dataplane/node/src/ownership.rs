@@ -1,10 +1,10 @@
 //! What this node holds of its cluster: the tenant partitions it owns, and its part of each
-//! rate the nodes share. The control-plane thread leases the partitions and allots the parts in
+//! limit the nodes share. The control-plane thread leases the partitions and allots the parts in
 //! PostgreSQL and writes here; connections and shards read here to refuse tenants another node
-//! serves, and to run their rates at the node's part.
+//! serves, and to run the shared limits at the node's part.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 use spindle_control::lease::PartitionOwner;
@@ -14,93 +14,115 @@ pub struct Ownership {
     owned: Vec<AtomicBool>,
     /// Partitions other nodes hold, with "node at address", for the WrongNode answer.
     elsewhere: Mutex<HashMap<u32, String>>,
-    /// The cluster's rates this node runs a part of, once the board of node limits exists.
-    rates: OnceLock<ClusterRates>,
-    rates_ready: tokio::sync::Notify,
-    /// A rate was added: allot it now rather than at the next round.
-    rates_added: tokio::sync::Notify,
+    /// The limits this node runs a part of (the cluster's), once the board of node limits
+    /// exists.
+    shares: OnceLock<ClusterShares>,
+    shares_ready: tokio::sync::Notify,
+    /// A shared limit was added: allot it now rather than at the next round.
+    shares_added: tokio::sync::Notify,
 }
 
-/// The node's parts of the cluster's rates (`spindle_control::rate_parts`), one slot per node
-/// limit of the board: a rate's part in millionths of the cluster's rate, 0 until its first
-/// allotment (a starting node holds nothing of a rate the other nodes may be running at whole).
-struct ClusterRates {
-    parts: Box<[AtomicU32]>,
-    /// The board's places of the rates (the others are slots, which PostgreSQL's pools or the
-    /// node alone bound), with their names across the cluster.
-    names: Mutex<Vec<(usize, String)>>,
+/// A node limit the cluster's nodes share (`spindle_control::cluster_shares`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedLimit {
+    /// Its place on the board of node limits.
+    pub place: usize,
+    /// Its name across the cluster.
+    pub name: String,
+    /// A rate (its part in millionths) rather than slots (its part in slots).
+    pub rate: bool,
 }
+
+/// The node's parts of the limits it shares with the cluster, one per place of the board: 0
+/// until the first allotment (a starting node holds nothing of what the others may be using
+/// whole); [`NOT_SHARED`] for a limit the node has to itself.
+struct ClusterShares {
+    parts: Box<[AtomicU64]>,
+    limits: Mutex<Vec<SharedLimit>>,
+}
+
+/// The part of a limit the node does not share.
+const NOT_SHARED: u64 = u64::MAX;
 
 impl Ownership {
     pub fn new(partitions: u32) -> Ownership {
         Ownership {
             owned: (0..partitions).map(|_| AtomicBool::new(false)).collect(),
             elsewhere: Mutex::new(HashMap::new()),
-            rates: OnceLock::new(),
-            rates_ready: tokio::sync::Notify::new(),
-            rates_added: tokio::sync::Notify::new(),
+            shares: OnceLock::new(),
+            shares_ready: tokio::sync::Notify::new(),
+            shares_added: tokio::sync::Notify::new(),
         }
     }
 
-    /// Gives the node its `limits` board places, of which `rates` (place, name) are the
-    /// cluster's rates; once, before the shards start.
-    pub fn init_rates(&self, limits: usize, rates: Vec<(usize, String)>) {
-        let fresh = ClusterRates {
-            parts: (0..limits).map(|_| AtomicU32::new(0)).collect(),
-            names: Mutex::new(rates),
+    /// Gives the node its `places` board places, of which `shared` are the cluster's; once,
+    /// before the shards start.
+    pub fn init_shares(&self, places: usize, shared: Vec<SharedLimit>) {
+        let parts: Box<[AtomicU64]> = (0..places).map(|_| AtomicU64::new(NOT_SHARED)).collect();
+        for l in &shared {
+            if let Some(p) = parts.get(l.place) {
+                p.store(0, Ordering::Release);
+            }
+        }
+        let fresh = ClusterShares {
+            parts,
+            limits: Mutex::new(shared),
         };
-        if self.rates.set(fresh).is_ok() {
-            self.rates_ready.notify_waiters();
+        if self.shares.set(fresh).is_ok() {
+            self.shares_ready.notify_waiters();
         }
     }
 
-    /// Returns once [`Ownership::init_rates`] was called.
-    pub async fn rates_ready(&self) {
-        let ready = self.rates_ready.notified();
+    /// Returns once [`Ownership::init_shares`] was called.
+    pub async fn shares_ready(&self) {
+        let ready = self.shares_ready.notified();
         tokio::pin!(ready);
         ready.as_mut().enable();
-        if self.rates.get().is_none() {
+        if self.shares.get().is_none() {
             ready.await;
         }
     }
 
-    /// A rate added while the node runs (a new provider account's RPM) at board place `k`.
-    pub fn add_rate(&self, k: usize, name: String) {
-        if let Some(r) = self.rates.get() {
-            if let Ok(mut names) = r.names.lock() {
-                names.push((k, name));
+    /// A shared limit added while the node runs (a new provider account's).
+    pub fn add_shared(&self, limit: SharedLimit) {
+        if let Some(s) = self.shares.get() {
+            if let Some(p) = s.parts.get(limit.place) {
+                p.store(0, Ordering::Release);
             }
-            self.rates_added.notify_one();
+            if let Ok(mut limits) = s.limits.lock() {
+                limits.push(limit);
+            }
+            self.shares_added.notify_one();
         }
     }
 
-    /// Returns when a rate was added since the last call returned.
-    pub async fn rate_added(&self) {
-        self.rates_added.notified().await;
+    /// Returns when a shared limit was added since the last call returned.
+    pub async fn shared_added(&self) {
+        self.shares_added.notified().await;
     }
 
-    /// The cluster's rates by board place and name.
-    pub fn rate_names(&self) -> Vec<(usize, String)> {
-        self.rates
+    /// The limits the node shares with the cluster.
+    pub fn shared_limits(&self) -> Vec<SharedLimit> {
+        self.shares
             .get()
-            .and_then(|r| r.names.lock().ok().map(|n| n.clone()))
+            .and_then(|s| s.limits.lock().ok().map(|l| l.clone()))
             .unwrap_or_default()
     }
 
-    /// This node's part of the rate at board place `k`, in millionths.
-    pub fn rate_part(&self, k: usize) -> u32 {
-        self.rates
+    /// This node's part of the limit at board place `k` (of a rate in millionths, of slots in
+    /// slots); `None` when the node has it to itself.
+    pub fn share(&self, k: usize) -> Option<u64> {
+        let part = self
+            .shares
             .get()
-            .and_then(|r| r.parts.get(k))
-            .map_or(0, |p| p.load(Ordering::Acquire))
+            .and_then(|s| s.parts.get(k))
+            .map_or(NOT_SHARED, |p| p.load(Ordering::Acquire));
+        (part != NOT_SHARED).then_some(part)
     }
 
-    pub fn set_rate_part(&self, k: usize, ppm: u32) {
-        if let Some(p) = self.rates.get().and_then(|r| r.parts.get(k)) {
-            p.store(
-                ppm.min(spindle_control::rate_parts::WHOLE),
-                Ordering::Release,
-            );
+    pub fn set_share(&self, k: usize, part: u64) {
+        if let Some(p) = self.shares.get().and_then(|s| s.parts.get(k)) {
+            p.store(part.min(NOT_SHARED - 1), Ordering::Release);
         }
     }
 

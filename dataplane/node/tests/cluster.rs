@@ -169,29 +169,24 @@ async fn three_nodes_share_one_provider_without_a_violation() {
     assert_eq!(held, 0);
 }
 
-/// This node's part of the first account's RPM, in millionths.
-async fn rpm_part(d: &Daemon) -> u64 {
+/// This node's part of shared limit `limit` (of a rate in millionths, of slots in slots).
+async fn share_of(d: &Daemon, limit: &str) -> u64 {
     let (_, text) = common::http_get(d.http, "/metrics").await;
+    let prefix = format!("spindle_cluster_share{{limit=\"{limit}\"}} ");
     text.lines()
-        .find_map(|l| {
-            l.strip_prefix("spindle_rate_part_ppm{limit=\"provider:0:rpm\"} ")?
-                .parse()
-                .ok()
-        })
-        .expect("the account's part in /metrics")
+        .find_map(|l| l.strip_prefix(&prefix)?.parse().ok())
+        .unwrap_or_else(|| panic!("{limit}'s part not in /metrics"))
 }
 
-/// Two nodes, accounts whose RPM binds, work on one node only: that node's part of an
-/// account's RPM grows to all but the idle node's standby part (before, each node ran half of
-/// it whatever waited where), every task completes, and the provider sees no RPM violation.
-/// Then both nodes wait: the parts follow the weights.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_busy_node_takes_the_rate_an_idle_one_does_not_need() {
-    let test = TestDb::new().await;
-    let mock = mock(50, 20).await;
-    let node_config = |node: &str, owned: u32| {
-        format!(
-            r#"
+async fn rpm_part(d: &Daemon) -> u64 {
+    share_of(d, "provider:0:rpm").await
+}
+
+/// Node `node` of a pair on the mock at `url`, serving partition `owned` of two (tenant `t`
+/// lives on partition `t % 2`), with the accounts' `concurrency` and `rpm`.
+fn pair_config(url: &str, node: &str, owned: u32, concurrency: u32, rpm: u32) -> String {
+    format!(
+        r#"
 node_id = "{node}"
 listen = "127.0.0.1:0"
 http_listen = "127.0.0.1:0"
@@ -199,12 +194,12 @@ shards = 2
 partitions = 2
 owned_partitions = [{owned}]
 lease_ms = 1500
-provider_concurrency = 50
-provider_rpm = 600
+provider_concurrency = {concurrency}
+provider_rpm = {rpm}
 lane_capacity_units = 100000
 
 [provider]
-url = "{}"
+url = "{url}"
 secret = "{SECRET}"
 timeout_ms = 1000
 poll_ms = [200, 400]
@@ -216,26 +211,37 @@ credential = "t1"
 [[tenants]]
 id = 2
 credential = "t2"
-"#,
-            mock.base_url()
-        )
-    };
-    // Tenant t lives on partition t % 2.
-    let busy = start_with(&test, &node_config("busy", 0)).await;
-    let idle = start_with(&test, &node_config("idle", 1)).await;
-    let submit = async |node: &Daemon, tenant: u32, from: usize, n: usize| -> Vec<i64> {
-        let client = Client::connect(node.addr, TenantId(tenant), &format!("t{tenant}"))
-            .await
-            .unwrap();
-        let batch: Vec<_> = (from..from + n)
-            .map(|i| task(&format!("r{tenant}-{i}")))
-            .collect();
-        common::accepted_ids(client.submit_batch(batch).await)
-    };
+"#
+    )
+}
+
+/// Submits tasks `r{tenant}-{from..from + n}` of `tenant` to `node`, all accepted: their ids.
+async fn submit_range(node: &Daemon, tenant: u32, from: usize, n: usize) -> Vec<i64> {
+    let client = Client::connect(node.addr, TenantId(tenant), &format!("t{tenant}"))
+        .await
+        .unwrap();
+    let batch: Vec<_> = (from..from + n)
+        .map(|i| task(&format!("r{tenant}-{i}")))
+        .collect();
+    common::accepted_ids(client.submit_batch(batch).await)
+}
+
+/// Two nodes, accounts whose RPM binds, work on one node only: that node's part of an
+/// account's RPM grows to all but the idle node's standby part (before, each node ran half of
+/// it whatever waited where), every task completes, and the provider sees no RPM violation.
+/// Then both nodes wait: the parts follow the weights.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_node_takes_the_rate_an_idle_one_does_not_need() {
+    let test = TestDb::new().await;
+    let mock = mock(50, 20).await;
+    let url = mock.base_url();
+    let busy = start_with(&test, &pair_config(&url, "busy", 0, 50, 600)).await;
+    let idle = start_with(&test, &pair_config(&url, "idle", 1, 50, 600)).await;
+    let submit = submit_range;
     // 570 requests a minute per account between them: 120 tasks take over 6 s at the whole
     // rates.
     let mut ids = submit(&busy, 2, 0, 120).await;
-    let whole = u64::from(spindle_control::rate_parts::WHOLE);
+    let whole = spindle_control::cluster_shares::WHOLE;
     let standby = whole / 2 / 16;
     // (The idle node, started second, gets its standby part once the busy one's lowering has
     // passed its grace.)
@@ -282,4 +288,66 @@ credential = "t2"
         ids.len() as u64,
         "each task accepted once"
     );
+}
+
+/// Two nodes, accounts of 4 slots each and jobs of 400 ms, work on one node first: it runs all
+/// of every account's slots (the idle node's standby part of 4 rounds to none). Then the other
+/// node's tenant waits too: each slot the first node's work frees goes to the second until they
+/// hold half each — before, whichever node claimed first took a freed slot, so a node with a
+/// deep backlog kept the account. No concurrency violation; every task completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_freed_slot_goes_to_the_node_below_its_share() {
+    let test = TestDb::new().await;
+    let mock = mock(4, 400).await;
+    let url = mock.base_url();
+    let first = start_with(&test, &pair_config(&url, "first", 0, 4, 60_000)).await;
+    let second = start_with(&test, &pair_config(&url, "second", 1, 4, 60_000)).await;
+    let slots = "provider:0:concurrency";
+    // 60 tasks on 8 slots: about 3 s of work.
+    let mut ids = submit_range(&first, 2, 0, 60).await;
+    let parts = poll_until(
+        Duration::from_secs(20),
+        async || {
+            (
+                share_of(&first, slots).await,
+                share_of(&second, slots).await,
+            )
+        },
+        |&parts| parts == (4, 0),
+    )
+    .await;
+    assert_eq!(parts, (4, 0), "first, second");
+    ids.extend(submit_range(&second, 1, 0, 20).await);
+    let parts = poll_until(
+        Duration::from_secs(20),
+        async || {
+            (
+                share_of(&first, slots).await,
+                share_of(&second, slots).await,
+            )
+        },
+        |&parts| parts == (2, 2),
+    )
+    .await;
+    assert_eq!(parts, (2, 2), "first, second");
+    let sql = test.sql().await.unwrap();
+    let left = read_i64(
+        &sql,
+        &format!(
+            "SELECT count(*) FROM task WHERE state = 'QUEUED' AND partition = 0 AND task_id IN ({})",
+            ids.iter().map(i64::to_string).collect::<Vec<_>>().join(",")
+        ),
+    )
+    .await;
+    assert!(
+        left > 0,
+        "the halves came while the first node's work still waited"
+    );
+    assert_eq!(wait_all_succeeded(&sql, &ids).await, ids.len() as i64);
+    let stats = mock
+        .client(Duration::from_secs(5))
+        .mock_stats()
+        .await
+        .unwrap();
+    assert_eq!(accepted_without_violation(&stats, 4), ids.len() as u64);
 }

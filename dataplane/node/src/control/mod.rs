@@ -22,6 +22,7 @@ pub(crate) use pipeline::reconnect;
 pub use pipeline::{pipeline, InputUnread, PipelineSetup, ReadMsg, StoredInput, READ_QUEUE_MAX};
 use restore::{load_restores, recover_attempts, Followed};
 pub use restore::{LiveRestore, Restore, ShardRestores, Unrestorable};
+use spindle_control::cluster_shares::Want;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
@@ -204,16 +205,27 @@ pub async fn start(
         u64::from(admin.live_nodes(config.lease_ms).await?),
         std::sync::atomic::Ordering::Relaxed,
     );
-    // The node's parts of the cluster's rates before it serves: it holds none until the first
-    // allotment (nothing of its own waits yet: it asks for its standby part, or an even one).
+    // The node's parts of what it shares with the cluster before it serves: it holds none until
+    // the first allotment (nothing of its own waits yet: it asks for its standby part, or an
+    // even one; what its resumed attempts run comes with the next round).
     let split = crate::shard::split_board(&policy, config.shards);
-    ownership.init_rates(split.board.limits(), split.rates.clone());
-    let idle: Vec<(String, u64)> = split.rates.iter().map(|(_, n)| (n.clone(), 0)).collect();
+    ownership.init_shares(split.board.limits(), split.shared.clone());
+    let idle: Vec<Want> = split
+        .shared
+        .iter()
+        .map(|l| Want {
+            limit: l.name.clone(),
+            whole: rates::whole(l, &split.board),
+            rate: l.rate,
+            weight: 0,
+            used: 0,
+        })
+        .collect();
     let parts = admin
-        .allot_rate_parts(&config.node_id, config.lease_ms, &idle)
+        .allot_shares(&config.node_id, config.lease_ms, &idle)
         .await?;
-    for ((k, _), part) in split.rates.iter().zip(parts) {
-        ownership.set_rate_part(*k, part);
+    for (l, part) in split.shared.iter().zip(parts) {
+        ownership.set_share(l.place, part);
     }
     let mut pipes = Vec::new();
     let mut id_blocks = Vec::new();

@@ -1,70 +1,90 @@
-//! The node's parts of the cluster's rates (DESIGN §3): every second (or third of a lease, if
-//! shorter), the summed
-//! backlogged weight of its shards per rate goes to PostgreSQL and its parts come back
-//! (`spindle_control::rate_parts`), which the shards' splits then run at
-//! ([`crate::ownership::Ownership::rate_part`]).
+//! The node's parts of the limits it shares with the cluster (DESIGN §3: a provider account's
+//! RPM and concurrency, the platform's cost per minute): every second (or third of a lease, if
+//! shorter), what its shards published on the board per limit — the backlogged weight that
+//! wants it and what they use — goes to PostgreSQL and its parts come back
+//! (`spindle_control::cluster_shares`), which the shards' splits then run at
+//! ([`crate::ownership::Ownership::share`]).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use spindle_control::cluster_shares::{Want, WHOLE};
 use spindle_control::DbConfig;
+use spindle_sync::ShareBoard;
 
 use crate::metrics::Metrics;
-use crate::ownership::Ownership;
+use crate::ownership::{Ownership, SharedLimit};
 
 /// Allots this node's parts until the node stops (the first one was the start's, before the
-/// node served), with the weights the shards published on the board.
+/// node served), with the weights and uses the shards published on the board.
 pub(super) async fn run(
     db_config: DbConfig,
     config: crate::config::Config,
     metrics: Arc<Metrics>,
     ownership: Arc<Ownership>,
 ) {
-    ownership.rates_ready().await;
+    ownership.shares_ready().await;
     let mut db = super::pipeline::reconnect(&db_config, &metrics).await;
     let mut tick = tokio::time::interval(allot_every(config.lease_ms));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = tick.tick() => {}
-            // A new provider account's RPM: its first part now, not a round later.
-            () = ownership.rate_added() => {}
+            // A new provider account's limits: their first parts now, not a round later.
+            () = ownership.shared_added() => {}
         }
         if db.is_closed() {
             db = super::pipeline::reconnect(&db_config, &metrics).await;
         }
-        let rates = ownership.rate_names();
-        if rates.is_empty() {
-            continue;
-        }
+        let shared = ownership.shared_limits();
         let Some(split) = metrics.split.get() else {
             continue;
         };
-        let wants: Vec<(String, u64)> = rates
+        if shared.is_empty() {
+            continue;
+        }
+        let wants: Vec<Want> = shared
             .iter()
-            .map(|(k, name)| {
-                // A shard that has not published yet counts as idle here: its weight comes
-                // with the next round.
-                let weight = split
-                    .board
-                    .loads(*k)
-                    .map_or(0, |loads| loads.iter().map(|l| l.weight).sum());
-                (name.clone(), weight)
+            .map(|l| {
+                // A shard that has not published yet counts as idle here: its load comes with
+                // the next round.
+                let loads = split.board.loads(l.place).unwrap_or_default();
+                Want {
+                    limit: l.name.clone(),
+                    whole: whole(l, &split.board),
+                    rate: l.rate,
+                    weight: loads.iter().map(|s| s.weight).sum(),
+                    used: if l.rate {
+                        0
+                    } else {
+                        loads.iter().map(|s| s.used).sum()
+                    },
+                }
             })
             .collect();
         match db
-            .allot_rate_parts(&config.node_id, config.lease_ms, &wants)
+            .allot_shares(&config.node_id, config.lease_ms, &wants)
             .await
         {
             Ok(parts) => {
-                for ((k, _), part) in rates.iter().zip(parts) {
-                    ownership.set_rate_part(*k, part);
+                for (l, part) in shared.iter().zip(parts) {
+                    ownership.set_share(l.place, part);
                 }
-                metrics.rate_allotments.fetch_add(1, Ordering::Relaxed);
+                metrics.share_allotments.fetch_add(1, Ordering::Relaxed);
             }
             // The parts stay as they are: the rows in PostgreSQL still say so to every node.
-            Err(e) => tracing::warn!("allotting the cluster's rates: {e}"),
+            Err(e) => tracing::warn!("allotting the cluster's shared limits: {e}"),
         }
+    }
+}
+
+/// A shared limit's whole: a rate's parts are millionths; slots are as many as the board holds
+/// for the node (the account's concurrency).
+pub(super) fn whole(limit: &SharedLimit, board: &ShareBoard) -> u64 {
+    if limit.rate {
+        WHOLE
+    } else {
+        board.capacity(limit.place)
     }
 }
 

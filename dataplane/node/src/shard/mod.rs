@@ -343,17 +343,15 @@ pub fn split_board(policy: &Policy, shards: u32) -> SplitBoard {
         .iter()
         .map(|&(id, _)| probe.ledger().key(id).to_string())
         .collect();
-    let rates = limits
+    let shared = limits
         .iter()
-        .zip(&names)
         .enumerate()
-        .filter(|(_, ((_, c), _))| matches!(c, NodeCapacity::Rate(_)))
-        .map(|(k, (_, name))| (k, name.clone()))
+        .filter_map(|(k, &(id, capacity))| shared_limit(k, probe.ledger().key(id), capacity))
         .collect();
     SplitBoard {
         board: ShareBoard::new(&capacities, shards as usize),
         names,
-        rates,
+        shared,
     }
 }
 
@@ -362,9 +360,31 @@ pub struct SplitBoard {
     pub board: ShareBoard,
     /// Every node limit's name, in board order.
     pub names: Vec<String>,
-    /// The rates among them (board place, name): the node runs its part of the cluster's
-    /// ([`crate::ownership::Ownership::rate_part`]).
-    pub rates: Vec<(usize, String)>,
+    /// The limits among them the node shares with the cluster's other nodes, of which it runs
+    /// its part ([`crate::ownership::Ownership::share`]).
+    pub shared: Vec<crate::ownership::SharedLimit>,
+}
+
+/// Node limit `key` at board place `k` as the cluster shares it: a provider account's RPM and
+/// concurrency, the platform's cost per minute (DESIGN §3: divided among nodes by backlogged
+/// weight); `None` for a limit each node has to itself.
+fn shared_limit(
+    k: usize,
+    key: spindle_core::ledger::LimitKey,
+    capacity: NodeCapacity,
+) -> Option<crate::ownership::SharedLimit> {
+    use spindle_core::ledger::LimitKey;
+    matches!(
+        key,
+        LimitKey::ProviderRpm(_)
+            | LimitKey::ProviderConcurrency(_)
+            | LimitKey::PlatformCostPerMinute
+    )
+    .then(|| crate::ownership::SharedLimit {
+        place: k,
+        name: key.to_string(),
+        rate: matches!(capacity, NodeCapacity::Rate(_)),
+    })
 }
 
 impl ShardState {
@@ -1019,8 +1039,8 @@ fn apply_policy(s: &mut ShardState, patch: spindle_core::policy::PolicyPatch) {
                 .extend(provider_rpm_of(s.core.policy(), id, key));
             if s.index == 0 {
                 s.board.set_capacity(k, capacity.units());
-                if matches!(capacity, NodeCapacity::Rate(_)) {
-                    s.ownership.add_rate(k, key.to_string());
+                if let Some(shared) = shared_limit(k, key, capacity) {
+                    s.ownership.add_shared(shared);
                 }
                 if let Some(split) = s.metrics.split.get() {
                     if let Ok(mut names) = split.names.lock() {
@@ -1046,10 +1066,12 @@ fn apply_policy(s: &mut ShardState, patch: spindle_core::policy::PolicyPatch) {
 fn resplit(s: &mut ShardState) {
     let now = s.now();
     for (k, &(id, full)) in s.split_limits.iter().enumerate() {
-        // A rate is the node's part of the cluster's (the nodes share one account's RPM).
-        let capacity = match full {
-            NodeCapacity::Rate(r) => NodeCapacity::Rate(cluster_part(r, s.ownership.rate_part(k))),
-            slots => slots,
+        // A shared limit is the node's part of the cluster's (the nodes share an account's RPM
+        // and concurrency).
+        let capacity = match (full, s.ownership.share(k)) {
+            (NodeCapacity::Rate(r), Some(ppm)) => NodeCapacity::Rate(cluster_part(r, ppm)),
+            (NodeCapacity::Slots(v), Some(slots)) => NodeCapacity::Slots(slots.min(v)),
+            (own, None) => own,
         };
         let load = s.core.split_load(id);
         // Nobody holds a rate: a rate's part can shrink at once.
@@ -1072,6 +1094,18 @@ fn resplit(s: &mut ShardState) {
             }
         }
         let mut held = s.board.rebalance(k, s.index, used);
+        if let (NodeCapacity::Slots(part), Some(_)) = (capacity, s.ownership.share(k)) {
+            // Slots the node shares with the cluster: never more than this shard's fair part of
+            // the node's part, even while it holds more. What it runs above that comes down as
+            // its work ends, and the freed slot is not claimed again here: it is what another
+            // node (or shard) below its share waits for. (The board's targets keep every
+            // shard's holding at least what it uses, so they cannot say this.)
+            if let Some(loads) = s.board.loads(k) {
+                let weights: Vec<u64> = loads.iter().map(|l| l.weight).collect();
+                let fair = spindle_control::cluster_shares::targets(part, &weights);
+                held = held.min(fair.get(s.index).copied().unwrap_or(0));
+            }
+        }
         if let spindle_core::ledger::LimitKey::ProviderConcurrency(p) = s.core.ledger().key(id) {
             if s.health.is_open(p.0 as usize) {
                 // An open circuit: what runs there finishes; nothing new goes there.
@@ -1084,9 +1118,10 @@ fn resplit(s: &mut ShardState) {
 
 /// `ppm` millionths of the cluster's rate `r`: a burst of at least one request where the part
 /// has any rate.
-fn cluster_part(r: spindle_core::policy::RateSpec, ppm: u32) -> spindle_core::policy::RateSpec {
+fn cluster_part(r: spindle_core::policy::RateSpec, ppm: u64) -> spindle_core::policy::RateSpec {
     let of = |v: u64| {
-        (u128::from(v) * u128::from(ppm) / u128::from(spindle_control::rate_parts::WHOLE)) as u64
+        (u128::from(v) * u128::from(ppm) / u128::from(spindle_control::cluster_shares::WHOLE))
+            as u64
     };
     let per_minute = of(r.per_minute);
     spindle_core::policy::RateSpec {

@@ -1,5 +1,5 @@
 -- spindle schema, version 21: what a cluster's nodes share beyond partitions — whether the
--- cluster relays its events, and its rates divided by backlogged weight.
+-- cluster relays its events, and its limits divided by backlogged weight.
 --
 -- Whether events are relayed was each node's `[events]` alone: a node without it pruned
 -- undelivered events after `retention_events_s`, and ended tasks without waiting for their end
@@ -18,18 +18,21 @@ ALTER TABLE node ADD COLUMN relay_pending_max bigint
 COMMENT ON COLUMN node.relay_pending_max IS
     'The events this node''s relay lets wait before it refuses new work; NULL: it runs no relay';
 
--- A cluster's rates (a provider account's RPM, the platform's cost per minute) were divided
--- evenly among the live nodes: a node whose tenants waited could use no more than 1/N of an
--- account's RPM while the others' parts went unused. Each node now publishes per rate the
--- backlogged weight that wants it and takes its part, in millionths of the rate, by the split
--- rule the shards use, within what the other live nodes leave (`rate_parts.rs`); a lowered part
--- still counts for the others until `lowered_until`.
-CREATE TABLE node_rate_part (
-    rate text NOT NULL CHECK (length(rate) BETWEEN 1 AND 256),
+-- What the nodes share of a provider account (its RPM and concurrency) and of the platform's
+-- cost per minute was divided evenly (rates: 1/N each) or went to whichever node claimed first
+-- (slots): a node whose tenants waited could use no more than 1/N of an account's RPM while
+-- the others' parts went unused, and a node with a backlog took every slot that freed. Each
+-- node now publishes per limit the backlogged weight that wants it and what it uses, and takes
+-- its part (of a rate in millionths, of slots in slots) by the split rule the shards use,
+-- within what the other live nodes leave (`cluster_shares.rs`); a lowered part still counts
+-- for the others until `lowered_until`.
+CREATE TABLE node_share (
+    limit_key text NOT NULL CHECK (length(limit_key) BETWEEN 1 AND 256),
     node_id text NOT NULL,
     weight bigint NOT NULL DEFAULT 0 CHECK (weight >= 0),
-    part_ppm integer NOT NULL DEFAULT 0 CHECK (part_ppm BETWEEN 0 AND 1000000),
-    lowered_from_ppm integer CHECK (lowered_from_ppm BETWEEN 0 AND 1000000),
+    used bigint NOT NULL DEFAULT 0 CHECK (used >= 0),
+    part bigint NOT NULL DEFAULT 0 CHECK (part >= 0),
+    lowered_from bigint CHECK (lowered_from >= 0),
     lowered_until timestamptz,
-    PRIMARY KEY (rate, node_id)
+    PRIMARY KEY (limit_key, node_id)
 );
