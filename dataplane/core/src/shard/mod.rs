@@ -753,8 +753,9 @@ impl NodeCapacity {
     }
 
     /// The part of this capacity that holds `units` of its `units()` (a rate's burst in
-    /// proportion, at least one request where the part has any rate: a bucket of no burst
-    /// never holds a token, however fast it fills).
+    /// proportion, rounded down: the parts' bursts never add up to more than the whole's — a
+    /// holder that needs a request from a part too small for one is given it by the caller,
+    /// see [`NodeCapacity::waiting_part`]).
     pub fn part(self, units: u64) -> NodeCapacity {
         match self {
             NodeCapacity::Slots(_) => NodeCapacity::Slots(units),
@@ -762,9 +763,23 @@ impl NodeCapacity {
                 per_minute: units,
                 burst: (u128::from(r.burst) * u128::from(units))
                     .checked_div(u128::from(r.per_minute))
-                    .map_or(0, |b| b as u64)
-                    .max(u64::from(units > 0)),
+                    .map_or(0, |b| b as u64),
             }),
+        }
+    }
+
+    /// [`NodeCapacity::part`] for a holder with work waiting: a rate's part whose burst rounds
+    /// to nothing still holds one request (a bucket of no burst never holds a token, however
+    /// fast it fills, and the holder would wait with its rate unused). Only waiting holders
+    /// get it, so the bursts of a whole exceed it by at most one request per waiting holder of
+    /// a sliver of it.
+    pub fn waiting_part(self, units: u64) -> NodeCapacity {
+        match self.part(units) {
+            NodeCapacity::Rate(r) if r.per_minute > 0 => NodeCapacity::Rate(RateSpec {
+                burst: r.burst.max(1),
+                ..r
+            }),
+            other => other,
         }
     }
 

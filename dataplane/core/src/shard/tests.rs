@@ -69,27 +69,20 @@ fn an_idle_shard_keeps_a_standby_part_of_a_rate() {
     assert_eq!(rate.split_targets(&[load(0), load(0)]), vec![3_200, 3_200]);
 }
 
-/// A part of a rate small enough that its burst rounds to nothing still holds one request: a
-/// bucket of no burst never holds a token, and its shard never sent anything (three nodes of an
-/// account at 570 a minute, burst 9, stood still this way); no rate, no burst.
+/// A part of a rate small enough that its burst rounds to nothing holds no request — the parts'
+/// bursts never add up to more than the whole's — unless its holder has work waiting: a bucket of
+/// no burst never holds a token, and its shard never sent anything (three nodes of an account at
+/// 570 a minute, burst 9, stood still this way); no rate, no burst either way.
 #[test]
-fn a_small_part_of_a_rate_still_holds_one_request() {
+fn a_small_part_of_a_rate_holds_one_request_only_for_a_waiting_holder() {
     let rate = NodeCapacity::Rate(RateSpec {
         per_minute: 190,
         burst: 2,
     });
-    assert_eq!(
-        rate.part(94),
-        NodeCapacity::Rate(RateSpec {
-            per_minute: 94,
-            burst: 1,
-        })
-    );
-    assert_eq!(
-        rate.part(0),
-        NodeCapacity::Rate(RateSpec {
-            per_minute: 0,
-            burst: 0,
-        })
-    );
+    let of = |per_minute, burst| NodeCapacity::Rate(RateSpec { per_minute, burst });
+    assert_eq!(rate.part(94), of(94, 0));
+    assert_eq!(rate.waiting_part(94), of(94, 1));
+    assert_eq!(rate.waiting_part(190), of(190, 2));
+    assert_eq!(rate.part(0), of(0, 0));
+    assert_eq!(rate.waiting_part(0), of(0, 0));
 }

@@ -1112,25 +1112,26 @@ fn resplit(s: &mut ShardState) {
                 held = held.min(load.used);
             }
         }
-        s.core.set_share(id, capacity.part(held), now);
+        let share = if load.weight > 0 {
+            capacity.waiting_part(held)
+        } else {
+            capacity.part(held)
+        };
+        s.core.set_share(id, share, now);
     }
 }
 
-/// `ppm` millionths of the cluster's rate `r`: a burst of at least one request where the part
-/// has any rate.
+/// `ppm` millionths of the cluster's rate `r`, its burst rounded down (the nodes' bursts never
+/// add up to more than the account's; a shard with work waiting on a sliver still gets one
+/// request: [`NodeCapacity::waiting_part`]).
 fn cluster_part(r: spindle_core::policy::RateSpec, ppm: u64) -> spindle_core::policy::RateSpec {
     let of = |v: u64| {
         (u128::from(v) * u128::from(ppm) / u128::from(spindle_control::cluster_shares::WHOLE))
             as u64
     };
-    let per_minute = of(r.per_minute);
     spindle_core::policy::RateSpec {
-        per_minute,
-        burst: if per_minute == 0 {
-            0
-        } else {
-            of(r.burst).max(1)
-        },
+        per_minute: of(r.per_minute),
+        burst: of(r.burst),
     }
 }
 
