@@ -170,7 +170,8 @@ pub struct Config {
     /// Concurrency of each of the two local provider accounts (global: a pool in PostgreSQL).
     #[serde(default = "default_provider_concurrency")]
     pub provider_concurrency: u64,
-    /// Requests per minute of each local provider account (burst: one second's worth).
+    /// Requests per minute of each provider account (the node runs 95 % of it, with a burst
+    /// of half a second's worth).
     #[serde(default = "default_provider_rpm")]
     pub provider_rpm: u64,
     /// Concurrent units each lane may run (the enterprise reserve keeps its preset share).

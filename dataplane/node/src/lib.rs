@@ -48,13 +48,15 @@ pub fn policy(config: &Config) -> Policy {
     presets::lift_node_limits(&mut policy);
     for p in &mut policy.providers {
         p.concurrency = config.provider_concurrency;
-        // The node keeps 5 % below the contract: requests leave here evenly spaced but reach
-        // the provider with network jitter, and a provider counting in its own clock must
-        // never see more than the contract.
+        // The node keeps 5 % below the contract's rate and half below its burst (a provider
+        // allows about a second's worth): requests leave here evenly spaced but reach the
+        // provider with network jitter — and after a stall of the thread that sends them,
+        // together — and a provider counting in its own clock must never see more than the
+        // contract.
         let per_minute = (config.provider_rpm * 95 / 100).max(1);
         p.rpm = spindle_core::policy::RateSpec {
             per_minute,
-            burst: (per_minute / 60).max(1),
+            burst: (per_minute / 120).max(1),
         };
     }
     for lane in [
