@@ -233,6 +233,43 @@ credential = "t2"
     )
 }
 
+/// The mock with accounts of `slots` slots (and RPM to spare) and jobs of `job_ms`, and two
+/// nodes on it named `names`, the first serving partition 0, the second partition 1.
+async fn pair(
+    test: &TestDb,
+    slots: u32,
+    job_ms: u64,
+    names: [&str; 2],
+) -> (MockProvider, Daemon, Daemon) {
+    let mock = mock(slots, 60_000, job_ms).await;
+    let url = mock.base_url();
+    let config = |i: usize| pair_config(&url, names[i], i as u32, slots, 60_000);
+    let first = start_with(test, &config(0)).await;
+    let second = start_with(test, &config(1)).await;
+    (mock, first, second)
+}
+
+/// Every one of `ids` succeeds, its job accepted by the mock once, with no violation and no
+/// more than `slots` jobs of an account at once.
+async fn assert_each_ran_once(
+    sql: &tokio_postgres::Client,
+    mock: &MockProvider,
+    ids: &[i64],
+    slots: u64,
+) {
+    assert_eq!(wait_all_succeeded(sql, ids).await, ids.len() as i64);
+    let stats = mock
+        .client(Duration::from_secs(5))
+        .mock_stats()
+        .await
+        .unwrap();
+    assert_eq!(
+        accepted_without_violation(&stats, slots),
+        ids.len() as u64,
+        "each task accepted once"
+    );
+}
+
 /// Submits tasks `r{tenant}-{from..from + n}` of `tenant` to `node`, all accepted: their ids.
 async fn submit_range(node: &Daemon, tenant: u32, from: usize, n: usize) -> Vec<i64> {
     let client = Client::connect(node.addr, TenantId(tenant), &format!("t{tenant}"))
@@ -252,10 +289,7 @@ async fn submit_range(node: &Daemon, tenant: u32, from: usize, n: usize) -> Vec<
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_node_takes_the_rate_an_idle_one_does_not_need() {
     let test = TestDb::new().await;
-    let mock = mock(2, 60_000, 200).await;
-    let url = mock.base_url();
-    let busy = start_with(&test, &pair_config(&url, "busy", 0, 2, 60_000)).await;
-    let idle = start_with(&test, &pair_config(&url, "idle", 1, 2, 60_000)).await;
+    let (mock, busy, idle) = pair(&test, 2, 200, ["busy", "idle"]).await;
     let submit = submit_range;
     // 4 slots of jobs of 200 ms: 120 tasks take over 6 s.
     let mut ids = submit(&busy, 2, 0, 120).await;
@@ -276,18 +310,7 @@ async fn a_busy_node_takes_the_rate_an_idle_one_does_not_need() {
     ids.extend(submit(&busy, 2, 120, 80).await);
     ids.extend(submit(&idle, 1, 0, 80).await);
     assert_parts(&busy, &idle, rpm, (whole / 2, whole / 2)).await;
-
-    assert_eq!(wait_all_succeeded(&sql, &ids).await, ids.len() as i64);
-    let stats = mock
-        .client(Duration::from_secs(5))
-        .mock_stats()
-        .await
-        .unwrap();
-    assert_eq!(
-        accepted_without_violation(&stats, 2),
-        ids.len() as u64,
-        "each task accepted once"
-    );
+    assert_each_ran_once(&sql, &mock, &ids, 2).await;
 }
 
 /// Two nodes, accounts of 4 slots each and jobs of 400 ms, work on one node first: it runs all
@@ -298,10 +321,7 @@ async fn a_busy_node_takes_the_rate_an_idle_one_does_not_need() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_freed_slot_goes_to_the_node_below_its_share() {
     let test = TestDb::new().await;
-    let mock = mock(4, 60_000, 400).await;
-    let url = mock.base_url();
-    let first = start_with(&test, &pair_config(&url, "first", 0, 4, 60_000)).await;
-    let second = start_with(&test, &pair_config(&url, "second", 1, 4, 60_000)).await;
+    let (mock, first, second) = pair(&test, 4, 400, ["first", "second"]).await;
     let slots = "provider:0:concurrency";
     // 60 tasks on 8 slots: about 3 s of work.
     let firsts = submit_range(&first, 2, 0, 60).await;
@@ -315,11 +335,5 @@ async fn a_freed_slot_goes_to_the_node_below_its_share() {
         left > 0,
         "the halves came while the first node's work still waited"
     );
-    assert_eq!(wait_all_succeeded(&sql, &ids).await, ids.len() as i64);
-    let stats = mock
-        .client(Duration::from_secs(5))
-        .mock_stats()
-        .await
-        .unwrap();
-    assert_eq!(accepted_without_violation(&stats, 4), ids.len() as u64);
+    assert_each_ran_once(&sql, &mock, &ids, 4).await;
 }
