@@ -77,6 +77,8 @@ pub struct Allotted {
     pub part: u64,
     /// Set while a lowering's grace runs: the part others count until it has passed.
     pub lowered_from: Option<u64>,
+    /// This allotment lowered the part (its grace starts now).
+    pub lowered_now: bool,
 }
 
 /// Every live node's target of `whole` by the split rule over their weights, the rounding's
@@ -100,9 +102,9 @@ pub fn targets(whole: u64, weights: &[u64]) -> Vec<u64> {
 
 /// The allotment rule for node `me` of the live nodes `nodes` (in one order every node uses:
 /// by name) of a limit of `whole`: its [`targets`] share, at most the room the others'
-/// effective parts leave (which count what they use). A rate's lowering (`graced`) keeps the part it
-/// had for the grace; slots need none (what a node runs is its `used`, counted as it is, and an
-/// account's pool in PostgreSQL bounds them exactly).
+/// effective parts leave (which count what they use). A rate's lowering (`graced`) keeps the
+/// part it had for the grace; slots need none (what a node runs is its `used`, counted as it
+/// is, and an account's pool in PostgreSQL bounds them exactly).
 pub fn allot(whole: u64, nodes: &[NodePart], me: usize, graced: bool) -> Allotted {
     let weights: Vec<u64> = nodes.iter().map(|n| n.weight).collect();
     let target = targets(whole, &weights)[me];
@@ -117,16 +119,20 @@ pub fn allot(whole: u64, nodes: &[NodePart], me: usize, graced: bool) -> Allotte
     // Below what it uses, for slots: it claims no more until its work has come down to it
     // (what it uses the others count anyway, as its effective part).
     let part = target.min(room);
-    let had = mine.part.max(mine.lowered_from.unwrap_or(0));
+    let lowered_now = graced && part < mine.part;
     let lowered_from = if !graced {
         None
-    } else if part < mine.part {
-        Some(had)
+    } else if lowered_now {
+        Some(mine.part.max(mine.lowered_from.unwrap_or(0)))
     } else {
         // Not lowered now: an earlier lowering's grace runs on, while it still says more.
         mine.lowered_from.filter(|&from| from > part)
     };
-    Allotted { part, lowered_from }
+    Allotted {
+        part,
+        lowered_from,
+        lowered_now,
+    }
 }
 
 /// One limit a node takes its part of.
@@ -219,7 +225,7 @@ impl Db {
                         lowered_from: r.get::<_, Option<i64>>(5).map(unsigned),
                     });
                 }
-                let mut allotted: Vec<(Allotted, bool)> = Vec::with_capacity(wants.len());
+                let mut allotted: Vec<Allotted> = Vec::with_capacity(wants.len());
                 for w in wants {
                     // This node's row was written above, in this transaction.
                     let Some((nodes, Some(me))) = by_limit.get(w.limit.as_str()) else {
@@ -228,15 +234,12 @@ impl Db {
                             w.limit
                         )));
                     };
-                    let a = allot(w.whole, nodes, *me, w.rate);
-                    allotted.push((a, a.part < nodes[*me].part));
+                    allotted.push(allot(w.whole, nodes, *me, w.rate));
                 }
-                let parts: Vec<i64> = allotted.iter().map(|(a, _)| big(a.part)).collect();
-                let lowered: Vec<Option<i64>> = allotted
-                    .iter()
-                    .map(|(a, _)| a.lowered_from.map(big))
-                    .collect();
-                let fresh: Vec<bool> = allotted.iter().map(|&(_, fresh)| fresh).collect();
+                let parts: Vec<i64> = allotted.iter().map(|a| big(a.part)).collect();
+                let lowered: Vec<Option<i64>> =
+                    allotted.iter().map(|a| a.lowered_from.map(big)).collect();
+                let fresh: Vec<bool> = allotted.iter().map(|a| a.lowered_now).collect();
                 tx.execute(
                     &format!(
                         "UPDATE node_share s
@@ -253,7 +256,7 @@ impl Db {
                 )
                 .await?;
                 tx.commit().await?;
-                Ok(allotted.iter().map(|(a, _)| a.part).collect())
+                Ok(allotted.iter().map(|a| a.part).collect())
             })
             .await
     }
@@ -391,7 +394,12 @@ mod tests {
                             continue;
                         }
                         let before = held(&rows, &live);
-                        let used = if whole == WHOLE { 0 } else { u.min(rows[i].part.max(rows[i].used)) };
+                        // A rate has no use; slots grow only up to the part they had.
+                        let used = if whole == WHOLE {
+                            0
+                        } else {
+                            u.min(rows[i].part.max(rows[i].used))
+                        };
                         rows[i].weight = w;
                         rows[i].used = used;
                         let alive: Vec<usize> = (0..4).filter(|&j| live[j]).collect();
@@ -430,7 +438,12 @@ mod tests {
                 let mut nodes = *rows;
                 nodes[i].weight = weights[i];
                 let a = allot(whole, &nodes, i, whole == WHOLE);
-                rows[i] = NodePart { weight: weights[i], used: 0, part: a.part, lowered_from: a.lowered_from };
+                rows[i] = NodePart {
+                    weight: weights[i],
+                    used: 0,
+                    part: a.part,
+                    lowered_from: a.lowered_from,
+                };
             };
             for i in order {
                 round(&mut rows, i);

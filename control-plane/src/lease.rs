@@ -63,21 +63,22 @@ impl Db {
         Ok(())
     }
 
-    /// The nodes that relay events and were heard from (a heartbeat, up or not) within
-    /// `within` (`None`: ever), by name, each with its relay's backlog bound. While there is
-    /// one, no node prunes what a relay has yet to send.
+    /// The nodes other than `except` that relay events and were heard from (a heartbeat, up
+    /// or not) within `within` (`None`: ever), by name, each with its relay's backlog bound.
+    /// While there is one, no node prunes what a relay has yet to send.
     pub async fn relaying_nodes(
         &self,
+        except: &str,
         within: Option<std::time::Duration>,
     ) -> Result<Vec<(String, u64)>, StoreError> {
         let within_ms = within.map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
         let sql = "SELECT node_id, relay_pending_max FROM node
-                    WHERE relay_pending_max IS NOT NULL
-                      AND ($1::bigint IS NULL
-                           OR heartbeat_at > now() - $1::bigint * interval '1 millisecond')
+                    WHERE relay_pending_max IS NOT NULL AND node_id <> $1
+                      AND ($2::bigint IS NULL
+                           OR heartbeat_at > now() - $2::bigint * interval '1 millisecond')
                     ORDER BY node_id";
         let rows = self
-            .answered(false, self.client().query(sql, &[&within_ms]))
+            .answered(false, self.client().query(sql, &[&except, &within_ms]))
             .await?;
         Ok(rows
             .iter()

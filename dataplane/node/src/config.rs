@@ -307,6 +307,11 @@ impl Args {
     }
 }
 
+/// A retention window of `seconds`; `None` (0): kept forever.
+pub fn retention_window(seconds: u64) -> Option<std::time::Duration> {
+    (seconds > 0).then(|| std::time::Duration::from_secs(seconds))
+}
+
 impl Config {
     /// The file (if any), then flags and environment on top; checks the result.
     pub fn load(args: &Args) -> anyhow::Result<Config> {

@@ -117,7 +117,7 @@ pub struct TenantRunning {
 pub struct SplitView {
     pub names: std::sync::Mutex<Vec<String>>,
     pub board: Arc<ShareBoard>,
-    /// The node's parts of the cluster's rates.
+    /// The node's parts of the limits it shares with the cluster.
     pub ownership: Arc<crate::ownership::Ownership>,
 }
 
@@ -291,7 +291,6 @@ impl Metrics {
         self.postgres_ok.load(Ordering::Relaxed) && !self.stopping.load(Ordering::Relaxed)
     }
 
-    /// Prometheus text exposition.
     /// A series with one value per shard: `name{shard="i"} value`, after its HELP and TYPE.
     fn per_shard(
         &self,
@@ -311,6 +310,7 @@ impl Metrics {
         }
     }
 
+    /// Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();
         let w = &mut out;

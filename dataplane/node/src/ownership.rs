@@ -17,7 +17,6 @@ pub struct Ownership {
     /// The limits this node runs a part of (the cluster's), once the board of node limits
     /// exists.
     shares: OnceLock<ClusterShares>,
-    shares_ready: tokio::sync::Notify,
     /// A shared limit was added: allot it now rather than at the next round.
     shares_added: tokio::sync::Notify,
 }
@@ -50,7 +49,6 @@ impl Ownership {
             owned: (0..partitions).map(|_| AtomicBool::new(false)).collect(),
             elsewhere: Mutex::new(HashMap::new()),
             shares: OnceLock::new(),
-            shares_ready: tokio::sync::Notify::new(),
             shares_added: tokio::sync::Notify::new(),
         }
     }
@@ -68,19 +66,7 @@ impl Ownership {
             parts,
             limits: Mutex::new(shared),
         };
-        if self.shares.set(fresh).is_ok() {
-            self.shares_ready.notify_waiters();
-        }
-    }
-
-    /// Returns once [`Ownership::init_shares`] was called.
-    pub async fn shares_ready(&self) {
-        let ready = self.shares_ready.notified();
-        tokio::pin!(ready);
-        ready.as_mut().enable();
-        if self.shares.get().is_none() {
-            ready.await;
-        }
+        let _ = self.shares.set(fresh);
     }
 
     /// A shared limit added while the node runs (a new provider account's).

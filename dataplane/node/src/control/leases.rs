@@ -114,7 +114,7 @@ impl LeaseLoop {
     /// they reach the newest task or a quarter of the renewal interval is spent (the next
     /// renewal is never delayed; a backlog is worked off over the following rounds).
     async fn prune(&mut self, held: &[PartitionId], every: std::time::Duration) {
-        let window = |s: u64| (s > 0).then(|| std::time::Duration::from_secs(s));
+        let window = crate::config::retention_window;
         self.metrics
             .retention_rounds
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -184,11 +184,12 @@ impl LeaseLoop {
     async fn cluster_relays(&mut self, within: Option<std::time::Duration>) -> bool {
         use std::sync::atomic::Ordering::Relaxed;
         let own = self.config.events.is_some();
-        let others = match self.admin.relaying_nodes(within).await {
-            Ok(mut nodes) => {
-                nodes.retain(|(n, _)| *n != self.config.node_id);
-                nodes
-            }
+        let others = match self
+            .admin
+            .relaying_nodes(&self.config.node_id, within)
+            .await
+        {
+            Ok(nodes) => nodes,
             Err(e) => {
                 tracing::warn!("reading which nodes relay events: {e}");
                 return true;

@@ -160,14 +160,12 @@ pub async fn start(
             config.events.as_ref().map(|e| e.pending_max),
         )
         .await?;
-    let events_window =
-        (config.retention_events_s > 0).then(|| Duration::from_secs(config.retention_events_s));
+    let events_window = crate::config::retention_window(config.retention_events_s);
     let relaying: Vec<String> = admin
-        .relaying_nodes(events_window)
+        .relaying_nodes(&config.node_id, events_window)
         .await?
         .into_iter()
         .map(|(n, _)| n)
-        .filter(|n| *n != config.node_id)
         .collect();
     if config.events.is_none() && !relaying.is_empty() {
         tracing::warn!(

@@ -15,15 +15,15 @@ use spindle_sync::ShareBoard;
 use crate::metrics::Metrics;
 use crate::ownership::{Ownership, SharedLimit};
 
-/// Allots this node's parts until the node stops (the first one was the start's, before the
-/// node served), with the weights and uses the shards published on the board.
+/// Allots this node's parts until the node stops (the first one, and `Ownership::init_shares`,
+/// were the start's, before this runs), with the weights and uses the shards published on the
+/// board.
 pub(super) async fn run(
     db_config: DbConfig,
     config: crate::config::Config,
     metrics: Arc<Metrics>,
     ownership: Arc<Ownership>,
 ) {
-    ownership.shares_ready().await;
     let mut db = super::pipeline::reconnect(&db_config, &metrics).await;
     let mut tick = tokio::time::interval(allot_every(config.lease_ms));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -1068,7 +1068,8 @@ fn resplit(s: &mut ShardState) {
     for (k, &(id, full)) in s.split_limits.iter().enumerate() {
         // A shared limit is the node's part of the cluster's (the nodes share an account's RPM
         // and concurrency).
-        let capacity = match (full, s.ownership.share(k)) {
+        let shared = s.ownership.share(k);
+        let capacity = match (full, shared) {
             (NodeCapacity::Rate(r), Some(ppm)) => NodeCapacity::Rate(cluster_part(r, ppm)),
             (NodeCapacity::Slots(v), Some(slots)) => NodeCapacity::Slots(slots.min(v)),
             (own, None) => own,
@@ -1094,7 +1095,7 @@ fn resplit(s: &mut ShardState) {
             }
         }
         let mut held = s.board.rebalance(k, s.index, used);
-        if let (NodeCapacity::Slots(part), Some(_)) = (capacity, s.ownership.share(k)) {
+        if let (NodeCapacity::Slots(part), Some(_)) = (capacity, shared) {
             // Slots the node shares with the cluster: never more than this shard's fair part of
             // the node's part, even while it holds more. What it runs above that comes down as
             // its work ends, and the freed slot is not claimed again here: it is what another
