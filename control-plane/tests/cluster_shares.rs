@@ -182,3 +182,41 @@ async fn a_slot_in_use_stays_with_its_node_and_a_freed_one_goes_to_the_peer() {
     assert_eq!(allot_slots(&mut b, "b", 1, 1).await, 2);
     assert_eq!(held_of(&sql, SLOTS).await, 4);
 }
+
+/// A limit's name past its bound, or an empty one, is refused by name before anything is
+/// written.
+#[tokio::test]
+async fn a_limit_name_out_of_bounds_is_refused_by_name() {
+    use spindle_control::cluster_shares::LIMIT_NAME_BYTES_MAX;
+    use spindle_control::{InputError, StoreError};
+    let test = TestDb::new().await;
+    let mut a = node(&test, "a").await;
+    let want = |limit: String| Want {
+        limit,
+        whole: 4,
+        rate: false,
+        weight: 1,
+        used: 0,
+    };
+    let long = want("x".repeat(LIMIT_NAME_BYTES_MAX + 1));
+    match a
+        .allot_shares("a", LIVE_MS, &[want(SLOTS.into()), long])
+        .await
+    {
+        Err(StoreError::Invalid(InputError::TooLong {
+            row: 1,
+            field: "limit",
+            ..
+        })) => {}
+        other => panic!("{other:?}"),
+    }
+    match a.allot_shares("a", LIVE_MS, &[want(String::new())]).await {
+        Err(StoreError::Invalid(InputError::Empty {
+            row: 0,
+            field: "limit",
+        })) => {}
+        other => panic!("{other:?}"),
+    }
+    let sql = test.sql().await.unwrap();
+    assert_eq!(held_of(&sql, SLOTS).await, 0, "nothing written");
+}
