@@ -30,6 +30,7 @@ pub enum ErrorCode {
     IdempotencyConflict = 41,
     InvalidSpec = 42,
     TooManySubscriptions = 43,
+    RateLimited = 44,
     Overloaded = 60,
     Unavailable = 61,
     Draining = 62,
@@ -37,7 +38,7 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 24] = [
+    pub const ALL: [ErrorCode; 25] = [
         ErrorCode::FrameEmpty,
         ErrorCode::FrameTooLarge,
         ErrorCode::BadIdentifier,
@@ -58,6 +59,7 @@ impl ErrorCode {
         ErrorCode::IdempotencyConflict,
         ErrorCode::InvalidSpec,
         ErrorCode::TooManySubscriptions,
+        ErrorCode::RateLimited,
         ErrorCode::Overloaded,
         ErrorCode::Unavailable,
         ErrorCode::Draining,

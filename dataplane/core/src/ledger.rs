@@ -339,6 +339,12 @@ impl SubmitBucket {
         }
     }
 
+    /// How long until the next token, as last refilled; `None` at a rate of zero.
+    pub(crate) fn wait_ns(&self) -> Option<u64> {
+        let missing = WINDOW_NS.saturating_sub(self.level);
+        (self.per_minute > 0).then(|| missing.div_ceil(self.per_minute))
+    }
+
     pub(crate) fn refund_one(&mut self) {
         self.level = self.level.saturating_add(WINDOW_NS).min(self.cap);
     }

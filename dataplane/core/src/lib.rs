@@ -37,9 +37,9 @@ pub use ids::{
 pub use ledger::{Demand, Ledger, LimitId, LimitKey};
 pub use policy::{Policy, PolicyError};
 pub use shard::{
-    CancelOutcome, CapacityMode, ClaimOutcome, CompleteOutcome, Dispatch, FailOutcome, Failure,
-    MediaStart, NodeCapacity, Poll, RestoreRequest, ResumeRequest, Shard, ShardError, ShardStats,
-    SubmitRequest,
+    CancelOutcome, CapacityMode, ClaimOutcome, Command, CommandLimited, CompleteOutcome, Dispatch,
+    FailOutcome, Failure, MediaStart, NodeCapacity, Poll, RestoreRequest, ResumeRequest, Shard,
+    ShardError, ShardStats, SubmitRequest,
 };
 pub use state::{TaskState, TransitionError};
 pub use time::Time;

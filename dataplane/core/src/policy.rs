@@ -88,6 +88,19 @@ pub struct TenantPolicy {
     pub wait_overflow: WaitOverflow,
     pub allowed_classes: Vec<ResourceClass>,
     pub user: UserPolicy,
+    /// Cancels it may send: each one is stored in PostgreSQL before it is answered (seed 000
+    /// §18.19.3: a flood of create-then-cancel). Unlimited where a stored policy predates it.
+    #[serde(default = "unlimited_rate")]
+    pub cancel_rate: RateSpec,
+    /// Status reads answered from PostgreSQL — a task no shard holds live (ended, or another
+    /// node's); a live task's status comes from memory and spends nothing of this. Unlimited
+    /// where a stored policy predates it.
+    #[serde(default = "unlimited_rate")]
+    pub store_read_rate: RateSpec,
+}
+
+fn unlimited_rate() -> RateSpec {
+    crate::presets::UNLIMITED_RATE
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -59,6 +59,8 @@ pub fn tenant(lane: Lane, weight: u32) -> TenantPolicy {
             running_tasks_max: 1 << 30,
             running_units_max: Units::whole(1 << 30),
         },
+        cancel_rate: UNLIMITED_RATE,
+        store_read_rate: UNLIMITED_RATE,
     }
 }
 

@@ -200,6 +200,22 @@ pub struct TenantConfig {
     /// Tasks the tenant may have queued (unlimited when absent).
     #[serde(default)]
     pub queued_tasks_max: Option<u64>,
+    /// Cancels a minute the tenant may send (each is stored in PostgreSQL before its answer),
+    /// a tenth of it at once; more are answered `RateLimited` with when to try again.
+    #[serde(default = "default_cancel_per_minute")]
+    pub cancel_per_minute: u64,
+    /// Status reads a minute the tenant may make of tasks no longer live (read from
+    /// PostgreSQL; a live task's status is answered from memory and not counted), a tenth of it
+    /// at once; more are answered `RateLimited`.
+    #[serde(default = "default_store_reads_per_minute")]
+    pub store_reads_per_minute: u64,
+}
+
+fn default_cancel_per_minute() -> u64 {
+    6_000
+}
+fn default_store_reads_per_minute() -> u64 {
+    60_000
 }
 
 fn default_node_id() -> String {
@@ -483,6 +499,16 @@ impl Config {
                 "tenant {}: queued_tasks_max must be 1..=1073741824",
                 t.id
             );
+            for (name, rate) in [
+                ("cancel_per_minute", t.cancel_per_minute),
+                ("store_reads_per_minute", t.store_reads_per_minute),
+            ] {
+                anyhow::ensure!(
+                    (1..=1_000_000_000).contains(&rate),
+                    "tenant {}: {name} must be 1..=1000000000",
+                    t.id
+                );
+            }
         }
         Ok(())
     }

@@ -80,6 +80,12 @@ pub fn policy(config: &Config) -> Policy {
         if let Some(max) = t.queued_tasks_max {
             tenant.queued_tasks_max = max;
         }
+        let tenth = |per_minute: u64| spindle_core::policy::RateSpec {
+            per_minute,
+            burst: (per_minute / 10).max(1),
+        };
+        tenant.cancel_rate = tenth(t.cancel_per_minute);
+        tenant.store_read_rate = tenth(t.store_reads_per_minute);
         policy.tenants.insert(TenantId(t.id), tenant);
     }
     policy

@@ -177,6 +177,8 @@ pub struct Metrics {
     pub provider_calls: [AtomicU64; PROVIDER_RESULTS.len()],
     /// Rounds of queries by request key that got no answer at all (each asked again later).
     pub provider_unresolved: AtomicU64,
+    /// Commands refused for their tenant's rate, by `spindle_core::Command`.
+    pub commands_limited: [AtomicU64; spindle_core::Command::ALL.len()],
     pub callbacks: [AtomicU64; CALLBACK_KINDS.len()],
     /// Submit frames answered, by outcome: [rejected, accepted (anything in the frame)].
     pub answers: [Histogram; 2],
@@ -231,6 +233,7 @@ impl Metrics {
             answers: std::array::from_fn(|_| Histogram::new(ANSWER_BUCKETS_US)),
             provider_calls: Default::default(),
             provider_unresolved: AtomicU64::new(0),
+            commands_limited: Default::default(),
             callbacks: Default::default(),
             waits: (0..Lane::COUNT * Band::COUNT)
                 .map(|_| Histogram::new(WAIT_BUCKETS_US))
@@ -473,6 +476,18 @@ impl Metrics {
             "# HELP spindle_provider_unresolved_total Rounds of queries by request key without any answer.\n# TYPE spindle_provider_unresolved_total counter\nspindle_provider_unresolved_total {}",
             self.provider_unresolved.load(Ordering::Relaxed)
         );
+        let _ = writeln!(w, "# HELP spindle_commands_limited_total Cancels and store reads refused for their tenant's rate.\n# TYPE spindle_commands_limited_total counter");
+        for (c, n) in spindle_core::Command::ALL
+            .iter()
+            .zip(&self.commands_limited)
+        {
+            let _ = writeln!(
+                w,
+                "spindle_commands_limited_total{{command=\"{}\"}} {}",
+                c.name(),
+                n.load(Ordering::Relaxed)
+            );
+        }
         let _ = writeln!(w, "# HELP spindle_provider_callbacks_total Provider callbacks and polls by kind.\n# TYPE spindle_provider_callbacks_total counter");
         for (k, c) in CALLBACK_KINDS.iter().zip(&self.callbacks) {
             let _ = writeln!(

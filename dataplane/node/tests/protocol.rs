@@ -285,3 +285,110 @@ async fn requests_pipelined_behind_the_hello_are_answered() {
         }
     }
 }
+
+/// Cancels and status reads that cost PostgreSQL a call are held to their tenant's rates: past
+/// its burst, tenant 1 is answered `RateLimited`, told when to try again, and nothing of the
+/// refused cancel is stored; tenant 2's cancels and reads go on, and a live task's status
+/// (answered from memory) is never counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_past_its_cancel_and_read_rates_is_refused_and_the_others_are_not() {
+    let test = TestDb::new().await;
+    // Tasks that run for their modelled time (seconds): each stays live to be canceled.
+    let config = common::CONFIG
+        .replace(
+            "local_provider_time_scale = 0.0001",
+            "local_provider_time_scale = 1.0",
+        )
+        .replace(
+            "credential = \"one\"",
+            "credential = \"one\"\ncancel_per_minute = 20\nstore_reads_per_minute = 1",
+        );
+    let daemon = common::start_with(&test, &config).await;
+    let one = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let two = Client::connect(daemon.addr, TenantId(2), "two")
+        .await
+        .unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..10 {
+        tasks.push(one.submit(task(&format!("c{i}"))).await.unwrap().task);
+    }
+    // 20 a minute, 2 at once: past the first two, one more every 3 s.
+    let started = std::time::Instant::now();
+    let mut refused = Vec::new();
+    for &t in &tasks {
+        match one.cancel(t).await {
+            Ok(state) => assert_eq!(state, TaskState::Canceled),
+            Err(spindle_client::ClientError::Refused(e)) => {
+                assert_eq!(e.code, ErrorCode::RateLimited, "{e}");
+                assert!(
+                    e.message.contains(
+                        "tenant 1's cancels are limited to 20 a minute, 2 at once: the next in "
+                    ),
+                    "{}",
+                    e.message
+                );
+                refused.push(t);
+            }
+            Err(e) => panic!("cancel of {t}: {e}"),
+        }
+    }
+    let elapsed = started.elapsed().as_secs();
+    let accepted = tasks.len() - refused.len();
+    assert!(
+        (2..=3 + elapsed as usize / 3).contains(&accepted),
+        "{accepted} cancels accepted in {elapsed} s"
+    );
+    assert!(!refused.is_empty(), "no cancel refused in {elapsed} s");
+    let sql = test.sql().await.unwrap();
+    for &t in &refused {
+        // Live (its status from memory, however many reads) and not marked canceled.
+        for _ in 0..3 {
+            assert_ne!(one.get(t).await.unwrap().state, TaskState::Canceled);
+        }
+        let row = sql
+            .query_one(
+                "SELECT cancel_requested FROM task WHERE task_id = $1",
+                &[&(t.0 as i64)],
+            )
+            .await
+            .unwrap();
+        assert!(!row.get::<_, bool>(0), "{t}: a refused cancel was stored");
+    }
+    // One read a minute of tasks no longer live: a task the store has not got is such a read.
+    let absent = spindle_core::TaskId(1 << 40);
+    match one.get(absent).await {
+        Err(spindle_client::ClientError::Refused(e)) => assert_eq!(e.code, ErrorCode::NotFound),
+        other => panic!("{other:?}"),
+    }
+    match one.get(absent).await {
+        Err(spindle_client::ClientError::Refused(e)) => {
+            assert_eq!(e.code, ErrorCode::RateLimited, "{e}");
+            assert!(
+                e.message.contains("status reads from PostgreSQL"),
+                "{}",
+                e.message
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // Tenant 2 has rates of its own (the defaults).
+    for i in 0..4 {
+        let t = two.submit(task(&format!("t{i}"))).await.unwrap().task;
+        assert_eq!(two.cancel(t).await.unwrap(), TaskState::Canceled);
+        match two.get(absent).await {
+            Err(spindle_client::ClientError::Refused(e)) => {
+                assert_eq!(e.code, ErrorCode::NotFound)
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    let limited =
+        |command: &str| format!("spindle_commands_limited_total{{command=\"{command}\"}}");
+    assert_eq!(
+        common::metric(&daemon, &limited("cancel")).await,
+        refused.len() as u64
+    );
+    assert_eq!(common::metric(&daemon, &limited("store_read")).await, 1);
+}

@@ -16,7 +16,7 @@ pub const ENUM_MIN_ERROR_CODE: u16 = 0;
 pub const ENUM_MAX_ERROR_CODE: u16 = 63;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 25] = [
+pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 26] = [
   ErrorCode::None,
   ErrorCode::FrameEmpty,
   ErrorCode::FrameTooLarge,
@@ -38,6 +38,7 @@ pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 25] = [
   ErrorCode::IdempotencyConflict,
   ErrorCode::InvalidSpec,
   ErrorCode::TooManySubscriptions,
+  ErrorCode::RateLimited,
   ErrorCode::Overloaded,
   ErrorCode::Unavailable,
   ErrorCode::Draining,
@@ -71,6 +72,7 @@ impl ErrorCode {
   pub const IdempotencyConflict: Self = Self(41);
   pub const InvalidSpec: Self = Self(42);
   pub const TooManySubscriptions: Self = Self(43);
+  pub const RateLimited: Self = Self(44);
   pub const Overloaded: Self = Self(60);
   pub const Unavailable: Self = Self(61);
   pub const Draining: Self = Self(62);
@@ -100,6 +102,7 @@ impl ErrorCode {
     Self::IdempotencyConflict,
     Self::InvalidSpec,
     Self::TooManySubscriptions,
+    Self::RateLimited,
     Self::Overloaded,
     Self::Unavailable,
     Self::Draining,
@@ -129,6 +132,7 @@ impl ErrorCode {
       Self::IdempotencyConflict => Some("IdempotencyConflict"),
       Self::InvalidSpec => Some("InvalidSpec"),
       Self::TooManySubscriptions => Some("TooManySubscriptions"),
+      Self::RateLimited => Some("RateLimited"),
       Self::Overloaded => Some("Overloaded"),
       Self::Unavailable => Some("Unavailable"),
       Self::Draining => Some("Draining"),

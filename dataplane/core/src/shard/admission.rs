@@ -392,12 +392,13 @@ impl Shard {
             }
         }
         t.set_policy(&policy, now);
+        self.commands[slot as usize].set_policy(&policy, now);
         self.policy.tenants.insert(tenant, policy);
         // More room may let a stalled lane go on.
         self.unstall_all();
     }
 
-    fn ensure_tenant(&mut self, tenant: TenantId) -> Result<u32, SubmitError> {
+    pub(super) fn ensure_tenant(&mut self, tenant: TenantId) -> Result<u32, SubmitError> {
         if let Some(&slot) = self.tenant_slots.get(&tenant) {
             return Ok(slot);
         }
@@ -413,6 +414,7 @@ impl Shard {
         );
         let slot = self.tenants.len() as u32;
         self.tenants.push(TenantRt::new(tenant, policy));
+        self.commands.push(commands::CommandRates::new(policy));
         self.tenant_slots.insert(tenant, slot);
         Ok(slot)
     }

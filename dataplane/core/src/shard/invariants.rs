@@ -121,6 +121,11 @@ impl Shard {
                 "tenant {} cost bucket above its burst",
                 t.id
             );
+            assert!(
+                self.commands[slot].within_burst(),
+                "tenant {} command bucket above its burst",
+                t.id
+            );
             assert_eq!(
                 t.cost_reserved_milli(),
                 reserved[slot],

@@ -713,6 +713,8 @@ pub struct Shard {
     /// node's buckets do, once its first share comes ([`Shard::set_share`]).
     unstarted_rates: Vec<LimitId>,
     tenants: Vec<TenantRt>,
+    /// Each tenant's command rates, by its slot in `tenants`.
+    commands: Vec<commands::CommandRates>,
     tenant_slots: RunMap<TenantId, u32>,
     users: Vec<UserRt>,
     user_slots: RunMap<UserId, u32>,
@@ -974,6 +976,7 @@ impl Shard {
             shards,
             unstarted_rates: Vec::new(),
             tenants: Vec::new(),
+            commands: Vec::new(),
             tenant_slots: RunMap::default(),
             users: Vec::new(),
             user_slots: RunMap::default(),
@@ -1160,6 +1163,8 @@ enum End {
 }
 
 mod admission;
+mod commands;
+pub use commands::{Command, CommandLimited};
 mod dispatch;
 mod invariants;
 mod limits;

@@ -24,7 +24,9 @@ use spindle_control::{
 };
 use spindle_core::hash::{RunMap, RunSet};
 use spindle_core::ledger::LimitId;
-use spindle_core::shard::{ClaimOutcome, CompleteOutcome, NodeCapacity, Poll, SubmitRequest};
+use spindle_core::shard::{
+    ClaimOutcome, Command, CompleteOutcome, NodeCapacity, Poll, SubmitRequest,
+};
 use spindle_core::share::ShardLoad;
 use spindle_core::{
     CostEstimate, Decision, FencingToken, Policy, Shard, TaskId, TaskState, TenantId, Time, Units,
@@ -776,13 +778,27 @@ fn answer_error(reply: oneshot::Sender<Response>, code: ErrorCode, message: Stri
     let _ = reply.send(Response::Error(WireError::new(code, message)));
 }
 
+/// Spends one of `tenant`'s tokens for a `command` that is about to cost PostgreSQL a call;
+/// the refusal, counted, names the rate and when to try again.
+fn charge(s: &mut ShardState, tenant: TenantId, command: Command) -> Result<(), String> {
+    let now = s.now();
+    s.core
+        .charge_command(now, tenant, command)
+        .map_err(|limited| {
+            s.metrics.commands_limited[command as usize]
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            limited.to_string()
+        })
+}
+
 async fn get(
     state: &SharedShard,
     tenant: TenantId,
     task: TaskId,
     reply: oneshot::Sender<Response>,
 ) {
-    // A live task is answered from memory; a finished one (or another node's) from PostgreSQL.
+    // A live task is answered from memory; a finished one (or another node's) from PostgreSQL,
+    // within the tenant's rate of such reads.
     let (live, reads) = {
         let s = state.borrow();
         let live = s
@@ -808,6 +824,9 @@ async fn get(
     if let Some(status) = live {
         let _ = reply.send(Response::Status(status));
         return;
+    }
+    if let Err(limited) = charge(&mut state.borrow_mut(), tenant, Command::StoreRead) {
+        return answer_error(reply, ErrorCode::RateLimited, limited);
     }
     let (tx, rx) = oneshot::channel();
     if reads
@@ -910,6 +929,9 @@ fn cancel(state: &SharedShard, tenant: TenantId, task: TaskId, reply: oneshot::S
             ErrorCode::NotFound,
             format!("task {task} not found or not cancelable"),
         );
+    }
+    if let Err(limited) = charge(&mut state.borrow_mut(), tenant, Command::Cancel) {
+        return answer_error(reply, ErrorCode::RateLimited, limited);
     }
     let state = state.clone();
     glommio::spawn_local(async move { cancel_stored(&state, tenant, task, reply).await }).detach();

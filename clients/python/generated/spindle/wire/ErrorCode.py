@@ -25,6 +25,7 @@ class ErrorCode(object):
     IdempotencyConflict = 41
     InvalidSpec = 42
     TooManySubscriptions = 43
+    RateLimited = 44
     Overloaded = 60
     Unavailable = 61
     Draining = 62
