@@ -67,6 +67,10 @@ struct Waiters {
     by_id: HashMap<u64, oneshot::Sender<Answer>>,
     /// The reader or the writer met the connection's end: no answer can come any more.
     closed: bool,
+    /// Why the node closed the connection, when it said so (an Error under request id 0: a
+    /// framing error, or the tenant suspended): every request it leaves unanswered, and every
+    /// later one, fails with it.
+    last_word: Option<WireError>,
 }
 
 type Pending = Arc<Mutex<Waiters>>;
@@ -167,7 +171,10 @@ impl Client {
         {
             let mut waiters = self.pending.lock().expect("pending map");
             if waiters.closed {
-                return Err(ClientError::Closed);
+                return Err(waiters
+                    .last_word
+                    .clone()
+                    .map_or(ClientError::Closed, ClientError::Refused));
             }
             waiters.by_id.insert(id, tx);
         }
@@ -285,6 +292,10 @@ async fn read_loop(
                 }
                 continue;
             }
+            if let (0, Ok(Response::Error(e))) = (request_id, &answer) {
+                pending.lock().expect("pending map").last_word = Some(e.clone());
+                continue;
+            }
             let waiter = pending
                 .lock()
                 .expect("pending map")
@@ -339,5 +350,11 @@ async fn write_loop(
 fn close(pending: &Pending) {
     let mut waiters = pending.lock().expect("pending map");
     waiters.closed = true;
-    waiters.by_id.clear();
+    let last_word = waiters.last_word.clone();
+    for (_, waiter) in waiters.by_id.drain() {
+        // Without the node's last word, a dropped waiter is `Closed`.
+        if let Some(e) = &last_word {
+            let _ = waiter.send(Ok(Response::Error(e.clone())));
+        }
+    }
 }

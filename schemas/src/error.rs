@@ -26,6 +26,7 @@ pub enum ErrorCode {
     AuthFailed = 22,
     AlreadyAuthenticated = 23,
     WrongNode = 24,
+    TenantSuspended = 25,
     NotFound = 40,
     IdempotencyConflict = 41,
     InvalidSpec = 42,
@@ -38,7 +39,7 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    pub const ALL: [ErrorCode; 25] = [
+    pub const ALL: [ErrorCode; 26] = [
         ErrorCode::FrameEmpty,
         ErrorCode::FrameTooLarge,
         ErrorCode::BadIdentifier,
@@ -55,6 +56,7 @@ impl ErrorCode {
         ErrorCode::AuthFailed,
         ErrorCode::AlreadyAuthenticated,
         ErrorCode::WrongNode,
+        ErrorCode::TenantSuspended,
         ErrorCode::NotFound,
         ErrorCode::IdempotencyConflict,
         ErrorCode::InvalidSpec,

@@ -179,6 +179,10 @@ pub struct Config {
     pub lane_capacity_units: u64,
     #[serde(default)]
     pub tenants: Vec<TenantConfig>,
+    /// The tenant breaker: a tenant whose requests are refused faster than this for longer
+    /// than its burst is suspended for a cooldown (`crate::breaker`).
+    #[serde(default)]
+    pub breaker: crate::breaker::BreakerConfig,
     #[serde(skip)]
     pub ready_file: Option<PathBuf>,
 }
@@ -440,6 +444,7 @@ impl Config {
             "retention_scan_rows must be 1..={}",
             spindle_control::limits::SCAN_MAX
         );
+        self.breaker.validate()?;
         anyhow::ensure!(
             self.counter_check_s <= COUNTER_CHECK_S_MAX,
             "counter_check_s must be 0..={COUNTER_CHECK_S_MAX}"

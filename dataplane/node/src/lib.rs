@@ -8,6 +8,7 @@
 //! completion. Not yet: subscriptions, drain on SIGTERM, queue rebuild on restart, metrics.
 
 pub mod admin;
+pub mod breaker;
 pub mod config;
 pub mod control;
 pub mod counter_check;
@@ -343,9 +344,10 @@ fn run_node(config: Config) -> anyhow::Result<()> {
                     credentials,
                     partitions: config.partitions,
                     inflight_max: config.connection_inflight_max,
-                    metrics: shard_metrics,
                     ownership,
                     local: state,
+                    breaker: breaker::Breaker::new(config.breaker, shard_metrics.clone()),
+                    metrics: shard_metrics,
                 });
                 glommio::spawn_local(server::take_handoffs(handoffs_in, ctx.clone())).detach();
                 loop {

@@ -177,6 +177,9 @@ pub struct Metrics {
     pub provider_calls: [AtomicU64; PROVIDER_RESULTS.len()],
     /// Rounds of queries by request key that got no answer at all (each asked again later).
     pub provider_unresolved: AtomicU64,
+    /// Tenants the breaker suspended (`crate::breaker`), and who is suspended now.
+    pub breaker_trips: AtomicU64,
+    pub suspensions: Arc<crate::breaker::Suspensions>,
     /// Commands refused for their tenant's rate, by `spindle_core::Command`.
     pub commands_limited: [AtomicU64; spindle_core::Command::ALL.len()],
     pub callbacks: [AtomicU64; CALLBACK_KINDS.len()],
@@ -234,6 +237,8 @@ impl Metrics {
             provider_calls: Default::default(),
             provider_unresolved: AtomicU64::new(0),
             commands_limited: Default::default(),
+            breaker_trips: AtomicU64::new(0),
+            suspensions: Default::default(),
             callbacks: Default::default(),
             waits: (0..Lane::COUNT * Band::COUNT)
                 .map(|_| Histogram::new(WAIT_BUCKETS_US))
@@ -475,6 +480,16 @@ impl Metrics {
             w,
             "# HELP spindle_provider_unresolved_total Rounds of queries by request key without any answer.\n# TYPE spindle_provider_unresolved_total counter\nspindle_provider_unresolved_total {}",
             self.provider_unresolved.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            w,
+            "# HELP spindle_breaker_trips_total Tenants suspended by the tenant breaker (requests refused too fast).\n# TYPE spindle_breaker_trips_total counter\nspindle_breaker_trips_total {}",
+            self.breaker_trips.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            w,
+            "# HELP spindle_tenants_suspended Tenants the breaker holds suspended now.\n# TYPE spindle_tenants_suspended gauge\nspindle_tenants_suspended {}",
+            self.suspensions.count(std::time::Instant::now())
         );
         let _ = writeln!(w, "# HELP spindle_commands_limited_total Cancels and store reads refused for their tenant's rate.\n# TYPE spindle_commands_limited_total counter");
         for (c, n) in spindle_core::Command::ALL

@@ -21,6 +21,7 @@ use spindle_wire::{
 };
 use tokio::sync::{mpsc, oneshot};
 
+use crate::breaker::Verdict;
 use crate::shard::ShardMsg;
 
 /// Encoded frames waiting for the socket, per connection.
@@ -45,6 +46,8 @@ pub struct ConnCtx {
     /// This executor's shard: a tenant's connection is served on the shard that owns it, and
     /// admits its submits there directly (`shard::decide_now`).
     pub local: crate::shard::SharedShard,
+    /// Its tenants' refusals, and their suspensions (`crate::breaker`).
+    pub breaker: crate::breaker::Breaker,
 }
 
 impl ConnCtx {
@@ -73,6 +76,37 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
         diff |= u64::from(x ^ y);
     }
     diff == 0
+}
+
+/// What the tenant breaker counts as refused in an answer given without PostgreSQL: a
+/// submit's rejected tasks, or an error.
+fn refusals_in(body: &Response) -> u64 {
+    match body {
+        Response::Admission(a) => u64::from(!a.decision.is_accepted()),
+        Response::SubmitBatch(all) => {
+            all.iter().filter(|a| !a.decision.is_accepted()).count() as u64
+        }
+        Response::Error(_) => 1,
+        _ => 0,
+    }
+}
+
+/// Counts `refused` of `tenant`'s requests with the breaker; when that suspends the tenant,
+/// says so on the connection (request id 0: the connection's, after what it was answered)
+/// and answers true: the connection closes.
+async fn suspends(
+    ctx: &ConnCtx,
+    tenant: TenantId,
+    refused: u64,
+    now: std::time::Instant,
+    out: &mpsc::Sender<Vec<u8>>,
+) -> bool {
+    let Verdict::Suspended(left) = ctx.breaker.refused(tenant, refused, now) else {
+        return false;
+    };
+    let e = crate::breaker::suspended_error(tenant, left);
+    let _ = out.send(frame(0, Response::Error(e))).await;
+    true
 }
 
 /// For a submit answer: whether anything in it was accepted (`None` for other answers).
@@ -189,6 +223,15 @@ async fn hello(
                     format!("tenant {} refused", h.tenant),
                 );
                 let _ = stream.write_all(&no).await;
+                return None;
+            }
+            if let Some(left) = ctx
+                .metrics
+                .suspensions
+                .left(h.tenant, std::time::Instant::now())
+            {
+                let e = crate::breaker::suspended_error(h.tenant, left);
+                let _ = stream.write_all(&frame(id, Response::Error(e))).await;
                 return None;
             }
             let partition = crate::config::partition_of(h.tenant.0, ctx.partitions);
@@ -412,7 +455,9 @@ async fn serve_tenant(
                 Next::Request(r) => r,
                 Next::More => break,
                 Next::Refused(answer) => {
-                    if out_tx.send(answer).await.is_err() {
+                    if out_tx.send(answer).await.is_err()
+                        || suspends(&ctx, t, 1, std::time::Instant::now(), &out_tx).await
+                    {
                         break 'conn;
                     }
                     continue;
@@ -426,6 +471,11 @@ async fn serve_tenant(
             // Frame decoded → answer encoded: what `/metrics` reports as the node's own
             // submit latency (the client adds the network and its own scheduling).
             let received = std::time::Instant::now();
+            if let Verdict::Suspended(left) = ctx.breaker.check(t, received) {
+                let e = crate::breaker::suspended_error(t, left);
+                let _ = out_tx.send(frame(id, Response::Error(e))).await;
+                break 'conn;
+            }
             let route = match request.body {
                 Request::Hello(_) => {
                     let e = WireError::new(
@@ -463,8 +513,12 @@ async fn serve_tenant(
             let pending = match route {
                 Route::Answered(body) => {
                     // A rejection's whole path is this task's: no hop, no answering task.
+                    let refused = refusals_in(&body);
                     let bytes = encode_answer(&ctx.metrics, id, received, body);
                     let _ = out_tx.send(bytes).await;
+                    if suspends(&ctx, t, refused, received, &out_tx).await {
+                        break 'conn;
+                    }
                     continue;
                 }
                 Route::Wait(pending) => pending,
@@ -486,6 +540,7 @@ async fn serve_tenant(
                         let _ = out_tx.send(frame(id, Response::Error(e))).await;
                         break 'conn;
                     }
+                    let ctx = ctx.clone();
                     glommio::spawn_local(async move {
                         let body = reply.await.unwrap_or_else(|_| {
                             Response::Error(WireError::new(
@@ -493,6 +548,11 @@ async fn serve_tenant(
                                 "the shard dropped the request",
                             ))
                         });
+                        // Past its rate: a refusal (the connection's next request sees a
+                        // suspension it trips).
+                        if matches!(&body, Response::Error(e) if e.code == ErrorCode::RateLimited) {
+                            ctx.breaker.refused(t, 1, std::time::Instant::now());
+                        }
                         answer.send(body).await;
                     })
                     .detach();

@@ -392,3 +392,82 @@ async fn a_tenant_past_its_cancel_and_read_rates_is_refused_and_the_others_are_n
     );
     assert_eq!(common::metric(&daemon, &limited("store_read")).await, 1);
 }
+
+/// A tenant whose requests keep being refused — here, submits past its rate, sent as fast as
+/// they are answered — is suspended by the tenant breaker: its connection is told why and
+/// closed, its Hellos are refused until the cooldown ends, and then it is served again.
+/// Another tenant is served throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_refused_too_fast_is_suspended_for_a_cooldown_and_the_others_are_not() {
+    let test = TestDb::new().await;
+    let config = format!(
+        "{}\n[breaker]\nrefusals_per_s = 20\nburst_s = 1\ncooldown_ms = 3000\ncooldown_max_ms = 6000\n",
+        common::CONFIG.replace(
+            "credential = \"one\"",
+            "credential = \"one\"\nsubmit_per_minute = 1"
+        )
+    );
+    let daemon = common::start_with(&test, &config).await;
+    let one = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let two = Client::connect(daemon.addr, TenantId(2), "two")
+        .await
+        .unwrap();
+    let suspended = |e: &spindle_wire::WireError| {
+        e.code == ErrorCode::TenantSuspended && e.message.contains("tenant 1 is suspended for")
+    };
+    let started = std::time::Instant::now();
+    let mut rejected = 0u64;
+    let ended = loop {
+        assert!(
+            rejected < 10_000,
+            "not suspended after {rejected} rejections"
+        );
+        match one.submit(task(&format!("flood{rejected}"))).await {
+            Ok(a) if a.decision.is_accepted() => {}
+            Ok(_) => rejected += 1,
+            Err(e) => break e,
+        }
+    };
+    let elapsed = started.elapsed().as_secs_f64();
+    match &ended {
+        spindle_client::ClientError::Refused(e) => assert!(suspended(e), "{e}"),
+        // The node's last word can lose a race with the client's writer meeting the closed
+        // socket; the Hello below is refused with it either way.
+        spindle_client::ClientError::Closed => {}
+        other => panic!("{other}"),
+    }
+    // Twenty refusals at once, then twenty a second.
+    assert!(
+        rejected >= 20 && rejected as f64 <= 21.0 + 20.0 * elapsed,
+        "suspended after {rejected} rejections in {elapsed:.2} s"
+    );
+    match Client::connect(daemon.addr, TenantId(1), "one").await {
+        Err(spindle_client::ClientError::Refused(e)) => assert!(suspended(&e), "{e}"),
+        Ok(_) => panic!("a suspended tenant's Hello was accepted"),
+        Err(other) => panic!("{other}"),
+    }
+    assert_eq!(
+        common::metric(&daemon, "spindle_breaker_trips_total").await,
+        1
+    );
+    // The other tenant is served.
+    let a = two.submit(task("meanwhile")).await.unwrap();
+    assert!(a.decision.is_accepted(), "{a:?}");
+    wait_for(&two, a.task, TaskState::Succeeded).await;
+    // After the cooldown the tenant is served again (its submits still past its rate).
+    let again = common::poll_until(
+        Duration::from_secs(15),
+        async || Client::connect(daemon.addr, TenantId(1), "one").await,
+        Result::is_ok,
+    )
+    .await
+    .expect("served again after the cooldown");
+    let a = again.submit(task("after")).await.unwrap();
+    assert!(!a.decision.is_accepted(), "{a:?}");
+    assert_eq!(
+        common::metric(&daemon, "spindle_tenants_suspended").await,
+        0
+    );
+}

@@ -16,7 +16,7 @@ pub const ENUM_MIN_ERROR_CODE: u16 = 0;
 pub const ENUM_MAX_ERROR_CODE: u16 = 63;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 26] = [
+pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 27] = [
   ErrorCode::None,
   ErrorCode::FrameEmpty,
   ErrorCode::FrameTooLarge,
@@ -34,6 +34,7 @@ pub const ENUM_VALUES_ERROR_CODE: [ErrorCode; 26] = [
   ErrorCode::AuthFailed,
   ErrorCode::AlreadyAuthenticated,
   ErrorCode::WrongNode,
+  ErrorCode::TenantSuspended,
   ErrorCode::NotFound,
   ErrorCode::IdempotencyConflict,
   ErrorCode::InvalidSpec,
@@ -68,6 +69,7 @@ impl ErrorCode {
   pub const AuthFailed: Self = Self(22);
   pub const AlreadyAuthenticated: Self = Self(23);
   pub const WrongNode: Self = Self(24);
+  pub const TenantSuspended: Self = Self(25);
   pub const NotFound: Self = Self(40);
   pub const IdempotencyConflict: Self = Self(41);
   pub const InvalidSpec: Self = Self(42);
@@ -98,6 +100,7 @@ impl ErrorCode {
     Self::AuthFailed,
     Self::AlreadyAuthenticated,
     Self::WrongNode,
+    Self::TenantSuspended,
     Self::NotFound,
     Self::IdempotencyConflict,
     Self::InvalidSpec,
@@ -128,6 +131,7 @@ impl ErrorCode {
       Self::AuthFailed => Some("AuthFailed"),
       Self::AlreadyAuthenticated => Some("AlreadyAuthenticated"),
       Self::WrongNode => Some("WrongNode"),
+      Self::TenantSuspended => Some("TenantSuspended"),
       Self::NotFound => Some("NotFound"),
       Self::IdempotencyConflict => Some("IdempotencyConflict"),
       Self::InvalidSpec => Some("InvalidSpec"),

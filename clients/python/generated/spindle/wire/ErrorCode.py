@@ -21,6 +21,7 @@ class ErrorCode(object):
     AuthFailed = 22
     AlreadyAuthenticated = 23
     WrongNode = 24
+    TenantSuspended = 25
     NotFound = 40
     IdempotencyConflict = 41
     InvalidSpec = 42

@@ -1,0 +1,334 @@
+//! The tenant breaker (seed 000 §18.19.3: an abnormal tenant is cut off). A tenant whose
+//! requests keep being refused — submitted tasks rejected at admission, cancels and reads past
+//! their rate, frames that do not decode — faster than `[breaker] refusals_per_s` for longer
+//! than its burst is suspended for a cooldown: the connection that tripped it and then each of
+//! its others, at their next request, are answered `TenantSuspended` and closed, and its
+//! Hellos are refused until the cooldown ends. A trip within `cooldown_max_ms` of the last one's
+//! end doubles the cooldown, up to that. Its queued and running work goes on; what it sends
+//! after the cooldown is served as before.
+//!
+//! Each rejection costs the node little, but a client that retries at once, in a loop, takes
+//! its shard's core from the other tenants there (a shard answers ~100,000 rejections a second,
+//! docs/benchmarks.md): the breaker makes it reconnect, and refuses it, instead.
+//!
+//! Refusals are counted where the tenant's connections are served, on the shard owning it
+//! (a connection that could not be handed over counts on the shard that accepted it); the
+//! suspensions are node-wide, read by every shard at a Hello.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use spindle_core::hash::RunMap;
+use spindle_core::TenantId;
+
+const NANOS_PER_S: u64 = 1_000_000_000;
+
+/// `[breaker]` in the configuration file.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BreakerConfig {
+    /// Refusals a second a tenant may keep up; 0 turns the breaker off.
+    #[serde(default = "default_refusals_per_s")]
+    pub refusals_per_s: u64,
+    /// Seconds' worth of them it may send at once.
+    #[serde(default = "default_burst_s")]
+    pub burst_s: u64,
+    /// The first suspension.
+    #[serde(default = "default_cooldown_ms")]
+    pub cooldown_ms: u64,
+    /// The longest: a trip within this long of the last one's end doubles the cooldown, up to
+    /// this; a tenant quiet for this long starts again from `cooldown_ms`.
+    #[serde(default = "default_cooldown_max_ms")]
+    pub cooldown_max_ms: u64,
+}
+
+fn default_refusals_per_s() -> u64 {
+    5_000
+}
+fn default_burst_s() -> u64 {
+    10
+}
+fn default_cooldown_ms() -> u64 {
+    1_000
+}
+fn default_cooldown_max_ms() -> u64 {
+    60_000
+}
+
+impl Default for BreakerConfig {
+    fn default() -> BreakerConfig {
+        BreakerConfig {
+            refusals_per_s: default_refusals_per_s(),
+            burst_s: default_burst_s(),
+            cooldown_ms: default_cooldown_ms(),
+            cooldown_max_ms: default_cooldown_max_ms(),
+        }
+    }
+}
+
+impl BreakerConfig {
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.refusals_per_s <= 10_000_000,
+            "breaker.refusals_per_s must be 0..=10000000"
+        );
+        anyhow::ensure!(
+            (1..=3_600).contains(&self.burst_s),
+            "breaker.burst_s must be 1..=3600"
+        );
+        anyhow::ensure!(
+            (1..=self.cooldown_max_ms).contains(&self.cooldown_ms),
+            "breaker.cooldown_ms must be 1..=cooldown_max_ms"
+        );
+        anyhow::ensure!(
+            self.cooldown_max_ms <= 86_400_000,
+            "breaker.cooldown_max_ms must be at most 86400000 (a day)"
+        );
+        Ok(())
+    }
+
+    /// The most refusals stored, as refusal-nanoseconds (a refusal costs `NANOS_PER_S`).
+    fn cap(&self) -> u64 {
+        self.refusals_per_s
+            .saturating_mul(self.burst_s)
+            .saturating_mul(NANOS_PER_S)
+    }
+}
+
+/// The node's suspended tenants, until when: written by the shard that trips a tenant, read at
+/// every Hello and by `/metrics`.
+#[derive(Debug, Default)]
+pub struct Suspensions(Mutex<HashMap<TenantId, Instant>>);
+
+impl Suspensions {
+    /// How long `tenant` stays suspended after `now`, if it is.
+    pub fn left(&self, tenant: TenantId, now: Instant) -> Option<Duration> {
+        let until = *self.lock().get(&tenant)?;
+        (until > now).then(|| until - now)
+    }
+
+    fn set(&self, tenant: TenantId, until: Instant, now: Instant) {
+        let mut map = self.lock();
+        // Ended suspensions go as new ones come: the map holds only the tenants suspended now.
+        map.retain(|_, u| *u > now);
+        map.insert(tenant, until);
+    }
+
+    /// Tenants suspended now (for `/metrics`).
+    pub fn count(&self, now: Instant) -> usize {
+        self.lock().values().filter(|u| **u > now).count()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<TenantId, Instant>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A tenant's refusals as one shard counts them.
+#[derive(Debug, Clone, Copy)]
+struct Refusals {
+    /// Refusals it may still make at once, × `NANOS_PER_S`.
+    level: u64,
+    at: Instant,
+    /// The end of its last suspension, and that suspension's length.
+    last: Option<(Instant, Duration)>,
+}
+
+/// What recording a refusal found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Within the tenant's rate.
+    Served,
+    /// Suspended (now, or still) for this long.
+    Suspended(Duration),
+}
+
+/// One shard's breaker: its tenants' refusals; the suspensions it writes are the node's
+/// (`Metrics::suspensions`).
+pub struct Breaker {
+    config: BreakerConfig,
+    /// Only authenticated tenants (ids of the policy): the core's fast hasher is safe here.
+    tenants: RefCell<RunMap<TenantId, Refusals>>,
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
+}
+
+impl Breaker {
+    pub fn new(config: BreakerConfig, metrics: std::sync::Arc<crate::metrics::Metrics>) -> Breaker {
+        Breaker {
+            config,
+            tenants: RefCell::new(RunMap::default()),
+            metrics,
+        }
+    }
+
+    /// Whether `tenant` is suspended now by this shard's count: its request is not served.
+    /// (A suspension another shard wrote is checked at the Hello.)
+    pub fn check(&self, tenant: TenantId, now: Instant) -> Verdict {
+        let tenants = self.tenants.borrow();
+        match tenants.get(&tenant).and_then(|r| r.last) {
+            Some((until, _)) if until > now => Verdict::Suspended(until - now),
+            _ => Verdict::Served,
+        }
+    }
+
+    /// Counts `n` refusals of `tenant`'s requests; trips the breaker when they are past its
+    /// rate and burst.
+    pub fn refused(&self, tenant: TenantId, n: u64, now: Instant) -> Verdict {
+        if n == 0 || self.config.refusals_per_s == 0 {
+            return Verdict::Served;
+        }
+        let cap = self.config.cap();
+        let mut tenants = self.tenants.borrow_mut();
+        let r = tenants.entry(tenant).or_insert(Refusals {
+            level: cap,
+            at: now,
+            last: None,
+        });
+        if let Some((until, _)) = r.last.filter(|(until, _)| *until > now) {
+            return Verdict::Suspended(until - now);
+        }
+        let gained = (now.saturating_duration_since(r.at).as_nanos() as u64)
+            .saturating_mul(self.config.refusals_per_s);
+        r.level = r.level.saturating_add(gained).min(cap);
+        r.at = now;
+        let cost = n.saturating_mul(NANOS_PER_S);
+        if let Some(left) = r.level.checked_sub(cost) {
+            r.level = left;
+            return Verdict::Served;
+        }
+        r.level = 0;
+        let base = Duration::from_millis(self.config.cooldown_ms);
+        let max = Duration::from_millis(self.config.cooldown_max_ms);
+        let cooldown = match r.last {
+            Some((end, length)) if now.saturating_duration_since(end) <= max => {
+                (length * 2).min(max)
+            }
+            _ => base,
+        };
+        let until = now + cooldown;
+        r.last = Some((until, cooldown));
+        drop(tenants);
+        self.metrics.suspensions.set(tenant, until, now);
+        self.metrics
+            .breaker_trips
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        tracing::warn!(
+            "tenant {tenant} suspended for {cooldown:?}: its requests were refused faster than \
+             {} a second for more than {} s (the tenant breaker)",
+            self.config.refusals_per_s,
+            self.config.burst_s
+        );
+        Verdict::Suspended(cooldown)
+    }
+}
+
+/// The error a suspended tenant's request, or Hello, is answered with.
+pub fn suspended_error(tenant: TenantId, left: Duration) -> spindle_wire::WireError {
+    spindle_wire::WireError::new(
+        spindle_wire::ErrorCode::TenantSuspended,
+        format!(
+            "tenant {tenant} is suspended for {} ms more: its requests were refused too fast \
+             (the node's tenant breaker); connect again after that",
+            left.as_millis().max(1)
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn breaker(refusals_per_s: u64) -> Breaker {
+        let config = BreakerConfig {
+            refusals_per_s,
+            burst_s: 2,
+            cooldown_ms: 100,
+            cooldown_max_ms: 1_000,
+        };
+        let metrics = crate::metrics::Metrics::new(1);
+        Breaker::new(config, metrics)
+    }
+
+    #[test]
+    fn a_tenant_past_its_burst_and_rate_is_suspended_and_the_next_trip_lasts_longer() {
+        let b = breaker(10);
+        let (t, other) = (TenantId(1), TenantId(2));
+        let t0 = Instant::now();
+        // A burst of 2 s × 10: 20 refusals at once.
+        assert_eq!(b.refused(t, 20, t0), Verdict::Served);
+        assert_eq!(b.check(t, t0), Verdict::Served);
+        // A tenth of a second later one more has come back.
+        let t1 = t0 + Duration::from_millis(100);
+        assert_eq!(b.refused(t, 1, t1), Verdict::Served);
+        let tripped = b.refused(t, 1, t1);
+        assert_eq!(tripped, Verdict::Suspended(Duration::from_millis(100)));
+        assert_eq!(
+            b.metrics
+                .breaker_trips
+                .load(std::sync::atomic::Ordering::Relaxed),
+            1
+        );
+        let t2 = t1 + Duration::from_millis(40);
+        assert_eq!(
+            b.check(t, t2),
+            Verdict::Suspended(Duration::from_millis(60))
+        );
+        assert_eq!(
+            b.metrics.suspensions.left(t, t2),
+            Some(Duration::from_millis(60))
+        );
+        assert_eq!(b.metrics.suspensions.count(t2), 1);
+        // Refusals while suspended are not counted again.
+        assert_eq!(
+            b.refused(t, 1_000, t2),
+            Verdict::Suspended(Duration::from_millis(60))
+        );
+        // Another tenant is not touched.
+        assert_eq!(b.check(other, t2), Verdict::Served);
+        assert_eq!(b.refused(other, 20, t2), Verdict::Served);
+        // The cooldown ends; the bucket refilled while it ran (1 per 100 ms), so a flood that
+        // goes on trips again at once, for twice as long.
+        let t3 = t1 + Duration::from_millis(100);
+        assert_eq!(b.check(t, t3), Verdict::Served);
+        assert_eq!(b.refused(t, 1, t3), Verdict::Served);
+        assert_eq!(
+            b.refused(t, 1, t3),
+            Verdict::Suspended(Duration::from_millis(200))
+        );
+        // Quiet for longer than the longest cooldown: back to the first.
+        let t4 = t3 + Duration::from_millis(200 + 2_001);
+        assert_eq!(b.refused(t, 20, t4), Verdict::Served);
+        assert_eq!(
+            b.refused(t, 1, t4),
+            Verdict::Suspended(Duration::from_millis(100))
+        );
+    }
+
+    #[test]
+    fn cooldowns_double_up_to_the_longest() {
+        let b = breaker(1);
+        let t = TenantId(7);
+        let mut now = Instant::now();
+        let mut seen = Vec::new();
+        for _ in 0..6 {
+            let verdict = b.refused(t, 100, now);
+            let Verdict::Suspended(cooldown) = verdict else {
+                panic!("{verdict:?}");
+            };
+            seen.push(cooldown.as_millis());
+            now += cooldown;
+        }
+        assert_eq!(seen, [100, 200, 400, 800, 1_000, 1_000]);
+    }
+
+    #[test]
+    fn a_breaker_at_zero_is_off() {
+        let b = breaker(0);
+        let now = Instant::now();
+        assert_eq!(b.refused(TenantId(1), u64::MAX, now), Verdict::Served);
+        assert_eq!(b.check(TenantId(1), now), Verdict::Served);
+    }
+}
