@@ -81,6 +81,8 @@ pub enum RejectReason {
     },
     /// The shard holds `TASKS_MAX` tasks.
     ShardFull,
+    /// An operator suspended the tenant (`TenantPolicy::suspended`).
+    TenantSuspended,
 }
 
 impl fmt::Display for RejectReason {
@@ -105,6 +107,9 @@ impl fmt::Display for RejectReason {
                 "cost quota: task needs {needed_milli} milli-cost, {remaining_milli} remain"
             ),
             RejectReason::ShardFull => write!(f, "the shard holds its maximum number of tasks"),
+            RejectReason::TenantSuspended => {
+                f.write_str("the tenant is suspended: it takes no new work until it is resumed")
+            }
         }
     }
 }

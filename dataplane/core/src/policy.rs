@@ -97,6 +97,11 @@ pub struct TenantPolicy {
     /// where a stored policy predates it.
     #[serde(default = "unlimited_rate")]
     pub store_read_rate: RateSpec,
+    /// Suspended by an operator: its submits are rejected and its queued tasks wait (none is
+    /// started) until it is resumed; its running work goes on, and it may still read and
+    /// cancel its tasks.
+    #[serde(default)]
+    pub suspended: bool,
 }
 
 fn unlimited_rate() -> RateSpec {

@@ -61,6 +61,7 @@ pub fn tenant(lane: Lane, weight: u32) -> TenantPolicy {
         },
         cancel_rate: UNLIMITED_RATE,
         store_read_rate: UNLIMITED_RATE,
+        suspended: false,
     }
 }
 

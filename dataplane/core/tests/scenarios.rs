@@ -19,6 +19,7 @@
 //!   done TASK [actual=U]       (provider succeeded, media runs and finishes)
 //!   fail TASK ratelimited|retryable|fatal
 //!   unknown TASK / notfound TASK / stale TASK / cancel TASK
+//!   suspend T on|off           (an operator suspends tenant T, or resumes it: its policy, live)
 
 use std::collections::HashMap;
 use std::fmt::Write;
@@ -341,6 +342,12 @@ impl Harness {
                 let task = Self::task_arg(args[0]);
                 let r = self.shard().handle_cancel(task);
                 writeln!(self.out, "cancel {task}: {r:?}").unwrap();
+            }
+            "suspend" => {
+                let t = TenantId(args[0].parse().unwrap());
+                let mut policy = self.shard().policy().tenants[&t].clone();
+                policy.suspended = args[1] == "on";
+                self.shard().set_tenant_policy(t, policy, now);
             }
             other => panic!("unknown command {other}"),
         }
@@ -981,6 +988,39 @@ fn only_live_attempts_of_known_providers_and_with_attempts_left_come_back() {
             resume 4: Err(AttemptsExhausted(TaskId(4), 65)) state=None
             restore 5: Err(AttemptsExhausted(TaskId(5), 65))
             restore 6: Ok(())
+        "#]],
+    );
+}
+
+#[test]
+fn a_suspended_tenant_takes_no_new_work_and_starts_none_until_it_is_resumed() {
+    check(
+        "
+        lane STANDARD capacity=4
+        tenant 1
+        tenant 2
+        submit t1 tenant=1 deadline=100
+        submit t2 tenant=1
+        suspend 1 on
+        submit t3 tenant=1
+        submit t4 tenant=2
+        dispatch
+        tick 200
+        dispatch
+        suspend 1 off
+        submit t5 tenant=1
+        dispatch
+        ",
+        expect![[r#"
+            1: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Immediate
+            2: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            3: REJECT_RESOURCE_CLASS_DISABLED (the tenant is suspended: it takes no new work until it is resumed)
+            4: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            dispatch 4 tenant=2 lane=STANDARD provider=0 mode=Normal attempt=1
+            expired 1
+            5: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            dispatch 2 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+            dispatch 5 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
         "#]],
     );
 }

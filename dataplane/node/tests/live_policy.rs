@@ -414,3 +414,104 @@ async fn a_provider_account_and_a_model_added_while_running_take_work() {
     );
     assert!(!ok && out.contains("cannot be deleted"), "{out}");
 }
+
+/// An operator suspends a tenant with spindlectl: its submits are rejected with the reason,
+/// its queued tasks wait — none starts once capacity is there — while it may still read and
+/// cancel them, and the change is audited with its reason. Resumed, what waited runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_suspended_tenant_takes_no_work_and_starts_none_until_it_is_resumed() {
+    let test = TestDb::new().await;
+    let daemon = start_with(&test, CONFIG).await;
+    let http = daemon.http;
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let accounts = |concurrency: u64| async move {
+        for (i, mut account) in effective(http)["providers"]
+            .as_array()
+            .unwrap()
+            .clone()
+            .into_iter()
+            .enumerate()
+        {
+            let name = account["name"].as_str().unwrap().to_string();
+            account["concurrency"] = concurrency.into();
+            let (ok, out) = set(http, "provider_account", &name, &account);
+            assert!(ok, "{out}");
+            let line = format!(
+                "spindle_node_limit_capacity{{limit=\"provider:{i}:concurrency\"}} {concurrency}\n"
+            );
+            within("the account's concurrency is split anew", async || {
+                http_get(http, "/metrics").await.1.contains(&line)
+            })
+            .await;
+        }
+    };
+    // No provider capacity: the tenant's tasks wait in its queue.
+    accounts(0).await;
+    let mut waiting = Vec::new();
+    for i in 0..3 {
+        let a = client.submit(task(&format!("held-{i}"))).await.unwrap();
+        assert_eq!(a.decision, Decision::Accepted, "{a:?}");
+        waiting.push(a.task);
+    }
+    let suspend = |verb: &'static str| {
+        let (ok, out) = ctl(
+            http,
+            "operator-token-0123456789",
+            &[
+                "--json",
+                "tenant",
+                verb,
+                "1",
+                "--reason",
+                "invoice 7 unpaid",
+            ],
+        );
+        assert!(ok, "{out}");
+    };
+    suspend("suspend");
+    let mut n = 0;
+    within("the suspended tenant's submits are rejected", async || {
+        n += 1;
+        let a = client.submit(task(&format!("refused-{n}"))).await.unwrap();
+        a.decision == Decision::RejectResourceClassDisabled
+            && a.reason
+                .is_some_and(|r| r.contains("the tenant is suspended"))
+    })
+    .await;
+    assert_eq!(effective(http)["tenants"]["1"]["suspended"], true);
+    // Capacity again: nothing of the suspended tenant starts.
+    accounts(100).await;
+    let started = poll_until(
+        Duration::from_millis(1_500),
+        async || {
+            let mut states = Vec::new();
+            for &t in &waiting {
+                states.push(client.get(t).await.unwrap().state);
+            }
+            states
+        },
+        |states| states.iter().any(|s| *s != TaskState::Queued),
+    )
+    .await;
+    assert!(
+        started.iter().all(|s| *s == TaskState::Queued),
+        "held tasks started: {started:?}"
+    );
+    // It may still cancel what waits.
+    assert_eq!(
+        client.cancel(waiting[0]).await.unwrap(),
+        TaskState::Canceled
+    );
+    let (ok, out) = ctl(http, "operator-token-0123456789", &["audit"]);
+    assert!(ok && out.contains("invoice 7 unpaid"), "{out}");
+    // Resumed: what waited runs, and new work is taken.
+    suspend("resume");
+    for &t in &waiting[1..] {
+        wait_for(&client, t, TaskState::Succeeded).await;
+    }
+    let a = client.submit(task("after")).await.unwrap();
+    assert_eq!(a.decision, Decision::Accepted, "{a:?}");
+    assert_eq!(effective(http)["tenants"]["1"]["suspended"], false);
+}

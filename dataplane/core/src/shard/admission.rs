@@ -72,6 +72,10 @@ impl Shard {
             let reason = RejectReason::ShardFull;
             return Err(reject(Decision::RejectPlatformOverloaded, reason, lane));
         }
+        if tenant.suspended {
+            let reason = RejectReason::TenantSuspended;
+            return Err(reject(Decision::RejectResourceClassDisabled, reason, lane));
+        }
         if !tenant.classes.contains(est.class) {
             let reason = RejectReason::ClassNotAllowed(est.class);
             return Err(reject(Decision::RejectResourceClassDisabled, reason, lane));

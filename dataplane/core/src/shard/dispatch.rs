@@ -145,6 +145,10 @@ impl Shard {
             self.expire_head(slot, lane, band, head);
             return TurnResult::Expired(task);
         }
+        if self.tenants[slot as usize].suspended {
+            // Held until it is resumed (its tasks still expire at their deadlines).
+            return TurnResult::Blocked(Block::Tenant);
+        }
         let may_skip = !(q.skipped_head == head && q.skips >= skips_max);
         let scan = if may_skip { fit_scan + 1 } else { 1 };
         let deficit = q.deficit;

@@ -356,6 +356,8 @@ struct TenantRt {
     classes: ClassSet,
     /// The lane its standard work went to when it was first seen: its queue there is inline.
     home_lane: Lane,
+    /// `TenantPolicy::suspended`: nothing admitted, nothing started.
+    suspended: bool,
     // line 1 from byte 32, into line 2
     home: TenantQueue,
     // line 2
@@ -410,6 +412,7 @@ impl TenantRt {
             wait_overflow: policy.wait_overflow,
             classes: ClassSet::of(&policy.allowed_classes),
             home_lane: policy.lane,
+            suspended: policy.suspended,
             home: TenantQueue::default(),
             away: None,
             id,
@@ -449,6 +452,7 @@ impl TenantRt {
         self.base_band = policy.base_band;
         self.wait_overflow = policy.wait_overflow;
         self.classes = ClassSet::of(&policy.allowed_classes);
+        self.suspended = policy.suspended;
         self.max_wait_ms = u32::try_from(policy.max_wait_ms).unwrap_or(u32::MAX);
         let reserved = self.cost_reserved_milli();
         self.cost_quota_milli = quota_milli(policy);

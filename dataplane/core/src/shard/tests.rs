@@ -25,6 +25,7 @@ fn owner_records_keep_their_cache_lines() {
         offset_of!(TenantRt, wait_overflow),
         offset_of!(TenantRt, classes),
         offset_of!(TenantRt, home_lane),
+        offset_of!(TenantRt, suspended),
         offset_of!(TenantRt, home) + TenantQueue::APPEND_BYTES - 1,
     ];
     for offset in admission {

@@ -57,6 +57,12 @@ enum Command {
         #[command(subcommand)]
         action: LaneAction,
     },
+    /// Suspend a tenant (its submits are rejected and its queued tasks wait; running work goes
+    /// on and it may still read and cancel its tasks), or resume it.
+    Tenant {
+        #[command(subcommand)]
+        action: TenantAction,
+    },
     /// Add a provider account or a model to the running nodes: it takes the next id, and the
     /// values not given are copied from an existing one (`--like`, else the first).
     Add {
@@ -114,6 +120,20 @@ enum LaneAction {
     },
     Close {
         lane: String,
+        #[arg(long)]
+        reason: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum TenantAction {
+    Suspend {
+        tenant: u32,
+        #[arg(long)]
+        reason: String,
+    },
+    Resume {
+        tenant: u32,
         #[arg(long)]
         reason: String,
     },
@@ -356,6 +376,29 @@ fn main() -> anyhow::Result<()> {
             }
             body["open"] = Value::Bool(open);
             let path = format!("/admin/v1/policy/lane/{lane}");
+            call(
+                &cli,
+                "PUT",
+                &path,
+                Some(&json!({ "reason": reason, "body": body })),
+            )?
+        }
+        Command::Tenant { action } => {
+            let (tenant, suspended, reason) = match action {
+                TenantAction::Suspend { tenant, reason } => (tenant, true, reason),
+                TenantAction::Resume { tenant, reason } => (tenant, false, reason),
+            };
+            // The tenant as the node runs it now, with only `suspended` changed.
+            let (status, policy) = call(&cli, "GET", "/admin/v1/policy", None)?;
+            if !(200..300).contains(&status) {
+                anyhow::bail!("reading the policy ({status}): {}", policy["error"]);
+            }
+            let mut body = policy["effective"]["tenants"][tenant.to_string()].clone();
+            if !body.is_object() {
+                anyhow::bail!("the node's policy has no tenant {tenant}");
+            }
+            body["suspended"] = Value::Bool(suspended);
+            let path = format!("/admin/v1/policy/tenant_policy/{tenant}");
             call(
                 &cli,
                 "PUT",
