@@ -52,6 +52,7 @@ pub fn json(o: &Outcome, offered_per_s: f64) -> serde_json::Value {
             "accepted": t.accepted,
             "rejected": t.rejected,
             "errors": t.errors,
+            "first_error": t.first_error,
             "backlog_drops": t.backlog_drops,
             "completed": t.completed,
             "served_share": if completed == 0 { 0.0 } else { t.completed as f64 / completed as f64 },
@@ -122,6 +123,16 @@ pub fn text(report: &serde_json::Value) -> String {
             t["completion_ratio"].as_f64().unwrap_or(0.0) * 100.0,
         )
         .expect("write to string");
+    }
+    for t in r["tenants"].as_array().into_iter().flatten() {
+        if let Some(e) = t["first_error"].as_str() {
+            writeln!(
+                out,
+                "tenant {}: {} tasks not answered; the first failure: {e}",
+                t["tenant"], t["errors"]
+            )
+            .expect("write to string");
+        }
     }
     out
 }

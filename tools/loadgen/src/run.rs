@@ -74,6 +74,8 @@ pub struct TenantOutcome {
     pub accepted: u64,
     pub rejected: HashMap<String, u64>,
     pub errors: u64,
+    /// What the first request that failed (not a rejection: no answer, or an error) met.
+    pub first_error: Option<String>,
     pub backlog_drops: u64,
     pub completed: u64,
 }
@@ -455,7 +457,10 @@ async fn tenant_loop(
                         }
                     }
                 }
-                Err(_) => o.errors += n,
+                Err(e) => {
+                    o.errors += n;
+                    o.first_error.get_or_insert_with(|| e.to_string());
+                }
             }
         });
     }
