@@ -89,7 +89,9 @@ class Client:
         payload = bytes(builder.Output())
         self.sock.sendall(struct.pack("<I", len(payload)) + payload)
         frame = self._read_frame()
-        if frame.RequestId() != request_id:
+        # Request id 0 is the connection's: the node's last word before it closes it (a
+        # framing error, or the tenant suspended by the breaker), raised as it is.
+        if frame.RequestId() not in (request_id, 0):
             raise SpindleError("Unexpected", f"answer to {frame.RequestId()}, not {request_id}")
         if frame.BodyType() == Response.Response.Error:
             err = Error.Error()
