@@ -75,6 +75,21 @@ pub struct StoredTask {
     pub failure_reason: Option<String>,
     /// What it produced, once SUCCEEDED (`ReportAction::Finish::result`).
     pub result: Option<String>,
+    /// Its client's (or an operator's) cancel is stored (`Db::request_cancel`).
+    pub cancel_requested: bool,
+}
+
+impl StoredTask {
+    /// As its client is told: a stored cancel not yet carried out in the row reads as
+    /// CANCELED — the node holding the task canceled it when it stored the cancel (its end is
+    /// on its way here), and a node putting it back cancels it. A client that was answered
+    /// "canceled" never reads its task as still queued.
+    pub fn as_seen_by_client(mut self) -> StoredTask {
+        if self.cancel_requested && !self.state.is_terminal() {
+            self.state = TaskState::Canceled;
+        }
+        self
+    }
 }
 
 impl Db {
@@ -90,7 +105,7 @@ impl Db {
                 false,
                 self.client().query(
                     "SELECT task_id, tenant_id, state, version, attempt_no, cost_estimate_milli,
-                        cost_actual_milli, failure_reason, result
+                        cost_actual_milli, failure_reason, result, cancel_requested
                    FROM task WHERE task_id = ANY ($1)",
                     &[&ids],
                 ),
@@ -109,6 +124,7 @@ impl Db {
                         cost_actual_milli: r.get::<_, Option<i64>>(6).map(|c| c as u64),
                         failure_reason: r.get(7),
                         result: r.get(8),
+                        cancel_requested: r.get(9),
                     },
                 ))
             })
@@ -261,6 +277,6 @@ impl Db {
             .await?
             .into_iter()
             .find(|(owner, _)| *owner == tenant)
-            .map(|(_, t)| t))
+            .map(|(_, t)| t.as_seen_by_client()))
     }
 }

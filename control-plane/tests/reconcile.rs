@@ -415,6 +415,29 @@ async fn a_stored_cancel_marks_a_live_task_and_comes_back_with_it() {
         [(TaskId(1), false, true), (TaskId(2), true, true)],
         "the queued and the live task, both marked; the ended one not put back"
     );
+    // Read as stored, a marked task keeps its state; its client reads it CANCELED (it was
+    // told so), and an ended one as it ended.
+    let mut stored = db
+        .task_statuses(&[TaskId(1), TaskId(2), TaskId(3)])
+        .await
+        .unwrap();
+    stored.sort_by_key(|(_, t)| t.task);
+    let raw: Vec<(TaskState, bool)> = stored
+        .iter()
+        .map(|(_, t)| (t.state, t.cancel_requested))
+        .collect();
+    assert_eq!(
+        raw,
+        [
+            (TaskState::Queued, true),
+            (TaskState::Dispatching, true),
+            (TaskState::Canceled, false)
+        ]
+    );
+    for (tenant, t) in &stored {
+        let seen = db.task_status(*tenant, t.task).await.unwrap().unwrap();
+        assert_eq!(seen.state, TaskState::Canceled, "{}", t.task);
+    }
 }
 
 #[tokio::test]

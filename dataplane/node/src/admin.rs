@@ -81,9 +81,13 @@ struct ReasonBody {
     reason: String,
 }
 
+/// Tasks one `POST /admin/v1/tasks/cancel` may name.
+pub const CANCEL_TASKS_MAX: usize = 1_000;
+
+/// `{tasks, reason}`: a requeue's or an operator's cancel.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RequeueBody {
+struct TasksBody {
     tasks: Vec<u64>,
     reason: String,
 }
@@ -185,6 +189,7 @@ impl Admin {
             },
             ("POST", ["admin", "v1", "drain"]) => Role::Admin,
             ("POST", ["admin", "v1", "tasks", "requeue"]) => Role::Operator,
+            ("POST", ["admin", "v1", "tasks", "cancel"]) => Role::Operator,
             ("POST", ["admin", "v1", "counters", "rebuild"]) => Role::Admin,
             _ => return answer("404 Not Found", json!({ "error": what })),
         };
@@ -313,6 +318,7 @@ impl Admin {
                 }
             }
             ("POST", [_, _, "tasks", "requeue"]) => self.requeue(&actor, &what, body).await,
+            ("POST", [_, _, "tasks", "cancel"]) => self.cancel(&actor, &what, body).await,
             ("POST", [_, _, "counters", "rebuild"]) => {
                 let Ok(request) = serde_json::from_slice::<ReasonBody>(body) else {
                     let why = "expected {reason}".to_string();
@@ -431,12 +437,85 @@ impl Admin {
         }
     }
 
+    /// `POST /admin/v1/tasks/cancel {tasks, reason}`: the tasks live on this node are canceled,
+    /// whatever their tenant, as their clients' cancels are (stored before they are done; one
+    /// at the provider or media stage ends CANCELED when that step ends), audited with the
+    /// reason first. The answer says per task what became of it.
+    async fn cancel(&self, actor: &str, what: &str, body: &[u8]) -> Answer {
+        let request = match serde_json::from_slice::<TasksBody>(body) {
+            Ok(r) if !r.reason.trim().is_empty() && !r.tasks.is_empty() => r,
+            _ => {
+                let why = "expected {tasks: [ids], reason} with tasks and a reason".to_string();
+                return self.refuse("400 Bad Request", actor, what, why).await;
+            }
+        };
+        if request.tasks.len() > CANCEL_TASKS_MAX {
+            let why = format!("at most {CANCEL_TASKS_MAX} tasks per call");
+            return self.refuse("400 Bad Request", actor, what, why).await;
+        }
+        let ids: Vec<String> = request.tasks.iter().map(u64::to_string).collect();
+        let why = format!("cancel {}: {}", ids.join(" "), request.reason);
+        let audited = self
+            .with_db(async |db| db.audit_action(actor, "task", "cancel", &why).await)
+            .await;
+        if let Err(e) = audited {
+            return answer("503 Service Unavailable", json!({ "error": e.to_string() }));
+        }
+        let tasks: Vec<spindle_core::TaskId> = request
+            .tasks
+            .iter()
+            .copied()
+            .map(spindle_core::TaskId)
+            .collect();
+        let mut found: Vec<Option<spindle_wire::Response>> = vec![None; tasks.len()];
+        for inbox in &self.shards.inboxes {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let msg = crate::shard::ShardMsg::AdminCancel {
+                tasks: tasks.clone(),
+                reply: tx,
+            };
+            if inbox.send(msg).await.is_err() {
+                return answer(
+                    "503 Service Unavailable",
+                    json!({ "error": "a shard stopped (the node is stopping)" }),
+                );
+            }
+            for (slot, answer) in found.iter_mut().zip(rx.await.unwrap_or_default()) {
+                if answer.is_some() {
+                    *slot = answer;
+                }
+            }
+        }
+        let answers: Vec<Value> = tasks
+            .iter()
+            .zip(found)
+            .map(|(task, answer)| {
+                let (outcome, detail) = match answer {
+                    Some(spindle_wire::Response::Canceled { state, .. }) => {
+                        ("canceled", json!(state.to_string()))
+                    }
+                    Some(spindle_wire::Response::Error(e)) => ("refused", json!(e.to_string())),
+                    Some(other) => ("refused", json!(format!("{other:?}"))),
+                    None => (
+                        "not_live_here",
+                        json!(
+                            "not live on this node: ended, unknown, or another node's \
+                               (`spindlectl task ID` shows it as stored)"
+                        ),
+                    ),
+                };
+                json!({ "task": task.0, "outcome": outcome, "detail": detail })
+            })
+            .collect();
+        answer("200 OK", json!({ "tasks": answers }))
+    }
+
     /// `POST /admin/v1/tasks/requeue {tasks, reason}`: FAILED tasks of the partitions this node
     /// serves go back to their queues (`Db::requeue_failed`) and to their shards; the answer
     /// says per task what became of it, naming the node to ask for tasks it does not serve.
     async fn requeue(&self, actor: &str, what: &str, body: &[u8]) -> Answer {
         use spindle_control::RequeueOutcome as O;
-        let request = match serde_json::from_slice::<RequeueBody>(body) {
+        let request = match serde_json::from_slice::<TasksBody>(body) {
             Ok(r) if !r.reason.trim().is_empty() && !r.tasks.is_empty() => r,
             _ => {
                 let why = "expected {tasks: [ids], reason} with tasks and a reason".to_string();
@@ -560,6 +639,8 @@ fn task_json(tenant: spindle_core::TenantId, t: &spindle_control::query::StoredT
         "cost_actual_milli": t.cost_actual_milli,
         "failure_reason": t.failure_reason,
         "result": result,
+        // A cancel stored and not yet carried out in the row (its client reads CANCELED).
+        "cancel_requested": t.cancel_requested,
     })
 }
 

@@ -354,3 +354,73 @@ async fn the_periodic_counter_check_finds_drift_without_repairing_it() {
     // The first check after the repair finds nothing.
     until_checked(&daemon, |c, drifted| c > seen_at + 1 && drifted == 0).await;
 }
+
+/// An operator cancels any tenant's tasks with spindlectl: one queued and one running end
+/// CANCELED (as their client sees), a task not live on the node is said to be so, the call is
+/// audited with its reason first, and a viewer may not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_cancels_a_tenants_tasks_and_a_viewer_may_not() {
+    let test = TestDb::new().await;
+    // Tasks that run for their modelled time (tens of seconds) on one slot per account: the
+    // first two run, the third waits.
+    let config = CONFIG.replacen(
+        "partitions = 8\n",
+        "partitions = 8\nlocal_provider_time_scale = 1.0\nprovider_concurrency = 1\n",
+        1,
+    ) + &admin_tokens();
+    let daemon = start_with(&test, &config).await;
+    let http = daemon.http;
+    let client = spindle_client::Client::connect(daemon.addr, spindle_core::TenantId(1), "one")
+        .await
+        .unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..3 {
+        tasks.push(
+            client
+                .submit(common::task(&format!("op-{i}")))
+                .await
+                .unwrap()
+                .task,
+        );
+    }
+    let running = tasks[0];
+    common::wait_for(&client, running, spindle_core::TaskState::Running).await;
+    let queued = tasks[2];
+    assert_eq!(
+        client.get(queued).await.unwrap().state,
+        spindle_core::TaskState::Queued
+    );
+    let ids = |ts: &[u64]| ts.iter().map(u64::to_string).collect::<Vec<_>>();
+    let mut args = vec!["--json".to_string(), "cancel".into()];
+    args.extend(ids(&[running.0, queued.0, 1 << 40]));
+    args.extend(["--reason".into(), "ticket 314: customer asked".into()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (ok, _) = ctl(http, VIEWER_TOKEN, &args);
+    assert!(!ok, "a viewer canceled tasks");
+    let (ok, out) = ctl(http, OPERATOR_TOKEN, &args);
+    assert!(ok, "{out}");
+    let answer: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let outcomes: Vec<(u64, &str)> = answer["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| (t["task"].as_u64().unwrap(), t["outcome"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            (running.0, "canceled"),
+            (queued.0, "canceled"),
+            (1 << 40, "not_live_here")
+        ],
+        "{out}"
+    );
+    for t in [running, queued] {
+        assert_eq!(
+            client.get(t).await.unwrap().state,
+            spindle_core::TaskState::Canceled
+        );
+    }
+    let (ok, out) = ctl(http, VIEWER_TOKEN, &["audit"]);
+    assert!(ok && out.contains("ticket 314: customer asked"), "{out}");
+}

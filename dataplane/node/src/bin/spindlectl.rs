@@ -108,6 +108,15 @@ enum Command {
         #[arg(long)]
         reason: String,
     },
+    /// Cancel tasks whatever their tenant (at most 1,000), as their clients' cancels are: the
+    /// node cancels those live on it and says for the others that they are not.
+    Cancel {
+        /// Task ids.
+        #[arg(required = true)]
+        tasks: Vec<u64>,
+        #[arg(long)]
+        reason: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -451,6 +460,12 @@ fn main() -> anyhow::Result<()> {
             "/admin/v1/tasks/requeue",
             Some(&json!({ "tasks": tasks, "reason": reason })),
         )?,
+        Command::Cancel { tasks, reason } => call(
+            &cli,
+            "POST",
+            "/admin/v1/tasks/cancel",
+            Some(&json!({ "tasks": tasks, "reason": reason })),
+        )?,
     };
     let refused = !(200..300).contains(&status);
     if cli.json {
@@ -562,7 +577,7 @@ fn print_human(command: &Command, v: &Value) {
             }
         }
         Command::RebuildCounters { .. } => print_drift(&v["repaired"], &v["budgets_repaired"]),
-        Command::Requeue { .. } => {
+        Command::Requeue { .. } | Command::Cancel { .. } => {
             for t in v["tasks"].as_array().into_iter().flatten() {
                 let detail = match &t["detail"] {
                     Value::Null => String::new(),

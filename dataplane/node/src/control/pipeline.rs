@@ -502,7 +502,7 @@ async fn read_statuses(db: &Db, group: Vec<ReadMsg>) {
                     let answer = found
                         .get(&task)
                         .filter(|(owner, _)| *owner == tenant)
-                        .map(|(_, s)| s.clone());
+                        .map(|(_, s)| s.clone().as_seen_by_client());
                     let _ = reply.send(Ok(answer));
                 }
             }

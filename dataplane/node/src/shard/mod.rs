@@ -82,6 +82,14 @@ pub enum ShardMsg {
         task: TaskId,
         reply: oneshot::Sender<Response>,
     },
+    /// An operator's cancel of `tasks`, whatever their tenant (`POST /admin/v1/tasks/cancel`):
+    /// each one this shard holds live is canceled as its client's cancel is (stored first),
+    /// outside the tenant's cancel rate; the answer has one entry per task, `None` for one not
+    /// held here.
+    AdminCancel {
+        tasks: Vec<TaskId>,
+        reply: oneshot::Sender<Vec<Option<Response>>>,
+    },
     /// Events of `task` go to `out` (the connection's frame queue) tagged `request_id`.
     Subscribe {
         tenant: TenantId,
@@ -658,6 +666,11 @@ pub async fn run(state: SharedShard, mut inbox: mpsc::Receiver<ShardMsg>) {
                 task,
                 reply,
             } => cancel(&state, tenant, task, reply),
+            ShardMsg::AdminCancel { tasks, reply } => {
+                let state = state.clone();
+                glommio::spawn_local(async move { admin_cancel(&state, tasks, reply).await })
+                    .detach();
+            }
             ShardMsg::Subscribe {
                 tenant,
                 task,
@@ -935,6 +948,32 @@ fn cancel(state: &SharedShard, tenant: TenantId, task: TaskId, reply: oneshot::S
     }
     let state = state.clone();
     glommio::spawn_local(async move { cancel_stored(&state, tenant, task, reply).await }).detach();
+}
+
+/// An operator's cancel: each task held here live, whatever its tenant, canceled as its
+/// client's cancel is, one after another (each is stored before it is done).
+async fn admin_cancel(
+    state: &SharedShard,
+    tasks: Vec<TaskId>,
+    reply: oneshot::Sender<Vec<Option<Response>>>,
+) {
+    let mut answers = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        let tenant = state
+            .borrow()
+            .meta
+            .get(&task)
+            .filter(|m| m.committed)
+            .map(|m| m.tenant);
+        let Some(tenant) = tenant else {
+            answers.push(None);
+            continue;
+        };
+        let (tx, rx) = oneshot::channel();
+        cancel_stored(state, tenant, task, tx).await;
+        answers.push(rx.await.ok());
+    }
+    let _ = reply.send(answers);
 }
 
 /// Stores the cancel (`Db::request_cancel`: a node that puts the task back cancels it), then
