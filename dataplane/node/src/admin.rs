@@ -437,17 +437,25 @@ impl Admin {
         }
     }
 
+    /// A `{tasks, reason}` body with tasks and a reason, or its refusal (audited).
+    async fn tasks_body(&self, actor: &str, what: &str, body: &[u8]) -> Result<TasksBody, Answer> {
+        match serde_json::from_slice::<TasksBody>(body) {
+            Ok(r) if !r.reason.trim().is_empty() && !r.tasks.is_empty() => Ok(r),
+            _ => {
+                let why = "expected {tasks: [ids], reason} with tasks and a reason".to_string();
+                Err(self.refuse("400 Bad Request", actor, what, why).await)
+            }
+        }
+    }
+
     /// `POST /admin/v1/tasks/cancel {tasks, reason}`: the tasks live on this node are canceled,
     /// whatever their tenant, as their clients' cancels are (stored before they are done; one
     /// at the provider or media stage ends CANCELED when that step ends), audited with the
     /// reason first. The answer says per task what became of it.
     async fn cancel(&self, actor: &str, what: &str, body: &[u8]) -> Answer {
-        let request = match serde_json::from_slice::<TasksBody>(body) {
-            Ok(r) if !r.reason.trim().is_empty() && !r.tasks.is_empty() => r,
-            _ => {
-                let why = "expected {tasks: [ids], reason} with tasks and a reason".to_string();
-                return self.refuse("400 Bad Request", actor, what, why).await;
-            }
+        let request = match self.tasks_body(actor, what, body).await {
+            Ok(r) => r,
+            Err(refused) => return refused,
         };
         if request.tasks.len() > CANCEL_TASKS_MAX {
             let why = format!("at most {CANCEL_TASKS_MAX} tasks per call");
@@ -515,12 +523,9 @@ impl Admin {
     /// says per task what became of it, naming the node to ask for tasks it does not serve.
     async fn requeue(&self, actor: &str, what: &str, body: &[u8]) -> Answer {
         use spindle_control::RequeueOutcome as O;
-        let request = match serde_json::from_slice::<TasksBody>(body) {
-            Ok(r) if !r.reason.trim().is_empty() && !r.tasks.is_empty() => r,
-            _ => {
-                let why = "expected {tasks: [ids], reason} with tasks and a reason".to_string();
-                return self.refuse("400 Bad Request", actor, what, why).await;
-            }
+        let request = match self.tasks_body(actor, what, body).await {
+            Ok(r) => r,
+            Err(refused) => return refused,
         };
         let tasks: Vec<spindle_core::TaskId> = request
             .tasks

@@ -301,6 +301,33 @@ enum PolicyAction {
 }
 
 /// One request, `Connection: close`; the status code and the JSON body.
+/// Sets one switch of a policy object as the node runs it now (`effective` picks it out of
+/// the node's effective policy), everything else of it unchanged, and stores it at `path`.
+fn switch(
+    cli: &Cli,
+    effective: impl Fn(&Value) -> Value,
+    field: &str,
+    on: bool,
+    path: &str,
+    reason: &str,
+) -> anyhow::Result<(u16, Value)> {
+    let (status, policy) = call(cli, "GET", "/admin/v1/policy", None)?;
+    if !(200..300).contains(&status) {
+        anyhow::bail!("reading the policy ({status}): {}", policy["error"]);
+    }
+    let mut body = effective(&policy["effective"]);
+    if !body.is_object() {
+        anyhow::bail!("not in the node's effective policy");
+    }
+    body[field] = Value::Bool(on);
+    call(
+        cli,
+        "PUT",
+        path,
+        Some(&json!({ "reason": reason, "body": body })),
+    )
+}
+
 fn call(cli: &Cli, method: &str, path: &str, body: Option<&Value>) -> anyhow::Result<(u16, Value)> {
     let mut stream = TcpStream::connect_timeout(&cli.node, Duration::from_secs(5))
         .with_context(|| format!("connecting to {}", cli.node))?;
@@ -374,46 +401,20 @@ fn main() -> anyhow::Result<()> {
                 .iter()
                 .position(|l| l == lane)
                 .with_context(|| format!("no lane {lane:?}; lanes are {}", LANES.join(", ")))?;
-            // The lane as the node runs it now, with only `open` changed.
-            let (status, policy) = call(&cli, "GET", "/admin/v1/policy", None)?;
-            if !(200..300).contains(&status) {
-                anyhow::bail!("reading the policy ({status}): {}", policy["error"]);
-            }
-            let mut body = policy["effective"]["lanes"][index].clone();
-            if !body.is_object() {
-                anyhow::bail!("the node's answer has no effective lane {lane}");
-            }
-            body["open"] = Value::Bool(open);
             let path = format!("/admin/v1/policy/lane/{lane}");
-            call(
-                &cli,
-                "PUT",
-                &path,
-                Some(&json!({ "reason": reason, "body": body })),
-            )?
+            let effective = |p: &Value| p["lanes"][index].clone();
+            switch(&cli, effective, "open", open, &path, reason)
+                .with_context(|| format!("lane {lane}"))?
         }
         Command::Tenant { action } => {
             let (tenant, suspended, reason) = match action {
                 TenantAction::Suspend { tenant, reason } => (tenant, true, reason),
                 TenantAction::Resume { tenant, reason } => (tenant, false, reason),
             };
-            // The tenant as the node runs it now, with only `suspended` changed.
-            let (status, policy) = call(&cli, "GET", "/admin/v1/policy", None)?;
-            if !(200..300).contains(&status) {
-                anyhow::bail!("reading the policy ({status}): {}", policy["error"]);
-            }
-            let mut body = policy["effective"]["tenants"][tenant.to_string()].clone();
-            if !body.is_object() {
-                anyhow::bail!("the node's policy has no tenant {tenant}");
-            }
-            body["suspended"] = Value::Bool(suspended);
             let path = format!("/admin/v1/policy/tenant_policy/{tenant}");
-            call(
-                &cli,
-                "PUT",
-                &path,
-                Some(&json!({ "reason": reason, "body": body })),
-            )?
+            let effective = |p: &Value| p["tenants"][tenant.to_string()].clone();
+            switch(&cli, effective, "suspended", suspended, &path, reason)
+                .with_context(|| format!("tenant {tenant}"))?
         }
         Command::Add { what } => {
             let (status, policy) = call(&cli, "GET", "/admin/v1/policy", None)?;
