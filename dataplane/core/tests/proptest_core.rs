@@ -40,7 +40,8 @@ enum Event {
     Refuse(usize),
     Clock(u32),
     /// A newer policy version: reprice the model, change the STANDARD lane or a provider
-    /// account, or add an account or a model (served by the newest account).
+    /// account, add an account or a model (served by the newest account), or suspend or
+    /// resume a tenant.
     Policy(u8, u32),
 }
 
@@ -62,7 +63,7 @@ fn event() -> impl Strategy<Value = Event> {
         1 => any::<usize>().prop_map(Event::Stale),
         1 => any::<usize>().prop_map(Event::Refuse),
         2 => (0u32..120_000).prop_map(Event::Clock),
-        1 => (0u8..6, 1u32..20).prop_map(|(k, v)| Event::Policy(k, v)),
+        1 => (0u8..7, 1u32..20).prop_map(|(k, v)| Event::Policy(k, v)),
     ]
 }
 
@@ -174,6 +175,12 @@ impl World {
                 p.concurrency = u64::from(v / 3);
                 PolicyPatch::Provider(p)
             }
+            6 => {
+                let tenant = TenantId(1 + v % 5);
+                let mut t = policy.tenants[&tenant].clone();
+                t.suspended = v % 2 == 0;
+                PolicyPatch::Tenant(tenant, t)
+            }
             5 if policy.models.len() < 4 => {
                 let mut m = policy.models[0].clone();
                 m.id = ModelId(policy.models.len() as u16);
@@ -241,6 +248,12 @@ impl World {
                     .shard
                     .handle_submit(now, req)
                     .expect("valid submits decide");
+                if self.shard.policy().tenants[&TenantId(tenant)].suspended {
+                    assert!(
+                        !admission.decision.is_accepted(),
+                        "a suspended tenant admitted"
+                    );
+                }
                 if admission.decision.is_accepted() {
                     assert_eq!(self.shard.task_state(task), Some(TaskState::Queued));
                     assert!(admission.band >= Band::P1, "a client never reaches P0");
@@ -258,6 +271,10 @@ impl World {
                     match self.shard.poll_dispatch(now) {
                         Poll::Dispatch(d) => {
                             assert_eq!(self.shard.task_state(d.task), Some(TaskState::Dispatching));
+                            assert!(
+                                !self.shard.policy().tenants[&d.tenant].suspended,
+                                "a suspended tenant's task started"
+                            );
                             if accept {
                                 self.next_token += 1;
                                 let token = FencingToken(self.next_token);
