@@ -162,11 +162,17 @@ pub struct Config {
     #[serde(default = "default_retention_scan_rows")]
     pub retention_scan_rows: usize,
     /// Seconds between checks that every pool counter equals the sum of its ACTIVE
-    /// reservations (a read-only snapshot that walks the task table once; drift is logged and
-    /// counted in `spindle_counter_drift_shards`, and `spindlectl rebuild-counters` repairs it).
+    /// reservations (a read-only snapshot that walks the task table once; drift is logged,
+    /// counted in `spindle_counter_drift_shards`, and repaired with `counter_repair`).
     /// 0 turns the check off.
     #[serde(default = "default_counter_check_s")]
     pub counter_check_s: u64,
+    /// Whether a check that finds drift repairs it at once (`Db::rebuild_counters`, audited as
+    /// the node's): every counter is derived from what live attempts hold (DESIGN §2.5, §8),
+    /// and a counter below it lets claims past a limit. false: drift is only logged and
+    /// counted, for an admin's `spindlectl rebuild-counters`.
+    #[serde(default = "default_counter_repair")]
+    pub counter_repair: bool,
     /// Concurrency of each of the two local provider accounts (global: a pool in PostgreSQL).
     #[serde(default = "default_provider_concurrency")]
     pub provider_concurrency: u64,
@@ -298,6 +304,9 @@ fn default_retention_events_s() -> u64 {
 }
 fn default_retention_scan_rows() -> usize {
     5_000
+}
+fn default_counter_repair() -> bool {
+    true
 }
 fn default_counter_check_s() -> u64 {
     300

@@ -1,8 +1,12 @@
 //! The periodic counter check: every `counter_check_s`, each pool shard's `used` against its
 //! ACTIVE reservations and each tenant's reserved budget against its open ledger cycles, in one
 //! read-only snapshot (`Db::check_counters`). Drift is logged per counter and counted
-//! (`spindle_counter_drift_shards`, `spindle_counter_drift_budgets`), never repaired here: a
-//! repair locks every pool row and is an operator's call (`spindlectl rebuild-counters`).
+//! (`spindle_counter_drift_shards`, `spindle_counter_drift_budgets`) and, with
+//! `counter_repair` (the default), repaired at once: `Db::rebuild_counters` recomputes every
+//! counter under the pool rows' locks (DESIGN §8: counter drift → rebuild from ACTIVE
+//! reservations), audited as the node's, counted in `spindle_counter_repairs_total`. A snapshot
+//! never shows a claim or release in flight as drift (each moves the counter and the task row
+//! in one transaction), so a repair follows only real drift.
 //!
 //! It runs on a connection of its own, so that a check walking a large task table never
 //! delays a lease renewal; the connection's statement timeout bounds each check.
@@ -16,9 +20,18 @@ use spindle_control::DbConfig;
 
 use crate::metrics::Metrics;
 
-pub async fn run(db_config: DbConfig, every: Duration, metrics: Arc<Metrics>) {
+/// How the checks run.
+pub struct Checks {
+    pub every: Duration,
+    /// Repair what a check finds drifted (`Config::counter_repair`).
+    pub repair: bool,
+    /// This node's id: the repairs' actor in the audit log.
+    pub node: String,
+}
+
+pub async fn run(db_config: DbConfig, checks: Checks, metrics: Arc<Metrics>) {
     let mut db = crate::control::reconnect(&db_config, &metrics).await;
-    let mut tick = tokio::time::interval(every);
+    let mut tick = tokio::time::interval(checks.every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
@@ -38,17 +51,42 @@ pub async fn run(db_config: DbConfig, every: Duration, metrics: Arc<Metrics>) {
                     .counter_drift_budgets
                     .store(drift.budgets.len() as u64, Ordering::Relaxed);
                 metrics.counter_checks.fetch_add(1, Ordering::Relaxed);
+                let drifted = !drift.pools.is_empty() || !drift.budgets.is_empty();
+                if drifted && checks.repair {
+                    repair(&mut db, &checks.node, &metrics).await;
+                }
             }
             Err(e) => tracing::warn!("checking the pool counters and budgets failed: {e}"),
         }
     }
 }
 
+/// Recomputes every counter from what live attempts hold and audits it as `node`'s.
+async fn repair(db: &mut spindle_control::Db, node: &str, metrics: &Metrics) {
+    let rebuilt = match db.rebuild_counters().await {
+        Ok(rebuilt) => rebuilt,
+        Err(e) => {
+            tracing::warn!("repairing the drifted counters failed (the next check retries): {e}");
+            return;
+        }
+    };
+    metrics.counter_repairs.fetch_add(1, Ordering::Relaxed);
+    let why = format!(
+        "rebuild: automatic, after the periodic check ({} pool shards and {} budgets repaired)",
+        rebuilt.pools.len(),
+        rebuilt.budgets.len()
+    );
+    tracing::warn!("counters {why}");
+    let actor = format!("node {node}");
+    if let Err(e) = db.audit_action(&actor, "counters", "rebuild", &why).await {
+        tracing::warn!("auditing the counter repair failed: {e}");
+    }
+}
+
 fn log_drift(drift: &Counters) {
     for d in &drift.pools {
         tracing::warn!(
-            "pool {} shard {}: counter {} but its active reservations add up to {} \
-             (spindlectl rebuild-counters repairs it)",
+            "pool {} shard {}: counter {} but its active reservations add up to {}",
             d.shard.pool,
             d.shard.shard,
             d.stored,
@@ -57,8 +95,7 @@ fn log_drift(drift: &Counters) {
     }
     for d in &drift.budgets {
         tracing::warn!(
-            "tenant {}: reserved budget {} but its open reservations add up to {} \
-             (spindlectl rebuild-counters repairs it)",
+            "tenant {}: reserved budget {} but its open reservations add up to {}",
             d.tenant.0,
             d.stored,
             d.derived

@@ -158,6 +158,8 @@ pub struct Metrics {
     pub counter_checks: AtomicU64,
     pub counter_drift_shards: AtomicU64,
     pub counter_drift_budgets: AtomicU64,
+    /// Repairs the periodic check made of what it found drifted (`counter_repair`).
+    pub counter_repairs: AtomicU64,
     /// Outbox rows (event batches) the retention passes removed.
     pub events_pruned: AtomicU64,
     /// Retention rounds run (one after each lease renewal), and the nodes relaying the
@@ -224,6 +226,7 @@ impl Metrics {
             counter_checks: AtomicU64::new(0),
             counter_drift_shards: AtomicU64::new(0),
             counter_drift_budgets: AtomicU64::new(0),
+            counter_repairs: AtomicU64::new(0),
             events_pruned: AtomicU64::new(0),
             retention_rounds: AtomicU64::new(0),
             relaying_nodes: AtomicU64::new(0),
@@ -381,6 +384,11 @@ impl Metrics {
             w,
             "# HELP spindle_counter_drift_budgets Tenants whose reserved budget differed from their open reservations at the last check.\n# TYPE spindle_counter_drift_budgets gauge\nspindle_counter_drift_budgets {}",
             self.counter_drift_budgets.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            w,
+            "# HELP spindle_counter_repairs_total Repairs the periodic check made of drifted counters (counter_repair).\n# TYPE spindle_counter_repairs_total counter\nspindle_counter_repairs_total {}",
+            self.counter_repairs.load(Ordering::Relaxed)
         );
         let _ = writeln!(
             w,

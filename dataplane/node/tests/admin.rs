@@ -308,7 +308,10 @@ async fn until_checked(daemon: &Daemon, done: impl Fn(u64, u64) -> bool) -> (u64
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_periodic_counter_check_finds_drift_without_repairing_it() {
     let test = TestDb::new().await;
-    let config = format!("counter_check_s = 1\nlease_ms = 1500\n{}", config());
+    let config = format!(
+        "counter_check_s = 1\ncounter_repair = false\nlease_ms = 1500\n{}",
+        config()
+    );
     let daemon = start_with(&test, &config).await;
     let (checks, _) = until_checked(&daemon, |checks, drifted| checks >= 1 && drifted == 0).await;
     let sql = test.sql().await.unwrap();
@@ -353,6 +356,48 @@ async fn the_periodic_counter_check_finds_drift_without_repairing_it() {
     assert_eq!(used().await, 0);
     // The first check after the repair finds nothing.
     until_checked(&daemon, |c, drifted| c > seen_at + 1 && drifted == 0).await;
+}
+
+/// By default a check that finds drift repairs it at once: the counter comes back to what
+/// live attempts hold, the repair is counted and audited as the node's, and the next check
+/// finds nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_periodic_counter_check_repairs_the_drift_it_finds() {
+    let test = TestDb::new().await;
+    let config = format!("counter_check_s = 1\nlease_ms = 1500\n{}", config());
+    let daemon = start_with(&test, &config).await;
+    let (checks, _) = until_checked(&daemon, |checks, drifted| checks >= 1 && drifted == 0).await;
+    let sql = test.sql().await.unwrap();
+    drift_one_pool(&sql, 2).await;
+    let repaired = poll_until(
+        std::time::Duration::from_secs(30),
+        async || metric(&daemon, "spindle_counter_repairs_total").await,
+        |&n| n >= 1,
+    )
+    .await;
+    assert_eq!(repaired, 1, "one repair of one drift");
+    let used: i64 = sql
+        .query_one(
+            "SELECT coalesce(sum(used), 0)::bigint FROM resource_pool_shard",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(used, 0, "repaired to what live attempts hold (nothing)");
+    let audited: i64 = sql
+        .query_one(
+            "SELECT count(*) FROM audit_log WHERE actor = 'node admin-node'
+                AND object_kind = 'counters' AND reason LIKE 'rebuild: automatic%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(audited, 1);
+    let (seen, _) = until_checked(&daemon, |c, drifted| c > checks + 1 && drifted == 0).await;
+    until_checked(&daemon, |c, drifted| c > seen && drifted == 0).await;
+    assert_eq!(metric(&daemon, "spindle_counter_repairs_total").await, 1);
 }
 
 /// An operator cancels any tenant's tasks with spindlectl: one queued and one running end

@@ -289,7 +289,11 @@ pub async fn start(
     if config.counter_check_s > 0 {
         tokio::spawn(crate::counter_check::run(
             db_config.clone(),
-            std::time::Duration::from_secs(config.counter_check_s),
+            crate::counter_check::Checks {
+                every: std::time::Duration::from_secs(config.counter_check_s),
+                repair: config.counter_repair,
+                node: config.node_id.clone(),
+            },
             metrics.clone(),
         ));
     }
