@@ -249,10 +249,7 @@ pub fn estimate(
     let cost_milli = scaled(model.cost_milli_per_output_s);
     let media_gpu_ms = scaled(model.media_gpu_ms_per_output_s);
 
-    let fairness_milli = (provider_ms * MILLI_PER_UNIT / bases.provider_ms)
-        .max(cost_milli * MILLI_PER_UNIT / bases.cost_milli)
-        .max(media_gpu_ms * MILLI_PER_UNIT / bases.gpu_ms)
-        .max(1);
+    let fairness_milli = fairness_milli(provider_ms, cost_milli, media_gpu_ms, bases);
 
     let rule = &model.expensive;
     let expensive = pixels >= rule.min_pixels
@@ -279,6 +276,33 @@ pub fn estimate(
             temp_disk_mb: model.temp_disk_mb_per_output_s * output_s,
         },
     })
+}
+
+/// The dominant resource's share of its base (seed 000 §18.7.1), in milli-units, at least 1.
+fn fairness_milli(provider_ms: u64, cost_milli: u64, media_gpu_ms: u64, bases: &CostBases) -> u64 {
+    (provider_ms * MILLI_PER_UNIT / bases.provider_ms)
+        .max(cost_milli * MILLI_PER_UNIT / bases.cost_milli)
+        .max(media_gpu_ms * MILLI_PER_UNIT / bases.gpu_ms)
+        .max(1)
+}
+
+impl CostEstimate {
+    /// This estimate with its cost × `factor_milli` / 1000 (a model's calibration: what its
+    /// tasks really cost, `shard::calibration`), its fairness recomputed over the new cost.
+    pub fn with_cost_factor(mut self, factor_milli: u32, bases: &CostBases) -> CostEstimate {
+        if factor_milli == 1_000 {
+            return self;
+        }
+        let cost = u128::from(self.cost_milli) * u128::from(factor_milli) / 1_000;
+        self.cost_milli = u64::try_from(cost).unwrap_or(u64::MAX / MILLI_PER_UNIT);
+        self.fairness = Units(fairness_milli(
+            self.provider_ms,
+            self.cost_milli,
+            self.media_gpu_ms,
+            bases,
+        ));
+        self
+    }
 }
 
 /// A small matrix row used by tests, benches and the default scenarios: 720p ×1, 1080p ×1.5,

@@ -118,6 +118,12 @@ impl Estimates {
         &self.entries[r.0 as usize].estimate
     }
 
+    /// The spec the estimate prices.
+    #[inline]
+    pub fn spec(&self, r: EstimateRef) -> TaskSpec {
+        self.entries[r.0 as usize].spec
+    }
+
     #[inline]
     pub fn model(&self, r: EstimateRef) -> ModelId {
         self.entries[r.0 as usize].spec.model

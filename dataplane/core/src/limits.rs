@@ -37,3 +37,7 @@ pub const DURATION_MS_MAX: u32 = 10 * 60 * 1000;
 pub const PIXELS_MAX: u64 = 7680 * 4320;
 /// Reference inputs per task.
 pub const REFERENCES_MAX: u8 = 16;
+
+/// Completions per model a shard keeps the cost ratio of, for its estimates' calibration
+/// (`policy::CalibrationPolicy`).
+pub const CALIBRATION_WINDOW: usize = 64;

@@ -182,11 +182,27 @@ pub struct Policy {
     pub retry: RetryPolicy,
     pub node: NodePolicy,
     pub cost_bases: CostBases,
+    /// Estimates that follow what a model's tasks really cost (off unless set).
+    #[serde(default)]
+    pub calibration: CalibrationPolicy,
     /// Indexed by `ProviderId.0`.
     pub providers: Vec<ProviderPolicy>,
     /// Indexed by `ModelId.0`.
     pub models: Vec<ModelCapability>,
     pub tenants: HashMap<TenantId, TenantPolicy>,
+}
+
+/// Estimates that follow what a model's tasks really cost (seed 000 §18.17.7: a large task's
+/// misestimate is calibrated with the historical P95 of actual consumption). Each shard keeps,
+/// per model, the ratio of reported to estimated cost of its last completions; once it has
+/// `samples_min` of them, new tasks of the model are priced at the window's 95th percentile of
+/// that ratio (within ×0.5..×4), so budgets reserve what such tasks really spend. Tasks
+/// admitted before keep their estimate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct CalibrationPolicy {
+    /// Completions with a reported cost a model needs before its estimates follow them; 0
+    /// turns calibration off. At most `shard::CALIBRATION_WINDOW`.
+    pub samples_min: u32,
 }
 
 /// A policy the core refuses to run with; each names the field.
@@ -301,6 +317,12 @@ impl Policy {
             BURST_ROUNDS_MAX.into(),
         )?;
         range("aging.aging_step_ms", self.aging.aging_step_ms, 1, u64::MAX)?;
+        range(
+            "calibration.samples_min",
+            self.calibration.samples_min.into(),
+            0,
+            crate::limits::CALIBRATION_WINDOW as u64,
+        )?;
         range(
             "aging.fit_scan_max",
             self.aging.fit_scan_max as u64,

@@ -113,6 +113,7 @@ pub fn small_node() -> Policy {
             temp_disk_mb: 100_000,
         },
         cost_bases: CostBases::default(),
+        calibration: Default::default(),
         providers: (0..2)
             .map(|i| ProviderPolicy {
                 id: ProviderId(i),

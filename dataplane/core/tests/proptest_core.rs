@@ -112,6 +112,8 @@ impl World {
         policy.node.model_running_units_max = Units::whole(9);
         policy.node.cpu_units = 6;
         policy.node.gpu_units = 1;
+        // Estimates that move with what completions report (the estimate cache re-priced).
+        policy.calibration.samples_min = 3;
         policy.providers[0].concurrency = 3;
         policy.providers[1].concurrency = 2;
         policy.providers[0].rpm = spindle_core::policy::RateSpec {

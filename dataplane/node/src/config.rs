@@ -173,6 +173,11 @@ pub struct Config {
     /// counted, for an admin's `spindlectl rebuild-counters`.
     #[serde(default = "default_counter_repair")]
     pub counter_repair: bool,
+    /// Completions with a reported cost a model needs before its new tasks are priced at what
+    /// its tasks really cost (the 95th percentile of reported over estimated cost of its last
+    /// 64, within ×0.5..×4: `spindle_core::policy::CalibrationPolicy`); 0 turns it off.
+    #[serde(default = "default_cost_calibration_samples")]
+    pub cost_calibration_samples: u32,
     /// Concurrency of each of the two local provider accounts (global: a pool in PostgreSQL).
     #[serde(default = "default_provider_concurrency")]
     pub provider_concurrency: u64,
@@ -304,6 +309,9 @@ fn default_retention_events_s() -> u64 {
 }
 fn default_retention_scan_rows() -> usize {
     5_000
+}
+fn default_cost_calibration_samples() -> u32 {
+    16
 }
 fn default_counter_repair() -> bool {
     true
@@ -454,6 +462,11 @@ impl Config {
             spindle_control::limits::SCAN_MAX
         );
         self.breaker.validate()?;
+        anyhow::ensure!(
+            self.cost_calibration_samples as usize <= spindle_core::limits::CALIBRATION_WINDOW,
+            "cost_calibration_samples must be 0..={}",
+            spindle_core::limits::CALIBRATION_WINDOW
+        );
         anyhow::ensure!(
             self.counter_check_s <= COUNTER_CHECK_S_MAX,
             "counter_check_s must be 0..={COUNTER_CHECK_S_MAX}"

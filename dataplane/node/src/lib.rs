@@ -68,6 +68,7 @@ pub fn policy(config: &Config) -> Policy {
         policy.lanes[lane.index()].capacity =
             spindle_core::Units::whole(config.lane_capacity_units);
     }
+    policy.calibration.samples_min = config.cost_calibration_samples;
     policy.retry.backoff_base_ms = config.retry_backoff_base_ms;
     policy.retry.backoff_max_ms = config.retry_backoff_max_ms;
     for t in &config.tenants {

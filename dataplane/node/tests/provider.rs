@@ -1729,3 +1729,41 @@ async fn subscribers_hear_the_media_stage_milestone() {
     );
     assert_clean(&test, &admin).await;
 }
+
+/// A provider that charges more than the matrix says (the mock reports 1,234 milli for a task
+/// the matrix prices at 50): once the node has seen `cost_calibration_samples` of them, new
+/// tasks are priced — and their budgets reserved — at what such tasks cost (the ratio held
+/// within ×4), while the tasks admitted before keep their estimate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn estimates_follow_what_the_provider_really_charges() {
+    let test = TestDb::new().await;
+    let (m, _) = mock(10).await;
+    let config = node_config("calibrating-node", &m, "").replacen(
+        "shards = 2\n",
+        "shards = 2\ncost_calibration_samples = 4\n",
+        1,
+    );
+    let daemon = start_with(&test, &config).await;
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    for i in 0..5 {
+        // One at a time: each is priced after the ones before it completed.
+        let a = client.submit(task(&format!("charged-{i}"))).await.unwrap();
+        common::wait_for(&client, a.task, TaskState::Succeeded).await;
+        let status = client.get(a.task).await.unwrap();
+        seen.push((status.cost_estimate_milli, status.cost_actual_milli));
+    }
+    assert_eq!(
+        seen,
+        [
+            (50, 1_234),
+            (50, 1_234),
+            (50, 1_234),
+            (50, 1_234),
+            (200, 1_234)
+        ],
+        "the fifth priced at 4 × the matrix (1,234 / 50 held at ×4)"
+    );
+}

@@ -15,8 +15,11 @@ impl Shard {
                     crate::cost::CostError::UnknownModel(spec.model),
                 ))?;
         let bases = &self.policy.cost_bases;
+        let factor = self.cost_factor(spec.model);
         self.estimates
-            .acquire(spec, || estimate(spec, model, bases))
+            .acquire(spec, || {
+                Ok(estimate(spec, model, bases)?.with_cost_factor(factor, bases))
+            })
             .map_err(SubmitError::InvalidSpec)
     }
 
@@ -351,6 +354,8 @@ impl Shard {
             PolicyPatch::Model(m) => {
                 let (id, new) = (m.id, usize::from(m.id.0) == self.policy.models.len());
                 self.estimates.forget_model(id);
+                // Its calibration was against the old row's price: it starts over.
+                self.reset_calibration(id);
                 self.policy.apply(PolicyPatch::Model(m))?;
                 if new {
                     self.add_model_limits(id, now);

@@ -716,6 +716,8 @@ pub struct Shard {
     /// Rate limits added at run time that have had no rate yet: each starts full, as the
     /// node's buckets do, once its first share comes ([`Shard::set_share`]).
     unstarted_rates: Vec<LimitId>,
+    /// Each model's cost calibration, by its id (made as models complete work).
+    calibration: Vec<calibration::ModelCalibration>,
     tenants: Vec<TenantRt>,
     /// Each tenant's command rates, by its slot in `tenants`.
     commands: Vec<commands::CommandRates>,
@@ -979,6 +981,7 @@ impl Shard {
             node_limit_ids,
             shards,
             unstarted_rates: Vec::new(),
+            calibration: Vec::new(),
             tenants: Vec::new(),
             commands: Vec::new(),
             tenant_slots: RunMap::default(),
@@ -1167,6 +1170,7 @@ enum End {
 }
 
 mod admission;
+mod calibration;
 mod commands;
 pub use commands::{Command, CommandLimited};
 mod dispatch;

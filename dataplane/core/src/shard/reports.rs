@@ -249,7 +249,10 @@ impl Shard {
         let slot = self.tasks.slot(task).expect("entry");
         let e = self.tasks.at(slot);
         let (tenant_slot, lane) = (e.tenant_slot, e.lane);
-        let estimated = self.estimates.get(e.estimate).fairness.milli() as i64;
+        let est = *self.estimates.get(e.estimate);
+        let spec = self.estimates.spec(e.estimate);
+        self.calibrate(&spec, &est, actual);
+        let estimated = est.fairness.milli() as i64;
         let cap = self.policy.drr.debt_cap_per_task.milli() as i64;
         let delta = (actual.milli() as i64 - estimated).clamp(-cap, cap);
         self.tenants[tenant_slot as usize].queue_mut(lane).debt += delta;

@@ -177,13 +177,10 @@ pub(super) fn check_declaration(
         duration_ms: u32::try_from(probed.duration_ms).unwrap_or(u32::MAX),
         ..declared
     };
-    let model = s
+    // As a new task of the model is priced now (its calibration included).
+    let corrected = s
         .core
-        .policy()
-        .models
-        .get(declared.model.0 as usize)
-        .ok_or_else(|| format!("model {} is gone", declared.model.0))?;
-    let corrected = spindle_core::cost::estimate(&truth, model, &s.core.policy().cost_bases)
+        .price(&truth)
         .map_err(|e| format!("the probed video cannot be priced: {e}"))?;
     Ok(Some((
         format!(
