@@ -87,7 +87,9 @@ pub fn policy(config: &Config) -> Policy {
             burst: (per_minute / 10).max(1),
         };
         tenant.cancel_rate = tenth(t.cancel_per_minute);
-        tenant.store_read_rate = tenth(t.store_reads_per_minute);
+        if let Some(per_minute) = t.store_reads_per_minute {
+            tenant.store_read_rate = tenth(per_minute);
+        }
         policy.tenants.insert(TenantId(t.id), tenant);
     }
     policy
