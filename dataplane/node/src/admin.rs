@@ -92,6 +92,16 @@ struct TasksBody {
     reason: String,
 }
 
+impl TasksBody {
+    fn ids(&self) -> Vec<spindle_core::TaskId> {
+        self.tasks
+            .iter()
+            .copied()
+            .map(spindle_core::TaskId)
+            .collect()
+    }
+}
+
 fn object(name: &str) -> Option<PolicyObject> {
     PolicyObject::ALL.into_iter().find(|o| o.name() == name)
 }
@@ -469,12 +479,7 @@ impl Admin {
         if let Err(e) = audited {
             return answer("503 Service Unavailable", json!({ "error": e.to_string() }));
         }
-        let tasks: Vec<spindle_core::TaskId> = request
-            .tasks
-            .iter()
-            .copied()
-            .map(spindle_core::TaskId)
-            .collect();
+        let tasks = request.ids();
         let mut found: Vec<Option<spindle_wire::Response>> = vec![None; tasks.len()];
         for inbox in &self.shards.inboxes {
             let (tx, rx) = tokio::sync::oneshot::channel();
@@ -527,12 +532,7 @@ impl Admin {
             Ok(r) => r,
             Err(refused) => return refused,
         };
-        let tasks: Vec<spindle_core::TaskId> = request
-            .tasks
-            .iter()
-            .copied()
-            .map(spindle_core::TaskId)
-            .collect();
+        let tasks = request.ids();
         let mine = self.shards.ownership.owned();
         let outcomes = match self
             .with_db(async |db| {

@@ -221,6 +221,17 @@ async fn a_policy_change_reaches_the_running_node_within_two_seconds() {
 }
 
 /// Makes one pool shard's counter drift: `by` units more than anything holds.
+/// Every pool's usage added up.
+async fn pool_used(sql: &tokio_postgres::Client) -> i64 {
+    sql.query_one(
+        "SELECT coalesce(sum(used), 0)::bigint FROM resource_pool_shard",
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
 async fn drift_one_pool(sql: &tokio_postgres::Client, by: i64) {
     let changed = sql
         .execute(
@@ -261,14 +272,7 @@ async fn an_admin_rebuilds_drifted_pool_counters_from_what_live_attempts_hold() 
         ),
         (Some(3), Some(0))
     );
-    let used: i64 = sql
-        .query_one(
-            "SELECT coalesce(sum(used), 0)::bigint FROM resource_pool_shard",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let used = pool_used(&sql).await;
     assert_eq!(used, 0, "repaired");
     // Nothing drifted any more; the rebuild is audited with its reason.
     let (ok, out) = ctl(daemon.http, ADMIN_TOKEN, &args[1..]);
@@ -315,15 +319,7 @@ async fn the_periodic_counter_check_finds_drift_without_repairing_it() {
     let daemon = start_with(&test, &config).await;
     let (checks, _) = until_checked(&daemon, |checks, drifted| checks >= 1 && drifted == 0).await;
     let sql = test.sql().await.unwrap();
-    let used = async || -> i64 {
-        sql.query_one(
-            "SELECT coalesce(sum(used), 0)::bigint FROM resource_pool_shard",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0)
-    };
+    let used = async || pool_used(&sql).await;
     drift_one_pool(&sql, 2).await;
     // A later check sees the one drifted shard, and leaves it as it found it.
     let (seen_at, _) = until_checked(&daemon, |c, drifted| c > checks && drifted == 1).await;
@@ -376,14 +372,7 @@ async fn the_periodic_counter_check_repairs_the_drift_it_finds() {
     )
     .await;
     assert_eq!(repaired, 1, "one repair of one drift");
-    let used: i64 = sql
-        .query_one(
-            "SELECT coalesce(sum(used), 0)::bigint FROM resource_pool_shard",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let used = pool_used(&sql).await;
     assert_eq!(used, 0, "repaired to what live attempts hold (nothing)");
     let audited: i64 = sql
         .query_one(
