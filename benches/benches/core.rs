@@ -1,7 +1,9 @@
 //! Core scheduling cost at 10,000 active tenants and 100,000 queued tasks (and, for reference, at
 //! 10 tenants and 100 tasks, where everything stays in cache): admit (submit → decision →
 //! enqueue), pick (DRR → band → fit → acquire → DISPATCHING), and the pair.
-//! Completions that keep the backlog steady run outside the timed region.
+//! Completions that keep the backlog steady run outside the timed region. Then a completion's
+//! own cost (claim granted → provider succeeded → media done), with the estimates' calibration
+//! off and on (`CalibrationPolicy`), in the same run.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -94,5 +96,39 @@ fn bench_shape(c: &mut Criterion, tenants: u32, queued: u64) {
     group.finish();
 }
 
-criterion_group!(benches, bench);
+/// A picked task's completion, calibration off and on: picks (untimed), then their
+/// completions timed, then admissions (untimed) bring the backlog back.
+fn bench_completion(c: &mut Criterion) {
+    let (tenants, queued) = SHAPES[0];
+    let mut group = c.benchmark_group(format!("complete_{tenants}_tenants_{queued}_queued"));
+    group.sample_size(50);
+    for (name, samples_min) in [("calibration_off", 0), ("calibration_on", 16)] {
+        group.bench_function(name, |b| {
+            let mut policy = spindle_benches::policy(tenants);
+            policy.calibration.samples_min = samples_min;
+            let mut loaded = Loaded::with(policy, tenants, queued);
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                let mut done = 0;
+                while done < iters {
+                    let n = CHUNK.min(iters - done);
+                    let picked: Vec<TaskId> = (0..n).map(|_| loaded.pick()).collect();
+                    let start = Instant::now();
+                    for &t in &picked {
+                        loaded.complete(black_box(t));
+                    }
+                    total += start.elapsed();
+                    for _ in 0..n {
+                        loaded.admit();
+                    }
+                    done += n;
+                }
+                total
+            });
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench, bench_completion);
 criterion_main!(benches);

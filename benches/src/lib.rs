@@ -43,8 +43,13 @@ pub struct Loaded {
 
 impl Loaded {
     pub fn new(tenants: u32, queued: u64) -> Loaded {
+        Loaded::with(policy(tenants), tenants, queued)
+    }
+
+    /// `new` with another policy (of `tenants` tenants numbered from 1).
+    pub fn with(policy: Policy, tenants: u32, queued: u64) -> Loaded {
         let mut loaded = Loaded {
-            shard: Shard::new(policy(tenants), 1, Time::ZERO),
+            shard: Shard::new(policy, 1, Time::ZERO),
             tenants,
             next_task: 0,
             next_tenant: 0,
