@@ -598,6 +598,8 @@ mod tests {
         expect!["model 0 has no resolution tiers"].assert_eq(&err(|p| p.models[0].tiers.clear()));
         expect!["drr.burst_rounds: 1 is outside 2..=64"]
             .assert_eq(&err(|p| p.drr.burst_rounds = 1));
+        expect!["calibration.samples_min: 65 is outside 0..=64"]
+            .assert_eq(&err(|p| p.calibration.samples_min = 65));
         expect!["lanes.STANDARD.weight: 0 is outside 1..=10000"]
             .assert_eq(&err(|p| p.lanes[2].weight = 0));
     }

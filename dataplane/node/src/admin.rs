@@ -341,12 +341,7 @@ impl Admin {
                 let rebuilt = self
                     .with_db(async |db| {
                         let drift = db.rebuild_counters().await?;
-                        let why = format!(
-                            "rebuild: {} ({} pool shards and {} budgets repaired)",
-                            request.reason,
-                            drift.pools.len(),
-                            drift.budgets.len()
-                        );
+                        let why = crate::counter_check::rebuild_reason(&request.reason, &drift);
                         db.audit_action(&actor, "counters", "rebuild", &why).await?;
                         Ok(drift)
                     })

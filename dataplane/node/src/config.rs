@@ -750,6 +750,50 @@ mod tests {
     }
 
     #[test]
+    fn abuse_limits_and_calibration_outside_their_bounds_are_named() {
+        let tenant = |extra: &str| format!("[[tenants]]\nid = 1\ncredential = \"c\"\n{extra}\n");
+        let cases = [
+            (
+                tenant("cancel_per_minute = 0"),
+                "tenant 1: cancel_per_minute must be 1..=1000000000",
+            ),
+            (
+                tenant("store_reads_per_minute = 0"),
+                "tenant 1: store_reads_per_minute must be 1..=1000000000",
+            ),
+            (
+                "[breaker]\nrefusals_per_s = 10000001\n".into(),
+                "breaker.refusals_per_s must be 0..=10000000",
+            ),
+            (
+                "[breaker]\nburst_s = 0\n".into(),
+                "breaker.burst_s must be 1..=3600",
+            ),
+            (
+                "[breaker]\ncooldown_ms = 70000\n".into(),
+                "breaker.cooldown_ms must be 1..=cooldown_max_ms",
+            ),
+            (
+                "[breaker]\ncooldown_max_ms = 86400001\ncooldown_ms = 1000\n".into(),
+                "breaker.cooldown_max_ms must be at most 86400000 (a day)",
+            ),
+            (
+                "cost_calibration_samples = 65\n".into(),
+                "cost_calibration_samples must be 0..=64",
+            ),
+        ];
+        for (text, named) in cases {
+            let e = load_text(&text).unwrap_err();
+            assert_eq!(e.to_string(), named, "{text}");
+        }
+        let config = load_text(&tenant("")).unwrap();
+        assert_eq!(config.tenants[0].cancel_per_minute, 6_000);
+        assert_eq!(config.tenants[0].store_reads_per_minute, None);
+        assert_eq!(config.breaker.refusals_per_s, 5_000);
+        assert_eq!(config.cost_calibration_samples, 16);
+    }
+
+    #[test]
     fn a_cpu_wake_latency_past_a_second_is_named() {
         let e = load_text("cpu_wake_latency_us = 1000001\n").unwrap_err();
         assert_eq!(e.to_string(), "cpu_wake_latency_us must be 0..=1000000");

@@ -71,16 +71,21 @@ async fn repair(db: &mut spindle_control::Db, node: &str, metrics: &Metrics) {
         }
     };
     metrics.counter_repairs.fetch_add(1, Ordering::Relaxed);
-    let why = format!(
-        "rebuild: automatic, after the periodic check ({} pool shards and {} budgets repaired)",
-        rebuilt.pools.len(),
-        rebuilt.budgets.len()
-    );
+    let why = rebuild_reason("automatic, after the periodic check", &rebuilt);
     tracing::warn!("counters {why}");
     let actor = format!("node {node}");
     if let Err(e) = db.audit_action(&actor, "counters", "rebuild", &why).await {
         tracing::warn!("auditing the counter repair failed: {e}");
     }
+}
+
+/// A counter rebuild's audit reason: `why`, and what it repaired.
+pub fn rebuild_reason(why: &str, rebuilt: &Counters) -> String {
+    format!(
+        "rebuild: {why} ({} pool shards and {} budgets repaired)",
+        rebuilt.pools.len(),
+        rebuilt.budgets.len()
+    )
 }
 
 fn log_drift(drift: &Counters) {

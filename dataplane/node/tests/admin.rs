@@ -223,13 +223,11 @@ async fn a_policy_change_reaches_the_running_node_within_two_seconds() {
 /// Makes one pool shard's counter drift: `by` units more than anything holds.
 /// Every pool's usage added up.
 async fn pool_used(sql: &tokio_postgres::Client) -> i64 {
-    sql.query_one(
+    common::read_i64(
+        sql,
         "SELECT coalesce(sum(used), 0)::bigint FROM resource_pool_shard",
-        &[],
     )
     .await
-    .unwrap()
-    .get(0)
 }
 
 async fn drift_one_pool(sql: &tokio_postgres::Client, by: i64) {
@@ -374,15 +372,12 @@ async fn the_periodic_counter_check_repairs_the_drift_it_finds() {
     assert_eq!(repaired, 1, "one repair of one drift");
     let used = pool_used(&sql).await;
     assert_eq!(used, 0, "repaired to what live attempts hold (nothing)");
-    let audited: i64 = sql
-        .query_one(
-            "SELECT count(*) FROM audit_log WHERE actor = 'node admin-node'
-                AND object_kind = 'counters' AND reason LIKE 'rebuild: automatic%'",
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let audited = common::read_i64(
+        &sql,
+        "SELECT count(*) FROM audit_log WHERE actor = 'node admin-node'
+            AND object_kind = 'counters' AND reason LIKE 'rebuild: automatic%'",
+    )
+    .await;
     assert_eq!(audited, 1);
     let (seen, _) = until_checked(&daemon, |c, drifted| c > checks + 1 && drifted == 0).await;
     until_checked(&daemon, |c, drifted| c > seen && drifted == 0).await;
@@ -457,4 +452,15 @@ async fn an_operator_cancels_a_tenants_tasks_and_a_viewer_may_not() {
     }
     let (ok, out) = ctl(http, VIEWER_TOKEN, &["audit"]);
     assert!(ok && out.contains("ticket 314: customer asked"), "{out}");
+    // At most 1,000 tasks a call: more are refused by name, nothing canceled.
+    let many: Vec<String> = (1..=1_001u64).map(|t| t.to_string()).collect();
+    let mut args = vec!["--json", "cancel"];
+    args.extend(many.iter().map(String::as_str));
+    args.extend(["--reason", "too many"]);
+    let (ok, out) = ctl(http, OPERATOR_TOKEN, &args);
+    assert!(!ok && out.contains("at most 1000 tasks per call"), "{out}");
+    assert_eq!(
+        client.get(tasks[1]).await.unwrap().state,
+        spindle_core::TaskState::Running
+    );
 }

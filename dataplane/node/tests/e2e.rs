@@ -154,12 +154,7 @@ async fn tenants_are_isolated_and_credentials_checked() {
         "{:?}",
         wrong.err()
     );
-    let one = Client::connect(daemon.addr, TenantId(1), "one")
-        .await
-        .unwrap();
-    let two = Client::connect(daemon.addr, TenantId(2), "two")
-        .await
-        .unwrap();
+    let (one, two) = common::both_tenants(&daemon).await;
     let a = one.submit(task("mine")).await.unwrap();
     // Tenant 2 can neither read nor cancel tenant 1's task: it does not exist for them.
     let read = two.get(a.task).await;
@@ -256,12 +251,7 @@ async fn subscribers_receive_progress_until_the_task_ends() {
     // Tasks take 300 ms at the provider: time to subscribe while they run.
     let config = common::config_scaled("0.01", "");
     let daemon = common::start_with(&test, &config).await;
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
-        .await
-        .unwrap();
-    let other = Client::connect(daemon.addr, TenantId(2), "two")
-        .await
-        .unwrap();
+    let (client, other) = common::both_tenants(&daemon).await;
     let a = client.submit(task("watched")).await.unwrap();
     client.subscribe(a.task).await.unwrap();
     // Another tenant cannot watch it.

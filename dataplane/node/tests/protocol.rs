@@ -294,22 +294,12 @@ async fn requests_pipelined_behind_the_hello_are_answered() {
 async fn a_tenant_past_its_cancel_and_read_rates_is_refused_and_the_others_are_not() {
     let test = TestDb::new().await;
     // Tasks that run for their modelled time (seconds): each stays live to be canceled.
-    let config = common::CONFIG
-        .replace(
-            "local_provider_time_scale = 0.0001",
-            "local_provider_time_scale = 1.0",
-        )
-        .replace(
-            "credential = \"one\"",
-            "credential = \"one\"\ncancel_per_minute = 20\nstore_reads_per_minute = 1",
-        );
+    let config = common::config_scaled("1.0", "").replace(
+        "credential = \"one\"",
+        "credential = \"one\"\ncancel_per_minute = 20\nstore_reads_per_minute = 1",
+    );
     let daemon = common::start_with(&test, &config).await;
-    let one = Client::connect(daemon.addr, TenantId(1), "one")
-        .await
-        .unwrap();
-    let two = Client::connect(daemon.addr, TenantId(2), "two")
-        .await
-        .unwrap();
+    let (one, two) = common::both_tenants(&daemon).await;
     let mut tasks = Vec::new();
     for i in 0..10 {
         tasks.push(one.submit(task(&format!("c{i}"))).await.unwrap().task);
@@ -408,12 +398,7 @@ async fn a_tenant_refused_too_fast_is_suspended_for_a_cooldown_and_the_others_ar
         )
     );
     let daemon = common::start_with(&test, &config).await;
-    let one = Client::connect(daemon.addr, TenantId(1), "one")
-        .await
-        .unwrap();
-    let two = Client::connect(daemon.addr, TenantId(2), "two")
-        .await
-        .unwrap();
+    let (one, two) = common::both_tenants(&daemon).await;
     let suspended = |e: &spindle_wire::WireError| {
         e.code == ErrorCode::TenantSuspended && e.message.contains("tenant 1 is suspended for")
     };

@@ -7,19 +7,9 @@ impl Shard {
     /// The server's price of a spec, from the model's capability row, interned with one more
     /// holder: every path that does not keep the task releases it.
     fn intern(&mut self, spec: &TaskSpec) -> Result<EstimateRef, SubmitError> {
-        let model =
-            self.policy
-                .models
-                .get(spec.model.0 as usize)
-                .ok_or(SubmitError::InvalidSpec(
-                    crate::cost::CostError::UnknownModel(spec.model),
-                ))?;
-        let bases = &self.policy.cost_bases;
-        let factor = self.cost_factor(spec.model);
+        let (policy, calibration) = (&self.policy, &self.calibration);
         self.estimates
-            .acquire(spec, || {
-                Ok(estimate(spec, model, bases)?.with_cost_factor(factor, bases))
-            })
+            .acquire(spec, || calibration::price_in(policy, calibration, spec))
             .map_err(SubmitError::InvalidSpec)
     }
 

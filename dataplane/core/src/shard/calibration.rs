@@ -71,23 +71,38 @@ impl ModelCalibration {
     }
 }
 
+/// The factor new tasks of `model` are priced with (milli; 1000 uncalibrated).
+fn factor_of(calibration: &[ModelCalibration], model: crate::ModelId) -> u32 {
+    calibration
+        .get(usize::from(model.0))
+        .map_or(1_000, ModelCalibration::factor_milli)
+}
+
+/// What `spec` costs by its model's row in `policy`, × the model's factor in `calibration`:
+/// what a new task of it is priced at (its fields apart, so that the estimate cache can price
+/// with it while it is borrowed).
+pub(super) fn price_in(
+    policy: &Policy,
+    calibration: &[ModelCalibration],
+    spec: &TaskSpec,
+) -> Result<CostEstimate, crate::cost::CostError> {
+    let model = policy
+        .models
+        .get(usize::from(spec.model.0))
+        .ok_or(crate::cost::CostError::UnknownModel(spec.model))?;
+    let bases = &policy.cost_bases;
+    Ok(estimate(spec, model, bases)?.with_cost_factor(factor_of(calibration, spec.model), bases))
+}
+
 impl Shard {
     /// What `spec` costs by the model's row, calibrated: what a new task of it is priced at.
     pub fn price(&self, spec: &TaskSpec) -> Result<CostEstimate, crate::cost::CostError> {
-        let model = self
-            .policy
-            .models
-            .get(usize::from(spec.model.0))
-            .ok_or(crate::cost::CostError::UnknownModel(spec.model))?;
-        let bases = &self.policy.cost_bases;
-        Ok(estimate(spec, model, bases)?.with_cost_factor(self.cost_factor(spec.model), bases))
+        price_in(&self.policy, &self.calibration, spec)
     }
 
     /// The factor new tasks of `model` are priced with (milli; 1000 uncalibrated).
     pub fn cost_factor(&self, model: crate::ModelId) -> u32 {
-        self.calibration
-            .get(usize::from(model.0))
-            .map_or(1_000, ModelCalibration::factor_milli)
+        factor_of(&self.calibration, model)
     }
 
     /// Forgets what `model`'s completions said (its row changed).

@@ -144,6 +144,17 @@ pub async fn poll_until<T>(
     }
 }
 
+/// Clients of `CONFIG`'s two tenants on `daemon`.
+pub async fn both_tenants(daemon: &Daemon) -> (Client, Client) {
+    let one = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let two = Client::connect(daemon.addr, TenantId(2), "two")
+        .await
+        .unwrap();
+    (one, two)
+}
+
 /// The one bigint `query` reads on `sql`.
 pub async fn read_i64(sql: &tokio_postgres::Client, query: &str) -> i64 {
     sql.query_one(query, &[]).await.unwrap().get(0)
