@@ -70,13 +70,14 @@ async fn repair(db: &mut spindle_control::Db, node: &str, metrics: &Metrics) {
             return;
         }
     };
-    metrics.counter_repairs.fetch_add(1, Ordering::Relaxed);
     let why = rebuild_reason("automatic, after the periodic check", &rebuilt);
     tracing::warn!("counters {why}");
     let actor = format!("node {node}");
     if let Err(e) = db.audit_action(&actor, "counters", "rebuild", &why).await {
         tracing::warn!("auditing the counter repair failed: {e}");
     }
+    // Counted once its audit is written (or failed): a reader of the metric finds the row.
+    metrics.counter_repairs.fetch_add(1, Ordering::Relaxed);
 }
 
 /// A counter rebuild's audit reason: `why`, and what it repaired.
