@@ -6,13 +6,17 @@
 //! policy store (new version, object row and audit row in one transaction); every refused call
 //! is audited as refused.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use serde::Deserialize;
 use serde_json::{json, Value};
 use spindle_control::policy::{PolicyChange, PolicyObject};
+use spindle_control::query::StoredTask;
 use spindle_control::{Db, DbConfig};
+use spindle_core::{TaskId, TenantId};
 
+use crate::config::partition_of;
 use crate::live_policy::LivePolicy;
 use crate::metrics::Metrics;
 
@@ -494,6 +498,25 @@ impl Admin {
                 }
             }
         }
+        // What this node's shards do not hold is read as stored: ended, unknown, or another
+        // node's (named, as a requeue names it).
+        let unheard: Vec<TaskId> = tasks
+            .iter()
+            .zip(&found)
+            .filter(|(_, a)| a.is_none())
+            .map(|(t, _)| *t)
+            .collect();
+        let stored = if unheard.is_empty() {
+            Ok(HashMap::new())
+        } else {
+            self.with_db(async |db| db.task_statuses(&unheard).await)
+                .await
+                .map(|rows| {
+                    rows.into_iter()
+                        .map(|(tenant, t)| (t.task, (tenant, t.as_seen_by_client())))
+                        .collect()
+                })
+        };
         let answers: Vec<Value> = tasks
             .iter()
             .zip(found)
@@ -504,18 +527,61 @@ impl Admin {
                     }
                     Some(spindle_wire::Response::Error(e)) => ("refused", json!(e.to_string())),
                     Some(other) => ("refused", json!(format!("{other:?}"))),
-                    None => (
-                        "not_live_here",
-                        json!(
-                            "not live on this node: ended, unknown, or another node's \
-                               (`spindlectl task ID` shows it as stored)"
-                        ),
-                    ),
+                    None => self.not_held(&stored, *task),
                 };
                 json!({ "task": task.0, "outcome": outcome, "detail": detail })
             })
             .collect();
         answer("200 OK", json!({ "tasks": answers }))
+    }
+
+    /// What became of an operator's cancel of `task`, which no shard of this node holds, by
+    /// its stored row (`stored`: the rows read, or why they could not be).
+    fn not_held(
+        &self,
+        stored: &Result<HashMap<TaskId, (TenantId, StoredTask)>, spindle_control::StoreError>,
+        task: TaskId,
+    ) -> (&'static str, Value) {
+        let rows = match stored {
+            Ok(rows) => rows,
+            Err(e) => {
+                let why = format!("not live on this node; its stored row could not be read: {e}");
+                return ("not_live_here", json!(why));
+            }
+        };
+        match rows.get(&task) {
+            None => ("not_found", Value::Null),
+            Some((_, t)) if t.state.is_terminal() => ("ended", json!(t.state.to_string())),
+            Some((tenant, t)) => {
+                let partition = partition_of(tenant.0, self.shards.config.partitions);
+                if self.shards.ownership.owns(partition) {
+                    let why = format!(
+                        "stored {} but held by no shard of this node (its answer in doubt, or \
+                         being put back): retry shortly",
+                        t.state
+                    );
+                    ("not_live_here", json!(why))
+                } else {
+                    (
+                        "not_served_here",
+                        json!(self.served_elsewhere(partition, "cancel")),
+                    )
+                }
+            }
+        }
+    }
+
+    /// Where to send an operator's call for a task of `partition`, which this node does not
+    /// serve.
+    fn served_elsewhere(&self, partition: u32, verb: &str) -> String {
+        match self.shards.ownership.owner_of(partition) {
+            // The registry has the node's client address; its admin API is on its HTTP port.
+            Some(owner) => format!(
+                "partition {partition} is served by {owner} (client port): {verb} it through \
+                 that node's admin API"
+            ),
+            None => format!("partition {partition} has no live owner now; retry shortly"),
+        }
     }
 
     /// `POST /admin/v1/tasks/requeue {tasks, reason}`: FAILED tasks of the partitions this node
@@ -579,16 +645,7 @@ impl Admin {
                 O::NotFailed(state) => ("not_failed", json!(state.to_string())),
                 O::NotOwned(p) => (
                     "not_served_here",
-                    json!(match self.shards.ownership.owner_of(p.0) {
-                        // The registry has the node's client address; its admin API is on its
-                        // HTTP port.
-                        Some(owner) => format!(
-                            "partition {} is served by {owner} (client port): requeue it \
-                             through that node's admin API",
-                            p.0
-                        ),
-                        None => format!("partition {} has no live owner now; retry shortly", p.0),
-                    }),
+                    json!(self.served_elsewhere(p.0, "requeue")),
                 ),
                 O::BudgetExhausted { remaining_milli } => (
                     "budget_exhausted",

@@ -385,8 +385,8 @@ async fn the_periodic_counter_check_repairs_the_drift_it_finds() {
 }
 
 /// An operator cancels any tenant's tasks with spindlectl: one queued and one running end
-/// CANCELED (as their client sees), a task not live on the node is said to be so, the call is
-/// audited with its reason first, and a viewer may not.
+/// CANCELED (as their client sees), an unknown task and an ended one are said to be so, the
+/// call is audited with its reason first, and a viewer may not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_cancels_a_tenants_tasks_and_a_viewer_may_not() {
     let test = TestDb::new().await;
@@ -440,7 +440,7 @@ async fn an_operator_cancels_a_tenants_tasks_and_a_viewer_may_not() {
         [
             (running.0, "canceled"),
             (queued.0, "canceled"),
-            (1 << 40, "not_live_here")
+            (1 << 40, "not_found")
         ],
         "{out}"
     );
@@ -450,6 +450,22 @@ async fn an_operator_cancels_a_tenants_tasks_and_a_viewer_may_not() {
             spindle_core::TaskState::Canceled
         );
     }
+    // Asked again, the queued one has ended (its shard let it go): said so, by its state.
+    let (ok, out) = ctl(
+        http,
+        OPERATOR_TOKEN,
+        &[
+            "--json",
+            "cancel",
+            &queued.0.to_string(),
+            "--reason",
+            "again",
+        ],
+    );
+    assert!(ok, "{out}");
+    let again: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(again["tasks"][0]["outcome"], "ended", "{out}");
+    assert_eq!(again["tasks"][0]["detail"], "CANCELED", "{out}");
     let (ok, out) = ctl(http, VIEWER_TOKEN, &["audit"]);
     assert!(ok && out.contains("ticket 314: customer asked"), "{out}");
     // At most 1,000 tasks a call: more are refused by name, nothing canceled.
@@ -463,4 +479,41 @@ async fn an_operator_cancels_a_tenants_tasks_and_a_viewer_may_not() {
         client.get(tasks[1]).await.unwrap().state,
         spindle_core::TaskState::Running
     );
+}
+
+/// A node asked to cancel a task of a partition another node serves names that node, and
+/// changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_names_the_node_that_serves_a_task_it_does_not() {
+    let test = TestDb::new().await;
+    let config = |node: &str| {
+        common::config_scaled("1.0", "")
+            .replace("node_id = \"test-node\"", &format!("node_id = \"{node}\""))
+            + &admin_tokens()
+    };
+    // A owns every partition once it serves; B, started after, owns none while A lives.
+    let a = start_with(&test, &config("node-a")).await;
+    let b = start_with(&test, &config("node-b")).await;
+    let client = spindle_client::Client::connect(a.addr, spindle_core::TenantId(1), "one")
+        .await
+        .unwrap();
+    let task = client.submit(common::task("elsewhere")).await.unwrap().task;
+    let id = task.0.to_string();
+    let (ok, out) = ctl(
+        b.http,
+        OPERATOR_TOKEN,
+        &["--json", "cancel", &id, "--reason", "r"],
+    );
+    assert!(ok, "{out}");
+    let answer: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let only = &answer["tasks"][0];
+    assert_eq!(only["outcome"], "not_served_here", "{out}");
+    let detail = only["detail"].as_str().unwrap();
+    assert!(
+        detail.contains(&format!("served by node node-a at {}", a.addr))
+            && detail.contains("cancel it through that node's admin API"),
+        "{detail}"
+    );
+    let state = client.get(task).await.unwrap().state;
+    assert!(!state.is_terminal(), "{state:?}");
 }

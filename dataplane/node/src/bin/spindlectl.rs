@@ -109,7 +109,8 @@ enum Command {
         reason: String,
     },
     /// Cancel tasks whatever their tenant (at most 1,000), as their clients' cancels are: the
-    /// node cancels those live on it and says for the others that they are not.
+    /// node cancels those live on it and says of the others what they are (unknown, ended, or
+    /// another node's, named).
     Cancel {
         /// Task ids.
         #[arg(required = true)]
