@@ -28,6 +28,7 @@ where
     let dir = std::env::temp_dir().join(format!("spindle-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let result = rt.block_on(body(pg.conninfo("postgres"), dir.clone()));
+    crate::TEARING_DOWN.store(true, std::sync::atomic::Ordering::Relaxed);
     drop(pg);
     let _ = std::fs::remove_dir_all(&dir);
     let ok = result?;

@@ -279,10 +279,20 @@ async fn final_states(conninfo: &str) -> anyhow::Result<std::collections::BTreeM
     Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
 }
 
-/// Warnings only, on stderr.
+/// Set once a run's verdict is printed and its private PostgreSQL is being stopped under the
+/// in-process nodes: what they log then (every connection ending) is not the run's.
+static TEARING_DOWN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Warnings only, on stderr (none once the run is [`TEARING_DOWN`]).
 fn quiet_logs() {
     let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
+        .with_writer(|| -> Box<dyn std::io::Write> {
+            if TEARING_DOWN.load(std::sync::atomic::Ordering::Relaxed) {
+                Box::new(std::io::sink())
+            } else {
+                Box::new(std::io::stderr())
+            }
+        })
         .with_env_filter(tracing_subscriber::EnvFilter::new("warn"))
         .try_init();
 }
