@@ -14,8 +14,8 @@ use std::sync::{Arc, Mutex};
 use spindle_core::{TaskId, TaskState, TenantId};
 use spindle_wire::limits::FRAME_BYTES_MAX;
 use spindle_wire::{
-    decode_response, Admission, Encoder, Event, FrameReader, Hello, HelloOk, Request, RequestFrame,
-    Response, SubmitTask, TaskStatus, WireError, PROTOCOL_VERSION,
+    decode_response, Admission, Encoder, ErrorCode, Event, FrameReader, Hello, HelloOk, Request,
+    RequestFrame, Response, SubmitTask, TaskStatus, WireError, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::OwnedWriteHalf;
@@ -26,6 +26,9 @@ use tokio::sync::{mpsc, oneshot};
 /// ([`Client::connect_within`]). Generous: a submit whose commit is in doubt on the node is
 /// read back before it is answered (a few seconds at most).
 pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// `WrongNode` redirects [`Client::connect_cluster`] follows before it gives up.
+pub const REDIRECTS_MAX: usize = 4;
 
 /// Events buffered for the application before the reader stops reading.
 const EVENTS_BUFFER: usize = 4096;
@@ -157,6 +160,45 @@ impl Client {
             other => return Err(ClientError::Unexpected(Box::new(other))),
         }
         Ok(client)
+    }
+
+    /// [`Client::connect`] through any node of a cluster: a node that does not serve `tenant`
+    /// answers the Hello with `WrongNode` and the address of the node that does, and the client
+    /// reconnects there — at most [`REDIRECTS_MAX`] times, never twice to one address. A
+    /// `WrongNode` without an address (the partition has no live owner for the moment, during
+    /// a takeover) is returned as it is: try again shortly.
+    pub async fn connect_cluster(
+        addr: &str,
+        tenant: TenantId,
+        credential: &str,
+    ) -> Result<Client, ClientError> {
+        let mut at = addr.to_string();
+        let mut visited = Vec::new();
+        loop {
+            let refusal = match Client::connect(at.as_str(), tenant, credential).await {
+                Err(ClientError::Refused(e)) if e.code == ErrorCode::WrongNode => e,
+                done => return done,
+            };
+            visited.push(at);
+            match &refusal.redirect {
+                Some(next) if visited.len() <= REDIRECTS_MAX && !visited.contains(next) => {
+                    at = next.clone();
+                }
+                Some(_) => {
+                    let why = format!(
+                        "{} (the nodes sent the client on from {} without reaching one that \
+                         serves tenant {tenant})",
+                        refusal.message,
+                        visited.join(" to ")
+                    );
+                    return Err(ClientError::Refused(WireError::new(
+                        ErrorCode::WrongNode,
+                        why,
+                    )));
+                }
+                None => return Err(ClientError::Refused(refusal)),
+            }
+        }
     }
 
     /// What the node announced: its id and its frame and batch maxima.

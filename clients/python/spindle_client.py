@@ -49,10 +49,12 @@ STATE_NAMES = _names(TaskState.TaskState)
 
 
 class SpindleError(Exception):
-    def __init__(self, code, message):
+    def __init__(self, code, message, redirect=None):
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+        # With WrongNode: "host:port" of the node that serves the tenant, when one is known.
+        self.redirect = redirect
 
 
 class Client:
@@ -96,7 +98,12 @@ class Client:
         if frame.BodyType() == Response.Response.Error:
             err = Error.Error()
             err.Init(frame.Body().Bytes, frame.Body().Pos)
-            raise SpindleError(ERROR_NAMES.get(err.Code(), str(err.Code())), err.Message().decode())
+            redirect = err.Redirect()
+            raise SpindleError(
+                ERROR_NAMES.get(err.Code(), str(err.Code())),
+                err.Message().decode(),
+                redirect.decode() if redirect is not None else None,
+            )
         return frame
 
     def _read_exact(self, n):

@@ -313,7 +313,9 @@ pub fn decode_response(payload: &[u8]) -> Result<ResponseFrame, WireError> {
             let e = frame.body_as_error().ok_or_else(missing)?;
             let code = ErrorCode::from_wire(e.code())
                 .ok_or_else(|| WireError::range("code", e.code().0, "a known error code"))?;
-            Response::Error(WireError::new(code, e.message()))
+            let mut error = WireError::new(code, e.message());
+            error.redirect = optional_text(e.redirect(), "redirect", ADDRESS_BYTES_MAX)?;
+            Response::Error(error)
         }
         other => {
             return Err(WireError::new(
@@ -517,9 +519,16 @@ impl Encoder {
             }
             Response::Error(e) => {
                 let message = fbb.create_string(truncate(&e.message, MESSAGE_BYTES_MAX));
+                // An address past its bound is left out rather than cut (a cut one misleads).
+                let redirect = e
+                    .redirect
+                    .as_deref()
+                    .filter(|r| r.len() <= ADDRESS_BYTES_MAX)
+                    .map(|r| fbb.create_string(r));
                 let args = fb::ErrorArgs {
                     code: e.code.to_wire(),
                     message: Some(message),
+                    redirect,
                 };
                 (
                     fb::Response::Error,

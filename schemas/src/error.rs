@@ -97,6 +97,9 @@ impl fmt::Display for ErrorCode {
 pub struct WireError {
     pub code: ErrorCode,
     pub message: String,
+    /// With [`ErrorCode::WrongNode`]: the client address of the node that serves the tenant,
+    /// when the refusing node knows one.
+    pub redirect: Option<String>,
 }
 
 impl WireError {
@@ -104,7 +107,14 @@ impl WireError {
         WireError {
             code,
             message: message.into(),
+            redirect: None,
         }
+    }
+
+    /// This error, naming `address` as the node to ask instead.
+    pub fn redirecting_to(mut self, address: impl Into<String>) -> WireError {
+        self.redirect = Some(address.into());
+        self
     }
 
     pub(crate) fn frame_empty() -> WireError {

@@ -18,6 +18,8 @@ pub const INPUT_BYTES_MAX: usize = 16 * 1024;
 pub const RESULT_BYTES_MAX: usize = 4096;
 /// Bytes of a reason or error message the node sends.
 pub const MESSAGE_BYTES_MAX: usize = 1024;
+/// Bytes of a node's client address in a WrongNode answer (`Error.redirect`, "host:port").
+pub const ADDRESS_BYTES_MAX: usize = 256;
 /// Verifier limits: nesting depth and tables per frame (a full batch plus its specs and slack).
 pub const VERIFY_DEPTH_MAX: usize = 8;
 pub const VERIFY_TABLES_MAX: usize = 2 * BATCH_MAX + 16;

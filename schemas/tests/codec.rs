@@ -3,7 +3,7 @@
 
 use proptest::prelude::*;
 use spindle_core::{Band, Decision, ModelId, TaskId, TaskSpec, TaskState, TenantId, UserId};
-use spindle_wire::limits::BATCH_MAX;
+use spindle_wire::limits::{ADDRESS_BYTES_MAX, BATCH_MAX};
 use spindle_wire::testkit::hand_built;
 use spindle_wire::*;
 
@@ -127,6 +127,13 @@ fn every_response_round_trips() {
             result: Some(r#"{"output_url":"http://p/v1/jobs/j/output"}"#.into()),
         }),
         Response::Error(WireError::new(ErrorCode::NotFound, "task 9 not found")),
+        Response::Error(
+            WireError::new(
+                ErrorCode::WrongNode,
+                "tenant 1 is served by node a at 10.0.0.7:7471",
+            )
+            .redirecting_to("10.0.0.7:7471"),
+        ),
     ];
     for body in bodies {
         let frame = ResponseFrame {
@@ -134,6 +141,21 @@ fn every_response_round_trips() {
             body,
         };
         assert_eq!(decode_response(&response_payload(&frame)).unwrap(), frame);
+    }
+}
+
+#[test]
+fn a_redirect_past_its_bound_is_left_out_not_cut() {
+    let long = "h".repeat(ADDRESS_BYTES_MAX + 1);
+    let frame = ResponseFrame {
+        request_id: 5,
+        body: Response::Error(
+            WireError::new(ErrorCode::WrongNode, "elsewhere").redirecting_to(long),
+        ),
+    };
+    match decode_response(&response_payload(&frame)).unwrap().body {
+        Response::Error(e) => assert_eq!((e.code, e.redirect), (ErrorCode::WrongNode, None)),
+        other => panic!("{other:?}"),
     }
 }
 

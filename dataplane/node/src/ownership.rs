@@ -9,16 +9,26 @@ use std::sync::{Mutex, OnceLock};
 
 use spindle_control::lease::PartitionOwner;
 use spindle_control::PartitionId;
+use spindle_wire::{ErrorCode, WireError};
 
 pub struct Ownership {
     owned: Vec<AtomicBool>,
-    /// Partitions other nodes hold, with "node at address", for the WrongNode answer.
-    elsewhere: Mutex<HashMap<u32, String>>,
+    /// Partitions other nodes hold, with the node and its client address, for the WrongNode
+    /// answer.
+    elsewhere: Mutex<HashMap<u32, Owner>>,
     /// The limits this node runs a part of (the cluster's), once the board of node limits
     /// exists.
     shares: OnceLock<ClusterShares>,
     /// A shared limit was added: allot it now rather than at the next round.
     shares_added: tokio::sync::Notify,
+}
+
+/// Another node holding a partition.
+#[derive(Debug, Clone)]
+struct Owner {
+    node: String,
+    /// Where its clients connect ("host:port").
+    address: String,
 }
 
 /// A node limit the cluster's nodes share (`spindle_control::cluster_shares`).
@@ -136,7 +146,13 @@ impl Ownership {
         let map = owners
             .iter()
             .filter(|o| o.node != me)
-            .map(|o| (o.partition.0, format!("node {} at {}", o.node, o.address)))
+            .map(|o| {
+                let owner = Owner {
+                    node: o.node.clone(),
+                    address: o.address.clone(),
+                };
+                (o.partition.0, owner)
+            })
             .collect();
         if let Ok(mut slot) = self.elsewhere.lock() {
             *slot = map;
@@ -145,18 +161,34 @@ impl Ownership {
 
     /// "node N at ADDR" for a partition another node holds, when one does.
     pub fn owner_of(&self, partition: u32) -> Option<String> {
+        self.owner(partition)
+            .map(|o| format!("node {} at {}", o.node, o.address))
+    }
+
+    fn owner(&self, partition: u32) -> Option<Owner> {
         self.elsewhere
             .lock()
             .ok()
             .and_then(|m| m.get(&partition).cloned())
     }
 
-    /// Why this node refuses `tenant` of `partition`, naming the owner when one is known.
-    pub fn refusal(&self, tenant: u32, partition: u32) -> String {
-        match self.owner_of(partition) {
-            Some(o) => format!("tenant {tenant} (partition {partition}) is served by {o}"),
-            None => format!(
-                "tenant {tenant} (partition {partition}) has no live owner now; retry shortly"
+    /// The WrongNode answer to `tenant` of `partition`: why, naming the owner when one is
+    /// known, and its address to reconnect to.
+    pub fn refusal(&self, tenant: u32, partition: u32) -> WireError {
+        match self.owner(partition) {
+            Some(o) => WireError::new(
+                ErrorCode::WrongNode,
+                format!(
+                    "tenant {tenant} (partition {partition}) is served by node {} at {}",
+                    o.node, o.address
+                ),
+            )
+            .redirecting_to(o.address),
+            None => WireError::new(
+                ErrorCode::WrongNode,
+                format!(
+                    "tenant {tenant} (partition {partition}) has no live owner now; retry shortly"
+                ),
             ),
         }
     }

@@ -236,8 +236,8 @@ async fn hello(
             }
             let partition = crate::config::partition_of(h.tenant.0, ctx.partitions);
             if !ctx.ownership.owns(partition) {
-                let why = ctx.ownership.refusal(h.tenant.0, partition);
-                let _ = stream.write_all(&refuse(ErrorCode::WrongNode, why)).await;
+                let e = ctx.ownership.refusal(h.tenant.0, partition);
+                let _ = stream.write_all(&frame(id, Response::Error(e))).await;
                 return None;
             }
             let ok = Response::HelloOk(HelloOk {

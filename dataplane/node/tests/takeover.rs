@@ -1,5 +1,5 @@
 //! Two nodes on one PostgreSQL. The first owns every partition; the second refuses its
-//! tenants, naming the owner. After the first is killed (-9) under load, the second takes the
+//! tenants, naming the owner (a cluster client follows it there). After the first is killed (-9) under load, the second takes the
 //! partitions over once their leases expire and completes every acknowledged task, no attempt
 //! executed twice across the two nodes — also when the two are killed in turn, round after
 //! round.
@@ -66,11 +66,20 @@ async fn a_second_node_takes_over_after_the_first_dies_and_completes_every_acked
                 e.message.contains(&format!("node node-a at {}", a.addr)),
                 "{e:?}"
             );
+            assert_eq!(e.redirect, Some(a.addr.to_string()), "{e:?}");
         }
         other => panic!("node B served a tenant of node A: {:?}", other.map(|_| ())),
     }
+    // A client of the cluster that asks B is sent on to A, and served there.
+    let through_b = Client::connect_cluster(&b.addr.to_string(), TenantId(1), "one")
+        .await
+        .unwrap();
+    assert_eq!(through_b.hello().node_id, "node-a");
+    let through_b_task = through_b.submit(task("through-b")).await.unwrap().task;
+    drop(through_b);
 
     let mut acked = common::submit_accepted(a.addr, &[(1, "one"), (2, "two")], 2, 30).await;
+    acked.push(through_b_task);
     a.child.kill().unwrap();
     a.child.wait().unwrap();
 

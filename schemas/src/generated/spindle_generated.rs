@@ -3124,6 +3124,7 @@ impl<'a> ::flatbuffers::Follow<'a> for Error<'a> {
 impl<'a> Error<'a> {
   pub const VT_CODE: ::flatbuffers::VOffsetT = 4;
   pub const VT_MESSAGE: ::flatbuffers::VOffsetT = 6;
+  pub const VT_REDIRECT: ::flatbuffers::VOffsetT = 8;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -3135,6 +3136,7 @@ impl<'a> Error<'a> {
     args: &'args ErrorArgs<'args>
   ) -> ::flatbuffers::WIPOffset<Error<'bldr>> {
     let mut builder = ErrorBuilder::new(_fbb);
+    if let Some(x) = args.redirect { builder.add_redirect(x); }
     if let Some(x) = args.message { builder.add_message(x); }
     builder.add_code(args.code);
     builder.finish()
@@ -3155,6 +3157,15 @@ impl<'a> Error<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(Error::VT_MESSAGE, None).unwrap()}
   }
+  /// With WrongNode: the client address ("host:port") of the node that serves the tenant, when
+  /// one is known; a client reconnects there (added in place: older peers skip it).
+  #[inline]
+  pub fn redirect(&self) -> Option<&'a str> {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(Error::VT_REDIRECT, None)}
+  }
 }
 
 impl ::flatbuffers::Verifiable for Error<'_> {
@@ -3165,6 +3176,7 @@ impl ::flatbuffers::Verifiable for Error<'_> {
     v.visit_table(pos)?
      .visit_field::<ErrorCode>("code", Self::VT_CODE, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("message", Self::VT_MESSAGE, true)?
+     .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("redirect", Self::VT_REDIRECT, false)?
      .finish();
     Ok(())
   }
@@ -3172,6 +3184,7 @@ impl ::flatbuffers::Verifiable for Error<'_> {
 pub struct ErrorArgs<'a> {
     pub code: ErrorCode,
     pub message: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub redirect: Option<::flatbuffers::WIPOffset<&'a str>>,
 }
 impl<'a> Default for ErrorArgs<'a> {
   #[inline]
@@ -3179,6 +3192,7 @@ impl<'a> Default for ErrorArgs<'a> {
     ErrorArgs {
       code: ErrorCode::None,
       message: None, // required field
+      redirect: None,
     }
   }
 }
@@ -3195,6 +3209,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> ErrorBuilder<'a, 'b, A> {
   #[inline]
   pub fn add_message(&mut self, message: ::flatbuffers::WIPOffset<&'b  str>) {
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Error::VT_MESSAGE, message);
+  }
+  #[inline]
+  pub fn add_redirect(&mut self, redirect: ::flatbuffers::WIPOffset<&'b  str>) {
+    self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(Error::VT_REDIRECT, redirect);
   }
   #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> ErrorBuilder<'a, 'b, A> {
@@ -3217,6 +3235,7 @@ impl ::core::fmt::Debug for Error<'_> {
     let mut ds = f.debug_struct("Error");
       ds.field("code", &self.code());
       ds.field("message", &self.message());
+      ds.field("redirect", &self.redirect());
       ds.finish()
   }
 }

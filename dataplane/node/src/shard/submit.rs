@@ -151,9 +151,9 @@ fn decide(
         let partition = crate::config::partition_of(tenant.0, s.partitions);
         (!s.ownership.owns(partition)).then(|| s.ownership.refusal(tenant.0, partition))
     };
-    if let Some(why) = refusal {
+    if let Some(e) = refusal {
         // The partition moved to another node since this connection said Hello.
-        return refused(ErrorCode::WrongNode, why);
+        return Decided::Answered(Response::Error(e));
     }
     // Past the event relay's bound, new work is refused rather than added to the backlog.
     let backlog = {

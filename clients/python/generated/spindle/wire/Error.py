@@ -42,8 +42,17 @@ class Error(object):
             return self._tab.String(o + self._tab.Pos)
         return None
 
+    # With WrongNode: the client address ("host:port") of the node that serves the tenant, when
+    # one is known; a client reconnects there (added in place: older peers skip it).
+    # Error
+    def Redirect(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
+        if o != 0:
+            return self._tab.String(o + self._tab.Pos)
+        return None
+
 def ErrorStart(builder):
-    builder.StartObject(2)
+    builder.StartObject(3)
 
 def Start(builder):
     ErrorStart(builder)
@@ -59,6 +68,12 @@ def ErrorAddMessage(builder, message):
 
 def AddMessage(builder, message):
     ErrorAddMessage(builder, message)
+
+def ErrorAddRedirect(builder, redirect):
+    builder.PrependUOffsetTRelativeSlot(2, flatbuffers.number_types.UOffsetTFlags.py_type(redirect), 0)
+
+def AddRedirect(builder, redirect):
+    ErrorAddRedirect(builder, redirect)
 
 def ErrorEnd(builder):
     return builder.EndObject()

@@ -1,0 +1,103 @@
+//! `Client::connect_cluster` follows a node's `WrongNode` answer to the address it names, and
+//! gives up — with the path it took — when the nodes send it round in a loop.
+
+use std::net::SocketAddr;
+
+use spindle_client::{Client, ClientError};
+use spindle_core::TenantId;
+use spindle_wire::{
+    decode_request, Encoder, ErrorCode, FrameReader, HelloOk, Request, Response, ResponseFrame,
+    WireError, PROTOCOL_VERSION,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// A fake node: answers every Hello on `listener` with HelloOk (`to` is `None`) or with
+/// WrongNode redirecting to `to`.
+async fn node(listener: TcpListener, name: &'static str, to: Option<SocketAddr>) {
+    loop {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut frames = FrameReader::new();
+        let mut buf = vec![0u8; 4096];
+        let mut encoder = Encoder::new();
+        'conn: loop {
+            let n = socket.read(&mut buf).await.unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            frames.extend(&buf[..n]);
+            while let Some(f) = frames.next_frame().unwrap() {
+                let frame = decode_request(f).unwrap();
+                let Request::Hello(h) = frame.body else {
+                    break 'conn;
+                };
+                let body = match to {
+                    None => Response::HelloOk(HelloOk {
+                        protocol_version: PROTOCOL_VERSION,
+                        node_id: name.into(),
+                        frame_bytes_max: 1 << 20,
+                        batch_max: 1024,
+                    }),
+                    Some(to) => Response::Error(
+                        WireError::new(
+                            ErrorCode::WrongNode,
+                            format!("tenant {} is served by node at {to}", h.tenant),
+                        )
+                        .redirecting_to(to.to_string()),
+                    ),
+                };
+                let mut out = Vec::new();
+                let request_id = frame.request_id;
+                encoder.response(&ResponseFrame { request_id, body }, &mut out);
+                if socket.write_all(&out).await.is_err() {
+                    break 'conn;
+                }
+            }
+        }
+    }
+}
+
+async fn listener() -> (TcpListener, SocketAddr) {
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    (l, addr)
+}
+
+#[tokio::test]
+async fn a_cluster_client_follows_redirects_to_the_serving_node_and_stops_at_a_loop() {
+    // c serves; b sends to c; a sends to b.
+    let ((la, a), (lb, b), (lc, c)) = (listener().await, listener().await, listener().await);
+    tokio::spawn(node(la, "a", Some(b)));
+    tokio::spawn(node(lb, "b", Some(c)));
+    tokio::spawn(node(lc, "c", None));
+    let client = Client::connect_cluster(&a.to_string(), TenantId(3), "x")
+        .await
+        .unwrap();
+    assert_eq!(client.hello().node_id, "c");
+    // A plain connect is not redirected: the refusal names the node to ask, with its address.
+    match Client::connect(a, TenantId(3), "x").await {
+        Err(ClientError::Refused(e)) => {
+            assert_eq!(
+                (e.code, e.redirect),
+                (ErrorCode::WrongNode, Some(b.to_string()))
+            );
+        }
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+
+    // d and e send to each other.
+    let ((ld, d), (le, e)) = (listener().await, listener().await);
+    tokio::spawn(node(ld, "d", Some(e)));
+    tokio::spawn(node(le, "e", Some(d)));
+    match Client::connect_cluster(&d.to_string(), TenantId(3), "x").await {
+        Err(ClientError::Refused(err)) => {
+            assert_eq!(err.code, ErrorCode::WrongNode);
+            assert!(
+                err.message
+                    .contains(&format!("from {d} to {e} without reaching")),
+                "{err}"
+            );
+        }
+        other => panic!("a redirect loop connected: {:?}", other.map(|_| ())),
+    }
+}
