@@ -22,6 +22,10 @@ use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpStream, ToSocketAddrs};
 use tokio::sync::{mpsc, oneshot};
 
+mod cluster;
+
+pub use cluster::{ClusterClient, FAILOVER_WITHIN, SEEDS_MAX};
+
 /// How long a request waits for its answer unless the client was made with another bound
 /// ([`Client::connect_within`]). Generous: a submit whose commit is in doubt on the node is
 /// read back before it is answered (a few seconds at most).
@@ -204,6 +208,12 @@ impl Client {
     /// What the node announced: its id and its frame and batch maxima.
     pub fn hello(&self) -> &HelloOk {
         &self.hello
+    }
+
+    /// Whether the connection is known to be gone (its reader or writer met its end): every
+    /// request on it fails.
+    pub fn is_closed(&self) -> bool {
+        self.pending.lock().expect("pending map").closed
     }
 
     /// Sends one request and waits for its answer; an Error answer is `Refused`.

@@ -1,5 +1,6 @@
 //! Two nodes on one PostgreSQL. The first owns every partition; the second refuses its
-//! tenants, naming the owner (a cluster client follows it there). After the first is killed (-9) under load, the second takes the
+//! tenants, naming the owner (a cluster client follows it there, and fails over to the second
+//! once the first dies). After the first is killed (-9) under load, the second takes the
 //! partitions over once their leases expire and completes every acknowledged task, no attempt
 //! executed twice across the two nodes — also when the two are killed in turn, round after
 //! round.
@@ -9,7 +10,7 @@ mod common;
 use std::time::Duration;
 
 use common::{poll_until, start_with, task};
-use spindle_client::{Client, ClientError};
+use spindle_client::{Client, ClientError, ClusterClient};
 use spindle_control::testing::TestDb;
 use spindle_core::TenantId;
 use spindle_wire::ErrorCode;
@@ -78,10 +79,29 @@ async fn a_second_node_takes_over_after_the_first_dies_and_completes_every_acked
     let through_b_task = through_b.submit(task("through-b")).await.unwrap().task;
     drop(through_b);
 
+    // A cluster client (seeds A and B) is served by A until A dies.
+    let seeds = [a.addr.to_string(), b.addr.to_string()];
+    let cluster = ClusterClient::connect(&seeds, TenantId(2), "two")
+        .await
+        .unwrap();
+    assert_eq!(cluster.client().await.unwrap().hello().node_id, "node-a");
+    let before_kill = cluster.submit(task("cluster-before")).await.unwrap();
+
     let mut acked = common::submit_accepted(a.addr, &[(1, "one"), (2, "two")], 2, 30).await;
-    acked.push(through_b_task);
+    acked.extend([through_b_task, before_kill.task]);
     a.child.kill().unwrap();
     a.child.wait().unwrap();
+
+    // Its next submit fails over to B once B holds the partition (A refuses connections, B
+    // sends it to A until A's lease lapses), within the client's failover window.
+    let after_kill = cluster.submit(task("cluster-after")).await.unwrap();
+    assert!(after_kill.decision.is_accepted(), "{after_kill:?}");
+    assert_eq!(cluster.client().await.unwrap().hello().node_id, "node-b");
+    assert_eq!(cluster.failovers(), 1);
+    // The submit from before the kill, sent again with its key, is a replay of the same task.
+    let again = cluster.submit(task("cluster-before")).await.unwrap();
+    assert_eq!((again.task, again.replay), (before_kill.task, true));
+    acked.push(after_kill.task);
 
     // B serves tenant 1 once it holds its partition: the lease (1.5 s) must lapse first.
     let client = once_served(&b, 1, "one").await;

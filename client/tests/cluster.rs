@@ -1,9 +1,14 @@
 //! `Client::connect_cluster` follows a node's `WrongNode` answer to the address it names, and
-//! gives up — with the path it took — when the nodes send it round in a loop.
+//! gives up — with the path it took — when the nodes send it round in a loop. A
+//! `ClusterClient` fails over within its window and not past it, and does not retry a
+//! refusal no other node would answer otherwise. (Its failover from a killed node to the one
+//! that takes over, with real nodes: `dataplane/node/tests/takeover.rs`.)
 
 use std::net::SocketAddr;
 
-use spindle_client::{Client, ClientError};
+use std::time::{Duration, Instant};
+
+use spindle_client::{Client, ClientError, ClusterClient};
 use spindle_core::TenantId;
 use spindle_wire::{
     decode_request, Encoder, ErrorCode, FrameReader, HelloOk, Request, Response, ResponseFrame,
@@ -15,6 +20,21 @@ use tokio::net::TcpListener;
 /// A fake node: answers every Hello on `listener` with HelloOk (`to` is `None`) or with
 /// WrongNode redirecting to `to`.
 async fn node(listener: TcpListener, name: &'static str, to: Option<SocketAddr>) {
+    let answer = match to {
+        None => Hello::Serve,
+        Some(to) => Hello::Redirect(to),
+    };
+    fake(listener, name, answer).await
+}
+
+#[derive(Clone, Copy)]
+enum Hello {
+    Serve,
+    Redirect(SocketAddr),
+    Refuse(ErrorCode),
+}
+
+async fn fake(listener: TcpListener, name: &'static str, hello: Hello) {
     loop {
         let (mut socket, _) = listener.accept().await.unwrap();
         let mut frames = FrameReader::new();
@@ -31,14 +51,15 @@ async fn node(listener: TcpListener, name: &'static str, to: Option<SocketAddr>)
                 let Request::Hello(h) = frame.body else {
                     break 'conn;
                 };
-                let body = match to {
-                    None => Response::HelloOk(HelloOk {
+                let body = match hello {
+                    Hello::Serve => Response::HelloOk(HelloOk {
                         protocol_version: PROTOCOL_VERSION,
                         node_id: name.into(),
                         frame_bytes_max: 1 << 20,
                         batch_max: 1024,
                     }),
-                    Some(to) => Response::Error(
+                    Hello::Refuse(code) => Response::Error(WireError::new(code, "no")),
+                    Hello::Redirect(to) => Response::Error(
                         WireError::new(
                             ErrorCode::WrongNode,
                             format!("tenant {} is served by node at {to}", h.tenant),
@@ -100,4 +121,45 @@ async fn a_cluster_client_follows_redirects_to_the_serving_node_and_stops_at_a_l
         }
         other => panic!("a redirect loop connected: {:?}", other.map(|_| ())),
     }
+}
+
+#[tokio::test]
+async fn a_cluster_client_stops_at_its_window_and_at_a_refusal_no_node_changes() {
+    // Nothing listens at `gone`: every try fails to connect, until the window ends.
+    let (l, gone) = listener().await;
+    drop(l);
+    let started = Instant::now();
+    let window = Duration::from_millis(300);
+    let r = ClusterClient::connect_within(&[gone.to_string()], TenantId(3), "x", window).await;
+    assert!(matches!(r, Err(ClientError::Io(_))), "{:?}", r.map(|_| ()));
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(100) && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+
+    // A wrong credential is answered at once, whatever the window, and the seed after the
+    // refusing one is not asked.
+    let ((lr, refusing), (ls, serving)) = (listener().await, listener().await);
+    tokio::spawn(fake(lr, "r", Hello::Refuse(ErrorCode::AuthFailed)));
+    tokio::spawn(fake(ls, "s", Hello::Serve));
+    let started = Instant::now();
+    let seeds = [refusing.to_string(), serving.to_string()];
+    let r = ClusterClient::connect(&seeds, TenantId(3), "x").await;
+    match r {
+        Err(ClientError::Refused(e)) => assert_eq!(e.code, ErrorCode::AuthFailed),
+        other => panic!("{:?}", other.map(|_| ())),
+    }
+    assert!(started.elapsed() < Duration::from_secs(5));
+
+    // A seed that does not answer is passed over for the next.
+    let (l, gone) = listener().await;
+    drop(l);
+    let seeds = [gone.to_string(), serving.to_string()];
+    let cluster = ClusterClient::connect(&seeds, TenantId(3), "x")
+        .await
+        .unwrap();
+    assert_eq!(cluster.client().await.unwrap().hello().node_id, "s");
+    assert_eq!(cluster.failovers(), 0);
+    assert!(ClusterClient::connect(&[], TenantId(3), "x").await.is_err());
 }

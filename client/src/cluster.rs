@@ -1,0 +1,187 @@
+//! A client of a cluster of nodes: one connection at a time, to the node that serves the
+//! tenant, replaced when it fails. A request that meets the connection's end, a node that no
+//! longer serves the tenant (its partition moved), a draining node, a PostgreSQL the node cannot
+//! reach or a request left unanswered is sent again — on a fresh connection found through the
+//! seeds, pausing between tries; no try starts past the client's failover window (longer than
+//! a partition's lease, so that another node has taken a dead node's partitions over by then).
+//!
+//! Sending again is safe for every request this client makes: a submit carries its
+//! idempotency key (the node answers a replay with the first admission), a cancel is stored
+//! once, a read changes nothing. Subscriptions do not move with the connection: events come
+//! from the [`Client`] that subscribed ([`ClusterClient::client`]).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use spindle_core::{TaskId, TaskState, TenantId};
+use spindle_wire::{Admission, ErrorCode, SubmitTask, TaskStatus};
+
+use crate::{Client, ClientError};
+
+/// How long a request keeps failing over by default: past the default partition lease (30 s)
+/// with room for the takeover.
+pub const FAILOVER_WITHIN: Duration = Duration::from_secs(60);
+
+/// The first pause between two tries; each pause doubles, up to [`FAILOVER_PAUSE_MAX`].
+const FAILOVER_PAUSE: Duration = Duration::from_millis(50);
+const FAILOVER_PAUSE_MAX: Duration = Duration::from_secs(2);
+
+/// Seeds a cluster client takes (each is tried in turn at every failover).
+pub const SEEDS_MAX: usize = 64;
+
+pub struct ClusterClient {
+    seeds: Vec<String>,
+    tenant: TenantId,
+    credential: String,
+    failover_within: Duration,
+    /// The connection in use; `None` once it failed, until the next request connects again.
+    current: tokio::sync::Mutex<Option<Arc<Client>>>,
+    /// Connections replaced after a failure.
+    failovers: AtomicU64,
+}
+
+/// Whether a request that failed with `e` is tried again on a fresh connection.
+fn fails_over(e: &ClientError) -> bool {
+    match e {
+        ClientError::Io(_) | ClientError::Closed | ClientError::Timeout(_) => true,
+        ClientError::Refused(w) => matches!(
+            w.code,
+            ErrorCode::WrongNode | ErrorCode::Draining | ErrorCode::Unavailable
+        ),
+        ClientError::Protocol(_) | ClientError::Unexpected(_) => false,
+    }
+}
+
+impl ClusterClient {
+    /// Connects as `tenant` through `seeds` (client addresses of any of the cluster's nodes,
+    /// "host:port"), failing over for at most [`FAILOVER_WITHIN`].
+    pub async fn connect(
+        seeds: &[String],
+        tenant: TenantId,
+        credential: &str,
+    ) -> Result<ClusterClient, ClientError> {
+        ClusterClient::connect_within(seeds, tenant, credential, FAILOVER_WITHIN).await
+    }
+
+    /// [`ClusterClient::connect`] with another failover window (the connect itself included).
+    pub async fn connect_within(
+        seeds: &[String],
+        tenant: TenantId,
+        credential: &str,
+        failover_within: Duration,
+    ) -> Result<ClusterClient, ClientError> {
+        if seeds.is_empty() || seeds.len() > SEEDS_MAX {
+            return Err(ClientError::Io(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "a cluster client takes 1..={SEEDS_MAX} seeds, not {}",
+                    seeds.len()
+                ),
+            )));
+        }
+        let client = ClusterClient {
+            seeds: seeds.to_vec(),
+            tenant,
+            credential: credential.to_string(),
+            failover_within,
+            current: tokio::sync::Mutex::new(None),
+            failovers: AtomicU64::new(0),
+        };
+        client.call(async |_| Ok(())).await?;
+        Ok(client)
+    }
+
+    /// The connection in use now (connecting if none is): for subscriptions and their events,
+    /// and for what the node announced.
+    pub async fn client(&self) -> Result<Arc<Client>, ClientError> {
+        self.call(async |c| Ok(c)).await
+    }
+
+    /// Connections replaced after a failure so far.
+    pub fn failovers(&self) -> u64 {
+        self.failovers.load(Ordering::Relaxed)
+    }
+
+    pub async fn submit(&self, task: SubmitTask) -> Result<Admission, ClientError> {
+        self.call(async |c| c.submit(task.clone()).await).await
+    }
+
+    pub async fn submit_batch(
+        &self,
+        tasks: Vec<SubmitTask>,
+    ) -> Result<Vec<Admission>, ClientError> {
+        self.call(async |c| c.submit_batch(tasks.clone()).await)
+            .await
+    }
+
+    pub async fn get(&self, task: TaskId) -> Result<TaskStatus, ClientError> {
+        self.call(async |c| c.get(task).await).await
+    }
+
+    pub async fn cancel(&self, task: TaskId) -> Result<TaskState, ClientError> {
+        self.call(async |c| c.cancel(task).await).await
+    }
+
+    /// Runs `request` on the connection in use, failing over as the module says.
+    async fn call<T>(
+        &self,
+        request: impl AsyncFn(Arc<Client>) -> Result<T, ClientError>,
+    ) -> Result<T, ClientError> {
+        let deadline = tokio::time::Instant::now() + self.failover_within;
+        let mut pause = FAILOVER_PAUSE;
+        loop {
+            let failed = match self.connection().await {
+                Ok(c) => match request(c.clone()).await {
+                    Err(e) if fails_over(&e) => {
+                        self.forget(&c).await;
+                        e
+                    }
+                    done => return done,
+                },
+                Err(e) if fails_over(&e) => e,
+                Err(e) => return Err(e),
+            };
+            if tokio::time::Instant::now() + pause > deadline {
+                return Err(failed);
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(FAILOVER_PAUSE_MAX);
+        }
+    }
+
+    /// The connection in use, or a new one: each seed in turn, following redirects; the last
+    /// seed's failure if none serves.
+    async fn connection(&self) -> Result<Arc<Client>, ClientError> {
+        let mut current = self.current.lock().await;
+        if let Some(c) = current.as_ref().filter(|c| !c.is_closed()) {
+            return Ok(c.clone());
+        }
+        if current.take().is_some() {
+            self.failovers.fetch_add(1, Ordering::Relaxed);
+        }
+        let mut failed = None;
+        for seed in &self.seeds {
+            match Client::connect_cluster(seed, self.tenant, &self.credential).await {
+                Ok(c) => {
+                    let c = Arc::new(c);
+                    *current = Some(c.clone());
+                    return Ok(c);
+                }
+                Err(e) if fails_over(&e) => failed = Some(e),
+                // A wrong credential, a suspended tenant: no other node answers otherwise.
+                Err(e) => return Err(e),
+            }
+        }
+        Err(failed.expect("at least one seed"))
+    }
+
+    /// Drops `failed` as the connection in use (unless another request replaced it already).
+    async fn forget(&self, failed: &Arc<Client>) {
+        let mut current = self.current.lock().await;
+        if current.as_ref().is_some_and(|c| Arc::ptr_eq(c, failed)) {
+            *current = None;
+            self.failovers.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
