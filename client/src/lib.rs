@@ -122,15 +122,19 @@ impl Client {
         Client::connect_within(addr, tenant, credential, REQUEST_TIMEOUT).await
     }
 
-    /// [`Client::connect`] with every request (the Hello too) waiting at most `timeout` for its
-    /// answer.
+    /// [`Client::connect`] with the TCP connect and every request (the Hello too) waiting at
+    /// most `timeout` for its answer.
     pub async fn connect_within(
         addr: impl ToSocketAddrs,
         tenant: TenantId,
         credential: &str,
         timeout: std::time::Duration,
     ) -> Result<Client, ClientError> {
-        let stream = TcpStream::connect(addr).await?;
+        // The connect is bounded too: an address that drops the SYNs would take the OS's own
+        // timeout (minutes).
+        let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
+            .await
+            .map_err(|_| ClientError::Timeout(timeout))??;
         stream.set_nodelay(true)?;
         let (read, write) = stream.into_split();
         let pending: Pending = Arc::default();
