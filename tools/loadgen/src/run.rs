@@ -114,9 +114,15 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
     let mut handles = Vec::new();
     for (i, load) in opts.tenants.iter().enumerate() {
         let client = Arc::new(
-            Client::connect(opts.addr, TenantId(load.tenant), &load.credential)
-                .await
-                .map_err(|e| anyhow::anyhow!("tenant {}: {e}", load.tenant))?,
+            // Through any node of a cluster: one that does not serve the tenant names the
+            // node that does.
+            Client::connect_cluster(
+                &opts.addr.to_string(),
+                TenantId(load.tenant),
+                &load.credential,
+            )
+            .await
+            .map_err(|e| anyhow::anyhow!("tenant {}: {e}", load.tenant))?,
         );
         let load = load.clone();
         let shared = shared.clone();

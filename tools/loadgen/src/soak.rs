@@ -71,9 +71,16 @@ poll_ms = [500, 1000]
     let mut senders = Vec::new();
     let per_tenant = (opts.rate as f64 / f64::from(TENANTS)).max(0.1);
     for t in 1..=TENANTS {
-        // Tenant t's partition is t % TENANTS, owned by node (t % TENANTS) / 2.
-        let addr = addrs[((t % TENANTS) / 2) as usize];
-        let client = Client::connect(addr, TenantId(t), &format!("soak-{t}")).await?;
+        // Every tenant asks the first node, which sends those of the others' partitions on
+        // (tenant t's partition t % TENANTS is owned by node (t % TENANTS) / 2).
+        let seed = addrs[0].to_string();
+        let client = Client::connect_cluster(&seed, TenantId(t), &format!("soak-{t}")).await?;
+        let expected = format!("soak-{}", (t % TENANTS) / 2);
+        anyhow::ensure!(
+            client.hello().node_id == expected,
+            "tenant {t} was served by {}, not {expected}",
+            client.hello().node_id
+        );
         let seconds = opts.seconds;
         senders.push(tokio::spawn(async move {
             let gap = Duration::from_secs_f64(1.0 / per_tenant);
