@@ -1,7 +1,10 @@
 """Drives a running spindled through the Python client: submit, read status until the task
 has run, and receive an error. Prints one line per step; exits non-zero on any surprise.
 
-    python3 clients/python/check_client.py HOST PORT TENANT CREDENTIAL
+    python3 clients/python/check_client.py HOST PORT TENANT CREDENTIAL [--cluster]
+
+With --cluster, HOST:PORT may be any node of a cluster: the client connects through it
+(Client.connect_cluster) and first prints the node that serves the tenant.
 """
 
 import sys
@@ -12,7 +15,11 @@ from spindle_client import Client, SpindleError
 
 def main():
     host, port, tenant, credential = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-    client = Client.connect(host, port, tenant, credential)
+    cluster = sys.argv[5:] == ["--cluster"]
+    connect = Client.connect_cluster if cluster else Client.connect
+    client = connect(host, port, tenant, credential)
+    if cluster:
+        print(f"served by {client.node_id}")
     admission = client.submit("python-1", user=1, model=0, width=1280, height=720,
                               duration_ms=5000, fps=24,
                               input={"prompt": "a paper boat on a canal", "seed": 7})
@@ -42,7 +49,7 @@ def main():
     else:
         raise AssertionError("an input that is not JSON must be refused")
     try:
-        Client.connect(host, port, tenant, credential + "-wrong")
+        connect(host, port, tenant, credential + "-wrong")
     except SpindleError as e:
         assert e.code == "AuthFailed", e
         print(f"error {e.code}")

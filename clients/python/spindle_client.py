@@ -61,6 +61,8 @@ class Client:
     def __init__(self, sock):
         self.sock = sock
         self.next_id = 1
+        # The node that serves this connection (its HelloOk).
+        self.node_id = ""
 
     @classmethod
     def connect(cls, host, port, tenant, credential):
@@ -77,7 +79,33 @@ class Client:
         frame = client._call(b, Request.Request.Hello, body)
         if frame.BodyType() != Response.Response.HelloOk:
             raise SpindleError("Unexpected", f"answer type {frame.BodyType()} to Hello")
+        ok = HelloOk.HelloOk()
+        ok.Init(frame.Body().Bytes, frame.Body().Pos)
+        client.node_id = ok.NodeId().decode() if ok.NodeId() is not None else ""
         return client
+
+    @classmethod
+    def connect_cluster(cls, host, port, tenant, credential, redirects_max=4):
+        """connect() through any node of a cluster: a node that does not serve the tenant
+        answers WrongNode with the address of the one that does, and this follows it — at
+        most redirects_max times, never twice to one address."""
+        visited = []
+        while True:
+            try:
+                return cls.connect(host, port, tenant, credential)
+            except SpindleError as e:
+                if e.code != "WrongNode" or e.redirect is None:
+                    raise
+                visited.append(f"{host}:{port}")
+                if len(visited) > redirects_max or e.redirect in visited:
+                    path = " to ".join(visited)
+                    raise SpindleError(
+                        "WrongNode",
+                        f"{e.message} (sent on from {path} without reaching the node that "
+                        f"serves tenant {tenant})",
+                    ) from e
+                host, _, redirect_port = e.redirect.rpartition(":")
+                port = int(redirect_port)
 
     def _call(self, builder, body_type, body):
         request_id = self.next_id
