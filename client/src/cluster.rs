@@ -7,15 +7,21 @@
 //!
 //! Sending again is safe for every request this client makes: a submit carries its
 //! idempotency key (the node answers a replay with the first admission), a cancel is stored
-//! once, a read changes nothing. Subscriptions do not move with the connection: events come
-//! from the [`Client`] that subscribed ([`ClusterClient::client`]).
+//! once, a read changes nothing.
+//!
+//! Subscriptions move with the connection: a fresh one subscribes again to every task still
+//! subscribed, and the node's first event for each is its state then. A task that ended while
+//! no connection was up is read (`GetTask`) and its end given as an event of its own, stamped
+//! with this machine's clock. So events after a failover start from each task's current state:
+//! a state may come twice, and the milestones passed during the gap are not replayed.
 
+use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use spindle_core::{TaskId, TaskState, TenantId};
-use spindle_wire::{Admission, ErrorCode, SubmitTask, TaskStatus};
+use spindle_wire::{Admission, ErrorCode, Event, SubmitTask, TaskStatus, WireError};
 
 use crate::{Client, ClientError};
 
@@ -30,6 +36,10 @@ const FAILOVER_PAUSE_MAX: Duration = Duration::from_secs(2);
 /// Seeds a cluster client takes (each is tried in turn at every failover).
 pub const SEEDS_MAX: usize = 64;
 
+/// Tasks a cluster client keeps subscribed across failovers (a node holds at most 100,000
+/// subscriptions per shard).
+pub const CLUSTER_SUBSCRIPTIONS_MAX: usize = 100_000;
+
 pub struct ClusterClient {
     seeds: Vec<String>,
     tenant: TenantId,
@@ -39,6 +49,12 @@ pub struct ClusterClient {
     current: tokio::sync::Mutex<Option<Arc<Client>>>,
     /// Connections replaced after a failure.
     failovers: AtomicU64,
+    /// Counts the connections made: [`ClusterClient::next_event`] listens on the newest.
+    generation: tokio::sync::watch::Sender<u64>,
+    /// Tasks subscribed to and not yet ended.
+    subscribed: Mutex<HashSet<TaskId>>,
+    /// Ends of subscribed tasks read after a failover, given before the connection's events.
+    caught_up: Mutex<VecDeque<Event>>,
 }
 
 /// Whether a request that failed with `e` is tried again on a fresh connection.
@@ -87,6 +103,9 @@ impl ClusterClient {
             failover_within,
             current: tokio::sync::Mutex::new(None),
             failovers: AtomicU64::new(0),
+            generation: tokio::sync::watch::Sender::new(0),
+            subscribed: Mutex::new(HashSet::new()),
+            caught_up: Mutex::new(VecDeque::new()),
         };
         client.call(async |_| Ok(())).await?;
         Ok(client)
@@ -121,6 +140,85 @@ impl ClusterClient {
 
     pub async fn cancel(&self, task: TaskId) -> Result<TaskState, ClientError> {
         self.call(async |c| c.cancel(task).await).await
+    }
+
+    /// Subscribes to `task`'s events, on this connection and every later one, until the task
+    /// ends.
+    pub async fn subscribe(&self, task: TaskId) -> Result<(), ClientError> {
+        if self.subscribed.lock().expect("subscribed").len() >= CLUSTER_SUBSCRIPTIONS_MAX {
+            return Err(ClientError::Refused(WireError::new(
+                ErrorCode::TooManySubscriptions,
+                format!("a cluster client keeps at most {CLUSTER_SUBSCRIPTIONS_MAX} subscriptions"),
+            )));
+        }
+        self.call(async |c| c.subscribe(task).await).await?;
+        self.subscribed.lock().expect("subscribed").insert(task);
+        Ok(())
+    }
+
+    /// The next event of any subscription, across failovers; an error once no connection
+    /// could be made within the failover window.
+    pub async fn next_event(&self) -> Result<Event, ClientError> {
+        loop {
+            if let Some(e) = self.caught_up.lock().expect("caught up").pop_front() {
+                return Ok(e);
+            }
+            // Watched before the connection is taken: a replacement from here on is seen.
+            let mut replaced = self.generation.subscribe();
+            let c = self.client().await?;
+            tokio::select! {
+                event = c.next_event() => match event {
+                    Some(e) => {
+                        if e.state.is_terminal() {
+                            self.subscribed.lock().expect("subscribed").remove(&e.task);
+                        }
+                        return Ok(e);
+                    }
+                    // The connection ended: the next turn makes another.
+                    None => self.forget(&c).await,
+                },
+                _ = replaced.changed() => {}
+            }
+        }
+    }
+
+    /// Subscribes `c`, a fresh connection, to every task still subscribed; a task no longer
+    /// live on it is read, and its end queued as an event.
+    async fn resubscribe(&self, c: &Client) -> Result<(), ClientError> {
+        let tasks: Vec<TaskId> = self
+            .subscribed
+            .lock()
+            .expect("subscribed")
+            .iter()
+            .copied()
+            .collect();
+        for task in tasks {
+            match c.subscribe(task).await {
+                Ok(()) => {}
+                Err(ClientError::Refused(e)) if e.code == ErrorCode::NotFound => {
+                    self.subscribed.lock().expect("subscribed").remove(&task);
+                    match c.get(task).await {
+                        Ok(status) => {
+                            let at_ms = std::time::SystemTime::now()
+                                .duration_since(std::time::UNIX_EPOCH)
+                                .map_or(0, |d| d.as_millis() as u64);
+                            self.caught_up.lock().expect("caught up").push_back(Event {
+                                task,
+                                state: status.state,
+                                progress_pct: status.progress_pct,
+                                at_ms,
+                                result: status.result,
+                            });
+                        }
+                        // Gone for this tenant (pruned): nothing more will come of it.
+                        Err(ClientError::Refused(e)) if e.code == ErrorCode::NotFound => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     /// Runs `request` on the connection in use, failing over as the module says.
@@ -162,10 +260,15 @@ impl ClusterClient {
         }
         let mut failed = None;
         for seed in &self.seeds {
-            match Client::connect_cluster(seed, self.tenant, &self.credential).await {
+            let made = match Client::connect_cluster(seed, self.tenant, &self.credential).await {
+                Ok(c) => self.resubscribe(&c).await.map(|()| c),
+                Err(e) => Err(e),
+            };
+            match made {
                 Ok(c) => {
                     let c = Arc::new(c);
                     *current = Some(c.clone());
+                    self.generation.send_modify(|g| *g += 1);
                     return Ok(c);
                 }
                 Err(e) if fails_over(&e) => failed = Some(e),

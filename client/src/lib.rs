@@ -24,7 +24,7 @@ use tokio::sync::{mpsc, oneshot};
 
 mod cluster;
 
-pub use cluster::{ClusterClient, FAILOVER_WITHIN, SEEDS_MAX};
+pub use cluster::{ClusterClient, CLUSTER_SUBSCRIPTIONS_MAX, FAILOVER_WITHIN, SEEDS_MAX};
 
 /// How long a request waits for its answer unless the client was made with another bound
 /// ([`Client::connect_within`]). Generous: a submit whose commit is in doubt on the node is

@@ -1,18 +1,19 @@
 //! `Client::connect_cluster` follows a node's `WrongNode` answer to the address it names, and
 //! gives up — with the path it took — when the nodes send it round in a loop. A
 //! `ClusterClient` fails over within its window and not past it, and does not retry a
-//! refusal no other node would answer otherwise. (Its failover from a killed node to the one
-//! that takes over, with real nodes: `dataplane/node/tests/takeover.rs`.)
+//! refusal no other node would answer otherwise, and gives a subscribed task that ended
+//! during a failover as its end. (Its failover from a killed node to the one that takes over,
+//! requests and subscriptions, with real nodes: `dataplane/node/tests/takeover.rs`.)
 
 use std::net::SocketAddr;
 
 use std::time::{Duration, Instant};
 
 use spindle_client::{Client, ClientError, ClusterClient};
-use spindle_core::TenantId;
+use spindle_core::{TaskId, TaskState, TenantId};
 use spindle_wire::{
     decode_request, Encoder, ErrorCode, FrameReader, HelloOk, Request, Response, ResponseFrame,
-    WireError, PROTOCOL_VERSION,
+    TaskStatus, WireError, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -162,4 +163,95 @@ async fn a_cluster_client_stops_at_its_window_and_at_a_refusal_no_node_changes()
     assert_eq!(cluster.client().await.unwrap().hello().node_id, "s");
     assert_eq!(cluster.failovers(), 0);
     assert!(ClusterClient::connect(&[], TenantId(3), "x").await.is_err());
+}
+
+/// A fake node for one connection: serves the Hello and answers a Subscribe (then, with
+/// `close_after_subscribe`, closes, and takes no more connections); or, as the node that took
+/// over, refuses the Subscribe as not live and reads the task as SUCCEEDED.
+async fn one_shot(listener: TcpListener, name: &'static str, took_over: bool) {
+    let (mut socket, _) = listener.accept().await.unwrap();
+    if !took_over {
+        drop(listener);
+    }
+    let mut frames = FrameReader::new();
+    let mut buf = vec![0u8; 4096];
+    let mut encoder = Encoder::new();
+    loop {
+        let n = socket.read(&mut buf).await.unwrap_or(0);
+        if n == 0 {
+            return;
+        }
+        frames.extend(&buf[..n]);
+        while let Some(f) = frames.next_frame().unwrap() {
+            let frame = decode_request(f).unwrap();
+            let (body, then_close) = match frame.body {
+                Request::Hello(_) => (
+                    Response::HelloOk(HelloOk {
+                        protocol_version: PROTOCOL_VERSION,
+                        node_id: name.into(),
+                        frame_bytes_max: 1 << 20,
+                        batch_max: 1024,
+                    }),
+                    false,
+                ),
+                Request::Subscribe(task) if took_over => (
+                    Response::Error(WireError::new(
+                        ErrorCode::NotFound,
+                        format!("task {task} is not live here"),
+                    )),
+                    false,
+                ),
+                Request::Subscribe(task) => (Response::Subscribed(task), true),
+                Request::Get(task) => (
+                    Response::Status(TaskStatus {
+                        task,
+                        state: TaskState::Succeeded,
+                        version: 4,
+                        attempt_no: 1,
+                        progress_pct: 100,
+                        cost_estimate_milli: 1_000,
+                        cost_actual_milli: 900,
+                        failure_reason: None,
+                        result: Some(r#"{"outputs":["/m/9.mp4"]}"#.into()),
+                    }),
+                    false,
+                ),
+                other => panic!("unexpected request {other:?}"),
+            };
+            let mut out = Vec::new();
+            let request_id = frame.request_id;
+            encoder.response(&ResponseFrame { request_id, body }, &mut out);
+            socket.write_all(&out).await.unwrap();
+            if then_close {
+                return;
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_task_that_ended_during_a_failover_is_given_as_its_end() {
+    let ((lx, x), (ly, y)) = (listener().await, listener().await);
+    tokio::spawn(one_shot(lx, "x", false));
+    tokio::spawn(one_shot(ly, "y", true));
+    let cluster = ClusterClient::connect(&[x.to_string(), y.to_string()], TenantId(3), "x")
+        .await
+        .unwrap();
+    // X answers the Subscribe and goes away; Y, where the task has ended, is asked for it.
+    cluster.subscribe(TaskId(9)).await.unwrap();
+    let end = tokio::time::timeout(Duration::from_secs(10), cluster.next_event())
+        .await
+        .expect("the end within the window")
+        .unwrap();
+    assert_eq!(
+        (end.task, end.state, end.progress_pct, end.result.as_deref()),
+        (
+            TaskId(9),
+            TaskState::Succeeded,
+            100,
+            Some(r#"{"outputs":["/m/9.mp4"]}"#)
+        )
+    );
+    assert_eq!(cluster.client().await.unwrap().hello().node_id, "y");
+    assert_eq!(cluster.failovers(), 1);
 }

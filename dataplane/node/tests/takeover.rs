@@ -142,6 +142,49 @@ async fn a_second_node_takes_over_after_the_first_dies_and_completes_every_acked
     drop(b);
 }
 
+/// A cluster client's subscription follows the takeover: subscribed on A to a task A runs, it
+/// receives the task's end from B after A is killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_clients_subscription_follows_the_takeover() {
+    let test = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    // Tasks run 3 s at the provider: the one watched is still running when A dies.
+    let slow = |node: &str, log: &std::path::Path| {
+        config(node, log).replace(
+            "local_provider_time_scale = 0.05",
+            "local_provider_time_scale = 0.1",
+        )
+    };
+    let mut a = start_with(&test, &slow("node-a", &dir.path().join("a.log"))).await;
+    let b = start_with(&test, &slow("node-b", &dir.path().join("b.log"))).await;
+    let seeds = [a.addr.to_string(), b.addr.to_string()];
+    let cluster = ClusterClient::connect(&seeds, TenantId(1), "one")
+        .await
+        .unwrap();
+    let watched = cluster.submit(task("watched")).await.unwrap().task;
+    cluster.subscribe(watched).await.unwrap();
+    let first = cluster.next_event().await.unwrap();
+    assert_eq!(first.task, watched);
+    assert!(!first.state.is_terminal(), "{first:?}");
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+
+    let end = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let e = cluster.next_event().await.unwrap();
+            if e.task == watched && e.state.is_terminal() {
+                return e;
+            }
+        }
+    })
+    .await
+    .expect("the watched task's end within a minute of the kill");
+    assert_eq!(end.state, spindle_core::TaskState::Succeeded, "{end:?}");
+    assert_eq!(cluster.failovers(), 1);
+    assert_eq!(cluster.client().await.unwrap().hello().node_id, "node-b");
+    drop(b);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_submit_into_a_partition_whose_lease_moved_is_refused_and_not_written() {
     let test = TestDb::new().await;
