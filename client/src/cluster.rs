@@ -122,10 +122,12 @@ impl ClusterClient {
         self.failovers.load(Ordering::Relaxed)
     }
 
+    /// [`Client::submit`], failing over (sent again with its idempotency key).
     pub async fn submit(&self, task: SubmitTask) -> Result<Admission, ClientError> {
         self.call(async |c| c.submit(task.clone()).await).await
     }
 
+    /// [`Client::submit_batch`], failing over (sent again whole, every key with it).
     pub async fn submit_batch(
         &self,
         tasks: Vec<SubmitTask>,
@@ -134,10 +136,12 @@ impl ClusterClient {
             .await
     }
 
+    /// [`Client::get`], failing over.
     pub async fn get(&self, task: TaskId) -> Result<TaskStatus, ClientError> {
         self.call(async |c| c.get(task).await).await
     }
 
+    /// [`Client::cancel`], failing over (a cancel is stored once).
     pub async fn cancel(&self, task: TaskId) -> Result<TaskState, ClientError> {
         self.call(async |c| c.cancel(task).await).await
     }
@@ -151,9 +155,14 @@ impl ClusterClient {
                 format!("a cluster client keeps at most {CLUSTER_SUBSCRIPTIONS_MAX} subscriptions"),
             )));
         }
-        self.call(async |c| c.subscribe(task).await).await?;
+        // Kept before it is asked for, so that a failover in between subscribes the new
+        // connection too (at worst twice: the same events twice, never none).
         self.subscribed.lock().expect("subscribed").insert(task);
-        Ok(())
+        let asked = self.call(async |c| c.subscribe(task).await).await;
+        if asked.is_err() {
+            self.subscribed.lock().expect("subscribed").remove(&task);
+        }
+        asked
     }
 
     /// The next event of any subscription, across failovers; an error once no connection
