@@ -53,12 +53,7 @@ async fn fake(listener: TcpListener, name: &'static str, hello: Hello) {
                     break 'conn;
                 };
                 let body = match hello {
-                    Hello::Serve => Response::HelloOk(HelloOk {
-                        protocol_version: PROTOCOL_VERSION,
-                        node_id: name.into(),
-                        frame_bytes_max: 1 << 20,
-                        batch_max: 1024,
-                    }),
+                    Hello::Serve => hello_ok(name),
                     Hello::Refuse(code) => Response::Error(WireError::new(code, "no")),
                     Hello::Redirect(to) => Response::Error(
                         WireError::new(
@@ -77,6 +72,16 @@ async fn fake(listener: TcpListener, name: &'static str, hello: Hello) {
             }
         }
     }
+}
+
+/// A node's HelloOk, as node `name`.
+fn hello_ok(name: &str) -> Response {
+    Response::HelloOk(HelloOk {
+        protocol_version: PROTOCOL_VERSION,
+        node_id: name.into(),
+        frame_bytes_max: 1 << 20,
+        batch_max: 1024,
+    })
 }
 
 async fn listener() -> (TcpListener, SocketAddr) {
@@ -185,15 +190,7 @@ async fn one_shot(listener: TcpListener, name: &'static str, took_over: bool) {
         while let Some(f) = frames.next_frame().unwrap() {
             let frame = decode_request(f).unwrap();
             let (body, then_close) = match frame.body {
-                Request::Hello(_) => (
-                    Response::HelloOk(HelloOk {
-                        protocol_version: PROTOCOL_VERSION,
-                        node_id: name.into(),
-                        frame_bytes_max: 1 << 20,
-                        batch_max: 1024,
-                    }),
-                    false,
-                ),
+                Request::Hello(_) => (hello_ok(name), false),
                 Request::Subscribe(task) if took_over => (
                     Response::Error(WireError::new(
                         ErrorCode::NotFound,
