@@ -26,6 +26,9 @@ pub struct Args {
     /// Address of /livez, /readyz and /metrics.
     #[arg(long, env = "SPINDLE_HTTP_LISTEN")]
     pub http_listen: Option<SocketAddr>,
+    /// The client address other nodes send this node's tenants to ("host:port").
+    #[arg(long, env = "SPINDLE_ADVERTISE")]
+    pub advertise: Option<String>,
     /// PostgreSQL conninfo, or "embedded" for a private server started by the daemon.
     #[arg(long, env = "SPINDLE_POSTGRES")]
     pub postgres: Option<String>,
@@ -47,6 +50,12 @@ pub struct Config {
     pub node_id: String,
     #[serde(default = "default_listen")]
     pub listen: SocketAddr,
+    /// The client address ("host:port") other nodes name when they send this node's tenants
+    /// here (`WrongNode`'s redirect); default: the address `listen` bound. Set it where
+    /// `listen` is a wildcard (`0.0.0.0`) or behind NAT: a wildcard is never sent as a
+    /// redirect.
+    #[serde(default)]
+    pub advertise: Option<String>,
     /// `/livez`, `/readyz` and `/metrics` (port 0: any free port).
     #[serde(default = "default_http_listen")]
     pub http_listen: SocketAddr,
@@ -334,6 +343,7 @@ impl Args {
             config: Some(config),
             listen: None,
             http_listen: None,
+            advertise: None,
             postgres: None,
             shards: None,
             node_id: None,
@@ -365,6 +375,9 @@ impl Config {
         if let Some(v) = args.http_listen {
             config.http_listen = v;
         }
+        if let Some(v) = &args.advertise {
+            config.advertise = Some(v.clone());
+        }
         if let Some(v) = &args.postgres {
             config.postgres = v.clone();
         }
@@ -386,6 +399,16 @@ impl Config {
     }
 
     fn check(&self) -> anyhow::Result<()> {
+        if let Some(a) = &self.advertise {
+            anyhow::ensure!(
+                a.len() <= spindle_wire::limits::ADDRESS_BYTES_MAX
+                    && a.rsplit_once(':').is_some_and(|(host, port)| {
+                        !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0)
+                    }),
+                "advertise must be \"host:port\" (a port 1..=65535, at most {} bytes), not {a:?}",
+                spindle_wire::limits::ADDRESS_BYTES_MAX
+            );
+        }
         anyhow::ensure!(
             (1..=64).contains(&self.shards),
             "shards must be 1..=64, not {}",
@@ -536,6 +559,12 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// The address other nodes send this node's tenants to, the client protocol bound at
+    /// `bound`: `advertise` when set.
+    pub fn client_address(&self, bound: SocketAddr) -> String {
+        self.advertise.clone().unwrap_or_else(|| bound.to_string())
     }
 
     /// The shard that owns `tenant` ([`shard_of`]).
@@ -747,6 +776,26 @@ mod tests {
             load_text("counter_check_s = 0\n").unwrap().counter_check_s,
             0
         );
+    }
+
+    #[test]
+    fn an_advertised_address_is_host_and_port() {
+        for bad in ["nohost", ":7470", "host:0", "host:70000", "host:"] {
+            let e = load_text(&format!("advertise = \"{bad}\"\n")).unwrap_err();
+            assert!(
+                e.to_string().starts_with("advertise must be \"host:port\""),
+                "{bad}: {e}"
+            );
+        }
+        let long = format!("advertise = \"{}:7470\"\n", "h".repeat(260));
+        assert!(load_text(&long).is_err());
+        for good in ["10.0.0.7:7470", "spindled-0.spindled:7470", "[::1]:7470"] {
+            let config = load_text(&format!("advertise = \"{good}\"\n")).unwrap();
+            assert_eq!(config.client_address(config.listen), good);
+        }
+        let config = load_text("").unwrap();
+        let bound: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        assert_eq!(config.client_address(bound), "127.0.0.1:4000");
     }
 
     #[test]

@@ -369,9 +369,15 @@ fn run_node(config: Config) -> anyhow::Result<()> {
             .map_err(|e| anyhow::anyhow!("binding {addr}: {e}"))?;
         handles.push(handle);
     }
-    if addr != config.listen {
+    if addr != config.listen && config.advertise.is_none() {
         // The port was chosen at bind: other nodes name this address to redirect clients.
         register_address(&config.node_id, addr, &db_config).context("registering the address")?;
+    }
+    if config.advertise.is_none() && addr.ip().is_unspecified() {
+        tracing::warn!(
+            "listening on {addr} without `advertise`: other nodes cannot send this node's \
+             tenants here by address (their WrongNode answers carry none); set advertise"
+        );
     }
     tracing::info!(
         "serving on {addr} with {} shards; /metrics, /livez, /readyz on {http_addr}",

@@ -176,14 +176,26 @@ impl Ownership {
     /// known, and its address to reconnect to.
     pub fn refusal(&self, tenant: u32, partition: u32) -> WireError {
         match self.owner(partition) {
-            Some(o) => WireError::new(
-                ErrorCode::WrongNode,
-                format!(
-                    "tenant {tenant} (partition {partition}) is served by node {} at {}",
-                    o.node, o.address
-                ),
-            )
-            .redirecting_to(o.address),
+            Some(o) => {
+                let e = WireError::new(
+                    ErrorCode::WrongNode,
+                    format!(
+                        "tenant {tenant} (partition {partition}) is served by node {} at {}",
+                        o.node, o.address
+                    ),
+                );
+                // A wildcard (a node listening on 0.0.0.0 without `advertise`) would send the
+                // client to itself: named, never a redirect.
+                let wildcard = o
+                    .address
+                    .parse::<std::net::SocketAddr>()
+                    .is_ok_and(|a| a.ip().is_unspecified());
+                if wildcard {
+                    e
+                } else {
+                    e.redirecting_to(o.address)
+                }
+            }
             None => WireError::new(
                 ErrorCode::WrongNode,
                 format!(
@@ -191,5 +203,40 @@ impl Ownership {
                 ),
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_redirects_to_the_owner_but_never_to_a_wildcard() {
+        let ownership = Ownership::new(4);
+        let owner = |partition, node: &str, address: &str| PartitionOwner {
+            partition: PartitionId(partition),
+            node: node.into(),
+            address: address.into(),
+        };
+        ownership.set_owners(
+            &[
+                owner(1, "a", "10.0.0.7:7470"),
+                owner(2, "b", "0.0.0.0:7470"),
+                owner(3, "c", "spindled-2.spindled:7470"),
+            ],
+            "me",
+        );
+        let redirect = |p| ownership.refusal(p, p).redirect;
+        assert_eq!(redirect(1).as_deref(), Some("10.0.0.7:7470"));
+        assert_eq!(
+            redirect(2),
+            None,
+            "a wildcard would send the client to itself"
+        );
+        assert_eq!(redirect(3).as_deref(), Some("spindled-2.spindled:7470"));
+        assert_eq!(redirect(0), None, "no owner known");
+        let named = ownership.refusal(2, 2);
+        assert_eq!(named.code, ErrorCode::WrongNode);
+        assert!(named.message.contains("node b at 0.0.0.0:7470"), "{named}");
     }
 }

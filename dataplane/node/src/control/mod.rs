@@ -152,7 +152,7 @@ pub async fn start(
     let mut admin = Db::open_with_backoff(db_config).await?;
     let policy = live.load(&mut admin, metrics).await?;
     admin
-        .register_node(&config.node_id, &config.listen.to_string())
+        .register_node(&config.node_id, &config.client_address(config.listen))
         .await?;
     admin
         .set_relay(
