@@ -58,8 +58,10 @@ struct Common {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Drive a running node.
+    /// Drive a running node (or a cluster through any of its nodes).
     Run {
+        /// A node's client address; a tenant another node serves is sent there (WrongNode's
+        /// redirect).
         #[arg(long)]
         addr: SocketAddr,
         /// `ID:CREDENTIAL:RATE`, one per tenant.
