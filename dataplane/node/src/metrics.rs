@@ -160,6 +160,8 @@ pub struct Metrics {
     pub counter_drift_budgets: AtomicU64,
     /// Repairs the periodic check made of what it found drifted (`counter_repair`).
     pub counter_repairs: AtomicU64,
+    /// Hellos and submits refused `WrongNode`: the tenant is another node's (or none's).
+    pub wrong_node: AtomicU64,
     /// Outbox rows (event batches) the retention passes removed.
     pub events_pruned: AtomicU64,
     /// Retention rounds run (one after each lease renewal), and the nodes relaying the
@@ -227,6 +229,7 @@ impl Metrics {
             counter_drift_shards: AtomicU64::new(0),
             counter_drift_budgets: AtomicU64::new(0),
             counter_repairs: AtomicU64::new(0),
+            wrong_node: AtomicU64::new(0),
             events_pruned: AtomicU64::new(0),
             retention_rounds: AtomicU64::new(0),
             relaying_nodes: AtomicU64::new(0),
@@ -389,6 +392,11 @@ impl Metrics {
             w,
             "# HELP spindle_counter_repairs_total Repairs the periodic check made of drifted counters (counter_repair).\n# TYPE spindle_counter_repairs_total counter\nspindle_counter_repairs_total {}",
             self.counter_repairs.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            w,
+            "# HELP spindle_wrong_node_total Hellos and submits refused WrongNode (the tenant is served by another node).\n# TYPE spindle_wrong_node_total counter\nspindle_wrong_node_total {}",
+            self.wrong_node.load(Ordering::Relaxed)
         );
         let _ = writeln!(
             w,

@@ -237,6 +237,9 @@ async fn hello(
             let partition = crate::config::partition_of(h.tenant.0, ctx.partitions);
             if !ctx.ownership.owns(partition) {
                 let e = ctx.ownership.refusal(h.tenant.0, partition);
+                ctx.metrics
+                    .wrong_node
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let _ = stream.write_all(&frame(id, Response::Error(e))).await;
                 return None;
             }

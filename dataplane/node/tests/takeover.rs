@@ -78,6 +78,8 @@ async fn a_second_node_takes_over_after_the_first_dies_and_completes_every_acked
     assert_eq!(through_b.hello().node_id, "node-a");
     let through_b_task = through_b.submit(task("through-b")).await.unwrap().task;
     drop(through_b);
+    // B counted both refusals (the plain client's and the cluster client's first Hello).
+    assert_eq!(common::metric(&b, "spindle_wrong_node_total").await, 2);
 
     // A cluster client (seeds A and B) is served by A until A dies.
     let seeds = [a.addr.to_string(), b.addr.to_string()];

@@ -153,6 +153,11 @@ fn decide(
     };
     if let Some(e) = refusal {
         // The partition moved to another node since this connection said Hello.
+        state
+            .borrow()
+            .metrics
+            .wrong_node
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         return Decided::Answered(Response::Error(e));
     }
     // Past the event relay's bound, new work is refused rather than added to the backlog.
