@@ -12,8 +12,10 @@
 //! Subscriptions move with the connection: a fresh one subscribes again to every task still
 //! subscribed, and the node's first event for each is its state then. A task that ended while
 //! no connection was up is read (`GetTask`) and its end given as an event of its own, stamped
-//! with this machine's clock. So events after a failover start from each task's current state:
-//! a state may come twice, and the milestones passed during the gap are not replayed.
+//! with this machine's clock; one stored as not ended that the new node does not hold live
+//! within about a second is given as its state then and no longer followed (subscribe again,
+//! or read it). So events after a failover start from each task's current state: a state may
+//! come twice, and the milestones passed during the gap are not replayed.
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -35,6 +37,25 @@ const FAILOVER_PAUSE_MAX: Duration = Duration::from_secs(2);
 
 /// Seeds a cluster client takes (each is tried in turn at every failover).
 pub const SEEDS_MAX: usize = 64;
+
+/// Rounds of subscribing again to a task stored as not ended but not live on the new
+/// connection's node yet, [`RESUBSCRIBE_PAUSE`] apart.
+const RESUBSCRIBE_TRIES: u32 = 10;
+const RESUBSCRIBE_PAUSE: Duration = Duration::from_millis(100);
+
+/// A task's status as an event, stamped with this machine's clock.
+fn event_of(status: TaskStatus) -> Event {
+    let at_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    Event {
+        task: status.task,
+        state: status.state,
+        progress_pct: status.progress_pct,
+        at_ms,
+        result: status.result,
+    }
+}
 
 /// Tasks a cluster client keeps subscribed across failovers (a node holds at most 100,000
 /// subscriptions per shard).
@@ -191,41 +212,50 @@ impl ClusterClient {
         }
     }
 
-    /// Subscribes `c`, a fresh connection, to every task still subscribed; a task no longer
-    /// live on it is read, and its end queued as an event.
+    /// Subscribes `c`, a fresh connection, to every task still subscribed. A task not live on
+    /// it is read: an ended one's end is queued as an event; one stored as not ended (being put
+    /// back on that node) is asked for again a few times ([`RESUBSCRIBE_TRIES`]), and past them
+    /// its current state is queued and it is no longer followed.
     async fn resubscribe(&self, c: &Client) -> Result<(), ClientError> {
-        let tasks: Vec<TaskId> = self
+        let mut tasks: Vec<TaskId> = self
             .subscribed
             .lock()
             .expect("subscribed")
             .iter()
             .copied()
             .collect();
-        for task in tasks {
-            match c.subscribe(task).await {
-                Ok(()) => {}
-                Err(ClientError::Refused(e)) if e.code == ErrorCode::NotFound => {
-                    self.subscribed.lock().expect("subscribed").remove(&task);
-                    match c.get(task).await {
-                        Ok(status) => {
-                            let at_ms = std::time::SystemTime::now()
-                                .duration_since(std::time::UNIX_EPOCH)
-                                .map_or(0, |d| d.as_millis() as u64);
-                            self.caught_up.lock().expect("caught up").push_back(Event {
-                                task,
-                                state: status.state,
-                                progress_pct: status.progress_pct,
-                                at_ms,
-                                result: status.result,
-                            });
-                        }
-                        // Gone for this tenant (pruned): nothing more will come of it.
-                        Err(ClientError::Refused(e)) if e.code == ErrorCode::NotFound => {}
-                        Err(e) => return Err(e),
-                    }
+        for round in 1..=RESUBSCRIBE_TRIES {
+            let mut not_yet = Vec::new();
+            for task in tasks {
+                match c.subscribe(task).await {
+                    Ok(()) => continue,
+                    Err(ClientError::Refused(e)) if e.code == ErrorCode::NotFound => {}
+                    Err(e) => return Err(e),
                 }
-                Err(e) => return Err(e),
+                let status = match c.get(task).await {
+                    Ok(status) => status,
+                    // Gone for this tenant (pruned): nothing more will come of it.
+                    Err(ClientError::Refused(e)) if e.code == ErrorCode::NotFound => {
+                        self.subscribed.lock().expect("subscribed").remove(&task);
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
+                if status.state.is_terminal() || round == RESUBSCRIBE_TRIES {
+                    self.subscribed.lock().expect("subscribed").remove(&task);
+                    self.caught_up
+                        .lock()
+                        .expect("caught up")
+                        .push_back(event_of(status));
+                } else {
+                    not_yet.push(task);
+                }
             }
+            if not_yet.is_empty() {
+                break;
+            }
+            tasks = not_yet;
+            tokio::time::sleep(RESUBSCRIBE_PAUSE).await;
         }
         Ok(())
     }

@@ -7,13 +7,15 @@
 
 use std::net::SocketAddr;
 
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use spindle_client::{Client, ClientError, ClusterClient};
 use spindle_core::{TaskId, TaskState, TenantId};
 use spindle_wire::{
-    decode_request, Encoder, ErrorCode, FrameReader, HelloOk, Request, Response, ResponseFrame,
-    TaskStatus, WireError, PROTOCOL_VERSION,
+    decode_request, Encoder, ErrorCode, Event, FrameReader, HelloOk, Request, Response,
+    ResponseFrame, TaskStatus, WireError, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -170,12 +172,12 @@ async fn a_cluster_client_stops_at_its_window_and_at_a_refusal_no_node_changes()
     assert!(ClusterClient::connect(&[], TenantId(3), "x").await.is_err());
 }
 
-/// A fake node for one connection: serves the Hello and answers a Subscribe (then, with
-/// `close_after_subscribe`, closes, and takes no more connections); or, as the node that took
-/// over, refuses the Subscribe as not live and reads the task as SUCCEEDED.
-async fn one_shot(listener: TcpListener, name: &'static str, took_over: bool) {
+/// A fake node for one connection: serves the Hello and answers a Subscribe, then closes and
+/// takes no more connections; or, as the node that took over, refuses every Subscribe as not
+/// live (counting them in `subscribes`) and reads the task as `stored`.
+async fn one_shot(listener: TcpListener, name: &'static str, took_over: Option<Stored>) {
     let (mut socket, _) = listener.accept().await.unwrap();
-    if !took_over {
+    if took_over.is_none() {
         drop(listener);
     }
     let mut frames = FrameReader::new();
@@ -191,18 +193,21 @@ async fn one_shot(listener: TcpListener, name: &'static str, took_over: bool) {
             let frame = decode_request(f).unwrap();
             let (body, then_close) = match frame.body {
                 Request::Hello(_) => (hello_ok(name), false),
-                Request::Subscribe(task) if took_over => (
-                    Response::Error(WireError::new(
-                        ErrorCode::NotFound,
-                        format!("task {task} is not live here"),
-                    )),
-                    false,
-                ),
-                Request::Subscribe(task) => (Response::Subscribed(task), true),
+                Request::Subscribe(task) => match &took_over {
+                    Some(stored) => {
+                        stored.subscribes.fetch_add(1, Ordering::Relaxed);
+                        let why = format!("task {task} is not live here");
+                        (
+                            Response::Error(WireError::new(ErrorCode::NotFound, why)),
+                            false,
+                        )
+                    }
+                    None => (Response::Subscribed(task), true),
+                },
                 Request::Get(task) => (
                     Response::Status(TaskStatus {
                         task,
-                        state: TaskState::Succeeded,
+                        state: took_over.as_ref().expect("the node that took over").state,
                         version: 4,
                         attempt_no: 1,
                         progress_pct: 100,
@@ -226,20 +231,48 @@ async fn one_shot(listener: TcpListener, name: &'static str, took_over: bool) {
     }
 }
 
-#[tokio::test]
-async fn a_task_that_ended_during_a_failover_is_given_as_its_end() {
+/// What the node that took over holds of the task: its stored state, and the Subscribes it
+/// refused.
+#[derive(Clone)]
+struct Stored {
+    state: TaskState,
+    subscribes: Arc<AtomicU32>,
+}
+
+/// A cluster client subscribed to task 9 on node x, which goes away; node y, where the task
+/// is stored as `state` but not live, serves next. Its next event, and y's refused Subscribes.
+async fn failover_with_task_stored_as(state: TaskState) -> (Event, u32, ClusterClient) {
     let ((lx, x), (ly, y)) = (listener().await, listener().await);
-    tokio::spawn(one_shot(lx, "x", false));
-    tokio::spawn(one_shot(ly, "y", true));
+    let subscribes = Arc::new(AtomicU32::new(0));
+    let stored = Stored {
+        state,
+        subscribes: subscribes.clone(),
+    };
+    tokio::spawn(one_shot(lx, "x", None));
+    tokio::spawn(one_shot(ly, "y", Some(stored)));
     let cluster = ClusterClient::connect(&[x.to_string(), y.to_string()], TenantId(3), "x")
         .await
         .unwrap();
-    // X answers the Subscribe and goes away; Y, where the task has ended, is asked for it.
     cluster.subscribe(TaskId(9)).await.unwrap();
-    let end = tokio::time::timeout(Duration::from_secs(10), cluster.next_event())
+    let event = tokio::time::timeout(Duration::from_secs(10), cluster.next_event())
         .await
-        .expect("the end within the window")
+        .expect("an event within the window")
         .unwrap();
+    (event, subscribes.load(Ordering::Relaxed), cluster)
+}
+
+#[tokio::test]
+async fn a_task_not_live_on_the_new_node_is_asked_for_again_then_given_as_its_state() {
+    let (event, subscribes, cluster) = failover_with_task_stored_as(TaskState::Running).await;
+    assert_eq!((event.task, event.state), (TaskId(9), TaskState::Running));
+    assert!(subscribes > 1, "asked for again: {subscribes}");
+    assert_eq!(cluster.failovers(), 1);
+}
+
+#[tokio::test]
+async fn a_task_that_ended_during_a_failover_is_given_as_its_end() {
+    let (end, subscribes, cluster) = failover_with_task_stored_as(TaskState::Succeeded).await;
+    assert_eq!(subscribes, 1, "an ended task is not asked for again");
     assert_eq!(
         (end.task, end.state, end.progress_pct, end.result.as_deref()),
         (
