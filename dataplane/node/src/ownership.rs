@@ -31,6 +31,12 @@ struct Owner {
     address: String,
 }
 
+impl std::fmt::Display for Owner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "node {} at {}", self.node, self.address)
+    }
+}
+
 /// A node limit the cluster's nodes share (`spindle_control::cluster_shares`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SharedLimit {
@@ -161,8 +167,7 @@ impl Ownership {
 
     /// "node N at ADDR" for a partition another node holds, when one does.
     pub fn owner_of(&self, partition: u32) -> Option<String> {
-        self.owner(partition)
-            .map(|o| format!("node {} at {}", o.node, o.address))
+        self.owner(partition).map(|o| o.to_string())
     }
 
     fn owner(&self, partition: u32) -> Option<Owner> {
@@ -179,10 +184,7 @@ impl Ownership {
             Some(o) => {
                 let e = WireError::new(
                     ErrorCode::WrongNode,
-                    format!(
-                        "tenant {tenant} (partition {partition}) is served by node {} at {}",
-                        o.node, o.address
-                    ),
+                    format!("tenant {tenant} (partition {partition}) is served by {o}"),
                 );
                 // A wildcard (a node listening on 0.0.0.0 without `advertise`) would send the
                 // client to itself: named, never a redirect.
