@@ -34,6 +34,13 @@ def main():
     assert state == "Succeeded", state
     print(f"status {state}")
     try:
+        client.cancel(admission["task_id"])
+    except SpindleError as e:
+        assert e.code == "NotFound", e
+        print(f"error {e.code}: {e.message}")
+    else:
+        raise AssertionError("a task that has ended cannot be canceled")
+    try:
         client.get(999_999_999)
     except SpindleError as e:
         assert e.code == "NotFound", e

@@ -6,7 +6,9 @@ from the same schema (schemas/fbs/spindle.fbs) and the flatbuffers runtime from 
                               duration_ms=5000, fps=24)
     status = client.get(admission["task_id"])
 
-Errors from the node raise SpindleError(code_name, message).
+Errors from the node raise SpindleError(code_name, message). ClusterClient does the same
+through any nodes of a cluster, sending a request again on another node when its node dies,
+drains or no longer serves the tenant.
 """
 
 import json
@@ -14,12 +16,15 @@ import os
 import socket
 import struct
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "generated"))
 
 import flatbuffers  # noqa: E402
 from spindle.wire import (  # noqa: E402
     Admission,
+    Canceled,
+    CancelTask,
     Error,
     ErrorCode,
     GetTask,
@@ -203,5 +208,131 @@ class Client:
             "result": json.loads(s.Result()) if s.Result() else None,
         }
 
+    def cancel(self, task_id):
+        """Cancels a queued or running task of this tenant; answers its state, Canceled, once
+        the cancel is stored (a task at the provider is asked to stop). A task that has ended,
+        or no task of this tenant, raises NotFound."""
+        b = flatbuffers.Builder(64)
+        CancelTask.Start(b)
+        CancelTask.AddTaskId(b, task_id)
+        body = CancelTask.End(b)
+        frame = self._call(b, Request.Request.CancelTask, body)
+        c = Canceled.Canceled()
+        c.Init(frame.Body().Bytes, frame.Body().Pos)
+        return STATE_NAMES.get(c.State(), str(c.State()))
+
     def close(self):
         self.sock.close()
+
+
+# How long a ClusterClient request keeps failing over by default, in seconds: past the default
+# partition lease (30 s) with room for the takeover (as the Rust client's FAILOVER_WITHIN).
+FAILOVER_WITHIN = 60.0
+FAILOVER_PAUSE = 0.05
+FAILOVER_PAUSE_MAX = 2.0
+SEEDS_MAX = 64
+
+# Refusals another node (or the same one a moment later) answers otherwise.
+_FAILOVER_CODES = {"Closed", "WrongNode", "Draining", "Unavailable"}
+
+
+def _fails_over(error):
+    """Whether a request that failed with `error` is sent again on a fresh connection: the
+    connection's end or a socket error (a timeout among them), or a node that cannot serve
+    the tenant now. A wrong credential, a suspended tenant or a refused request is not."""
+    if isinstance(error, SpindleError):
+        return error.code in _FAILOVER_CODES
+    return isinstance(error, OSError)
+
+
+def _address(seed):
+    host, sep, port = seed.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"seed {seed!r} is not host:port")
+    return host, int(port)
+
+
+class ClusterClient:
+    """A client of a cluster of nodes: one connection at a time, to the node that serves the
+    tenant (found through the seeds, any nodes' client addresses, following redirects),
+    replaced when a request meets its end, a node that no longer serves the tenant, a
+    draining node or a PostgreSQL the node cannot reach. The request is then sent again on a
+    fresh connection, pausing 50 ms doubling to 2 s; no try starts past `failover_within`
+    seconds. Sending again is safe: a submit carries its idempotency key (a replay is
+    answered with the first admission), a cancel is stored once, a read changes nothing.
+
+        cluster = ClusterClient(["10.0.0.5:7470", "10.0.0.6:7470"], tenant=1,
+                                credential="secret")
+        admission = cluster.submit("order-17", user=3, model=0, width=1280, height=720,
+                                   duration_ms=5000, fps=24)
+    """
+
+    def __init__(self, seeds, tenant, credential, failover_within=FAILOVER_WITHIN):
+        if not 1 <= len(seeds) <= SEEDS_MAX:
+            raise ValueError(f"a cluster client takes 1..={SEEDS_MAX} seeds, not {len(seeds)}")
+        self.seeds = [_address(seed) for seed in seeds]
+        self.tenant = tenant
+        self.credential = credential
+        self.failover_within = failover_within
+        self.client = None
+        # Connections replaced after a failure.
+        self.failovers = 0
+        self._call(lambda client: None)
+
+    @property
+    def node_id(self):
+        """The node that serves the connection in use (connecting if none is)."""
+        return self._call(lambda client: client.node_id)
+
+    def submit(self, *args, **kwargs):
+        """Client.submit, failing over (sent again with its idempotency key)."""
+        return self._call(lambda client: client.submit(*args, **kwargs))
+
+    def get(self, task_id):
+        """Client.get, failing over."""
+        return self._call(lambda client: client.get(task_id))
+
+    def cancel(self, task_id):
+        """Client.cancel, failing over (a cancel is stored once)."""
+        return self._call(lambda client: client.cancel(task_id))
+
+    def close(self):
+        if self.client is not None:
+            self.client.close()
+            self.client = None
+
+    def _call(self, request):
+        deadline = time.monotonic() + self.failover_within
+        pause = FAILOVER_PAUSE
+        while True:
+            try:
+                return request(self._connection())
+            except (OSError, SpindleError) as e:
+                if not _fails_over(e):
+                    raise
+                failed = e
+            # The connection may be mid-frame or dead: never used again.
+            if self.client is not None:
+                self.client.close()
+                self.client = None
+                self.failovers += 1
+            if time.monotonic() + pause > deadline:
+                raise failed
+            time.sleep(pause)
+            pause = min(pause * 2, FAILOVER_PAUSE_MAX)
+
+    def _connection(self):
+        """The connection in use, or a new one: each seed in turn, following redirects; the
+        last seed's failure if none serves."""
+        if self.client is not None:
+            return self.client
+        failed = None
+        for host, port in self.seeds:
+            try:
+                self.client = Client.connect_cluster(host, port, self.tenant, self.credential)
+                return self.client
+            except (OSError, SpindleError) as e:
+                if not _fails_over(e):
+                    raise
+                failed = e
+        raise failed

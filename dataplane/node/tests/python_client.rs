@@ -1,11 +1,14 @@
 //! The protocol is not Rust-only: the Python client generated from the same schema submits,
-//! reads a status and receives errors from a running spindled — also through a node that does
-//! not serve its tenant and names the one that does.
+//! reads a status, cancels and receives errors from a running spindled — also through a node
+//! that does not serve its tenant and names the one that does, and (its cluster client) across
+//! the death of the node that serves it.
 
 mod common;
 
+use std::io::{BufRead, BufReader, Write};
 use std::net::SocketAddr;
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use common::{start, start_with};
 use spindle_control::testing::TestDb;
@@ -35,22 +38,28 @@ fn check_client(addr: SocketAddr, extra: &[&str]) -> Vec<String> {
     stdout.lines().map(str::to_string).collect()
 }
 
-/// The five lines of a run that submits, reads, and is refused three ways.
+/// The six lines of a run that submits, reads, and is refused four ways (a cancel of the ended
+/// task among them).
 fn assert_checked(lines: &[String]) {
     let all = lines.join("\n");
-    assert_eq!(lines.len(), 5, "{all}");
+    assert_eq!(lines.len(), 6, "{all}");
     assert!(lines[0].starts_with("submitted task "), "{all}");
     assert_eq!(lines[1], "status Succeeded");
     assert!(
-        lines[2].starts_with("error NotFound: task 999999999 not found"),
+        lines[2].starts_with("error NotFound: task ")
+            && lines[2].ends_with(" not found or not cancelable"),
+        "a task that has ended cannot be canceled: {all}"
+    );
+    assert!(
+        lines[3].starts_with("error NotFound: task 999999999 not found"),
         "{all}"
     );
     assert!(
-        lines[3].starts_with("error InvalidInput: tasks[0]: `input` is not one JSON value")
-            || lines[3].starts_with("error InvalidInput: `input` is not one JSON value"),
+        lines[4].starts_with("error InvalidInput: tasks[0]: `input` is not one JSON value")
+            || lines[4].starts_with("error InvalidInput: `input` is not one JSON value"),
         "{all}"
     );
-    assert_eq!(lines[4], "error AuthFailed");
+    assert_eq!(lines[5], "error AuthFailed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -72,4 +81,77 @@ async fn the_python_client_follows_a_node_that_names_another() {
     let lines = check_client(b.addr, &["--cluster"]);
     assert_eq!(lines.first().map(String::as_str), Some("served by node-a"));
     assert_checked(&lines[1..]);
+}
+
+/// Two nodes on one PostgreSQL, leases of 1.5 s: the Python cluster client (seeds A and B) is
+/// served by A, A is killed (-9), and its next submit is accepted by B once B holds the
+/// partition; the submit from before the kill, sent again, is a replay of the same task, and
+/// both tasks complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_cluster_client_fails_over_when_its_node_dies() {
+    let test = TestDb::new().await;
+    let config = |node: &str| {
+        common::config_scaled("0.0001", "lease_ms = 1500")
+            .replace("node_id = \"test-node\"", &format!("node_id = \"{node}\""))
+    };
+    let mut a = start_with(&test, &config("node-a")).await;
+    let b = start_with(&test, &config("node-b")).await;
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../clients/python/check_failover.py"
+    );
+    let mut child = Command::new("python3")
+        .arg(script)
+        .args(["1", "one", &a.addr.to_string(), &b.addr.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    // Its lines arrive on a channel, so that every wait for one is bounded.
+    let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    let mut next_line = async || {
+        let line = tokio::time::timeout(Duration::from_secs(90), lines.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no line from the script within 90 s after {seen:?}"));
+        let line = line.unwrap_or_else(|| panic!("the script ended after {seen:?}"));
+        seen.push(line.clone());
+        line
+    };
+    assert_eq!(next_line().await, "served by node-a");
+    assert_eq!(next_line().await, "ready");
+    a.child.kill().unwrap();
+    a.child.wait().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, "go").unwrap();
+    drop(stdin);
+    assert_eq!(next_line().await, "served by node-b");
+    assert_eq!(next_line().await, "failovers 1");
+    assert_eq!(next_line().await, "replayed");
+    assert_eq!(next_line().await, "status Succeeded");
+    let tasks = next_line().await;
+    let ids: Vec<i64> = tasks
+        .strip_prefix("tasks ")
+        .unwrap_or_else(|| panic!("{tasks}"))
+        .split(' ')
+        .map(|id| id.parse().unwrap())
+        .collect();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sql = test.sql().await.unwrap();
+    assert_eq!(common::wait_all_succeeded(&sql, &ids).await, 2);
+    drop(b);
 }
