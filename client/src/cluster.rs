@@ -57,8 +57,8 @@ fn event_of(status: TaskStatus) -> Event {
     }
 }
 
-/// Tasks a cluster client keeps subscribed across failovers (a node holds at most 100,000
-/// subscriptions per shard).
+/// Tasks a cluster client keeps subscribed across failovers by default (a node holds at most
+/// 100,000 subscriptions per shard); [`ClusterClient::with_subscriptions_max`] lowers it.
 pub const CLUSTER_SUBSCRIPTIONS_MAX: usize = 100_000;
 
 pub struct ClusterClient {
@@ -66,6 +66,8 @@ pub struct ClusterClient {
     tenant: TenantId,
     credential: String,
     failover_within: Duration,
+    /// Tasks kept subscribed at most.
+    subscriptions_max: usize,
     /// The connection in use; `None` once it failed, until the next request connects again.
     current: tokio::sync::Mutex<Option<Arc<Client>>>,
     /// Connections replaced after a failure.
@@ -122,6 +124,7 @@ impl ClusterClient {
             tenant,
             credential: credential.to_string(),
             failover_within,
+            subscriptions_max: CLUSTER_SUBSCRIPTIONS_MAX,
             current: tokio::sync::Mutex::new(None),
             failovers: AtomicU64::new(0),
             generation: tokio::sync::watch::Sender::new(0),
@@ -130,6 +133,14 @@ impl ClusterClient {
         };
         client.call(async |_| Ok(())).await?;
         Ok(client)
+    }
+
+    /// Keeps at most `max` tasks subscribed (at most [`CLUSTER_SUBSCRIPTIONS_MAX`]): past it,
+    /// [`ClusterClient::subscribe`] to another task is refused `TooManySubscriptions` until
+    /// one of them ends.
+    pub fn with_subscriptions_max(mut self, max: usize) -> ClusterClient {
+        self.subscriptions_max = max.min(CLUSTER_SUBSCRIPTIONS_MAX);
+        self
     }
 
     /// The connection in use now (connecting if none is): for subscriptions and their events,
@@ -168,19 +179,27 @@ impl ClusterClient {
     }
 
     /// Subscribes to `task`'s events, on this connection and every later one, until the task
-    /// ends.
+    /// ends. A task subscribed already is asked for again, not counted twice.
     pub async fn subscribe(&self, task: TaskId) -> Result<(), ClientError> {
-        if self.subscribed.lock().expect("subscribed").len() >= CLUSTER_SUBSCRIPTIONS_MAX {
-            return Err(ClientError::Refused(WireError::new(
-                ErrorCode::TooManySubscriptions,
-                format!("a cluster client keeps at most {CLUSTER_SUBSCRIPTIONS_MAX} subscriptions"),
-            )));
-        }
         // Kept before it is asked for, so that a failover in between subscribes the new
-        // connection too (at worst twice: the same events twice, never none).
-        self.subscribed.lock().expect("subscribed").insert(task);
+        // connection too (at worst twice: the same events twice, never none); counted and
+        // kept under one lock, so that subscribes at once never pass the bound together.
+        let fresh = {
+            let mut subscribed = self.subscribed.lock().expect("subscribed");
+            if !subscribed.contains(&task) && subscribed.len() >= self.subscriptions_max {
+                return Err(ClientError::Refused(WireError::new(
+                    ErrorCode::TooManySubscriptions,
+                    format!(
+                        "a cluster client keeps at most {} subscriptions (task {task} refused \
+                         until one of them ends)",
+                        self.subscriptions_max
+                    ),
+                )));
+            }
+            subscribed.insert(task)
+        };
         let asked = self.call(async |c| c.subscribe(task).await).await;
-        if asked.is_err() {
+        if asked.is_err() && fresh {
             self.subscribed.lock().expect("subscribed").remove(&task);
         }
         asked

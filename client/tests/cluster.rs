@@ -1,8 +1,8 @@
 //! `Client::connect_cluster` follows a node's `WrongNode` answer to the address it names, and
 //! gives up — with the path it took — when the nodes send it round in a loop. A
 //! `ClusterClient` fails over within its window and not past it, and does not retry a
-//! refusal no other node would answer otherwise, and gives a subscribed task that ended
-//! during a failover as its end. (Its failover from a killed node to the one that takes over,
+//! refusal no other node would answer otherwise, gives a subscribed task that ended during a
+//! failover as its end, and keeps no more subscriptions than its bound. (Its failover from a killed node to the one that takes over,
 //! requests and subscriptions, with real nodes: `dataplane/node/tests/takeover.rs`.)
 
 use std::net::SocketAddr;
@@ -18,7 +18,7 @@ use spindle_wire::{
     ResponseFrame, TaskStatus, WireError, PROTOCOL_VERSION,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 
 /// A fake node: answers every Hello on `listener` with HelloOk (`to` is `None`) or with
 /// WrongNode redirecting to `to`.
@@ -40,37 +40,52 @@ enum Hello {
 async fn fake(listener: TcpListener, name: &'static str, hello: Hello) {
     loop {
         let (mut socket, _) = listener.accept().await.unwrap();
-        let mut frames = FrameReader::new();
-        let mut buf = vec![0u8; 4096];
-        let mut encoder = Encoder::new();
-        'conn: loop {
-            let n = socket.read(&mut buf).await.unwrap_or(0);
-            if n == 0 {
-                break;
-            }
-            frames.extend(&buf[..n]);
-            while let Some(f) = frames.next_frame().unwrap() {
-                let frame = decode_request(f).unwrap();
-                let Request::Hello(h) = frame.body else {
-                    break 'conn;
-                };
-                let body = match hello {
-                    Hello::Serve => hello_ok(name),
-                    Hello::Refuse(code) => Response::Error(WireError::new(code, "no")),
-                    Hello::Redirect(to) => Response::Error(
-                        WireError::new(
-                            ErrorCode::WrongNode,
-                            format!("tenant {} is served by node at {to}", h.tenant),
-                        )
-                        .redirecting_to(to.to_string()),
-                    ),
-                };
-                let mut out = Vec::new();
+        serve_frames(&mut socket, |request| {
+            let Request::Hello(h) = request else {
+                return (vec![], true);
+            };
+            let body = match hello {
+                Hello::Serve => hello_ok(name),
+                Hello::Refuse(code) => Response::Error(WireError::new(code, "no")),
+                Hello::Redirect(to) => Response::Error(
+                    WireError::new(
+                        ErrorCode::WrongNode,
+                        format!("tenant {} is served by node at {to}", h.tenant),
+                    )
+                    .redirecting_to(to.to_string()),
+                ),
+            };
+            (vec![body], false)
+        })
+        .await;
+    }
+}
+
+/// Reads `socket`'s request frames and writes what `answer` makes of each — its answers, on
+/// the request's id, then whether to close — until the peer closes.
+async fn serve_frames(
+    socket: &mut TcpStream,
+    mut answer: impl FnMut(Request) -> (Vec<Response>, bool),
+) {
+    let mut frames = FrameReader::new();
+    let mut buf = vec![0u8; 4096];
+    let mut encoder = Encoder::new();
+    loop {
+        let n = socket.read(&mut buf).await.unwrap_or(0);
+        if n == 0 {
+            return;
+        }
+        frames.extend(&buf[..n]);
+        while let Some(f) = frames.next_frame().unwrap() {
+            let frame = decode_request(f).unwrap();
+            let (bodies, then_close) = answer(frame.body);
+            let mut out = Vec::new();
+            for body in bodies {
                 let request_id = frame.request_id;
                 encoder.response(&ResponseFrame { request_id, body }, &mut out);
-                if socket.write_all(&out).await.is_err() {
-                    break 'conn;
-                }
+            }
+            if socket.write_all(&out).await.is_err() || then_close {
+                return;
             }
         }
     }
@@ -180,55 +195,36 @@ async fn one_shot(listener: TcpListener, name: &'static str, took_over: Option<S
     if took_over.is_none() {
         drop(listener);
     }
-    let mut frames = FrameReader::new();
-    let mut buf = vec![0u8; 4096];
-    let mut encoder = Encoder::new();
-    loop {
-        let n = socket.read(&mut buf).await.unwrap_or(0);
-        if n == 0 {
-            return;
-        }
-        frames.extend(&buf[..n]);
-        while let Some(f) = frames.next_frame().unwrap() {
-            let frame = decode_request(f).unwrap();
-            let (body, then_close) = match frame.body {
-                Request::Hello(_) => (hello_ok(name), false),
-                Request::Subscribe(task) => match &took_over {
-                    Some(stored) => {
-                        stored.subscribes.fetch_add(1, Ordering::Relaxed);
-                        let why = format!("task {task} is not live here");
-                        (
-                            Response::Error(WireError::new(ErrorCode::NotFound, why)),
-                            false,
-                        )
-                    }
-                    None => (Response::Subscribed(task), true),
-                },
-                Request::Get(task) => (
-                    Response::Status(TaskStatus {
-                        task,
-                        state: took_over.as_ref().expect("the node that took over").state,
-                        version: 4,
-                        attempt_no: 1,
-                        progress_pct: 100,
-                        cost_estimate_milli: 1_000,
-                        cost_actual_milli: 900,
-                        failure_reason: None,
-                        result: Some(r#"{"outputs":["/m/9.mp4"]}"#.into()),
-                    }),
+    serve_frames(&mut socket, |request| match request {
+        Request::Hello(_) => (vec![hello_ok(name)], false),
+        Request::Subscribe(task) => match &took_over {
+            Some(stored) => {
+                stored.subscribes.fetch_add(1, Ordering::Relaxed);
+                let why = format!("task {task} is not live here");
+                (
+                    vec![Response::Error(WireError::new(ErrorCode::NotFound, why))],
                     false,
-                ),
-                other => panic!("unexpected request {other:?}"),
-            };
-            let mut out = Vec::new();
-            let request_id = frame.request_id;
-            encoder.response(&ResponseFrame { request_id, body }, &mut out);
-            socket.write_all(&out).await.unwrap();
-            if then_close {
-                return;
+                )
             }
-        }
-    }
+            None => (vec![Response::Subscribed(task)], true),
+        },
+        Request::Get(task) => (
+            vec![Response::Status(TaskStatus {
+                task,
+                state: took_over.as_ref().expect("the node that took over").state,
+                version: 4,
+                attempt_no: 1,
+                progress_pct: 100,
+                cost_estimate_milli: 1_000,
+                cost_actual_milli: 900,
+                failure_reason: None,
+                result: Some(r#"{"outputs":["/m/9.mp4"]}"#.into()),
+            })],
+            false,
+        ),
+        other => panic!("unexpected request {other:?}"),
+    })
+    .await;
 }
 
 /// What the node that took over holds of the task: its stored state, and the Subscribes it
@@ -284,4 +280,64 @@ async fn a_task_that_ended_during_a_failover_is_given_as_its_end() {
     );
     assert_eq!(cluster.client().await.unwrap().hello().node_id, "y");
     assert_eq!(cluster.failovers(), 1);
+}
+
+/// A fake node that serves one connection's Hello and Subscribes, counting them in
+/// `subscribes`; task 1 ends (SUCCEEDED) right after its Subscribed.
+async fn subscribing(listener: TcpListener, subscribes: Arc<AtomicU32>) {
+    let (mut socket, _) = listener.accept().await.unwrap();
+    serve_frames(&mut socket, |request| match request {
+        Request::Hello(_) => (vec![hello_ok("n")], false),
+        Request::Subscribe(task) => {
+            subscribes.fetch_add(1, Ordering::Relaxed);
+            let mut answers = vec![Response::Subscribed(task)];
+            if task == TaskId(1) {
+                answers.push(Response::Event(Event {
+                    task,
+                    state: TaskState::Succeeded,
+                    progress_pct: 100,
+                    at_ms: 1,
+                    result: None,
+                }));
+            }
+            (answers, false)
+        }
+        other => panic!("unexpected request {other:?}"),
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_cluster_client_keeps_no_more_subscriptions_than_its_bound() {
+    let (l, addr) = listener().await;
+    let subscribes = Arc::new(AtomicU32::new(0));
+    tokio::spawn(subscribing(l, subscribes.clone()));
+    let cluster = ClusterClient::connect(&[addr.to_string()], TenantId(3), "x")
+        .await
+        .unwrap()
+        .with_subscriptions_max(2);
+    cluster.subscribe(TaskId(1)).await.unwrap();
+    cluster.subscribe(TaskId(2)).await.unwrap();
+    // A task held already is asked for again, not counted twice.
+    cluster.subscribe(TaskId(2)).await.unwrap();
+    match cluster.subscribe(TaskId(3)).await {
+        Err(ClientError::Refused(e)) => {
+            assert_eq!(e.code, ErrorCode::TooManySubscriptions, "{e}");
+            assert!(e.message.contains("at most 2 subscriptions"), "{e}");
+        }
+        other => panic!("a third subscription was kept: {other:?}"),
+    }
+    assert_eq!(
+        subscribes.load(Ordering::Relaxed),
+        3,
+        "the refused one never reached the node"
+    );
+    // Task 1's end frees its place.
+    let end = tokio::time::timeout(Duration::from_secs(10), cluster.next_event())
+        .await
+        .expect("task 1's end")
+        .unwrap();
+    assert_eq!((end.task, end.state), (TaskId(1), TaskState::Succeeded));
+    cluster.subscribe(TaskId(3)).await.unwrap();
+    assert_eq!(subscribes.load(Ordering::Relaxed), 4);
 }
