@@ -253,6 +253,27 @@ impl TokenBucket {
         fits
     }
 
+    /// Takes one token if the bucket holds it at `now`; otherwise the nanoseconds until it
+    /// will at the current rate (`u64::MAX` at a rate of zero, or a burst of zero): for a
+    /// caller that waits for its token (the node's send pacing) rather than asking again.
+    pub fn take_one(&mut self, now: Time) -> Result<(), u64> {
+        self.refill(now);
+        if self.fits(1) {
+            self.take(1);
+            return Ok(());
+        }
+        let per_minute = if self.is_penalized(now) {
+            self.rate.per_minute / 2
+        } else {
+            self.rate.per_minute
+        };
+        if per_minute == 0 || self.cap < u128::from(WINDOW_NS) {
+            return Err(u64::MAX);
+        }
+        let missing = u128::from(WINDOW_NS) - self.level;
+        Err(u64::try_from(missing.div_ceil(u128::from(per_minute))).unwrap_or(u64::MAX))
+    }
+
     /// Whether the stored tokens are within the burst (the bucket's invariant).
     pub(crate) fn within_burst(&self) -> bool {
         self.level <= self.cap()
@@ -882,6 +903,27 @@ mod tests {
         ledger.try_acquire(&one, Time::from_ms(3000)).unwrap();
         assert!(ledger.is_penalized(rpm, Time::from_secs(120)));
         assert!(!ledger.is_penalized(rpm, Time::from_secs(121)));
+    }
+
+    #[test]
+    fn take_one_says_how_long_until_the_next_token() {
+        let rate = |per_minute, burst| RateSpec { per_minute, burst };
+        let mut b = TokenBucket::new(rate(60, 2), Time::ZERO);
+        assert_eq!(b.take_one(Time::ZERO), Ok(()));
+        assert_eq!(b.take_one(Time::ZERO), Ok(()));
+        // One token a second at 60/min: a second to wait, then 250 ms of it left.
+        assert_eq!(b.take_one(Time::ZERO), Err(NANOS_PER_S));
+        assert_eq!(b.take_one(Time::from_ms(750)), Err(250 * 1_000_000));
+        assert_eq!(b.take_one(Time::from_ms(1_000)), Ok(()));
+        // Penalized, it counts at half the rate.
+        b.penalize(Time::from_ms(1_000));
+        assert_eq!(b.take_one(Time::from_ms(1_000)), Err(2 * NANOS_PER_S));
+        // A rate or a burst of zero never gives one.
+        let mut none = TokenBucket::new(rate(0, 1), Time::ZERO);
+        assert_eq!(none.take_one(Time::ZERO), Ok(()));
+        assert_eq!(none.take_one(Time::from_secs(5)), Err(u64::MAX));
+        let mut flat = TokenBucket::new(rate(60, 0), Time::ZERO);
+        assert_eq!(flat.take_one(Time::from_secs(5)), Err(u64::MAX));
     }
 
     #[test]

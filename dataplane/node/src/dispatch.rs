@@ -6,13 +6,23 @@
 //! Completion arrives by signed callback (POST on the node's HTTP port) or, when callbacks are
 //! lost, by staged polling with jitter; whichever comes first ends the watch, so the shard sees
 //! each job's end once.
+//!
+//! Submits are paced where they leave, not only where their RPM token was taken: a shard takes
+//! the token when it picks the task, but the submit goes out after its claim commits — and a
+//! stall in between (a disk's flush, PostgreSQL's locks, a starved thread) would let every task
+//! picked meanwhile reach the provider at once, above the account's burst. Each shard's submits
+//! to an account wait, in order, for a token of a bucket at that shard's current part of the
+//! account's RPM ([`Call::Submit`]'s `pace`); the shards' parts add up to the node's, so what
+//! leaves the node keeps to its part whatever the stalls before.
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use spindle_core::{FencingToken, TaskId};
+use spindle_core::ledger::TokenBucket;
+use spindle_core::policy::RateSpec;
+use spindle_core::{FencingToken, TaskId, Time};
 use spindle_providers::{AsyncJobProvider, HttpProvider, JobView, Lookup, Submission, SubmitError};
 use tokio::sync::mpsc;
 
@@ -112,6 +122,9 @@ pub enum Call {
         /// Set by the shard when the task is canceled before the submit's turn comes.
         withdrawn: Arc<AtomicBool>,
         submission: Submission,
+        /// The shard's part of the account's RPM now: the submit leaves once a bucket at that
+        /// rate (the shard's own for the account) gives it a token. `None`: not paced.
+        pace: Option<RateSpec>,
     },
     /// After an unknown outcome: find the attempt by its request key.
     Resolve {
@@ -177,6 +190,10 @@ pub struct Dispatcher {
     callback_url: String,
     metrics: Arc<crate::metrics::Metrics>,
     health: Arc<crate::health::ProviderHealth>,
+    /// Per account and shard: the bucket its submits wait on, in turn (the lock is FIFO).
+    pacers: Mutex<HashMap<(String, usize), Arc<tokio::sync::Mutex<TokenBucket>>>>,
+    /// The pacers' clock's zero.
+    epoch: std::time::Instant,
 }
 
 /// The handle shards and the HTTP server hold.
@@ -227,6 +244,8 @@ pub fn start(
         watched: Mutex::new(HashMap::new()),
         metrics,
         health,
+        pacers: Mutex::new(HashMap::new()),
+        epoch: std::time::Instant::now(),
     });
     let (tx, mut rx) = mpsc::channel::<Call>(CALLS_QUEUE_MAX);
     let d = dispatcher.clone();
@@ -261,6 +280,46 @@ pub fn jitter_milli(seed: u64) -> u64 {
 }
 
 impl Dispatcher {
+    /// Waits for a token of `shard`'s bucket for `account` at `rate`, behind the submits that
+    /// came to it before (a new bucket starts full, as a shard's does). A wait is counted in
+    /// `spindle_provider_paced_total` and its length in `spindle_provider_paced_seconds_total`.
+    async fn paced(&self, account: &str, shard: usize, rate: RateSpec) {
+        let pacer = {
+            let mut pacers = self.pacers.lock().unwrap_or_else(|p| p.into_inner());
+            let now = self.pace_clock();
+            pacers
+                .entry((account.to_string(), shard))
+                .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(TokenBucket::new(rate, now))))
+                .clone()
+        };
+        let mut bucket = pacer.lock().await;
+        let started = std::time::Instant::now();
+        loop {
+            let now = self.pace_clock();
+            if bucket.rate() != rate {
+                bucket.set_rate(rate, now);
+            }
+            match bucket.take_one(now) {
+                Ok(()) => break,
+                // A rate of zero cannot come here (the shard sends none), nor a burst of zero
+                // (it sends at least one); never wait forever on one all the same.
+                Err(u64::MAX) => break,
+                Err(ns) => tokio::time::sleep(Duration::from_nanos(ns)).await,
+            }
+        }
+        let waited = started.elapsed();
+        if !waited.is_zero() {
+            self.metrics.provider_paced.fetch_add(1, Ordering::Relaxed);
+            self.metrics
+                .provider_paced_us
+                .fetch_add(waited.as_micros() as u64, Ordering::Relaxed);
+        }
+    }
+
+    fn pace_clock(&self) -> Time {
+        Time(self.epoch.elapsed().as_nanos() as u64)
+    }
+
     async fn send(&self, shard: usize, event: ProviderEvent) {
         if let Some(inbox) = self.shards.get(shard) {
             // A shard that stopped needs no answer.
@@ -276,7 +335,11 @@ impl Dispatcher {
                 token,
                 withdrawn,
                 submission,
+                pace,
             } => {
+                if let Some(rate) = pace {
+                    self.paced(&submission.account, shard, rate).await;
+                }
                 let result = self.provider.submit_unless(&submission, &withdrawn).await;
                 if result != Err(SubmitError::Withdrawn) {
                     let definite = !matches!(

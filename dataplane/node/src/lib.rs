@@ -50,10 +50,9 @@ pub fn policy(config: &Config) -> Policy {
     for p in &mut policy.providers {
         p.concurrency = config.provider_concurrency;
         // The node keeps 5 % below the contract's rate and half below its burst (a provider
-        // allows about a second's worth): requests leave here evenly spaced but reach the
-        // provider with network jitter — and after a stall of the thread that sends them,
-        // together — and a provider counting in its own clock must never see more than the
-        // contract.
+        // allows about a second's worth): requests leave here paced (`dispatch`) but reach the
+        // provider with network jitter, and a provider counting in its own clock must never
+        // see more than the contract.
         let per_minute = (config.provider_rpm * 95 / 100).max(1);
         p.rpm = spindle_core::policy::RateSpec {
             per_minute,

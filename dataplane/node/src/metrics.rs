@@ -181,6 +181,9 @@ pub struct Metrics {
     pub provider_calls: [AtomicU64; PROVIDER_RESULTS.len()],
     /// Rounds of queries by request key that got no answer at all (each asked again later).
     pub provider_unresolved: AtomicU64,
+    /// Submits held back by the send pacing (`crate::dispatch`), and for how long in all (µs).
+    pub provider_paced: AtomicU64,
+    pub provider_paced_us: AtomicU64,
     /// Tenants the breaker suspended (`crate::breaker`), and who is suspended now.
     pub breaker_trips: AtomicU64,
     pub suspensions: Arc<crate::breaker::Suspensions>,
@@ -242,6 +245,8 @@ impl Metrics {
             answers: std::array::from_fn(|_| Histogram::new(ANSWER_BUCKETS_US)),
             provider_calls: Default::default(),
             provider_unresolved: AtomicU64::new(0),
+            provider_paced: AtomicU64::new(0),
+            provider_paced_us: AtomicU64::new(0),
             commands_limited: Default::default(),
             breaker_trips: AtomicU64::new(0),
             suspensions: Default::default(),
@@ -492,6 +497,16 @@ impl Metrics {
                 c.load(Ordering::Relaxed)
             );
         }
+        let _ = writeln!(
+            w,
+            "# HELP spindle_provider_paced_total Provider submits held back to keep to the RPM part where they leave the node (their token was taken at pick; a stall before the claim committed bunched them).\n# TYPE spindle_provider_paced_total counter\nspindle_provider_paced_total {}",
+            self.provider_paced.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            w,
+            "# HELP spindle_provider_paced_seconds_total Time provider submits were held back by that pacing.\n# TYPE spindle_provider_paced_seconds_total counter\nspindle_provider_paced_seconds_total {:.6}",
+            self.provider_paced_us.load(Ordering::Relaxed) as f64 / 1e6
+        );
         let _ = writeln!(
             w,
             "# HELP spindle_provider_unresolved_total Rounds of queries by request key without any answer.\n# TYPE spindle_provider_unresolved_total counter\nspindle_provider_unresolved_total {}",

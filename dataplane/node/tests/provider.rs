@@ -1767,3 +1767,53 @@ async fn estimates_follow_what_the_provider_really_charges() {
         "the fifth priced at 4 × the matrix (1,234 / 50 held at ×4)"
     );
 }
+
+/// A stall between taking an RPM token and sending the submit (here: PostgreSQL's claims held
+/// up by a lock for 2 s, as a disk's flush stall or a starved thread holds them) must not let
+/// the tasks picked meanwhile reach the provider together: the mock's contract (10 a second, a
+/// burst of 10, per account; the node runs 9.5 with a burst of 4) is never broken, because
+/// submits are paced where they leave the node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_held_up_after_their_rpm_token_reach_the_provider_paced() {
+    let test = TestDb::new().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let m = MockProvider::serve(
+        listener,
+        MockConfig {
+            accounts: ACCOUNTS
+                .iter()
+                .map(|a| format!("{a}:64:600").parse().unwrap())
+                .collect(),
+            secret: SECRET.into(),
+            job_ms: 10,
+            cost_milli: 1_234,
+            hang_ms: 1_500,
+            clip: None,
+        },
+    );
+    let admin = m.client(Duration::from_secs(5));
+    let config = node_config("paced-node", &m, "")
+        .replace("provider_concurrency = 4", "provider_concurrency = 64")
+        .replace("provider_rpm = 6000", "provider_rpm = 600");
+    let daemon = start_with(&test, &config).await;
+    let ids = submit(&daemon, "paced", 80).await;
+    // Let the first bursts go, then hold every claim up for 2 s.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let mut sql = test.sql().await.unwrap();
+    let tx = sql.transaction().await.unwrap();
+    tx.batch_execute("LOCK TABLE resource_pool_shard IN EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    tx.commit().await.unwrap();
+    let keys: Vec<i64> = ids.iter().map(|t| t.0 as i64).collect();
+    let done = common::wait_all_succeeded(&test.sql().await.unwrap(), &keys).await;
+    assert_eq!(done, 80);
+    // Without the pacing where submits leave, the mock counted ~9 violations per account here.
+    let total = assert_clean(&test, &admin).await;
+    assert_eq!(total.accepted, 80, "each task accepted once");
+    assert!(
+        common::metric(&daemon, "spindle_provider_paced_total").await > 0,
+        "no submit was held back: the stall bunched nothing"
+    );
+}

@@ -102,10 +102,23 @@ pub(super) async fn submit_to_provider(
             withdrawn: withdrawn.clone(),
             output_url: None,
         }));
+        // Paced where it leaves at this shard's part of the account's RPM now (a burst of at
+        // least one, as a shard with work waiting is given).
+        let pace = s
+            .provider_rpm
+            .iter()
+            .find(|(_, name)| *name == account)
+            .and_then(|&(id, _)| s.core.ledger().rate(id))
+            .filter(|r| r.per_minute > 0)
+            .map(|r| spindle_core::policy::RateSpec {
+                burst: r.burst.max(1),
+                ..r
+            });
         crate::dispatch::Call::Submit {
             shard: index,
             task,
             token,
+            pace,
             withdrawn,
             submission: spindle_providers::Submission {
                 account,
