@@ -172,6 +172,10 @@ pub enum ProviderEvent {
     },
 }
 
+/// A shard's send bucket for one account; its lock is FIFO, so submits leave in the order
+/// they came.
+type Pacer = tokio::sync::Mutex<TokenBucket>;
+
 struct Watched {
     shard: usize,
     task: TaskId,
@@ -190,8 +194,8 @@ pub struct Dispatcher {
     callback_url: String,
     metrics: Arc<crate::metrics::Metrics>,
     health: Arc<crate::health::ProviderHealth>,
-    /// Per account and shard: the bucket its submits wait on, in turn (the lock is FIFO).
-    pacers: Mutex<HashMap<(String, usize), Arc<tokio::sync::Mutex<TokenBucket>>>>,
+    /// Per account and shard: the bucket its submits wait on, in turn.
+    pacers: Mutex<HashMap<(String, usize), Arc<Pacer>>>,
     /// The pacers' clock's zero.
     epoch: std::time::Instant,
 }
@@ -289,7 +293,7 @@ impl Dispatcher {
             let now = self.pace_clock();
             pacers
                 .entry((account.to_string(), shard))
-                .or_insert_with(|| Arc::new(tokio::sync::Mutex::new(TokenBucket::new(rate, now))))
+                .or_insert_with(|| Arc::new(Pacer::new(TokenBucket::new(rate, now))))
                 .clone()
         };
         let mut bucket = pacer.lock().await;
