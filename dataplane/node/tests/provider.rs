@@ -25,13 +25,22 @@ async fn mock(job_ms: u64) -> (MockProvider, HttpProvider) {
 
 /// A mock whose succeeded jobs return `clip`.
 async fn mock_with(job_ms: u64, clip: Option<std::path::PathBuf>) -> (MockProvider, HttpProvider) {
+    mock_of(job_ms, "4:6000", clip).await
+}
+
+/// A mock whose accounts' contracts are `limits` ("concurrency:rpm").
+async fn mock_of(
+    job_ms: u64,
+    limits: &str,
+    clip: Option<std::path::PathBuf>,
+) -> (MockProvider, HttpProvider) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let m = MockProvider::serve(
         listener,
         MockConfig {
             accounts: ACCOUNTS
                 .iter()
-                .map(|a| format!("{a}:4:6000").parse().unwrap())
+                .map(|a| format!("{a}:{limits}").parse().unwrap())
                 .collect(),
             secret: SECRET.into(),
             job_ms,
@@ -1776,22 +1785,7 @@ async fn estimates_follow_what_the_provider_really_charges() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_held_up_after_their_rpm_token_reach_the_provider_paced() {
     let test = TestDb::new().await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let m = MockProvider::serve(
-        listener,
-        MockConfig {
-            accounts: ACCOUNTS
-                .iter()
-                .map(|a| format!("{a}:64:600").parse().unwrap())
-                .collect(),
-            secret: SECRET.into(),
-            job_ms: 10,
-            cost_milli: 1_234,
-            hang_ms: 1_500,
-            clip: None,
-        },
-    );
-    let admin = m.client(Duration::from_secs(5));
+    let (m, admin) = mock_of(10, "64:600", None).await;
     let config = node_config("paced-node", &m, "")
         .replace("provider_concurrency = 4", "provider_concurrency = 64")
         .replace("provider_rpm = 6000", "provider_rpm = 600");
