@@ -13,9 +13,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::StatusCode;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 
 use crate::api::{JobView, Problem, ProblemKind, SubmitBody, BODY_BYTES_MAX};
 
@@ -80,7 +78,7 @@ pub trait AsyncJobProvider: Send + Sync + 'static {
 #[derive(Clone)]
 pub struct HttpProvider {
     base: String,
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<crate::tls::Connector, Full<Bytes>>,
     timeout: Duration,
     /// One permit per call open at once, when bounded ([`HttpProvider::with_requests_max`]).
     open: Option<std::sync::Arc<tokio::sync::Semaphore>>,
@@ -95,19 +93,22 @@ pub(crate) enum Sent {
 }
 
 impl HttpProvider {
-    /// `base` like `http://127.0.0.1:7480`; every call gives up after `timeout`.
+    /// `base` like `http://127.0.0.1:7480` or `https://api.example.com` (its certificate
+    /// checked against the public web's roots); every call gives up after `timeout`.
     pub fn new(base: &str, timeout: Duration) -> HttpProvider {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(timeout));
         HttpProvider {
             base: base.trim_end_matches('/').to_string(),
-            client: Client::builder(TokioExecutor::new())
-                .pool_idle_timeout(Duration::from_secs(30))
-                .build(connector),
+            client: crate::tls::client(&crate::tls::public_roots(), timeout),
             timeout,
             open: None,
         }
+    }
+
+    /// Checks `https://` peers against `tls`'s roots instead (a private CA's among them:
+    /// [`crate::tls::with_roots_file`]).
+    pub fn with_tls(mut self, tls: &rustls::ClientConfig) -> HttpProvider {
+        self.client = crate::tls::client(tls, self.timeout);
+        self
     }
 
     /// At most `n` calls open at once (each clone shares the bound); more wait their turn, and
@@ -145,8 +146,8 @@ impl HttpProvider {
         let exchange = async {
             let response = match self.client.request(request).await {
                 Ok(r) => r,
-                Err(e) if e.is_connect() => return Sent::Unsent(e.to_string()),
-                Err(e) => return Sent::NoAnswer(e.to_string()),
+                Err(e) if e.is_connect() => return Sent::Unsent(crate::tls::describe(&e)),
+                Err(e) => return Sent::NoAnswer(crate::tls::describe(&e)),
             };
             let status = response.status();
             match Limited::new(response.into_body(), BODY_BYTES_MAX)
@@ -292,13 +293,14 @@ impl FetchError {
     }
 }
 
-/// Downloads `url` (http://) into `dest`, at most `max_bytes`, within `timeout`. A partial file
-/// is removed.
+/// Downloads `url` (http:// or https://, checked against `tls`'s roots) into `dest`, at most
+/// `max_bytes`, within `timeout`. A partial file is removed.
 pub async fn download(
     url: &str,
     dest: &std::path::Path,
     max_bytes: u64,
     timeout: Duration,
+    tls: &rustls::ClientConfig,
 ) -> Result<u64, FetchError> {
     use tokio::io::AsyncWriteExt;
     let failed = |reason: String| FetchError::Failed {
@@ -306,10 +308,12 @@ pub async fn download(
         reason,
     };
     let fetch = async {
-        let client: Client<HttpConnector, Full<Bytes>> =
-            Client::builder(TokioExecutor::new()).build_http();
+        let client = crate::tls::client(tls, timeout);
         let uri: hyper::Uri = url.parse().map_err(|e| failed(format!("bad URL: {e}")))?;
-        let response = client.get(uri).await.map_err(|e| failed(e.to_string()))?;
+        let response = client
+            .get(uri)
+            .await
+            .map_err(|e| failed(crate::tls::describe(&e)))?;
         if !response.status().is_success() {
             return Err(FetchError::Status {
                 url: url.to_string(),

@@ -1,6 +1,6 @@
 //! AI provider dispatch: the generic async-job API ([`api`]), the trait spindle dispatches
 //! through and its HTTP adapter ([`adapter`]), callback signatures ([`signature`]), signed webhooks ([`webhook`]) and a receiver of them ([`receiver`]), and the mock
-//! provider ([`mock`], binary `spindle-mock-provider`).
+//! provider ([`mock`], binary `spindle-mock-provider`); outbound HTTPS through [`tls`].
 
 pub mod adapter;
 pub mod api;
@@ -8,6 +8,7 @@ pub mod mock;
 pub mod receiver;
 mod serve;
 pub mod signature;
+pub mod tls;
 pub mod webhook;
 
 pub use adapter::{
@@ -17,4 +18,5 @@ pub use adapter::{
 pub use api::{Fault, JobState, JobView, ProblemKind, Stats};
 pub use mock::{AccountSpec, MockConfig, MockProvider};
 pub use receiver::{EventReceiver, Received, ReceiverStats};
+pub use tls::TlsError;
 pub use webhook::{Webhook, WebhookError};

@@ -142,8 +142,8 @@ struct State {
 
 struct Shared {
     config: MockConfig,
-    /// Where this mock serves (for the output URLs it hands out).
-    addr: SocketAddr,
+    /// Where this mock serves, `http://…` or `https://…` (for the output URLs it hands out).
+    base: String,
     state: Mutex<State>,
     callbacks: hyper_util::client::legacy::Client<
         hyper_util::client::legacy::connect::HttpConnector,
@@ -154,6 +154,7 @@ struct Shared {
 /// A running mock provider.
 pub struct MockProvider {
     pub addr: SocketAddr,
+    base: String,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -166,7 +167,29 @@ impl Drop for MockProvider {
 impl MockProvider {
     /// Serves on `listener` until dropped (on the current tokio runtime).
     pub fn serve(listener: tokio::net::TcpListener, config: MockConfig) -> MockProvider {
+        MockProvider::serve_on(listener, config, None)
+    }
+
+    /// Serves HTTPS on `listener` with `tls` (a certificate for `localhost`: its base URL is
+    /// `https://localhost:PORT`) until dropped.
+    pub fn serve_tls(
+        listener: tokio::net::TcpListener,
+        config: MockConfig,
+        tls: Arc<rustls::ServerConfig>,
+    ) -> MockProvider {
+        MockProvider::serve_on(listener, config, Some(tls))
+    }
+
+    fn serve_on(
+        listener: tokio::net::TcpListener,
+        config: MockConfig,
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> MockProvider {
         let addr = listener.local_addr().expect("a bound listener");
+        let base = match tls {
+            Some(_) => format!("https://localhost:{}", addr.port()),
+            None => format!("http://{addr}"),
+        };
         let accounts = config
             .accounts
             .iter()
@@ -185,7 +208,7 @@ impl MockProvider {
             .collect();
         let shared = Arc::new(Shared {
             config,
-            addr,
+            base: base.clone(),
             state: Mutex::new(State {
                 accounts,
                 ..State::default()
@@ -195,15 +218,15 @@ impl MockProvider {
             )
             .build_http(),
         });
-        let task = crate::serve::serve(listener, move |req| {
+        let task = crate::serve::serve(listener, tls, move |req| {
             let shared = shared.clone();
             async move { route(&shared, req).await }
         });
-        MockProvider { addr, task }
+        MockProvider { addr, base, task }
     }
 
     pub fn base_url(&self) -> String {
-        format!("http://{}", self.addr)
+        self.base.clone()
     }
 
     /// An adapter pointed at this mock.
@@ -616,7 +639,7 @@ async fn finish(shared: &Arc<Shared>, id: &str, state: JobState) -> Option<JobVi
                 .config
                 .clip
                 .as_ref()
-                .map(|_| format!("http://{}/v1/jobs/{id}/output", shared.addr));
+                .map(|_| format!("{}/v1/jobs/{id}/output", shared.base));
         }
         let view = job.view.clone();
         if let Some(a) = s.accounts.get_mut(&view.account) {

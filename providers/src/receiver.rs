@@ -82,7 +82,7 @@ impl EventReceiver {
             ..Shared::default()
         });
         let s = shared.clone();
-        let task = crate::serve::serve(listener, move |req| {
+        let task = crate::serve::serve(listener, None, move |req| {
             let shared = s.clone();
             async move { take(&shared, req).await }
         });

@@ -1,6 +1,8 @@
-//! The accept loop the in-process HTTP servers share (the mock provider, the event receiver).
+//! The accept loop the in-process HTTP servers share (the mock provider, the event receiver),
+//! plain or over TLS.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -10,16 +12,19 @@ use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 
-/// Serves HTTP/1.1 on `listener`, one task per connection, each request answered by `handle`,
-/// until the returned task is aborted.
+/// Serves HTTP/1.1 on `listener` — over TLS with `tls` — one task per connection, each request
+/// answered by `handle`, until the returned task is aborted. A connection whose TLS handshake
+/// fails is dropped.
 pub(crate) fn serve<F, Fut>(
     listener: tokio::net::TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
     handle: F,
 ) -> tokio::task::JoinHandle<()>
 where
     F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Response<Full<Bytes>>> + Send + 'static,
 {
+    let tls = tls.map(tokio_rustls::TlsAcceptor::from);
     tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
@@ -27,15 +32,32 @@ where
             };
             let _ = stream.set_nodelay(true);
             let handle = handle.clone();
+            let tls = tls.clone();
             tokio::spawn(async move {
-                let service = service_fn(move |req| {
-                    let answer = handle(req);
-                    async move { Ok::<_, std::convert::Infallible>(answer.await) }
-                });
-                let _ = http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
+                match tls {
+                    None => connection(stream, handle).await,
+                    Some(tls) => {
+                        if let Ok(stream) = tls.accept(stream).await {
+                            connection(stream, handle).await;
+                        }
+                    }
+                }
             });
         }
     })
+}
+
+async fn connection<S, F, Fut>(stream: S, handle: F)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    F: Fn(Request<Incoming>) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Response<Full<Bytes>>> + Send + 'static,
+{
+    let service = service_fn(move |req| {
+        let answer = handle(req);
+        async move { Ok::<_, std::convert::Infallible>(answer.await) }
+    });
+    let _ = http1::Builder::new()
+        .serve_connection(TokioIo::new(stream), service)
+        .await;
 }

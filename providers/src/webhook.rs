@@ -6,14 +6,12 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WebhookError {
-    /// The endpoint is not an http:// URL that parses.
-    #[error("{url}: not a usable http:// URL ({reason})")]
+    /// The endpoint is not an http:// or https:// URL that parses.
+    #[error("{url}: not a usable http:// or https:// URL ({reason})")]
     BadUrl { url: String, reason: String },
     /// Not sent, or no answer within the timeout.
     #[error("{url}: {reason}")]
@@ -28,32 +26,34 @@ pub enum WebhookError {
 pub struct Webhook {
     url: hyper::Uri,
     secret: Vec<u8>,
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<crate::tls::Connector, Full<Bytes>>,
     timeout: Duration,
 }
 
 impl Webhook {
-    /// `url` must be http://; every post gives up after `timeout`.
+    /// `url` must be http:// or https:// (its certificate checked against the public web's
+    /// roots); every post gives up after `timeout`.
     pub fn new(url: &str, secret: &[u8], timeout: Duration) -> Result<Webhook, WebhookError> {
         let bad = |reason: String| WebhookError::BadUrl {
             url: url.to_string(),
             reason,
         };
-        if !url.starts_with("http://") {
+        if !url.starts_with("http://") && !url.starts_with("https://") {
             return Err(bad("another scheme".into()));
         }
         let url: hyper::Uri = url.parse().map_err(|e| bad(format!("{e}")))?;
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(timeout));
         Ok(Webhook {
             url,
             secret: secret.to_vec(),
-            client: Client::builder(TokioExecutor::new())
-                .pool_idle_timeout(Duration::from_secs(30))
-                .build(connector),
+            client: crate::tls::client(&crate::tls::public_roots(), timeout),
             timeout,
         })
+    }
+
+    /// Checks an `https://` endpoint against `tls`'s roots instead.
+    pub fn with_tls(mut self, tls: &rustls::ClientConfig) -> Webhook {
+        self.client = crate::tls::client(tls, self.timeout);
+        self
     }
 
     /// Posts `body` (JSON), signed; Ok once the endpoint answered 2xx.
@@ -75,7 +75,7 @@ impl Webhook {
                 .client
                 .request(request)
                 .await
-                .map_err(|e| failed(e.to_string()))?;
+                .map_err(|e| failed(crate::tls::describe(&e)))?;
             let status = response.status();
             // The answer's body is not needed; reading it lets the connection be reused.
             let _ = response.into_body().collect().await;
@@ -100,9 +100,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_endpoint_that_is_not_http_is_refused_by_name() {
+    fn an_endpoint_that_is_not_http_or_https_is_refused_by_name() {
         let t = Duration::from_secs(1);
-        for url in ["https://example.com/e", "http://exa mple/e"] {
+        for url in ["ftp://example.com/e", "http://exa mple/e"] {
             match Webhook::new(url, b"s", t) {
                 Err(WebhookError::BadUrl { url: named, .. }) => assert_eq!(named, url),
                 Err(e) => panic!("{url}: {e}"),
@@ -110,5 +110,6 @@ mod tests {
             }
         }
         assert!(Webhook::new("http://127.0.0.1:9/events", b"s", t).is_ok());
+        assert!(Webhook::new("https://example.com/events", b"s", t).is_ok());
     }
 }

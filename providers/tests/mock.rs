@@ -1,5 +1,5 @@
 //! The HTTP adapter against the mock provider (in-process, real sockets): every answer class the
-//! adapter distinguishes, every fault mode, the counters, and signed callbacks.
+//! adapter distinguishes, every fault mode, the counters, signed callbacks, and HTTPS.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -276,14 +276,15 @@ async fn a_succeeded_job_serves_its_video_and_downloads_are_bounded() {
     p.submit(&job("acme", "v", None)).await.unwrap();
     let done = until_final(&p, "acme", "v").await;
     let url = done.output_url.expect("a succeeded job names its video");
+    let public = spindle_providers::tls::public_roots();
     let dest = dir.path().join("got.bin");
-    let n = spindle_providers::download(&url, &dest, 1 << 20, Duration::from_secs(5))
+    let n = spindle_providers::download(&url, &dest, 1 << 20, Duration::from_secs(5), &public)
         .await
         .unwrap();
     assert_eq!(n, 10_000);
     assert_eq!(std::fs::read(&dest).unwrap(), vec![7u8; 10_000]);
     let small = dir.path().join("small.bin");
-    let e = spindle_providers::download(&url, &small, 1_000, Duration::from_secs(5))
+    let e = spindle_providers::download(&url, &small, 1_000, Duration::from_secs(5), &public)
         .await
         .unwrap_err();
     assert!(
@@ -293,11 +294,94 @@ async fn a_succeeded_job_serves_its_video_and_downloads_are_bounded() {
     assert!(!e.is_retryable());
     assert!(!small.exists(), "a partial download is removed");
     let missing = url.replace(&done.job_id, "job-999");
-    let e = spindle_providers::download(&missing, &small, 1 << 20, Duration::from_secs(5))
+    let e = spindle_providers::download(&missing, &small, 1 << 20, Duration::from_secs(5), &public)
         .await
         .unwrap_err();
     assert!(
         matches!(e, spindle_providers::FetchError::Status { status: 404, .. }),
         "{e}"
     );
+}
+
+/// A certificate for `localhost`, self-signed, and its key (PEM): the test's own CA.
+fn localhost_certificate() -> (String, String) {
+    let rcgen::CertifiedKey { cert, key_pair } =
+        rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    (cert.pem(), key_pair.serialize_pem())
+}
+
+#[tokio::test]
+async fn over_https_the_adapter_trusts_the_roots_it_is_given_and_no_others() {
+    use spindle_providers::tls;
+    let dir = tempfile::tempdir().unwrap();
+    let clip = dir.path().join("clip.bin");
+    std::fs::write(&clip, vec![9u8; 4_000]).unwrap();
+    let (cert, key) = localhost_certificate();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let m = MockProvider::serve_tls(
+        listener,
+        MockConfig {
+            accounts: vec!["acme:2:6000".parse::<AccountSpec>().unwrap()],
+            secret: SECRET.into(),
+            job_ms: 10,
+            cost_milli: 1,
+            hang_ms: 1_000,
+            clip: Some(clip),
+        },
+        tls::server_config(cert.as_bytes(), key.as_bytes()).unwrap(),
+    );
+    assert!(
+        m.base_url().starts_with("https://localhost:"),
+        "{}",
+        m.base_url()
+    );
+
+    // Trusting the test's CA: the whole API, and the video it names, over TLS.
+    let roots = tls::with_extra_roots(cert.as_bytes(), "the test's CA").unwrap();
+    let p = HttpProvider::new(&m.base_url(), Duration::from_secs(2)).with_tls(&roots);
+    p.submit(&job("acme", "tls", None)).await.unwrap();
+    let done = until_final(&p, "acme", "tls").await;
+    assert_eq!(done.state, JobState::Succeeded);
+    let url = done.output_url.expect("a succeeded job names its video");
+    assert!(url.starts_with("https://localhost:"), "{url}");
+    let dest = dir.path().join("got.bin");
+    let n = spindle_providers::download(&url, &dest, 1 << 20, Duration::from_secs(5), &roots)
+        .await
+        .unwrap();
+    assert_eq!(n, 4_000);
+    assert_eq!(p.mock_stats().await.unwrap().accounts["acme"].accepted, 1);
+
+    // The public web's roots alone do not vouch for it: nothing is sent.
+    let public = HttpProvider::new(&m.base_url(), Duration::from_secs(2));
+    let e = public.mock_stats().await.unwrap_err();
+    assert!(e.to_string().contains("certificate"), "{e}");
+    match public.submit(&job("acme", "untrusted", None)).await {
+        Err(SubmitError::NotSent(why)) => {
+            assert!(
+                why.contains("invalid peer certificate: UnknownIssuer"),
+                "{why}"
+            )
+        }
+        other => panic!("a submit to an untrusted server: {other:?}"),
+    }
+    let e = spindle_providers::download(
+        &url,
+        &dir.path().join("no.bin"),
+        1 << 20,
+        Duration::from_secs(5),
+        &tls::public_roots(),
+    )
+    .await
+    .unwrap_err();
+    assert!(e.to_string().contains("certificate"), "{e}");
+    assert_eq!(p.mock_stats().await.unwrap().accounts["acme"].accepted, 1);
+
+    // Roots that are not PEM certificates are refused, naming where they came from.
+    let e = tls::with_extra_roots(b"not a certificate", "ca.pem").unwrap_err();
+    assert!(
+        e.to_string().starts_with("ca.pem: no PEM certificate"),
+        "{e}"
+    );
+    let e = tls::with_roots_file(&dir.path().join("missing.pem")).unwrap_err();
+    assert!(e.to_string().contains("missing.pem"), "{e}");
 }

@@ -721,8 +721,16 @@ mod tests {
                 "events.pending_max must be at least 1",
             ),
             (
-                events.replace("http://", "https://"),
-                "events.url must be an http:// URL",
+                events.replace("http://", "ftp://"),
+                "events.url must be an http:// or https:// URL",
+            ),
+            (
+                provider.replace("http://", "ftp://"),
+                "provider.url must be an http:// or https:// URL",
+            ),
+            (
+                format!("{provider}ca_file = \"/nonexistent/ca.pem\"\n"),
+                "provider.ca_file: /nonexistent/ca.pem: No such file or directory (os error 2)",
             ),
             (
                 format!("{events}idle_ms = 0\n"),

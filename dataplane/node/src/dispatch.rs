@@ -43,8 +43,13 @@ const POLLS_AFTER_CANCEL_MAX: u32 = 100;
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProviderConfig {
-    /// Base URL of the generic provider API (the mock provider speaks it).
+    /// Base URL of the generic provider API (the mock provider speaks it): `http://` or
+    /// `https://` (its certificate checked against the public web's roots, and `ca_file`'s).
     pub url: String,
+    /// PEM certificates of a private CA that the provider's `https://` certificates (its API's
+    /// and its videos') may chain to, beside the public web's roots.
+    #[serde(default)]
+    pub ca_file: Option<std::path::PathBuf>,
     /// The secret callbacks are signed with.
     pub secret: String,
     /// Each HTTP call gives up after this; a submit without an answer is SUBMIT_UNKNOWN.
@@ -86,9 +91,10 @@ fn default_poll_ms() -> Vec<u64> {
 impl ProviderConfig {
     pub fn check(&self) -> anyhow::Result<()> {
         anyhow::ensure!(
-            self.url.starts_with("http://"),
-            "provider.url must be an http:// URL"
+            self.url.starts_with("http://") || self.url.starts_with("https://"),
+            "provider.url must be an http:// or https:// URL"
         );
+        self.tls()?;
         anyhow::ensure!(!self.secret.is_empty(), "provider.secret must not be empty");
         anyhow::ensure!(
             (50..=120_000).contains(&self.timeout_ms),
@@ -109,6 +115,16 @@ impl ProviderConfig {
             "provider.requests_max must be 1..=65536"
         );
         Ok(())
+    }
+
+    /// The roots the provider's `https://` certificates are checked against: the public
+    /// web's, and `ca_file`'s.
+    pub fn tls(&self) -> anyhow::Result<Arc<spindle_providers::tls::ClientConfig>> {
+        match &self.ca_file {
+            None => Ok(spindle_providers::tls::public_roots()),
+            Some(path) => spindle_providers::tls::with_roots_file(path)
+                .map_err(|e| anyhow::anyhow!("provider.ca_file: {e}")),
+        }
     }
 }
 
@@ -241,6 +257,7 @@ pub fn start(
         .unwrap_or_else(|| format!("http://{http_addr}"));
     let dispatcher = Arc::new(Dispatcher {
         provider: HttpProvider::new(&config.url, Duration::from_millis(config.timeout_ms))
+            .with_tls(&*config.tls()?)
             .with_requests_max(config.requests_max),
         callback_url: format!("{}/v1/provider/callback", base.trim_end_matches('/')),
         config,

@@ -236,7 +236,11 @@ fn run_node(config: Config) -> anyhow::Result<()> {
     };
     let media = match &config.media {
         Some(m) => {
-            let pool = media::MediaPool::start(m, &config.node_id, shard_senders.clone())
+            let tls = match &config.provider {
+                Some(p) => p.tls()?,
+                None => spindle_providers::tls::public_roots(),
+            };
+            let pool = media::MediaPool::start(m, &config.node_id, shard_senders.clone(), tls)
                 .context("starting the media workers")?;
             let _ = metrics.media.set(pool.clone());
             Some(pool)

@@ -109,7 +109,7 @@ impl MediaConfig {
     }
 }
 
-/// One job: the task's video at `input_url` (`http://`, fetched into the output directory
+/// One job: the task's video at `input_url` (`http://` or `https://`, fetched into the output directory
 /// under the job's quota, or `file://`).
 #[derive(Debug)]
 pub struct MediaJob {
@@ -168,10 +168,13 @@ const JOB_DEMAND: MediaDemand = MediaDemand {
 };
 
 impl MediaPool {
+    /// Starts the workers; they fetch `https://` videos trusting `tls`'s roots (the
+    /// provider's: [`crate::dispatch::ProviderConfig::tls`]).
     pub fn start(
         config: &MediaConfig,
         node: &str,
         shards: Vec<mpsc::Sender<ShardMsg>>,
+        tls: Arc<spindle_providers::tls::ClientConfig>,
     ) -> anyhow::Result<MediaPool> {
         let declared = config.declared.clone().unwrap_or(spindle_gpu::Declared {
             cpu_units: 2 * config.workers as u64,
@@ -236,6 +239,7 @@ impl MediaPool {
             let dir = dir.clone();
             let config = config.clone();
             let cancels = cancels.clone();
+            let tls = tls.clone();
             std::thread::Builder::new()
                 .name(format!("media-{w}"))
                 .spawn(move || {
@@ -250,6 +254,7 @@ impl MediaPool {
                             return;
                         }
                     };
+                    let fetch = Fetch { rt, tls };
                     loop {
                         let job = match rx.lock() {
                             Ok(r) => match r.recv() {
@@ -276,7 +281,7 @@ impl MediaPool {
                             }
                         };
                         let outcome = run(
-                            &job, &config, &ledger, &devices, &dir, cancel, &rt, &progress,
+                            &job, &config, &ledger, &devices, &dir, cancel, &fetch, &progress,
                         );
                         if let Ok(mut c) = cancels.lock() {
                             c.remove(&job.task);
@@ -327,6 +332,13 @@ impl MediaPool {
     }
 }
 
+/// How a worker fetches the provider's videos: on its own small runtime, `https://` trusting
+/// the provider's roots.
+struct Fetch {
+    rt: tokio::runtime::Runtime,
+    tls: Arc<spindle_providers::tls::ClientConfig>,
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run(
     job: &MediaJob,
@@ -335,7 +347,7 @@ fn run(
     devices: &[u32],
     dir: &std::path::Path,
     cancel: Arc<std::sync::atomic::AtomicBool>,
-    rt: &tokio::runtime::Runtime,
+    fetch: &Fetch,
     progress: &dyn Fn(u8),
 ) -> MediaOutcome {
     let failed = |reason: String, retryable: bool| MediaOutcome::Failed { reason, retryable };
@@ -358,13 +370,14 @@ fn run(
     let fetched = dir.join(format!("input-{}-{}", job.task.0, job.token.0));
     let input = if let Some(path) = job.input_url.strip_prefix("file://") {
         PathBuf::from(path)
-    } else if job.input_url.starts_with("http://") {
+    } else if job.input_url.starts_with("http://") || job.input_url.starts_with("https://") {
         let timeout = deadline.saturating_duration_since(Instant::now());
-        match rt.block_on(spindle_providers::download(
+        match fetch.rt.block_on(spindle_providers::download(
             &job.input_url,
             &fetched,
             quota,
             timeout,
+            &fetch.tls,
         )) {
             Ok(_) => fetched.clone(),
             Err(e) => return failed(format!("fetch: {e}"), e.is_retryable()),
@@ -372,7 +385,7 @@ fn run(
     } else {
         return failed(
             format!(
-                "unsupported media URL {:?} (http:// or file://)",
+                "unsupported media URL {:?} (http://, https:// or file://)",
                 job.input_url
             ),
             false,

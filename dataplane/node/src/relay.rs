@@ -27,7 +27,8 @@ use crate::metrics::Metrics;
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EventsConfig {
-    /// Where event batches are posted (http://).
+    /// Where event batches are posted (http:// or https://, checked against the public web's
+    /// roots).
     pub url: String,
     /// The secret their bodies are signed with.
     pub secret: String,
@@ -61,8 +62,8 @@ fn default_pending_max() -> u64 {
 impl EventsConfig {
     pub fn check(&self) -> anyhow::Result<()> {
         anyhow::ensure!(
-            self.url.starts_with("http://"),
-            "events.url must be an http:// URL"
+            self.url.starts_with("http://") || self.url.starts_with("https://"),
+            "events.url must be an http:// or https:// URL"
         );
         anyhow::ensure!(!self.secret.is_empty(), "events.secret must not be empty");
         anyhow::ensure!(

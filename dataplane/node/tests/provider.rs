@@ -35,22 +35,23 @@ async fn mock_of(
     clip: Option<std::path::PathBuf>,
 ) -> (MockProvider, HttpProvider) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let m = MockProvider::serve(
-        listener,
-        MockConfig {
-            accounts: ACCOUNTS
-                .iter()
-                .map(|a| format!("{a}:{limits}").parse().unwrap())
-                .collect(),
-            secret: SECRET.into(),
-            job_ms,
-            cost_milli: 1_234,
-            hang_ms: 1_500,
-            clip,
-        },
-    );
+    let m = MockProvider::serve(listener, mock_config(job_ms, limits, clip));
     let admin = m.client(Duration::from_secs(5));
     (m, admin)
+}
+
+fn mock_config(job_ms: u64, limits: &str, clip: Option<std::path::PathBuf>) -> MockConfig {
+    MockConfig {
+        accounts: ACCOUNTS
+            .iter()
+            .map(|a| format!("{a}:{limits}").parse().unwrap())
+            .collect(),
+        secret: SECRET.into(),
+        job_ms,
+        cost_milli: 1_234,
+        hang_ms: 1_500,
+        clip,
+    }
 }
 
 async fn node(test: &TestDb, provider: &MockProvider) -> Daemon {
@@ -1810,4 +1811,68 @@ async fn requests_held_up_after_their_rpm_token_reach_the_provider_paced() {
         common::metric(&daemon, "spindle_provider_paced_total").await > 0,
         "no submit was held back: the stall bunched nothing"
     );
+}
+
+/// The provider over HTTPS, its certificate issued by a private CA the node is told of
+/// (`provider.ca_file`): its API and the video it returns (fetched by the media stage) both
+/// over TLS; every task completes once, nothing held after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_provider_is_reached_over_https_trusting_the_configured_ca() {
+    use spindle_providers::tls;
+    let test = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let rcgen::CertifiedKey { cert, key_pair } =
+        rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, cert.pem()).unwrap();
+    let server = tls::server_config(cert.pem().as_bytes(), key_pair.serialize_pem().as_bytes());
+    let clip = dir.path().join("clip.mp4");
+    let rendition = spindle_transcode::Rendition {
+        name: "src".into(),
+        height: 240,
+        crf: 23,
+        preset: "ultrafast".into(),
+    };
+    spindle_transcode::transcode(
+        &spindle_transcode::Source::Lavfi("testsrc2=size=320x240:rate=25:duration=1".into()),
+        &clip,
+        &rendition,
+        &spindle_transcode::JobLimits::default(),
+        &mut |_| {},
+    )
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let m = MockProvider::serve_tls(
+        listener,
+        mock_config(30, "4:6000", Some(clip)),
+        server.unwrap(),
+    );
+    assert!(m.base_url().starts_with("https://"));
+    let admin = m
+        .client(Duration::from_secs(5))
+        .with_tls(&tls::with_roots_file(&ca).unwrap());
+    let out = dir.path().join("out");
+    let config = node_config("tls-node", &m, &format!("ca_file = \"{}\"", ca.display()));
+    let media = format!(
+        "[media]\nworkers = 1\noutput_dir = \"{}\"\nrenditions = [120]\ndeclaration = \"correct\"\n",
+        out.display()
+    );
+    let daemon = start_with(&test, &format!("{config}\n{media}")).await;
+    let (ids, states) = run(&daemon, &test, "tls", 6).await;
+    assert!(states.iter().all(|s| s == "SUCCEEDED"), "{states:?}");
+    // Each task's rendition was made from the video fetched over HTTPS.
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    for t in &ids {
+        let result = client.get(*t).await.unwrap().result.expect("a result");
+        let result: serde_json::Value = serde_json::from_str(&result).unwrap();
+        assert_eq!(
+            result["outputs"].as_array().map(Vec::len),
+            Some(1),
+            "{result}"
+        );
+    }
+    let total = assert_clean(&test, &admin).await;
+    assert_eq!(total.accepted, 6);
 }
