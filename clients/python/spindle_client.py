@@ -11,8 +11,10 @@ through any nodes of a cluster, sending a request again on another node when its
 drains or no longer serves the tenant.
 """
 
+import collections
 import json
 import os
+import select
 import socket
 import struct
 import sys
@@ -27,6 +29,7 @@ from spindle.wire import (  # noqa: E402
     CancelTask,
     Error,
     ErrorCode,
+    Event,
     GetTask,
     Hello,
     HelloOk,
@@ -35,6 +38,7 @@ from spindle.wire import (  # noqa: E402
     Response,
     ResponseFrame,
     SubmitTask,
+    Subscribe,
     TaskSpec,
     TaskState,
     TaskStatus,
@@ -51,6 +55,9 @@ def _names(enum_class):
 
 ERROR_NAMES = _names(ErrorCode.ErrorCode)
 STATE_NAMES = _names(TaskState.TaskState)
+TERMINAL_STATES = {"Succeeded", "Failed", "Canceled", "Expired"}
+# Events a connection holds before they are read (as the Rust client's EVENTS_BUFFER).
+EVENTS_MAX = 4096
 
 
 class SpindleError(Exception):
@@ -68,6 +75,8 @@ class Client:
         self.next_id = 1
         # The node that serves this connection (its HelloOk).
         self.node_id = ""
+        # Events of subscribed tasks read while waiting for an answer, oldest first.
+        self.events = collections.deque()
 
     @classmethod
     def connect(cls, host, port, tenant, credential):
@@ -124,6 +133,11 @@ class Client:
         payload = bytes(builder.Output())
         self.sock.sendall(struct.pack("<I", len(payload)) + payload)
         frame = self._read_frame()
+        # A subscription's events come on its Subscribe's request id, in between answers (even
+        # before the Subscribe's own): kept for next_event.
+        while frame.BodyType() == Response.Response.Event:
+            self._keep(frame)
+            frame = self._read_frame()
         # Request id 0 is the connection's: the node's last word before it closes it (a
         # framing error, or the tenant suspended by the breaker), raised as it is.
         if frame.RequestId() not in (request_id, 0):
@@ -220,6 +234,47 @@ class Client:
         c = Canceled.Canceled()
         c.Init(frame.Body().Bytes, frame.Body().Pos)
         return STATE_NAMES.get(c.State(), str(c.State()))
+
+    def subscribe(self, task_id):
+        """Asks for a live task's events (state, progress milestone, and with Succeeded its
+        result); they come through next_event until the task ends. A task this node does not
+        hold live (ended, or unknown) raises NotFound: read it with get."""
+        b = flatbuffers.Builder(64)
+        Subscribe.Start(b)
+        Subscribe.AddTaskId(b, task_id)
+        body = Subscribe.End(b)
+        self._call(b, Request.Request.Subscribe, body)
+
+    def next_event(self, timeout=None):
+        """The next event of any subscription, as a dict (task_id, state, progress_pct,
+        at_ms, result); None when none came within `timeout` seconds (None: wait)."""
+        if self.events:
+            return self.events.popleft()
+        if not select.select([self.sock], [], [], timeout)[0]:
+            return None
+        frame = self._read_frame()
+        if frame.BodyType() != Response.Response.Event:
+            raise SpindleError("Unexpected", f"answer type {frame.BodyType()} with no request")
+        self._keep(frame)
+        return self.events.popleft()
+
+    def _keep(self, frame):
+        if len(self.events) >= EVENTS_MAX:
+            self.close()
+            raise SpindleError(
+                "EventsNotRead",
+                f"more than {EVENTS_MAX} events held unread (read them with next_event); "
+                "the connection is closed",
+            )
+        e = Event.Event()
+        e.Init(frame.Body().Bytes, frame.Body().Pos)
+        self.events.append({
+            "task_id": e.TaskId(),
+            "state": STATE_NAMES.get(e.State(), str(e.State())),
+            "progress_pct": e.ProgressPct(),
+            "at_ms": e.AtMs(),
+            "result": json.loads(e.Result()) if e.Result() else None,
+        })
 
     def close(self):
         self.sock.close()

@@ -16,9 +16,15 @@ use spindle_control::testing::TestDb;
 /// `clients/python/check_client.py` against `addr` as tenant 1 with `extra` arguments: its
 /// lines, after asserting that it succeeded.
 fn check_client(addr: SocketAddr, extra: &[&str]) -> Vec<String> {
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../clients/python/check_client.py"
+    python("check_client.py", addr, extra)
+}
+
+/// `clients/python/SCRIPT` against `addr` as tenant 1 with `extra` arguments: its lines, after
+/// asserting that it succeeded.
+fn python(script: &str, addr: SocketAddr, extra: &[&str]) -> Vec<String> {
+    let script = format!(
+        "{}/../../clients/python/{script}",
+        env!("CARGO_MANIFEST_DIR")
     );
     let out = Command::new("python3")
         .arg(script)
@@ -81,6 +87,26 @@ async fn the_python_client_follows_a_node_that_names_another() {
     let lines = check_client(b.addr, &["--cluster"]);
     assert_eq!(lines.first().map(String::as_str), Some("served by node-a"));
     assert_checked(&lines[1..]);
+}
+
+/// Events through the Python client: a task's states in order up to its end, then a
+/// subscription to the ended task refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_client_follows_a_tasks_events_to_its_end() {
+    let test = TestDb::new().await;
+    // Tasks run ~1 s at the local provider: the subscription comes while the task is live.
+    let daemon = start_with(&test, &common::config_scaled("0.05", "")).await;
+    let lines = python("check_events.py", daemon.addr, &[]);
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    let states: Vec<&str> = lines[0]
+        .strip_prefix("events ")
+        .unwrap_or_else(|| panic!("{lines:?}"))
+        .split(' ')
+        .collect();
+    assert_eq!(states.last(), Some(&"Succeeded"), "{lines:?}");
+    assert!(states.contains(&"Running"), "{lines:?}");
+    assert!(lines[1].ends_with("at 100 True"), "{lines:?}");
+    assert_eq!(lines[2], "error NotFound");
 }
 
 /// Two nodes on one PostgreSQL, leases of 1.5 s: the Python cluster client (seeds A and B) is
