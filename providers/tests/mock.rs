@@ -255,23 +255,25 @@ async fn callbacks_are_signed_and_follow_the_fault_mode() {
     assert_eq!((count("once"), count("twice"), count("never")), (1, 2, 0));
 }
 
+/// One account, `acme`, whose quick jobs return `clip`.
+fn returning(clip: std::path::PathBuf) -> MockConfig {
+    MockConfig {
+        accounts: vec!["acme:2:6000".parse::<AccountSpec>().unwrap()],
+        secret: SECRET.into(),
+        job_ms: 10,
+        cost_milli: 1,
+        hang_ms: 1_000,
+        clip: Some(clip),
+    }
+}
+
 #[tokio::test]
 async fn a_succeeded_job_serves_its_video_and_downloads_are_bounded() {
     let dir = tempfile::tempdir().unwrap();
     let clip = dir.path().join("clip.bin");
     std::fs::write(&clip, vec![7u8; 10_000]).unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let m = MockProvider::serve(
-        listener,
-        MockConfig {
-            accounts: vec!["acme:2:6000".parse::<AccountSpec>().unwrap()],
-            secret: SECRET.into(),
-            job_ms: 10,
-            cost_milli: 1,
-            hang_ms: 1_000,
-            clip: Some(clip.clone()),
-        },
-    );
+    let m = MockProvider::serve(listener, returning(clip.clone()));
     let p = m.client(Duration::from_secs(2));
     p.submit(&job("acme", "v", None)).await.unwrap();
     let done = until_final(&p, "acme", "v").await;
@@ -320,14 +322,7 @@ async fn over_https_the_adapter_trusts_the_roots_it_is_given_and_no_others() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let m = MockProvider::serve_tls(
         listener,
-        MockConfig {
-            accounts: vec!["acme:2:6000".parse::<AccountSpec>().unwrap()],
-            secret: SECRET.into(),
-            job_ms: 10,
-            cost_milli: 1,
-            hang_ms: 1_000,
-            clip: Some(clip),
-        },
+        returning(clip),
         tls::server_config(cert.as_bytes(), key.as_bytes()).unwrap(),
     );
     assert!(
