@@ -241,7 +241,7 @@ impl TokenBucket {
     /// Takes `tokens` if the bucket holds them now; changes nothing else otherwise. Zero always
     /// fits and refills nothing (a demand never lists a zero need).
     #[inline]
-    pub(crate) fn try_take(&mut self, tokens: u64, now: Time) -> bool {
+    pub fn try_take(&mut self, tokens: u64, now: Time) -> bool {
         if tokens == 0 {
             return true;
         }
@@ -290,6 +290,13 @@ impl TokenBucket {
 
     pub fn rate(&self) -> RateSpec {
         self.rate
+    }
+
+    /// Empties the bucket at `now`: it refills from nothing (the node's tenant breaker, once
+    /// it trips).
+    pub fn drain(&mut self, now: Time) {
+        self.refill(now);
+        self.level = 0;
     }
 
     /// Tops the bucket up to its burst, as a new bucket starts.
@@ -906,7 +913,7 @@ mod tests {
     }
 
     #[test]
-    fn take_one_says_how_long_until_the_next_token() {
+    fn take_one_says_how_long_until_the_next_token_and_a_drained_bucket_starts_empty() {
         let rate = |per_minute, burst| RateSpec { per_minute, burst };
         let mut b = TokenBucket::new(rate(60, 2), Time::ZERO);
         assert_eq!(b.take_one(Time::ZERO), Ok(()));
@@ -918,6 +925,11 @@ mod tests {
         // Penalized, it counts at half the rate.
         b.penalize(Time::from_ms(1_000));
         assert_eq!(b.take_one(Time::from_ms(1_000)), Err(2 * NANOS_PER_S));
+        // Drained, it refills from nothing.
+        let mut full = TokenBucket::new(rate(60, 5), Time::ZERO);
+        full.drain(Time::ZERO);
+        assert_eq!(full.take_one(Time::ZERO), Err(NANOS_PER_S));
+        assert_eq!(full.take_one(Time::from_secs(1)), Ok(()));
         // A rate or a burst of zero never gives one.
         let mut none = TokenBucket::new(rate(0, 1), Time::ZERO);
         assert_eq!(none.take_one(Time::ZERO), Ok(()));

@@ -22,9 +22,9 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 use spindle_core::hash::RunMap;
-use spindle_core::TenantId;
-
-const NANOS_PER_S: u64 = 1_000_000_000;
+use spindle_core::ledger::TokenBucket;
+use spindle_core::policy::RateSpec;
+use spindle_core::{TenantId, Time};
 
 /// `[breaker]` in the configuration file.
 #[derive(Debug, Clone, Copy, Deserialize)]
@@ -90,11 +90,12 @@ impl BreakerConfig {
         Ok(())
     }
 
-    /// The most refusals stored, as refusal-nanoseconds (a refusal costs `NANOS_PER_S`).
-    fn cap(&self) -> u64 {
-        self.refusals_per_s
-            .saturating_mul(self.burst_s)
-            .saturating_mul(NANOS_PER_S)
+    /// The refusals a tenant may keep up, per minute, and at once.
+    fn rate(&self) -> RateSpec {
+        RateSpec {
+            per_minute: self.refusals_per_s.saturating_mul(60),
+            burst: self.refusals_per_s.saturating_mul(self.burst_s),
+        }
     }
 }
 
@@ -128,11 +129,10 @@ impl Suspensions {
 }
 
 /// A tenant's refusals as one shard counts them.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Refusals {
-    /// Refusals it may still make at once, × `NANOS_PER_S`.
-    level: u64,
-    at: Instant,
+    /// Refusals it may still make at once: `refusals_per_s`, a burst of `burst_s` of them.
+    bucket: TokenBucket,
     /// The end of its last suspension, and that suspension's length.
     last: Option<(Instant, Duration)>,
 }
@@ -150,6 +150,8 @@ pub enum Verdict {
 /// (`Metrics::suspensions`).
 pub struct Breaker {
     config: BreakerConfig,
+    /// The buckets' clock's zero.
+    epoch: Instant,
     /// Only authenticated tenants (ids of the policy): the core's fast hasher is safe here.
     tenants: RefCell<RunMap<TenantId, Refusals>>,
     metrics: std::sync::Arc<crate::metrics::Metrics>,
@@ -159,6 +161,7 @@ impl Breaker {
     pub fn new(config: BreakerConfig, metrics: std::sync::Arc<crate::metrics::Metrics>) -> Breaker {
         Breaker {
             config,
+            epoch: Instant::now(),
             tenants: RefCell::new(RunMap::default()),
             metrics,
         }
@@ -180,26 +183,19 @@ impl Breaker {
         if n == 0 || self.config.refusals_per_s == 0 {
             return Verdict::Served;
         }
-        let cap = self.config.cap();
+        let at = Time(now.saturating_duration_since(self.epoch).as_nanos() as u64);
         let mut tenants = self.tenants.borrow_mut();
-        let r = tenants.entry(tenant).or_insert(Refusals {
-            level: cap,
-            at: now,
+        let r = tenants.entry(tenant).or_insert_with(|| Refusals {
+            bucket: TokenBucket::new(self.config.rate(), at),
             last: None,
         });
         if let Some((until, _)) = r.last.filter(|(until, _)| *until > now) {
             return Verdict::Suspended(until - now);
         }
-        let gained = (now.saturating_duration_since(r.at).as_nanos() as u64)
-            .saturating_mul(self.config.refusals_per_s);
-        r.level = r.level.saturating_add(gained).min(cap);
-        r.at = now;
-        let cost = n.saturating_mul(NANOS_PER_S);
-        if let Some(left) = r.level.checked_sub(cost) {
-            r.level = left;
+        if r.bucket.try_take(n, at) {
             return Verdict::Served;
         }
-        r.level = 0;
+        r.bucket.drain(at);
         let base = Duration::from_millis(self.config.cooldown_ms);
         let max = Duration::from_millis(self.config.cooldown_max_ms);
         let cooldown = match r.last {
