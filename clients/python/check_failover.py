@@ -1,7 +1,8 @@
 """Drives a cluster through the Python ClusterClient across the death of its node: submits,
-waits for a line on stdin (the caller kills the serving node meanwhile), submits again — the
-client fails over to a node that serves the tenant once it does — sends the first submit again
-(a replay of the same task) and reads the second task until it has run. Prints one line per
+subscribes to another, waits for a line on stdin (the caller kills the serving node
+meanwhile), submits again — the client fails over to a node that serves the tenant once it
+does — sends the first submit again (a replay of the same task), reads the second task until it
+has run, and receives the watched task's end across the failover. Prints one line per
 step; exits non-zero on any surprise.
 
     python3 clients/python/check_failover.py TENANT CREDENTIAL SEED [SEED...]
@@ -10,7 +11,7 @@ step; exits non-zero on any surprise.
 import sys
 import time
 
-from spindle_client import ClusterClient
+from spindle_client import TERMINAL_STATES, ClusterClient
 
 SPEC = dict(user=1, model=0, width=1280, height=720, duration_ms=5000, fps=24)
 
@@ -21,6 +22,9 @@ def main():
     print(f"served by {cluster.node_id}")
     before = cluster.submit("python-before", **SPEC)
     assert before["decision"] == 0 and not before["replay"], before  # ACCEPTED
+    # A task watched across the failover: its end comes from whichever node has it then.
+    watched = cluster.submit("python-watched", **SPEC)["task_id"]
+    cluster.subscribe(watched)
     print("ready", flush=True)
     sys.stdin.readline()
     after = cluster.submit("python-after", **SPEC)
@@ -38,6 +42,13 @@ def main():
         time.sleep(0.005)
     assert state == "Succeeded", state
     print(f"status {state}")
+    end = None
+    while end is None:
+        event = cluster.next_event(timeout=60)
+        assert event is not None, "no event of the watched task within 60 s"
+        if event["task_id"] == watched and event["state"] in TERMINAL_STATES:
+            end = event
+    print(f"watched {end['state']}")
     print(f"tasks {before['task_id']} {after['task_id']}", flush=True)
     cluster.close()
 

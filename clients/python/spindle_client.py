@@ -219,6 +219,7 @@ class Client:
             "task_id": s.TaskId(),
             "state": STATE_NAMES.get(s.State(), str(s.State())),
             "attempt_no": s.AttemptNo(),
+            "progress_pct": s.ProgressPct(),
             "result": json.loads(s.Result()) if s.Result() else None,
         }
 
@@ -286,6 +287,12 @@ FAILOVER_WITHIN = 60.0
 FAILOVER_PAUSE = 0.05
 FAILOVER_PAUSE_MAX = 2.0
 SEEDS_MAX = 64
+# Tasks a ClusterClient keeps subscribed across failovers (a node holds at most 100,000
+# subscriptions per shard).
+CLUSTER_SUBSCRIPTIONS_MAX = 100_000
+# Rounds of subscribing again to a task stored as not ended but not live on the new node yet.
+RESUBSCRIBE_TRIES = 10
+RESUBSCRIBE_PAUSE = 0.1
 
 # Refusals another node (or the same one a moment later) answers otherwise.
 _FAILOVER_CODES = {"Closed", "WrongNode", "Draining", "Unavailable"}
@@ -316,6 +323,13 @@ class ClusterClient:
     seconds. Sending again is safe: a submit carries its idempotency key (a replay is
     answered with the first admission), a cancel is stored once, a read changes nothing.
 
+    Subscriptions move with the connection (as the Rust ClusterClient's): a fresh one
+    subscribes again to every task still subscribed, and the node's first event for each is
+    its state then; a task that ended while no connection was up is read and given as its end
+    (stamped with this machine's clock); one stored as not ended that the new node does not
+    hold live within about a second is given as its state then and no longer followed. The
+    milestones passed during the gap are not replayed.
+
         cluster = ClusterClient(["10.0.0.5:7470", "10.0.0.6:7470"], tenant=1,
                                 credential="secret")
         admission = cluster.submit("order-17", user=3, model=0, width=1280, height=720,
@@ -332,6 +346,10 @@ class ClusterClient:
         self.client = None
         # Connections replaced after a failure.
         self.failovers = 0
+        # Tasks subscribed to and not yet ended, and ends read after a failover, given first.
+        self.subscribed = set()
+        self.caught_up = collections.deque()
+        self.subscriptions_max = CLUSTER_SUBSCRIPTIONS_MAX
         self._call(lambda client: None)
 
     @property
@@ -351,10 +369,79 @@ class ClusterClient:
         """Client.cancel, failing over (a cancel is stored once)."""
         return self._call(lambda client: client.cancel(task_id))
 
+    def subscribe(self, task_id):
+        """Client.subscribe, on this connection and every later one, until the task ends. A
+        task subscribed already is asked for again, not counted twice."""
+        fresh = task_id not in self.subscribed
+        if fresh and len(self.subscribed) >= self.subscriptions_max:
+            raise SpindleError(
+                "TooManySubscriptions",
+                f"a cluster client keeps at most {self.subscriptions_max} subscriptions "
+                f"(task {task_id} refused until one of them ends)",
+            )
+        # Kept before it is asked for, so that a failover in between subscribes the new
+        # connection too (at worst twice: the same events twice, never none).
+        self.subscribed.add(task_id)
+        try:
+            self._call(lambda client: client.subscribe(task_id))
+        except Exception:
+            if fresh:
+                self.subscribed.discard(task_id)
+            raise
+
+    def next_event(self, timeout=None):
+        """The next event of any subscription, across failovers; None when none came within
+        `timeout` seconds (None: wait)."""
+        event = self._call(
+            lambda client: self.caught_up.popleft() if self.caught_up
+            else client.next_event(timeout)
+        )
+        if event is not None and event["state"] in TERMINAL_STATES:
+            self.subscribed.discard(event["task_id"])
+        return event
+
     def close(self):
         if self.client is not None:
             self.client.close()
             self.client = None
+
+    def _resubscribe(self, client):
+        """Subscribes `client`, a fresh connection, to every task still subscribed. A task not
+        live on it is read: an ended one's end is queued as an event; one stored as not ended
+        is asked for again a few times, and past them its state is queued and it is let go."""
+        tasks = list(self.subscribed)
+        for round_no in range(1, RESUBSCRIBE_TRIES + 1):
+            not_yet = []
+            for task in tasks:
+                try:
+                    client.subscribe(task)
+                    continue
+                except SpindleError as e:
+                    if e.code != "NotFound":
+                        raise
+                try:
+                    status = client.get(task)
+                except SpindleError as e:
+                    if e.code != "NotFound":
+                        raise
+                    # Gone for this tenant (pruned): nothing more will come of it.
+                    self.subscribed.discard(task)
+                    continue
+                if status["state"] in TERMINAL_STATES or round_no == RESUBSCRIBE_TRIES:
+                    self.subscribed.discard(task)
+                    self.caught_up.append({
+                        "task_id": task,
+                        "state": status["state"],
+                        "progress_pct": status["progress_pct"],
+                        "at_ms": int(time.time() * 1000),
+                        "result": status["result"],
+                    })
+                else:
+                    not_yet.append(task)
+            if not not_yet:
+                return
+            tasks = not_yet
+            time.sleep(RESUBSCRIBE_PAUSE)
 
     def _call(self, request):
         deadline = time.monotonic() + self.failover_within
@@ -366,8 +453,10 @@ class ClusterClient:
                 if not _fails_over(e):
                     raise
                 failed = e
-            # The connection may be mid-frame or dead: never used again.
+            # The connection may be mid-frame or dead: never used again. Events it read and
+            # nobody took yet are given before the next connection's.
             if self.client is not None:
+                self.caught_up.extend(self.client.events)
                 self.client.close()
                 self.client = None
                 self.failovers += 1
@@ -383,10 +472,15 @@ class ClusterClient:
             return self.client
         failed = None
         for host, port in self.seeds:
+            client = None
             try:
-                self.client = Client.connect_cluster(host, port, self.tenant, self.credential)
-                return self.client
+                client = Client.connect_cluster(host, port, self.tenant, self.credential)
+                self._resubscribe(client)
+                self.client = client
+                return client
             except (OSError, SpindleError) as e:
+                if client is not None:
+                    client.close()
                 if not _fails_over(e):
                     raise
                 failed = e

@@ -111,13 +111,15 @@ async fn the_python_client_follows_a_tasks_events_to_its_end() {
 
 /// Two nodes on one PostgreSQL, leases of 1.5 s: the Python cluster client (seeds A and B) is
 /// served by A, A is killed (-9), and its next submit is accepted by B once B holds the
-/// partition; the submit from before the kill, sent again, is a replay of the same task, and
-/// both tasks complete.
+/// partition; the submit from before the kill, sent again, is a replay of the same task, both
+/// tasks complete, and a task subscribed to on A, running there when A died, ends SUCCEEDED
+/// on B and its end reaches the subscriber.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_cluster_client_fails_over_when_its_node_dies() {
     let test = TestDb::new().await;
+    // Tasks run ~3 s at the local provider: the watched one is running when A dies.
     let config = |node: &str| {
-        common::config_scaled("0.0001", "lease_ms = 1500")
+        common::config_scaled("0.1", "lease_ms = 1500")
             .replace("node_id = \"test-node\"", &format!("node_id = \"{node}\""))
     };
     let mut a = start_with(&test, &config("node-a")).await;
@@ -164,6 +166,7 @@ async fn the_python_cluster_client_fails_over_when_its_node_dies() {
     assert_eq!(next_line().await, "failovers 1");
     assert_eq!(next_line().await, "replayed");
     assert_eq!(next_line().await, "status Succeeded");
+    assert_eq!(next_line().await, "watched Succeeded");
     let tasks = next_line().await;
     let ids: Vec<i64> = tasks
         .strip_prefix("tasks ")
