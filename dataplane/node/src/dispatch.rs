@@ -313,8 +313,13 @@ impl Dispatcher {
                 .or_insert_with(|| Arc::new(Pacer::new(TokenBucket::new(rate, now))))
                 .clone()
         };
-        let mut bucket = pacer.lock().await;
         let started = std::time::Instant::now();
+        // Held: behind a submit that waits for its token (the lock is only ever held across
+        // that wait), or waiting for its own.
+        let (mut bucket, mut held) = match pacer.try_lock() {
+            Ok(bucket) => (bucket, false),
+            Err(_) => (pacer.lock().await, true),
+        };
         loop {
             let now = self.pace_clock();
             if bucket.rate() != rate {
@@ -325,15 +330,17 @@ impl Dispatcher {
                 // A rate of zero cannot come here (the shard sends none), nor a burst of zero
                 // (it sends at least one); never wait forever on one all the same.
                 Err(u64::MAX) => break,
-                Err(ns) => tokio::time::sleep(Duration::from_nanos(ns)).await,
+                Err(ns) => {
+                    held = true;
+                    tokio::time::sleep(Duration::from_nanos(ns)).await;
+                }
             }
         }
-        let waited = started.elapsed();
-        if !waited.is_zero() {
+        if held {
             self.metrics.provider_paced.fetch_add(1, Ordering::Relaxed);
             self.metrics
                 .provider_paced_us
-                .fetch_add(waited.as_micros() as u64, Ordering::Relaxed);
+                .fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
         }
     }
 
