@@ -25,6 +25,14 @@ def main():
                               input={"prompt": "a paper boat on a canal", "seed": 7})
     assert admission["decision"] == 0, admission  # ACCEPTED
     print(f"submitted task {admission['task_id']}")
+    spec = dict(user=1, model=0, width=1280, height=720, duration_ms=5000, fps=24)
+    batch = client.submit_batch([dict(key="python-b1", **spec), dict(key="python-b2", **spec),
+                                 dict(key="python-1", input={"prompt": "a paper boat on a canal",
+                                                             "seed": 7}, **spec)])
+    assert [a["decision"] for a in batch] == [0, 0, 0], batch
+    # The third repeats the first submit's key and request: a replay of the same task.
+    assert batch[2]["task_id"] == admission["task_id"], (batch, admission)
+    print(f"batch of {len(batch)}, replays {sum(a['replay'] for a in batch)}")
     state = None
     for _ in range(2000):
         state = client.get(admission["task_id"])["state"]

@@ -37,6 +37,8 @@ from spindle.wire import (  # noqa: E402
     RequestFrame,
     Response,
     ResponseFrame,
+    SubmitBatch,
+    SubmitBatchResult,
     SubmitTask,
     Subscribe,
     TaskSpec,
@@ -47,6 +49,8 @@ from spindle.wire import (  # noqa: E402
 PROTOCOL_VERSION = 1
 IDENTIFIER = b"SPDL"
 FRAME_BYTES_MAX = 1 << 20
+# Tasks in one SubmitBatch (spindle_wire::BATCH_MAX).
+BATCH_MAX = 1024
 
 
 def _names(enum_class):
@@ -67,6 +71,41 @@ class SpindleError(Exception):
         self.message = message
         # With WrongNode: "host:port" of the node that serves the tenant, when one is known.
         self.redirect = redirect
+
+
+def _submit_task(b, key, user, model, width, height, duration_ms, fps, audio=False,
+                 references=0, band_hint=0, input=None):
+    """A SubmitTask table in `b`; its offset."""
+    k = b.CreateString(key)
+    if input is not None and not isinstance(input, str):
+        input = json.dumps(input, separators=(",", ":"))
+    i = b.CreateString(input) if input is not None else None
+    TaskSpec.Start(b)
+    TaskSpec.AddModel(b, model)
+    TaskSpec.AddWidth(b, width)
+    TaskSpec.AddHeight(b, height)
+    TaskSpec.AddDurationMs(b, duration_ms)
+    TaskSpec.AddFps(b, fps)
+    TaskSpec.AddAudio(b, audio)
+    TaskSpec.AddReferences(b, references)
+    spec = TaskSpec.End(b)
+    SubmitTask.Start(b)
+    SubmitTask.AddIdempotencyKey(b, k)
+    SubmitTask.AddUserId(b, user)
+    SubmitTask.AddSpec(b, spec)
+    SubmitTask.AddBandHint(b, band_hint)
+    if i is not None:
+        SubmitTask.AddInput(b, i)
+    return SubmitTask.End(b)
+
+
+def _admission(a):
+    return {
+        "task_id": a.TaskId(),
+        "decision": a.Decision(),
+        "replay": a.Replay(),
+        "reason": a.Reason().decode() if a.Reason() else None,
+    }
 
 
 class Client:
@@ -173,39 +212,38 @@ class Client:
 
     def submit(self, key, user, model, width, height, duration_ms, fps, audio=False,
                references=0, band_hint=0, input=None):
-        """`input`: what to generate, for the provider — a dict/list (sent as JSON) or a JSON
-        text, at most 16 KiB."""
+        """Submits one task; its admission as a dict (task_id, decision — 0 is accepted —,
+        replay, reason). `input`: what to generate, for the provider — a dict/list (sent as
+        JSON) or a JSON text, at most 16 KiB."""
         b = flatbuffers.Builder(256)
-        k = b.CreateString(key)
-        if input is not None and not isinstance(input, str):
-            input = json.dumps(input, separators=(",", ":"))
-        i = b.CreateString(input) if input is not None else None
-        TaskSpec.Start(b)
-        TaskSpec.AddModel(b, model)
-        TaskSpec.AddWidth(b, width)
-        TaskSpec.AddHeight(b, height)
-        TaskSpec.AddDurationMs(b, duration_ms)
-        TaskSpec.AddFps(b, fps)
-        TaskSpec.AddAudio(b, audio)
-        TaskSpec.AddReferences(b, references)
-        spec = TaskSpec.End(b)
-        SubmitTask.Start(b)
-        SubmitTask.AddIdempotencyKey(b, k)
-        SubmitTask.AddUserId(b, user)
-        SubmitTask.AddSpec(b, spec)
-        SubmitTask.AddBandHint(b, band_hint)
-        if i is not None:
-            SubmitTask.AddInput(b, i)
-        body = SubmitTask.End(b)
+        body = _submit_task(b, key, user, model, width, height, duration_ms, fps, audio,
+                            references, band_hint, input)
         frame = self._call(b, Request.Request.SubmitTask, body)
         a = Admission.Admission()
         a.Init(frame.Body().Bytes, frame.Body().Pos)
-        return {
-            "task_id": a.TaskId(),
-            "decision": a.Decision(),
-            "replay": a.Replay(),
-            "reason": a.Reason().decode() if a.Reason() else None,
-        }
+        return _admission(a)
+
+    def submit_batch(self, tasks):
+        """Submits 1..=BATCH_MAX tasks in one frame, each a dict of submit's arguments; their
+        admissions in order (one group commit for all that are accepted)."""
+        if not 1 <= len(tasks) <= BATCH_MAX:
+            raise SpindleError("BatchTooLarge",
+                               f"a batch holds 1..={BATCH_MAX} tasks, not {len(tasks)}")
+        b = flatbuffers.Builder(256 * len(tasks))
+        offsets = [_submit_task(b, **t) for t in tasks]
+        SubmitBatch.StartTasksVector(b, len(offsets))
+        for o in reversed(offsets):
+            b.PrependUOffsetTRelative(o)
+        vector = b.EndVector()
+        SubmitBatch.Start(b)
+        SubmitBatch.AddTasks(b, vector)
+        body = SubmitBatch.End(b)
+        frame = self._call(b, Request.Request.SubmitBatch, body)
+        if frame.BodyType() != Response.Response.SubmitBatchResult:
+            raise SpindleError("Unexpected", f"answer type {frame.BodyType()} to SubmitBatch")
+        r = SubmitBatchResult.SubmitBatchResult()
+        r.Init(frame.Body().Bytes, frame.Body().Pos)
+        return [_admission(r.Admissions(j)) for j in range(r.AdmissionsLength())]
 
     def get(self, task_id):
         b = flatbuffers.Builder(64)
@@ -360,6 +398,10 @@ class ClusterClient:
     def submit(self, *args, **kwargs):
         """Client.submit, failing over (sent again with its idempotency key)."""
         return self._call(lambda client: client.submit(*args, **kwargs))
+
+    def submit_batch(self, tasks):
+        """Client.submit_batch, failing over (sent again whole, every key with it)."""
+        return self._call(lambda client: client.submit_batch(tasks))
 
     def get(self, task_id):
         """Client.get, failing over."""

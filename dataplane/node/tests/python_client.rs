@@ -44,28 +44,29 @@ fn python(script: &str, addr: SocketAddr, extra: &[&str]) -> Vec<String> {
     stdout.lines().map(str::to_string).collect()
 }
 
-/// The six lines of a run that submits, reads, and is refused four ways (a cancel of the ended
-/// task among them).
+/// The seven lines of a run that submits (one task, then a batch of three with a replay of
+/// it), reads, and is refused four ways (a cancel of the ended task among them).
 fn assert_checked(lines: &[String]) {
     let all = lines.join("\n");
-    assert_eq!(lines.len(), 6, "{all}");
+    assert_eq!(lines.len(), 7, "{all}");
     assert!(lines[0].starts_with("submitted task "), "{all}");
-    assert_eq!(lines[1], "status Succeeded");
+    assert_eq!(lines[1], "batch of 3, replays 1");
+    assert_eq!(lines[2], "status Succeeded");
     assert!(
-        lines[2].starts_with("error NotFound: task ")
-            && lines[2].ends_with(" not found or not cancelable"),
+        lines[3].starts_with("error NotFound: task ")
+            && lines[3].ends_with(" not found or not cancelable"),
         "a task that has ended cannot be canceled: {all}"
     );
     assert!(
-        lines[3].starts_with("error NotFound: task 999999999 not found"),
+        lines[4].starts_with("error NotFound: task 999999999 not found"),
         "{all}"
     );
     assert!(
-        lines[4].starts_with("error InvalidInput: tasks[0]: `input` is not one JSON value")
-            || lines[4].starts_with("error InvalidInput: `input` is not one JSON value"),
+        lines[5].starts_with("error InvalidInput: tasks[0]: `input` is not one JSON value")
+            || lines[5].starts_with("error InvalidInput: `input` is not one JSON value"),
         "{all}"
     );
-    assert_eq!(lines[5], "error AuthFailed");
+    assert_eq!(lines[6], "error AuthFailed");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
