@@ -99,6 +99,20 @@ def _submit_task(b, key, user, model, width, height, duration_ms, fps, audio=Fal
     return SubmitTask.End(b)
 
 
+def _raise_error(frame):
+    """Raises the Error `frame` carries, if it carries one."""
+    if frame.BodyType() != Response.Response.Error:
+        return
+    err = Error.Error()
+    err.Init(frame.Body().Bytes, frame.Body().Pos)
+    redirect = err.Redirect()
+    raise SpindleError(
+        ERROR_NAMES.get(err.Code(), str(err.Code())),
+        err.Message().decode(),
+        redirect.decode() if redirect is not None else None,
+    )
+
+
 def _admission(a):
     return {
         "task_id": a.TaskId(),
@@ -181,15 +195,7 @@ class Client:
         # framing error, or the tenant suspended by the breaker), raised as it is.
         if frame.RequestId() not in (request_id, 0):
             raise SpindleError("Unexpected", f"answer to {frame.RequestId()}, not {request_id}")
-        if frame.BodyType() == Response.Response.Error:
-            err = Error.Error()
-            err.Init(frame.Body().Bytes, frame.Body().Pos)
-            redirect = err.Redirect()
-            raise SpindleError(
-                ERROR_NAMES.get(err.Code(), str(err.Code())),
-                err.Message().decode(),
-                redirect.decode() if redirect is not None else None,
-            )
+        _raise_error(frame)
         return frame
 
     def _read_exact(self, n):
@@ -293,6 +299,8 @@ class Client:
             return None
         frame = self._read_frame()
         if frame.BodyType() != Response.Response.Event:
+            # The node's last word on the connection (request id 0), raised as it is.
+            _raise_error(frame)
             raise SpindleError("Unexpected", f"answer type {frame.BodyType()} with no request")
         self._keep(frame)
         return self.events.popleft()
