@@ -45,6 +45,14 @@ struct Args {
     /// Once serving, write the base URL to this file.
     #[arg(long)]
     ready_file: Option<PathBuf>,
+    /// Serve HTTPS with this certificate chain (PEM, for `localhost`: the base URL is then
+    /// `https://localhost:PORT`); a node trusts it through `provider.ca_file` (the chain's
+    /// own file, for a self-signed certificate).
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -65,17 +73,33 @@ async fn main() -> anyhow::Result<()> {
         faults.push((account.to_string(), fault));
     }
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
-    let mock = MockProvider::serve(
-        listener,
-        MockConfig {
-            accounts: args.accounts,
-            secret: args.secret.clone(),
-            job_ms: args.job_ms,
-            cost_milli: args.cost_milli,
-            hang_ms: args.hang_ms,
-            clip: args.clip,
-        },
-    );
+    let config = MockConfig {
+        accounts: args.accounts,
+        secret: args.secret.clone(),
+        job_ms: args.job_ms,
+        cost_milli: args.cost_milli,
+        hang_ms: args.hang_ms,
+        clip: args.clip,
+    };
+    let (mock, admin) = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => {
+            let cert = std::fs::read(cert).map_err(|e| anyhow::anyhow!("--tls-cert: {e}"))?;
+            let key = std::fs::read(key).map_err(|e| anyhow::anyhow!("--tls-key: {e}"))?;
+            let server = spindle_providers::tls::server_config(&cert, &key)?;
+            let mock = MockProvider::serve_tls(listener, config, server);
+            // Its own fault settings go over HTTPS too, trusting its chain.
+            let roots = spindle_providers::tls::with_extra_roots(&cert, "--tls-cert")?;
+            let admin = mock
+                .client(std::time::Duration::from_secs(5))
+                .with_tls(&roots);
+            (mock, admin)
+        }
+        _ => {
+            let mock = MockProvider::serve(listener, config);
+            let admin = mock.client(std::time::Duration::from_secs(5));
+            (mock, admin)
+        }
+    };
     let _receiver = match args.events_listen {
         Some(addr) => {
             let listener = tokio::net::TcpListener::bind(addr).await?;
@@ -85,7 +109,6 @@ async fn main() -> anyhow::Result<()> {
         }
         None => None,
     };
-    let admin = mock.client(std::time::Duration::from_secs(5));
     for (account, fault) in faults {
         admin.set_fault(&account, fault).await?;
     }
