@@ -64,6 +64,8 @@ pub struct ReceiverStats {
 /// The receiver; it stops serving when dropped.
 pub struct EventReceiver {
     addr: SocketAddr,
+    /// `http://ADDR` or `https://localhost:PORT`.
+    base: String,
     shared: Arc<Shared>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -76,21 +78,48 @@ impl Drop for EventReceiver {
 
 impl EventReceiver {
     pub fn serve(listener: tokio::net::TcpListener, secret: &[u8]) -> EventReceiver {
+        EventReceiver::serve_on(listener, secret, None)
+    }
+
+    /// [`EventReceiver::serve`] over HTTPS with `tls` (a certificate for `localhost`: its URL
+    /// is `https://localhost:PORT/events`).
+    pub fn serve_tls(
+        listener: tokio::net::TcpListener,
+        secret: &[u8],
+        tls: Arc<rustls::ServerConfig>,
+    ) -> EventReceiver {
+        EventReceiver::serve_on(listener, secret, Some(tls))
+    }
+
+    fn serve_on(
+        listener: tokio::net::TcpListener,
+        secret: &[u8],
+        tls: Option<Arc<rustls::ServerConfig>>,
+    ) -> EventReceiver {
         let addr = listener.local_addr().expect("a bound listener");
+        let base = match tls {
+            Some(_) => format!("https://localhost:{}", addr.port()),
+            None => format!("http://{addr}"),
+        };
         let shared = Arc::new(Shared {
             secret: secret.to_vec(),
             ..Shared::default()
         });
         let s = shared.clone();
-        let task = crate::serve::serve(listener, None, move |req| {
+        let task = crate::serve::serve(listener, tls, move |req| {
             let shared = s.clone();
             async move { take(&shared, req).await }
         });
-        EventReceiver { addr, shared, task }
+        EventReceiver {
+            addr,
+            base,
+            shared,
+            task,
+        }
     }
 
     pub fn url(&self) -> String {
-        format!("http://{}/events", self.addr)
+        format!("{}/events", self.base)
     }
 
     /// The events taken, in the order they came (a repeat is recorded again), up to

@@ -28,8 +28,12 @@ use crate::metrics::Metrics;
 #[serde(deny_unknown_fields)]
 pub struct EventsConfig {
     /// Where event batches are posted (http:// or https://, checked against the public web's
-    /// roots).
+    /// roots and `ca_file`'s).
     pub url: String,
+    /// PEM certificates of a private CA the endpoint's certificate may chain to, beside the
+    /// public web's roots.
+    #[serde(default)]
+    pub ca_file: Option<std::path::PathBuf>,
     /// The secret their bodies are signed with.
     pub secret: String,
     /// Each post gives up after this (then it is tried again).
@@ -65,6 +69,7 @@ impl EventsConfig {
             self.url.starts_with("http://") || self.url.starts_with("https://"),
             "events.url must be an http:// or https:// URL"
         );
+        self.tls()?;
         anyhow::ensure!(!self.secret.is_empty(), "events.secret must not be empty");
         anyhow::ensure!(
             (50..=120_000).contains(&self.timeout_ms),
@@ -84,6 +89,16 @@ impl EventsConfig {
             "events.pending_max must be at least 1"
         );
         Ok(())
+    }
+
+    /// The roots an `https://` endpoint's certificate is checked against: the public web's,
+    /// and `ca_file`'s.
+    pub fn tls(&self) -> anyhow::Result<Arc<spindle_providers::tls::ClientConfig>> {
+        match &self.ca_file {
+            None => Ok(spindle_providers::tls::public_roots()),
+            Some(path) => spindle_providers::tls::with_roots_file(path)
+                .map_err(|e| anyhow::anyhow!("events.ca_file: {e}")),
+        }
     }
 }
 
@@ -135,11 +150,14 @@ const BACKOFF_MAX: Duration = Duration::from_secs(10);
 
 /// Runs the relay for the life of the node.
 pub async fn run(db_config: DbConfig, config: EventsConfig, metrics: Arc<Metrics>) {
-    let hook = match Webhook::new(
+    let made = Webhook::new(
         &config.url,
         config.secret.as_bytes(),
         Duration::from_millis(config.timeout_ms),
-    ) {
+    )
+    .map_err(anyhow::Error::from)
+    .and_then(|hook| Ok(hook.with_tls(&*config.tls()?)));
+    let hook = match made {
         Ok(h) => h,
         Err(e) => {
             tracing::error!("event relay not started: {e}");

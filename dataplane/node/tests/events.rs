@@ -318,3 +318,39 @@ credential = "one"
     );
     drop(relay);
 }
+
+/// An endpoint served over HTTPS by a private CA's certificate, which the node is told of
+/// (`events.ca_file`): every event reaches it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_reach_an_https_endpoint_trusted_through_ca_file() {
+    let test = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let rcgen::CertifiedKey { cert, key_pair } =
+        rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, cert.pem()).unwrap();
+    let server = spindle_providers::tls::server_config(
+        cert.pem().as_bytes(),
+        key_pair.serialize_pem().as_bytes(),
+    )
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let rx = EventReceiver::serve_tls(listener, SECRET.as_bytes(), server);
+    assert!(rx.url().starts_with("https://localhost:"), "{}", rx.url());
+    let config = config(&rx.url(), 1_000_000).replace(
+        "[events]\n",
+        &format!("[events]\nca_file = \"{}\"\n", ca.display()),
+    );
+    let daemon = start_with(&test, &config).await;
+    let tasks = submit(&daemon, "tls", 3).await;
+    eventually("every task's SUCCEEDED relayed over HTTPS", async || {
+        let ended: Vec<u64> = rx
+            .events()
+            .iter()
+            .filter(|e| e.kind == "SUCCEEDED")
+            .filter_map(|e| e.task)
+            .collect();
+        tasks.iter().all(|a| ended.contains(&a.task.0))
+    })
+    .await;
+}
