@@ -2,7 +2,6 @@
 //! [`crate::webhook`]), for tests and demos: it checks each post's signature, records every
 //! event it takes, and can be told to refuse posts (503) to show that the relay tries again.
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -63,7 +62,6 @@ pub struct ReceiverStats {
 
 /// The receiver; it stops serving when dropped.
 pub struct EventReceiver {
-    addr: SocketAddr,
     /// `http://ADDR` or `https://localhost:PORT`.
     base: String,
     shared: Arc<Shared>,
@@ -110,12 +108,7 @@ impl EventReceiver {
             let shared = s.clone();
             async move { take(&shared, req).await }
         });
-        EventReceiver {
-            addr,
-            base,
-            shared,
-            task,
-        }
+        EventReceiver { base, shared, task }
     }
 
     pub fn url(&self) -> String {
