@@ -325,15 +325,7 @@ credential = "one"
 async fn events_reach_an_https_endpoint_trusted_through_ca_file() {
     let test = TestDb::new().await;
     let dir = tempfile::tempdir().unwrap();
-    let rcgen::CertifiedKey { cert, key_pair } =
-        rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
-    let ca = dir.path().join("ca.pem");
-    std::fs::write(&ca, cert.pem()).unwrap();
-    let server = spindle_providers::tls::server_config(
-        cert.pem().as_bytes(),
-        key_pair.serialize_pem().as_bytes(),
-    )
-    .unwrap();
+    let (ca, server) = common::localhost_tls(dir.path());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let rx = EventReceiver::serve_tls(listener, SECRET.as_bytes(), server);
     assert!(rx.url().starts_with("https://localhost:"), "{}", rx.url());

@@ -1840,11 +1840,7 @@ async fn the_provider_is_reached_over_https_trusting_the_configured_ca() {
     use spindle_providers::tls;
     let test = TestDb::new().await;
     let dir = tempfile::tempdir().unwrap();
-    let rcgen::CertifiedKey { cert, key_pair } =
-        rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
-    let ca = dir.path().join("ca.pem");
-    std::fs::write(&ca, cert.pem()).unwrap();
-    let server = tls::server_config(cert.pem().as_bytes(), key_pair.serialize_pem().as_bytes());
+    let (ca, server) = common::localhost_tls(dir.path());
     let clip = dir.path().join("clip.mp4");
     let rendition = spindle_transcode::Rendition {
         name: "src".into(),
@@ -1861,11 +1857,7 @@ async fn the_provider_is_reached_over_https_trusting_the_configured_ca() {
     )
     .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let m = MockProvider::serve_tls(
-        listener,
-        mock_config(30, "4:6000", Some(clip)),
-        server.unwrap(),
-    );
+    let m = MockProvider::serve_tls(listener, mock_config(30, "4:6000", Some(clip)), server);
     assert!(m.base_url().starts_with("https://"));
     let admin = m
         .client(Duration::from_secs(5))

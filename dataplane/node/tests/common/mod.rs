@@ -355,3 +355,23 @@ pub async fn active_reservations(sql: &tokio_postgres::Client) -> i64 {
     .unwrap()
     .get(0)
 }
+
+/// A self-signed certificate for `localhost`: written to `dir/ca.pem` (what a node's
+/// `ca_file` names), and a server's TLS configuration serving it.
+pub fn localhost_tls(
+    dir: &std::path::Path,
+) -> (
+    std::path::PathBuf,
+    std::sync::Arc<spindle_providers::tls::ServerConfig>,
+) {
+    let rcgen::CertifiedKey { cert, key_pair } =
+        rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+    let ca = dir.join("ca.pem");
+    std::fs::write(&ca, cert.pem()).unwrap();
+    let server = spindle_providers::tls::server_config(
+        cert.pem().as_bytes(),
+        key_pair.serialize_pem().as_bytes(),
+    )
+    .unwrap();
+    (ca, server)
+}
