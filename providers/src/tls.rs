@@ -20,6 +20,11 @@ pub use rustls::{ClientConfig, ServerConfig};
 /// The connector every outbound client uses: `https://` over rustls, `http://` plain.
 pub type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
 
+/// Whether `url` is one the outbound clients speak: `http://`, or `https://` over rustls.
+pub fn is_http_url(url: &str) -> bool {
+    url.starts_with("http://") || url.starts_with("https://")
+}
+
 /// Certificates of a private CA: at most this many in one file.
 pub const EXTRA_ROOTS_MAX: usize = 64;
 

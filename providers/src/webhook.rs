@@ -38,7 +38,7 @@ impl Webhook {
             url: url.to_string(),
             reason,
         };
-        if !url.starts_with("http://") && !url.starts_with("https://") {
+        if !crate::tls::is_http_url(url) {
             return Err(bad("another scheme".into()));
         }
         let url: hyper::Uri = url.parse().map_err(|e| bad(format!("{e}")))?;

@@ -34,8 +34,28 @@ impl Time {
         Time(self.0.saturating_add(ns))
     }
 
+    /// The time of the instant `at` on a clock whose zero is the instant `epoch` (zero for an
+    /// `at` before it): how a shell turns its clock's readings into the core's time.
+    pub fn of(at: std::time::Instant, epoch: std::time::Instant) -> Time {
+        Time(at.saturating_duration_since(epoch).as_nanos() as u64)
+    }
+
     /// Nanoseconds from `earlier` to `self`, zero if `earlier` is later (a clock that jumped back).
     pub fn since(self, earlier: Time) -> u64 {
         self.0.saturating_sub(earlier.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn an_instant_is_its_distance_from_the_epoch_and_never_before_zero() {
+        let epoch = Instant::now();
+        let later = epoch + Duration::from_millis(1_500);
+        assert_eq!(Time::of(later, epoch), Time::from_ms(1_500));
+        assert_eq!(Time::of(epoch, later), Time::ZERO);
     }
 }

@@ -183,7 +183,7 @@ impl Breaker {
         if n == 0 || self.config.refusals_per_s == 0 {
             return Verdict::Served;
         }
-        let at = Time(now.saturating_duration_since(self.epoch).as_nanos() as u64);
+        let at = Time::of(now, self.epoch);
         let mut tenants = self.tenants.borrow_mut();
         let r = tenants.entry(tenant).or_insert_with(|| Refusals {
             bucket: TokenBucket::new(self.config.rate(), at),

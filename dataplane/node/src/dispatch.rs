@@ -91,7 +91,7 @@ fn default_poll_ms() -> Vec<u64> {
 impl ProviderConfig {
     pub fn check(&self) -> anyhow::Result<()> {
         anyhow::ensure!(
-            self.url.starts_with("http://") || self.url.starts_with("https://"),
+            spindle_providers::tls::is_http_url(&self.url),
             "provider.url must be an http:// or https:// URL"
         );
         self.tls()?;
@@ -243,9 +243,10 @@ impl DispatchHandle {
     }
 }
 
-/// Starts the provider thread.
+/// Starts the provider thread; `https://` calls trust `tls`'s roots ([`ProviderConfig::tls`]).
 pub fn start(
     config: ProviderConfig,
+    tls: &spindle_providers::tls::ClientConfig,
     http_addr: std::net::SocketAddr,
     shards: Vec<mpsc::Sender<ShardMsg>>,
     metrics: Arc<crate::metrics::Metrics>,
@@ -257,7 +258,7 @@ pub fn start(
         .unwrap_or_else(|| format!("http://{http_addr}"));
     let dispatcher = Arc::new(Dispatcher {
         provider: HttpProvider::new(&config.url, Duration::from_millis(config.timeout_ms))
-            .with_tls(&*config.tls()?)
+            .with_tls(tls)
             .with_requests_max(config.requests_max),
         callback_url: format!("{}/v1/provider/callback", base.trim_end_matches('/')),
         config,
@@ -345,7 +346,7 @@ impl Dispatcher {
     }
 
     fn pace_clock(&self) -> Time {
-        Time(self.epoch.elapsed().as_nanos() as u64)
+        Time::of(std::time::Instant::now(), self.epoch)
     }
 
     async fn send(&self, shard: usize, event: ProviderEvent) {

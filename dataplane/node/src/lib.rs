@@ -214,10 +214,17 @@ fn run_node(config: Config) -> anyhow::Result<()> {
         live_policy::ADDED_WHILE_RUNNING_MAX,
     ));
     let _ = metrics.health.set(health.clone());
+    // The roots the provider's certificates (its API's and its videos') are checked against,
+    // read once for the provider thread and the media workers.
+    let provider_tls = match &config.provider {
+        Some(p) => p.tls()?,
+        None => spindle_providers::tls::public_roots(),
+    };
     let dispatch = match &config.provider {
         Some(p) => {
             let handle = dispatch::start(
                 p.clone(),
+                &provider_tls,
                 http_addr,
                 shard_senders.clone(),
                 metrics.clone(),
@@ -236,12 +243,13 @@ fn run_node(config: Config) -> anyhow::Result<()> {
     };
     let media = match &config.media {
         Some(m) => {
-            let tls = match &config.provider {
-                Some(p) => p.tls()?,
-                None => spindle_providers::tls::public_roots(),
-            };
-            let pool = media::MediaPool::start(m, &config.node_id, shard_senders.clone(), tls)
-                .context("starting the media workers")?;
+            let pool = media::MediaPool::start(
+                m,
+                &config.node_id,
+                shard_senders.clone(),
+                provider_tls.clone(),
+            )
+            .context("starting the media workers")?;
             let _ = metrics.media.set(pool.clone());
             Some(pool)
         }

@@ -98,7 +98,7 @@ impl MediaConfig {
         );
         if let Some(url) = &self.output_url {
             anyhow::ensure!(
-                (url.starts_with("http://") || url.starts_with("https://"))
+                spindle_providers::tls::is_http_url(url)
                     && url.len() <= OUTPUT_URL_BYTES_MAX
                     && !url.contains(char::is_whitespace),
                 "media.output_url must be an http:// or https:// URL of at most \
@@ -370,7 +370,7 @@ fn run(
     let fetched = dir.join(format!("input-{}-{}", job.task.0, job.token.0));
     let input = if let Some(path) = job.input_url.strip_prefix("file://") {
         PathBuf::from(path)
-    } else if job.input_url.starts_with("http://") || job.input_url.starts_with("https://") {
+    } else if spindle_providers::tls::is_http_url(&job.input_url) {
         let timeout = deadline.saturating_duration_since(Instant::now());
         match fetch.rt.block_on(spindle_providers::download(
             &job.input_url,

@@ -66,7 +66,7 @@ fn default_pending_max() -> u64 {
 impl EventsConfig {
     pub fn check(&self) -> anyhow::Result<()> {
         anyhow::ensure!(
-            self.url.starts_with("http://") || self.url.starts_with("https://"),
+            spindle_providers::tls::is_http_url(&self.url),
             "events.url must be an http:// or https:// URL"
         );
         self.tls()?;

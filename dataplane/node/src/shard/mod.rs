@@ -449,7 +449,7 @@ impl ShardState {
     }
 
     fn now(&self) -> Time {
-        Time(self.epoch.elapsed().as_nanos() as u64)
+        Time::of(Instant::now(), self.epoch)
     }
 
     /// Puts back the tasks PostgreSQL holds for this shard's partitions: QUEUED ones into
