@@ -10,7 +10,7 @@ With --cluster, HOST:PORT may be any node of a cluster: the client connects thro
 import sys
 import time
 
-from spindle_client import Client, SpindleError
+from spindle_client import BATCH_MAX, Client, SpindleError
 
 
 def main():
@@ -33,6 +33,13 @@ def main():
     # The third repeats the first submit's key and request: a replay of the same task.
     assert batch[2]["task_id"] == admission["task_id"], (batch, admission)
     print(f"batch of {len(batch)}, replays {sum(a['replay'] for a in batch)}")
+    for size in (0, BATCH_MAX + 1):
+        try:
+            client.submit_batch([dict(key=f"python-x{i}", **spec) for i in range(size)])
+        except SpindleError as e:
+            assert e.code == "BatchTooLarge", e
+        else:
+            raise AssertionError(f"a batch of {size} must be refused")
     state = None
     for _ in range(2000):
         state = client.get(admission["task_id"])["state"]

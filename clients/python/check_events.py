@@ -7,6 +7,7 @@ step; exits non-zero on any surprise.
 
 import sys
 
+import spindle_client
 from spindle_client import TERMINAL_STATES, Client, SpindleError
 
 
@@ -38,6 +39,19 @@ def main():
     else:
         raise AssertionError("an ended task cannot be subscribed to")
     client.close()
+    # Events nobody reads are held only up to EVENTS_MAX (here none): then the connection is
+    # closed with EventsNotRead rather than growing without bound.
+    spindle_client.EVENTS_MAX = 0
+    unread = Client.connect(host, port, tenant, credential)
+    late = unread.submit("python-unread", user=1, model=0, width=1280, height=720,
+                         duration_ms=5000, fps=24)["task_id"]
+    try:
+        unread.subscribe(late)
+        unread.get(late)
+    except SpindleError as e:
+        print(f"error {e.code}")
+    else:
+        raise AssertionError("an event past EVENTS_MAX must close the connection")
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ step; exits non-zero on any surprise.
 import sys
 import time
 
-from spindle_client import TERMINAL_STATES, ClusterClient
+from spindle_client import CLUSTER_SUBSCRIPTIONS_MAX, TERMINAL_STATES, ClusterClient, SpindleError
 
 SPEC = dict(user=1, model=0, width=1280, height=720, duration_ms=5000, fps=24)
 
@@ -25,6 +25,18 @@ def main():
     # A task watched across the failover: its end comes from whichever node has it then.
     watched = cluster.submit("python-watched", **SPEC)["task_id"]
     cluster.subscribe(watched)
+    # Its bound: past it, another task is refused (and nothing of it kept); the held one is
+    # asked for again, not counted twice.
+    cluster.subscriptions_max = 1
+    cluster.subscribe(watched)
+    try:
+        cluster.subscribe(before["task_id"])
+    except SpindleError as e:
+        assert e.code == "TooManySubscriptions", e
+    else:
+        raise AssertionError("a subscription past the bound must be refused")
+    assert cluster.subscribed == {watched}, cluster.subscribed
+    cluster.subscriptions_max = CLUSTER_SUBSCRIPTIONS_MAX
     print("ready", flush=True)
     sys.stdin.readline()
     after = cluster.submit("python-after", **SPEC)

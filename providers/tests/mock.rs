@@ -371,6 +371,14 @@ async fn over_https_the_adapter_trusts_the_roots_it_is_given_and_no_others() {
     assert!(e.to_string().contains("certificate"), "{e}");
     assert_eq!(p.mock_stats().await.unwrap().accounts["acme"].accepted, 1);
 
+    // More certificates than a private CA needs are refused, naming the bound.
+    let many = cert.repeat(tls::EXTRA_ROOTS_MAX + 1);
+    let e = tls::with_extra_roots(many.as_bytes(), "many.pem").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!("many.pem: more than {} certificates", tls::EXTRA_ROOTS_MAX)
+    );
+    assert!(tls::with_extra_roots(cert.repeat(tls::EXTRA_ROOTS_MAX).as_bytes(), "ok").is_ok());
     // Roots that are not PEM certificates are refused, naming where they came from.
     let e = tls::with_extra_roots(b"not a certificate", "ca.pem").unwrap_err();
     assert!(

@@ -98,7 +98,7 @@ async fn the_python_client_follows_a_tasks_events_to_its_end() {
     // Tasks run ~1 s at the local provider: the subscription comes while the task is live.
     let daemon = start_with(&test, &common::config_scaled("0.05", "")).await;
     let lines = python("check_events.py", daemon.addr, &[]);
-    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert_eq!(lines.len(), 4, "{lines:?}");
     let states: Vec<&str> = lines[0]
         .strip_prefix("events ")
         .unwrap_or_else(|| panic!("{lines:?}"))
@@ -108,6 +108,7 @@ async fn the_python_client_follows_a_tasks_events_to_its_end() {
     assert!(states.contains(&"Running"), "{lines:?}");
     assert!(lines[1].ends_with("at 100 True"), "{lines:?}");
     assert_eq!(lines[2], "error NotFound");
+    assert_eq!(lines[3], "error EventsNotRead");
 }
 
 /// Two nodes on one PostgreSQL, leases of 1.5 s: the Python cluster client (seeds A and B) is
