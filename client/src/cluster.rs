@@ -65,6 +65,8 @@ pub struct ClusterClient {
     seeds: Vec<String>,
     tenant: TenantId,
     credential: String,
+    /// Where the nodes' ports speak TLS: what their certificates are checked against.
+    tls: Option<crate::Tls>,
     failover_within: Duration,
     /// Tasks kept subscribed at most.
     subscriptions_max: usize,
@@ -110,6 +112,18 @@ impl ClusterClient {
         credential: &str,
         failover_within: Duration,
     ) -> Result<ClusterClient, ClientError> {
+        ClusterClient::connect_with(seeds, tenant, credential, failover_within, None).await
+    }
+
+    /// [`ClusterClient::connect_within`] over TLS when `tls` is given, on every connection it
+    /// makes ([`Client::connect_cluster_with`]).
+    pub async fn connect_with(
+        seeds: &[String],
+        tenant: TenantId,
+        credential: &str,
+        failover_within: Duration,
+        tls: Option<crate::Tls>,
+    ) -> Result<ClusterClient, ClientError> {
         if seeds.is_empty() || seeds.len() > SEEDS_MAX {
             return Err(ClientError::Io(std::io::Error::new(
                 std::io::ErrorKind::InvalidInput,
@@ -123,6 +137,7 @@ impl ClusterClient {
             seeds: seeds.to_vec(),
             tenant,
             credential: credential.to_string(),
+            tls,
             failover_within,
             subscriptions_max: CLUSTER_SUBSCRIPTIONS_MAX,
             current: tokio::sync::Mutex::new(None),
@@ -318,7 +333,13 @@ impl ClusterClient {
         }
         let mut failed = None;
         for seed in &self.seeds {
-            let made = match Client::connect_cluster(seed, self.tenant, &self.credential).await {
+            let connected = Client::connect_cluster_with(
+                seed,
+                self.tenant,
+                &self.credential,
+                self.tls.as_ref(),
+            );
+            let made = match connected.await {
                 Ok(c) => self.resubscribe(&c).await.map(|()| c),
                 Err(e) => Err(e),
             };

@@ -17,14 +17,15 @@ use spindle_wire::{
     decode_response, Admission, Encoder, ErrorCode, Event, FrameReader, Hello, HelloOk, Request,
     RequestFrame, Response, SubmitTask, TaskStatus, WireError, PROTOCOL_VERSION,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::OwnedWriteHalf;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpStream, ToSocketAddrs};
 use tokio::sync::{mpsc, oneshot};
 
 mod cluster;
+mod tls;
 
 pub use cluster::{ClusterClient, CLUSTER_SUBSCRIPTIONS_MAX, FAILOVER_WITHIN, SEEDS_MAX};
+pub use tls::{Tls, ROOTS_MAX};
 
 /// How long a request waits for its answer unless the client was made with another bound
 /// ([`Client::connect_within`]). Generous: a submit whose commit is in doubt on the node is
@@ -130,13 +131,41 @@ impl Client {
         credential: &str,
         timeout: std::time::Duration,
     ) -> Result<Client, ClientError> {
-        // The connect is bounded too: an address that drops the SYNs would take the OS's own
-        // timeout (minutes).
-        let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
+        let stream = connect_tcp(addr, timeout).await?;
+        let (read, write) = stream.into_split();
+        Client::start(read, write, tenant, credential, timeout).await
+    }
+
+    /// [`Client::connect_within`] to a node whose port speaks TLS (`[tls]` in its
+    /// configuration) when `tls` is given: the node's certificate must chain to `tls`'s roots
+    /// and name the host of `addr` ("host:port"), or [`Tls::server_name`] where set.
+    pub async fn connect_with(
+        addr: &str,
+        tenant: TenantId,
+        credential: &str,
+        timeout: std::time::Duration,
+        tls: Option<&Tls>,
+    ) -> Result<Client, ClientError> {
+        let stream = connect_tcp(addr, timeout).await?;
+        let Some(tls) = tls else {
+            let (read, write) = stream.into_split();
+            return Client::start(read, write, tenant, credential, timeout).await;
+        };
+        let stream = tokio::time::timeout(timeout, tls.connect(addr, stream))
             .await
             .map_err(|_| ClientError::Timeout(timeout))??;
-        stream.set_nodelay(true)?;
-        let (read, write) = stream.into_split();
+        let (read, write) = tokio::io::split(stream);
+        Client::start(read, write, tenant, credential, timeout).await
+    }
+
+    /// The reader and writer tasks over a connected stream's halves, then the Hello.
+    async fn start(
+        read: impl AsyncRead + Unpin + Send + 'static,
+        write: impl AsyncWrite + Unpin + Send + 'static,
+        tenant: TenantId,
+        credential: &str,
+        timeout: std::time::Duration,
+    ) -> Result<Client, ClientError> {
         let pending: Pending = Arc::default();
         let (events_tx, events_rx) = mpsc::channel(EVENTS_BUFFER);
         let reader = tokio::spawn(read_loop(read, pending.clone(), events_tx));
@@ -180,10 +209,23 @@ impl Client {
         tenant: TenantId,
         credential: &str,
     ) -> Result<Client, ClientError> {
+        Client::connect_cluster_with(addr, tenant, credential, None).await
+    }
+
+    /// [`Client::connect_cluster`] over TLS when `tls` is given ([`Client::connect_with`]):
+    /// each node's certificate must name the address it is reached at (a redirect's
+    /// included), unless [`Tls::server_name`] names one name for all of them.
+    pub async fn connect_cluster_with(
+        addr: &str,
+        tenant: TenantId,
+        credential: &str,
+        tls: Option<&Tls>,
+    ) -> Result<Client, ClientError> {
         let mut at = addr.to_string();
         let mut visited = Vec::new();
         loop {
-            let refusal = match Client::connect(at.as_str(), tenant, credential).await {
+            let connected = Client::connect_with(&at, tenant, credential, REQUEST_TIMEOUT, tls);
+            let refusal = match connected.await {
                 Err(ClientError::Refused(e)) if e.code == ErrorCode::WrongNode => e,
                 done => return done,
             };
@@ -315,8 +357,21 @@ impl Drop for Client {
     }
 }
 
+/// A TCP connection to `addr`, bounded by `timeout`: an address that drops the SYNs would
+/// take the OS's own timeout (minutes).
+async fn connect_tcp(
+    addr: impl ToSocketAddrs,
+    timeout: std::time::Duration,
+) -> Result<TcpStream, ClientError> {
+    let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
+        .await
+        .map_err(|_| ClientError::Timeout(timeout))??;
+    stream.set_nodelay(true)?;
+    Ok(stream)
+}
+
 async fn read_loop(
-    mut read: tokio::net::tcp::OwnedReadHalf,
+    mut read: impl AsyncRead + Unpin,
     pending: Pending,
     events: mpsc::Sender<Event>,
 ) {
@@ -372,7 +427,7 @@ async fn read_loop(
 /// the connection is done: every waiting request fails and later ones find the queue closed.
 /// Ends when the client is dropped (the queue's sender with it), after writing what was queued.
 async fn write_loop(
-    mut write: OwnedWriteHalf,
+    mut write: impl AsyncWrite + Unpin,
     mut queued: mpsc::Receiver<Vec<u8>>,
     pending: Pending,
 ) {
@@ -393,6 +448,11 @@ async fn write_loop(
                 }
                 write.write_all(&out).await
             }
+        };
+        // Over TLS what was written may wait in the session until flushed.
+        let written = match written {
+            Ok(()) => write.flush().await,
+            e => e,
         };
         if written.is_err() {
             queued.close();

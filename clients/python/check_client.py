@@ -1,12 +1,14 @@
 """Drives a running spindled through the Python client: submit, read status until the task
 has run, and receive an error. Prints one line per step; exits non-zero on any surprise.
 
-    python3 clients/python/check_client.py HOST PORT TENANT CREDENTIAL [--cluster]
+    python3 clients/python/check_client.py HOST PORT TENANT CREDENTIAL [--cluster] [--tls-ca FILE]
 
 With --cluster, HOST:PORT may be any node of a cluster: the client connects through it
-(Client.connect_cluster) and first prints the node that serves the tenant.
+(Client.connect_cluster) and first prints the node that serves the tenant. With --tls-ca, the
+node's port speaks TLS and its certificate chains to the CA certificates in FILE.
 """
 
+import ssl
 import sys
 import time
 
@@ -15,9 +17,13 @@ from spindle_client import BATCH_MAX, Client, SpindleError
 
 def main():
     host, port, tenant, credential = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-    cluster = sys.argv[5:] == ["--cluster"]
+    flags = sys.argv[5:]
+    cluster = "--cluster" in flags
+    tls = None
+    if "--tls-ca" in flags:
+        tls = ssl.create_default_context(cafile=flags[flags.index("--tls-ca") + 1])
     connect = Client.connect_cluster if cluster else Client.connect
-    client = connect(host, port, tenant, credential)
+    client = connect(host, port, tenant, credential, tls=tls)
     if cluster:
         print(f"served by {client.node_id}")
     admission = client.submit("python-1", user=1, model=0, width=1280, height=720,
@@ -71,7 +77,7 @@ def main():
     else:
         raise AssertionError("an input that is not JSON must be refused")
     try:
-        connect(host, port, tenant, credential + "-wrong")
+        connect(host, port, tenant, credential + "-wrong", tls=tls)
     except SpindleError as e:
         assert e.code == "AuthFailed", e
         print(f"error {e.code}")

@@ -132,8 +132,18 @@ class Client:
         self.events = collections.deque()
 
     @classmethod
-    def connect(cls, host, port, tenant, credential):
-        client = cls(socket.create_connection((host, port), timeout=10))
+    def connect(cls, host, port, tenant, credential, tls=None):
+        """Connects and authenticates as `tenant`. Where the node's port speaks TLS, `tls` is
+        an ssl.SSLContext that trusts its certificate (ssl.create_default_context(cafile=...)):
+        the certificate must name `host`."""
+        sock = socket.create_connection((host, port), timeout=10)
+        if tls is not None:
+            try:
+                sock = tls.wrap_socket(sock, server_hostname=host)
+            except BaseException:
+                sock.close()
+                raise
+        client = cls(sock)
         b = flatbuffers.Builder(256)
         cred = b.CreateString(credential)
         name = b.CreateString("spindle-python")
@@ -152,14 +162,14 @@ class Client:
         return client
 
     @classmethod
-    def connect_cluster(cls, host, port, tenant, credential, redirects_max=4):
+    def connect_cluster(cls, host, port, tenant, credential, redirects_max=4, tls=None):
         """connect() through any node of a cluster: a node that does not serve the tenant
         answers WrongNode with the address of the one that does, and this follows it — at
         most redirects_max times, never twice to one address."""
         visited = []
         while True:
             try:
-                return cls.connect(host, port, tenant, credential)
+                return cls.connect(host, port, tenant, credential, tls=tls)
             except SpindleError as e:
                 if e.code != "WrongNode" or e.redirect is None:
                     raise
@@ -295,7 +305,10 @@ class Client:
         at_ms, result); None when none came within `timeout` seconds (None: wait)."""
         if self.events:
             return self.events.popleft()
-        if not select.select([self.sock], [], [], timeout)[0]:
+        # Over TLS, bytes already decrypted wait in the socket's buffer where select cannot
+        # see them.
+        buffered = getattr(self.sock, "pending", lambda: 0)()
+        if not buffered and not select.select([self.sock], [], [], timeout)[0]:
             return None
         frame = self._read_frame()
         if frame.BodyType() != Response.Response.Event:
@@ -382,12 +395,14 @@ class ClusterClient:
                                    duration_ms=5000, fps=24)
     """
 
-    def __init__(self, seeds, tenant, credential, failover_within=FAILOVER_WITHIN):
+    def __init__(self, seeds, tenant, credential, failover_within=FAILOVER_WITHIN, tls=None):
         if not 1 <= len(seeds) <= SEEDS_MAX:
             raise ValueError(f"a cluster client takes 1..={SEEDS_MAX} seeds, not {len(seeds)}")
         self.seeds = [_address(seed) for seed in seeds]
         self.tenant = tenant
         self.credential = credential
+        # Where the nodes' ports speak TLS: the ssl.SSLContext every connection uses.
+        self.tls = tls
         self.failover_within = failover_within
         self.client = None
         # Connections replaced after a failure.
@@ -524,7 +539,8 @@ class ClusterClient:
         for host, port in self.seeds:
             client = None
             try:
-                client = Client.connect_cluster(host, port, self.tenant, self.credential)
+                client = Client.connect_cluster(host, port, self.tenant, self.credential,
+                                                tls=self.tls)
                 self._resubscribe(client)
                 self.client = client
                 return client

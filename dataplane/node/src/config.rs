@@ -203,6 +203,10 @@ pub struct Config {
     /// than its burst is suspended for a cooldown (`crate::breaker`).
     #[serde(default)]
     pub breaker: crate::breaker::BreakerConfig,
+    /// TLS on the client protocol's port and the HTTP port, with this certificate and key;
+    /// both plain without it.
+    #[serde(default)]
+    pub tls: Option<crate::tls::TlsConfig>,
     #[serde(skip)]
     pub ready_file: Option<PathBuf>,
 }
@@ -501,6 +505,9 @@ impl Config {
         if let Some(e) = &self.events {
             e.check()?;
         }
+        if let Some(t) = &self.tls {
+            t.server()?;
+        }
         for t in &self.admin_tokens {
             anyhow::ensure!(
                 t.token.len() >= 16,
@@ -740,6 +747,33 @@ mod tests {
             let e = load_text(&text).unwrap_err();
             assert_eq!(e.to_string(), why, "{text}");
         }
+    }
+
+    /// `[tls]`: a file that cannot be read is named; a certificate and key that do not make a
+    /// server's configuration are named with both files; a usable pair loads.
+    #[test]
+    fn the_listeners_tls_files_are_checked_at_load() {
+        let e = load_text("[tls]\ncert_file = \"/nonexistent/node.pem\"\nkey_file = \"/k\"\n")
+            .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "tls.cert_file: /nonexistent/node.pem: No such file or directory (os error 2)"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let rcgen::CertifiedKey { cert, key_pair } =
+            rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let (c, k) = (dir.path().join("c.pem"), dir.path().join("k.pem"));
+        std::fs::write(&c, cert.pem()).unwrap();
+        std::fs::write(&k, "not a key").unwrap();
+        let text = format!("[tls]\ncert_file = {c:?}\nkey_file = {k:?}\n");
+        let e = load_text(&text).unwrap_err().to_string();
+        assert!(
+            e.starts_with(&format!("tls: {} with {}: ", c.display(), k.display())),
+            "{e}"
+        );
+        std::fs::write(&k, key_pair.serialize_pem()).unwrap();
+        let config = load_text(&text).unwrap();
+        assert_eq!(config.tls.unwrap().cert_file, c);
     }
 
     #[test]

@@ -244,18 +244,17 @@ impl DispatchHandle {
 }
 
 /// Starts the provider thread; `https://` calls trust `tls`'s roots ([`ProviderConfig::tls`]).
+/// Callbacks go to `http_base` (the node's HTTP port: `http://` or `https://` and its address)
+/// unless the configuration names another base.
 pub fn start(
     config: ProviderConfig,
     tls: &spindle_providers::tls::ClientConfig,
-    http_addr: std::net::SocketAddr,
+    http_base: String,
     shards: Vec<mpsc::Sender<ShardMsg>>,
     metrics: Arc<crate::metrics::Metrics>,
     health: Arc<crate::health::ProviderHealth>,
 ) -> anyhow::Result<DispatchHandle> {
-    let base = config
-        .callback_base
-        .clone()
-        .unwrap_or_else(|| format!("http://{http_addr}"));
+    let base = config.callback_base.clone().unwrap_or(http_base);
     let dispatcher = Arc::new(Dispatcher {
         provider: HttpProvider::new(&config.url, Duration::from_millis(config.timeout_ms))
             .with_tls(tls)

@@ -22,6 +22,7 @@ pub mod relay;
 pub mod server;
 pub mod shard;
 pub mod systemd;
+pub mod tls;
 pub mod wake_latency;
 
 use std::collections::HashMap;
@@ -112,6 +113,8 @@ fn run_node(config: Config) -> anyhow::Result<()> {
             .inspect_err(|e| tracing::warn!("cpu_wake_latency_us not applied: {e}"))
             .ok()
     });
+    // Both listeners' TLS, read once (before anything starts: an unusable file stops here).
+    let listener_tls = config.tls.as_ref().map(|t| t.server()).transpose()?;
     let live = live_policy::LivePolicy::new(policy(&config));
     let conninfo = if config.postgres == "embedded" {
         let pg = EmbeddedPostgres::start(EmbeddedOptions::default())
@@ -156,6 +159,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
         let shard_inboxes = shard_senders.clone();
         let db_config = db_config.clone();
         let callbacks = callbacks.clone();
+        let http_tls = listener_tls.clone().map(tokio_rustls::TlsAcceptor::from);
         let admin = (!config.admin_tokens.is_empty()).then(|| {
             std::sync::Arc::new(admin::Admin::new(
                 config.admin_tokens.clone(),
@@ -182,7 +186,13 @@ fn run_node(config: Config) -> anyhow::Result<()> {
                             .await
                             .with_context(|| format!("binding {}", config.http_listen))?;
                         let http_addr = http.local_addr()?;
-                        tokio::spawn(metrics::serve(http, metrics.clone(), callbacks, admin));
+                        tokio::spawn(metrics::serve(
+                            http,
+                            http_tls,
+                            metrics.clone(),
+                            callbacks,
+                            admin,
+                        ));
                         let started = control::start(
                             &config,
                             &db_config,
@@ -225,7 +235,14 @@ fn run_node(config: Config) -> anyhow::Result<()> {
             let handle = dispatch::start(
                 p.clone(),
                 &provider_tls,
-                http_addr,
+                format!(
+                    "{}://{http_addr}",
+                    if listener_tls.is_some() {
+                        "https"
+                    } else {
+                        "http"
+                    }
+                ),
                 shard_senders.clone(),
                 metrics.clone(),
                 health.clone(),
@@ -302,6 +319,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
         let policy = policy.clone();
         let senders = shard_senders.clone();
         let credentials = credentials.clone();
+        let listener_tls = listener_tls.clone();
         let reads = started.reads.clone();
         let metrics = metrics.clone();
         let board = board.clone();
@@ -362,6 +380,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
                     local: state,
                     breaker: breaker::Breaker::new(config.breaker, shard_metrics.clone()),
                     metrics: shard_metrics,
+                    tls: listener_tls,
                 });
                 glommio::spawn_local(server::take_handoffs(handoffs_in, ctx.clone())).detach();
                 loop {

@@ -738,9 +738,11 @@ const HEAD_BYTES_MAX: usize = 8 * 1024;
 pub type CallbackSink = Arc<std::sync::OnceLock<Arc<crate::dispatch::Dispatcher>>>;
 
 /// Serves `/livez`, `/readyz`, `/metrics` and `POST /v1/provider/callback` until the runtime
-/// stops. One request per connection, bounded head and body, 5 s to send it.
+/// stops. One request per connection, bounded head and body, 5 s to send it (and, with `tls`,
+/// to complete its handshake first).
 pub async fn serve(
     listener: tokio::net::TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     metrics: Arc<Metrics>,
     sink: CallbackSink,
     admin: Option<Arc<crate::admin::Admin>>,
@@ -752,18 +754,24 @@ pub async fn serve(
         let metrics = metrics.clone();
         let sink = sink.clone();
         let admin = admin.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(
-                std::time::Duration::from_secs(5),
-                answer(stream, &metrics, &sink, admin.as_deref()),
-            )
-            .await;
+            let served = async {
+                match tls {
+                    None => answer(stream, &metrics, &sink, admin.as_deref()).await,
+                    Some(tls) => match tls.accept(stream).await {
+                        Ok(stream) => answer(stream, &metrics, &sink, admin.as_deref()).await,
+                        Err(e) => tracing::debug!("a TLS handshake on the HTTP port failed: {e}"),
+                    },
+                }
+            };
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), served).await;
         });
     }
 }
 
-async fn answer(
-    mut stream: tokio::net::TcpStream,
+async fn answer<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    mut stream: S,
     metrics: &Metrics,
     sink: &CallbackSink,
     admin: Option<&crate::admin::Admin>,
@@ -854,6 +862,8 @@ async fn answer(
         body.len()
     );
     let _ = stream.write_all(response.as_bytes()).await;
+    // The end of the response: over TLS, its close_notify.
+    let _ = stream.shutdown().await;
 }
 
 /// A provider callback: signature first, then the body.

@@ -12,7 +12,6 @@
 use std::collections::HashMap;
 use std::rc::Rc;
 
-use futures_util::io::{AsyncReadExt, AsyncWriteExt};
 use spindle_core::TenantId;
 use spindle_wire::limits::{BATCH_MAX, FRAME_BYTES_MAX};
 use spindle_wire::{
@@ -23,12 +22,18 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::breaker::Verdict;
 use crate::shard::ShardMsg;
+use crate::tls::{Accepted, Link, Session};
 
 /// Encoded frames waiting for the socket, per connection.
 const OUTBOUND_QUEUE_MAX: usize = 1024;
 const READ_CHUNK: usize = 64 * 1024;
 /// Encoded frames joined into one write while more are queued, up to this many bytes.
 const WRITE_COALESCE_BYTES: usize = 64 * 1024;
+/// A connection that has not completed its Hello (and its TLS handshake) within this is closed:
+/// an idle or slow client holds no task and no descriptor beyond it.
+pub const HELLO_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
+type Stream = glommio::net::TcpStream;
 
 /// What every connection on this executor shares.
 pub struct ConnCtx {
@@ -48,6 +53,8 @@ pub struct ConnCtx {
     pub local: crate::shard::SharedShard,
     /// Its tenants' refusals, and their suspensions (`crate::breaker`).
     pub breaker: crate::breaker::Breaker,
+    /// The listener speaks TLS with this (`[tls]`); plain without.
+    pub tls: Option<std::sync::Arc<crate::tls::ServerConfig>>,
 }
 
 impl ConnCtx {
@@ -152,36 +159,67 @@ fn next_request(frames: &mut FrameReader) -> Next {
 /// Serves one accepted connection: its Hello here, then everything else on the shard that owns
 /// the authenticated tenant — handed over when another shard's executor accepted it, so that
 /// its frames and answers never cross threads.
-pub async fn serve(mut stream: glommio::net::TcpStream, ctx: Rc<ConnCtx>) {
+pub async fn serve(stream: Stream, ctx: Rc<ConnCtx>) {
     if let Err(e) = stream.set_nodelay(true) {
         tracing::warn!("TCP_NODELAY: {e}");
     }
+    let mut link = Link::plain(stream);
     let mut frames = FrameReader::new();
-    let Some(tenant) = hello(&mut stream, &ctx, &mut frames).await else {
+    let greeted = glommio::timer::timeout(HELLO_WITHIN, async {
+        Ok(greet(&mut link, &ctx, &mut frames).await)
+    })
+    .await;
+    let Ok(Some(tenant)) = greeted else {
         // Its end of the stream after the error answer, as a served connection's writer does.
-        let _ = stream.close().await;
+        let _ = link.close().await;
         return;
     };
     let owner = ctx.owner_of(tenant);
     if owner != ctx.index {
-        match hand_over(stream, &ctx, owner, tenant, frames) {
+        match hand_over(link, &ctx, owner, tenant, frames) {
             Ok(()) => return,
             // The owner's queue of handed-over connections is full (or the descriptor could
             // not be duplicated): served here, its frames crossing to the owner as messages.
             Err((back, rest)) => {
-                stream = back;
+                link = back;
                 frames = rest;
             }
         }
     }
-    serve_tenant(stream, ctx, tenant, frames).await;
+    serve_tenant(link, ctx, tenant, frames).await;
+}
+
+/// The TLS handshake where the listener speaks TLS, then the Hello.
+async fn greet(
+    link: &mut Link<Stream>,
+    ctx: &ConnCtx,
+    frames: &mut FrameReader,
+) -> Option<TenantId> {
+    if let Some(config) = &ctx.tls {
+        match link.accept_tls(config.clone()).await {
+            Ok(Accepted::Tls) => {}
+            Ok(Accepted::Plain) => {
+                let e = WireError::new(
+                    ErrorCode::NotAuthenticated,
+                    "this node's port speaks TLS: connect with TLS",
+                );
+                let _ = link.write_all(&frame(0, Response::Error(e))).await;
+                return None;
+            }
+            Err(e) => {
+                tracing::debug!("a TLS handshake failed: {e}");
+                return None;
+            }
+        }
+    }
+    hello(link, ctx, frames).await
 }
 
 /// Reads up to the Hello and answers it. `Some(tenant)` once authenticated (with the frames
 /// that followed it still in `frames`); `None` when the connection is to close — its error, if
 /// any, already written.
 async fn hello(
-    stream: &mut glommio::net::TcpStream,
+    stream: &mut Link<Stream>,
     ctx: &ConnCtx,
     frames: &mut FrameReader,
 ) -> Option<TenantId> {
@@ -261,6 +299,8 @@ async fn hello(
 /// An authenticated connection on its way to the shard that owns its tenant.
 pub struct Handoff {
     fd: std::os::fd::OwnedFd,
+    /// Its TLS session, where the listener speaks TLS.
+    tls: Option<Session>,
     tenant: TenantId,
     /// What arrived after the Hello and is not yet served.
     frames: FrameReader,
@@ -272,31 +312,37 @@ pub const HANDOFF_QUEUE_MAX: usize = 1024;
 /// Hands `stream` to shard `owner`, or gives it back when that cannot be done now.
 #[allow(clippy::result_large_err)]
 fn hand_over(
-    stream: glommio::net::TcpStream,
+    link: Link<Stream>,
     ctx: &ConnCtx,
     owner: usize,
     tenant: TenantId,
     frames: FrameReader,
-) -> Result<(), (glommio::net::TcpStream, FrameReader)> {
+) -> Result<(), (Link<Stream>, FrameReader)> {
     use std::os::fd::{AsRawFd, BorrowedFd};
     let Ok(permit) = ctx.handoffs[owner].try_reserve() else {
-        return Err((stream, frames));
+        return Err((link, frames));
     };
     // glommio's stream gives its descriptor only as a raw one.
     #[allow(unsafe_code)]
     // SAFETY: the descriptor is the stream's, open for as long as `stream` lives, which
     // outlasts this borrow. Duplicated, the socket outlives the stream dropped below (a drop
     // closes the stream's own descriptor; it does not shut the socket down).
-    let fd = unsafe { BorrowedFd::borrow_raw(stream.as_raw_fd()) }.try_clone_to_owned();
+    let fd = unsafe { BorrowedFd::borrow_raw(link.get_ref().as_raw_fd()) }.try_clone_to_owned();
     match fd {
         Ok(fd) => {
+            let (stream, tls) = link.into_parts();
             drop(stream);
-            permit.send(Handoff { fd, tenant, frames });
+            permit.send(Handoff {
+                fd,
+                tls,
+                tenant,
+                frames,
+            });
             Ok(())
         }
         Err(e) => {
             tracing::warn!("a connection could not be handed to its shard: {e}");
-            Err((stream, frames))
+            Err((link, frames))
         }
     }
 }
@@ -307,8 +353,9 @@ pub async fn take_handoffs(mut rx: mpsc::Receiver<Handoff>, ctx: Rc<ConnCtx>) {
     while let Some(h) = rx.recv().await {
         #[allow(unsafe_code)]
         // SAFETY: an open socket descriptor this task owns, given up here to the stream.
-        let stream = unsafe { glommio::net::TcpStream::from_raw_fd(h.fd.into_raw_fd()) };
-        glommio::spawn_local(serve_tenant(stream, ctx.clone(), h.tenant, h.frames)).detach();
+        let stream = unsafe { Stream::from_raw_fd(h.fd.into_raw_fd()) };
+        let link = Link::from_parts(stream, h.tls);
+        glommio::spawn_local(serve_tenant(link, ctx.clone(), h.tenant, h.frames)).detach();
     }
 }
 
@@ -420,16 +467,11 @@ impl Answer {
 
 /// Serves an authenticated connection of `tenant` on the shard that owns it (or, when it could
 /// not be handed over, wherever it is): every command is the tenant's, answered in any order.
-async fn serve_tenant(
-    stream: glommio::net::TcpStream,
-    ctx: Rc<ConnCtx>,
-    t: TenantId,
-    mut frames: FrameReader,
-) {
+async fn serve_tenant(link: Link<Stream>, ctx: Rc<ConnCtx>, t: TenantId, mut frames: FrameReader) {
     ctx.metrics.shards[ctx.index]
         .connections
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let (mut reader, mut writer) = stream.split();
+    let (mut reader, mut writer) = link.split();
     let (out_tx, mut out_rx) = mpsc::channel::<Vec<u8>>(OUTBOUND_QUEUE_MAX);
     let writer_task = glommio::spawn_local(async move {
         while let Some(mut buf) = out_rx.recv().await {
@@ -574,6 +616,11 @@ async fn serve_tenant(
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
+        if reader.wants_write() {
+            // What rustls has to send after this read leaves with the writer's next write:
+            // an empty one, now, unless the writer is busy (then its next write takes it).
+            let _ = out_tx.try_send(Vec::new());
+        }
         frames.extend(&buf[..n]);
     }
     drop(out_tx);

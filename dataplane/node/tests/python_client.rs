@@ -76,6 +76,33 @@ async fn the_python_client_submits_reads_status_and_gets_errors() {
     assert_checked(&check_client(daemon.addr, &[]));
 }
 
+/// The same over TLS: the node's port speaks TLS (`[tls]`), the client trusts its certificate
+/// (Python's own `ssl`) and checks it names the address it connects to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_client_speaks_tls_to_a_node_whose_port_does() {
+    let test = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (section, ca) = common::node_tls(dir.path());
+    let daemon = start_with(&test, &format!("{}{section}", common::CONFIG)).await;
+    let ca = ca.display().to_string();
+    assert_checked(&check_client(daemon.addr, &["--tls-ca", &ca]));
+    // Without TLS the node says so, and the client raises it.
+    let script = format!(
+        "{}/../../clients/python/check_client.py",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let out = Command::new("python3")
+        .arg(script)
+        .arg(daemon.addr.ip().to_string())
+        .arg(daemon.addr.port().to_string())
+        .args(["1", "one"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("this node's port speaks TLS"), "{stderr}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_client_follows_a_node_that_names_another() {
     let test = TestDb::new().await;

@@ -73,6 +73,14 @@ enum Command {
         /// is still checked once, after the measurement.
         #[arg(long)]
         metrics: Option<SocketAddr>,
+        /// The node's ports speak TLS (its `[tls]`): the CA certificates (PEM) its certificate
+        /// chains to — the only roots trusted.
+        #[arg(long)]
+        tls_ca: Option<PathBuf>,
+        /// The name the nodes' certificates must carry (default: the host each is reached
+        /// at).
+        #[arg(long, requires = "tls_ca")]
+        tls_name: Option<String>,
         #[command(flatten)]
         common: Common,
     },
@@ -113,13 +121,26 @@ fn main() -> anyhow::Result<()> {
             addr,
             tenants,
             metrics,
+            tls_ca,
+            tls_name,
             common,
         } => {
             let tenants = tenants
                 .iter()
                 .map(|t| TenantLoad::parse(t))
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            drive(addr, metrics, tenants, &common)
+            let (tls, http_tls) = match &tls_ca {
+                Some(ca) => {
+                    let (client, http) = tls_of(ca, tls_name.as_deref(), metrics)?;
+                    (Some(client), http)
+                }
+                None => (None, None),
+            };
+            let metrics = metrics.map(|addr| scrape::Endpoint {
+                addr,
+                tls: http_tls,
+            });
+            drive(addr, metrics, tls, tenants, &common)
         }
         Command::Demo { quiet_rate, common } => demo(quiet_rate, &common),
         Command::Soak { seconds, rate } => {
@@ -133,9 +154,41 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
+/// `--tls-ca` and `--tls-name`: the client's trust, and the HTTP port's (for `--metrics`).
+#[allow(clippy::type_complexity)]
+fn tls_of(
+    ca: &std::path::Path,
+    name: Option<&str>,
+    metrics: Option<SocketAddr>,
+) -> anyhow::Result<(
+    spindle_client::Tls,
+    Option<(
+        std::sync::Arc<rustls::ClientConfig>,
+        rustls::pki_types::ServerName<'static>,
+    )>,
+)> {
+    let mut client = spindle_client::Tls::trusting_file(ca)?;
+    if let Some(n) = name {
+        client = client.server_name(n)?;
+    }
+    let http = match metrics {
+        None => None,
+        Some(at) => {
+            let config = spindle_providers::tls::with_roots_file(ca)?;
+            let name = match name {
+                Some(n) => rustls::pki_types::ServerName::try_from(n.to_string())?,
+                None => rustls::pki_types::ServerName::from(at.ip()),
+            };
+            Some((config, name))
+        }
+    };
+    Ok((client, http))
+}
+
 fn drive(
     addr: SocketAddr,
-    metrics: Option<SocketAddr>,
+    metrics: Option<scrape::Endpoint>,
+    tls: Option<spindle_client::Tls>,
     tenants: Vec<TenantLoad>,
     common: &Common,
 ) -> anyhow::Result<()> {
@@ -156,6 +209,7 @@ fn drive(
         progress: !common.json,
         drain: Duration::from_secs(common.drain),
         metrics,
+        tls,
     };
     // One thread: the generator shares the machine with what it measures, and two workers
     // woke each other for every frame — 61k context switches in a 10 s run at 20,000 tasks/s
@@ -232,7 +286,7 @@ fn demo(quiet_rate: f64, common: &Common) -> anyhow::Result<()> {
         common.duration
     );
     let addr = start_node("spindled", config, &ready)?;
-    let result = drive(addr, None, loads, common);
+    let result = drive(addr, None, None, loads, common);
     // The node's threads end with the process; the private PostgreSQL is stopped here.
     QUIET.store(true, std::sync::atomic::Ordering::Relaxed);
     drop(pg);

@@ -33,7 +33,9 @@ pub struct Options {
     pub drain: Duration,
     /// The node's HTTP port: count completions from its committed-success counter instead of by
     /// polling every task (see `--metrics`).
-    pub metrics: Option<SocketAddr>,
+    pub metrics: Option<crate::scrape::Endpoint>,
+    /// Where the node's port speaks TLS: what its certificate is checked against.
+    pub tls: Option<spindle_client::Tls>,
 }
 
 /// How often the committed-success counter is sampled.
@@ -62,8 +64,8 @@ pub struct Outcome {
 /// The node's histogram of a first attempt's admission to its dispatch.
 const DISPATCH_HISTOGRAM: &str = "spindle_submit_dispatch_seconds";
 
-async fn dispatch_buckets(addr: SocketAddr) -> Option<Buckets> {
-    let text = metrics_text(addr).await.ok()?;
+async fn dispatch_buckets(at: &crate::scrape::Endpoint) -> Option<Buckets> {
+    let text = metrics_text(at).await.ok()?;
     Buckets::parse(&text, DISPATCH_HISTOGRAM)
 }
 
@@ -101,12 +103,12 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
         send_late_us: Some(histogram()),
         ..Shared::default()
     }));
-    let counted = match opts.metrics {
-        Some(addr) => Some(Counter::start(addr).await?),
+    let counted = match &opts.metrics {
+        Some(at) => Some(Counter::start(at.clone()).await?),
         None => None,
     };
-    let dispatch_before = match opts.metrics {
-        Some(addr) => dispatch_buckets(addr).await,
+    let dispatch_before = match &opts.metrics {
+        Some(at) => dispatch_buckets(at).await,
         None => None,
     };
     let start = Instant::now();
@@ -116,10 +118,11 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
         let client = Arc::new(
             // Through any node of a cluster: one that does not serve the tenant names the
             // node that does.
-            Client::connect_cluster(
+            Client::connect_cluster_with(
                 &opts.addr.to_string(),
                 TenantId(load.tenant),
                 &load.credential,
+                opts.tls.as_ref(),
             )
             .await
             .map_err(|e| anyhow::anyhow!("tenant {}: {e}", load.tenant))?,
@@ -177,8 +180,8 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
         None => poll_until_done(&client_of, accepted, start, drain_start, opts.drain).await?,
     };
     let completed_within = drain_start.elapsed();
-    let dispatch = match (opts.metrics, dispatch_before) {
-        (Some(addr), Some(before)) => dispatch_buckets(addr).await.map(|b| b.since(&before)),
+    let dispatch = match (&opts.metrics, dispatch_before) {
+        (Some(at), Some(before)) => dispatch_buckets(at).await.map(|b| b.since(&before)),
         _ => None,
     };
     for t in &mut per_tenant {
@@ -292,8 +295,8 @@ struct Counter {
 }
 
 impl Counter {
-    async fn start(addr: SocketAddr) -> anyhow::Result<Counter> {
-        let base = succeeded_total(addr).await?;
+    async fn start(at: crate::scrape::Endpoint) -> anyhow::Result<Counter> {
+        let base = succeeded_total(&at).await?;
         let last = Arc::new(std::sync::atomic::AtomicU64::new(base));
         let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
         let seen = last.clone();
@@ -305,7 +308,7 @@ impl Counter {
                     _ = tokio::time::sleep(METRICS_SAMPLE) => {}
                 }
                 // A failed scrape is a missing sample, not a failed run.
-                if let Ok(v) = succeeded_total(addr).await {
+                if let Ok(v) = succeeded_total(&at).await {
                     seen.store(v, std::sync::atomic::Ordering::Relaxed);
                     samples.push((Instant::now(), v));
                 }

@@ -2,27 +2,53 @@
 //! (for the latencies only the node sees, such as a task's submit to its dispatch).
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
-/// The node's whole `/metrics` text.
-pub async fn metrics_text(addr: SocketAddr) -> anyhow::Result<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// A node's HTTP port: plain, or HTTPS where the node's `[tls]` is set.
+#[derive(Clone)]
+pub struct Endpoint {
+    pub addr: SocketAddr,
+    /// The roots its certificate chains to, and the name it must carry.
+    pub tls: Option<(
+        Arc<rustls::ClientConfig>,
+        rustls::pki_types::ServerName<'static>,
+    )>,
+}
+
+async fn get_metrics(mut stream: impl AsyncRead + AsyncWrite + Unpin) -> anyhow::Result<String> {
     stream
         .write_all(b"GET /metrics HTTP/1.1\r\nhost: loadgen\r\n\r\n")
         .await?;
+    stream.flush().await?;
     let mut text = String::new();
     stream.read_to_string(&mut text).await?;
     Ok(text)
 }
 
+/// The node's whole `/metrics` text.
+pub async fn metrics_text(at: &Endpoint) -> anyhow::Result<String> {
+    let tcp = tokio::net::TcpStream::connect(at.addr).await?;
+    match &at.tls {
+        None => get_metrics(tcp).await,
+        Some((config, name)) => {
+            let tls = tokio_rustls::TlsConnector::from(config.clone())
+                .connect(name.clone(), tcp)
+                .await?;
+            get_metrics(tls).await
+        }
+    }
+}
+
 /// `spindle_tasks_succeeded_total` from the node's `/metrics`.
-pub async fn succeeded_total(addr: SocketAddr) -> anyhow::Result<u64> {
-    metrics_text(addr)
+pub async fn succeeded_total(at: &Endpoint) -> anyhow::Result<u64> {
+    metrics_text(at)
         .await?
         .lines()
         .find_map(|l| l.strip_prefix("spindle_tasks_succeeded_total "))
         .and_then(|v| v.trim().parse().ok())
-        .ok_or_else(|| anyhow::anyhow!("{addr}/metrics has no spindle_tasks_succeeded_total"))
+        .ok_or_else(|| anyhow::anyhow!("{}/metrics has no spindle_tasks_succeeded_total", at.addr))
 }
 
 /// A Prometheus histogram's cumulative buckets: (upper bound in seconds, count), the last

@@ -14,7 +14,9 @@
 //!   spindlectl … requeue 4097 4098 --reason "provider credentials fixed"   (FAILED tasks)
 //!   spindlectl … rebuild-counters --reason "pool usage looked wrong"
 //!
-//! `--json` prints the node's JSON answer as it is; otherwise a short human form.
+//! `--json` prints the node's JSON answer as it is; otherwise a short human form. Where the
+//! node's `[tls]` is set its HTTP port speaks HTTPS: `--tls-ca` names the CA certificates its
+//! certificate chains to (the public web's roots are trusted too).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -40,6 +42,12 @@ struct Cli {
     /// Print the node's JSON answer.
     #[arg(long)]
     json: bool,
+    /// HTTPS: the CA certificates (PEM) the node's certificate chains to.
+    #[arg(long, env = "SPINDLE_ADMIN_TLS_CA")]
+    tls_ca: Option<PathBuf>,
+    /// HTTPS: the name the node's certificate must carry (default: the IP of `--node`).
+    #[arg(long, env = "SPINDLE_ADMIN_TLS_NAME", requires = "tls_ca")]
+    tls_name: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -329,10 +337,29 @@ fn switch(
     )
 }
 
-fn call(cli: &Cli, method: &str, path: &str, body: Option<&Value>) -> anyhow::Result<(u16, Value)> {
-    let mut stream = TcpStream::connect_timeout(&cli.node, Duration::from_secs(5))
+/// A connection to the node's HTTP port: HTTPS with `--tls-ca`.
+trait Connection: Read + Write {}
+impl<T: Read + Write> Connection for T {}
+
+fn connect(cli: &Cli) -> anyhow::Result<Box<dyn Connection>> {
+    let tcp = TcpStream::connect_timeout(&cli.node, Duration::from_secs(5))
         .with_context(|| format!("connecting to {}", cli.node))?;
-    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    tcp.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let Some(ca) = &cli.tls_ca else {
+        return Ok(Box::new(tcp));
+    };
+    let config = spindle_providers::tls::with_roots_file(ca)?;
+    let name = match &cli.tls_name {
+        Some(n) => rustls::pki_types::ServerName::try_from(n.clone())
+            .with_context(|| format!("--tls-name {n:?}"))?,
+        None => rustls::pki_types::ServerName::from(cli.node.ip()),
+    };
+    let tls = rustls::ClientConnection::new(config, name)?;
+    Ok(Box::new(rustls::StreamOwned::new(tls, tcp)))
+}
+
+fn call(cli: &Cli, method: &str, path: &str, body: Option<&Value>) -> anyhow::Result<(u16, Value)> {
+    let mut stream = connect(cli)?;
     let payload = body.map(|b| b.to_string()).unwrap_or_default();
     write!(
         stream,
@@ -341,8 +368,11 @@ fn call(cli: &Cli, method: &str, path: &str, body: Option<&Value>) -> anyhow::Re
         cli.token,
         payload.len()
     )?;
+    stream.flush()?;
     let mut text = String::new();
-    stream.read_to_string(&mut text)?;
+    stream
+        .read_to_string(&mut text)
+        .with_context(|| format!("reading the answer of {}", cli.node))?;
     let (head, body) = text
         .split_once("\r\n\r\n")
         .context("the node's answer has no header end")?;

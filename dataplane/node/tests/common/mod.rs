@@ -375,3 +375,20 @@ pub fn localhost_tls(
     .unwrap();
     (ca, server)
 }
+
+/// A self-signed certificate for `localhost` and `127.0.0.1`, and its key, written to `dir`
+/// for a node's listeners: the `[tls]` section naming them, and the certificate's path (what
+/// a client trusts).
+pub fn node_tls(dir: &std::path::Path) -> (String, std::path::PathBuf) {
+    let rcgen::CertifiedKey { cert, key_pair } =
+        rcgen::generate_simple_self_signed(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
+    let (cert_file, key_file) = (dir.join("node.pem"), dir.join("node.key"));
+    std::fs::write(&cert_file, cert.pem()).unwrap();
+    std::fs::write(&key_file, key_pair.serialize_pem()).unwrap();
+    let section = format!(
+        "\n[tls]\ncert_file = {:?}\nkey_file = {:?}\n",
+        cert_file.display().to_string(),
+        key_file.display().to_string()
+    );
+    (section, cert_file)
+}

@@ -1,0 +1,306 @@
+//! TLS on the node's own listeners (`[tls]` in the configuration): the client protocol's port
+//! and the HTTP port serve it with the same certificate.
+//!
+//! The client protocol runs on glommio, which rustls has no adapter for, so rustls is driven
+//! here by hand: a [`Link`] is a socket (or one half of it) and, with TLS, the connection's
+//! [`Session`] — rustls' state and the ciphertext read but not yet given to it. A session is
+//! `Send`: a connection handed from the executor that accepted it to its tenant's shard takes
+//! its session along (`server::Handoff`). After the Hello a connection's reader and writer are
+//! two tasks of one executor sharing the session (`Rc<RefCell<…>>`, never borrowed across an
+//! await); only the writer writes to the socket, so what rustls has to send after a read (an
+//! alert, a key update's answer) goes out with the writer's next write — the reader nudges it
+//! ([`Link::wants_write`]).
+
+use std::cell::RefCell;
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::Arc;
+
+use futures_util::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+pub use rustls::ServerConfig;
+
+/// Ciphertext read from the socket at once: a whole TLS record and its overhead.
+const CIPHER_CHUNK: usize = 16 * 1024 + 512;
+
+/// The `[tls]` section: the certificate (chain, PEM) and private key (PEM) both listeners
+/// present.
+#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+}
+
+impl TlsConfig {
+    /// The listeners' rustls configuration, read from the files; an error names the file and
+    /// what is wrong with it.
+    pub fn server(&self) -> anyhow::Result<Arc<ServerConfig>> {
+        let read = |what: &str, path: &Path| {
+            std::fs::read(path).map_err(|e| anyhow::anyhow!("tls.{what}: {}: {e}", path.display()))
+        };
+        let cert = read("cert_file", &self.cert_file)?;
+        let key = read("key_file", &self.key_file)?;
+        spindle_providers::tls::server_config(&cert, &key).map_err(|e| {
+            anyhow::anyhow!(
+                "tls: {} with {}: {e}",
+                self.cert_file.display(),
+                self.key_file.display()
+            )
+        })
+    }
+}
+
+/// A TLS connection's state between the socket and the plaintext.
+pub struct Session {
+    conn: rustls::ServerConnection,
+    /// Ciphertext read from the socket; `cipher[at..]` is not yet given to rustls.
+    cipher: Vec<u8>,
+    at: usize,
+}
+
+fn tls_error(e: rustls::Error) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, e)
+}
+
+impl Session {
+    /// Gives rustls what it takes of the ciphertext read so far. False when all of it was
+    /// given already: read more from the socket.
+    fn feed(&mut self) -> io::Result<bool> {
+        if self.at == self.cipher.len() {
+            return Ok(false);
+        }
+        let mut rest = &self.cipher[self.at..];
+        let n = self.conn.read_tls(&mut rest)?;
+        self.at += n;
+        self.conn.process_new_packets().map_err(tls_error)?;
+        Ok(true)
+    }
+}
+
+/// Reads ciphertext from `io` into the session's buffer (taken out while the read waits, so
+/// that no borrow is held across it). `Ok(0)`: the socket's end.
+async fn read_cipher<R: AsyncRead + Unpin>(io: &mut R, s: &RefCell<Session>) -> io::Result<usize> {
+    let mut cipher = std::mem::take(&mut s.borrow_mut().cipher);
+    cipher.resize(CIPHER_CHUNK, 0);
+    let read = io.read(&mut cipher).await;
+    cipher.truncate(*read.as_ref().unwrap_or(&0));
+    let mut s = s.borrow_mut();
+    s.cipher = cipher;
+    s.at = 0;
+    read
+}
+
+/// Writes what rustls has to send.
+async fn flush<W: AsyncWrite + Unpin>(
+    io: &mut W,
+    s: &RefCell<Session>,
+    out: &mut Vec<u8>,
+) -> io::Result<()> {
+    out.clear();
+    {
+        let mut s = s.borrow_mut();
+        while s.conn.wants_write() {
+            s.conn.write_tls(out)?;
+        }
+    }
+    if out.is_empty() {
+        return Ok(());
+    }
+    io.write_all(out).await
+}
+
+/// A socket, or one half of it, and its TLS session when the listener speaks TLS.
+pub struct Link<S> {
+    io: S,
+    tls: Option<Rc<RefCell<Session>>>,
+    /// Ciphertext on its way out (reused).
+    out: Vec<u8>,
+}
+
+impl<S> Link<S> {
+    pub fn plain(io: S) -> Link<S> {
+        Link {
+            io,
+            tls: None,
+            out: Vec::new(),
+        }
+    }
+
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// Whether rustls has something to send that no write has taken yet (after a read: an
+    /// alert, a key update's answer). Never for a plain link.
+    pub fn wants_write(&self) -> bool {
+        self.tls
+            .as_ref()
+            .is_some_and(|s| s.borrow().conn.wants_write())
+    }
+
+    /// The socket and the session, for a hand-over to another thread. The link must not be
+    /// split (a split link's halves share the session).
+    pub fn into_parts(self) -> (S, Option<Session>) {
+        let tls = self.tls.map(|s| match Rc::try_unwrap(s) {
+            Ok(s) => s.into_inner(),
+            Err(_) => unreachable!("a link is taken apart only before it is split"),
+        });
+        (self.io, tls)
+    }
+
+    /// A link from its parts (what [`Link::into_parts`] gave, on the thread taking it up).
+    pub fn from_parts(io: S, tls: Option<Session>) -> Link<S> {
+        Link {
+            io,
+            tls: tls.map(|s| Rc::new(RefCell::new(s))),
+            out: Vec::new(),
+        }
+    }
+
+    pub fn get_ref(&self) -> &S {
+        &self.io
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Link<S> {
+    /// Runs the server's side of a TLS handshake on this (plain) link. The ciphertext that
+    /// came after the client's last handshake message (its first requests, pipelined) stays in
+    /// the session for the first reads. A client that speaks the protocol without TLS is told
+    /// so in a frame it can read ([`Accepted::Plain`]).
+    pub async fn accept_tls(&mut self, config: Arc<ServerConfig>) -> io::Result<Accepted> {
+        let conn = rustls::ServerConnection::new(config).map_err(tls_error)?;
+        let s = RefCell::new(Session {
+            conn,
+            cipher: Vec::new(),
+            at: 0,
+        });
+        let mut first = true;
+        loop {
+            flush(&mut self.io, &s, &mut self.out).await?;
+            if !s.borrow().conn.is_handshaking() {
+                break;
+            }
+            let fed = s.borrow_mut().feed();
+            match fed {
+                Ok(true) => continue,
+                Ok(false) => {}
+                Err(e) => {
+                    // The alert that says why, then the error.
+                    let _ = flush(&mut self.io, &s, &mut self.out).await;
+                    return Err(e);
+                }
+            }
+            if read_cipher(&mut self.io, &s).await? == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            if first && !looks_like_tls(&s.borrow().cipher) {
+                return Ok(Accepted::Plain);
+            }
+            first = false;
+        }
+        self.tls = Some(Rc::new(RefCell::new(s.into_inner())));
+        Ok(Accepted::Tls)
+    }
+}
+
+/// Whether a connection's first bytes can open a TLS handshake: a record of content type 22
+/// (handshake) and major version 3. A spindle frame starts with its length, little-endian: a
+/// Hello of 790 bytes would pass too, and fail the handshake with an alert.
+fn looks_like_tls(first: &[u8]) -> bool {
+    first.first() == Some(&22) && first.get(1).is_none_or(|&v| v == 3)
+}
+
+/// How a TLS handshake ended, short of an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accepted {
+    Tls,
+    /// The client sent something that is not TLS: nothing was written to it.
+    Plain,
+}
+
+impl<S: AsyncRead + Unpin> Link<S> {
+    /// Reads plaintext into `buf`: `Ok(0)` at the connection's end.
+    pub async fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let Some(s) = &self.tls else {
+            return self.io.read(buf).await;
+        };
+        loop {
+            {
+                let mut s = s.borrow_mut();
+                match s.conn.reader().read(buf) {
+                    // 0: the peer's close_notify.
+                    Ok(n) => return Ok(n),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => return Err(e),
+                }
+                if s.feed()? {
+                    continue;
+                }
+            }
+            if read_cipher(&mut self.io, s).await? == 0 {
+                return Ok(0);
+            }
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> Link<S> {
+    /// Writes all of `bytes` (for a TLS link, also whatever rustls had to send: an empty
+    /// `bytes` sends only that).
+    pub async fn write_all(&mut self, mut bytes: &[u8]) -> io::Result<()> {
+        let Some(s) = &self.tls else {
+            return self.io.write_all(bytes).await;
+        };
+        loop {
+            {
+                let mut s = s.borrow_mut();
+                while !bytes.is_empty() {
+                    // Short when rustls' send buffer is full: flushed below, then the rest.
+                    let n = s.conn.writer().write(bytes)?;
+                    if n == 0 {
+                        break;
+                    }
+                    bytes = &bytes[n..];
+                }
+            }
+            flush(&mut self.io, s, &mut self.out).await?;
+            if bytes.is_empty() {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Ends the connection: TLS's close_notify, then the socket's end.
+    pub async fn close(&mut self) -> io::Result<()> {
+        if let Some(s) = &self.tls {
+            s.borrow_mut().conn.send_close_notify();
+            let _ = flush(&mut self.io, s, &mut self.out).await;
+        }
+        self.io.close().await
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Link<S> {
+    /// The reading and the writing half, sharing the session.
+    pub fn split(
+        self,
+    ) -> (
+        Link<futures_util::io::ReadHalf<S>>,
+        Link<futures_util::io::WriteHalf<S>>,
+    ) {
+        let (r, w) = self.io.split();
+        (
+            Link {
+                io: r,
+                tls: self.tls.clone(),
+                out: Vec::new(),
+            },
+            Link {
+                io: w,
+                tls: self.tls,
+                out: self.out,
+            },
+        )
+    }
+}

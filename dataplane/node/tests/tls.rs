@@ -1,0 +1,367 @@
+//! The node's listeners over TLS (`[tls]`): tenants submit, read and follow events through
+//! the Rust and Python clients whichever shard's executor accepted their connections (a
+//! connection's TLS session moves with it to its tenant's shard); requests pipelined right
+//! behind the Hello are answered; a frame larger than a TLS record goes both ways; a client
+//! that speaks the protocol without TLS is told the port speaks TLS, one that does not trust
+//! the certificate refuses it on its own side; `/metrics` is HTTPS and nothing plain.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{node_tls, start_with, task, CONFIG};
+use spindle_client::{Client, ClientError, Tls};
+use spindle_control::testing::TestDb;
+use spindle_core::{TaskState, TenantId};
+use spindle_wire::{
+    decode_response, Encoder, ErrorCode, FrameReader, Hello, Request, RequestFrame, Response,
+    PROTOCOL_VERSION,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const WITHIN: Duration = Duration::from_secs(30);
+
+/// The node's certificate as the only root a client trusts.
+fn trusting(ca: &std::path::Path) -> Tls {
+    Tls::trusting_file(ca).unwrap()
+}
+
+fn client_config(ca: &std::path::Path) -> Arc<rustls::ClientConfig> {
+    let mut roots = rustls::RootCertStore::empty();
+    let pem = std::fs::read(ca).unwrap();
+    use rustls::pki_types::pem::PemObject;
+    for cert in rustls::pki_types::CertificateDer::pem_slice_iter(&pem) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    Arc::new(config)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_tenants_are_served_on_their_shards_and_plain_clients_are_told() {
+    let test = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (section, ca) = node_tls(dir.path());
+    let daemon = start_with(&test, &format!("{CONFIG}{section}")).await;
+    let addr = daemon.addr.to_string();
+    let tls = trusting(&ca);
+
+    // Eight connections per tenant: the kernel spreads them over both shards' listeners, so
+    // some are accepted by the shard that does not own their tenant and handed over with
+    // their sessions (2^-16 that none is).
+    let mut clients = Vec::new();
+    for round in 0..8 {
+        for (tenant, credential) in [(1, "one"), (2, "two")] {
+            let client =
+                Client::connect_with(&addr, TenantId(tenant), credential, WITHIN, Some(&tls))
+                    .await
+                    .unwrap_or_else(|e| panic!("round {round}, tenant {tenant}: {e}"));
+            clients.push((tenant, client));
+        }
+    }
+    let mut ids = Vec::new();
+    for (i, (tenant, client)) in clients.iter().enumerate() {
+        let a = client.submit(task(&format!("tls-{i}"))).await.unwrap();
+        assert!(a.decision.is_accepted(), "tenant {tenant}: {a:?}");
+        ids.push(a.task);
+    }
+    for ((tenant, client), id) in clients.iter().zip(&ids) {
+        let done = common::poll_until(
+            WITHIN,
+            async || client.get(*id).await.unwrap().state,
+            |s| *s == TaskState::Succeeded,
+        )
+        .await;
+        assert_eq!(done, TaskState::Succeeded, "tenant {tenant}'s task {id}");
+    }
+    // Every connection was served on its tenant's shard (CONFIG: 8 partitions, 2 shards).
+    let metrics = https_get(daemon.http, &ca, "/metrics").await.1;
+    for shard in 0..2u32 {
+        let owned = clients
+            .iter()
+            .filter(|(t, _)| spindle_node::config::shard_of(*t, 8, 2) == shard as usize)
+            .count() as u64;
+        let served = common::metric_sum(
+            &metrics,
+            &format!("spindle_connections_served_total{{shard=\"{shard}\"}}"),
+        );
+        assert_eq!(served, owned, "connections served on shard {shard}");
+    }
+
+    // A frame larger than a TLS record (16 KiB) each way: a batch of 600 tasks and its
+    // answer; then events of a subscription.
+    let (_, one) = &clients[0];
+    let batch: Vec<_> = (0..600).map(|i| task(&format!("tls-batch-{i}"))).collect();
+    let answers = one.submit_batch(batch).await.unwrap();
+    assert_eq!(answers.len(), 600);
+    assert!(answers.iter().all(|a| a.decision.is_accepted()));
+    let watched = one.submit(task("tls-watched")).await.unwrap().task;
+    one.subscribe(watched).await.unwrap();
+    let mut states = Vec::new();
+    while states.last() != Some(&TaskState::Succeeded) {
+        let event = tokio::time::timeout(WITHIN, one.next_event())
+            .await
+            .expect("an event within 30 s")
+            .expect("the connection stays up");
+        if event.task == watched {
+            states.push(event.state);
+        }
+    }
+
+    // Without TLS, the node says what it wants, in a frame the client reads.
+    match Client::connect(daemon.addr, TenantId(1), "one").await {
+        Err(ClientError::Refused(e)) => {
+            assert_eq!(e.code, ErrorCode::NotAuthenticated);
+            assert!(e.message.contains("speaks TLS"), "{e:?}");
+        }
+        other => panic!("a plain client on a TLS port: {:?}", other.map(|_| ())),
+    }
+    // A certificate the client does not trust: refused on the client's side, naming why.
+    let stranger = tempfile::tempdir().unwrap();
+    let (_, other_ca) = node_tls(stranger.path());
+    let refused = Client::connect_with(
+        &addr,
+        TenantId(1),
+        "one",
+        WITHIN,
+        Some(&trusting(&other_ca)),
+    )
+    .await
+    .map(|_| ())
+    .unwrap_err();
+    // (Both certificates are rcgen's with one subject: the stranger's is taken for the issuer,
+    // and its signature does not check out.)
+    assert!(
+        refused.to_string().contains("invalid peer certificate"),
+        "{refused}"
+    );
+    // The certificate names localhost: reached by that name it checks out too.
+    let by_name = format!("localhost:{}", daemon.addr.port());
+    let named = Client::connect_with(&by_name, TenantId(2), "two", WITHIN, Some(&tls))
+        .await
+        .unwrap();
+    assert_eq!(named.get(ids[1]).await.unwrap().state, TaskState::Succeeded);
+    // A name the certificate does not carry is refused.
+    let misnamed = tls.clone().server_name("elsewhere.example").unwrap();
+    let e = Client::connect_with(&addr, TenantId(2), "two", WITHIN, Some(&misnamed))
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert!(e.to_string().contains("not valid for name"), "{e}");
+
+    // The cluster client over TLS.
+    let cluster = spindle_client::ClusterClient::connect_with(
+        std::slice::from_ref(&addr),
+        TenantId(1),
+        "one",
+        WITHIN,
+        Some(tls.clone()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        cluster.get(ids[0]).await.unwrap().state,
+        TaskState::Succeeded
+    );
+
+    // The HTTP port: HTTPS, and a plain request gets no answer.
+    let (status, body) = https_get(daemon.http, &ca, "/livez").await;
+    assert_eq!(
+        (status.as_str(), body.as_str()),
+        ("HTTP/1.1 200 OK", "ok\n")
+    );
+    let mut plain = tokio::net::TcpStream::connect(daemon.http).await.unwrap();
+    plain
+        .write_all(b"GET /livez HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut text = Vec::new();
+    let _ = tokio::time::timeout(WITHIN, plain.read_to_end(&mut text)).await;
+    assert!(
+        !String::from_utf8_lossy(&text).contains("200 OK"),
+        "a plain request answered"
+    );
+}
+
+/// Requests written together with the client's last handshake message, in one segment, are
+/// answered: the ciphertext that follows the handshake is kept for the connection's reads
+/// (rustls, driven by hand here, sends what was written before the handshake ended right
+/// behind its Finished).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_sent_with_the_handshakes_last_message_are_answered() {
+    use std::io::{Read, Write};
+    let test = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (section, ca) = node_tls(dir.path());
+    let daemon = start_with(&test, &format!("{CONFIG}{section}")).await;
+    for round in 0..4 {
+        let mut out = Vec::new();
+        let mut encoder = Encoder::new();
+        encoder.request(
+            &RequestFrame {
+                request_id: 1,
+                body: Request::Hello(Hello {
+                    protocol_version: PROTOCOL_VERSION,
+                    tenant: TenantId(1),
+                    credential: "one".into(),
+                    client_name: None,
+                }),
+            },
+            &mut out,
+        );
+        for id in 2..=4 {
+            encoder.request(
+                &RequestFrame {
+                    request_id: id,
+                    body: Request::Get(spindle_core::TaskId(999_000 + id)),
+                },
+                &mut out,
+            );
+        }
+        let mut conn =
+            rustls::ClientConnection::new(client_config(&ca), "localhost".try_into().unwrap())
+                .unwrap();
+        conn.writer().write_all(&out).unwrap();
+        let mut tcp = tokio::net::TcpStream::connect(daemon.addr).await.unwrap();
+        let mut frames = FrameReader::new();
+        let mut answers = Vec::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut plain = vec![0u8; 64 * 1024];
+        while answers.len() < 4 {
+            let mut cipher = Vec::new();
+            while conn.wants_write() {
+                conn.write_tls(&mut cipher).unwrap();
+            }
+            tcp.write_all(&cipher).await.unwrap();
+            let n = tokio::time::timeout(WITHIN, tcp.read(&mut buf))
+                .await
+                .expect("answers within 30 s")
+                .unwrap();
+            assert!(
+                n > 0,
+                "round {round}: closed after {} answers",
+                answers.len()
+            );
+            let mut got = &buf[..n];
+            while !got.is_empty() {
+                conn.read_tls(&mut got).unwrap();
+                conn.process_new_packets().unwrap();
+            }
+            while let Ok(n) = conn.reader().read(&mut plain) {
+                if n == 0 {
+                    break;
+                }
+                frames.extend(&plain[..n]);
+            }
+            while let Some(f) = frames.next_frame().unwrap() {
+                answers.push(decode_response(f).unwrap());
+            }
+        }
+        assert!(
+            matches!(answers[0].body, Response::HelloOk(_)),
+            "{:?}",
+            answers[0]
+        );
+        let mut ids: Vec<u64> = answers[1..].iter().map(|a| a.request_id).collect();
+        ids.sort_unstable();
+        assert_eq!(ids, [2, 3, 4], "round {round}");
+        for a in &answers[1..] {
+            assert!(
+                matches!(&a.body, Response::Error(e) if e.code == ErrorCode::NotFound),
+                "{a:?}"
+            );
+        }
+    }
+}
+
+/// A connection that has not said Hello within `HELLO_WITHIN` (10 s) is closed — over TLS, one
+/// that never starts its handshake too — while a connected tenant is served throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_silent_past_the_hello_bound_is_closed() {
+    let test = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (section, ca) = node_tls(dir.path());
+    let daemon = start_with(&test, &format!("{CONFIG}{section}")).await;
+    let started = std::time::Instant::now();
+    let mut silent = tokio::net::TcpStream::connect(daemon.addr).await.unwrap();
+    let served = Client::connect_with(
+        &daemon.addr.to_string(),
+        TenantId(1),
+        "one",
+        WITHIN,
+        Some(&trusting(&ca)),
+    )
+    .await
+    .unwrap();
+    let mut buf = [0u8; 16];
+    let n = tokio::time::timeout(Duration::from_secs(30), silent.read(&mut buf))
+        .await
+        .expect("closed within 30 s")
+        .unwrap_or(0);
+    let waited = started.elapsed();
+    assert_eq!(n, 0, "the node wrote to a connection that never spoke");
+    assert!(
+        waited >= Duration::from_secs(9),
+        "closed after {waited:?}, before the bound"
+    );
+    let a = served.submit(task("still-served")).await.unwrap();
+    assert!(a.decision.is_accepted());
+}
+
+/// spindlectl reaches the admin API over HTTPS with `--tls-ca`; without it, or trusting
+/// another certificate, it fails and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spindlectl_speaks_https_to_a_node_with_tls() {
+    let test = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (section, ca) = node_tls(dir.path());
+    let config = format!("{CONFIG}{}{section}", common::admin_tokens());
+    let daemon = start_with(&test, &config).await;
+    let ca = ca.display().to_string();
+    let (ok, out) = common::ctl(
+        daemon.http,
+        common::VIEWER_TOKEN,
+        &["--json", "--tls-ca", &ca, "policy", "show"],
+    );
+    assert!(ok, "{out}");
+    let policy: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(policy["effective"]["aging"].is_object(), "{out}");
+    let (ok, _) = common::ctl(daemon.http, common::VIEWER_TOKEN, &["policy", "show"]);
+    assert!(!ok, "plain HTTP to an HTTPS port");
+    let stranger = tempfile::tempdir().unwrap();
+    let (_, other) = node_tls(stranger.path());
+    let (ok, _) = common::ctl(
+        daemon.http,
+        common::VIEWER_TOKEN,
+        &["--tls-ca", &other.display().to_string(), "policy", "show"],
+    );
+    assert!(!ok, "a certificate spindlectl does not trust");
+}
+
+/// A GET over HTTPS trusting `ca`: (status line, body).
+async fn https_get(
+    addr: std::net::SocketAddr,
+    ca: &std::path::Path,
+    path: &str,
+) -> (String, String) {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut stream = tokio_rustls::TlsConnector::from(client_config(ca))
+        .connect("localhost".try_into().unwrap(), tcp)
+        .await
+        .unwrap();
+    stream
+        .write_all(format!("GET {path} HTTP/1.1\r\nhost: localhost\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await.unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    (head.lines().next().unwrap().to_string(), body.to_string())
+}
