@@ -114,7 +114,13 @@ fn run_node(config: Config) -> anyhow::Result<()> {
             .ok()
     });
     // Both listeners' TLS, read once (before anything starts: an unusable file stops here).
-    let listener_tls = config.tls.as_ref().map(|t| t.server()).transpose()?;
+    let (listener_tls, certificates) = match &config.tls {
+        Some(t) => {
+            let (server, certs) = t.server()?;
+            (Some(server), Some(certs))
+        }
+        None => (None, None),
+    };
     let live = live_policy::LivePolicy::new(policy(&config));
     let conninfo = if config.postgres == "embedded" {
         let pg = EmbeddedPostgres::start(EmbeddedOptions::default())
@@ -186,6 +192,9 @@ fn run_node(config: Config) -> anyhow::Result<()> {
                             .await
                             .with_context(|| format!("binding {}", config.http_listen))?;
                         let http_addr = http.local_addr()?;
+                        if let Some(certs) = certificates {
+                            tokio::spawn(certs.watch());
+                        }
                         tokio::spawn(metrics::serve(
                             http,
                             http_tls,

@@ -13,9 +13,9 @@
 
 use std::cell::RefCell;
 use std::io::{self, Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::rc::Rc;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, RwLock};
 
 use futures_util::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 pub use rustls::ServerConfig;
@@ -32,22 +32,129 @@ pub struct TlsConfig {
     pub key_file: PathBuf,
 }
 
+/// How often the certificate's files are read again: a renewed certificate (cert-manager,
+/// certbot, …) is in use for new connections within this, without a restart.
+pub const RELOAD_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl TlsConfig {
-    /// The listeners' rustls configuration, read from the files; an error names the file and
-    /// what is wrong with it.
-    pub fn server(&self) -> anyhow::Result<Arc<ServerConfig>> {
-        let read = |what: &str, path: &Path| {
+    /// The files' bytes; an error names the file.
+    fn read(&self) -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
+        let read = |what: &str, path: &PathBuf| {
             std::fs::read(path).map_err(|e| anyhow::anyhow!("tls.{what}: {}: {e}", path.display()))
         };
-        let cert = read("cert_file", &self.cert_file)?;
-        let key = read("key_file", &self.key_file)?;
-        spindle_providers::tls::server_config(&cert, &key).map_err(|e| {
+        Ok((
+            read("cert_file", &self.cert_file)?,
+            read("key_file", &self.key_file)?,
+        ))
+    }
+
+    /// The certificate and key as rustls uses them: the key must be the certificate's.
+    fn certified(&self, cert: &[u8], key: &[u8]) -> anyhow::Result<rustls::sign::CertifiedKey> {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let named = |e: String| {
             anyhow::anyhow!(
                 "tls: {} with {}: {e}",
                 self.cert_file.display(),
                 self.key_file.display()
             )
-        })
+        };
+        let chain = CertificateDer::pem_slice_iter(cert)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| named(e.to_string()))?;
+        if chain.is_empty() {
+            return Err(named("no PEM certificate".into()));
+        }
+        let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| named(e.to_string()))?;
+        rustls::sign::CertifiedKey::from_der(chain, key, &crypto())
+            .map_err(|e| named(e.to_string()))
+    }
+
+    /// The listeners' rustls configuration and the certificate it presents (for
+    /// [`Certificates::reload`]); an error names the files and what is wrong with them.
+    pub fn server(&self) -> anyhow::Result<(Arc<ServerConfig>, Arc<Certificates>)> {
+        let (cert, key) = self.read()?;
+        let current = self.certified(&cert, &key)?;
+        let certs = Arc::new(Certificates {
+            files: self.clone(),
+            loaded: Mutex::new((cert, key)),
+            current: RwLock::new(Arc::new(current)),
+        });
+        let config = ServerConfig::builder_with_provider(Arc::new(crypto()))
+            .with_safe_default_protocol_versions()
+            .expect("ring supports the default protocol versions")
+            .with_no_client_auth()
+            .with_cert_resolver(certs.clone());
+        Ok((Arc::new(config), certs))
+    }
+}
+
+fn crypto() -> rustls::crypto::CryptoProvider {
+    rustls::crypto::ring::default_provider()
+}
+
+/// The certificate the listeners present, replaced when its files change.
+#[derive(Debug)]
+pub struct Certificates {
+    files: TlsConfig,
+    /// The files' bytes when last loaded (or tried).
+    loaded: Mutex<(Vec<u8>, Vec<u8>)>,
+    current: RwLock<Arc<rustls::sign::CertifiedKey>>,
+}
+
+impl Certificates {
+    /// Reads the files again; a changed pair that makes a certificate replaces the one new
+    /// handshakes get (connections already up keep theirs). `Ok(true)`: replaced. An error
+    /// (a file missing, a key that is not the certificate's — one file renewed before the
+    /// other, say) leaves the one in use; the next call tries again.
+    pub fn reload(&self) -> anyhow::Result<bool> {
+        let (cert, key) = self.files.read()?;
+        let mut loaded = self.loaded.lock().unwrap_or_else(|p| p.into_inner());
+        if *loaded == (cert.clone(), key.clone()) {
+            return Ok(false);
+        }
+        let next = self.files.certified(&cert, &key)?;
+        *loaded = (cert, key);
+        *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(next);
+        Ok(true)
+    }
+
+    /// Reloads every [`RELOAD_EVERY`] until the runtime stops, logging what changed.
+    pub async fn watch(self: Arc<Self>) {
+        let mut failing = false;
+        loop {
+            tokio::time::sleep(RELOAD_EVERY).await;
+            match self.reload() {
+                Ok(true) => {
+                    failing = false;
+                    tracing::info!(
+                        "TLS certificate reloaded from {}",
+                        self.files.cert_file.display()
+                    );
+                }
+                Ok(false) => failing = false,
+                // Said once per failing spell, not every few seconds.
+                Err(e) if !failing => {
+                    failing = true;
+                    tracing::warn!("TLS certificate not reloaded, the previous one kept: {e}");
+                }
+                Err(_) => {}
+            }
+        }
+    }
+}
+
+impl rustls::server::ResolvesServerCert for Certificates {
+    fn resolve(
+        &self,
+        _hello: rustls::server::ClientHello<'_>,
+    ) -> Option<Arc<rustls::sign::CertifiedKey>> {
+        Some(
+            self.current
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        )
     }
 }
 

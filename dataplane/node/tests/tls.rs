@@ -345,6 +345,71 @@ async fn spindlectl_speaks_https_to_a_node_with_tls() {
     assert!(!ok, "a certificate spindlectl does not trust");
 }
 
+/// A renewed certificate is in use for new connections within a few seconds of its files
+/// changing (`tls::RELOAD_EVERY`), without a restart; connections already up keep going; a key
+/// that is not the certificate's (one file renewed before the other) leaves the one in use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewed_certificate_is_served_without_a_restart() {
+    let test = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (section, served) = node_tls(dir.path());
+    let daemon = start_with(&test, &format!("{CONFIG}{section}")).await;
+    let addr = daemon.addr.to_string();
+    // What clients trust of the first certificate: a copy (its file is about to be replaced).
+    let first = dir.path().join("first.pem");
+    std::fs::copy(&served, &first).unwrap();
+    let old = trusting(&first);
+    let up = Client::connect_with(&addr, TenantId(1), "one", WITHIN, Some(&old))
+        .await
+        .unwrap();
+
+    // The renewal, made aside: first only its certificate is put in place (its key not yet).
+    let renewed = tempfile::tempdir().unwrap();
+    let (_, second) = node_tls(renewed.path());
+    let key_now = std::fs::read(dir.path().join("node.key")).unwrap();
+    std::fs::copy(&second, dir.path().join("node.pem.new")).unwrap();
+    std::fs::rename(dir.path().join("node.pem.new"), dir.path().join("node.pem")).unwrap();
+    // Until the key follows, the node keeps the first certificate: a client trusting it still
+    // connects, across more than one reload. (Each check with a fresh client configuration: a
+    // client resumes its earlier TLS sessions, which are not certificate checks.)
+    let started = std::time::Instant::now();
+    while started.elapsed() < 2 * spindle_node::tls::RELOAD_EVERY {
+        Client::connect_with(&addr, TenantId(2), "two", WITHIN, Some(&trusting(&first)))
+            .await
+            .unwrap_or_else(|e| {
+                panic!("after {:?} of a half-renewed pair: {e}", started.elapsed())
+            });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(std::fs::read(dir.path().join("node.key")).unwrap(), key_now);
+    std::fs::copy(
+        renewed.path().join("node.key"),
+        dir.path().join("node.key.new"),
+    )
+    .unwrap();
+    std::fs::rename(dir.path().join("node.key.new"), dir.path().join("node.key")).unwrap();
+
+    let reached = common::poll_until(
+        3 * spindle_node::tls::RELOAD_EVERY,
+        async || {
+            Client::connect_with(&addr, TenantId(2), "two", WITHIN, Some(&trusting(&second)))
+                .await
+                .is_ok()
+        },
+        |ok| *ok,
+    )
+    .await;
+    assert!(reached, "the renewed certificate was not served");
+    let e = Client::connect_with(&addr, TenantId(2), "two", WITHIN, Some(&trusting(&first)))
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert!(e.to_string().contains("invalid peer certificate"), "{e}");
+    // The connection made before the renewal is served as before.
+    let a = up.submit(task("across-the-renewal")).await.unwrap();
+    assert!(a.decision.is_accepted());
+}
+
 /// A GET over HTTPS trusting `ca`: (status line, body).
 async fn https_get(
     addr: std::net::SocketAddr,
