@@ -22,6 +22,29 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const WITHIN: Duration = Duration::from_secs(30);
 
+/// A node with `[tls]` (and `extra` settings) on a fresh database.
+struct TlsNode {
+    daemon: common::Daemon,
+    /// The node's certificate, self-signed: what clients trust.
+    ca: std::path::PathBuf,
+    /// Where its certificate and key are (`node.pem`, `node.key`).
+    dir: tempfile::TempDir,
+    _test: TestDb,
+}
+
+async fn tls_node(extra: &str) -> TlsNode {
+    let test = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (section, ca) = node_tls(dir.path());
+    let daemon = start_with(&test, &format!("{CONFIG}{extra}{section}")).await;
+    TlsNode {
+        daemon,
+        ca,
+        dir,
+        _test: test,
+    }
+}
+
 /// The node's certificate as the only root a client trusts.
 fn trusting(ca: &std::path::Path) -> Tls {
     Tls::trusting_file(ca).unwrap()
@@ -46,10 +69,8 @@ fn client_config(ca: &std::path::Path) -> Arc<rustls::ClientConfig> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_tls_tenants_are_served_on_their_shards_and_plain_clients_are_told() {
-    let test = TestDb::new().await;
-    let dir = tempfile::tempdir().unwrap();
-    let (section, ca) = node_tls(dir.path());
-    let daemon = start_with(&test, &format!("{CONFIG}{section}")).await;
+    let node = tls_node("").await;
+    let (daemon, ca) = (&node.daemon, node.ca.clone());
     let addr = daemon.addr.to_string();
     let tls = trusting(&ca);
 
@@ -197,10 +218,8 @@ async fn over_tls_tenants_are_served_on_their_shards_and_plain_clients_are_told(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_sent_with_the_handshakes_last_message_are_answered() {
     use std::io::{Read, Write};
-    let test = TestDb::new().await;
-    let dir = tempfile::tempdir().unwrap();
-    let (section, ca) = node_tls(dir.path());
-    let daemon = start_with(&test, &format!("{CONFIG}{section}")).await;
+    let node = tls_node("").await;
+    let (daemon, ca) = (&node.daemon, node.ca.clone());
     for round in 0..4 {
         let mut out = Vec::new();
         let mut encoder = Encoder::new();
@@ -285,10 +304,8 @@ async fn requests_sent_with_the_handshakes_last_message_are_answered() {
 /// that never starts its handshake too — while a connected tenant is served throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_silent_past_the_hello_bound_is_closed() {
-    let test = TestDb::new().await;
-    let dir = tempfile::tempdir().unwrap();
-    let (section, ca) = node_tls(dir.path());
-    let daemon = start_with(&test, &format!("{CONFIG}{section}")).await;
+    let node = tls_node("").await;
+    let (daemon, ca) = (&node.daemon, node.ca.clone());
     let started = std::time::Instant::now();
     let mut silent = tokio::net::TcpStream::connect(daemon.addr).await.unwrap();
     let served = Client::connect_with(
@@ -319,11 +336,8 @@ async fn a_connection_silent_past_the_hello_bound_is_closed() {
 /// another certificate, it fails and says so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn spindlectl_speaks_https_to_a_node_with_tls() {
-    let test = TestDb::new().await;
-    let dir = tempfile::tempdir().unwrap();
-    let (section, ca) = node_tls(dir.path());
-    let config = format!("{CONFIG}{}{section}", common::admin_tokens());
-    let daemon = start_with(&test, &config).await;
+    let node = tls_node(&common::admin_tokens()).await;
+    let (daemon, ca) = (&node.daemon, node.ca.clone());
     let ca = ca.display().to_string();
     let (ok, out) = common::ctl(
         daemon.http,
@@ -350,13 +364,11 @@ async fn spindlectl_speaks_https_to_a_node_with_tls() {
 /// that is not the certificate's (one file renewed before the other) leaves the one in use.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_renewed_certificate_is_served_without_a_restart() {
-    let test = TestDb::new().await;
-    let dir = tempfile::tempdir().unwrap();
-    let (section, served) = node_tls(dir.path());
-    let daemon = start_with(&test, &format!("{CONFIG}{section}")).await;
+    let node = tls_node("").await;
+    let (daemon, served, dir) = (&node.daemon, node.ca.clone(), node.dir.path());
     let addr = daemon.addr.to_string();
     // What clients trust of the first certificate: a copy (its file is about to be replaced).
-    let first = dir.path().join("first.pem");
+    let first = dir.join("first.pem");
     std::fs::copy(&served, &first).unwrap();
     let old = trusting(&first);
     let up = Client::connect_with(&addr, TenantId(1), "one", WITHIN, Some(&old))
@@ -366,9 +378,9 @@ async fn a_renewed_certificate_is_served_without_a_restart() {
     // The renewal, made aside: first only its certificate is put in place (its key not yet).
     let renewed = tempfile::tempdir().unwrap();
     let (_, second) = node_tls(renewed.path());
-    let key_now = std::fs::read(dir.path().join("node.key")).unwrap();
-    std::fs::copy(&second, dir.path().join("node.pem.new")).unwrap();
-    std::fs::rename(dir.path().join("node.pem.new"), dir.path().join("node.pem")).unwrap();
+    let key_now = std::fs::read(dir.join("node.key")).unwrap();
+    std::fs::copy(&second, dir.join("node.pem.new")).unwrap();
+    std::fs::rename(dir.join("node.pem.new"), dir.join("node.pem")).unwrap();
     // Until the key follows, the node keeps the first certificate: a client trusting it still
     // connects, across more than one reload. (Each check with a fresh client configuration: a
     // client resumes its earlier TLS sessions, which are not certificate checks.)
@@ -381,13 +393,9 @@ async fn a_renewed_certificate_is_served_without_a_restart() {
             });
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    assert_eq!(std::fs::read(dir.path().join("node.key")).unwrap(), key_now);
-    std::fs::copy(
-        renewed.path().join("node.key"),
-        dir.path().join("node.key.new"),
-    )
-    .unwrap();
-    std::fs::rename(dir.path().join("node.key.new"), dir.path().join("node.key")).unwrap();
+    assert_eq!(std::fs::read(dir.join("node.key")).unwrap(), key_now);
+    std::fs::copy(renewed.path().join("node.key"), dir.join("node.key.new")).unwrap();
+    std::fs::rename(dir.join("node.key.new"), dir.join("node.key")).unwrap();
 
     let reached = common::poll_until(
         3 * spindle_node::tls::RELOAD_EVERY,
@@ -417,16 +425,9 @@ async fn https_get(
     path: &str,
 ) -> (String, String) {
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let mut stream = tokio_rustls::TlsConnector::from(client_config(ca))
+    let stream = tokio_rustls::TlsConnector::from(client_config(ca))
         .connect("localhost".try_into().unwrap(), tcp)
         .await
         .unwrap();
-    stream
-        .write_all(format!("GET {path} HTTP/1.1\r\nhost: localhost\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut text = String::new();
-    stream.read_to_string(&mut text).await.unwrap();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap();
-    (head.lines().next().unwrap().to_string(), body.to_string())
+    common::http_get_on(stream, path).await
 }

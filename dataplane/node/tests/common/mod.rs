@@ -235,8 +235,15 @@ pub async fn submit_accepted(
 
 /// A plain HTTP GET, answered with (status line, body).
 pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
+    http_get_on(tokio::net::TcpStream::connect(addr).await.unwrap(), path).await
+}
+
+/// A GET on a connected `stream` (plain or TLS), answered with (status line, body).
+pub async fn http_get_on(
+    mut stream: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    path: &str,
+) -> (String, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
     stream
         .write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes())
         .await
