@@ -629,9 +629,19 @@ mod tests {
             .map(|l| format!("{l}\n"))
             .collect();
         let tmp = tempfile::tempdir().unwrap();
+        // The [tls] files, made here where the example names its own.
+        let rcgen::CertifiedKey { cert, key_pair } =
+            rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let (c, k) = (tmp.path().join("node.pem"), tmp.path().join("node.key"));
+        std::fs::write(&c, cert.pem()).unwrap();
+        std::fs::write(&k, key_pair.serialize_pem()).unwrap();
+        let uncommented = uncommented
+            .replace("/etc/spindle/node.pem", &c.display().to_string())
+            .replace("/etc/spindle/node.key", &k.display().to_string());
         let path = tmp.path().join("full.toml");
         std::fs::write(&path, uncommented).unwrap();
         let full = Config::load(&Args::file(path, None)).unwrap();
+        assert_eq!(full.tls.as_ref().map(|t| &t.key_file), Some(&k));
         let provider = full.provider.expect("[provider] uncommented");
         assert_eq!(provider.polls_max, 1_000);
         let events = full.events.expect("[events] uncommented");

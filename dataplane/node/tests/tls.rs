@@ -211,6 +211,47 @@ async fn over_tls_tenants_are_served_on_their_shards_and_plain_clients_are_told(
     );
 }
 
+/// Through a node that does not serve the tenant, over TLS: the redirect names the node that
+/// does, and the client checks that node's certificate against the redirect's address; the
+/// cluster client fails over to it the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_a_redirect_reaches_the_node_that_serves_the_tenant() {
+    let test = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (section, ca) = node_tls(dir.path());
+    let config = |node: &str| {
+        let named = CONFIG.replace("node_id = \"test-node\"", &format!("node_id = \"{node}\""));
+        format!("{named}{section}")
+    };
+    // A owns every partition once it serves; B, started after, sends tenants to A.
+    let a = start_with(&test, &config("node-a")).await;
+    let b = start_with(&test, &config("node-b")).await;
+    let tls = trusting(&ca);
+    let seed = b.addr.to_string();
+    let client = Client::connect_cluster_with(&seed, TenantId(1), "one", Some(&tls))
+        .await
+        .unwrap();
+    assert_eq!(client.hello().node_id, "node-a");
+    let id = client.submit(task("redirected")).await.unwrap().task;
+    let cluster = spindle_client::ClusterClient::connect_with(
+        &[seed, a.addr.to_string()],
+        TenantId(1),
+        "one",
+        WITHIN,
+        Some(tls),
+    )
+    .await
+    .unwrap();
+    assert_eq!(cluster.client().await.unwrap().hello().node_id, "node-a");
+    let done = common::poll_until(
+        WITHIN,
+        async || cluster.get(id).await.unwrap().state,
+        |s| *s == TaskState::Succeeded,
+    )
+    .await;
+    assert_eq!(done, TaskState::Succeeded);
+}
+
 /// Requests written together with the client's last handshake message, in one segment, are
 /// answered: the ciphertext that follows the handshake is kept for the connection's reads
 /// (rustls, driven by hand here, sends what was written before the handshake ended right
