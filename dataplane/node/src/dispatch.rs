@@ -16,7 +16,7 @@
 //! leaves the node keeps to its part whatever the stalls before.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -190,7 +190,38 @@ pub enum ProviderEvent {
 
 /// A shard's send bucket for one account; its lock is FIFO, so submits leave in the order
 /// they came.
-type Pacer = tokio::sync::Mutex<TokenBucket>;
+struct Pacer {
+    bucket: tokio::sync::Mutex<TokenBucket>,
+    /// Submits waiting for their turn now: while any do, the shard picks no more work for the
+    /// account ([`DispatchHandle::paced_backlog`]).
+    waiting: AtomicU64,
+}
+
+/// Counts a submit as waiting at its pacer (and in `/metrics`) for as long as it lives: to its
+/// token, or to the drop of a submit abandoned on the way.
+struct Waiting<'a> {
+    pacer: &'a Pacer,
+    metrics: &'a crate::metrics::Metrics,
+}
+
+impl<'a> Waiting<'a> {
+    fn new(pacer: &'a Pacer, metrics: &'a crate::metrics::Metrics) -> Waiting<'a> {
+        pacer.waiting.fetch_add(1, Ordering::Relaxed);
+        metrics
+            .provider_paced_waiting
+            .fetch_add(1, Ordering::Relaxed);
+        Waiting { pacer, metrics }
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.pacer.waiting.fetch_sub(1, Ordering::Relaxed);
+        self.metrics
+            .provider_paced_waiting
+            .fetch_sub(1, Ordering::Relaxed);
+    }
+}
 
 struct Watched {
     shard: usize,
@@ -227,6 +258,20 @@ impl DispatchHandle {
     /// Where the provider should post callbacks.
     pub fn callback_url(&self) -> &str {
         &self.dispatcher.callback_url
+    }
+
+    /// Submits of `shard` to `account` waiting for their turn to leave now (0 when none ever
+    /// did). While any do, the shard picks no more for the account (`shard::resplit`): what
+    /// a stall bunched drains first, instead of every later submit queueing behind it.
+    pub fn paced_backlog(&self, account: &str, shard: usize) -> u64 {
+        let pacers = self
+            .dispatcher
+            .pacers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        pacers
+            .get(&(account.to_string(), shard))
+            .map_or(0, |p| p.waiting.load(Ordering::Relaxed))
     }
 
     /// How long an attempt in doubt waits after a round of queries without any answer before
@@ -310,15 +355,21 @@ impl Dispatcher {
             let now = self.pace_clock();
             pacers
                 .entry((account.to_string(), shard))
-                .or_insert_with(|| Arc::new(Pacer::new(TokenBucket::new(rate, now))))
+                .or_insert_with(|| {
+                    Arc::new(Pacer {
+                        bucket: tokio::sync::Mutex::new(TokenBucket::new(rate, now)),
+                        waiting: AtomicU64::new(0),
+                    })
+                })
                 .clone()
         };
+        let _waiting = Waiting::new(&pacer, &self.metrics);
         let started = std::time::Instant::now();
         // Held: behind a submit that waits for its token (the lock is only ever held across
         // that wait), or waiting for its own.
-        let (mut bucket, mut held) = match pacer.try_lock() {
+        let (mut bucket, mut held) = match pacer.bucket.try_lock() {
             Ok(bucket) => (bucket, false),
-            Err(_) => (pacer.lock().await, true),
+            Err(_) => (pacer.bucket.lock().await, true),
         };
         loop {
             let now = self.pace_clock();

@@ -184,6 +184,8 @@ pub struct Metrics {
     /// Submits held back by the send pacing (`crate::dispatch`), and for how long in all (µs).
     pub provider_paced: AtomicU64,
     pub provider_paced_us: AtomicU64,
+    /// Provider submits waiting for their turn to leave now (a gauge).
+    pub provider_paced_waiting: AtomicU64,
     /// Tenants the breaker suspended (`crate::breaker`), and who is suspended now.
     pub breaker_trips: AtomicU64,
     pub suspensions: Arc<crate::breaker::Suspensions>,
@@ -247,6 +249,7 @@ impl Metrics {
             provider_unresolved: AtomicU64::new(0),
             provider_paced: AtomicU64::new(0),
             provider_paced_us: AtomicU64::new(0),
+            provider_paced_waiting: AtomicU64::new(0),
             commands_limited: Default::default(),
             breaker_trips: AtomicU64::new(0),
             suspensions: Default::default(),
@@ -506,6 +509,11 @@ impl Metrics {
             w,
             "# HELP spindle_provider_paced_seconds_total Time provider submits were held back by that pacing.\n# TYPE spindle_provider_paced_seconds_total counter\nspindle_provider_paced_seconds_total {:.6}",
             self.provider_paced_us.load(Ordering::Relaxed) as f64 / 1e6
+        );
+        let _ = writeln!(
+            w,
+            "# HELP spindle_provider_paced_waiting Provider submits waiting for their turn to leave now (while a shard has any for an account, it picks no more for it).\n# TYPE spindle_provider_paced_waiting gauge\nspindle_provider_paced_waiting {}",
+            self.provider_paced_waiting.load(Ordering::Relaxed)
         );
         let _ = writeln!(
             w,

@@ -1887,3 +1887,51 @@ async fn the_provider_is_reached_over_https_trusting_the_configured_ca() {
     let total = assert_clean(&test, &admin).await;
     assert_eq!(total.accepted, 6);
 }
+
+/// After a stall bunched an account's submits at the pacer, the shard picks nothing more for
+/// the account until they have left: with the account kept busy (tasks still queued for it),
+/// the backlog drains in about its own length of time, where before it stood for as long as
+/// the account stayed busy, every later submit waiting behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_a_stall_left_at_the_pacer_drains_while_the_account_stays_busy() {
+    let test = TestDb::new().await;
+    let (m, admin) = mock_of(10, "64:600", None).await;
+    let config = node_config("drain-backlog-node", &m, "")
+        .replace("provider_concurrency = 4", "provider_concurrency = 64")
+        .replace("provider_rpm = 6000", "provider_rpm = 600");
+    let daemon = start_with(&test, &config).await;
+    // ~17 s of work at the two accounts' ~19 requests a second.
+    let ids = submit(&daemon, "backlog", 320).await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let mut sql = test.sql().await.unwrap();
+    let tx = sql.transaction().await.unwrap();
+    tx.batch_execute("LOCK TABLE resource_pool_shard IN EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    tx.commit().await.unwrap();
+    let waiting = async || common::metric(&daemon, "spindle_provider_paced_waiting").await;
+    // What the stall held up now waits at the pacers (~15 per account)...
+    let peak = common::poll_until(Duration::from_secs(5), waiting, |w| *w >= 8).await;
+    assert!(
+        peak >= 8,
+        "the stall bunched nothing: {peak} submits waiting"
+    );
+    // ... and has left within a few seconds, while most of the work is still queued.
+    let left = common::poll_until(Duration::from_secs(8), waiting, |w| *w <= 2).await;
+    let queued = common::read_i64(
+        &test.sql().await.unwrap(),
+        "SELECT count(*) FROM task WHERE state = 'QUEUED'",
+    )
+    .await;
+    assert!(left <= 2, "the backlog stood: {left} submits still waiting");
+    assert!(
+        queued > 20,
+        "the accounts ran out of work first ({queued} queued)"
+    );
+    let keys: Vec<i64> = ids.iter().map(|t| t.0 as i64).collect();
+    let done = common::wait_all_succeeded(&test.sql().await.unwrap(), &keys).await;
+    assert_eq!(done, 320);
+    let total = assert_clean(&test, &admin).await;
+    assert_eq!(total.accepted, 320, "each task accepted once");
+}

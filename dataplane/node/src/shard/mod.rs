@@ -909,8 +909,30 @@ fn resplit(s: &mut ShardState) {
         } else {
             capacity.part(held)
         };
+        let share = match share {
+            // Submits to the account wait at this shard's pacer (a stall bunched them): no
+            // new picks for it, and no tokens saved up meanwhile, until they have left. At the
+            // account's full rate they would otherwise queue behind that backlog for as long as
+            // the account stays busy.
+            NodeCapacity::Rate(r) if paced_backlog(s, id) > 0 => {
+                NodeCapacity::Rate(spindle_core::policy::RateSpec { burst: 0, ..r })
+            }
+            share => share,
+        };
         s.core.set_share(id, share, now);
     }
+}
+
+/// Submits of this shard waiting at its pacer for the account whose RPM is limit `id` (0 for
+/// any other limit, or without a provider thread).
+fn paced_backlog(s: &ShardState, id: spindle_core::LimitId) -> u64 {
+    let Some(d) = &s.dispatch else {
+        return 0;
+    };
+    s.provider_rpm
+        .iter()
+        .find(|(rpm, _)| *rpm == id)
+        .map_or(0, |(_, account)| d.paced_backlog(account, s.index))
 }
 
 /// `ppm` millionths of the cluster's rate `r`, its burst rounded down (the nodes' bursts never
