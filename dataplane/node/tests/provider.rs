@@ -1792,21 +1792,17 @@ async fn estimates_follow_what_the_provider_really_charges() {
     );
 }
 
-/// A stall between taking an RPM token and sending the submit (here: PostgreSQL's claims held
-/// up by a lock for 2 s, as a disk's flush stall or a starved thread holds them) must not let
-/// the tasks picked meanwhile reach the provider together: the mock's contract (10 a second, a
-/// burst of 10, per account; the node runs 9.5 with a burst of 4) is never broken, because
-/// submits are paced where they leave the node.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn requests_held_up_after_their_rpm_token_reach_the_provider_paced() {
-    let test = TestDb::new().await;
+/// A node on the mock (its two accounts at 10 requests a second, burst 10), running them at
+/// 9.5 (burst 4) with slots to spare; `n` tasks submitted as `prefix…`, and 1.5 s in, once the
+/// first bursts went, every claim held up for 2 s by a lock on the pool rows (as a disk's
+/// flush stall or a starved thread holds them).
+async fn stalled_at_full_rate(test: &TestDb, prefix: &str, n: usize) -> Stalled {
     let (m, admin) = mock_of(10, "64:600", None).await;
-    let config = node_config("paced-node", &m, "")
+    let config = node_config(&format!("{prefix}-node"), &m, "")
         .replace("provider_concurrency = 4", "provider_concurrency = 64")
         .replace("provider_rpm = 6000", "provider_rpm = 600");
-    let daemon = start_with(&test, &config).await;
-    let ids = submit(&daemon, "paced", 80).await;
-    // Let the first bursts go, then hold every claim up for 2 s.
+    let daemon = start_with(test, &config).await;
+    let ids = submit(&daemon, prefix, n).await;
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let mut sql = test.sql().await.unwrap();
     let tx = sql.transaction().await.unwrap();
@@ -1815,6 +1811,38 @@ async fn requests_held_up_after_their_rpm_token_reach_the_provider_paced() {
         .unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
     tx.commit().await.unwrap();
+    Stalled {
+        daemon,
+        ids,
+        admin,
+        _mock: m,
+    }
+}
+
+/// A node after [`stalled_at_full_rate`]'s stall.
+struct Stalled {
+    daemon: Daemon,
+    ids: Vec<TaskId>,
+    /// The mock's admin client.
+    admin: HttpProvider,
+    _mock: MockProvider,
+}
+
+/// A stall between taking an RPM token and sending the submit (here: PostgreSQL's claims held
+/// up by a lock for 2 s, as a disk's flush stall or a starved thread holds them) must not let
+/// the tasks picked meanwhile reach the provider together: the mock's contract (10 a second, a
+/// burst of 10, per account; the node runs 9.5 with a burst of 4) is never broken, because
+/// submits are paced where they leave the node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_held_up_after_their_rpm_token_reach_the_provider_paced() {
+    let test = TestDb::new().await;
+    // The mock lives as long as `_mock`.
+    let Stalled {
+        daemon,
+        ids,
+        admin,
+        _mock,
+    } = stalled_at_full_rate(&test, "paced", 80).await;
     let keys: Vec<i64> = ids.iter().map(|t| t.0 as i64).collect();
     let done = common::wait_all_succeeded(&test.sql().await.unwrap(), &keys).await;
     assert_eq!(done, 80);
@@ -1895,21 +1923,14 @@ async fn the_provider_is_reached_over_https_trusting_the_configured_ca() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backlog_a_stall_left_at_the_pacer_drains_while_the_account_stays_busy() {
     let test = TestDb::new().await;
-    let (m, admin) = mock_of(10, "64:600", None).await;
-    let config = node_config("drain-backlog-node", &m, "")
-        .replace("provider_concurrency = 4", "provider_concurrency = 64")
-        .replace("provider_rpm = 6000", "provider_rpm = 600");
-    let daemon = start_with(&test, &config).await;
     // ~17 s of work at the two accounts' ~19 requests a second.
-    let ids = submit(&daemon, "backlog", 320).await;
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
-    let mut sql = test.sql().await.unwrap();
-    let tx = sql.transaction().await.unwrap();
-    tx.batch_execute("LOCK TABLE resource_pool_shard IN EXCLUSIVE MODE")
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    tx.commit().await.unwrap();
+    // The mock lives as long as `_mock`.
+    let Stalled {
+        daemon,
+        ids,
+        admin,
+        _mock,
+    } = stalled_at_full_rate(&test, "backlog", 320).await;
     let waiting = async || common::metric(&daemon, "spindle_provider_paced_waiting").await;
     // What the stall held up now waits at the pacers (~15 per account)...
     let peak = common::poll_until(Duration::from_secs(5), waiting, |w| *w >= 8).await;
