@@ -5,6 +5,7 @@
 pub mod adapter;
 pub mod api;
 pub mod mock;
+pub mod object_store;
 pub mod receiver;
 mod serve;
 pub mod signature;

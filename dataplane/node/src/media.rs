@@ -53,6 +53,126 @@ pub struct MediaConfig {
     /// What to assume where NVML is absent; CPU units default to two per worker.
     #[serde(default)]
     pub declared: Option<spindle_gpu::Declared>,
+    /// Renditions put into an S3-compatible bucket once made (`[media.upload]`): a task's
+    /// result then names them by their objects' URLs.
+    #[serde(default)]
+    pub upload: Option<UploadConfig>,
+}
+
+/// The longest key prefix of uploaded renditions.
+pub const UPLOAD_PREFIX_BYTES_MAX: usize = 256;
+/// Tries of one rendition's upload (the store's or the network's trouble is tried again).
+pub const UPLOAD_ATTEMPTS_MAX: u32 = 10;
+
+/// `[media.upload]`: the bucket renditions go to.
+#[derive(Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UploadConfig {
+    /// The bucket's URL: virtual-hosted (`https://BUCKET.s3.REGION.amazonaws.com`) or
+    /// path-style (`http://minio:9000/BUCKET`).
+    pub url: String,
+    pub region: String,
+    /// Default: the `AWS_ACCESS_KEY_ID` environment variable.
+    #[serde(default)]
+    pub access_key_id: Option<String>,
+    /// Default: `AWS_SECRET_ACCESS_KEY`.
+    #[serde(default)]
+    pub secret_access_key: Option<String>,
+    /// Default: `AWS_SESSION_TOKEN`, if set.
+    #[serde(default)]
+    pub session_token: Option<String>,
+    /// Put before each object's key (`renditions/`, say); the key is then the file's name,
+    /// `task-<task>-<attempt token>-<height>p.mp4`.
+    #[serde(default)]
+    pub prefix: String,
+    /// Keep the files in `output_dir` after their upload (default: removed).
+    #[serde(default)]
+    pub keep_local: bool,
+    /// Tries of each upload (1..=10); between them 0.5 s, doubling, within the job's timeout.
+    #[serde(default = "default_upload_attempts")]
+    pub attempts: u32,
+    /// PEM certificates of a private CA the store's `https://` certificate may chain to,
+    /// beside the public web's roots.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for UploadConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UploadConfig")
+            .field("url", &self.url)
+            .field("region", &self.region)
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+fn default_upload_attempts() -> u32 {
+    3
+}
+
+impl UploadConfig {
+    /// The bucket, its credentials from here or the environment; an error names what is
+    /// missing or wrong.
+    pub fn bucket(&self) -> anyhow::Result<spindle_providers::object_store::Bucket> {
+        let from_env = |given: &Option<String>, var: &str| {
+            given
+                .clone()
+                .or_else(|| std::env::var(var).ok().filter(|v| !v.is_empty()))
+        };
+        let access_key_id =
+            from_env(&self.access_key_id, "AWS_ACCESS_KEY_ID").ok_or_else(|| {
+                anyhow::anyhow!("media.upload.access_key_id is not set (nor AWS_ACCESS_KEY_ID)")
+            })?;
+        let secret_access_key = from_env(&self.secret_access_key, "AWS_SECRET_ACCESS_KEY")
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "media.upload.secret_access_key is not set (nor AWS_SECRET_ACCESS_KEY)"
+                )
+            })?;
+        Ok(spindle_providers::object_store::Bucket {
+            url: self.url.trim_end_matches('/').to_string(),
+            region: self.region.clone(),
+            access_key_id,
+            secret_access_key,
+            session_token: from_env(&self.session_token, "AWS_SESSION_TOKEN"),
+        })
+    }
+
+    /// The roots the store's `https://` certificate is checked against.
+    pub fn tls(&self) -> anyhow::Result<Arc<spindle_providers::tls::ClientConfig>> {
+        match &self.ca_file {
+            None => Ok(spindle_providers::tls::public_roots()),
+            Some(path) => spindle_providers::tls::with_roots_file(path)
+                .map_err(|e| anyhow::anyhow!("media.upload.ca_file: {e}")),
+        }
+    }
+
+    fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            spindle_providers::tls::is_http_url(&self.url)
+                && self.url.len() <= OUTPUT_URL_BYTES_MAX
+                && !self.url.contains(char::is_whitespace),
+            "media.upload.url must be an http:// or https:// URL of at most \
+             {OUTPUT_URL_BYTES_MAX} bytes without spaces, not {:?}",
+            self.url
+        );
+        anyhow::ensure!(
+            !self.region.is_empty() && self.region.len() <= 64,
+            "media.upload.region must be 1..=64 bytes"
+        );
+        anyhow::ensure!(
+            self.prefix.len() <= UPLOAD_PREFIX_BYTES_MAX,
+            "media.upload.prefix must be at most {UPLOAD_PREFIX_BYTES_MAX} bytes"
+        );
+        anyhow::ensure!(
+            (1..=UPLOAD_ATTEMPTS_MAX).contains(&self.attempts),
+            "media.upload.attempts must be 1..={UPLOAD_ATTEMPTS_MAX}"
+        );
+        self.bucket()?;
+        self.tls()?;
+        Ok(())
+    }
 }
 
 fn default_workers() -> usize {
@@ -105,6 +225,9 @@ impl MediaConfig {
                  {OUTPUT_URL_BYTES_MAX} bytes without spaces, not {url:?}"
             );
         }
+        if let Some(u) = &self.upload {
+            u.check()?;
+        }
         Ok(())
     }
 }
@@ -122,10 +245,13 @@ pub struct MediaJob {
 #[derive(Debug)]
 pub enum MediaOutcome {
     Done {
-        /// One file per rendition, in the ladder's order.
+        /// One file per rendition, in the ladder's order (none once uploaded, unless
+        /// `keep_local`).
         outputs: Vec<PathBuf>,
         /// What the video really is.
         probed: spindle_transcode::MediaInfo,
+        /// With `[media.upload]`: the uploaded objects' URLs, in the ladder's order.
+        uploaded: Option<Vec<String>>,
     },
     Failed {
         reason: String,
@@ -196,6 +322,19 @@ impl MediaPool {
         }
         let ledger = Arc::new(MediaLedger::new(&inventory));
         let latest = Arc::new(Mutex::new((*inventory).clone()));
+        let upload = match &config.upload {
+            Some(u) => {
+                tracing::info!("media: renditions are uploaded to {}", u.url);
+                Some(Upload {
+                    bucket: u.bucket()?,
+                    tls: u.tls()?,
+                    prefix: u.prefix.clone(),
+                    keep_local: u.keep_local,
+                    attempts: u.attempts,
+                })
+            }
+            None => None,
+        };
         if matches!(inventory.source, Source::Nvml { .. }) {
             let (latest, ledger) = (latest.clone(), ledger.clone());
             let declared = declared.clone();
@@ -240,6 +379,7 @@ impl MediaPool {
             let config = config.clone();
             let cancels = cancels.clone();
             let tls = tls.clone();
+            let upload = upload.clone();
             std::thread::Builder::new()
                 .name(format!("media-{w}"))
                 .spawn(move || {
@@ -254,7 +394,7 @@ impl MediaPool {
                             return;
                         }
                     };
-                    let fetch = Fetch { rt, tls };
+                    let fetch = Fetch { rt, tls, upload };
                     loop {
                         let job = match rx.lock() {
                             Ok(r) => match r.recv() {
@@ -333,10 +473,21 @@ impl MediaPool {
 }
 
 /// How a worker fetches the provider's videos: on its own small runtime, `https://` trusting
-/// the provider's roots.
+/// the provider's roots; and where it uploads renditions, trusting the store's.
 struct Fetch {
     rt: tokio::runtime::Runtime,
     tls: Arc<spindle_providers::tls::ClientConfig>,
+    upload: Option<Upload>,
+}
+
+/// `[media.upload]`, resolved at start.
+#[derive(Clone)]
+struct Upload {
+    bucket: spindle_providers::object_store::Bucket,
+    tls: Arc<spindle_providers::tls::ClientConfig>,
+    prefix: String,
+    keep_local: bool,
+    attempts: u32,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -395,7 +546,89 @@ fn run(
     // A fetched input is the job's own: it goes whatever happened.
     let _ = std::fs::remove_file(&fetched);
     drop(placement);
-    outcome
+    match (outcome, &fetch.upload) {
+        (
+            MediaOutcome::Done {
+                outputs, probed, ..
+            },
+            Some(upload),
+        ) => match upload_all(&fetch.rt, upload, &outputs, deadline) {
+            Ok(urls) => {
+                let outputs = if upload.keep_local {
+                    outputs
+                } else {
+                    for o in &outputs {
+                        let _ = std::fs::remove_file(o);
+                    }
+                    Vec::new()
+                };
+                MediaOutcome::Done {
+                    outputs,
+                    probed,
+                    uploaded: Some(urls),
+                }
+            }
+            Err(e) => {
+                for o in &outputs {
+                    let _ = std::fs::remove_file(o);
+                }
+                failed(format!("upload: {e}"), e.is_retryable())
+            }
+        },
+        (outcome, _) => outcome,
+    }
+}
+
+/// Puts every output into the bucket, each tried up to `attempts` times (0.5 s apart,
+/// doubling) while its trouble is the store's or the network's, all within `deadline`.
+fn upload_all(
+    rt: &tokio::runtime::Runtime,
+    upload: &Upload,
+    outputs: &[PathBuf],
+    deadline: Instant,
+) -> Result<Vec<String>, spindle_providers::object_store::UploadError> {
+    use spindle_providers::object_store::{put_object, UploadError};
+    let mut urls = Vec::with_capacity(outputs.len());
+    for path in outputs {
+        let name = path
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let key = format!("{}{name}", upload.prefix);
+        let body = std::fs::read(path).map_err(|e| UploadError::Failed {
+            url: key.clone(),
+            reason: format!("reading {}: {e}", path.display()),
+        })?;
+        let body = spindle_providers::object_store::Bytes::from(body);
+        let mut pause = Duration::from_millis(500);
+        let mut tries = 0;
+        let url = loop {
+            tries += 1;
+            let left = deadline.saturating_duration_since(Instant::now());
+            let put = put_object(
+                &upload.bucket,
+                &key,
+                body.clone(),
+                "video/mp4",
+                left,
+                &upload.tls,
+            );
+            match rt.block_on(put) {
+                Ok(url) => break url,
+                Err(e)
+                    if e.is_retryable()
+                        && tries < upload.attempts
+                        && Instant::now() + pause < deadline =>
+                {
+                    tracing::warn!("upload of {key} failed (try {tries}), trying again: {e}");
+                    std::thread::sleep(pause);
+                    pause *= 2;
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        urls.push(url);
+    }
+    Ok(urls)
 }
 
 /// The share of the whole ladder at which the media stage reports its milestone (DESIGN §5's
@@ -466,7 +699,11 @@ fn transcode_ladder(
             }
         }
     }
-    MediaOutcome::Done { outputs, probed }
+    MediaOutcome::Done {
+        outputs,
+        probed,
+        uploaded: None,
+    }
 }
 
 #[cfg(test)]
@@ -475,6 +712,49 @@ mod tests {
 
     fn checked(text: &str) -> anyhow::Result<()> {
         toml::from_str::<MediaConfig>(text)?.check()
+    }
+
+    /// `[media.upload]`'s bounds and credentials are checked at load, each named.
+    #[test]
+    fn the_upload_section_is_checked_at_load() {
+        let upload = |rest: &str| {
+            format!(
+                "[upload]\nurl = \"https://b.s3.eu-west-1.amazonaws.com\"\nregion = \"eu-west-1\"\n\
+                 access_key_id = \"AKID\"\nsecret_access_key = \"s\"\n{rest}"
+            )
+        };
+        checked(&upload("prefix = \"renditions/\"\nattempts = 10\n")).unwrap();
+        let config: MediaConfig = toml::from_str(&upload("")).unwrap();
+        let u = config.upload.unwrap();
+        assert_eq!(
+            (u.attempts, u.keep_local, u.prefix.as_str()),
+            (3, false, "")
+        );
+        // The secret is not in the configuration's debug form (logs).
+        assert!(!format!("{u:?}").contains("secret"), "{u:?}");
+        for (rest, why) in [
+            ("attempts = 0\n", "media.upload.attempts must be 1..=10"),
+            ("attempts = 11\n", "media.upload.attempts must be 1..=10"),
+            (
+                &format!("prefix = \"{}\"\n", "p".repeat(UPLOAD_PREFIX_BYTES_MAX + 1)),
+                "media.upload.prefix must be at most 256 bytes",
+            ),
+            (
+                "ca_file = \"/nonexistent/ca.pem\"\n",
+                "media.upload.ca_file: /nonexistent/ca.pem: No such file or directory (os error 2)",
+            ),
+        ] {
+            let e = checked(&upload(rest)).unwrap_err().to_string();
+            assert_eq!(e, why, "{rest}");
+        }
+        let e = checked(&upload("").replace("https://", "ftp://"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("media.upload.url must be"), "{e}");
+        let e = checked(&upload("").replace("region = \"eu-west-1\"", "region = \"\""))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "media.upload.region must be 1..=64 bytes");
     }
 
     #[test]

@@ -111,10 +111,18 @@ pub(super) fn media_event(s: &mut ShardState, event: crate::media::MediaEvent) {
     };
     // What the task produced: its renditions.
     let produced = match &event.outcome {
-        MediaOutcome::Done { outputs, .. } => {
+        MediaOutcome::Done {
+            outputs, uploaded, ..
+        } => {
             let paths: Vec<String> = outputs.iter().map(|o| o.display().to_string()).collect();
             let mut result = serde_json::json!({ "outputs": paths });
-            if let Some(base) = s.media.as_ref().and_then(|m| m.output_url.as_deref()) {
+            if let Some(urls) = uploaded {
+                // In the bucket (and, with `keep_local`, still in `output_dir` too).
+                result["urls"] = urls.clone().into();
+                if outputs.is_empty() {
+                    result = serde_json::json!({ "urls": urls });
+                }
+            } else if let Some(base) = s.media.as_ref().and_then(|m| m.output_url.as_deref()) {
                 // Outputs are files directly in `output_dir`, named by the node (ASCII).
                 let urls: Vec<String> = outputs
                     .iter()
