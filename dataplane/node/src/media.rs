@@ -63,6 +63,9 @@ pub struct MediaConfig {
 pub const UPLOAD_PREFIX_BYTES_MAX: usize = 256;
 /// Tries of one rendition's upload (the store's or the network's trouble is tried again).
 pub const UPLOAD_ATTEMPTS_MAX: u32 = 10;
+/// The largest rendition uploaded: one `PUT`, its body read whole into the worker's memory
+/// (multipart uploads are not built).
+pub const UPLOAD_OBJECT_BYTES_MAX: u64 = 512 << 20;
 
 /// `[media.upload]`: the bucket renditions go to.
 #[derive(Clone, PartialEq, Deserialize)]
@@ -594,10 +597,22 @@ fn upload_all(
             .file_name()
             .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
         let key = format!("{}{name}", upload.prefix);
-        let body = std::fs::read(path).map_err(|e| UploadError::Failed {
+        let unreadable = |e: std::io::Error| UploadError::Failed {
             url: key.clone(),
             reason: format!("reading {}: {e}", path.display()),
-        })?;
+        };
+        let size = std::fs::metadata(path).map_err(unreadable)?.len();
+        if size > UPLOAD_OBJECT_BYTES_MAX {
+            // Not the store's trouble: trying again will not shrink it.
+            return Err(UploadError::Status {
+                url: key.clone(),
+                status: 413,
+                body: format!(
+                    "a rendition of {size} bytes; at most {UPLOAD_OBJECT_BYTES_MAX} are uploaded"
+                ),
+            });
+        }
+        let body = std::fs::read(path).map_err(unreadable)?;
         let body = spindle_providers::object_store::Bytes::from(body);
         let mut pause = Duration::from_millis(500);
         let mut tries = 0;
