@@ -47,6 +47,9 @@ pub enum UploadError {
     },
     #[error("{url}: {reason}")]
     Failed { url: String, reason: String },
+    /// More than an upload takes at once.
+    #[error("{url}: {bytes} bytes, more than the {max} one upload takes")]
+    TooLarge { url: String, bytes: u64, max: u64 },
 }
 
 impl UploadError {
@@ -56,6 +59,7 @@ impl UploadError {
         match self {
             UploadError::Status { status, .. } => *status >= 500 || matches!(status, 408 | 429),
             UploadError::Failed { .. } => true,
+            UploadError::TooLarge { .. } => false,
         }
     }
 }

@@ -604,12 +604,10 @@ fn upload_all(
         let size = std::fs::metadata(path).map_err(unreadable)?.len();
         if size > UPLOAD_OBJECT_BYTES_MAX {
             // Not the store's trouble: trying again will not shrink it.
-            return Err(UploadError::Status {
+            return Err(UploadError::TooLarge {
                 url: key.clone(),
-                status: 413,
-                body: format!(
-                    "a rendition of {size} bytes; at most {UPLOAD_OBJECT_BYTES_MAX} are uploaded"
-                ),
+                bytes: size,
+                max: UPLOAD_OBJECT_BYTES_MAX,
             });
         }
         let body = std::fs::read(path).map_err(unreadable)?;
