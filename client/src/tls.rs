@@ -1,11 +1,12 @@
 //! TLS to a node whose port speaks it (`[tls]` in the node's configuration), with rustls
 //! (ring). The roots are the caller's: a private CA's certificates ([`Tls::trusting_pem`],
-//! [`Tls::trusting_file`]) or the public web's ([`Tls::public_roots`]).
+//! [`Tls::trusting_file`]) or the public web's ([`Tls::public_roots`]); where the node asks for
+//! client certificates (`tls.client_ca_file`), [`Tls::with_client_cert`] presents one.
 
 use std::sync::Arc;
 
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::net::TcpStream;
 
 use crate::ClientError;
@@ -16,6 +17,7 @@ pub const ROOTS_MAX: usize = 64;
 /// What a client trusts of a node's certificate, and the name it checks it against.
 #[derive(Clone)]
 pub struct Tls {
+    roots: Arc<rustls::RootCertStore>,
     config: Arc<rustls::ClientConfig>,
     /// The name every node's certificate must carry; `None`: the host it is reached at.
     server_name: Option<ServerName<'static>>,
@@ -33,15 +35,20 @@ fn invalid(why: String) -> ClientError {
     ClientError::Io(std::io::Error::new(std::io::ErrorKind::InvalidInput, why))
 }
 
+fn builder(
+    roots: &Arc<rustls::RootCertStore>,
+) -> rustls::ConfigBuilder<rustls::ClientConfig, rustls::client::WantsClientCert> {
+    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default protocol versions")
+        .with_root_certificates(roots.clone())
+}
+
 fn trusting(roots: rustls::RootCertStore) -> Tls {
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("ring supports the default protocol versions")
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+    let roots = Arc::new(roots);
+    let config = builder(&roots).with_no_client_auth();
     Tls {
+        roots,
         config: Arc::new(config),
         server_name: None,
     }
@@ -77,6 +84,36 @@ impl Tls {
         let mut roots = rustls::RootCertStore::empty();
         roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
         trusting(roots)
+    }
+
+    /// Presents the certificate chain `cert_pem` (the client's first) with its private key
+    /// `key_pem` to nodes that ask for one.
+    pub fn with_client_cert(mut self, cert_pem: &[u8], key_pem: &[u8]) -> Result<Tls, ClientError> {
+        let chain = CertificateDer::pem_slice_iter(cert_pem)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| invalid(format!("client certificate: {e}")))?;
+        if chain.is_empty() {
+            return Err(invalid("no PEM client certificate".into()));
+        }
+        let key = PrivateKeyDer::from_pem_slice(key_pem)
+            .map_err(|e| invalid(format!("client key: {e}")))?;
+        let config = builder(&self.roots)
+            .with_client_auth_cert(chain, key)
+            .map_err(|e| invalid(format!("client certificate and key: {e}")))?;
+        self.config = Arc::new(config);
+        Ok(self)
+    }
+
+    /// [`Tls::with_client_cert`] from files; errors name them.
+    pub fn with_client_cert_files(
+        self,
+        cert: &std::path::Path,
+        key: &std::path::Path,
+    ) -> Result<Tls, ClientError> {
+        let read = |path: &std::path::Path| {
+            std::fs::read(path).map_err(|e| invalid(format!("{}: {e}", path.display())))
+        };
+        self.with_client_cert(&read(cert)?, &read(key)?)
     }
 
     /// Checks every node's certificate against `name` instead of the host each is reached at

@@ -1,11 +1,13 @@
 """Drives a running spindled through the Python client: submit, read status until the task
 has run, and receive an error. Prints one line per step; exits non-zero on any surprise.
 
-    python3 clients/python/check_client.py HOST PORT TENANT CREDENTIAL [--cluster] [--tls-ca FILE]
+    python3 clients/python/check_client.py HOST PORT TENANT CREDENTIAL [--cluster] [--tls-ca FILE
+        [--tls-cert FILE --tls-key FILE]]
 
 With --cluster, HOST:PORT may be any node of a cluster: the client connects through it
 (Client.connect_cluster) and first prints the node that serves the tenant. With --tls-ca, the
-node's port speaks TLS and its certificate chains to the CA certificates in FILE.
+node's port speaks TLS and its certificate chains to the CA certificates in FILE; with
+--tls-cert and --tls-key the client presents that certificate (a node with `client_ca_file`).
 """
 
 import ssl
@@ -22,6 +24,9 @@ def main():
     tls = None
     if "--tls-ca" in flags:
         tls = ssl.create_default_context(cafile=flags[flags.index("--tls-ca") + 1])
+        if "--tls-cert" in flags:
+            tls.load_cert_chain(flags[flags.index("--tls-cert") + 1],
+                                flags[flags.index("--tls-key") + 1])
     connect = Client.connect_cluster if cluster else Client.connect
     client = connect(host, port, tenant, credential, tls=tls)
     if cluster:

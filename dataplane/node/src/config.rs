@@ -637,11 +637,16 @@ mod tests {
         std::fs::write(&k, key_pair.serialize_pem()).unwrap();
         let uncommented = uncommented
             .replace("/etc/spindle/node.pem", &c.display().to_string())
-            .replace("/etc/spindle/node.key", &k.display().to_string());
+            .replace("/etc/spindle/node.key", &k.display().to_string())
+            .replace("/etc/spindle/clients-ca.pem", &c.display().to_string());
         let path = tmp.path().join("full.toml");
         std::fs::write(&path, uncommented).unwrap();
         let full = Config::load(&Args::file(path, None)).unwrap();
         assert_eq!(full.tls.as_ref().map(|t| &t.key_file), Some(&k));
+        assert_eq!(
+            full.tls.as_ref().and_then(|t| t.client_ca_file.as_ref()),
+            Some(&c)
+        );
         let provider = full.provider.expect("[provider] uncommented");
         assert_eq!(provider.polls_max, 1_000);
         let events = full.events.expect("[events] uncommented");
@@ -784,6 +789,19 @@ mod tests {
         std::fs::write(&k, key_pair.serialize_pem()).unwrap();
         let config = load_text(&text).unwrap();
         assert_eq!(config.tls.unwrap().cert_file, c);
+        // Client certificates' CAs: a file with none in it is named.
+        let e = load_text(&format!("{text}client_ca_file = {k:?}\n"))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            format!(
+                "tls.client_ca_file: {}: no PEM certificate in it",
+                k.display()
+            )
+        );
+        let config = load_text(&format!("{text}client_ca_file = {c:?}\n")).unwrap();
+        assert_eq!(config.tls.unwrap().client_ca_file, Some(c));
     }
 
     #[test]

@@ -116,8 +116,8 @@ fn run_node(config: Config) -> anyhow::Result<()> {
     // Both listeners' TLS, read once (before anything starts: an unusable file stops here).
     let (listener_tls, certificates) = match &config.tls {
         Some(t) => {
-            let (server, certs) = t.server()?;
-            (Some(server), Some(certs))
+            let l = t.server()?;
+            (Some((l.protocol, l.http)), Some(l.certificates))
         }
         None => (None, None),
     };
@@ -165,7 +165,9 @@ fn run_node(config: Config) -> anyhow::Result<()> {
         let shard_inboxes = shard_senders.clone();
         let db_config = db_config.clone();
         let callbacks = callbacks.clone();
-        let http_tls = listener_tls.clone().map(tokio_rustls::TlsAcceptor::from);
+        let http_tls = listener_tls
+            .as_ref()
+            .map(|(_, http)| tokio_rustls::TlsAcceptor::from(http.clone()));
         let admin = (!config.admin_tokens.is_empty()).then(|| {
             std::sync::Arc::new(admin::Admin::new(
                 config.admin_tokens.clone(),
@@ -328,7 +330,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
         let policy = policy.clone();
         let senders = shard_senders.clone();
         let credentials = credentials.clone();
-        let listener_tls = listener_tls.clone();
+        let listener_tls = listener_tls.as_ref().map(|(protocol, _)| protocol.clone());
         let reads = started.reads.clone();
         let metrics = metrics.clone();
         let board = board.clone();

@@ -30,6 +30,24 @@ const CIPHER_CHUNK: usize = 16 * 1024 + 512;
 pub struct TlsConfig {
     pub cert_file: PathBuf,
     pub key_file: PathBuf,
+    /// Client certificates (mTLS) on the client protocol's port: a client must present one
+    /// that chains to these CA certificates (PEM, at most [`CLIENT_CAS_MAX`]). The HTTP port
+    /// asks for none (probes, scrapers; its admin API has its tokens).
+    #[serde(default)]
+    pub client_ca_file: Option<PathBuf>,
+}
+
+/// CA certificates one `client_ca_file` may hold.
+pub const CLIENT_CAS_MAX: usize = 64;
+
+/// Both listeners' rustls configurations and the certificate they present.
+pub struct Listeners {
+    /// The client protocol's port (client certificates required with `client_ca_file`).
+    pub protocol: Arc<ServerConfig>,
+    /// The HTTP port.
+    pub http: Arc<ServerConfig>,
+    /// What both present, read again by [`Certificates::watch`].
+    pub certificates: Arc<Certificates>,
 }
 
 /// How often the certificate's files are read again: a renewed certificate (cert-manager,
@@ -70,9 +88,9 @@ impl TlsConfig {
             .map_err(|e| named(e.to_string()))
     }
 
-    /// The listeners' rustls configuration and the certificate it presents (for
+    /// The listeners' rustls configurations and the certificate they present (for
     /// [`Certificates::reload`]); an error names the files and what is wrong with them.
-    pub fn server(&self) -> anyhow::Result<(Arc<ServerConfig>, Arc<Certificates>)> {
+    pub fn server(&self) -> anyhow::Result<Listeners> {
         let (cert, key) = self.read()?;
         let current = self.certified(&cert, &key)?;
         let certs = Arc::new(Certificates {
@@ -80,13 +98,60 @@ impl TlsConfig {
             loaded: Mutex::new((cert, key)),
             current: RwLock::new(Arc::new(current)),
         });
-        let config = ServerConfig::builder_with_provider(Arc::new(crypto()))
-            .with_safe_default_protocol_versions()
-            .expect("ring supports the default protocol versions")
-            .with_no_client_auth()
-            .with_cert_resolver(certs.clone());
-        Ok((Arc::new(config), certs))
+        let builder = || {
+            ServerConfig::builder_with_provider(Arc::new(crypto()))
+                .with_safe_default_protocol_versions()
+                .expect("ring supports the default protocol versions")
+        };
+        let http = Arc::new(
+            builder()
+                .with_no_client_auth()
+                .with_cert_resolver(certs.clone()),
+        );
+        let protocol = match &self.client_ca_file {
+            None => http.clone(),
+            Some(path) => {
+                let roots = client_roots(path)?;
+                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    Arc::new(roots),
+                    Arc::new(crypto()),
+                )
+                .build()
+                .map_err(|e| anyhow::anyhow!("tls.client_ca_file: {}: {e}", path.display()))?;
+                Arc::new(
+                    builder()
+                        .with_client_cert_verifier(verifier)
+                        .with_cert_resolver(certs.clone()),
+                )
+            }
+        };
+        Ok(Listeners {
+            protocol,
+            http,
+            certificates: certs,
+        })
     }
+}
+
+/// The CA certificates in `path` (1..=[`CLIENT_CAS_MAX`]); errors name the file.
+fn client_roots(path: &std::path::Path) -> anyhow::Result<rustls::RootCertStore> {
+    use rustls::pki_types::pem::PemObject;
+    let unusable = |why: String| anyhow::anyhow!("tls.client_ca_file: {}: {why}", path.display());
+    let pem = std::fs::read(path).map_err(|e| unusable(e.to_string()))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for (i, cert) in rustls::pki_types::CertificateDer::pem_slice_iter(&pem).enumerate() {
+        if i == CLIENT_CAS_MAX {
+            return Err(unusable(format!("more than {CLIENT_CAS_MAX} certificates")));
+        }
+        let cert = cert.map_err(|e| unusable(format!("not PEM certificates: {e}")))?;
+        roots
+            .add(cert)
+            .map_err(|e| unusable(format!("a certificate that is no CA root: {e}")))?;
+    }
+    if roots.is_empty() {
+        return Err(unusable("no PEM certificate in it".into()));
+    }
+    Ok(roots)
 }
 
 fn crypto() -> rustls::crypto::CryptoProvider {

@@ -76,24 +76,41 @@ async fn the_python_client_submits_reads_status_and_gets_errors() {
     assert_checked(&check_client(daemon.addr, &[]));
 }
 
-/// The same over TLS: the nodes' ports speak TLS (`[tls]`), the client trusts their
-/// certificate (Python's own `ssl`) and checks it names the address it connects to — the
-/// redirect's too, when the node it asks sends it to the one that serves its tenant.
+/// The same over TLS: the nodes' ports speak TLS (`[tls]`) and ask for client certificates
+/// (`client_ca_file`); the client (Python's own `ssl`) trusts their certificate, checks it
+/// names the address it connects to — the redirect's too, when the node it asks sends it to
+/// the one that serves its tenant — and presents its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_client_speaks_tls_to_a_node_whose_port_does() {
     let test = TestDb::new().await;
     let dir = tempfile::tempdir().unwrap();
     let (section, ca) = common::node_tls(dir.path());
+    let (clients_ca, cert, key) = common::client_ca(dir.path());
     let config = |node: &str| {
         let named =
             common::CONFIG.replace("node_id = \"test-node\"", &format!("node_id = \"{node}\""));
-        format!("{named}{section}")
+        format!(
+            "{named}{section}client_ca_file = {:?}\n",
+            clients_ca.display().to_string()
+        )
     };
     // A owns every partition once it serves; B, started after, sends tenants to A.
     let daemon = start_with(&test, &config("node-a")).await;
     let ca = ca.display().to_string();
     let b = start_with(&test, &config("node-b")).await;
-    let lines = check_client(b.addr, &["--cluster", "--tls-ca", &ca]);
+    let (cert, key) = (cert.display().to_string(), key.display().to_string());
+    let lines = check_client(
+        b.addr,
+        &[
+            "--cluster",
+            "--tls-ca",
+            &ca,
+            "--tls-cert",
+            &cert,
+            "--tls-key",
+            &key,
+        ],
+    );
     assert_eq!(lines.first().map(String::as_str), Some("served by node-a"));
     assert_checked(&lines[1..]);
     // Without TLS the node says so, and the client raises it.

@@ -252,6 +252,50 @@ async fn over_tls_a_redirect_reaches_the_node_that_serves_the_tenant() {
     assert_eq!(done, TaskState::Succeeded);
 }
 
+/// mTLS: with `tls.client_ca_file` the client protocol's port serves only clients whose
+/// certificate chains to that CA — one without a certificate, or with another CA's, is refused
+/// in the handshake — while the HTTP port asks for none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_client_ca_only_clients_holding_its_certificates_are_served() {
+    let test = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (section, ca) = node_tls(dir.path());
+    let (clients_ca, cert, key) = common::client_ca(dir.path());
+    let section = format!(
+        "{section}client_ca_file = {:?}\n",
+        clients_ca.display().to_string()
+    );
+    let daemon = start_with(&test, &format!("{CONFIG}{section}")).await;
+    let addr = daemon.addr.to_string();
+    let with_cert = trusting(&ca).with_client_cert_files(&cert, &key).unwrap();
+    let client = Client::connect_with(&addr, TenantId(1), "one", WITHIN, Some(&with_cert))
+        .await
+        .unwrap();
+    let a = client.submit(task("mtls")).await.unwrap();
+    assert!(a.decision.is_accepted());
+    // No certificate: the node's alert ends the connection before the Hello is answered.
+    let refused = Client::connect_with(&addr, TenantId(1), "one", WITHIN, Some(&trusting(&ca)))
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert!(!matches!(refused, ClientError::Refused(_)), "{refused}");
+    // Another CA's client certificate: refused the same way.
+    let other = tempfile::tempdir().unwrap();
+    let (_, other_cert, other_key) = common::client_ca(other.path());
+    let stranger = trusting(&ca)
+        .with_client_cert_files(&other_cert, &other_key)
+        .unwrap();
+    let refused = Client::connect_with(&addr, TenantId(1), "one", WITHIN, Some(&stranger))
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert!(!matches!(refused, ClientError::Refused(_)), "{refused}");
+    // The first client is served throughout; the HTTP port takes no client certificate.
+    assert_eq!(client.get(a.task).await.unwrap().task, a.task);
+    let (status, _) = https_get(daemon.http, &ca, "/livez").await;
+    assert_eq!(status, "HTTP/1.1 200 OK");
+}
+
 /// Requests written together with the client's last handshake message, in one segment, are
 /// answered: the ciphertext that follows the handshake is kept for the connection's reads
 /// (rustls, driven by hand here, sends what was written before the handshake ended right

@@ -81,6 +81,13 @@ enum Command {
         /// at).
         #[arg(long, requires = "tls_ca")]
         tls_name: Option<String>,
+        /// A client certificate (PEM chain) to present, where the node asks for one
+        /// (`tls.client_ca_file`); with `--tls-key`.
+        #[arg(long, requires_all = ["tls_ca", "tls_key"])]
+        tls_cert: Option<PathBuf>,
+        /// The client certificate's private key (PEM).
+        #[arg(long, requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
         #[command(flatten)]
         common: Common,
     },
@@ -123,6 +130,8 @@ fn main() -> anyhow::Result<()> {
             metrics,
             tls_ca,
             tls_name,
+            tls_cert,
+            tls_key,
             common,
         } => {
             let tenants = tenants
@@ -131,7 +140,10 @@ fn main() -> anyhow::Result<()> {
                 .collect::<anyhow::Result<Vec<_>>>()?;
             let (tls, http_tls) = match &tls_ca {
                 Some(ca) => {
-                    let (client, http) = tls_of(ca, tls_name.as_deref(), metrics)?;
+                    let (mut client, http) = tls_of(ca, tls_name.as_deref(), metrics)?;
+                    if let (Some(cert), Some(key)) = (&tls_cert, &tls_key) {
+                        client = client.with_client_cert_files(cert, key)?;
+                    }
                     (Some(client), http)
                 }
                 None => (None, None),

@@ -399,3 +399,35 @@ pub fn node_tls(dir: &std::path::Path) -> (String, std::path::PathBuf) {
     );
     (section, cert_file)
 }
+
+/// A CA for client certificates and one client certificate it issued, written to `dir`:
+/// (the CA's certificate, the client's certificate, the client's key).
+pub fn client_ca(
+    dir: &std::path::Path,
+) -> (std::path::PathBuf, std::path::PathBuf, std::path::PathBuf) {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
+    };
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(DnType::CommonName, "spindle test clients");
+    let ca = ca.self_signed(&ca_key).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let mut client = CertificateParams::new(vec!["client-1".into()]).unwrap();
+    client
+        .distinguished_name
+        .push(DnType::CommonName, "client-1");
+    client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let client = client.signed_by(&key, &ca, &ca_key).unwrap();
+    let paths = (
+        dir.join("clients-ca.pem"),
+        dir.join("client.pem"),
+        dir.join("client.key"),
+    );
+    std::fs::write(&paths.0, ca.pem()).unwrap();
+    std::fs::write(&paths.1, client.pem()).unwrap();
+    std::fs::write(&paths.2, key.serialize_pem()).unwrap();
+    paths
+}
