@@ -116,6 +116,15 @@ impl Tls {
         self.with_client_cert(&read(cert)?, &read(key)?)
     }
 
+    /// Makes every connection a full handshake: no earlier session is resumed (by default a
+    /// client resumes the sessions a node gave it, which skips the certificate's check).
+    pub fn without_resumption(mut self) -> Tls {
+        let mut config = (*self.config).clone();
+        config.resumption = rustls::client::Resumption::disabled();
+        self.config = Arc::new(config);
+        self
+    }
+
     /// Checks every node's certificate against `name` instead of the host each is reached at
     /// (nodes addressed by IP whose certificates name the service, say).
     pub fn server_name(mut self, name: &str) -> Result<Tls, ClientError> {

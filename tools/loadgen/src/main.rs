@@ -1,6 +1,8 @@
 //! spindle-loadgen: `run` drives a node you point it at; `demo` starts a private PostgreSQL and
-//! an in-process spindled and runs the noisy-neighbour mix (one tenant at 100× the others).
+//! an in-process spindled and runs the noisy-neighbour mix (one tenant at 100× the others);
+//! `connects` measures how fast a node takes new connections.
 
+mod connects;
 mod harness;
 mod pacer;
 mod report;
@@ -111,6 +113,35 @@ enum Command {
         #[arg(long, default_value_t = 30)]
         rate: u64,
     },
+    /// Opens connections to a node, each closed once its Hello is answered: connections a
+    /// second and connect → HelloOk latency (a reconnect storm after a failover).
+    Connects {
+        #[arg(long)]
+        addr: String,
+        /// `ID:CREDENTIAL` of the tenant every connection authenticates as.
+        #[arg(long)]
+        tenant: String,
+        #[arg(long, default_value_t = 2_000)]
+        count: u64,
+        /// Connections being made at once.
+        #[arg(long, default_value_t = 16)]
+        concurrency: usize,
+        /// The node's port speaks TLS: the CA certificates (PEM) its certificate chains to.
+        #[arg(long)]
+        tls_ca: Option<PathBuf>,
+        /// The name the node's certificate must carry (default: the host of `--addr`).
+        #[arg(long, requires = "tls_ca")]
+        tls_name: Option<String>,
+        /// A client certificate (PEM) to present; with `--tls-key`.
+        #[arg(long, requires_all = ["tls_ca", "tls_key"])]
+        tls_cert: Option<PathBuf>,
+        #[arg(long, requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
+        /// Every connection a full TLS handshake (as to a node never reached before), not a
+        /// resumption of an earlier session.
+        #[arg(long, requires = "tls_ca")]
+        full_handshakes: bool,
+    },
     /// Private PostgreSQL + in-process spindled + the noisy-neighbour mix.
     Demo {
         /// Tasks per second of each of the nine quiet tenants (the loud one sends 100×).
@@ -155,6 +186,52 @@ fn main() -> anyhow::Result<()> {
             drive(addr, metrics, tls, tenants, &common)
         }
         Command::Demo { quiet_rate, common } => demo(quiet_rate, &common),
+        Command::Connects {
+            addr,
+            tenant,
+            count,
+            concurrency,
+            tls_ca,
+            tls_name,
+            tls_cert,
+            tls_key,
+            full_handshakes,
+        } => {
+            let (id, credential) = tenant
+                .split_once(':')
+                .and_then(|(id, c)| Some((id.parse::<u32>().ok()?, c.to_string())))
+                .context("--tenant must be ID:CREDENTIAL")?;
+            let tls = match &tls_ca {
+                None => None,
+                Some(ca) => {
+                    let mut tls = spindle_client::Tls::trusting_file(ca)?;
+                    if let Some(n) = &tls_name {
+                        tls = tls.server_name(n)?;
+                    }
+                    if let (Some(cert), Some(key)) = (&tls_cert, &tls_key) {
+                        tls = tls.with_client_cert_files(cert, key)?;
+                    }
+                    if full_handshakes {
+                        tls = tls.without_resumption();
+                    }
+                    Some(tls)
+                }
+            };
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let outcome = rt.block_on(connects::run(connects::Options {
+                addr,
+                tenant: id,
+                credential,
+                count,
+                concurrency,
+                tls,
+            }))?;
+            println!("{}", connects::line(&outcome));
+            anyhow::ensure!(outcome.failed == 0, "{} connections failed", outcome.failed);
+            Ok(())
+        }
         Command::Soak { seconds, rate } => {
             quiet_logs();
             soak::run(soak::Options { seconds, rate })

@@ -1,0 +1,117 @@
+//! `connects`: how fast a node takes new connections — TCP connect, the TLS handshake where its
+//! port speaks TLS, and the Hello answered — as many clients reconnecting at once do after a
+//! failover. Each connection is closed once its Hello is answered.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use spindle_client::{Client, Tls};
+use spindle_core::TenantId;
+
+/// Connections at most in one run, and at once.
+pub const COUNT_MAX: u64 = 1_000_000;
+pub const CONCURRENCY_MAX: usize = 4_096;
+
+pub struct Options {
+    pub addr: String,
+    pub tenant: u32,
+    pub credential: String,
+    pub count: u64,
+    pub concurrency: usize,
+    pub tls: Option<Tls>,
+}
+
+pub struct Outcome {
+    pub made: u64,
+    pub failed: u64,
+    /// The first failure's error.
+    pub first_error: Option<String>,
+    pub elapsed: Duration,
+    /// Connect to HelloOk, µs.
+    pub latency_us: Histogram<u64>,
+}
+
+pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
+    anyhow::ensure!(
+        (1..=COUNT_MAX).contains(&opts.count),
+        "--count must be 1..={COUNT_MAX}"
+    );
+    anyhow::ensure!(
+        (1..=CONCURRENCY_MAX).contains(&opts.concurrency),
+        "--concurrency must be 1..={CONCURRENCY_MAX}"
+    );
+    let opts = Arc::new(opts);
+    let next = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let started = Instant::now();
+    let mut workers = Vec::new();
+    for _ in 0..opts.concurrency {
+        let (opts, next) = (opts.clone(), next.clone());
+        workers.push(tokio::spawn(async move {
+            let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)
+                .expect("valid bounds");
+            let (mut made, mut failed, mut first_error) = (0, 0, None);
+            while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < opts.count {
+                let t0 = Instant::now();
+                let connected = Client::connect_with(
+                    &opts.addr,
+                    TenantId(opts.tenant),
+                    &opts.credential,
+                    Duration::from_secs(10),
+                    opts.tls.as_ref(),
+                )
+                .await;
+                match connected {
+                    Ok(client) => {
+                        latency.saturating_record(t0.elapsed().as_micros() as u64);
+                        made += 1;
+                        drop(client);
+                    }
+                    Err(e) => {
+                        failed += 1;
+                        first_error.get_or_insert_with(|| e.to_string());
+                    }
+                }
+            }
+            (latency, made, failed, first_error)
+        }));
+    }
+    let mut outcome = Outcome {
+        made: 0,
+        failed: 0,
+        first_error: None,
+        elapsed: Duration::ZERO,
+        latency_us: Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds"),
+    };
+    for w in workers {
+        let (latency, made, failed, first_error) = w.await?;
+        outcome.latency_us.add(&latency)?;
+        outcome.made += made;
+        outcome.failed += failed;
+        if outcome.first_error.is_none() {
+            outcome.first_error = first_error;
+        }
+    }
+    outcome.elapsed = started.elapsed();
+    Ok(outcome)
+}
+
+/// One line: connections a second, and connect → HelloOk percentiles.
+pub fn line(o: &Outcome) -> String {
+    let ms = |q: f64| o.latency_us.value_at_quantile(q) as f64 / 1_000.0;
+    let mut text = format!(
+        "connections {} in {:.2} s ({:.0}/s), failed {}; connect → HelloOk p50/p90/p99/max {:.2}/{:.2}/{:.2}/{:.2} ms",
+        o.made,
+        o.elapsed.as_secs_f64(),
+        o.made as f64 / o.elapsed.as_secs_f64().max(1e-9),
+        o.failed,
+        ms(0.5),
+        ms(0.9),
+        ms(0.99),
+        o.latency_us.max() as f64 / 1_000.0,
+    );
+    if let Some(e) = &o.first_error {
+        text.push_str(&format!("; first failure: {e}"));
+    }
+    text
+}
