@@ -48,8 +48,8 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
     for _ in 0..opts.concurrency {
         let (opts, next) = (opts.clone(), next.clone());
         workers.push(tokio::spawn(async move {
-            let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)
-                .expect("valid bounds");
+            let mut latency =
+                Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
             let (mut made, mut failed, mut first_error) = (0, 0, None);
             while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < opts.count {
                 let t0 = Instant::now();
