@@ -58,6 +58,60 @@ struct Common {
     json: bool,
 }
 
+/// Where the node's ports speak TLS (its `[tls]`).
+#[derive(clap::Args)]
+struct TlsArgs {
+    /// The CA certificates (PEM) the nodes' certificates chain to — the only roots trusted.
+    #[arg(long)]
+    tls_ca: Option<PathBuf>,
+    /// The name the nodes' certificates must carry (default: the host each is reached at).
+    #[arg(long, requires = "tls_ca")]
+    tls_name: Option<String>,
+    /// A client certificate (PEM chain) to present, where the node asks for one
+    /// (`tls.client_ca_file`); with `--tls-key`.
+    #[arg(long, requires_all = ["tls_ca", "tls_key"])]
+    tls_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+}
+
+/// The HTTP port's trust and the name its certificate must carry (for `--metrics`).
+type HttpTls = (
+    std::sync::Arc<rustls::ClientConfig>,
+    rustls::pki_types::ServerName<'static>,
+);
+
+impl TlsArgs {
+    /// The client's TLS, `None` without `--tls-ca`.
+    fn client(&self) -> anyhow::Result<Option<spindle_client::Tls>> {
+        let Some(ca) = &self.tls_ca else {
+            return Ok(None);
+        };
+        let mut tls = spindle_client::Tls::trusting_file(ca)?;
+        if let Some(n) = &self.tls_name {
+            tls = tls.server_name(n)?;
+        }
+        if let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) {
+            tls = tls.with_client_cert_files(cert, key)?;
+        }
+        Ok(Some(tls))
+    }
+
+    /// What a scrape of the HTTP port at `at` trusts, `None` without `--tls-ca`.
+    fn http(&self, at: SocketAddr) -> anyhow::Result<Option<HttpTls>> {
+        let Some(ca) = &self.tls_ca else {
+            return Ok(None);
+        };
+        let config = spindle_providers::tls::with_roots_file(ca)?;
+        let name = match &self.tls_name {
+            Some(n) => rustls::pki_types::ServerName::try_from(n.clone())?,
+            None => rustls::pki_types::ServerName::from(at.ip()),
+        };
+        Ok(Some((config, name)))
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Drive a running node (or a cluster through any of its nodes).
@@ -75,21 +129,8 @@ enum Command {
         /// is still checked once, after the measurement.
         #[arg(long)]
         metrics: Option<SocketAddr>,
-        /// The node's ports speak TLS (its `[tls]`): the CA certificates (PEM) its certificate
-        /// chains to — the only roots trusted.
-        #[arg(long)]
-        tls_ca: Option<PathBuf>,
-        /// The name the nodes' certificates must carry (default: the host each is reached
-        /// at).
-        #[arg(long, requires = "tls_ca")]
-        tls_name: Option<String>,
-        /// A client certificate (PEM chain) to present, where the node asks for one
-        /// (`tls.client_ca_file`); with `--tls-key`.
-        #[arg(long, requires_all = ["tls_ca", "tls_key"])]
-        tls_cert: Option<PathBuf>,
-        /// The client certificate's private key (PEM).
-        #[arg(long, requires = "tls_cert")]
-        tls_key: Option<PathBuf>,
+        #[command(flatten)]
+        tls: TlsArgs,
         #[command(flatten)]
         common: Common,
     },
@@ -126,17 +167,8 @@ enum Command {
         /// Connections being made at once.
         #[arg(long, default_value_t = 16)]
         concurrency: usize,
-        /// The node's port speaks TLS: the CA certificates (PEM) its certificate chains to.
-        #[arg(long)]
-        tls_ca: Option<PathBuf>,
-        /// The name the node's certificate must carry (default: the host of `--addr`).
-        #[arg(long, requires = "tls_ca")]
-        tls_name: Option<String>,
-        /// A client certificate (PEM) to present; with `--tls-key`.
-        #[arg(long, requires_all = ["tls_ca", "tls_key"])]
-        tls_cert: Option<PathBuf>,
-        #[arg(long, requires = "tls_cert")]
-        tls_key: Option<PathBuf>,
+        #[command(flatten)]
+        tls: TlsArgs,
         /// Every connection a full TLS handshake (as to a node never reached before), not a
         /// resumption of an earlier session.
         #[arg(long, requires = "tls_ca")]
@@ -159,31 +191,21 @@ fn main() -> anyhow::Result<()> {
             addr,
             tenants,
             metrics,
-            tls_ca,
-            tls_name,
-            tls_cert,
-            tls_key,
+            tls,
             common,
         } => {
             let tenants = tenants
                 .iter()
                 .map(|t| TenantLoad::parse(t))
                 .collect::<anyhow::Result<Vec<_>>>()?;
-            let (tls, http_tls) = match &tls_ca {
-                Some(ca) => {
-                    let (mut client, http) = tls_of(ca, tls_name.as_deref(), metrics)?;
-                    if let (Some(cert), Some(key)) = (&tls_cert, &tls_key) {
-                        client = client.with_client_cert_files(cert, key)?;
-                    }
-                    (Some(client), http)
-                }
-                None => (None, None),
+            let metrics = match metrics {
+                Some(addr) => Some(scrape::Endpoint {
+                    addr,
+                    tls: tls.http(addr)?,
+                }),
+                None => None,
             };
-            let metrics = metrics.map(|addr| scrape::Endpoint {
-                addr,
-                tls: http_tls,
-            });
-            drive(addr, metrics, tls, tenants, &common)
+            drive(addr, metrics, tls.client()?, tenants, &common)
         }
         Command::Demo { quiet_rate, common } => demo(quiet_rate, &common),
         Command::Connects {
@@ -191,32 +213,20 @@ fn main() -> anyhow::Result<()> {
             tenant,
             count,
             concurrency,
-            tls_ca,
-            tls_name,
-            tls_cert,
-            tls_key,
+            tls,
             full_handshakes,
         } => {
             let (id, credential) = tenant
                 .split_once(':')
                 .and_then(|(id, c)| Some((id.parse::<u32>().ok()?, c.to_string())))
                 .context("--tenant must be ID:CREDENTIAL")?;
-            let tls = match &tls_ca {
-                None => None,
-                Some(ca) => {
-                    let mut tls = spindle_client::Tls::trusting_file(ca)?;
-                    if let Some(n) = &tls_name {
-                        tls = tls.server_name(n)?;
-                    }
-                    if let (Some(cert), Some(key)) = (&tls_cert, &tls_key) {
-                        tls = tls.with_client_cert_files(cert, key)?;
-                    }
-                    if full_handshakes {
-                        tls = tls.without_resumption();
-                    }
-                    Some(tls)
+            let tls = tls.client()?.map(|t| {
+                if full_handshakes {
+                    t.without_resumption()
+                } else {
+                    t
                 }
-            };
+            });
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?;
@@ -241,37 +251,6 @@ fn main() -> anyhow::Result<()> {
             storm::run(storm::Options { seconds, rate, out })
         }
     }
-}
-
-/// `--tls-ca` and `--tls-name`: the client's trust, and the HTTP port's (for `--metrics`).
-#[allow(clippy::type_complexity)]
-fn tls_of(
-    ca: &std::path::Path,
-    name: Option<&str>,
-    metrics: Option<SocketAddr>,
-) -> anyhow::Result<(
-    spindle_client::Tls,
-    Option<(
-        std::sync::Arc<rustls::ClientConfig>,
-        rustls::pki_types::ServerName<'static>,
-    )>,
-)> {
-    let mut client = spindle_client::Tls::trusting_file(ca)?;
-    if let Some(n) = name {
-        client = client.server_name(n)?;
-    }
-    let http = match metrics {
-        None => None,
-        Some(at) => {
-            let config = spindle_providers::tls::with_roots_file(ca)?;
-            let name = match name {
-                Some(n) => rustls::pki_types::ServerName::try_from(n.to_string())?,
-                None => rustls::pki_types::ServerName::from(at.ip()),
-            };
-            Some((config, name))
-        }
-    };
-    Ok((client, http))
 }
 
 fn drive(
