@@ -88,6 +88,10 @@ pub struct UploadConfig {
     /// `task-<task>-<attempt token>-<height>p.mp4`.
     #[serde(default)]
     pub prefix: String,
+    /// The URL objects are read from, where that is not the bucket's (a CDN in front of it):
+    /// results name each object as this, `/`, its key. Default: the bucket's URL.
+    #[serde(default)]
+    pub public_url: Option<String>,
     /// Keep the files in `output_dir` after their upload (default: removed).
     #[serde(default)]
     pub keep_local: bool,
@@ -164,6 +168,15 @@ impl UploadConfig {
             !self.region.is_empty() && self.region.len() <= 64,
             "media.upload.region must be 1..=64 bytes"
         );
+        if let Some(url) = &self.public_url {
+            anyhow::ensure!(
+                spindle_providers::tls::is_http_url(url)
+                    && url.len() <= OUTPUT_URL_BYTES_MAX
+                    && !url.contains(char::is_whitespace),
+                "media.upload.public_url must be an http:// or https:// URL of at most \
+                 {OUTPUT_URL_BYTES_MAX} bytes without spaces, not {url:?}"
+            );
+        }
         anyhow::ensure!(
             self.prefix.len() <= UPLOAD_PREFIX_BYTES_MAX,
             "media.upload.prefix must be at most {UPLOAD_PREFIX_BYTES_MAX} bytes"
@@ -332,6 +345,10 @@ impl MediaPool {
                     bucket: u.bucket()?,
                     tls: u.tls()?,
                     prefix: u.prefix.clone(),
+                    public_url: u
+                        .public_url
+                        .as_deref()
+                        .map(|p| p.trim_end_matches('/').to_string()),
                     keep_local: u.keep_local,
                     attempts: u.attempts,
                 })
@@ -489,6 +506,8 @@ struct Upload {
     bucket: spindle_providers::object_store::Bucket,
     tls: Arc<spindle_providers::tls::ClientConfig>,
     prefix: String,
+    /// `public_url` without a trailing `/`.
+    public_url: Option<String>,
     keep_local: bool,
     attempts: u32,
 }
@@ -626,7 +645,16 @@ fn upload_all(
                 &upload.tls,
             );
             match rt.block_on(put) {
-                Ok(url) => break url,
+                Ok(url) => match &upload.public_url {
+                    // Named as readers reach it.
+                    Some(base) => {
+                        break format!(
+                            "{base}/{}",
+                            spindle_providers::object_store::uri_encode(&key, false)
+                        )
+                    }
+                    None => break url,
+                },
                 Err(e)
                     if e.is_retryable()
                         && tries < upload.attempts
@@ -764,6 +792,11 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("media.upload.url must be"), "{e}");
+        checked(&upload("public_url = \"https://cdn.example.com/r/\"\n")).unwrap();
+        let e = checked(&upload("public_url = \"cdn.example.com\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("media.upload.public_url must be"), "{e}");
         let e = checked(&upload("").replace("region = \"eu-west-1\"", "region = \"\""))
             .unwrap_err()
             .to_string();

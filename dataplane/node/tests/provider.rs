@@ -2229,6 +2229,33 @@ async fn renditions_are_uploaded_to_an_s3_bucket_and_named_by_url() {
     assert_clean(&test, &admin).await;
     drop(daemon);
 
+    // Read through a CDN: the result names the object by `public_url`, the key the same.
+    let test = TestDb::new().await;
+    let (m, admin) = mock_with(20, Some(clip.clone())).await;
+    let cdn = format!("{media}public_url = \"https://cdn.example.com/v/\"\n");
+    let daemon = media_node(&test, &m, &out, &cdn).await;
+    let (ids, states) = run(&daemon, &test, "cdn", 1).await;
+    assert_eq!(states, ["SUCCEEDED"]);
+    let status = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap()
+        .get(ids[0])
+        .await
+        .unwrap();
+    let result: serde_json::Value =
+        serde_json::from_str(status.result.as_deref().unwrap()).unwrap();
+    let urls: Vec<String> = serde_json::from_value(result["urls"].clone()).unwrap();
+    let key = format!("renditions/task-{}-", ids[0].0);
+    assert!(
+        urls.iter()
+            .all(|u| u.starts_with(&format!("https://cdn.example.com/v/{key}"))),
+        "{urls:?}"
+    );
+    let stored = bucket.objects.lock().unwrap().len();
+    assert_eq!(stored, 6, "two more objects in the bucket");
+    assert_clean(&test, &admin).await;
+    drop(daemon);
+
     // A bucket that refuses (wrong credentials, say): the task fails with its answer.
     bucket.refuse_with.store(403, Ordering::Relaxed);
     let test = TestDb::new().await;
