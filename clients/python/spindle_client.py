@@ -59,6 +59,7 @@ def _names(enum_class):
 
 ERROR_NAMES = _names(ErrorCode.ErrorCode)
 STATE_NAMES = _names(TaskState.TaskState)
+REQUEST_NAMES = _names(Request.Request)
 TERMINAL_STATES = {"Succeeded", "Failed", "Canceled", "Expired"}
 # Events a connection holds before they are read (as the Rust client's EVENTS_BUFFER).
 EVENTS_MAX = 4096
@@ -153,11 +154,8 @@ class Client:
         Hello.AddCredential(b, cred)
         Hello.AddClientName(b, name)
         body = Hello.End(b)
-        frame = client._call(b, Request.Request.Hello, body)
-        if frame.BodyType() != Response.Response.HelloOk:
-            raise SpindleError("Unexpected", f"answer type {frame.BodyType()} to Hello")
-        ok = HelloOk.HelloOk()
-        ok.Init(frame.Body().Bytes, frame.Body().Pos)
+        ok = client._answer(b, Request.Request.Hello, body, Response.Response.HelloOk,
+                            HelloOk.HelloOk)
         client.node_id = ok.NodeId().decode() if ok.NodeId() is not None else ""
         return client
 
@@ -183,6 +181,17 @@ class Client:
                     ) from e
                 host, _, redirect_port = e.redirect.rpartition(":")
                 port = int(redirect_port)
+
+    def _answer(self, builder, request_type, body, answer_type, table):
+        """Sends a request and reads its answer as `table` (a generated class); an answer of
+        another type than `answer_type` raises Unexpected."""
+        frame = self._call(builder, request_type, body)
+        if frame.BodyType() != answer_type:
+            what = REQUEST_NAMES.get(request_type, request_type)
+            raise SpindleError("Unexpected", f"answer type {frame.BodyType()} to {what}")
+        answer = table()
+        answer.Init(frame.Body().Bytes, frame.Body().Pos)
+        return answer
 
     def _call(self, builder, body_type, body):
         request_id = self.next_id
@@ -234,10 +243,8 @@ class Client:
         b = flatbuffers.Builder(256)
         body = _submit_task(b, key, user, model, width, height, duration_ms, fps, audio,
                             references, band_hint, input)
-        frame = self._call(b, Request.Request.SubmitTask, body)
-        a = Admission.Admission()
-        a.Init(frame.Body().Bytes, frame.Body().Pos)
-        return _admission(a)
+        return _admission(self._answer(b, Request.Request.SubmitTask, body,
+                                       Response.Response.Admission, Admission.Admission))
 
     def submit_batch(self, tasks):
         """Submits 1..=BATCH_MAX tasks in one frame, each a dict of submit's arguments; their
@@ -254,11 +261,8 @@ class Client:
         SubmitBatch.Start(b)
         SubmitBatch.AddTasks(b, vector)
         body = SubmitBatch.End(b)
-        frame = self._call(b, Request.Request.SubmitBatch, body)
-        if frame.BodyType() != Response.Response.SubmitBatchResult:
-            raise SpindleError("Unexpected", f"answer type {frame.BodyType()} to SubmitBatch")
-        r = SubmitBatchResult.SubmitBatchResult()
-        r.Init(frame.Body().Bytes, frame.Body().Pos)
+        r = self._answer(b, Request.Request.SubmitBatch, body,
+                         Response.Response.SubmitBatchResult, SubmitBatchResult.SubmitBatchResult)
         return [_admission(r.Admissions(j)) for j in range(r.AdmissionsLength())]
 
     def get(self, task_id):
@@ -266,9 +270,8 @@ class Client:
         GetTask.Start(b)
         GetTask.AddTaskId(b, task_id)
         body = GetTask.End(b)
-        frame = self._call(b, Request.Request.GetTask, body)
-        s = TaskStatus.TaskStatus()
-        s.Init(frame.Body().Bytes, frame.Body().Pos)
+        s = self._answer(b, Request.Request.GetTask, body, Response.Response.TaskStatus,
+                         TaskStatus.TaskStatus)
         return {
             "task_id": s.TaskId(),
             "state": STATE_NAMES.get(s.State(), str(s.State())),
@@ -285,9 +288,8 @@ class Client:
         CancelTask.Start(b)
         CancelTask.AddTaskId(b, task_id)
         body = CancelTask.End(b)
-        frame = self._call(b, Request.Request.CancelTask, body)
-        c = Canceled.Canceled()
-        c.Init(frame.Body().Bytes, frame.Body().Pos)
+        c = self._answer(b, Request.Request.CancelTask, body, Response.Response.Canceled,
+                         Canceled.Canceled)
         return STATE_NAMES.get(c.State(), str(c.State()))
 
     def subscribe(self, task_id):

@@ -6,7 +6,9 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 pub use bytes::Bytes;
-use hmac::{Hmac, Mac};
+use hmac::Mac;
+
+use crate::signature::hex;
 use http_body_util::{BodyExt, Full};
 use sha2::{Digest, Sha256};
 
@@ -64,24 +66,16 @@ impl UploadError {
     }
 }
 
-/// Lower-case hex of `bytes`.
-fn hex(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push_str(&format!("{b:02x}"));
-    }
-    out
-}
-
 /// Hex SHA-256 of `data` (a payload's `x-amz-content-sha256`).
 pub fn sha256_hex(data: &[u8]) -> String {
     hex(&Sha256::digest(data))
 }
 
 fn hmac(key: &[u8], data: &[u8]) -> Vec<u8> {
-    let mut m = Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes any key length");
-    m.update(data);
-    m.finalize().into_bytes().to_vec()
+    crate::signature::mac(key, data)
+        .finalize()
+        .into_bytes()
+        .to_vec()
 }
 
 /// `text` percent-encoded the way S3 signs a path: everything but `A-Z a-z 0-9 - _ . ~` (and

@@ -6,7 +6,8 @@ use sha2::Sha256;
 
 pub const HEADER: &str = "x-signature";
 
-fn mac(secret: &[u8], body: &[u8]) -> Hmac<Sha256> {
+/// HMAC-SHA256 of `body` under `secret` (also SigV4's: `object_store`).
+pub(crate) fn mac(secret: &[u8], body: &[u8]) -> Hmac<Sha256> {
     let mut m = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes any key length");
     m.update(body);
     m
@@ -14,10 +15,13 @@ fn mac(secret: &[u8], body: &[u8]) -> Hmac<Sha256> {
 
 /// The header value for `body`.
 pub fn sign(secret: &[u8], body: &[u8]) -> String {
-    let tag = mac(secret, body).finalize().into_bytes();
-    let mut out = String::with_capacity(7 + 64);
-    out.push_str("sha256=");
-    for b in tag {
+    format!("sha256={}", hex(&mac(secret, body).finalize().into_bytes()))
+}
+
+/// Lower-case hex of `bytes`.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
         out.push_str(&format!("{b:02x}"));
     }
     out

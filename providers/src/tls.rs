@@ -35,7 +35,8 @@ pub enum TlsError {
     Unusable { what: String, reason: String },
 }
 
-fn crypto() -> Arc<rustls::crypto::CryptoProvider> {
+/// The cryptography every TLS configuration here uses: rustls' ring provider.
+pub fn crypto() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
@@ -64,11 +65,30 @@ pub fn public_roots() -> Arc<rustls::ClientConfig> {
 /// Trusts the public web's roots and the PEM certificates in `pem` (1..=[`EXTRA_ROOTS_MAX`]
 /// of them; `what` names them in errors: a file's path, say).
 pub fn with_extra_roots(pem: &[u8], what: &str) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+    let mut roots = public_store();
+    add_pem_roots(&mut roots, pem, what)?;
+    Ok(Arc::new(trusting(roots)))
+}
+
+/// The PEM CA certificates in the file at `path` alone (1..=[`EXTRA_ROOTS_MAX`]): a server's
+/// roots for its clients' certificates, say. Errors name the file.
+pub fn pem_roots_file(path: &std::path::Path) -> Result<rustls::RootCertStore, TlsError> {
+    let (pem, what) = read(path)?;
+    let mut roots = rustls::RootCertStore::empty();
+    add_pem_roots(&mut roots, &pem, &what)?;
+    Ok(roots)
+}
+
+/// Adds the PEM certificates in `pem` (1..=[`EXTRA_ROOTS_MAX`]) to `roots`.
+fn add_pem_roots(
+    roots: &mut rustls::RootCertStore,
+    pem: &[u8],
+    what: &str,
+) -> Result<(), TlsError> {
     let unusable = |reason: String| TlsError::Unusable {
         what: what.to_string(),
         reason,
     };
-    let mut roots = public_store();
     let mut added = 0;
     for cert in CertificateDer::pem_slice_iter(pem) {
         let cert = cert.map_err(|e| unusable(format!("not PEM certificates: {e}")))?;
@@ -85,17 +105,33 @@ pub fn with_extra_roots(pem: &[u8], what: &str) -> Result<Arc<rustls::ClientConf
     if added == 0 {
         return Err(unusable("no PEM certificate in it".into()));
     }
-    Ok(Arc::new(trusting(roots)))
+    Ok(())
 }
 
 /// [`with_extra_roots`] from the file at `path`.
 pub fn with_roots_file(path: &std::path::Path) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+    let (pem, what) = read(path)?;
+    with_extra_roots(&pem, &what)
+}
+
+/// The public web's roots, and those of `ca_file` where one is configured.
+pub fn roots_with(
+    ca_file: Option<&std::path::Path>,
+) -> Result<Arc<rustls::ClientConfig>, TlsError> {
+    match ca_file {
+        None => Ok(public_roots()),
+        Some(path) => with_roots_file(path),
+    }
+}
+
+/// The bytes of the file at `path`, and its name for errors.
+fn read(path: &std::path::Path) -> Result<(Vec<u8>, String), TlsError> {
     let what = path.display().to_string();
     let pem = std::fs::read(path).map_err(|e| TlsError::Unusable {
         what: what.clone(),
         reason: e.to_string(),
     })?;
-    with_extra_roots(&pem, &what)
+    Ok((pem, what))
 }
 
 /// An HTTP/1.1 client, `https://` trusting `tls`'s roots; connecting gives up after
@@ -127,10 +163,7 @@ pub fn server_config(
         what: "the server's certificate".into(),
         reason,
     };
-    let chain = CertificateDer::pem_slice_iter(cert_pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| unusable(e.to_string()))?;
-    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| unusable(e.to_string()))?;
+    let (chain, key) = pem_chain_and_key(cert_pem, key_pem).map_err(unusable)?;
     rustls::ServerConfig::builder_with_provider(crypto())
         .with_safe_default_protocol_versions()
         .expect("ring supports the default protocol versions")
@@ -138,6 +171,23 @@ pub fn server_config(
         .with_single_cert(chain, key)
         .map(Arc::new)
         .map_err(|e| unusable(e.to_string()))
+}
+
+/// A certificate chain (the server's own first) and its private key, from PEM; an error says
+/// what is wrong with them.
+#[allow(clippy::type_complexity)]
+pub fn pem_chain_and_key(
+    cert_pem: &[u8],
+    key_pem: &[u8],
+) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), String> {
+    let chain = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    if chain.is_empty() {
+        return Err("no PEM certificate".into());
+    }
+    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| e.to_string())?;
+    Ok((chain, key))
 }
 
 /// `e` with the errors under it, `a: b: c`: a client's "client error (Connect)" says nothing

@@ -120,11 +120,8 @@ impl ProviderConfig {
     /// The roots the provider's `https://` certificates are checked against: the public
     /// web's, and `ca_file`'s.
     pub fn tls(&self) -> anyhow::Result<Arc<spindle_providers::tls::ClientConfig>> {
-        match &self.ca_file {
-            None => Ok(spindle_providers::tls::public_roots()),
-            Some(path) => spindle_providers::tls::with_roots_file(path)
-                .map_err(|e| anyhow::anyhow!("provider.ca_file: {e}")),
-        }
+        spindle_providers::tls::roots_with(self.ca_file.as_deref())
+            .map_err(|e| anyhow::anyhow!("provider.ca_file: {e}"))
     }
 }
 

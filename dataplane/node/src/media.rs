@@ -114,6 +114,19 @@ impl std::fmt::Debug for UploadConfig {
     }
 }
 
+/// `url`, named `key` in the error, is an `http://` or `https://` URL of at most
+/// [`OUTPUT_URL_BYTES_MAX`] bytes without spaces.
+fn check_url(key: &str, url: &str) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        spindle_providers::tls::is_http_url(url)
+            && url.len() <= OUTPUT_URL_BYTES_MAX
+            && !url.contains(char::is_whitespace),
+        "{key} must be an http:// or https:// URL of at most {OUTPUT_URL_BYTES_MAX} bytes \
+         without spaces, not {url:?}"
+    );
+    Ok(())
+}
+
 fn default_upload_attempts() -> u32 {
     3
 }
@@ -148,34 +161,18 @@ impl UploadConfig {
 
     /// The roots the store's `https://` certificate is checked against.
     pub fn tls(&self) -> anyhow::Result<Arc<spindle_providers::tls::ClientConfig>> {
-        match &self.ca_file {
-            None => Ok(spindle_providers::tls::public_roots()),
-            Some(path) => spindle_providers::tls::with_roots_file(path)
-                .map_err(|e| anyhow::anyhow!("media.upload.ca_file: {e}")),
-        }
+        spindle_providers::tls::roots_with(self.ca_file.as_deref())
+            .map_err(|e| anyhow::anyhow!("media.upload.ca_file: {e}"))
     }
 
     fn check(&self) -> anyhow::Result<()> {
-        anyhow::ensure!(
-            spindle_providers::tls::is_http_url(&self.url)
-                && self.url.len() <= OUTPUT_URL_BYTES_MAX
-                && !self.url.contains(char::is_whitespace),
-            "media.upload.url must be an http:// or https:// URL of at most \
-             {OUTPUT_URL_BYTES_MAX} bytes without spaces, not {:?}",
-            self.url
-        );
+        check_url("media.upload.url", &self.url)?;
         anyhow::ensure!(
             !self.region.is_empty() && self.region.len() <= 64,
             "media.upload.region must be 1..=64 bytes"
         );
         if let Some(url) = &self.public_url {
-            anyhow::ensure!(
-                spindle_providers::tls::is_http_url(url)
-                    && url.len() <= OUTPUT_URL_BYTES_MAX
-                    && !url.contains(char::is_whitespace),
-                "media.upload.public_url must be an http:// or https:// URL of at most \
-                 {OUTPUT_URL_BYTES_MAX} bytes without spaces, not {url:?}"
-            );
+            check_url("media.upload.public_url", url)?;
         }
         anyhow::ensure!(
             self.prefix.len() <= UPLOAD_PREFIX_BYTES_MAX,
@@ -233,13 +230,7 @@ impl MediaConfig {
             "media.renditions must hold 1..=8 heights of 2..=4320"
         );
         if let Some(url) = &self.output_url {
-            anyhow::ensure!(
-                spindle_providers::tls::is_http_url(url)
-                    && url.len() <= OUTPUT_URL_BYTES_MAX
-                    && !url.contains(char::is_whitespace),
-                "media.output_url must be an http:// or https:// URL of at most \
-                 {OUTPUT_URL_BYTES_MAX} bytes without spaces, not {url:?}"
-            );
+            check_url("media.output_url", url)?;
         }
         if let Some(u) = &self.upload {
             u.check()?;

@@ -94,11 +94,8 @@ impl EventsConfig {
     /// The roots an `https://` endpoint's certificate is checked against: the public web's,
     /// and `ca_file`'s.
     pub fn tls(&self) -> anyhow::Result<Arc<spindle_providers::tls::ClientConfig>> {
-        match &self.ca_file {
-            None => Ok(spindle_providers::tls::public_roots()),
-            Some(path) => spindle_providers::tls::with_roots_file(path)
-                .map_err(|e| anyhow::anyhow!("events.ca_file: {e}")),
-        }
+        spindle_providers::tls::roots_with(self.ca_file.as_deref())
+            .map_err(|e| anyhow::anyhow!("events.ca_file: {e}"))
     }
 }
 

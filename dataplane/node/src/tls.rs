@@ -40,7 +40,7 @@ pub struct TlsConfig {
 }
 
 /// CA certificates one `client_ca_file` may hold.
-pub const CLIENT_CAS_MAX: usize = 64;
+pub const CLIENT_CAS_MAX: usize = spindle_providers::tls::EXTRA_ROOTS_MAX;
 
 /// Both listeners' rustls configurations and the certificate they present.
 pub struct Listeners {
@@ -70,8 +70,6 @@ impl TlsConfig {
 
     /// The certificate and key as rustls uses them: the key must be the certificate's.
     fn certified(&self, cert: &[u8], key: &[u8]) -> anyhow::Result<rustls::sign::CertifiedKey> {
-        use rustls::pki_types::pem::PemObject;
-        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
         let named = |e: String| {
             anyhow::anyhow!(
                 "tls: {} with {}: {e}",
@@ -79,14 +77,8 @@ impl TlsConfig {
                 self.key_file.display()
             )
         };
-        let chain = CertificateDer::pem_slice_iter(cert)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| named(e.to_string()))?;
-        if chain.is_empty() {
-            return Err(named("no PEM certificate".into()));
-        }
-        let key = PrivateKeyDer::from_pem_slice(key).map_err(|e| named(e.to_string()))?;
-        rustls::sign::CertifiedKey::from_der(chain, key, &crypto())
+        let (chain, key) = spindle_providers::tls::pem_chain_and_key(cert, key).map_err(named)?;
+        rustls::sign::CertifiedKey::from_der(chain, key, &spindle_providers::tls::crypto())
             .map_err(|e| named(e.to_string()))
     }
 
@@ -101,7 +93,7 @@ impl TlsConfig {
             current: RwLock::new(Arc::new(current)),
         });
         let builder = || {
-            ServerConfig::builder_with_provider(Arc::new(crypto()))
+            ServerConfig::builder_with_provider(spindle_providers::tls::crypto())
                 .with_safe_default_protocol_versions()
                 .expect("ring supports the default protocol versions")
         };
@@ -113,10 +105,11 @@ impl TlsConfig {
         let protocol = match &self.client_ca_file {
             None => http.clone(),
             Some(path) => {
-                let roots = client_roots(path)?;
+                let roots = spindle_providers::tls::pem_roots_file(path)
+                    .map_err(|e| anyhow::anyhow!("tls.client_ca_file: {e}"))?;
                 let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
                     Arc::new(roots),
-                    Arc::new(crypto()),
+                    spindle_providers::tls::crypto(),
                 )
                 .build()
                 .map_err(|e| anyhow::anyhow!("tls.client_ca_file: {}: {e}", path.display()))?;
@@ -133,31 +126,6 @@ impl TlsConfig {
             certificates: certs,
         })
     }
-}
-
-/// The CA certificates in `path` (1..=[`CLIENT_CAS_MAX`]); errors name the file.
-fn client_roots(path: &std::path::Path) -> anyhow::Result<rustls::RootCertStore> {
-    use rustls::pki_types::pem::PemObject;
-    let unusable = |why: String| anyhow::anyhow!("tls.client_ca_file: {}: {why}", path.display());
-    let pem = std::fs::read(path).map_err(|e| unusable(e.to_string()))?;
-    let mut roots = rustls::RootCertStore::empty();
-    for (i, cert) in rustls::pki_types::CertificateDer::pem_slice_iter(&pem).enumerate() {
-        if i == CLIENT_CAS_MAX {
-            return Err(unusable(format!("more than {CLIENT_CAS_MAX} certificates")));
-        }
-        let cert = cert.map_err(|e| unusable(format!("not PEM certificates: {e}")))?;
-        roots
-            .add(cert)
-            .map_err(|e| unusable(format!("a certificate that is no CA root: {e}")))?;
-    }
-    if roots.is_empty() {
-        return Err(unusable("no PEM certificate in it".into()));
-    }
-    Ok(roots)
-}
-
-fn crypto() -> rustls::crypto::CryptoProvider {
-    rustls::crypto::ring::default_provider()
 }
 
 /// The certificate the listeners present, replaced when its files change.
@@ -304,10 +272,6 @@ impl<S> Link<S> {
             tls: None,
             out: Vec::new(),
         }
-    }
-
-    pub fn is_tls(&self) -> bool {
-        self.tls.is_some()
     }
 
     /// Whether rustls has something to send that no write has taken yet (after a read: an
