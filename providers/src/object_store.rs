@@ -374,5 +374,15 @@ mod tests {
             reason: "connection refused".into()
         }
         .is_retryable());
+        let large = UploadError::TooLarge {
+            url: "u".into(),
+            bytes: 600 << 20,
+            max: 512 << 20,
+        };
+        assert!(!large.is_retryable());
+        assert_eq!(
+            large.to_string(),
+            "u: 629145600 bytes, more than the 536870912 one upload takes"
+        );
     }
 }

@@ -115,3 +115,35 @@ pub fn line(o: &Outcome) -> String {
     }
     text
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Counts and concurrencies outside their bounds are refused, naming the bound, before
+    /// anything connects.
+    #[test]
+    fn out_of_bounds_runs_are_refused_naming_the_bound() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let opts = |count, concurrency| Options {
+            addr: "127.0.0.1:1".into(),
+            tenant: 1,
+            credential: "x".into(),
+            count,
+            concurrency,
+            tls: None,
+        };
+        for (count, concurrency, why) in [
+            (0, 1, "--count must be 1..=1000000"),
+            (COUNT_MAX + 1, 1, "--count must be 1..=1000000"),
+            (1, 0, "--concurrency must be 1..=4096"),
+            (1, CONCURRENCY_MAX + 1, "--concurrency must be 1..=4096"),
+        ] {
+            let e = rt.block_on(run(opts(count, concurrency))).err().unwrap();
+            assert_eq!(e.to_string(), why);
+        }
+    }
+}
