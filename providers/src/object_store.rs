@@ -1,9 +1,10 @@
-//! Uploads to S3-compatible object storage (AWS S3, MinIO, Ceph RGW, Cloudflare R2, …): one
-//! object per `PUT`, signed with AWS Signature Version 4 over the body's SHA-256, so a body
-//! changed on the way is refused by the store. The signer reproduces AWS's published examples
-//! (the tests below).
-
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+//! Uploads to S3-compatible object storage (AWS S3, MinIO, Ceph RGW, Cloudflare R2, …), every
+//! request signed with AWS Signature Version 4 over its body's SHA-256, so a body changed on
+//! the way is refused by the store. A file up to one part's size goes in one `PUT`; a larger one
+//! as a multipart upload, read and sent a part at a time, so memory stays at one part whatever
+//! the file's size ([`upload_file`]). The signer reproduces AWS's published examples (the tests
+//! below); [`crate::fake_s3`] is a bucket that checks it the way S3 does.
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub use bytes::Bytes;
 use hmac::Mac;
@@ -49,9 +50,17 @@ pub enum UploadError {
     },
     #[error("{url}: {reason}")]
     Failed { url: String, reason: String },
-    /// More than an upload takes at once.
+    /// More than one upload takes: [`PARTS_MAX`] parts of the configured size.
     #[error("{url}: {bytes} bytes, more than the {max} one upload takes")]
     TooLarge { url: String, bytes: u64, max: u64 },
+    /// A multipart upload the store took and then failed: S3 answers `CompleteMultipartUpload`
+    /// with `200 OK` before it has put the parts together, and an error in the body if that
+    /// fails.
+    #[error("{url}: the store failed the upload after accepting it: {body}")]
+    FailedAfterOk { url: String, body: String },
+    /// An answer that is not S3's (no upload id, no part ETag): not a store this speaks to.
+    #[error("{url}: not an S3 answer: {reason}")]
+    Unexpected { url: String, reason: String },
 }
 
 impl UploadError {
@@ -60,8 +69,8 @@ impl UploadError {
     pub fn is_retryable(&self) -> bool {
         match self {
             UploadError::Status { status, .. } => *status >= 500 || matches!(status, 408 | 429),
-            UploadError::Failed { .. } => true,
-            UploadError::TooLarge { .. } => false,
+            UploadError::Failed { .. } | UploadError::FailedAfterOk { .. } => true,
+            UploadError::TooLarge { .. } | UploadError::Unexpected { .. } => false,
         }
     }
 }
@@ -167,17 +176,40 @@ pub fn amz_date(at: SystemTime) -> String {
     )
 }
 
-/// Puts `body` into `bucket` under `key` (its `content_type` stored with it), within
-/// `timeout`, `https://` checked against `tls`'s roots. The object's URL once the store has
-/// it.
-pub async fn put_object(
-    bucket: &Bucket,
-    key: &str,
+/// S3's smallest part but the last.
+pub const PART_BYTES_MIN: u64 = 5 << 20;
+/// S3's largest part.
+pub const PART_BYTES_MAX: u64 = 5 << 30;
+/// The most parts one multipart upload has (S3's limit).
+pub const PARTS_MAX: u64 = 10_000;
+/// Bytes of an answer's body read: S3's answers to these requests are a few hundred bytes of
+/// XML; a longer one is cut here (and then not S3's).
+const ANSWER_BYTES_MAX: usize = 64 << 10;
+/// The first pause between two tries of one request; it doubles.
+const RETRY_PAUSE: Duration = Duration::from_millis(500);
+
+/// What a successful request brought back.
+struct Answer {
+    /// The object's URL (without the query).
+    url: String,
+    etag: Option<String>,
     body: Bytes,
-    content_type: &str,
+}
+
+/// One signed request to `bucket` for the object `key`: `query` unencoded (name, value) pairs,
+/// `body` signed by its hash. An error status is an error (with the start of the store's
+/// answer); the whole request, answer included, within `timeout`.
+#[allow(clippy::too_many_arguments)]
+async fn send(
+    bucket: &Bucket,
+    method: &str,
+    key: &str,
+    query: &[(&str, &str)],
+    body: Bytes,
+    content_type: Option<&str>,
     timeout: Duration,
     tls: &rustls::ClientConfig,
-) -> Result<String, UploadError> {
+) -> Result<Answer, UploadError> {
     let url = format!(
         "{}/{}",
         bucket.url.trim_end_matches('/'),
@@ -187,7 +219,13 @@ pub async fn put_object(
         url: url.clone(),
         reason,
     };
-    let uri: hyper::Uri = url.parse().map_err(|e| failed(format!("bad URL: {e}")))?;
+    let query = canonical_query(query);
+    let full = if query.is_empty() {
+        url.clone()
+    } else {
+        format!("{url}?{query}")
+    };
+    let uri: hyper::Uri = full.parse().map_err(|e| failed(format!("bad URL: {e}")))?;
     let host = uri
         .authority()
         .map(|a| a.as_str().to_string())
@@ -195,19 +233,21 @@ pub async fn put_object(
     let payload = sha256_hex(&body);
     let date = amz_date(SystemTime::now());
     let mut headers = vec![
-        ("content-type", content_type),
         ("host", host.as_str()),
         ("x-amz-content-sha256", payload.as_str()),
         ("x-amz-date", date.as_str()),
     ];
+    if let Some(content_type) = content_type {
+        headers.push(("content-type", content_type));
+    }
     if let Some(token) = &bucket.session_token {
         headers.push(("x-amz-security-token", token.as_str()));
     }
     let auth = authorization(
         &Request {
-            method: "PUT",
+            method,
             path: uri.path(),
-            query: "",
+            query: &query,
             headers: &headers,
             payload_sha256: &payload,
         },
@@ -217,7 +257,7 @@ pub async fn put_object(
         "s3",
         &date,
     );
-    let mut request = hyper::Request::put(uri.clone());
+    let mut request = hyper::Request::builder().method(method).uri(uri.clone());
     for (name, value) in &headers {
         request = request.header(*name, *value);
     }
@@ -225,21 +265,29 @@ pub async fn put_object(
         .header("authorization", auth)
         .body(Full::new(body))
         .map_err(|e| failed(e.to_string()))?;
-    let put = async {
+    let call = async {
         let client = crate::tls::client(tls, timeout);
         let response = client
             .request(request)
             .await
             .map_err(|e| failed(crate::tls::describe(&e)))?;
         let status = response.status();
-        let answer = response
-            .into_body()
+        let etag = response
+            .headers()
+            .get(hyper::header::ETAG)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let answer = http_body_util::Limited::new(response.into_body(), ANSWER_BYTES_MAX)
             .collect()
             .await
-            .map_err(|e| failed(e.to_string()))?
+            .map_err(|e| failed(format!("reading the answer: {e}")))?
             .to_bytes();
         if status.is_success() {
-            return Ok(url.clone());
+            return Ok(Answer {
+                url: url.clone(),
+                etag,
+                body: answer,
+            });
         }
         let text = String::from_utf8_lossy(&answer[..answer.len().min(ERROR_BODY_BYTES_MAX)]);
         Err(UploadError::Status {
@@ -248,11 +296,330 @@ pub async fn put_object(
             body: text.trim().to_string(),
         })
     };
-    match tokio::time::timeout(timeout, put).await {
+    match tokio::time::timeout(timeout, call).await {
         Ok(r) => r,
         Err(_) => Err(failed(format!("no answer within {timeout:?}"))),
     }
 }
+
+/// SigV4's canonical query string: names and values encoded (`/` too), sorted, `name=value`
+/// joined by `&` — also what is sent, so the store signs over the same string.
+pub fn canonical_query(pairs: &[(&str, &str)]) -> String {
+    let mut encoded: Vec<(String, String)> = pairs
+        .iter()
+        .map(|(n, v)| (uri_encode(n, true), uri_encode(v, true)))
+        .collect();
+    encoded.sort_unstable();
+    let parts: Vec<String> = encoded.iter().map(|(n, v)| format!("{n}={v}")).collect();
+    parts.join("&")
+}
+
+/// Puts `body` into `bucket` under `key` (its `content_type` stored with it) in one request,
+/// within `timeout`, `https://` checked against `tls`'s roots. The object's URL once the store
+/// has it.
+pub async fn put_object(
+    bucket: &Bucket,
+    key: &str,
+    body: Bytes,
+    content_type: &str,
+    timeout: Duration,
+    tls: &rustls::ClientConfig,
+) -> Result<String, UploadError> {
+    let answer = send(
+        bucket,
+        "PUT",
+        key,
+        &[],
+        body,
+        Some(content_type),
+        timeout,
+        tls,
+    )
+    .await?;
+    Ok(answer.url)
+}
+
+/// Removes `key` from `bucket` (S3 answers `204` whether or not it was there).
+pub async fn delete_object(
+    bucket: &Bucket,
+    key: &str,
+    timeout: Duration,
+    tls: &rustls::ClientConfig,
+) -> Result<(), UploadError> {
+    send(bucket, "DELETE", key, &[], Bytes::new(), None, timeout, tls).await?;
+    Ok(())
+}
+
+/// Starts a multipart upload of `key`: its upload id.
+pub async fn create_multipart_upload(
+    bucket: &Bucket,
+    key: &str,
+    content_type: &str,
+    timeout: Duration,
+    tls: &rustls::ClientConfig,
+) -> Result<String, UploadError> {
+    let answer = send(
+        bucket,
+        "POST",
+        key,
+        &[("uploads", "")],
+        Bytes::new(),
+        Some(content_type),
+        timeout,
+        tls,
+    )
+    .await?;
+    let text = String::from_utf8_lossy(&answer.body);
+    match xml_text(&text, "UploadId") {
+        Some(id) if !id.is_empty() => Ok(id),
+        _ => Err(UploadError::Unexpected {
+            url: answer.url,
+            reason: "no UploadId in the answer to CreateMultipartUpload".into(),
+        }),
+    }
+}
+
+/// Sends part `number` (1..=[`PARTS_MAX`]) of upload `upload_id`: the part's ETag, which
+/// completing the upload names it by.
+#[allow(clippy::too_many_arguments)]
+pub async fn upload_part(
+    bucket: &Bucket,
+    key: &str,
+    upload_id: &str,
+    number: u32,
+    body: Bytes,
+    timeout: Duration,
+    tls: &rustls::ClientConfig,
+) -> Result<String, UploadError> {
+    let number = number.to_string();
+    let answer = send(
+        bucket,
+        "PUT",
+        key,
+        &[("partNumber", &number), ("uploadId", upload_id)],
+        body,
+        None,
+        timeout,
+        tls,
+    )
+    .await?;
+    answer.etag.ok_or_else(|| UploadError::Unexpected {
+        url: answer.url,
+        reason: format!("no ETag in the answer to part {number}"),
+    })
+}
+
+/// Puts upload `upload_id`'s `parts` (number, ETag), in order, together as the object: its URL.
+pub async fn complete_multipart_upload(
+    bucket: &Bucket,
+    key: &str,
+    upload_id: &str,
+    parts: &[(u32, String)],
+    timeout: Duration,
+    tls: &rustls::ClientConfig,
+) -> Result<String, UploadError> {
+    let mut xml = String::from("<CompleteMultipartUpload>");
+    for (number, etag) in parts {
+        xml.push_str(&format!(
+            "<Part><PartNumber>{number}</PartNumber><ETag>{}</ETag></Part>",
+            xml_escape(etag)
+        ));
+    }
+    xml.push_str("</CompleteMultipartUpload>");
+    let answer = send(
+        bucket,
+        "POST",
+        key,
+        &[("uploadId", upload_id)],
+        Bytes::from(xml),
+        Some("application/xml"),
+        timeout,
+        tls,
+    )
+    .await?;
+    let text = String::from_utf8_lossy(&answer.body);
+    if text.contains("<Error>") {
+        return Err(UploadError::FailedAfterOk {
+            url: answer.url,
+            body: text[..text.len().min(ERROR_BODY_BYTES_MAX)]
+                .trim()
+                .to_string(),
+        });
+    }
+    Ok(answer.url)
+}
+
+/// Ends upload `upload_id` without an object: the store drops the parts it holds.
+pub async fn abort_multipart_upload(
+    bucket: &Bucket,
+    key: &str,
+    upload_id: &str,
+    timeout: Duration,
+    tls: &rustls::ClientConfig,
+) -> Result<(), UploadError> {
+    send(
+        bucket,
+        "DELETE",
+        key,
+        &[("uploadId", upload_id)],
+        Bytes::new(),
+        None,
+        timeout,
+        tls,
+    )
+    .await?;
+    Ok(())
+}
+
+/// The text of the first `<name>` element in `xml`, its entities decoded.
+fn xml_text(xml: &str, name: &str) -> Option<String> {
+    let open = format!("<{name}>");
+    let start = xml.find(&open)? + open.len();
+    let end = start + xml[start..].find(&format!("</{name}>"))?;
+    Some(
+        xml[start..end]
+            .replace("&quot;", "\"")
+            .replace("&apos;", "'")
+            .replace("&lt;", "<")
+            .replace("&gt;", ">")
+            .replace("&amp;", "&"),
+    )
+}
+
+fn xml_escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// How [`upload_file`] sends a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    /// A file up to this goes in one `PUT`; a larger one in parts of this size (the last
+    /// smaller). The most of the file held in memory at once.
+    pub part_bytes: u64,
+    /// Tries of each request, while its trouble is the store's or the network's (0.5 s apart,
+    /// doubling).
+    pub attempts: u32,
+}
+
+/// Sends `f()` up to `plan.attempts` times while its trouble is retryable and `deadline`
+/// leaves room for the pause; `f` gets the time left.
+async fn tried<T, F, Fut>(
+    plan: &Plan,
+    deadline: Instant,
+    what: &str,
+    mut f: F,
+) -> Result<T, UploadError>
+where
+    F: FnMut(Duration) -> Fut,
+    Fut: std::future::Future<Output = Result<T, UploadError>>,
+{
+    let mut pause = RETRY_PAUSE;
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match f(deadline.saturating_duration_since(Instant::now())).await {
+            Ok(v) => return Ok(v),
+            Err(e)
+                if e.is_retryable()
+                    && tries < plan.attempts
+                    && Instant::now() + pause < deadline =>
+            {
+                tracing::warn!("{what} failed (try {tries}), trying again: {e}");
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Puts the file at `path` into `bucket` as `key`, all within `deadline`: in one `PUT` up to
+/// `plan.part_bytes`, else as a multipart upload of parts that size read one at a time (an
+/// upload that fails is aborted, so the store keeps none of its parts). Each request is tried
+/// per `plan`. The object's URL.
+pub async fn upload_file(
+    bucket: &Bucket,
+    key: &str,
+    path: &std::path::Path,
+    content_type: &str,
+    plan: &Plan,
+    deadline: Instant,
+    tls: &rustls::ClientConfig,
+) -> Result<String, UploadError> {
+    use tokio::io::{AsyncReadExt, AsyncSeekExt};
+    let unreadable = |e: std::io::Error| UploadError::Failed {
+        url: key.to_string(),
+        reason: format!("reading {}: {e}", path.display()),
+    };
+    let part_bytes = plan.part_bytes.max(1);
+    let mut file = tokio::fs::File::open(path).await.map_err(unreadable)?;
+    let size = file.metadata().await.map_err(unreadable)?.len();
+    if size <= part_bytes {
+        let mut body = Vec::with_capacity(size as usize);
+        file.read_to_end(&mut body).await.map_err(unreadable)?;
+        let body = Bytes::from(body);
+        return tried(plan, deadline, &format!("upload of {key}"), |left| {
+            put_object(bucket, key, body.clone(), content_type, left, tls)
+        })
+        .await;
+    }
+    let parts = size.div_ceil(part_bytes);
+    if parts > PARTS_MAX {
+        // Not the store's trouble: trying again will not shrink it.
+        return Err(UploadError::TooLarge {
+            url: key.to_string(),
+            bytes: size,
+            max: part_bytes.saturating_mul(PARTS_MAX),
+        });
+    }
+    let id = tried(
+        plan,
+        deadline,
+        &format!("starting the upload of {key}"),
+        |left| create_multipart_upload(bucket, key, content_type, left, tls),
+    )
+    .await?;
+    let sent = async {
+        let mut etags = Vec::with_capacity(parts as usize);
+        for number in 1..=parts as u32 {
+            let offset = u64::from(number - 1) * part_bytes;
+            let len = part_bytes.min(size - offset) as usize;
+            let mut body = vec![0; len];
+            file.seek(std::io::SeekFrom::Start(offset))
+                .await
+                .map_err(unreadable)?;
+            file.read_exact(&mut body).await.map_err(unreadable)?;
+            let body = Bytes::from(body);
+            let what = format!("part {number} of {parts} of {key}");
+            let etag = tried(plan, deadline, &what, |left| {
+                upload_part(bucket, key, &id, number, body.clone(), left, tls)
+            })
+            .await?;
+            etags.push((number, etag));
+        }
+        tried(
+            plan,
+            deadline,
+            &format!("completing the upload of {key}"),
+            |left| complete_multipart_upload(bucket, key, &id, &etags, left, tls),
+        )
+        .await
+    }
+    .await;
+    if let Err(e) = &sent {
+        // The store would keep (and bill) the parts until told; the failure is the one to tell.
+        if let Err(abort) = abort_multipart_upload(bucket, key, &id, ABORT_TIMEOUT, tls).await {
+            tracing::warn!("upload of {key} failed ({e}); aborting it failed too: {abort}");
+        }
+    }
+    sent
+}
+
+/// The time an abort gets, whatever is left of the job's: without it the parts stay.
+const ABORT_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[cfg(test)]
 mod tests {

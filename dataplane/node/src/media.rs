@@ -63,9 +63,9 @@ pub struct MediaConfig {
 pub const UPLOAD_PREFIX_BYTES_MAX: usize = 256;
 /// Tries of one rendition's upload (the store's or the network's trouble is tried again).
 pub const UPLOAD_ATTEMPTS_MAX: u32 = 10;
-/// The largest rendition uploaded: one `PUT`, its body read whole into the worker's memory
-/// (multipart uploads are not built).
-pub const UPLOAD_OBJECT_BYTES_MAX: u64 = 512 << 20;
+/// The largest part of a multipart upload, in MiB: each media worker holds one part in memory
+/// while it sends it.
+pub const UPLOAD_PART_MB_MAX: u64 = 512;
 
 /// `[media.upload]`: the bucket renditions go to.
 #[derive(Clone, PartialEq, Deserialize)]
@@ -95,9 +95,14 @@ pub struct UploadConfig {
     /// Keep the files in `output_dir` after their upload (default: removed).
     #[serde(default)]
     pub keep_local: bool,
-    /// Tries of each upload (1..=10); between them 0.5 s, doubling, within the job's timeout.
+    /// Tries of each request (1..=10); between them 0.5 s, doubling, within the job's timeout.
     #[serde(default = "default_upload_attempts")]
     pub attempts: u32,
+    /// A rendition up to this many MiB goes in one `PUT`; a larger one as a multipart upload
+    /// of parts this size, read and sent one at a time (5..=512; S3's smallest part is 5 MiB,
+    /// and it takes at most 10,000 parts: 160 GiB at the default 16).
+    #[serde(default = "default_upload_part_mb")]
+    pub part_mb: u64,
     /// PEM certificates of a private CA the store's `https://` certificate may chain to,
     /// beside the public web's roots.
     #[serde(default)]
@@ -129,6 +134,10 @@ fn check_url(key: &str, url: &str) -> anyhow::Result<()> {
 
 fn default_upload_attempts() -> u32 {
     3
+}
+
+fn default_upload_part_mb() -> u64 {
+    16
 }
 
 impl UploadConfig {
@@ -181,6 +190,11 @@ impl UploadConfig {
         anyhow::ensure!(
             (1..=UPLOAD_ATTEMPTS_MAX).contains(&self.attempts),
             "media.upload.attempts must be 1..={UPLOAD_ATTEMPTS_MAX}"
+        );
+        let min = spindle_providers::object_store::PART_BYTES_MIN >> 20;
+        anyhow::ensure!(
+            (min..=UPLOAD_PART_MB_MAX).contains(&self.part_mb),
+            "media.upload.part_mb must be {min}..={UPLOAD_PART_MB_MAX}"
         );
         self.bucket()?;
         self.tls()?;
@@ -341,7 +355,10 @@ impl MediaPool {
                         .as_deref()
                         .map(|p| p.trim_end_matches('/').to_string()),
                     keep_local: u.keep_local,
-                    attempts: u.attempts,
+                    plan: spindle_providers::object_store::Plan {
+                        part_bytes: u.part_mb << 20,
+                        attempts: u.attempts,
+                    },
                 })
             }
             None => None,
@@ -500,7 +517,7 @@ struct Upload {
     /// `public_url` without a trailing `/`.
     public_url: Option<String>,
     keep_local: bool,
-    attempts: u32,
+    plan: spindle_providers::object_store::Plan,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -592,76 +609,57 @@ fn run(
     }
 }
 
-/// Puts every output into the bucket, each tried up to `attempts` times (0.5 s apart,
-/// doubling) while its trouble is the store's or the network's, all within `deadline`.
+/// Puts every output into the bucket (each request tried per the plan while its trouble is
+/// the store's or the network's), all within `deadline`: their URLs. When one fails, those
+/// already put are deleted again, so a failed attempt leaves no objects behind.
 fn upload_all(
     rt: &tokio::runtime::Runtime,
     upload: &Upload,
     outputs: &[PathBuf],
     deadline: Instant,
 ) -> Result<Vec<String>, spindle_providers::object_store::UploadError> {
-    use spindle_providers::object_store::{put_object, UploadError};
+    use spindle_providers::object_store::{delete_object, upload_file, uri_encode};
+    let mut keys = Vec::with_capacity(outputs.len());
     let mut urls = Vec::with_capacity(outputs.len());
     for path in outputs {
         let name = path
             .file_name()
             .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
         let key = format!("{}{name}", upload.prefix);
-        let unreadable = |e: std::io::Error| UploadError::Failed {
-            url: key.clone(),
-            reason: format!("reading {}: {e}", path.display()),
-        };
-        let size = std::fs::metadata(path).map_err(unreadable)?.len();
-        if size > UPLOAD_OBJECT_BYTES_MAX {
-            // Not the store's trouble: trying again will not shrink it.
-            return Err(UploadError::TooLarge {
-                url: key.clone(),
-                bytes: size,
-                max: UPLOAD_OBJECT_BYTES_MAX,
-            });
-        }
-        let body = std::fs::read(path).map_err(unreadable)?;
-        let body = spindle_providers::object_store::Bytes::from(body);
-        let mut pause = Duration::from_millis(500);
-        let mut tries = 0;
-        let url = loop {
-            tries += 1;
-            let left = deadline.saturating_duration_since(Instant::now());
-            let put = put_object(
-                &upload.bucket,
-                &key,
-                body.clone(),
-                "video/mp4",
-                left,
-                &upload.tls,
-            );
-            match rt.block_on(put) {
-                Ok(url) => match &upload.public_url {
+        let put = upload_file(
+            &upload.bucket,
+            &key,
+            path,
+            "video/mp4",
+            &upload.plan,
+            deadline,
+            &upload.tls,
+        );
+        match rt.block_on(put) {
+            Ok(url) => {
+                urls.push(match &upload.public_url {
                     // Named as readers reach it.
-                    Some(base) => {
-                        break format!(
-                            "{base}/{}",
-                            spindle_providers::object_store::uri_encode(&key, false)
-                        )
-                    }
-                    None => break url,
-                },
-                Err(e)
-                    if e.is_retryable()
-                        && tries < upload.attempts
-                        && Instant::now() + pause < deadline =>
-                {
-                    tracing::warn!("upload of {key} failed (try {tries}), trying again: {e}");
-                    std::thread::sleep(pause);
-                    pause *= 2;
-                }
-                Err(e) => return Err(e),
+                    Some(base) => format!("{base}/{}", uri_encode(&key, false)),
+                    None => url,
+                });
+                keys.push(key);
             }
-        };
-        urls.push(url);
+            Err(e) => {
+                for key in &keys {
+                    let gone = delete_object(&upload.bucket, key, DELETE_TIMEOUT, &upload.tls);
+                    if let Err(d) = rt.block_on(gone) {
+                        tracing::warn!("{key} stays in the bucket: deleting it failed: {d}");
+                    }
+                }
+                return Err(e);
+            }
+        }
     }
     Ok(urls)
 }
+
+/// The time the delete of an object a failed attempt put gets.
+const DELETE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The share of the whole ladder at which the media stage reports its milestone (DESIGN §5's
 /// 90 %: the task's last milestone before it ends).
@@ -759,14 +757,16 @@ mod tests {
         let config: MediaConfig = toml::from_str(&upload("")).unwrap();
         let u = config.upload.unwrap();
         assert_eq!(
-            (u.attempts, u.keep_local, u.prefix.as_str()),
-            (3, false, "")
+            (u.attempts, u.keep_local, u.prefix.as_str(), u.part_mb),
+            (3, false, "", 16)
         );
         // The secret is not in the configuration's debug form (logs).
         assert!(!format!("{u:?}").contains("secret"), "{u:?}");
         for (rest, why) in [
             ("attempts = 0\n", "media.upload.attempts must be 1..=10"),
             ("attempts = 11\n", "media.upload.attempts must be 1..=10"),
+            ("part_mb = 4\n", "media.upload.part_mb must be 5..=512"),
+            ("part_mb = 513\n", "media.upload.part_mb must be 5..=512"),
             (
                 &format!("prefix = \"{}\"\n", "p".repeat(UPLOAD_PREFIX_BYTES_MAX + 1)),
                 "media.upload.prefix must be at most 256 bytes",

@@ -1957,203 +1957,24 @@ async fn a_backlog_a_stall_left_at_the_pacer_drains_while_the_account_stays_busy
     assert_eq!(total.accepted, 320, "each task accepted once");
 }
 
-/// A stand-in S3 bucket on a real socket: it checks each `PUT`'s SigV4 signature (the signer
-/// itself reproduces AWS's published examples: `spindle_providers::object_store`'s tests) and
-/// its payload hash against the body it got, keeps what checks out, and answers as told.
-struct FakeBucket {
-    addr: std::net::SocketAddr,
-    objects: Objects,
-    /// Requests answered 503 before the bucket takes any.
-    unavailable_first: std::sync::Arc<std::sync::atomic::AtomicU32>,
-    /// Every request answered this status instead (0: none).
-    refuse_with: std::sync::Arc<std::sync::atomic::AtomicU16>,
-    /// Requests seen, and those whose signature or hash did not check out.
-    seen: std::sync::Arc<std::sync::atomic::AtomicU32>,
-    bad: std::sync::Arc<std::sync::atomic::AtomicU32>,
+/// `[media.upload]` for `bucket` (path-style), objects under `renditions/`.
+fn upload_config(bucket: &spindle_providers::fake_s3::FakeS3) -> String {
+    let b = bucket.bucket();
+    format!(
+        "\n[media.upload]\nurl = \"{}\"\nregion = \"{}\"\naccess_key_id = \"{}\"\n\
+         secret_access_key = \"{}\"\nprefix = \"renditions/\"\n",
+        b.url, b.region, b.access_key_id, b.secret_access_key
+    )
 }
 
-/// A fake bucket's objects: (path, body).
-type Objects = std::sync::Arc<std::sync::Mutex<Vec<(String, Vec<u8>)>>>;
-
-const BUCKET_KEY_ID: &str = "AKIDSPINDLETEST";
-const BUCKET_SECRET: &str = "bucket-secret-for-tests";
-const BUCKET_REGION: &str = "us-test-1";
-
-impl FakeBucket {
-    async fn start() -> FakeBucket {
-        use std::sync::atomic::Ordering;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let bucket = FakeBucket {
-            addr: listener.local_addr().unwrap(),
-            objects: Default::default(),
-            unavailable_first: Default::default(),
-            refuse_with: Default::default(),
-            seen: Default::default(),
-            bad: Default::default(),
-        };
-        let (objects, unavailable, refuse, seen, bad) = (
-            bucket.objects.clone(),
-            bucket.unavailable_first.clone(),
-            bucket.refuse_with.clone(),
-            bucket.seen.clone(),
-            bucket.bad.clone(),
-        );
-        tokio::spawn(async move {
-            loop {
-                let Ok((mut stream, _)) = listener.accept().await else {
-                    return;
-                };
-                let (objects, unavailable, refuse, seen, bad) = (
-                    objects.clone(),
-                    unavailable.clone(),
-                    refuse.clone(),
-                    seen.clone(),
-                    bad.clone(),
-                );
-                tokio::spawn(async move {
-                    while let Some((head, body)) = read_request(&mut stream).await {
-                        seen.fetch_add(1, Ordering::Relaxed);
-                        let checked = signature_checks_out(&head, &body);
-                        if !checked {
-                            bad.fetch_add(1, Ordering::Relaxed);
-                        }
-                        let status = if !checked {
-                            403
-                        } else if refuse.load(Ordering::Relaxed) != 0 {
-                            refuse.load(Ordering::Relaxed)
-                        } else if unavailable
-                            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
-                                n.checked_sub(1)
-                            })
-                            .is_ok()
-                        {
-                            503
-                        } else {
-                            let path = head.lines().next().unwrap_or("").split(' ').nth(1);
-                            let path = path.unwrap_or("").to_string();
-                            objects.lock().unwrap().push((path, body));
-                            200
-                        };
-                        let why = if status == 200 {
-                            ""
-                        } else {
-                            "<Error>no</Error>"
-                        };
-                        let answer = format!(
-                            "HTTP/1.1 {status} X\r\ncontent-length: {}\r\n\r\n{why}",
-                            why.len()
-                        );
-                        use tokio::io::AsyncWriteExt;
-                        if stream.write_all(answer.as_bytes()).await.is_err() {
-                            return;
-                        }
-                    }
-                });
-            }
-        });
-        bucket
-    }
-
-    /// `[media.upload]` for this bucket (path-style), objects under `renditions/`.
-    fn config(&self) -> String {
-        format!(
-            "\n[media.upload]\nurl = \"http://{}/videos\"\nregion = \"{BUCKET_REGION}\"\n\
-             access_key_id = \"{BUCKET_KEY_ID}\"\nsecret_access_key = \"{BUCKET_SECRET}\"\n\
-             prefix = \"renditions/\"\n",
-            self.addr
-        )
-    }
-}
-
-/// One request off `stream`: its head and its body (`content-length` of it); `None` at the end.
-async fn read_request(stream: &mut tokio::net::TcpStream) -> Option<(String, Vec<u8>)> {
-    use tokio::io::AsyncReadExt;
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 8192];
-    let end = loop {
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
-        }
-        let n = stream.read(&mut chunk).await.ok()?;
-        if n == 0 {
-            return None;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    };
-    let head = String::from_utf8_lossy(&buf[..end]).into_owned();
-    let len: usize = header_of(&head, "content-length")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    let mut body = buf[end..].to_vec();
-    while body.len() < len {
-        let n = stream.read(&mut chunk).await.ok()?;
-        if n == 0 {
-            return None;
-        }
-        body.extend_from_slice(&chunk[..n]);
-    }
-    Some((head, body))
-}
-
-fn header_of<'a>(head: &'a str, name: &str) -> Option<&'a str> {
-    head.lines().skip(1).find_map(|l| {
-        let (k, v) = l.split_once(':')?;
-        k.trim().eq_ignore_ascii_case(name).then(|| v.trim())
-    })
-}
-
-/// Whether a `PUT`'s signature is the bucket's credentials' over what came, and its payload
-/// hash the body's.
-fn signature_checks_out(head: &str, body: &[u8]) -> bool {
-    use spindle_providers::object_store::{authorization, sha256_hex, Request};
-    let mut first = head.lines().next().unwrap_or("").split(' ');
-    let (method, path) = (first.next().unwrap_or(""), first.next().unwrap_or(""));
-    let (Some(auth), Some(payload), Some(date)) = (
-        header_of(head, "authorization"),
-        header_of(head, "x-amz-content-sha256"),
-        header_of(head, "x-amz-date"),
-    ) else {
-        return false;
-    };
-    if payload != sha256_hex(body) {
-        return false;
-    }
-    let Some(signed) = auth
-        .split("SignedHeaders=")
-        .nth(1)
-        .and_then(|s| s.split(',').next())
-    else {
-        return false;
-    };
-    let headers: Vec<(&str, &str)> = signed
-        .split(';')
-        .map(|name| (name, header_of(head, name).unwrap_or("")))
-        .collect();
-    let expected = authorization(
-        &Request {
-            method,
-            path,
-            query: "",
-            headers: &headers,
-            payload_sha256: payload,
-        },
-        BUCKET_KEY_ID,
-        BUCKET_SECRET,
-        BUCKET_REGION,
-        "s3",
-        date,
-    );
-    method == "PUT" && signed.contains("host") && auth == expected
-}
-
-/// `[media.upload]`: each rendition is put into the bucket, signed (SigV4, over its hash); the
-/// result names the objects by URL and nothing stays in `output_dir`; a store that is briefly
-/// unavailable is tried again; one that refuses fails the task with its answer, leaving no
-/// file behind.
+/// `[media.upload]`: each rendition is put into the bucket (a stand-in that checks every
+/// request's SigV4 signature and payload hash, as S3 does); the result names the objects by URL
+/// and nothing stays in `output_dir`; a store that is briefly unavailable is tried again; one
+/// that refuses fails the task with its answer, leaving no file behind — and no object: the
+/// renditions already put are deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renditions_are_uploaded_to_an_s3_bucket_and_named_by_url() {
     use spindle_transcode::{JobLimits, Rendition, Source};
-    use std::sync::atomic::Ordering;
     let dir = tempfile::tempdir().unwrap();
     let clip = dir.path().join("clip.mp4");
     spindle_transcode::transcode(
@@ -2169,21 +1990,27 @@ async fn renditions_are_uploaded_to_an_s3_bucket_and_named_by_url() {
         &mut |_| {},
     )
     .unwrap();
-    let bucket = FakeBucket::start().await;
+    let bucket = spindle_providers::fake_s3::FakeS3::start(
+        "videos",
+        "us-test-1",
+        "AKIDSPINDLETEST",
+        "bucket-secret-for-tests",
+    )
+    .await
+    .unwrap();
     // Two 503s first: the first rendition's upload is tried three times.
-    bucket.unavailable_first.store(2, Ordering::Relaxed);
+    bucket.unavailable_for(2);
     let test = TestDb::new().await;
     let (m, admin) = mock_with(20, Some(clip.clone())).await;
     let out = dir.path().join("out");
-    let media = format!("renditions = [120, 96]\n{}", bucket.config());
+    let media = format!("renditions = [120, 96]\n{}", upload_config(&bucket));
     let daemon = media_node(&test, &m, &out, &media).await;
     let (ids, states) = run(&daemon, &test, "upload", 2).await;
     assert!(states.iter().all(|s| s == "SUCCEEDED"), "{states:?}");
     let client = Client::connect(daemon.addr, TenantId(1), "one")
         .await
         .unwrap();
-    let objects = bucket.objects.lock().unwrap().clone();
-    assert_eq!(objects.len(), 4, "two tasks × two renditions");
+    assert_eq!(bucket.keys().len(), 4, "two tasks × two renditions");
     for t in &ids {
         let status = client.get(*t).await.unwrap();
         let result: serde_json::Value =
@@ -2195,44 +2022,41 @@ async fn renditions_are_uploaded_to_an_s3_bucket_and_named_by_url() {
             "files named that are gone: {result}"
         );
         for (url, height) in urls.iter().zip([120, 96]) {
-            let path = url
-                .strip_prefix(&format!("http://{}", bucket.addr))
+            let key = url
+                .strip_prefix(&format!("{}/", bucket.url()))
                 .unwrap_or_else(|| panic!("{url} is not the bucket's"));
             assert!(
-                path.starts_with(&format!("/videos/renditions/task-{}-", t.0))
-                    && path.ends_with(&format!("-{height}p.mp4")),
-                "{path}"
+                key.starts_with(&format!("renditions/task-{}-", t.0))
+                    && key.ends_with(&format!("-{height}p.mp4")),
+                "{key}"
             );
             // The object is the rendition: every frame decodes, at its height.
-            let (_, body) = objects
-                .iter()
-                .find(|(p, _)| p == path)
-                .unwrap_or_else(|| panic!("{path} not in the bucket"));
+            let body = bucket
+                .object(key)
+                .unwrap_or_else(|| panic!("{key} not in the bucket"));
             let copy = dir.path().join("object.mp4");
             std::fs::write(&copy, body).unwrap();
             let (frames, _, h) = spindle_transcode::decode_all(&copy).unwrap();
-            assert_eq!((frames, h), (25, height), "{path}");
+            assert_eq!((frames, h), (25, height), "{key}");
         }
     }
-    assert_eq!(
-        bucket.bad.load(Ordering::Relaxed),
-        0,
-        "a signature did not check out"
-    );
-    assert_eq!(
-        bucket.seen.load(Ordering::Relaxed),
-        6,
-        "4 objects + 2 unavailable"
-    );
+    assert_eq!(bucket.bad_signatures(), 0, "a signature did not check out");
+    let log = bucket.log();
+    assert_eq!(log.len(), 6, "4 objects + 2 unavailable: {log:?}");
+    assert_eq!(log.iter().filter(|l| *l == "refused 503").count(), 2);
     let left = std::fs::read_dir(&out).unwrap().count();
     assert_eq!(left, 0, "files left in output_dir after their upload");
     assert_clean(&test, &admin).await;
     drop(daemon);
 
-    // Read through a CDN: the result names the object by `public_url`, the key the same.
+    // Read through a CDN: the result names the object by `public_url`, the key the same. (Each
+    // part of this test has its own prefix: a fresh database numbers its tasks from 1 again.)
     let test = TestDb::new().await;
     let (m, admin) = mock_with(20, Some(clip.clone())).await;
-    let cdn = format!("{media}public_url = \"https://cdn.example.com/v/\"\n");
+    let cdn = format!(
+        "{}public_url = \"https://cdn.example.com/v/\"\n",
+        media.replace("renditions/", "cdn/")
+    );
     let daemon = media_node(&test, &m, &out, &cdn).await;
     let (ids, states) = run(&daemon, &test, "cdn", 1).await;
     assert_eq!(states, ["SUCCEEDED"]);
@@ -2245,36 +2069,75 @@ async fn renditions_are_uploaded_to_an_s3_bucket_and_named_by_url() {
     let result: serde_json::Value =
         serde_json::from_str(status.result.as_deref().unwrap()).unwrap();
     let urls: Vec<String> = serde_json::from_value(result["urls"].clone()).unwrap();
-    let key = format!("renditions/task-{}-", ids[0].0);
+    let key = format!("cdn/task-{}-", ids[0].0);
     assert!(
         urls.iter()
             .all(|u| u.starts_with(&format!("https://cdn.example.com/v/{key}"))),
         "{urls:?}"
     );
-    let stored = bucket.objects.lock().unwrap().len();
-    assert_eq!(stored, 6, "two more objects in the bucket");
+    assert_eq!(bucket.keys().len(), 6, "two more objects in the bucket");
     assert_clean(&test, &admin).await;
     drop(daemon);
 
-    // A bucket that refuses (wrong credentials, say): the task fails with its answer.
-    bucket.refuse_with.store(403, Ordering::Relaxed);
+    // The second rendition refused: the task fails with the store's answer, and the first,
+    // already put, is deleted again.
+    bucket.refuse_keys_with(Some("-96p"));
+    let test = TestDb::new().await;
+    let (m, admin) = mock_with(20, Some(clip.clone())).await;
+    let half = media.replace("renditions/", "half/");
+    let daemon = media_node(&test, &m, &out, &half).await;
+    let (ids, states) = run(&daemon, &test, "half", 1).await;
+    assert_eq!(states, ["FAILED"]);
+    let reason = failure_reason(&test).await;
+    assert!(
+        reason.contains("media: upload: http://") && reason.contains("HTTP 403"),
+        "{reason}"
+    );
+    let log = bucket.log();
+    let tail: Vec<&str> = log[log.len() - 3..].iter().map(String::as_str).collect();
+    let first = format!("half/task-{}-", ids[0].0);
+    assert!(
+        tail[0].starts_with(&format!("PUT object {first}"))
+            && tail[0].ends_with("-120p.mp4")
+            && tail[1].starts_with("refused 403 ")
+            && tail[2].starts_with(&format!("DELETE object {first}"))
+            && tail[2].ends_with("-120p.mp4"),
+        "{tail:?}"
+    );
+    let keys = bucket.keys();
+    assert!(
+        keys.len() == 6 && !keys.iter().any(|k| k.starts_with("half/")),
+        "an object of the failed attempt stayed: {keys:?}"
+    );
+    assert_eq!(std::fs::read_dir(&out).unwrap().count(), 0, "files left");
+    assert_clean(&test, &admin).await;
+    drop(daemon);
+
+    // A bucket that refuses everything (wrong credentials, say): the task fails with its
+    // answer.
+    bucket.refuse_keys_with(None);
+    bucket.refuse_with(403);
     let test = TestDb::new().await;
     let (m, admin) = mock_with(20, Some(clip)).await;
     let daemon = media_node(&test, &m, &out, &media).await;
     let (_, states) = run(&daemon, &test, "refused", 1).await;
     assert_eq!(states, ["FAILED"]);
-    let reason: String = test
-        .sql()
-        .await
-        .unwrap()
-        .query_one("SELECT failure_reason FROM dead_letter", &[])
-        .await
-        .unwrap()
-        .get(0);
+    let reason = failure_reason(&test).await;
     assert!(
         reason.contains("media: upload: http://") && reason.contains("HTTP 403"),
         "{reason}"
     );
     assert_eq!(std::fs::read_dir(&out).unwrap().count(), 0, "files left");
     assert_clean(&test, &admin).await;
+}
+
+/// The reason the one dead-lettered task failed.
+async fn failure_reason(test: &TestDb) -> String {
+    test.sql()
+        .await
+        .unwrap()
+        .query_one("SELECT failure_reason FROM dead_letter", &[])
+        .await
+        .unwrap()
+        .get(0)
 }

@@ -1,0 +1,203 @@
+//! `object_store::upload_file` against the stand-in bucket (`fake_s3`), which checks every
+//! request's SigV4 signature and a multipart upload's parts the way S3 does.
+
+use std::time::{Duration, Instant};
+
+use spindle_providers::fake_s3::FakeS3;
+use spindle_providers::object_store::{upload_file, Plan, UploadError};
+
+const PART: u64 = 64 << 10;
+
+async fn bucket() -> FakeS3 {
+    let s3 = FakeS3::start("videos", "us-test-1", "AKIDTEST", "secret")
+        .await
+        .unwrap();
+    s3.set_min_part_bytes(PART);
+    s3
+}
+
+/// A file of `len` bytes that differ from part to part (a part sent twice or out of order
+/// would show).
+fn file(dir: &tempfile::TempDir, len: usize) -> (std::path::PathBuf, Vec<u8>) {
+    let data: Vec<u8> = (0..len).map(|i| (i * 7 + i / 4096) as u8).collect();
+    let path = dir.path().join("rendition.mp4");
+    std::fs::write(&path, &data).unwrap();
+    (path, data)
+}
+
+fn plan(attempts: u32) -> Plan {
+    Plan {
+        part_bytes: PART,
+        attempts,
+    }
+}
+
+fn soon() -> Instant {
+    Instant::now() + Duration::from_secs(30)
+}
+
+async fn upload(
+    s3: &FakeS3,
+    key: &str,
+    path: &std::path::Path,
+    plan: &Plan,
+) -> Result<String, UploadError> {
+    let tls = spindle_providers::tls::public_roots();
+    upload_file(&s3.bucket(), key, path, "video/mp4", plan, soon(), &tls).await
+}
+
+#[tokio::test]
+async fn a_file_up_to_a_part_goes_in_one_put() {
+    let s3 = bucket().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (path, data) = file(&dir, PART as usize);
+    let url = upload(&s3, "r/one part.mp4", &path, &plan(1))
+        .await
+        .unwrap();
+    assert_eq!(url, format!("{}/r/one%20part.mp4", s3.url()));
+    assert_eq!(s3.object("r/one part.mp4"), Some(data));
+    assert_eq!(s3.log(), ["PUT object r/one part.mp4"]);
+    assert_eq!(s3.bad_signatures(), 0);
+}
+
+/// A larger file goes in parts, read one at a time, put together in order by the store; every
+/// request signed (the upload id, which holds `/`, `+` and `=`, encoded as SigV4 signs it).
+#[tokio::test]
+async fn a_larger_file_goes_in_parts_and_arrives_whole() {
+    let s3 = bucket().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (path, data) = file(&dir, 2 * PART as usize + 1000);
+    let key = "renditions/ключ 720p.mp4";
+    let url = upload(&s3, key, &path, &plan(1)).await.unwrap();
+    assert!(
+        url.ends_with("/renditions/%D0%BA%D0%BB%D1%8E%D1%87%20720p.mp4"),
+        "{url}"
+    );
+    assert_eq!(s3.object(key).as_deref(), Some(&data[..]));
+    let log = s3.log();
+    let expected: Vec<String> = [
+        "POST uploads",
+        "PUT part 1",
+        "PUT part 2",
+        "PUT part 3",
+        "POST complete",
+    ]
+    .iter()
+    .map(|w| format!("{w} {key}"))
+    .collect();
+    assert_eq!(log, expected);
+    assert_eq!(s3.open_uploads(), 0);
+    assert_eq!(s3.bad_signatures(), 0);
+}
+
+/// The store's trouble (503s, a completion that fails after its `200`) is tried again, each
+/// request on its own; the object is whole.
+#[tokio::test]
+async fn the_stores_trouble_is_tried_again_request_by_request() {
+    let s3 = bucket().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (path, data) = file(&dir, 3 * PART as usize);
+    s3.unavailable_for(2);
+    s3.fail_completions_after_ok(1);
+    upload(&s3, "k", &path, &plan(3)).await.unwrap();
+    assert_eq!(s3.object("k"), Some(data));
+    assert_eq!(
+        s3.log(),
+        [
+            "refused 503",
+            "refused 503",
+            "POST uploads k",
+            "PUT part 1 k",
+            "PUT part 2 k",
+            "PUT part 3 k",
+            "POST complete k",
+            "POST complete k",
+        ]
+    );
+    assert_eq!(s3.open_uploads(), 0);
+
+    // Tries run out: the error is the store's last answer.
+    s3.unavailable_for(2);
+    let e = upload(&s3, "k2", &path, &plan(2)).await.unwrap_err();
+    assert!(matches!(e, UploadError::Status { status: 503, .. }), "{e}");
+    assert_eq!(s3.object("k2"), None);
+}
+
+/// A refused part is not tried again, and the upload is aborted: the store keeps none of its
+/// parts. The same when the store refuses the parts as too small (S3's 5 MiB rule).
+#[tokio::test]
+async fn a_failed_multipart_upload_is_aborted() {
+    let s3 = bucket().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (path, _) = file(&dir, 3 * PART as usize);
+    s3.refuse_part(2);
+    let e = upload(&s3, "k", &path, &plan(3)).await.unwrap_err();
+    assert!(
+        matches!(&e, UploadError::Status { status: 403, body, .. } if body.contains("AccessDenied")),
+        "{e}"
+    );
+    assert_eq!(
+        s3.log(),
+        [
+            "POST uploads k",
+            "PUT part 1 k",
+            "PUT part 2 k",
+            "DELETE upload k"
+        ]
+    );
+    assert_eq!((s3.open_uploads(), s3.object("k")), (0, None));
+
+    s3.refuse_part(0);
+    s3.set_min_part_bytes(5 << 20);
+    let e = upload(&s3, "small", &path, &plan(3)).await.unwrap_err();
+    assert!(
+        matches!(&e, UploadError::Status { status: 400, body, .. } if body.contains("EntityTooSmall")),
+        "{e}"
+    );
+    assert_eq!(s3.log().last().unwrap(), "DELETE upload small");
+    assert_eq!(s3.open_uploads(), 0);
+}
+
+/// A file that would need more than S3's 10,000 parts is refused before any request, naming
+/// its size and the most the plan takes.
+#[tokio::test]
+async fn a_file_of_more_parts_than_s3_takes_is_refused_up_front() {
+    let s3 = bucket().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (path, _) = file(&dir, 10_001);
+    let tiny = Plan {
+        part_bytes: 1,
+        attempts: 3,
+    };
+    let e = upload(&s3, "k", &path, &tiny).await.unwrap_err();
+    assert_eq!(
+        e,
+        UploadError::TooLarge {
+            url: "k".into(),
+            bytes: 10_001,
+            max: 10_000
+        }
+    );
+    assert!(!e.is_retryable());
+    assert!(s3.log().is_empty());
+}
+
+/// Wrong credentials: the store refuses the signature, which is not tried again.
+#[tokio::test]
+async fn a_wrong_secret_is_refused_once() {
+    let s3 = bucket().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (path, _) = file(&dir, 100);
+    let mut bucket = s3.bucket();
+    bucket.secret_access_key = "not it".into();
+    let tls = spindle_providers::tls::public_roots();
+    let e = upload_file(&bucket, "k", &path, "video/mp4", &plan(3), soon(), &tls)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, UploadError::Status { status: 403, body, .. } if body.contains("SignatureDoesNotMatch")),
+        "{e}"
+    );
+    assert_eq!(s3.bad_signatures(), 1);
+    assert_eq!(s3.log(), ["refused 403"]);
+}
