@@ -119,6 +119,18 @@ pub struct Config {
     /// Requests one connection may have in flight.
     #[serde(default = "default_inflight")]
     pub connection_inflight_max: usize,
+    /// Client connections the node holds open at once, greeting or served (1..=1048576). One
+    /// past it is refused: a plain one is answered `Overloaded` naming the bound, a TLS one is
+    /// closed before its handshake (no CPU spent on it); both counted in
+    /// `spindle_connections_refused_total`.
+    #[serde(default = "default_connections_max")]
+    pub connections_max: usize,
+    /// New client connections taken per second, the node's shards together (0: no bound, the
+    /// default). Past it the shards stop accepting until the rate allows, and connections wait
+    /// in the kernel's backlog: a reconnect storm's TLS handshakes (~0.25 ms of CPU each) then
+    /// take at most this much of the CPU the running work needs (docs/benchmarks.md).
+    #[serde(default)]
+    pub connection_rate_max: u32,
     /// Backoff before the first retry of a failed attempt (doubling per retry, × a jitter of
     /// 0.7–1.3), and its cap.
     #[serde(default = "default_backoff_base_ms")]
@@ -294,6 +306,13 @@ fn default_time_scale() -> f64 {
 fn default_inflight() -> usize {
     4096
 }
+fn default_connections_max() -> usize {
+    16_384
+}
+/// The most `connections_max` takes.
+pub const CONNECTIONS_MAX: usize = 1 << 20;
+/// The most `connection_rate_max` takes.
+pub const CONNECTION_RATE_MAX: u32 = 1_000_000;
 fn default_provider_concurrency() -> u64 {
     100
 }
@@ -443,6 +462,16 @@ impl Config {
             self.control_pipelines()
         );
         anyhow::ensure!(self.lease_ms >= 1_000, "lease_ms must be at least 1000");
+        anyhow::ensure!(
+            (1..=CONNECTIONS_MAX).contains(&self.connections_max),
+            "connections_max must be 1..={CONNECTIONS_MAX}, not {}",
+            self.connections_max
+        );
+        anyhow::ensure!(
+            self.connection_rate_max <= CONNECTION_RATE_MAX,
+            "connection_rate_max must be 0..={CONNECTION_RATE_MAX}, not {}",
+            self.connection_rate_max
+        );
         anyhow::ensure!(
             (1..=TASK_INPUTS_MB_MAX).contains(&self.task_inputs_mb),
             "task_inputs_mb must be 1..={TASK_INPUTS_MB_MAX}, not {}",

@@ -303,6 +303,9 @@ fn run_node(config: Config) -> anyhow::Result<()> {
     let mut addr: SocketAddr = config.listen;
     let mut restores = std::mem::take(&mut started.restores).into_iter();
     let mut handoff_rxs = handoff_rxs.into_iter();
+    let connections = server::Connections::new(config.connections_max, metrics.clone());
+    // Each shard takes its share of the node's connection rate (0: no bound).
+    let accepts_per_s = u64::from(config.connection_rate_max).div_ceil(u64::from(config.shards));
     for (i, (inbox, (pipes, ids))) in inboxes
         .into_iter()
         .zip(
@@ -330,6 +333,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
         let policy = policy.clone();
         let senders = shard_senders.clone();
         let credentials = credentials.clone();
+        let connections = connections.clone();
         let listener_tls = listener_tls.as_ref().map(|(protocol, _)| protocol.clone());
         let reads = started.reads.clone();
         let metrics = metrics.clone();
@@ -392,13 +396,26 @@ fn run_node(config: Config) -> anyhow::Result<()> {
                     breaker: breaker::Breaker::new(config.breaker, shard_metrics.clone()),
                     metrics: shard_metrics,
                     tls: listener_tls,
+                    connections,
                 });
                 glommio::spawn_local(server::take_handoffs(handoffs_in, ctx.clone())).detach();
+                let mut pace = server::AcceptPace::new(accepts_per_s, std::time::Instant::now());
                 loop {
+                    if let Some(wait) = pace.take(std::time::Instant::now()) {
+                        // Past the rate: the connections wait in the kernel's backlog.
+                        glommio::timer::sleep(wait).await;
+                        continue;
+                    }
                     match listener.accept().await {
-                        Ok(stream) => {
-                            glommio::spawn_local(server::serve(stream, ctx.clone())).detach();
-                        }
+                        Ok(stream) => match ctx.connections.try_open() {
+                            Some(slot) => {
+                                glommio::spawn_local(server::serve(stream, ctx.clone(), slot))
+                                    .detach();
+                            }
+                            None => {
+                                glommio::spawn_local(server::refuse(stream, ctx.clone())).detach();
+                            }
+                        },
                         Err(e) => tracing::warn!("accept: {e}"),
                     }
                 }

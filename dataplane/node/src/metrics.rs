@@ -175,6 +175,9 @@ pub struct Metrics {
     /// refused, events pending as last counted, and whether that is above `pending_max`.
     pub events_relayed: AtomicU64,
     pub events_refused: AtomicU64,
+    /// Client connections open (greeting or served), and those refused at `connections_max`.
+    pub connections_open: std::sync::atomic::AtomicUsize,
+    pub connections_refused: AtomicU64,
     pub events_pending: AtomicU64,
     pub events_backlogged: AtomicBool,
     pub batches: [Histogram; 4],
@@ -241,6 +244,8 @@ impl Metrics {
             share_allotments: AtomicU64::new(0),
             events_relayed: AtomicU64::new(0),
             events_refused: AtomicU64::new(0),
+            connections_open: std::sync::atomic::AtomicUsize::new(0),
+            connections_refused: AtomicU64::new(0),
             events_pending: AtomicU64::new(0),
             events_backlogged: AtomicBool::new(false),
             batches: std::array::from_fn(|_| Histogram::new(LATENCY_BUCKETS_US)),
@@ -435,6 +440,16 @@ impl Metrics {
             w,
             "# HELP spindle_events_pending Events not yet relayed, as last counted.\n# TYPE spindle_events_pending gauge\nspindle_events_pending {}",
             self.events_pending.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            w,
+            "# HELP spindle_connections_open Client connections open, greeting or served (at most connections_max).\n# TYPE spindle_connections_open gauge\nspindle_connections_open {}",
+            self.connections_open.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            w,
+            "# HELP spindle_connections_refused_total Client connections refused at connections_max.\n# TYPE spindle_connections_refused_total counter\nspindle_connections_refused_total {}",
+            self.connections_refused.load(Ordering::Relaxed)
         );
         self.per_shard(
             w,

@@ -35,6 +35,124 @@ pub const HELLO_WITHIN: std::time::Duration = std::time::Duration::from_secs(10)
 
 type Stream = glommio::net::TcpStream;
 
+/// A refused plain connection is told why within this (its Hello read, the error written), then
+/// closed; a client that sends nothing is closed at its end.
+const REFUSE_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The node's client connections open at once, every shard's, greeting or served (counted in
+/// `spindle_connections_open`); and their bound (`connections_max`).
+pub struct Connections {
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
+    max: usize,
+}
+
+/// One open connection's place among the node's [`Connections`], given back when dropped: it
+/// travels with the connection, handed over to its tenant's shard or not.
+pub struct ConnSlot(std::sync::Arc<Connections>);
+
+impl Connections {
+    pub fn new(
+        max: usize,
+        metrics: std::sync::Arc<crate::metrics::Metrics>,
+    ) -> std::sync::Arc<Connections> {
+        std::sync::Arc::new(Connections { metrics, max })
+    }
+
+    /// A place for one more connection, or `None` at the bound.
+    pub fn try_open(self: &std::sync::Arc<Self>) -> Option<ConnSlot> {
+        use std::sync::atomic::Ordering;
+        self.metrics
+            .connections_open
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| ConnSlot(self.clone()))
+    }
+
+    pub fn max(&self) -> usize {
+        self.max
+    }
+}
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        self.0
+            .metrics
+            .connections_open
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+/// One shard's share of `connection_rate_max`: a token bucket of new connections (a second's
+/// worth of burst), kept on the shard's thread.
+pub struct AcceptPace {
+    /// Connections a second; 0: no bound.
+    per_s: u64,
+    /// Tokens × 10⁹ (a token is gained every 10⁹ / `per_s` ns).
+    level: u128,
+    at: std::time::Instant,
+}
+
+const NANOS: u128 = 1_000_000_000;
+
+impl AcceptPace {
+    pub fn new(per_s: u64, now: std::time::Instant) -> AcceptPace {
+        AcceptPace {
+            per_s,
+            level: u128::from(per_s) * NANOS,
+            at: now,
+        }
+    }
+
+    /// Takes a token for one connection (`None`), or says how long until there is one.
+    pub fn take(&mut self, now: std::time::Instant) -> Option<std::time::Duration> {
+        if self.per_s == 0 {
+            return None;
+        }
+        let cap = u128::from(self.per_s) * NANOS;
+        let gained = now.saturating_duration_since(self.at).as_nanos() * u128::from(self.per_s);
+        self.level = (self.level + gained).min(cap);
+        self.at = now;
+        if self.level >= NANOS {
+            self.level -= NANOS;
+            return None;
+        }
+        let short = NANOS - self.level;
+        let wait = short.div_ceil(u128::from(self.per_s));
+        Some(std::time::Duration::from_nanos(wait as u64))
+    }
+}
+
+/// A connection past `connections_max`: a plain one is answered `Overloaded`, naming the bound
+/// (after its Hello is read, so that the answer is not lost to a reset), within
+/// [`REFUSE_WITHIN`]; a TLS one is closed at once, no handshake spent on it.
+pub async fn refuse(stream: Stream, ctx: Rc<ConnCtx>) {
+    ctx.metrics
+        .connections_refused
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if ctx.tls.is_some() {
+        return;
+    }
+    let mut link = Link::plain(stream);
+    let _ = glommio::timer::timeout(REFUSE_WITHIN, async {
+        let mut first = [0u8; 1024];
+        let _ = link.read(&mut first).await;
+        let e = WireError::new(
+            ErrorCode::Overloaded,
+            format!(
+                "this node holds its most client connections ({}): connect to another node or \
+                 later",
+                ctx.connections.max()
+            ),
+        );
+        let _ = link.write_all(&frame(0, Response::Error(e))).await;
+        let _ = link.close().await;
+        Ok(())
+    })
+    .await;
+}
+
 /// What every connection on this executor shares.
 pub struct ConnCtx {
     pub node_id: String,
@@ -55,6 +173,8 @@ pub struct ConnCtx {
     pub breaker: crate::breaker::Breaker,
     /// The listener speaks TLS with this (`[tls]`); plain without.
     pub tls: Option<std::sync::Arc<crate::tls::ServerConfig>>,
+    /// The node's open client connections and their bound.
+    pub connections: std::sync::Arc<Connections>,
 }
 
 impl ConnCtx {
@@ -159,7 +279,7 @@ fn next_request(frames: &mut FrameReader) -> Next {
 /// Serves one accepted connection: its Hello here, then everything else on the shard that owns
 /// the authenticated tenant — handed over when another shard's executor accepted it, so that
 /// its frames and answers never cross threads.
-pub async fn serve(stream: Stream, ctx: Rc<ConnCtx>) {
+pub async fn serve(stream: Stream, ctx: Rc<ConnCtx>, mut slot: ConnSlot) {
     if let Err(e) = stream.set_nodelay(true) {
         tracing::warn!("TCP_NODELAY: {e}");
     }
@@ -176,17 +296,18 @@ pub async fn serve(stream: Stream, ctx: Rc<ConnCtx>) {
     };
     let owner = ctx.owner_of(tenant);
     if owner != ctx.index {
-        match hand_over(link, &ctx, owner, tenant, frames) {
+        match hand_over(link, &ctx, owner, tenant, frames, slot) {
             Ok(()) => return,
             // The owner's queue of handed-over connections is full (or the descriptor could
             // not be duplicated): served here, its frames crossing to the owner as messages.
-            Err((back, rest)) => {
+            Err((back, rest, kept)) => {
                 link = back;
                 frames = rest;
+                slot = kept;
             }
         }
     }
-    serve_tenant(link, ctx, tenant, frames).await;
+    serve_tenant(link, ctx, tenant, frames, slot).await;
 }
 
 /// The TLS handshake where the listener speaks TLS, then the Hello.
@@ -304,6 +425,7 @@ pub struct Handoff {
     tenant: TenantId,
     /// What arrived after the Hello and is not yet served.
     frames: FrameReader,
+    slot: ConnSlot,
 }
 
 /// Connections waiting to be taken up by one shard.
@@ -317,10 +439,11 @@ fn hand_over(
     owner: usize,
     tenant: TenantId,
     frames: FrameReader,
-) -> Result<(), (Link<Stream>, FrameReader)> {
+    slot: ConnSlot,
+) -> Result<(), (Link<Stream>, FrameReader, ConnSlot)> {
     use std::os::fd::{AsRawFd, BorrowedFd};
     let Ok(permit) = ctx.handoffs[owner].try_reserve() else {
-        return Err((link, frames));
+        return Err((link, frames, slot));
     };
     // glommio's stream gives its descriptor only as a raw one.
     #[allow(unsafe_code)]
@@ -337,12 +460,13 @@ fn hand_over(
                 tls,
                 tenant,
                 frames,
+                slot,
             });
             Ok(())
         }
         Err(e) => {
             tracing::warn!("a connection could not be handed to its shard: {e}");
-            Err((link, frames))
+            Err((link, frames, slot))
         }
     }
 }
@@ -355,7 +479,7 @@ pub async fn take_handoffs(mut rx: mpsc::Receiver<Handoff>, ctx: Rc<ConnCtx>) {
         // SAFETY: an open socket descriptor this task owns, given up here to the stream.
         let stream = unsafe { Stream::from_raw_fd(h.fd.into_raw_fd()) };
         let link = Link::from_parts(stream, h.tls);
-        glommio::spawn_local(serve_tenant(link, ctx.clone(), h.tenant, h.frames)).detach();
+        glommio::spawn_local(serve_tenant(link, ctx.clone(), h.tenant, h.frames, h.slot)).detach();
     }
 }
 
@@ -467,7 +591,15 @@ impl Answer {
 
 /// Serves an authenticated connection of `tenant` on the shard that owns it (or, when it could
 /// not be handed over, wherever it is): every command is the tenant's, answered in any order.
-async fn serve_tenant(link: Link<Stream>, ctx: Rc<ConnCtx>, t: TenantId, mut frames: FrameReader) {
+/// Serves an authenticated connection on its tenant's shard; its `slot` is given back when it
+/// ends.
+async fn serve_tenant(
+    link: Link<Stream>,
+    ctx: Rc<ConnCtx>,
+    t: TenantId,
+    mut frames: FrameReader,
+    _slot: ConnSlot,
+) {
     ctx.metrics.shards[ctx.index]
         .connections
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -630,6 +762,31 @@ async fn serve_tenant(link: Link<Stream>, ctx: Rc<ConnCtx>, t: TenantId, mut fra
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A second's worth of connections at once, then one every 1/rate; no bound at 0.
+    #[test]
+    fn the_accept_pace_gives_a_seconds_worth_then_the_rate() {
+        use std::time::{Duration, Instant};
+        let t0 = Instant::now();
+        let mut pace = AcceptPace::new(4, t0);
+        for _ in 0..4 {
+            assert_eq!(pace.take(t0), None);
+        }
+        assert_eq!(pace.take(t0), Some(Duration::from_millis(250)));
+        let t1 = t0 + Duration::from_millis(100);
+        assert_eq!(pace.take(t1), Some(Duration::from_millis(150)));
+        let t2 = t0 + Duration::from_millis(250);
+        assert_eq!(pace.take(t2), None);
+        assert_eq!(pace.take(t2), Some(Duration::from_millis(250)));
+        // Idle for long: no more than a second's worth is saved up.
+        let t3 = t2 + Duration::from_secs(60);
+        for _ in 0..4 {
+            assert_eq!(pace.take(t3), None);
+        }
+        assert!(pace.take(t3).is_some());
+        let mut free = AcceptPace::new(0, t0);
+        assert!((0..10_000).all(|_| free.take(t0).is_none()));
+    }
 
     fn admission(task: u64) -> Response {
         Response::Admission(spindle_wire::Admission {

@@ -456,3 +456,94 @@ async fn a_tenant_refused_too_fast_is_suspended_for_a_cooldown_and_the_others_ar
         0
     );
 }
+
+/// `connections_max`: past the node's bound a connection is refused `Overloaded`, naming the
+/// bound, and counted; the connections served hold their places whichever shard serves them
+/// (handed over or not), and give them back when they end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_past_the_nodes_bound_are_refused_and_their_places_come_back() {
+    let test = TestDb::new().await;
+    let daemon = common::start_with(
+        &test,
+        &common::config_scaled("0.0001", "connections_max = 4"),
+    )
+    .await;
+    let overloaded = async || match Client::connect(daemon.addr, TenantId(1), "one").await {
+        Err(spindle_client::ClientError::Refused(e)) => {
+            assert_eq!(e.code, ErrorCode::Overloaded, "{e:?}");
+            assert!(e.message.contains("most client connections (4)"), "{e:?}");
+        }
+        Err(other) => panic!("refused without a word: {other}"),
+        Ok(_) => panic!("a connection past the bound was served"),
+    };
+    // Both tenants: the kernel spreads connections over the shards, so some are handed over.
+    let mut clients = Vec::new();
+    for i in 0..4 {
+        let (tenant, credential) = [(1, "one"), (2, "two")][i % 2];
+        let client = Client::connect(daemon.addr, TenantId(tenant), credential)
+            .await
+            .unwrap();
+        let a = client.submit(task(&format!("held-{i}"))).await.unwrap();
+        assert!(a.decision.is_accepted(), "{a:?}");
+        clients.push(client);
+    }
+    overloaded().await;
+    assert_eq!(common::metric(&daemon, "spindle_connections_open").await, 4);
+    assert_eq!(
+        common::metric(&daemon, "spindle_connections_refused_total").await,
+        1
+    );
+    // Two end: their places come back, two new ones are served, the next is refused again.
+    clients.truncate(2);
+    let open = common::poll_until(
+        Duration::from_secs(10),
+        async || common::metric(&daemon, "spindle_connections_open").await,
+        |n| *n == 2,
+    )
+    .await;
+    assert_eq!(open, 2, "places given back");
+    for i in 0..2 {
+        let client = Client::connect(daemon.addr, TenantId(2), "two")
+            .await
+            .unwrap_or_else(|e| panic!("a place freed, connection {i}: {e}"));
+        let a = client.submit(task(&format!("again-{i}"))).await.unwrap();
+        assert!(a.decision.is_accepted(), "{a:?}");
+        clients.push(client);
+    }
+    overloaded().await;
+    assert_eq!(
+        common::metric(&daemon, "spindle_connections_refused_total").await,
+        2
+    );
+    // The ones held were served throughout.
+    let a = clients[0].submit(task("still")).await.unwrap();
+    wait_for(&clients[0], a.task, TaskState::Succeeded).await;
+}
+
+/// `connection_rate_max`: new connections are taken no faster than the rate (a second's worth
+/// at once), the rest waiting in the kernel's backlog — none refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_connections_are_taken_no_faster_than_the_configured_rate() {
+    let test = TestDb::new().await;
+    let daemon = common::start_with(
+        &test,
+        &common::config_scaled("0.0001", "connection_rate_max = 20"),
+    )
+    .await;
+    let started = std::time::Instant::now();
+    for i in 0..60 {
+        Client::connect(daemon.addr, TenantId(1), "one")
+            .await
+            .unwrap_or_else(|e| panic!("connection {i}: {e}"));
+    }
+    let elapsed = started.elapsed();
+    // A second's worth (20) at once, then 20 a second: 60 take at least 2 s.
+    assert!(
+        elapsed >= Duration::from_millis(1_950),
+        "60 connections in {elapsed:?} at 20/s"
+    );
+    assert_eq!(
+        common::metric(&daemon, "spindle_connections_refused_total").await,
+        0
+    );
+}

@@ -516,3 +516,41 @@ async fn https_get(
         .unwrap();
     common::http_get_on(stream, path).await
 }
+
+/// Past `connections_max` a TLS connection is closed before its handshake — no CPU spent on a
+/// connection the node will not serve — and counted; a place given back serves the next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_connection_bound_a_tls_connection_is_closed_before_its_handshake() {
+    let test = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (section, ca) = node_tls(dir.path());
+    let config = format!(
+        "{}{section}",
+        common::config_scaled("0.0001", "connections_max = 1")
+    );
+    let daemon = start_with(&test, &config).await;
+    let tls = trusting(&ca);
+    let addr = daemon.addr.to_string();
+    let connect = || Client::connect_with(&addr, TenantId(1), "one", WITHIN, Some(&tls));
+    let held = connect().await.unwrap();
+    match connect().await {
+        Err(ClientError::Refused(e)) => panic!("a refusal read over TLS without a handshake: {e}"),
+        Err(_) => {}
+        Ok(_) => panic!("a connection past the bound was served"),
+    }
+    let count = async |series: &str| {
+        common::metric_sum(&https_get(daemon.http, &ca, "/metrics").await.1, series)
+    };
+    assert_eq!(count("spindle_connections_refused_total").await, 1);
+    drop(held);
+    let open = common::poll_until(
+        WITHIN,
+        async || count("spindle_connections_open").await,
+        |n| *n == 0,
+    )
+    .await;
+    assert_eq!(open, 0, "the place given back");
+    let client = connect().await.unwrap();
+    let a = client.submit(task("after")).await.unwrap();
+    assert!(a.decision.is_accepted(), "{a:?}");
+}
