@@ -37,7 +37,7 @@ type Stream = glommio::net::TcpStream;
 
 /// A refused plain connection is told why within this (its Hello read, the error written), then
 /// closed; a client that sends nothing is closed at its end.
-const REFUSE_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
+pub const REFUSE_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The node's client connections open at once, every shard's, greeting or served (counted in
 /// `spindle_connections_open`); and their bound (`connections_max`).
