@@ -4,6 +4,7 @@
 //! otherwise). Results go back to the task's shard, carrying the attempt's fencing token.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -287,10 +288,70 @@ pub struct MediaEvent {
     pub outcome: MediaOutcome,
 }
 
+/// How media jobs end, as `/metrics` counts them.
+pub const MEDIA_OUTCOMES: [&str; 3] = ["succeeded", "failed", "canceled"];
+/// A job's stages, as `/metrics` times them: submitted to placed on units (the queue and the
+/// wait for capacity), the provider's video fetched, probed and transcoded, the renditions
+/// uploaded.
+pub const MEDIA_STAGES: [&str; 4] = ["wait", "fetch", "transcode", "upload"];
+const STAGE_WAIT: usize = 0;
+const STAGE_FETCH: usize = 1;
+const STAGE_TRANSCODE: usize = 2;
+const STAGE_UPLOAD: usize = 3;
+/// Media stage buckets (µs): 10 ms to 30 min.
+const MEDIA_BUCKETS_US: &[u64] = &[
+    10_000,
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    2_500_000,
+    5_000_000,
+    10_000_000,
+    30_000_000,
+    60_000_000,
+    120_000_000,
+    300_000_000,
+    600_000_000,
+    1_800_000_000,
+];
+
+/// What the media stage has done and is doing, for `/metrics`.
+pub struct MediaStats {
+    /// Jobs submitted and not yet taken by a worker.
+    pub queued: AtomicU64,
+    /// Jobs a worker runs now.
+    pub running: AtomicU64,
+    /// Jobs ended, by [`MEDIA_OUTCOMES`].
+    pub ended: [AtomicU64; 3],
+    /// Seconds per stage, by [`MEDIA_STAGES`].
+    pub stages: [crate::metrics::Histogram; 4],
+    /// Bytes of renditions put into the bucket (`[media.upload]`).
+    pub uploaded_bytes: AtomicU64,
+}
+
+impl MediaStats {
+    fn new() -> MediaStats {
+        MediaStats {
+            queued: AtomicU64::new(0),
+            running: AtomicU64::new(0),
+            ended: Default::default(),
+            stages: std::array::from_fn(|_| crate::metrics::Histogram::new(MEDIA_BUCKETS_US)),
+            uploaded_bytes: AtomicU64::new(0),
+        }
+    }
+
+    fn time(&self, stage: usize, since: Instant) {
+        self.stages[stage].record(since.elapsed().as_micros() as u64, 1);
+    }
+}
+
 /// The pool every shard submits to.
 #[derive(Clone)]
 pub struct MediaPool {
-    jobs: std::sync::mpsc::SyncSender<MediaJob>,
+    /// Jobs for the workers, with when each was submitted.
+    jobs: std::sync::mpsc::SyncSender<(MediaJob, Instant)>,
     /// Cancel flags of queued and running jobs, by task.
     cancels: Arc<Mutex<std::collections::HashMap<TaskId, Arc<std::sync::atomic::AtomicBool>>>>,
     pub declaration: DeclarationPolicy,
@@ -301,6 +362,7 @@ pub struct MediaPool {
     pub inventory: Arc<Inventory>,
     /// The latest refresh (NVML only: utilization, and devices that went missing).
     pub latest: Arc<Mutex<Inventory>>,
+    pub stats: Arc<MediaStats>,
 }
 
 /// How often an NVML inventory is read again.
@@ -392,7 +454,8 @@ impl MediaPool {
             .clone()
             .unwrap_or_else(|| std::env::temp_dir().join(format!("spindle-media-{node}")));
         std::fs::create_dir_all(&dir)?;
-        let (tx, rx) = std::sync::mpsc::sync_channel::<MediaJob>(MEDIA_QUEUE_MAX);
+        let (tx, rx) = std::sync::mpsc::sync_channel::<(MediaJob, Instant)>(MEDIA_QUEUE_MAX);
+        let stats = Arc::new(MediaStats::new());
         let rx = Arc::new(Mutex::new(rx));
         let cancels: Arc<
             Mutex<std::collections::HashMap<TaskId, Arc<std::sync::atomic::AtomicBool>>>,
@@ -408,6 +471,7 @@ impl MediaPool {
             let cancels = cancels.clone();
             let tls = tls.clone();
             let upload = upload.clone();
+            let stats = stats.clone();
             std::thread::Builder::new()
                 .name(format!("media-{w}"))
                 .spawn(move || {
@@ -424,13 +488,15 @@ impl MediaPool {
                     };
                     let fetch = Fetch { rt, tls, upload };
                     loop {
-                        let job = match rx.lock() {
+                        let (job, submitted) = match rx.lock() {
                             Ok(r) => match r.recv() {
                                 Ok(j) => j,
                                 Err(_) => return,
                             },
                             Err(_) => return,
                         };
+                        stats.queued.fetch_sub(1, Ordering::Relaxed);
+                        stats.running.fetch_add(1, Ordering::Relaxed);
                         let cancel = cancels
                             .lock()
                             .ok()
@@ -448,9 +514,18 @@ impl MediaPool {
                                 });
                             }
                         };
+                        let canceled = cancel.clone();
                         let outcome = run(
                             &job, &config, &ledger, &devices, &dir, cancel, &fetch, &progress,
+                            &stats, submitted,
                         );
+                        stats.running.fetch_sub(1, Ordering::Relaxed);
+                        let ended = match &outcome {
+                            MediaOutcome::Done { .. } => 0,
+                            MediaOutcome::Failed { .. } if canceled.load(Ordering::Relaxed) => 2,
+                            MediaOutcome::Failed { .. } => 1,
+                        };
+                        stats.ended[ended].fetch_add(1, Ordering::Relaxed);
                         if let Ok(mut c) = cancels.lock() {
                             c.remove(&job.task);
                         }
@@ -476,6 +551,7 @@ impl MediaPool {
             ledger,
             inventory,
             latest,
+            stats,
         })
     }
 
@@ -493,9 +569,14 @@ impl MediaPool {
         if let Ok(mut c) = self.cancels.lock() {
             c.insert(job.task, Arc::default());
         }
-        self.jobs.try_send(job).map_err(|e| match e {
-            std::sync::mpsc::TrySendError::Full(j)
-            | std::sync::mpsc::TrySendError::Disconnected(j) => j,
+        // Counted before it is sent: a worker may take it at once.
+        self.stats.queued.fetch_add(1, Ordering::Relaxed);
+        self.jobs.try_send((job, Instant::now())).map_err(|e| {
+            self.stats.queued.fetch_sub(1, Ordering::Relaxed);
+            match e {
+                std::sync::mpsc::TrySendError::Full((j, _))
+                | std::sync::mpsc::TrySendError::Disconnected((j, _)) => j,
+            }
         })
     }
 }
@@ -530,6 +611,8 @@ fn run(
     cancel: Arc<std::sync::atomic::AtomicBool>,
     fetch: &Fetch,
     progress: &dyn Fn(u8),
+    stats: &MediaStats,
+    submitted: Instant,
 ) -> MediaOutcome {
     let failed = |reason: String, retryable: bool| MediaOutcome::Failed { reason, retryable };
     if cancel.load(std::sync::atomic::Ordering::Relaxed) {
@@ -547,19 +630,23 @@ fn run(
             Err(e) => return failed(format!("no media capacity: {e}"), true),
         }
     };
+    stats.time(STAGE_WAIT, submitted);
     let quota = config.quota_mb << 20;
     let fetched = dir.join(format!("input-{}-{}", job.task.0, job.token.0));
     let input = if let Some(path) = job.input_url.strip_prefix("file://") {
         PathBuf::from(path)
     } else if spindle_providers::tls::is_http_url(&job.input_url) {
         let timeout = deadline.saturating_duration_since(Instant::now());
-        match fetch.rt.block_on(spindle_providers::download(
+        let started = Instant::now();
+        let got = fetch.rt.block_on(spindle_providers::download(
             &job.input_url,
             &fetched,
             quota,
             timeout,
             &fetch.tls,
-        )) {
+        ));
+        stats.time(STAGE_FETCH, started);
+        match got {
             Ok(_) => fetched.clone(),
             Err(e) => return failed(format!("fetch: {e}"), e.is_retryable()),
         }
@@ -572,7 +659,9 @@ fn run(
             false,
         );
     };
+    let started = Instant::now();
     let outcome = transcode_ladder(job, config, dir, &input, deadline, quota, cancel, progress);
+    stats.time(STAGE_TRANSCODE, started);
     // A fetched input is the job's own: it goes whatever happened.
     let _ = std::fs::remove_file(&fetched);
     drop(placement);
@@ -582,7 +671,7 @@ fn run(
                 outputs, probed, ..
             },
             Some(upload),
-        ) => match upload_all(&fetch.rt, upload, &outputs, deadline) {
+        ) => match upload_all(&fetch.rt, upload, &outputs, deadline, stats) {
             Ok(urls) => {
                 let outputs = if upload.keep_local {
                     outputs
@@ -613,6 +702,28 @@ fn run(
 /// the store's or the network's), all within `deadline`: their URLs. When one fails, those
 /// already put are deleted again, so a failed attempt leaves no objects behind.
 fn upload_all(
+    rt: &tokio::runtime::Runtime,
+    upload: &Upload,
+    outputs: &[PathBuf],
+    deadline: Instant,
+    stats: &MediaStats,
+) -> Result<Vec<String>, spindle_providers::object_store::UploadError> {
+    let started = Instant::now();
+    let uploaded = upload_each(rt, upload, outputs, deadline);
+    stats.time(STAGE_UPLOAD, started);
+    if uploaded.is_ok() {
+        let bytes: u64 = outputs
+            .iter()
+            .filter_map(|o| std::fs::metadata(o).ok())
+            .map(|m| m.len())
+            .sum();
+        stats.uploaded_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+    uploaded
+}
+
+/// [`upload_all`]'s puts, each in turn; those done deleted again when one fails.
+fn upload_each(
     rt: &tokio::runtime::Runtime,
     upload: &Upload,
     outputs: &[PathBuf],

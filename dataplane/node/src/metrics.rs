@@ -60,7 +60,7 @@ pub struct Histogram {
 }
 
 impl Histogram {
-    fn new(bounds: &'static [u64]) -> Histogram {
+    pub fn new(bounds: &'static [u64]) -> Histogram {
         Histogram {
             bounds,
             buckets: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
@@ -82,7 +82,7 @@ impl Histogram {
     }
 
     /// `name_bucket`, `name_sum` and `name_count` lines in seconds, under `labels`.
-    fn render(&self, w: &mut String, name: &str, labels: &str) {
+    pub fn render(&self, w: &mut String, name: &str, labels: &str) {
         for (b, c) in self.bounds.iter().zip(&self.buckets) {
             let _ = writeln!(
                 w,
@@ -620,6 +620,34 @@ impl Metrics {
                     }
                 }
             }
+            let stats = &media.stats;
+            let _ = writeln!(
+                w,
+                "# HELP spindle_media_jobs Media jobs waiting for a worker, and running.\n# TYPE spindle_media_jobs gauge\nspindle_media_jobs{{state=\"queued\"}} {}\nspindle_media_jobs{{state=\"running\"}} {}",
+                stats.queued.load(Ordering::Relaxed),
+                stats.running.load(Ordering::Relaxed)
+            );
+            let _ = writeln!(w, "# HELP spindle_media_jobs_ended_total Media jobs ended, by outcome.\n# TYPE spindle_media_jobs_ended_total counter");
+            for (outcome, n) in crate::media::MEDIA_OUTCOMES.iter().zip(&stats.ended) {
+                let _ = writeln!(
+                    w,
+                    "spindle_media_jobs_ended_total{{outcome=\"{outcome}\"}} {}",
+                    n.load(Ordering::Relaxed)
+                );
+            }
+            let _ = writeln!(w, "# HELP spindle_media_stage_seconds A media job's stages: wait (submitted to placed on units), fetch, transcode (probe and ladder), upload.\n# TYPE spindle_media_stage_seconds histogram");
+            for (stage, h) in crate::media::MEDIA_STAGES.iter().zip(&stats.stages) {
+                h.render(
+                    w,
+                    "spindle_media_stage_seconds",
+                    &format!("stage=\"{stage}\""),
+                );
+            }
+            let _ = writeln!(
+                w,
+                "# HELP spindle_media_uploaded_bytes_total Bytes of renditions put into the bucket.\n# TYPE spindle_media_uploaded_bytes_total counter\nspindle_media_uploaded_bytes_total {}",
+                stats.uploaded_bytes.load(Ordering::Relaxed)
+            );
             let _ = writeln!(w, "# HELP spindle_media_engine_units Media units per engine: capacity and used.\n# TYPE spindle_media_engine_units gauge");
             for (engine, capacity, used) in media.ledger.snapshot() {
                 let _ = writeln!(

@@ -1669,6 +1669,14 @@ async fn a_cancel_stops_a_running_media_job() {
         metrics.contains("spindle_media_engine_units{engine=\"cpu\",kind=\"used\"} 0"),
         "{metrics}"
     );
+    // Counted as canceled, not failed; nothing left running.
+    for (series, want) in [
+        ("spindle_media_jobs_ended_total{outcome=\"canceled\"}", 1),
+        ("spindle_media_jobs_ended_total{outcome=\"failed\"}", 0),
+        ("spindle_media_jobs{state=\"running\"}", 0),
+    ] {
+        assert_eq!(metric_sum(&metrics, series), want, "{series}");
+    }
 }
 
 /// A subscriber follows a task through the media stage: it enters at 60 %, the ladder's 90 %
@@ -2043,6 +2051,26 @@ async fn renditions_are_uploaded_to_an_s3_bucket_and_named_by_url() {
     assert_eq!(bucket.bad_signatures(), 0, "a signature did not check out");
     let log = bucket.log();
     assert_eq!(log.len(), 6, "4 objects + 2 unavailable: {log:?}");
+    // `/metrics` tells what the media stage did: two jobs through every stage (the mock
+    // serves its video over HTTP), every byte in the bucket counted.
+    let stored: u64 = bucket
+        .keys()
+        .iter()
+        .map(|k| bucket.object(k).map_or(0, |o| o.len() as u64))
+        .sum();
+    for (series, want) in [
+        ("spindle_media_jobs_ended_total{outcome=\"succeeded\"}", 2),
+        ("spindle_media_jobs_ended_total{outcome=\"failed\"}", 0),
+        ("spindle_media_jobs{state=\"queued\"}", 0),
+        ("spindle_media_jobs{state=\"running\"}", 0),
+        ("spindle_media_stage_seconds_count{stage=\"wait\"}", 2),
+        ("spindle_media_stage_seconds_count{stage=\"fetch\"}", 2),
+        ("spindle_media_stage_seconds_count{stage=\"transcode\"}", 2),
+        ("spindle_media_stage_seconds_count{stage=\"upload\"}", 2),
+        ("spindle_media_uploaded_bytes_total", stored),
+    ] {
+        assert_eq!(common::metric(&daemon, series).await, want, "{series}");
+    }
     assert_eq!(log.iter().filter(|l| *l == "refused 503").count(), 2);
     let left = std::fs::read_dir(&out).unwrap().count();
     assert_eq!(left, 0, "files left in output_dir after their upload");
