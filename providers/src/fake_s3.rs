@@ -54,6 +54,10 @@ struct State {
     refuse_keys_with: Mutex<Option<String>>,
     fail_after_ok: AtomicU32,
     min_part_bytes: AtomicU64,
+    /// Milliseconds each part takes to answer, and the most parts seen in flight at once.
+    part_delay_ms: AtomicU64,
+    parts_in_flight: AtomicU32,
+    parts_in_flight_max: AtomicU32,
 }
 
 struct Upload {
@@ -88,6 +92,9 @@ impl FakeS3 {
             refuse_keys_with: Mutex::default(),
             fail_after_ok: AtomicU32::new(0),
             min_part_bytes: AtomicU64::new(PART_BYTES_MIN),
+            part_delay_ms: AtomicU64::new(0),
+            parts_in_flight: AtomicU32::new(0),
+            parts_in_flight_max: AtomicU32::new(0),
         });
         let shared = state.clone();
         let task = crate::serve::serve(listener, None, move |req| {
@@ -165,6 +172,17 @@ impl FakeS3 {
     /// S3 does when putting the parts together fails after it has begun its answer.
     pub fn fail_completions_after_ok(&self, n: u32) {
         self.state.fail_after_ok.store(n, Ordering::Relaxed);
+    }
+
+    /// Each part is answered `ms` after it arrived (a store far away), so that parts sent at
+    /// once are seen at once.
+    pub fn delay_parts(&self, ms: u64) {
+        self.state.part_delay_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// The most parts that were in the bucket's hands at once.
+    pub fn parts_in_flight_max(&self) -> u32 {
+        self.state.parts_in_flight_max.load(Ordering::Relaxed)
     }
 
     /// The smallest part but the last a completion takes (S3's: 5 MiB), so tests can send
@@ -386,6 +404,13 @@ async fn answer(state: &State, req: Request<hyper::body::Incoming>) -> Response<
                     "this part is refused",
                 );
             }
+            let now = state.parts_in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+            state.parts_in_flight_max.fetch_max(now, Ordering::Relaxed);
+            let delay = state.part_delay_ms.load(Ordering::Relaxed);
+            if delay > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+            }
+            state.parts_in_flight.fetch_sub(1, Ordering::Relaxed);
             let tag = etag(&body);
             match lock(&state.uploads).get_mut(id) {
                 Some(u) if u.key == key => {

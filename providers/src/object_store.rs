@@ -1,8 +1,8 @@
 //! Uploads to S3-compatible object storage (AWS S3, MinIO, Ceph RGW, Cloudflare R2, …), every
 //! request signed with AWS Signature Version 4 over its body's SHA-256, so a body changed on
 //! the way is refused by the store. A file up to one part's size goes in one `PUT`; a larger one
-//! as a multipart upload, read and sent a part at a time, so memory stays at one part whatever
-//! the file's size ([`upload_file`]). The signer reproduces AWS's published examples (the tests
+//! as a multipart upload, a few parts read and sent at once, so memory stays at those parts
+//! whatever the file's size ([`upload_file`]). The signer reproduces AWS's published examples (the tests
 //! below); [`crate::fake_s3`] is a bucket that checks it the way S3 does.
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -502,6 +502,8 @@ pub struct Plan {
     /// Tries of each request, while its trouble is the store's or the network's (0.5 s apart,
     /// doubling).
     pub attempts: u32,
+    /// Parts sent at once (at least 1): the file is held in memory up to this many parts.
+    pub parts_in_flight: usize,
 }
 
 /// Sends `f()` up to `plan.attempts` times while its trouble is retryable and `deadline`
@@ -537,8 +539,9 @@ where
 }
 
 /// Puts the file at `path` into `bucket` as `key`, all within `deadline`: in one `PUT` up to
-/// `plan.part_bytes`, else as a multipart upload of parts that size read one at a time (an
-/// upload that fails is aborted, so the store keeps none of its parts). Each request is tried
+/// `plan.part_bytes`, else as a multipart upload of parts that size, `plan.parts_in_flight`
+/// read and sent at once (an upload that fails is aborted, so the store keeps none of its
+/// parts). Each request is tried
 /// per `plan`. The object's URL.
 pub async fn upload_file(
     bucket: &Bucket,
@@ -549,7 +552,7 @@ pub async fn upload_file(
     deadline: Instant,
     tls: &rustls::ClientConfig,
 ) -> Result<String, UploadError> {
-    use tokio::io::{AsyncReadExt, AsyncSeekExt};
+    use tokio::io::AsyncReadExt;
     let unreadable = |e: std::io::Error| UploadError::Failed {
         url: key.to_string(),
         reason: format!("reading {}: {e}", path.display()),
@@ -583,23 +586,27 @@ pub async fn upload_file(
     )
     .await?;
     let sent = async {
-        let mut etags = Vec::with_capacity(parts as usize);
-        for number in 1..=parts as u32 {
-            let offset = u64::from(number - 1) * part_bytes;
-            let len = part_bytes.min(size - offset) as usize;
-            let mut body = vec![0; len];
-            file.seek(std::io::SeekFrom::Start(offset))
-                .await
-                .map_err(unreadable)?;
-            file.read_exact(&mut body).await.map_err(unreadable)?;
-            let body = Bytes::from(body);
-            let what = format!("part {number} of {parts} of {key}");
-            let etag = tried(plan, deadline, &what, |left| {
-                upload_part(bucket, key, &id, number, body.clone(), left, tls)
+        use futures_util::stream::{self, StreamExt, TryStreamExt};
+        // Each part read on its own handle, up to `parts_in_flight` at once, their ETags kept
+        // in part order whatever order they finish in.
+        let etags: Vec<(u32, String)> = stream::iter(1..=parts as u32)
+            .map(|number| {
+                let id = &id;
+                async move {
+                    let offset = u64::from(number - 1) * part_bytes;
+                    let len = part_bytes.min(size - offset) as usize;
+                    let body = read_part(path, offset, len).await.map_err(unreadable)?;
+                    let what = format!("part {number} of {parts} of {key}");
+                    let etag = tried(plan, deadline, &what, |left| {
+                        upload_part(bucket, key, id, number, body.clone(), left, tls)
+                    })
+                    .await?;
+                    Ok::<_, UploadError>((number, etag))
+                }
             })
+            .buffered(plan.parts_in_flight.max(1))
+            .try_collect()
             .await?;
-            etags.push((number, etag));
-        }
         tried(
             plan,
             deadline,
@@ -616,6 +623,16 @@ pub async fn upload_file(
         }
     }
     sent
+}
+
+/// `len` bytes of the file at `path` from `offset`, read on a handle of their own.
+async fn read_part(path: &std::path::Path, offset: u64, len: usize) -> std::io::Result<Bytes> {
+    use tokio::io::{AsyncReadExt, AsyncSeekExt};
+    let mut file = tokio::fs::File::open(path).await?;
+    file.seek(std::io::SeekFrom::Start(offset)).await?;
+    let mut body = vec![0; len];
+    file.read_exact(&mut body).await?;
+    Ok(Bytes::from(body))
 }
 
 /// The time an abort gets, whatever is left of the job's: without it the parts stay.

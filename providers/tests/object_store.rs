@@ -25,10 +25,12 @@ fn file(dir: &tempfile::TempDir, len: usize) -> (std::path::PathBuf, Vec<u8>) {
     (path, data)
 }
 
+/// Parts one at a time (their order in the bucket's log is then the file's).
 fn plan(attempts: u32) -> Plan {
     Plan {
         part_bytes: PART,
         attempts,
+        parts_in_flight: 1,
     }
 }
 
@@ -168,6 +170,7 @@ async fn a_file_of_more_parts_than_s3_takes_is_refused_up_front() {
     let tiny = Plan {
         part_bytes: 1,
         attempts: 3,
+        parts_in_flight: 4,
     };
     let e = upload(&s3, "k", &path, &tiny).await.unwrap_err();
     assert_eq!(
@@ -200,4 +203,35 @@ async fn a_wrong_secret_is_refused_once() {
     );
     assert_eq!(s3.bad_signatures(), 1);
     assert_eq!(s3.log(), ["refused 403"]);
+}
+
+/// With a store far away, parts go several at once — never more than the plan's — and the
+/// object is still the file, in order; a part refused among them aborts the upload.
+#[tokio::test]
+async fn parts_go_several_at_once_and_arrive_in_order() {
+    let s3 = bucket().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (path, data) = file(&dir, 7 * PART as usize + 5);
+    s3.delay_parts(100);
+    let three = Plan {
+        parts_in_flight: 3,
+        ..plan(1)
+    };
+    upload(&s3, "k", &path, &three).await.unwrap();
+    assert_eq!(s3.object("k"), Some(data));
+    assert_eq!(s3.parts_in_flight_max(), 3);
+    let log = s3.log();
+    let mut parts: Vec<&String> = log.iter().filter(|l| l.starts_with("PUT part")).collect();
+    parts.sort();
+    parts.dedup();
+    assert_eq!(parts.len(), 8, "{log:?}");
+
+    s3.refuse_part(5);
+    let e = upload(&s3, "k2", &path, &three).await.unwrap_err();
+    assert!(matches!(e, UploadError::Status { status: 403, .. }), "{e}");
+    assert!(
+        s3.log().iter().any(|l| l == "DELETE upload k2"),
+        "not aborted"
+    );
+    assert_eq!((s3.open_uploads(), s3.object("k2")), (0, None));
 }

@@ -104,6 +104,10 @@ pub struct UploadConfig {
     /// and it takes at most 10,000 parts: 160 GiB at the default 16).
     #[serde(default = "default_upload_part_mb")]
     pub part_mb: u64,
+    /// Parts of one multipart upload sent at once (1..=16): a worker holds up to this many
+    /// parts in memory; more hide a far store's latency.
+    #[serde(default = "default_upload_parts_in_flight")]
+    pub parts_in_flight: usize,
     /// PEM certificates of a private CA the store's `https://` certificate may chain to,
     /// beside the public web's roots.
     #[serde(default)]
@@ -140,6 +144,13 @@ fn default_upload_attempts() -> u32 {
 fn default_upload_part_mb() -> u64 {
     16
 }
+
+fn default_upload_parts_in_flight() -> usize {
+    4
+}
+
+/// The most parts of one upload sent at once.
+pub const UPLOAD_PARTS_IN_FLIGHT_MAX: usize = 16;
 
 impl UploadConfig {
     /// The bucket, its credentials from here or the environment; an error names what is
@@ -196,6 +207,10 @@ impl UploadConfig {
         anyhow::ensure!(
             (min..=UPLOAD_PART_MB_MAX).contains(&self.part_mb),
             "media.upload.part_mb must be {min}..={UPLOAD_PART_MB_MAX}"
+        );
+        anyhow::ensure!(
+            (1..=UPLOAD_PARTS_IN_FLIGHT_MAX).contains(&self.parts_in_flight),
+            "media.upload.parts_in_flight must be 1..={UPLOAD_PARTS_IN_FLIGHT_MAX}"
         );
         self.bucket()?;
         self.tls()?;
@@ -420,6 +435,7 @@ impl MediaPool {
                     plan: spindle_providers::object_store::Plan {
                         part_bytes: u.part_mb << 20,
                         attempts: u.attempts,
+                        parts_in_flight: u.parts_in_flight,
                     },
                 })
             }
@@ -868,8 +884,14 @@ mod tests {
         let config: MediaConfig = toml::from_str(&upload("")).unwrap();
         let u = config.upload.unwrap();
         assert_eq!(
-            (u.attempts, u.keep_local, u.prefix.as_str(), u.part_mb),
-            (3, false, "", 16)
+            (
+                u.attempts,
+                u.keep_local,
+                u.prefix.as_str(),
+                u.part_mb,
+                u.parts_in_flight
+            ),
+            (3, false, "", 16, 4)
         );
         // The secret is not in the configuration's debug form (logs).
         assert!(!format!("{u:?}").contains("secret"), "{u:?}");
@@ -878,6 +900,14 @@ mod tests {
             ("attempts = 11\n", "media.upload.attempts must be 1..=10"),
             ("part_mb = 4\n", "media.upload.part_mb must be 5..=512"),
             ("part_mb = 513\n", "media.upload.part_mb must be 5..=512"),
+            (
+                "parts_in_flight = 0\n",
+                "media.upload.parts_in_flight must be 1..=16",
+            ),
+            (
+                "parts_in_flight = 17\n",
+                "media.upload.parts_in_flight must be 1..=16",
+            ),
             (
                 &format!("prefix = \"{}\"\n", "p".repeat(UPLOAD_PREFIX_BYTES_MAX + 1)),
                 "media.upload.prefix must be at most 256 bytes",
