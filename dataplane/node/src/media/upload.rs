@@ -1,0 +1,343 @@
+//! `[media.upload]`: renditions put into an S3-compatible bucket once made — the section's
+//! configuration and its checks, and the puts (`spindle_providers::object_store`: one `PUT` or
+//! a multipart upload per rendition), which delete what a failed job already put.
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+
+use super::{check_url, MediaStats, STAGE_UPLOAD};
+
+/// The longest key prefix of uploaded renditions.
+pub const UPLOAD_PREFIX_BYTES_MAX: usize = 256;
+/// Tries of one request of an upload (the store's or the network's trouble is tried again).
+pub const UPLOAD_ATTEMPTS_MAX: u32 = 10;
+/// The largest part of a multipart upload, in MiB: a media worker holds `parts_in_flight` parts
+/// in memory while it sends them.
+pub const UPLOAD_PART_MB_MAX: u64 = 512;
+
+/// `[media.upload]`: the bucket renditions go to.
+#[derive(Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UploadConfig {
+    /// The bucket's URL: virtual-hosted (`https://BUCKET.s3.REGION.amazonaws.com`) or
+    /// path-style (`http://minio:9000/BUCKET`).
+    pub url: String,
+    pub region: String,
+    /// Default: the `AWS_ACCESS_KEY_ID` environment variable.
+    #[serde(default)]
+    pub access_key_id: Option<String>,
+    /// Default: `AWS_SECRET_ACCESS_KEY`.
+    #[serde(default)]
+    pub secret_access_key: Option<String>,
+    /// Default: `AWS_SESSION_TOKEN`, if set.
+    #[serde(default)]
+    pub session_token: Option<String>,
+    /// Put before each object's key (`renditions/`, say); the key is then the file's name,
+    /// `task-<task>-<attempt token>-<height>p.mp4`.
+    #[serde(default)]
+    pub prefix: String,
+    /// The URL objects are read from, where that is not the bucket's (a CDN in front of it):
+    /// results name each object as this, `/`, its key. Default: the bucket's URL.
+    #[serde(default)]
+    pub public_url: Option<String>,
+    /// Keep the files in `output_dir` after their upload (default: removed).
+    #[serde(default)]
+    pub keep_local: bool,
+    /// Tries of each request (1..=10); between them 0.5 s, doubling, within the job's timeout.
+    #[serde(default = "default_upload_attempts")]
+    pub attempts: u32,
+    /// A rendition up to this many MiB goes in one `PUT`; a larger one as a multipart upload
+    /// of parts this size, read and sent one at a time (5..=512; S3's smallest part is 5 MiB,
+    /// and it takes at most 10,000 parts: 160 GiB at the default 16).
+    #[serde(default = "default_upload_part_mb")]
+    pub part_mb: u64,
+    /// Parts of one multipart upload sent at once (1..=16): a worker holds up to this many
+    /// parts in memory; more hide a far store's latency.
+    #[serde(default = "default_upload_parts_in_flight")]
+    pub parts_in_flight: usize,
+    /// PEM certificates of a private CA the store's `https://` certificate may chain to,
+    /// beside the public web's roots.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for UploadConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UploadConfig")
+            .field("url", &self.url)
+            .field("region", &self.region)
+            .field("prefix", &self.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+fn default_upload_attempts() -> u32 {
+    3
+}
+
+fn default_upload_part_mb() -> u64 {
+    16
+}
+
+fn default_upload_parts_in_flight() -> usize {
+    4
+}
+
+/// The most parts of one upload sent at once.
+pub const UPLOAD_PARTS_IN_FLIGHT_MAX: usize = 16;
+
+impl UploadConfig {
+    /// The bucket, its credentials from here or the environment; an error names what is
+    /// missing or wrong.
+    pub fn bucket(&self) -> anyhow::Result<spindle_providers::object_store::Bucket> {
+        let from_env = |given: &Option<String>, var: &str| {
+            given
+                .clone()
+                .or_else(|| std::env::var(var).ok().filter(|v| !v.is_empty()))
+        };
+        let access_key_id =
+            from_env(&self.access_key_id, "AWS_ACCESS_KEY_ID").ok_or_else(|| {
+                anyhow::anyhow!("media.upload.access_key_id is not set (nor AWS_ACCESS_KEY_ID)")
+            })?;
+        let secret_access_key = from_env(&self.secret_access_key, "AWS_SECRET_ACCESS_KEY")
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "media.upload.secret_access_key is not set (nor AWS_SECRET_ACCESS_KEY)"
+                )
+            })?;
+        Ok(spindle_providers::object_store::Bucket {
+            url: self.url.trim_end_matches('/').to_string(),
+            region: self.region.clone(),
+            access_key_id,
+            secret_access_key,
+            session_token: from_env(&self.session_token, "AWS_SESSION_TOKEN"),
+        })
+    }
+
+    /// The roots the store's `https://` certificate is checked against.
+    pub fn tls(&self) -> anyhow::Result<Arc<spindle_providers::tls::ClientConfig>> {
+        spindle_providers::tls::roots_with(self.ca_file.as_deref())
+            .map_err(|e| anyhow::anyhow!("media.upload.ca_file: {e}"))
+    }
+
+    pub(super) fn check(&self) -> anyhow::Result<()> {
+        check_url("media.upload.url", &self.url)?;
+        anyhow::ensure!(
+            !self.region.is_empty() && self.region.len() <= 64,
+            "media.upload.region must be 1..=64 bytes"
+        );
+        if let Some(url) = &self.public_url {
+            check_url("media.upload.public_url", url)?;
+        }
+        anyhow::ensure!(
+            self.prefix.len() <= UPLOAD_PREFIX_BYTES_MAX,
+            "media.upload.prefix must be at most {UPLOAD_PREFIX_BYTES_MAX} bytes"
+        );
+        anyhow::ensure!(
+            (1..=UPLOAD_ATTEMPTS_MAX).contains(&self.attempts),
+            "media.upload.attempts must be 1..={UPLOAD_ATTEMPTS_MAX}"
+        );
+        let min = spindle_providers::object_store::PART_BYTES_MIN >> 20;
+        anyhow::ensure!(
+            (min..=UPLOAD_PART_MB_MAX).contains(&self.part_mb),
+            "media.upload.part_mb must be {min}..={UPLOAD_PART_MB_MAX}"
+        );
+        anyhow::ensure!(
+            (1..=UPLOAD_PARTS_IN_FLIGHT_MAX).contains(&self.parts_in_flight),
+            "media.upload.parts_in_flight must be 1..={UPLOAD_PARTS_IN_FLIGHT_MAX}"
+        );
+        self.bucket()?;
+        self.tls()?;
+        Ok(())
+    }
+}
+
+/// `[media.upload]`, resolved at start.
+#[derive(Clone)]
+pub(super) struct Upload {
+    bucket: spindle_providers::object_store::Bucket,
+    tls: Arc<spindle_providers::tls::ClientConfig>,
+    prefix: String,
+    /// `public_url` without a trailing `/`.
+    public_url: Option<String>,
+    keep_local: bool,
+    plan: spindle_providers::object_store::Plan,
+}
+
+impl Upload {
+    /// `[media.upload]` resolved: its credentials, roots and plan.
+    pub(super) fn resolve(u: &UploadConfig) -> anyhow::Result<Upload> {
+        Ok(Upload {
+            bucket: u.bucket()?,
+            tls: u.tls()?,
+            prefix: u.prefix.clone(),
+            public_url: u
+                .public_url
+                .as_deref()
+                .map(|p| p.trim_end_matches('/').to_string()),
+            keep_local: u.keep_local,
+            plan: spindle_providers::object_store::Plan {
+                part_bytes: u.part_mb << 20,
+                attempts: u.attempts,
+                parts_in_flight: u.parts_in_flight,
+            },
+        })
+    }
+
+    /// Whether the renditions stay in `output_dir` after their upload.
+    pub(super) fn keep_local(&self) -> bool {
+        self.keep_local
+    }
+}
+
+/// Puts every output into the bucket (each request tried per the plan while its trouble is
+/// the store's or the network's), all within `deadline`: their URLs. When one fails, those
+/// already put are deleted again, so a failed attempt leaves no objects behind.
+pub(super) fn upload_all(
+    rt: &tokio::runtime::Runtime,
+    upload: &Upload,
+    outputs: &[PathBuf],
+    deadline: Instant,
+    stats: &MediaStats,
+) -> Result<Vec<String>, spindle_providers::object_store::UploadError> {
+    let started = Instant::now();
+    let uploaded = upload_each(rt, upload, outputs, deadline);
+    stats.time(STAGE_UPLOAD, started);
+    if uploaded.is_ok() {
+        let bytes: u64 = outputs
+            .iter()
+            .filter_map(|o| std::fs::metadata(o).ok())
+            .map(|m| m.len())
+            .sum();
+        stats.uploaded_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+    uploaded
+}
+
+/// [`upload_all`]'s puts, each in turn; those done deleted again when one fails.
+fn upload_each(
+    rt: &tokio::runtime::Runtime,
+    upload: &Upload,
+    outputs: &[PathBuf],
+    deadline: Instant,
+) -> Result<Vec<String>, spindle_providers::object_store::UploadError> {
+    use spindle_providers::object_store::{delete_object, upload_file, uri_encode};
+    let mut keys = Vec::with_capacity(outputs.len());
+    let mut urls = Vec::with_capacity(outputs.len());
+    for path in outputs {
+        let name = path
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let key = format!("{}{name}", upload.prefix);
+        let put = upload_file(
+            &upload.bucket,
+            &key,
+            path,
+            "video/mp4",
+            &upload.plan,
+            deadline,
+            &upload.tls,
+        );
+        match rt.block_on(put) {
+            Ok(url) => {
+                urls.push(match &upload.public_url {
+                    // Named as readers reach it.
+                    Some(base) => format!("{base}/{}", uri_encode(&key, false)),
+                    None => url,
+                });
+                keys.push(key);
+            }
+            Err(e) => {
+                for key in &keys {
+                    let gone = delete_object(&upload.bucket, key, DELETE_TIMEOUT, &upload.tls);
+                    if let Err(d) = rt.block_on(gone) {
+                        tracing::warn!("{key} stays in the bucket: deleting it failed: {d}");
+                    }
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(urls)
+}
+
+/// The time the delete of an object a failed attempt put gets.
+const DELETE_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[cfg(test)]
+mod tests {
+    use super::super::MediaConfig;
+    use super::*;
+
+    fn checked(text: &str) -> anyhow::Result<()> {
+        toml::from_str::<MediaConfig>(text)?.check()
+    }
+
+    /// `[media.upload]`'s bounds and credentials are checked at load, each named.
+    #[test]
+    fn the_upload_section_is_checked_at_load() {
+        let upload = |rest: &str| {
+            format!(
+                "[upload]\nurl = \"https://b.s3.eu-west-1.amazonaws.com\"\nregion = \"eu-west-1\"\n\
+                 access_key_id = \"AKID\"\nsecret_access_key = \"s\"\n{rest}"
+            )
+        };
+        checked(&upload("prefix = \"renditions/\"\nattempts = 10\n")).unwrap();
+        let config: MediaConfig = toml::from_str(&upload("")).unwrap();
+        let u = config.upload.unwrap();
+        assert_eq!(
+            (
+                u.attempts,
+                u.keep_local,
+                u.prefix.as_str(),
+                u.part_mb,
+                u.parts_in_flight
+            ),
+            (3, false, "", 16, 4)
+        );
+        // The secret is not in the configuration's debug form (logs).
+        assert!(!format!("{u:?}").contains("secret"), "{u:?}");
+        for (rest, why) in [
+            ("attempts = 0\n", "media.upload.attempts must be 1..=10"),
+            ("attempts = 11\n", "media.upload.attempts must be 1..=10"),
+            ("part_mb = 4\n", "media.upload.part_mb must be 5..=512"),
+            ("part_mb = 513\n", "media.upload.part_mb must be 5..=512"),
+            (
+                "parts_in_flight = 0\n",
+                "media.upload.parts_in_flight must be 1..=16",
+            ),
+            (
+                "parts_in_flight = 17\n",
+                "media.upload.parts_in_flight must be 1..=16",
+            ),
+            (
+                &format!("prefix = \"{}\"\n", "p".repeat(UPLOAD_PREFIX_BYTES_MAX + 1)),
+                "media.upload.prefix must be at most 256 bytes",
+            ),
+            (
+                "ca_file = \"/nonexistent/ca.pem\"\n",
+                "media.upload.ca_file: /nonexistent/ca.pem: No such file or directory (os error 2)",
+            ),
+        ] {
+            let e = checked(&upload(rest)).unwrap_err().to_string();
+            assert_eq!(e, why, "{rest}");
+        }
+        let e = checked(&upload("").replace("https://", "ftp://"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("media.upload.url must be"), "{e}");
+        checked(&upload("public_url = \"https://cdn.example.com/r/\"\n")).unwrap();
+        let e = checked(&upload("public_url = \"cdn.example.com\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("media.upload.public_url must be"), "{e}");
+        let e = checked(&upload("").replace("region = \"eu-west-1\"", "region = \"\""))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(e, "media.upload.region must be 1..=64 bytes");
+    }
+}
