@@ -131,6 +131,12 @@ pub struct Config {
     /// take at most this much of the CPU the running work needs (docs/benchmarks.md).
     #[serde(default)]
     pub connection_rate_max: u32,
+    /// Connections the HTTP port (metrics, probes, admin API, provider callbacks) serves at
+    /// once (1..=65536); each lives at most 5 s. Past it a connection is answered `503` with
+    /// `retry-after: 1` (closed at once over TLS), counted in
+    /// `spindle_http_connections_refused_total`.
+    #[serde(default = "default_http_connections_max")]
+    pub http_connections_max: usize,
     /// Backoff before the first retry of a failed attempt (doubling per retry, × a jitter of
     /// 0.7–1.3), and its cap.
     #[serde(default = "default_backoff_base_ms")]
@@ -309,6 +315,11 @@ fn default_inflight() -> usize {
 fn default_connections_max() -> usize {
     16_384
 }
+fn default_http_connections_max() -> usize {
+    1_024
+}
+/// The most `http_connections_max` takes.
+pub const HTTP_CONNECTIONS_MAX: usize = 65_536;
 /// The most `connections_max` takes.
 pub const CONNECTIONS_MAX: usize = 1 << 20;
 /// The most `connection_rate_max` takes.
@@ -466,6 +477,11 @@ impl Config {
             (1..=CONNECTIONS_MAX).contains(&self.connections_max),
             "connections_max must be 1..={CONNECTIONS_MAX}, not {}",
             self.connections_max
+        );
+        anyhow::ensure!(
+            (1..=HTTP_CONNECTIONS_MAX).contains(&self.http_connections_max),
+            "http_connections_max must be 1..={HTTP_CONNECTIONS_MAX}, not {}",
+            self.http_connections_max
         );
         anyhow::ensure!(
             self.connection_rate_max <= CONNECTION_RATE_MAX,

@@ -200,6 +200,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
                         tokio::spawn(metrics::serve(
                             http,
                             http_tls,
+                            config.http_connections_max,
                             metrics.clone(),
                             callbacks,
                             admin,

@@ -178,6 +178,8 @@ pub struct Metrics {
     /// Client connections open (greeting or served), and those refused at `connections_max`.
     pub connections_open: std::sync::atomic::AtomicUsize,
     pub connections_refused: AtomicU64,
+    /// HTTP port connections refused at `http_connections_max`.
+    pub http_refused: AtomicU64,
     pub events_pending: AtomicU64,
     pub events_backlogged: AtomicBool,
     pub batches: [Histogram; 4],
@@ -246,6 +248,7 @@ impl Metrics {
             events_refused: AtomicU64::new(0),
             connections_open: std::sync::atomic::AtomicUsize::new(0),
             connections_refused: AtomicU64::new(0),
+            http_refused: AtomicU64::new(0),
             events_pending: AtomicU64::new(0),
             events_backlogged: AtomicBool::new(false),
             batches: std::array::from_fn(|_| Histogram::new(LATENCY_BUCKETS_US)),
@@ -450,6 +453,11 @@ impl Metrics {
             w,
             "# HELP spindle_connections_refused_total Client connections refused at connections_max.\n# TYPE spindle_connections_refused_total counter\nspindle_connections_refused_total {}",
             self.connections_refused.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            w,
+            "# HELP spindle_http_connections_refused_total HTTP port connections refused at http_connections_max.\n# TYPE spindle_http_connections_refused_total counter\nspindle_http_connections_refused_total {}",
+            self.http_refused.load(Ordering::Relaxed)
         );
         self.per_shard(
             w,
@@ -788,18 +796,33 @@ const HEAD_BYTES_MAX: usize = 8 * 1024;
 /// Where provider callbacks go, once the provider thread runs.
 pub type CallbackSink = Arc<std::sync::OnceLock<Arc<crate::dispatch::Dispatcher>>>;
 
+/// What a connection past `http_connections_max` is told before it is closed.
+const HTTP_BUSY: &[u8] =
+    b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+
 /// Serves `/livez`, `/readyz`, `/metrics` and `POST /v1/provider/callback` until the runtime
 /// stops. One request per connection, bounded head and body, 5 s to send it (and, with `tls`,
-/// to complete its handshake first).
+/// to complete its handshake first); at most `connections_max` connections at once, one past
+/// it answered `503` (closed at once over TLS).
 pub async fn serve(
     listener: tokio::net::TcpListener,
     tls: Option<tokio_rustls::TlsAcceptor>,
+    connections_max: usize,
     metrics: Arc<Metrics>,
     sink: CallbackSink,
     admin: Option<Arc<crate::admin::Admin>>,
 ) {
+    let open = Arc::new(tokio::sync::Semaphore::new(connections_max));
     loop {
         let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let Ok(place) = open.clone().try_acquire_owned() else {
+            metrics.http_refused.fetch_add(1, Ordering::Relaxed);
+            if tls.is_none() {
+                // A fresh socket's buffer takes it whole; never waited for.
+                let _ = stream.try_write(HTTP_BUSY);
+            }
             continue;
         };
         let metrics = metrics.clone();
@@ -817,6 +840,7 @@ pub async fn serve(
                 }
             };
             let _ = tokio::time::timeout(std::time::Duration::from_secs(5), served).await;
+            drop(place);
         });
     }
 }

@@ -84,6 +84,15 @@ async fn the_dashboard_renders_live_numbers_and_the_audit_list_in_chromium() {
         "the page did not follow the load"
     );
     assert!(during.contains("<td>ACCEPTED</td>"), "{during}");
+    // The one client connection open, none refused.
+    let status = during
+        .split_once("id=\"status\">")
+        .and_then(|(_, rest)| rest.split_once("</div>"))
+        .map_or("", |(status, _)| status);
+    assert!(
+        status.contains("connections 1 ·") && !status.contains("refused"),
+        "{status}"
+    );
     assert!(during.contains("<th>entitlement</th>"), "{during}");
     assert!(
         during.contains("<th>admits</th><th>weight</th>"),

@@ -637,3 +637,53 @@ async fn connections_are_served_on_the_shard_that_owns_their_tenant() {
         "tenant 2's six on shard 0, tenant 1's on shard 1"
     );
 }
+
+/// `http_connections_max`: past the bound the HTTP port answers `503` with `retry-after`
+/// at once, counts it, and serves again once connections end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_port_serves_a_bounded_number_of_connections() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let test = TestDb::new().await;
+    let daemon = common::start_with(
+        &test,
+        &common::config_scaled("0.0001", "http_connections_max = 2"),
+    )
+    .await;
+    // Two connections that send nothing hold both places (for up to 5 s each).
+    let held = [
+        tokio::net::TcpStream::connect(daemon.http).await.unwrap(),
+        tokio::net::TcpStream::connect(daemon.http).await.unwrap(),
+    ];
+    let mut third = tokio::net::TcpStream::connect(daemon.http).await.unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        third.read_to_string(&mut answer),
+    )
+    .await
+    .expect("answered at once")
+    .unwrap();
+    assert!(
+        answer.starts_with("HTTP/1.1 503 Service Unavailable\r\n")
+            && answer.contains("retry-after: 1"),
+        "{answer:?}"
+    );
+    drop(held);
+    // Their places come back as they end; a GET of /metrics is served again.
+    let get = async || -> Option<String> {
+        let mut s = tokio::net::TcpStream::connect(daemon.http).await.ok()?;
+        s.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .ok()?;
+        let mut text = String::new();
+        s.read_to_string(&mut text).await.ok()?;
+        Some(text)
+    };
+    let served = common::poll_until(std::time::Duration::from_secs(10), get, |t| {
+        t.as_deref().is_some_and(|t| t.starts_with("HTTP/1.1 200"))
+    })
+    .await
+    .expect("served again");
+    let refused = common::metric_sum(&served, "spindle_http_connections_refused_total");
+    assert!(refused >= 1, "{refused}");
+}
