@@ -86,9 +86,13 @@ pub struct ClusterClient {
 fn fails_over(e: &ClientError) -> bool {
     match e {
         ClientError::Io(_) | ClientError::Closed | ClientError::Timeout(_) => true,
+        // Overloaded: the node holds its most connections; one may free within the window.
         ClientError::Refused(w) => matches!(
             w.code,
-            ErrorCode::WrongNode | ErrorCode::Draining | ErrorCode::Unavailable
+            ErrorCode::WrongNode
+                | ErrorCode::Draining
+                | ErrorCode::Unavailable
+                | ErrorCode::Overloaded
         ),
         ClientError::Protocol(_) | ClientError::Unexpected(_) => false,
     }

@@ -356,7 +356,8 @@ RESUBSCRIBE_TRIES = 10
 RESUBSCRIBE_PAUSE = 0.1
 
 # Refusals another node (or the same one a moment later) answers otherwise.
-_FAILOVER_CODES = {"Closed", "WrongNode", "Draining", "Unavailable"}
+# Overloaded: the node holds its most connections (connections_max); one may free meanwhile.
+_FAILOVER_CODES = {"Closed", "WrongNode", "Draining", "Unavailable", "Overloaded"}
 
 
 def _fails_over(error):

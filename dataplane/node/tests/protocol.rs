@@ -547,3 +547,42 @@ async fn new_connections_are_taken_no_faster_than_the_configured_rate() {
         0
     );
 }
+
+/// A cluster client refused for want of a place (`Overloaded`) tries again, pausing, within its
+/// failover window: it connects once a place frees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_client_refused_for_want_of_a_place_connects_once_one_frees() {
+    let test = TestDb::new().await;
+    let daemon = common::start_with(
+        &test,
+        &common::config_scaled("0.0001", "connections_max = 1"),
+    )
+    .await;
+    let holder = Client::connect(daemon.addr, TenantId(2), "two")
+        .await
+        .unwrap();
+    let seeds = [daemon.addr.to_string()];
+    let connecting = tokio::spawn(async move {
+        spindle_client::ClusterClient::connect(&seeds, TenantId(1), "one").await
+    });
+    // Refused at least once while the holder keeps the one place.
+    let refused = common::poll_until(
+        Duration::from_secs(10),
+        async || common::metric(&daemon, "spindle_connections_refused_total").await,
+        |n| *n >= 1,
+    )
+    .await;
+    assert!(refused >= 1, "never refused");
+    assert!(
+        !connecting.is_finished(),
+        "gave up (or got in) while no place was free"
+    );
+    drop(holder);
+    let cluster = tokio::time::timeout(Duration::from_secs(30), connecting)
+        .await
+        .expect("connected within its window")
+        .unwrap()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let a = cluster.submit(task("in")).await.unwrap();
+    assert!(a.decision.is_accepted(), "{a:?}");
+}
