@@ -102,6 +102,21 @@ impl Histogram {
     }
 }
 
+/// Histogram `name` (its `help` and type, then each histogram) with one label, `label`, whose
+/// value names each.
+fn histograms<'a>(
+    w: &mut String,
+    name: &str,
+    help: &str,
+    label: &str,
+    each: impl Iterator<Item = (&'a &'a str, &'a Histogram)>,
+) {
+    let _ = writeln!(w, "# HELP {name} {help}\n# TYPE {name} histogram");
+    for (value, h) in each {
+        h.render(w, name, &format!("{label}=\"{value}\""));
+    }
+}
+
 /// One tenant's running work on a shard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TenantRunning {
@@ -643,14 +658,13 @@ impl Metrics {
                     n.load(Ordering::Relaxed)
                 );
             }
-            let _ = writeln!(w, "# HELP spindle_media_stage_seconds A media job's stages: wait (submitted to placed on units), fetch, transcode (probe and ladder), upload.\n# TYPE spindle_media_stage_seconds histogram");
-            for (stage, h) in crate::media::MEDIA_STAGES.iter().zip(&stats.stages) {
-                h.render(
-                    w,
-                    "spindle_media_stage_seconds",
-                    &format!("stage=\"{stage}\""),
-                );
-            }
+            histograms(
+                w,
+                "spindle_media_stage_seconds",
+                "A media job's stages: wait (submitted to placed on units), fetch, transcode (probe and ladder), upload.",
+                "stage",
+                crate::media::MEDIA_STAGES.iter().zip(&stats.stages),
+            );
             let _ = writeln!(
                 w,
                 "# HELP spindle_media_uploaded_bytes_total Bytes of renditions put into the bucket.\n# TYPE spindle_media_uploaded_bytes_total counter\nspindle_media_uploaded_bytes_total {}",
@@ -668,14 +682,13 @@ impl Metrics {
                 );
             }
         }
-        let _ = writeln!(w, "# HELP spindle_submit_answer_seconds Submit frames, decoded to answered, by outcome (accepted: anything in the frame was; they wait for the group commit).\n# TYPE spindle_submit_answer_seconds histogram");
-        for (outcome, h) in ["rejected", "accepted"].iter().zip(&self.answers) {
-            h.render(
-                w,
-                "spindle_submit_answer_seconds",
-                &format!("outcome=\"{outcome}\""),
-            );
-        }
+        histograms(
+            w,
+            "spindle_submit_answer_seconds",
+            "Submit frames, decoded to answered, by outcome (accepted: anything in the frame was; they wait for the group commit).",
+            "outcome",
+            ["rejected", "accepted"].iter().zip(&self.answers),
+        );
         let _ = writeln!(w, "# HELP spindle_dispatch_wait_seconds Admission to dispatch, by lane and band.\n# TYPE spindle_dispatch_wait_seconds histogram");
         for lane in Lane::ALL {
             for band in Band::ALL {
