@@ -43,6 +43,8 @@ struct State {
     access_key_id: String,
     secret_access_key: String,
     objects: Mutex<BTreeMap<String, Vec<u8>>>,
+    /// The storage class and encryption headers each object was created with.
+    created_with: Mutex<BTreeMap<String, Vec<(String, String)>>>,
     uploads: Mutex<HashMap<String, Upload>>,
     next_upload: AtomicU64,
     /// Every request answered, as "METHOD what" (`PUT object k`, `PUT part 2 k`, …).
@@ -63,6 +65,8 @@ struct State {
 struct Upload {
     key: String,
     parts: BTreeMap<u32, (String, Bytes)>,
+    /// What the upload was created with, for its object.
+    created_with: Vec<(String, String)>,
 }
 
 impl FakeS3 {
@@ -82,6 +86,7 @@ impl FakeS3 {
             access_key_id: access_key_id.to_string(),
             secret_access_key: secret_access_key.to_string(),
             objects: Mutex::default(),
+            created_with: Mutex::default(),
             uploads: Mutex::default(),
             next_upload: AtomicU64::new(1),
             log: Mutex::default(),
@@ -117,12 +122,22 @@ impl FakeS3 {
             access_key_id: self.state.access_key_id.clone(),
             secret_access_key: self.state.secret_access_key.clone(),
             session_token: None,
+            object_headers: Vec::new(),
         }
     }
 
     /// The object stored under `key`.
     pub fn object(&self, key: &str) -> Option<Vec<u8>> {
         lock(&self.state.objects).get(key).cloned()
+    }
+
+    /// The storage class and server-side encryption headers (`x-amz-storage-class`,
+    /// `x-amz-server-side-encryption…`) the object at `key` was created with, by name.
+    pub fn created_with(&self, key: &str) -> Vec<(String, String)> {
+        lock(&self.state.created_with)
+            .get(key)
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// The keys stored, in order.
@@ -351,6 +366,16 @@ async fn answer(state: &State, req: Request<hyper::body::Incoming>) -> Response<
         .into_iter()
         .collect();
     let upload_id = query.get("uploadId");
+    let mut created_with: Vec<(String, String)> = parts
+        .headers
+        .iter()
+        .filter(|(n, _)| {
+            let n = n.as_str();
+            n == "x-amz-storage-class" || n.starts_with("x-amz-server-side-encryption")
+        })
+        .map(|(n, v)| (n.to_string(), v.to_str().unwrap_or("").to_string()))
+        .collect();
+    created_with.sort();
     let refused_key = lock(&state.refuse_keys_with)
         .as_deref()
         .is_some_and(|text| key.contains(text));
@@ -363,6 +388,7 @@ async fn answer(state: &State, req: Request<hyper::body::Incoming>) -> Response<
         ("PUT", None) => {
             log(format!("PUT object {key}"));
             let tag = etag(&body);
+            lock(&state.created_with).insert(key.clone(), created_with);
             lock(&state.objects).insert(key, body.to_vec());
             ok(StatusCode::OK, Some(&tag), String::new())
         }
@@ -376,6 +402,7 @@ async fn answer(state: &State, req: Request<hyper::body::Incoming>) -> Response<
                 Upload {
                     key: key.clone(),
                     parts: BTreeMap::new(),
+                    created_with,
                 },
             );
             ok(
@@ -388,6 +415,11 @@ async fn answer(state: &State, req: Request<hyper::body::Incoming>) -> Response<
                 ),
             )
         }
+        ("PUT" | "POST", Some(_)) if !created_with.is_empty() => error(
+            StatusCode::BAD_REQUEST,
+            "InvalidArgument",
+            "storage class and encryption go with the upload's creation, not its parts",
+        ),
         ("PUT", Some(id)) => {
             let Some(number) = query
                 .get("partNumber")
@@ -433,6 +465,7 @@ async fn answer(state: &State, req: Request<hyper::body::Incoming>) -> Response<
         }
         ("DELETE", None) => {
             log(format!("DELETE object {key}"));
+            lock(&state.created_with).remove(&key);
             lock(&state.objects).remove(&key);
             ok(StatusCode::NO_CONTENT, None, String::new())
         }
@@ -523,8 +556,12 @@ fn complete(state: &State, key: &str, id: &str, body: &[u8]) -> Response<Full<By
             "<Error><Code>InternalError</Code><Message>try again</Message></Error>".into(),
         );
     }
-    uploads.remove(id);
+    let created_with = uploads
+        .remove(id)
+        .map(|u| u.created_with)
+        .unwrap_or_default();
     drop(uploads);
+    lock(&state.created_with).insert(key.to_string(), created_with);
     lock(&state.objects).insert(key.to_string(), object);
     ok(
         StatusCode::OK,

@@ -27,6 +27,10 @@ pub struct Bucket {
     pub secret_access_key: String,
     /// A temporary credential's token (`x-amz-security-token`), signed with the request.
     pub session_token: Option<String>,
+    /// Headers every new object is created with, signed with its request — a storage class
+    /// (`x-amz-storage-class`), server-side encryption (`x-amz-server-side-encryption`, and
+    /// `x-amz-server-side-encryption-aws-kms-key-id`): names in lower case.
+    pub object_headers: Vec<(String, String)>,
 }
 
 impl std::fmt::Debug for Bucket {
@@ -207,6 +211,7 @@ async fn send(
     query: &[(&str, &str)],
     body: Bytes,
     content_type: Option<&str>,
+    extra: &[(String, String)],
     timeout: Duration,
     tls: &rustls::ClientConfig,
 ) -> Result<Answer, UploadError> {
@@ -243,6 +248,7 @@ async fn send(
     if let Some(token) = &bucket.session_token {
         headers.push(("x-amz-security-token", token.as_str()));
     }
+    headers.extend(extra.iter().map(|(n, v)| (n.as_str(), v.as_str())));
     let auth = authorization(
         &Request {
             method,
@@ -332,6 +338,7 @@ pub async fn put_object(
         &[],
         body,
         Some(content_type),
+        &bucket.object_headers,
         timeout,
         tls,
     )
@@ -346,7 +353,18 @@ pub async fn delete_object(
     timeout: Duration,
     tls: &rustls::ClientConfig,
 ) -> Result<(), UploadError> {
-    send(bucket, "DELETE", key, &[], Bytes::new(), None, timeout, tls).await?;
+    send(
+        bucket,
+        "DELETE",
+        key,
+        &[],
+        Bytes::new(),
+        None,
+        &[],
+        timeout,
+        tls,
+    )
+    .await?;
     Ok(())
 }
 
@@ -365,6 +383,7 @@ pub async fn create_multipart_upload(
         &[("uploads", "")],
         Bytes::new(),
         Some(content_type),
+        &bucket.object_headers,
         timeout,
         tls,
     )
@@ -399,6 +418,7 @@ pub async fn upload_part(
         &[("partNumber", &number), ("uploadId", upload_id)],
         body,
         None,
+        &[],
         timeout,
         tls,
     )
@@ -433,6 +453,7 @@ pub async fn complete_multipart_upload(
         &[("uploadId", upload_id)],
         Bytes::from(xml),
         Some("application/xml"),
+        &[],
         timeout,
         tls,
     )
@@ -464,6 +485,7 @@ pub async fn abort_multipart_upload(
         &[("uploadId", upload_id)],
         Bytes::new(),
         None,
+        &[],
         timeout,
         tls,
     )

@@ -28,8 +28,8 @@ const KEY_ID: &str = "AKIDSPINDLE";
 const SECRET: &str = "secret";
 
 /// An HTTP request without a body, signed as the uploads are (moto refuses an anonymous read
-/// of an object put with a `PUT`): (status, body).
-async fn call(method: &str, url: &str) -> Result<(u16, Bytes), String> {
+/// of an object put with a `PUT`): (status, headers, body).
+async fn call(method: &str, url: &str) -> Result<(u16, hyper::HeaderMap, Bytes), String> {
     use spindle_providers::object_store::{amz_date, authorization, sha256_hex, Request};
     let client = spindle_providers::tls::client(
         &spindle_providers::tls::public_roots(),
@@ -67,13 +67,14 @@ async fn call(method: &str, url: &str) -> Result<(u16, Bytes), String> {
         .map_err(|e| e.to_string())?;
     let response = client.request(request).await.map_err(|e| e.to_string())?;
     let status = response.status().as_u16();
+    let headers = response.headers().clone();
     let body = response
         .into_body()
         .collect()
         .await
         .map_err(|e| e.to_string())?
         .to_bytes();
-    Ok((status, body))
+    Ok((status, headers, body))
 }
 
 /// moto's server on a free loopback port, answering (within 60 s), with bucket `videos`.
@@ -99,8 +100,8 @@ async fn moto() -> Moto {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         match call("PUT", &format!("{}/videos", moto.base)).await {
-            Ok((200, _)) => return moto,
-            Ok((status, body)) => panic!("creating the bucket: {status} {body:?}"),
+            Ok((200, _, _)) => return moto,
+            Ok((status, _, body)) => panic!("creating the bucket: {status} {body:?}"),
             Err(e) if Instant::now() > deadline => panic!("moto did not answer in 60 s: {e}"),
             Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
         }
@@ -116,6 +117,7 @@ async fn uploads_are_taken_by_motos_s3_and_read_back_whole() {
         access_key_id: KEY_ID.into(),
         secret_access_key: SECRET.into(),
         session_token: None,
+        object_headers: Vec::new(),
     };
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("rendition.mp4");
@@ -140,12 +142,12 @@ async fn uploads_are_taken_by_motos_s3_and_read_back_whole() {
         let url = upload_file(&bucket, key, &path, "video/mp4", &plan(part), soon(), &tls)
             .await
             .unwrap_or_else(|e| panic!("{key}: {e}"));
-        let (status, body) = call("GET", &url).await.unwrap();
+        let (status, _, body) = call("GET", &url).await.unwrap();
         assert_eq!(status, 200, "{url}");
         assert!(body[..] == data[..], "{key} read back differs");
     }
     // The multipart object's ETag is moto's for three parts.
-    let (_, listing) = call("GET", &format!("{}/videos", moto.base)).await.unwrap();
+    let (_, _, listing) = call("GET", &format!("{}/videos", moto.base)).await.unwrap();
     let listing = String::from_utf8_lossy(&listing);
     assert!(
         listing.contains("-3&#34;</ETag>") || listing.contains("-3\"</ETag>"),
@@ -169,13 +171,46 @@ async fn uploads_are_taken_by_motos_s3_and_read_back_whole() {
         matches!(&e, UploadError::Status { status: 400, body, .. } if body.contains("EntityTooSmall")),
         "{e}"
     );
-    let (_, open) = call("GET", &format!("{}/videos?uploads", moto.base))
+    let (_, _, open) = call("GET", &format!("{}/videos?uploads", moto.base))
         .await
         .unwrap();
     let open = String::from_utf8_lossy(&open);
     assert!(!open.contains("<Upload>"), "an upload left open: {open}");
-    let (status, _) = call("GET", &format!("{}/videos/small-parts", moto.base))
+    let (status, _, _) = call("GET", &format!("{}/videos/small-parts", moto.base))
         .await
         .unwrap();
     assert_eq!(status, 404);
+
+    // Objects created with a storage class and server-side encryption are read back with
+    // them, whether put whole or in parts.
+    let mut encrypted = bucket.clone();
+    encrypted.object_headers = vec![
+        ("x-amz-server-side-encryption".into(), "AES256".into()),
+        ("x-amz-storage-class".into(), "STANDARD_IA".into()),
+    ];
+    for (key, part) in [("ia-one", 16 << 20), ("ia-parts", PART_BYTES_MIN)] {
+        let url = upload_file(
+            &encrypted,
+            key,
+            &path,
+            "video/mp4",
+            &plan(part),
+            soon(),
+            &tls,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{key}: {e}"));
+        let (status, headers, body) = call("GET", &url).await.unwrap();
+        assert_eq!(status, 200, "{url}");
+        assert!(body[..] == data[..], "{key} read back differs");
+        let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        assert_eq!(
+            (
+                header("x-amz-server-side-encryption"),
+                header("x-amz-storage-class")
+            ),
+            (Some("AES256"), Some("STANDARD_IA")),
+            "{key}: {headers:?}"
+        );
+    }
 }

@@ -235,3 +235,34 @@ async fn parts_go_several_at_once_and_arrive_in_order() {
     );
     assert_eq!((s3.open_uploads(), s3.object("k2")), (0, None));
 }
+
+/// A bucket's object headers (storage class, server-side encryption) go, signed, with every
+/// object's creation — its one `PUT`, or its multipart upload's start — and with nothing else.
+#[tokio::test]
+async fn objects_are_created_with_the_buckets_storage_class_and_encryption() {
+    let s3 = bucket().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut bucket = s3.bucket();
+    let headers = vec![
+        (
+            "x-amz-server-side-encryption".to_string(),
+            "aws:kms".to_string(),
+        ),
+        (
+            "x-amz-server-side-encryption-aws-kms-key-id".to_string(),
+            "arn:aws:kms:us-test-1:111122223333:key/k-1".to_string(),
+        ),
+        ("x-amz-storage-class".to_string(), "STANDARD_IA".to_string()),
+    ];
+    bucket.object_headers = headers.clone();
+    let tls = spindle_providers::tls::public_roots();
+    for (key, len) in [("one", 100), ("parts", 2 * PART as usize + 1)] {
+        let (path, data) = file(&dir, len);
+        upload_file(&bucket, key, &path, "video/mp4", &plan(1), soon(), &tls)
+            .await
+            .unwrap_or_else(|e| panic!("{key}: {e}"));
+        assert_eq!(s3.object(key), Some(data));
+        assert_eq!(s3.created_with(key), headers, "{key}");
+    }
+    assert_eq!(s3.bad_signatures(), 0);
+}

@@ -51,14 +51,25 @@ pub struct UploadConfig {
     #[serde(default = "default_upload_attempts")]
     pub attempts: u32,
     /// A rendition up to this many MiB goes in one `PUT`; a larger one as a multipart upload
-    /// of parts this size, read and sent one at a time (5..=512; S3's smallest part is 5 MiB,
-    /// and it takes at most 10,000 parts: 160 GiB at the default 16).
+    /// of parts this size (5..=512; S3's smallest part is 5 MiB, and it takes at most 10,000
+    /// parts: 160 GiB at the default 16).
     #[serde(default = "default_upload_part_mb")]
     pub part_mb: u64,
     /// Parts of one multipart upload sent at once (1..=16): a worker holds up to this many
     /// parts in memory; more hide a far store's latency.
     #[serde(default = "default_upload_parts_in_flight")]
     pub parts_in_flight: usize,
+    /// The objects' storage class (`x-amz-storage-class`: `STANDARD_IA`, `INTELLIGENT_TIERING`,
+    /// …; default: the bucket's).
+    #[serde(default)]
+    pub storage_class: Option<String>,
+    /// Server-side encryption of the objects (`x-amz-server-side-encryption`): `AES256`,
+    /// `aws:kms` or `aws:kms:dsse` (default: the bucket's).
+    #[serde(default)]
+    pub server_side_encryption: Option<String>,
+    /// The KMS key of `aws:kms` encryption (its id or ARN; default: the account's S3 key).
+    #[serde(default)]
+    pub sse_kms_key_id: Option<String>,
     /// PEM certificates of a private CA the store's `https://` certificate may chain to,
     /// beside the public web's roots.
     #[serde(default)]
@@ -109,12 +120,24 @@ impl UploadConfig {
                     "media.upload.secret_access_key is not set (nor AWS_SECRET_ACCESS_KEY)"
                 )
             })?;
+        let object_headers = [
+            ("x-amz-server-side-encryption", &self.server_side_encryption),
+            (
+                "x-amz-server-side-encryption-aws-kms-key-id",
+                &self.sse_kms_key_id,
+            ),
+            ("x-amz-storage-class", &self.storage_class),
+        ]
+        .into_iter()
+        .filter_map(|(name, value)| Some((name.to_string(), value.clone()?)))
+        .collect();
         Ok(spindle_providers::object_store::Bucket {
             url: self.url.trim_end_matches('/').to_string(),
             region: self.region.clone(),
             access_key_id,
             secret_access_key,
             session_token: from_env(&self.session_token, "AWS_SESSION_TOKEN"),
+            object_headers,
         })
     }
 
@@ -150,6 +173,36 @@ impl UploadConfig {
             (1..=UPLOAD_PARTS_IN_FLIGHT_MAX).contains(&self.parts_in_flight),
             "media.upload.parts_in_flight must be 1..={UPLOAD_PARTS_IN_FLIGHT_MAX}"
         );
+        if let Some(class) = &self.storage_class {
+            anyhow::ensure!(
+                (1..=32).contains(&class.len())
+                    && class
+                        .bytes()
+                        .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_'),
+                "media.upload.storage_class must be 1..=32 of A-Z, 0-9 and _ (STANDARD_IA, …), \
+                 not {class:?}"
+            );
+        }
+        if let Some(sse) = &self.server_side_encryption {
+            anyhow::ensure!(
+                ["AES256", "aws:kms", "aws:kms:dsse"].contains(&sse.as_str()),
+                "media.upload.server_side_encryption must be AES256, aws:kms or aws:kms:dsse, \
+                 not {sse:?}"
+            );
+        }
+        if let Some(key) = &self.sse_kms_key_id {
+            anyhow::ensure!(
+                self.server_side_encryption
+                    .as_deref()
+                    .is_some_and(|s| s.starts_with("aws:kms")),
+                "media.upload.sse_kms_key_id needs server_side_encryption = \"aws:kms\" (or \
+                 \"aws:kms:dsse\")"
+            );
+            anyhow::ensure!(
+                (1..=2048).contains(&key.len()) && key.bytes().all(|b| b.is_ascii_graphic()),
+                "media.upload.sse_kms_key_id must be 1..=2048 printable ASCII bytes"
+            );
+        }
         self.bucket()?;
         self.tls()?;
         Ok(())
@@ -287,6 +340,26 @@ mod tests {
             )
         };
         checked(&upload("prefix = \"renditions/\"\nattempts = 10\n")).unwrap();
+        // Storage class and encryption become the headers objects are created with.
+        let kms = upload(
+            "storage_class = \"STANDARD_IA\"\nserver_side_encryption = \"aws:kms\"\n\
+             sse_kms_key_id = \"arn:aws:kms:eu-west-1:111122223333:key/k\"\n",
+        );
+        checked(&kms).unwrap();
+        let config: MediaConfig = toml::from_str(&kms).unwrap();
+        let headers = config.upload.unwrap().bucket().unwrap().object_headers;
+        assert_eq!(
+            headers,
+            [
+                ("x-amz-server-side-encryption", "aws:kms"),
+                (
+                    "x-amz-server-side-encryption-aws-kms-key-id",
+                    "arn:aws:kms:eu-west-1:111122223333:key/k"
+                ),
+                ("x-amz-storage-class", "STANDARD_IA"),
+            ]
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+        );
         let config: MediaConfig = toml::from_str(&upload("")).unwrap();
         let u = config.upload.unwrap();
         assert_eq!(
@@ -306,6 +379,21 @@ mod tests {
             ("attempts = 11\n", "media.upload.attempts must be 1..=10"),
             ("part_mb = 4\n", "media.upload.part_mb must be 5..=512"),
             ("part_mb = 513\n", "media.upload.part_mb must be 5..=512"),
+            (
+                "storage_class = \"standard ia\"\n",
+                "media.upload.storage_class must be 1..=32 of A-Z, 0-9 and _ (STANDARD_IA, …), \
+                 not \"standard ia\"",
+            ),
+            (
+                "server_side_encryption = \"rot13\"\n",
+                "media.upload.server_side_encryption must be AES256, aws:kms or aws:kms:dsse, \
+                 not \"rot13\"",
+            ),
+            (
+                "server_side_encryption = \"AES256\"\nsse_kms_key_id = \"k\"\n",
+                "media.upload.sse_kms_key_id needs server_side_encryption = \"aws:kms\" (or \
+                 \"aws:kms:dsse\")",
+            ),
             (
                 "parts_in_flight = 0\n",
                 "media.upload.parts_in_flight must be 1..=16",
