@@ -200,21 +200,49 @@ struct Answer {
     body: Bytes,
 }
 
-/// One signed request to `bucket` for the object `key`: `query` unencoded (name, value) pairs,
-/// `body` signed by its hash. An error status is an error (with the start of the store's
+/// One request to a bucket, for the object `key`.
+struct Call<'a> {
+    method: &'a str,
+    key: &'a str,
+    /// Unencoded (name, value) pairs.
+    query: &'a [(&'a str, &'a str)],
+    /// Signed by its hash.
+    body: Bytes,
+    content_type: Option<&'a str>,
+    /// More headers to sign and send (an object's storage class and encryption).
+    headers: &'a [(String, String)],
+}
+
+impl<'a> Call<'a> {
+    /// `method` on `key`: no query, no body, no more headers.
+    fn to(method: &'a str, key: &'a str) -> Call<'a> {
+        Call {
+            method,
+            key,
+            query: &[],
+            body: Bytes::new(),
+            content_type: None,
+            headers: &[],
+        }
+    }
+}
+
+/// `call` to `bucket`, signed. An error status is an error (with the start of the store's
 /// answer); the whole request, answer included, within `timeout`.
-#[allow(clippy::too_many_arguments)]
 async fn send(
     bucket: &Bucket,
-    method: &str,
-    key: &str,
-    query: &[(&str, &str)],
-    body: Bytes,
-    content_type: Option<&str>,
-    extra: &[(String, String)],
+    call: Call<'_>,
     timeout: Duration,
     tls: &rustls::ClientConfig,
 ) -> Result<Answer, UploadError> {
+    let Call {
+        method,
+        key,
+        query,
+        body,
+        content_type,
+        headers: extra,
+    } = call;
     let url = format!(
         "{}/{}",
         bucket.url.trim_end_matches('/'),
@@ -331,19 +359,13 @@ pub async fn put_object(
     timeout: Duration,
     tls: &rustls::ClientConfig,
 ) -> Result<String, UploadError> {
-    let answer = send(
-        bucket,
-        "PUT",
-        key,
-        &[],
+    let call = Call {
         body,
-        Some(content_type),
-        &bucket.object_headers,
-        timeout,
-        tls,
-    )
-    .await?;
-    Ok(answer.url)
+        content_type: Some(content_type),
+        headers: &bucket.object_headers,
+        ..Call::to("PUT", key)
+    };
+    Ok(send(bucket, call, timeout, tls).await?.url)
 }
 
 /// Removes `key` from `bucket` (S3 answers `204` whether or not it was there).
@@ -353,18 +375,7 @@ pub async fn delete_object(
     timeout: Duration,
     tls: &rustls::ClientConfig,
 ) -> Result<(), UploadError> {
-    send(
-        bucket,
-        "DELETE",
-        key,
-        &[],
-        Bytes::new(),
-        None,
-        &[],
-        timeout,
-        tls,
-    )
-    .await?;
+    send(bucket, Call::to("DELETE", key), timeout, tls).await?;
     Ok(())
 }
 
@@ -376,18 +387,13 @@ pub async fn create_multipart_upload(
     timeout: Duration,
     tls: &rustls::ClientConfig,
 ) -> Result<String, UploadError> {
-    let answer = send(
-        bucket,
-        "POST",
-        key,
-        &[("uploads", "")],
-        Bytes::new(),
-        Some(content_type),
-        &bucket.object_headers,
-        timeout,
-        tls,
-    )
-    .await?;
+    let call = Call {
+        query: &[("uploads", "")],
+        content_type: Some(content_type),
+        headers: &bucket.object_headers,
+        ..Call::to("POST", key)
+    };
+    let answer = send(bucket, call, timeout, tls).await?;
     let text = String::from_utf8_lossy(&answer.body);
     match xml_text(&text, "UploadId") {
         Some(id) if !id.is_empty() => Ok(id),
@@ -411,18 +417,12 @@ pub async fn upload_part(
     tls: &rustls::ClientConfig,
 ) -> Result<String, UploadError> {
     let number = number.to_string();
-    let answer = send(
-        bucket,
-        "PUT",
-        key,
-        &[("partNumber", &number), ("uploadId", upload_id)],
+    let call = Call {
+        query: &[("partNumber", &number), ("uploadId", upload_id)],
         body,
-        None,
-        &[],
-        timeout,
-        tls,
-    )
-    .await?;
+        ..Call::to("PUT", key)
+    };
+    let answer = send(bucket, call, timeout, tls).await?;
     answer.etag.ok_or_else(|| UploadError::Unexpected {
         url: answer.url,
         reason: format!("no ETag in the answer to part {number}"),
@@ -446,18 +446,13 @@ pub async fn complete_multipart_upload(
         ));
     }
     xml.push_str("</CompleteMultipartUpload>");
-    let answer = send(
-        bucket,
-        "POST",
-        key,
-        &[("uploadId", upload_id)],
-        Bytes::from(xml),
-        Some("application/xml"),
-        &[],
-        timeout,
-        tls,
-    )
-    .await?;
+    let call = Call {
+        query: &[("uploadId", upload_id)],
+        body: Bytes::from(xml),
+        content_type: Some("application/xml"),
+        ..Call::to("POST", key)
+    };
+    let answer = send(bucket, call, timeout, tls).await?;
     let text = String::from_utf8_lossy(&answer.body);
     if text.contains("<Error>") {
         return Err(UploadError::FailedAfterOk {
@@ -478,18 +473,11 @@ pub async fn abort_multipart_upload(
     timeout: Duration,
     tls: &rustls::ClientConfig,
 ) -> Result<(), UploadError> {
-    send(
-        bucket,
-        "DELETE",
-        key,
-        &[("uploadId", upload_id)],
-        Bytes::new(),
-        None,
-        &[],
-        timeout,
-        tls,
-    )
-    .await?;
+    let call = Call {
+        query: &[("uploadId", upload_id)],
+        ..Call::to("DELETE", key)
+    };
+    send(bucket, call, timeout, tls).await?;
     Ok(())
 }
 
