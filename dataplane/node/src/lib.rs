@@ -398,6 +398,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
                     metrics: shard_metrics,
                     tls: listener_tls,
                     connections,
+                    refusing: std::cell::Cell::new(0),
                 });
                 glommio::spawn_local(server::take_handoffs(handoffs_in, ctx.clone())).detach();
                 let mut pace = server::AcceptPace::new(accepts_per_s, std::time::Instant::now());

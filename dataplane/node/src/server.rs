@@ -38,6 +38,9 @@ type Stream = glommio::net::TcpStream;
 /// A refused plain connection is told why within this (its Hello read, the error written), then
 /// closed; a client that sends nothing is closed at its end.
 pub const REFUSE_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
+/// Refused connections one shard tells why at once; past it (a flood past the bound) they are
+/// closed without a word.
+pub const REFUSING_MAX: usize = 256;
 
 /// The node's client connections open at once, every shard's, greeting or served (counted in
 /// `spindle_connections_open`); and their bound (`connections_max`).
@@ -126,14 +129,16 @@ impl AcceptPace {
 
 /// A connection past `connections_max`: a plain one is answered `Overloaded`, naming the bound
 /// (after its Hello is read, so that the answer is not lost to a reset), within
-/// [`REFUSE_WITHIN`]; a TLS one is closed at once, no handshake spent on it.
+/// [`REFUSE_WITHIN`], while the shard tells fewer than [`REFUSING_MAX`] at once; a TLS one, or
+/// one past that, is closed at once (no handshake spent on it).
 pub async fn refuse(stream: Stream, ctx: Rc<ConnCtx>) {
     ctx.metrics
         .connections_refused
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    if ctx.tls.is_some() {
+    if ctx.tls.is_some() || ctx.refusing.get() >= REFUSING_MAX {
         return;
     }
+    ctx.refusing.set(ctx.refusing.get() + 1);
     let mut link = Link::plain(stream);
     let _ = glommio::timer::timeout(REFUSE_WITHIN, async {
         let mut first = [0u8; 1024];
@@ -151,6 +156,7 @@ pub async fn refuse(stream: Stream, ctx: Rc<ConnCtx>) {
         Ok(())
     })
     .await;
+    ctx.refusing.set(ctx.refusing.get() - 1);
 }
 
 /// What every connection on this executor shares.
@@ -175,6 +181,8 @@ pub struct ConnCtx {
     pub tls: Option<std::sync::Arc<crate::tls::ServerConfig>>,
     /// The node's open client connections and their bound.
     pub connections: std::sync::Arc<Connections>,
+    /// Refused connections this shard is telling why ([`refuse`]).
+    pub refusing: std::cell::Cell<usize>,
 }
 
 impl ConnCtx {
