@@ -551,8 +551,7 @@ where
 /// Puts the file at `path` into `bucket` as `key`, all within `deadline`: in one `PUT` up to
 /// `plan.part_bytes`, else as a multipart upload of parts that size, `plan.parts_in_flight`
 /// read and sent at once (an upload that fails is aborted, so the store keeps none of its
-/// parts). Each request is tried
-/// per `plan`. The object's URL.
+/// parts). Each request is tried per `plan`. The object's URL.
 pub async fn upload_file(
     bucket: &Bucket,
     key: &str,
@@ -568,11 +567,15 @@ pub async fn upload_file(
         reason: format!("reading {}: {e}", path.display()),
     };
     let part_bytes = plan.part_bytes.max(1);
-    let mut file = tokio::fs::File::open(path).await.map_err(unreadable)?;
+    let file = tokio::fs::File::open(path).await.map_err(unreadable)?;
     let size = file.metadata().await.map_err(unreadable)?.len();
     if size <= part_bytes {
         let mut body = Vec::with_capacity(size as usize);
-        file.read_to_end(&mut body).await.map_err(unreadable)?;
+        // Never more than a part, should the file have grown since.
+        file.take(part_bytes)
+            .read_to_end(&mut body)
+            .await
+            .map_err(unreadable)?;
         let body = Bytes::from(body);
         return tried(plan, deadline, &format!("upload of {key}"), |left| {
             put_object(bucket, key, body.clone(), content_type, left, tls)
