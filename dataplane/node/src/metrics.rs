@@ -833,8 +833,13 @@ pub async fn serve(
         let Ok(place) = open.clone().try_acquire_owned() else {
             metrics.http_refused.fetch_add(1, Ordering::Relaxed);
             if tls.is_none() {
-                // A fresh socket's buffer takes it whole; never waited for.
-                let _ = stream.try_write(HTTP_BUSY);
+                // Written straight to the socket (a fresh one's buffer takes it whole), not
+                // through the reactor, which may not have seen it writable yet; never waited
+                // for.
+                if let Ok(mut socket) = stream.into_std() {
+                    use std::io::Write;
+                    let _ = socket.write(HTTP_BUSY);
+                }
             }
             continue;
         };
