@@ -40,8 +40,9 @@ impl Drop for FakeS3 {
 struct State {
     name: String,
     region: String,
-    access_key_id: String,
-    secret_access_key: String,
+    /// The key requests must be signed with, and the session token they must carry (temporary
+    /// credentials), if any.
+    key: Mutex<crate::object_store::Credentials>,
     objects: Mutex<BTreeMap<String, Vec<u8>>>,
     /// The storage class and encryption headers each object was created with.
     created_with: Mutex<BTreeMap<String, Vec<(String, String)>>>,
@@ -83,8 +84,11 @@ impl FakeS3 {
         let state = Arc::new(State {
             name: name.to_string(),
             region: region.to_string(),
-            access_key_id: access_key_id.to_string(),
-            secret_access_key: secret_access_key.to_string(),
+            key: Mutex::new(crate::object_store::Credentials {
+                access_key_id: access_key_id.to_string(),
+                secret_access_key: secret_access_key.to_string(),
+                session_token: None,
+            }),
             objects: Mutex::default(),
             created_with: Mutex::default(),
             uploads: Mutex::default(),
@@ -116,14 +120,22 @@ impl FakeS3 {
 
     /// The bucket as a client addresses it, with the credentials it takes.
     pub fn bucket(&self) -> Bucket {
+        let key = lock(&self.state.key).clone();
         Bucket {
             url: self.url(),
             region: self.state.region.clone(),
-            access_key_id: self.state.access_key_id.clone(),
-            secret_access_key: self.state.secret_access_key.clone(),
-            session_token: None,
+            access_key_id: key.access_key_id,
+            secret_access_key: key.secret_access_key,
+            session_token: key.session_token,
             object_headers: Vec::new(),
         }
+    }
+
+    /// From now on requests must be signed with this key and, with temporary credentials,
+    /// carry their session token (`x-amz-security-token`), as after a rotation: the old key is
+    /// refused.
+    pub fn rotate_key(&self, key: crate::object_store::Credentials) {
+        *lock(&self.state.key) = key;
     }
 
     /// The object stored under `key`.
@@ -293,6 +305,11 @@ fn signed(state: &State, parts: &hyper::http::request::Parts, body: &[u8]) -> bo
         .iter()
         .map(|(n, v)| (n.as_str(), v.as_str()))
         .collect();
+    let key = lock(&state.key).clone();
+    if key.session_token.is_some() && header("x-amz-security-token") != key.session_token.as_deref()
+    {
+        return false;
+    }
     let expected = authorization(
         &crate::object_store::Request {
             method: parts.method.as_str(),
@@ -301,8 +318,8 @@ fn signed(state: &State, parts: &hyper::http::request::Parts, body: &[u8]) -> bo
             headers: &headers,
             payload_sha256: payload,
         },
-        &state.access_key_id,
-        &state.secret_access_key,
+        &key.access_key_id,
+        &key.secret_access_key,
         &state.region,
         "s3",
         date,

@@ -65,6 +65,10 @@ pub enum UploadError {
     /// An answer that is not S3's (no upload id, no part ETag): not a store this speaks to.
     #[error("{url}: not an S3 answer: {reason}")]
     Unexpected { url: String, reason: String },
+    /// The credentials could not be read (a credentials file missing, unreadable or without
+    /// the profile's keys).
+    #[error("credentials: {0}")]
+    Credentials(String),
 }
 
 impl UploadError {
@@ -74,8 +78,90 @@ impl UploadError {
         match self {
             UploadError::Status { status, .. } => *status >= 500 || matches!(status, 408 | 429),
             UploadError::Failed { .. } | UploadError::FailedAfterOk { .. } => true,
-            UploadError::TooLarge { .. } | UploadError::Unexpected { .. } => false,
+            UploadError::TooLarge { .. }
+            | UploadError::Unexpected { .. }
+            | UploadError::Credentials(_) => false,
         }
+    }
+}
+
+/// The longest credentials file read.
+pub const CREDENTIALS_FILE_BYTES_MAX: u64 = 64 << 10;
+
+/// An access key, as a credentials file holds it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    pub access_key_id: String,
+    pub secret_access_key: String,
+    pub session_token: Option<String>,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("access_key_id", &self.access_key_id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `profile`'s keys in an AWS shared credentials file (INI: `[profile]` sections of
+/// `aws_access_key_id`, `aws_secret_access_key` and, for temporary credentials,
+/// `aws_session_token`; `#` and `;` comments). An error names the file and what is wrong.
+pub fn credentials_from_file(
+    path: &std::path::Path,
+    profile: &str,
+) -> Result<Credentials, UploadError> {
+    use std::io::Read;
+    let fail = |what: String| UploadError::Credentials(format!("{}: {what}", path.display()));
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| {
+            f.take(CREDENTIALS_FILE_BYTES_MAX + 1)
+                .read_to_string(&mut text)
+        })
+        .map_err(|e| fail(e.to_string()))?;
+    if text.len() as u64 > CREDENTIALS_FILE_BYTES_MAX {
+        return Err(fail(format!(
+            "larger than {CREDENTIALS_FILE_BYTES_MAX} bytes"
+        )));
+    }
+    let (mut section, mut found) = (None::<String>, false);
+    let (mut id, mut secret, mut token) = (None, None, None);
+    for line in text.lines().map(str::trim) {
+        if line.is_empty() || line.starts_with('#') || line.starts_with(';') {
+            continue;
+        }
+        if let Some(name) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            section = Some(name.trim().to_string());
+            found |= section.as_deref() == Some(profile);
+            continue;
+        }
+        if section.as_deref() != Some(profile) {
+            continue;
+        }
+        let Some((key, value)) = line.split_once('=') else {
+            continue;
+        };
+        let value = Some(value.trim().to_string()).filter(|v| !v.is_empty());
+        match key.trim() {
+            "aws_access_key_id" => id = value,
+            "aws_secret_access_key" => secret = value,
+            "aws_session_token" => token = value,
+            _ => {}
+        }
+    }
+    if !found {
+        return Err(fail(format!("no [{profile}] profile")));
+    }
+    match (id, secret) {
+        (Some(access_key_id), Some(secret_access_key)) => Ok(Credentials {
+            access_key_id,
+            secret_access_key,
+            session_token: token,
+        }),
+        _ => Err(fail(format!(
+            "[{profile}] lacks aws_access_key_id or aws_secret_access_key"
+        ))),
     }
 }
 
@@ -736,6 +822,56 @@ mod tests {
             signature(&auth),
             "98ad721746da40c64f1a55b78f14c238d841ea1380cd77a1b5971af0ece108bd"
         );
+    }
+
+    /// A profile's keys are read from a shared credentials file, comments and other profiles
+    /// aside; what is missing is named.
+    #[test]
+    fn credentials_files_are_read_by_profile() {
+        let dir = std::env::temp_dir().join(format!("spindle-creds-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("credentials");
+        std::fs::write(
+            &path,
+            "# rotated by the agent\n[default]\naws_access_key_id = AKIDDEFAULT\n\
+             aws_secret_access_key = s1\n\n[renditions]\n; temporary\n\
+             aws_access_key_id=ASIATEMP\naws_secret_access_key=s2\naws_session_token = tok\n\
+             region = eu-west-1\n",
+        )
+        .unwrap();
+        let default = credentials_from_file(&path, "default").unwrap();
+        assert_eq!(
+            (
+                default.access_key_id.as_str(),
+                default.secret_access_key.as_str()
+            ),
+            ("AKIDDEFAULT", "s1")
+        );
+        assert_eq!(default.session_token, None);
+        let temp = credentials_from_file(&path, "renditions").unwrap();
+        assert_eq!(
+            (temp.access_key_id.as_str(), temp.session_token.as_deref()),
+            ("ASIATEMP", Some("tok"))
+        );
+        assert!(!format!("{temp:?}").contains("s2"), "the secret in Debug");
+        let name = path.display().to_string();
+        let e = credentials_from_file(&path, "other").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("credentials: {name}: no [other] profile")
+        );
+        assert!(!e.is_retryable());
+        std::fs::write(&path, "[default]\naws_access_key_id = A\n").unwrap();
+        let e = credentials_from_file(&path, "default").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "credentials: {name}: [default] lacks aws_access_key_id or aws_secret_access_key"
+            )
+        );
+        let e = credentials_from_file(&dir.join("none"), "default").unwrap_err();
+        assert!(e.to_string().contains("No such file"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -2159,6 +2159,86 @@ async fn renditions_are_uploaded_to_an_s3_bucket_and_named_by_url() {
     assert_clean(&test, &admin).await;
 }
 
+/// `media.upload.credentials_file`: the keys (temporary ones, with their session token) are read
+/// again for every job, so a rotation by an agent that rewrites the file is used without a
+/// restart; a key the store no longer takes fails the job with the store's answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotated_credentials_are_read_again_for_every_job() {
+    use spindle_providers::object_store::Credentials;
+    use spindle_transcode::{JobLimits, Rendition, Source};
+    let dir = tempfile::tempdir().unwrap();
+    let clip = dir.path().join("clip.mp4");
+    spindle_transcode::transcode(
+        &Source::Lavfi("testsrc2=size=160x120:rate=10:duration=1".into()),
+        &clip,
+        &Rendition {
+            name: "src".into(),
+            height: 120,
+            crf: 30,
+            preset: "ultrafast".into(),
+        },
+        &JobLimits::default(),
+        &mut |_| {},
+    )
+    .unwrap();
+    let key = |id: &str, token: &str| Credentials {
+        access_key_id: id.into(),
+        secret_access_key: format!("secret-of-{id}"),
+        session_token: Some(token.into()),
+    };
+    let file = dir.path().join("credentials");
+    let write = |k: &Credentials| {
+        let text = format!(
+            "[default]\naws_access_key_id = unused\naws_secret_access_key = unused\n\n\
+             [renditions]\naws_access_key_id = {}\naws_secret_access_key = {}\n\
+             aws_session_token = {}\n",
+            k.access_key_id,
+            k.secret_access_key,
+            k.session_token.as_deref().unwrap()
+        );
+        // Written aside and renamed into place, as an agent does.
+        let aside = dir.path().join("credentials.new");
+        std::fs::write(&aside, text).unwrap();
+        std::fs::rename(&aside, &file).unwrap();
+    };
+    let bucket = spindle_providers::fake_s3::FakeS3::start("videos", "us-test-1", "x", "y")
+        .await
+        .unwrap();
+    bucket.rotate_key(key("ASIAFIRST", "token-1"));
+    write(&key("ASIAFIRST", "token-1"));
+    let test = TestDb::new().await;
+    let (m, admin) = mock_with(20, Some(clip)).await;
+    let out = dir.path().join("out");
+    let media = format!(
+        "renditions = [96]\n\n[media.upload]\nurl = \"{}\"\nregion = \"us-test-1\"\n\
+         credentials_file = {:?}\nprofile = \"renditions\"\n",
+        bucket.url(),
+        file.display().to_string()
+    );
+    let daemon = media_node(&test, &m, &out, &media).await;
+    let (_, states) = run(&daemon, &test, "first", 1).await;
+    assert_eq!(states, ["SUCCEEDED"]);
+
+    // The agent rotates the key: the next job uses the new one.
+    bucket.rotate_key(key("ASIASECOND", "token-2"));
+    write(&key("ASIASECOND", "token-2"));
+    let (_, states) = run(&daemon, &test, "second", 1).await;
+    assert_eq!(states, ["SUCCEEDED"]);
+    assert_eq!(bucket.keys().len(), 2);
+    assert_eq!(bucket.bad_signatures(), 0);
+
+    // The store moves on and the file does not: the job fails with the store's answer.
+    bucket.rotate_key(key("ASIATHIRD", "token-3"));
+    let (_, states) = run(&daemon, &test, "third", 1).await;
+    assert_eq!(states, ["FAILED"]);
+    let reason = failure_reason(&test).await;
+    assert!(
+        reason.contains("HTTP 403") && reason.contains("SignatureDoesNotMatch"),
+        "{reason}"
+    );
+    assert_clean(&test, &admin).await;
+}
+
 /// The reason the one dead-lettered task failed.
 async fn failure_reason(test: &TestDb) -> String {
     test.sql()

@@ -36,6 +36,14 @@ pub struct UploadConfig {
     /// Default: `AWS_SESSION_TOKEN`, if set.
     #[serde(default)]
     pub session_token: Option<String>,
+    /// An AWS shared credentials file to take the keys from instead, read again for every
+    /// job: temporary credentials an agent rotates there (`aws_session_token` with them) are
+    /// used as they change, without a restart.
+    #[serde(default)]
+    pub credentials_file: Option<PathBuf>,
+    /// The credentials file's profile (default: `default`).
+    #[serde(default)]
+    pub profile: Option<String>,
     /// Put before each object's key (`renditions/`, say); the key is then the file's name,
     /// `task-<task>-<attempt token>-<height>p.mp4`.
     #[serde(default)]
@@ -102,24 +110,18 @@ fn default_upload_parts_in_flight() -> usize {
 pub const UPLOAD_PARTS_IN_FLIGHT_MAX: usize = 16;
 
 impl UploadConfig {
-    /// The bucket, its credentials from here or the environment; an error names what is
-    /// missing or wrong.
+    /// The bucket, its credentials from the credentials file, from here or from the
+    /// environment; an error names what is missing or wrong.
     pub fn bucket(&self) -> anyhow::Result<spindle_providers::object_store::Bucket> {
-        let from_env = |given: &Option<String>, var: &str| {
-            given
-                .clone()
-                .or_else(|| std::env::var(var).ok().filter(|v| !v.is_empty()))
+        let (access_key_id, secret_access_key, session_token) = match &self.credentials_file {
+            Some(path) => {
+                let key =
+                    spindle_providers::object_store::credentials_from_file(path, self.profile())
+                        .map_err(|e| anyhow::anyhow!("media.upload.credentials_file: {e}"))?;
+                (key.access_key_id, key.secret_access_key, key.session_token)
+            }
+            None => self.keys()?,
         };
-        let access_key_id =
-            from_env(&self.access_key_id, "AWS_ACCESS_KEY_ID").ok_or_else(|| {
-                anyhow::anyhow!("media.upload.access_key_id is not set (nor AWS_ACCESS_KEY_ID)")
-            })?;
-        let secret_access_key = from_env(&self.secret_access_key, "AWS_SECRET_ACCESS_KEY")
-            .ok_or_else(|| {
-                anyhow::anyhow!(
-                    "media.upload.secret_access_key is not set (nor AWS_SECRET_ACCESS_KEY)"
-                )
-            })?;
         let object_headers = [
             ("x-amz-server-side-encryption", &self.server_side_encryption),
             (
@@ -136,9 +138,37 @@ impl UploadConfig {
             region: self.region.clone(),
             access_key_id,
             secret_access_key,
-            session_token: from_env(&self.session_token, "AWS_SESSION_TOKEN"),
+            session_token,
             object_headers,
         })
+    }
+
+    fn profile(&self) -> &str {
+        self.profile.as_deref().unwrap_or("default")
+    }
+
+    /// The keys given here or in the environment.
+    fn keys(&self) -> anyhow::Result<(String, String, Option<String>)> {
+        let from_env = |given: &Option<String>, var: &str| {
+            given
+                .clone()
+                .or_else(|| std::env::var(var).ok().filter(|v| !v.is_empty()))
+        };
+        let access_key_id =
+            from_env(&self.access_key_id, "AWS_ACCESS_KEY_ID").ok_or_else(|| {
+                anyhow::anyhow!("media.upload.access_key_id is not set (nor AWS_ACCESS_KEY_ID)")
+            })?;
+        let secret_access_key = from_env(&self.secret_access_key, "AWS_SECRET_ACCESS_KEY")
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "media.upload.secret_access_key is not set (nor AWS_SECRET_ACCESS_KEY)"
+                )
+            })?;
+        Ok((
+            access_key_id,
+            secret_access_key,
+            from_env(&self.session_token, "AWS_SESSION_TOKEN"),
+        ))
     }
 
     /// The roots the store's `https://` certificate is checked against.
@@ -203,6 +233,20 @@ impl UploadConfig {
                 "media.upload.sse_kms_key_id must be 1..=2048 printable ASCII bytes"
             );
         }
+        if self.credentials_file.is_some() {
+            anyhow::ensure!(
+                self.access_key_id.is_none()
+                    && self.secret_access_key.is_none()
+                    && self.session_token.is_none(),
+                "media.upload: credentials_file or access_key_id / secret_access_key / \
+                 session_token, not both"
+            );
+        } else {
+            anyhow::ensure!(
+                self.profile.is_none(),
+                "media.upload.profile names a profile of credentials_file, which is not set"
+            );
+        }
         self.bucket()?;
         self.tls()?;
         Ok(())
@@ -213,6 +257,8 @@ impl UploadConfig {
 #[derive(Clone)]
 pub(super) struct Upload {
     bucket: spindle_providers::object_store::Bucket,
+    /// Where the keys are read again for every job (the file, its profile), if from a file.
+    credentials: Option<(PathBuf, String)>,
     tls: Arc<spindle_providers::tls::ClientConfig>,
     prefix: String,
     /// `public_url` without a trailing `/`.
@@ -226,6 +272,10 @@ impl Upload {
     pub(super) fn resolve(u: &UploadConfig) -> anyhow::Result<Upload> {
         Ok(Upload {
             bucket: u.bucket()?,
+            credentials: u
+                .credentials_file
+                .clone()
+                .map(|f| (f, u.profile().to_string())),
             tls: u.tls()?,
             prefix: u.prefix.clone(),
             public_url: u
@@ -239,6 +289,22 @@ impl Upload {
                 parts_in_flight: u.parts_in_flight,
             },
         })
+    }
+
+    /// The bucket with the keys as they are now: read again from the credentials file, where
+    /// they come from one.
+    fn bucket_now(
+        &self,
+    ) -> Result<spindle_providers::object_store::Bucket, spindle_providers::object_store::UploadError>
+    {
+        let mut bucket = self.bucket.clone();
+        if let Some((file, profile)) = &self.credentials {
+            let key = spindle_providers::object_store::credentials_from_file(file, profile)?;
+            bucket.access_key_id = key.access_key_id;
+            bucket.secret_access_key = key.secret_access_key;
+            bucket.session_token = key.session_token;
+        }
+        Ok(bucket)
     }
 
     /// Whether the renditions stay in `output_dir` after their upload.
@@ -279,6 +345,7 @@ fn upload_each(
     deadline: Instant,
 ) -> Result<Vec<String>, spindle_providers::object_store::UploadError> {
     use spindle_providers::object_store::{delete_object, upload_file, uri_encode};
+    let bucket = upload.bucket_now()?;
     let mut keys = Vec::with_capacity(outputs.len());
     let mut urls = Vec::with_capacity(outputs.len());
     for path in outputs {
@@ -287,7 +354,7 @@ fn upload_each(
             .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
         let key = format!("{}{name}", upload.prefix);
         let put = upload_file(
-            &upload.bucket,
+            &bucket,
             &key,
             path,
             "video/mp4",
@@ -306,7 +373,7 @@ fn upload_each(
             }
             Err(e) => {
                 for key in &keys {
-                    let gone = delete_object(&upload.bucket, key, DELETE_TIMEOUT, &upload.tls);
+                    let gone = delete_object(&bucket, key, DELETE_TIMEOUT, &upload.tls);
                     if let Err(d) = rt.block_on(gone) {
                         tracing::warn!("{key} stays in the bucket: deleting it failed: {d}");
                     }
@@ -340,6 +407,52 @@ mod tests {
             )
         };
         checked(&upload("prefix = \"renditions/\"\nattempts = 10\n")).unwrap();
+        // Keys from a credentials file, not beside it; a profile only with one.
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("credentials");
+        std::fs::write(
+            &file,
+            "[uploads]\naws_access_key_id = ASIA1\naws_secret_access_key = s\n\
+             aws_session_token = t\n",
+        )
+        .unwrap();
+        let from_file = |rest: &str| {
+            format!(
+                "[upload]\nurl = \"https://b.s3.eu-west-1.amazonaws.com\"\n\
+                 region = \"eu-west-1\"\ncredentials_file = {:?}\n{rest}",
+                file.display().to_string()
+            )
+        };
+        checked(&from_file("profile = \"uploads\"\n")).unwrap();
+        let config: MediaConfig = toml::from_str(&from_file("profile = \"uploads\"\n")).unwrap();
+        let b = config.upload.unwrap().bucket().unwrap();
+        assert_eq!(
+            (b.access_key_id.as_str(), b.session_token.as_deref()),
+            ("ASIA1", Some("t"))
+        );
+        let e = checked(&from_file("")).unwrap_err().to_string();
+        assert!(
+            e.starts_with("media.upload.credentials_file: credentials: ")
+                && e.ends_with("no [default] profile"),
+            "{e}"
+        );
+        let e = checked(&from_file(
+            "profile = \"uploads\"\naccess_key_id = \"AKID\"\n",
+        ))
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            e,
+            "media.upload: credentials_file or access_key_id / secret_access_key / \
+             session_token, not both"
+        );
+        let e = checked(&upload("profile = \"uploads\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "media.upload.profile names a profile of credentials_file, which is not set"
+        );
         // Storage class and encryption become the headers objects are created with.
         let kms = upload(
             "storage_class = \"STANDARD_IA\"\nserver_side_encryption = \"aws:kms\"\n\
