@@ -106,6 +106,31 @@ async fn doubting_node(test: &TestDb, m: &MockProvider, provider_extra: &str) ->
     .await
 }
 
+/// A test clip at `path`: lavfi's `testsrc2` of `size` at `rate` frames a second for
+/// `seconds`, H.264 at `crf`.
+fn make_clip(path: &std::path::Path, size: (u32, u32), rate: u32, seconds: u32, crf: u8) {
+    use spindle_transcode::{JobLimits, Rendition, Source};
+    let (w, h) = size;
+    spindle_transcode::transcode(
+        &Source::Lavfi(format!(
+            "testsrc2=size={w}x{h}:rate={rate}:duration={seconds}"
+        )),
+        path,
+        &Rendition {
+            name: "src".into(),
+            height: h,
+            crf,
+            preset: "ultrafast".into(),
+        },
+        &JobLimits {
+            threads: 2,
+            ..JobLimits::default()
+        },
+        &mut |_| {},
+    )
+    .unwrap();
+}
+
 /// spindled with the mock at `m` and a media stage writing to `out`.
 async fn media_node(test: &TestDb, m: &MockProvider, out: &std::path::Path, media: &str) -> Daemon {
     let config = format!(
@@ -1407,24 +1432,10 @@ async fn a_failing_provider_opens_its_circuit_and_work_fails_over_to_a_compatibl
 /// or fails the task (`reject`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_media_stage_transcodes_checks_declarations_and_fails_what_it_cannot_read() {
-    use spindle_transcode::{JobLimits, Rendition, Source};
     let dir = tempfile::tempdir().unwrap();
     let make = |name: &str, w: u32, h: u32| {
         let path = dir.path().join(name);
-        let r = Rendition {
-            name: "src".into(),
-            height: h,
-            crf: 23,
-            preset: "ultrafast".into(),
-        };
-        spindle_transcode::transcode(
-            &Source::Lavfi(format!("testsrc2=size={w}x{h}:rate=25:duration=1")),
-            &path,
-            &r,
-            &JobLimits::default(),
-            &mut |_| {},
-        )
-        .unwrap();
+        make_clip(&path, (w, h), 25, 1, 23);
         path
     };
     // The tasks declare 1280x720, 5 s.
@@ -1538,24 +1549,10 @@ async fn the_media_stage_transcodes_checks_declarations_and_fails_what_it_cannot
 /// ladder under the attempt's own names.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_during_the_media_step_runs_it_again_from_the_providers_video() {
-    use spindle_transcode::{JobLimits, Rendition, Source};
     let dir = tempfile::tempdir().unwrap();
     // What the tasks declare: 1280x720, 5 s.
     let clip = dir.path().join("clip.mp4");
-    let r = Rendition {
-        name: "src".into(),
-        height: 720,
-        crf: 30,
-        preset: "ultrafast".into(),
-    };
-    spindle_transcode::transcode(
-        &Source::Lavfi("testsrc2=size=1280x720:rate=25:duration=5".into()),
-        &clip,
-        &r,
-        &JobLimits::default(),
-        &mut |_| {},
-    )
-    .unwrap();
+    make_clip(&clip, (1280, 720), 25, 5, 30);
     let out = dir.path().join("out");
     let test = TestDb::new().await;
     let (m, admin) = mock_with(20, Some(clip)).await;
@@ -1605,26 +1602,9 @@ async fn a_restart_during_the_media_step_runs_it_again_from_the_providers_video(
 /// output is removed and its media units come back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_stops_a_running_media_job() {
-    use spindle_transcode::{JobLimits, Rendition, Source};
     let dir = tempfile::tempdir().unwrap();
     let clip = dir.path().join("long.mp4");
-    let r = Rendition {
-        name: "src".into(),
-        height: 1080,
-        crf: 30,
-        preset: "ultrafast".into(),
-    };
-    spindle_transcode::transcode(
-        &Source::Lavfi("testsrc2=size=1920x1080:rate=25:duration=20".into()),
-        &clip,
-        &r,
-        &JobLimits {
-            threads: 2,
-            ..JobLimits::default()
-        },
-        &mut |_| {},
-    )
-    .unwrap();
+    make_clip(&clip, (1920, 1080), 25, 20, 30);
     let out = dir.path().join("out");
     let test = TestDb::new().await;
     let (m, admin) = mock_with(20, Some(clip.clone())).await;
@@ -1684,23 +1664,9 @@ async fn a_cancel_stops_a_running_media_job() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscribers_hear_the_media_stage_milestone() {
     use spindle_core::TaskState;
-    use spindle_transcode::{JobLimits, Rendition, Source};
     let dir = tempfile::tempdir().unwrap();
     let clip = dir.path().join("clip.mp4");
-    let r = Rendition {
-        name: "src".into(),
-        height: 480,
-        crf: 23,
-        preset: "ultrafast".into(),
-    };
-    spindle_transcode::transcode(
-        &Source::Lavfi("testsrc2=size=854x480:rate=25:duration=2".into()),
-        &clip,
-        &r,
-        &JobLimits::default(),
-        &mut |_| {},
-    )
-    .unwrap();
+    make_clip(&clip, (854, 480), 25, 2, 23);
     let test = TestDb::new().await;
     // 300 ms at the provider: time to subscribe before the media stage.
     let (m, admin) = mock_with(300, Some(clip)).await;
@@ -1878,20 +1844,7 @@ async fn the_provider_is_reached_over_https_trusting_the_configured_ca() {
     let dir = tempfile::tempdir().unwrap();
     let (ca, server) = common::localhost_tls(dir.path());
     let clip = dir.path().join("clip.mp4");
-    let rendition = spindle_transcode::Rendition {
-        name: "src".into(),
-        height: 240,
-        crf: 23,
-        preset: "ultrafast".into(),
-    };
-    spindle_transcode::transcode(
-        &spindle_transcode::Source::Lavfi("testsrc2=size=320x240:rate=25:duration=1".into()),
-        &clip,
-        &rendition,
-        &spindle_transcode::JobLimits::default(),
-        &mut |_| {},
-    )
-    .unwrap();
+    make_clip(&clip, (320, 240), 25, 1, 23);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let m = MockProvider::serve_tls(listener, mock_config(30, "4:6000", Some(clip)), server);
     assert!(m.base_url().starts_with("https://"));
@@ -1982,22 +1935,9 @@ fn upload_config(bucket: &spindle_providers::fake_s3::FakeS3) -> String {
 /// renditions already put are deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renditions_are_uploaded_to_an_s3_bucket_and_named_by_url() {
-    use spindle_transcode::{JobLimits, Rendition, Source};
     let dir = tempfile::tempdir().unwrap();
     let clip = dir.path().join("clip.mp4");
-    spindle_transcode::transcode(
-        &Source::Lavfi("testsrc2=size=320x240:rate=25:duration=1".into()),
-        &clip,
-        &Rendition {
-            name: "src".into(),
-            height: 240,
-            crf: 23,
-            preset: "ultrafast".into(),
-        },
-        &JobLimits::default(),
-        &mut |_| {},
-    )
-    .unwrap();
+    make_clip(&clip, (320, 240), 25, 1, 23);
     let bucket = spindle_providers::fake_s3::FakeS3::start(
         "videos",
         "us-test-1",
@@ -2165,22 +2105,9 @@ async fn renditions_are_uploaded_to_an_s3_bucket_and_named_by_url() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rotated_credentials_are_read_again_for_every_job() {
     use spindle_providers::object_store::Credentials;
-    use spindle_transcode::{JobLimits, Rendition, Source};
     let dir = tempfile::tempdir().unwrap();
     let clip = dir.path().join("clip.mp4");
-    spindle_transcode::transcode(
-        &Source::Lavfi("testsrc2=size=160x120:rate=10:duration=1".into()),
-        &clip,
-        &Rendition {
-            name: "src".into(),
-            height: 120,
-            crf: 30,
-            preset: "ultrafast".into(),
-        },
-        &JobLimits::default(),
-        &mut |_| {},
-    )
-    .unwrap();
+    make_clip(&clip, (160, 120), 10, 1, 30);
     let key = |id: &str, token: &str| Credentials {
         access_key_id: id.into(),
         secret_access_key: format!("secret-of-{id}"),
