@@ -1,17 +1,19 @@
 //! AI provider dispatch: the generic async-job API ([`api`]), the trait spindle dispatches
 //! through and its HTTP adapter ([`adapter`]), callback signatures ([`signature`]), signed webhooks ([`webhook`]) and a receiver of them ([`receiver`]), and the mock
 //! provider ([`mock`], binary `spindle-mock-provider`); outbound HTTPS through [`tls`]; uploads
-//! to S3-compatible storage ([`object_store`]) and a stand-in bucket that checks them
-//! ([`fake_s3`]).
+//! to S3-compatible storage ([`object_store`]), with keys from STS for a Kubernetes service
+//! account ([`sts`]), and a stand-in bucket that checks them ([`fake_s3`]).
 
 pub mod adapter;
 pub mod api;
 pub mod fake_s3;
+pub mod fake_sts;
 pub mod mock;
 pub mod object_store;
 pub mod receiver;
 mod serve;
 pub mod signature;
+pub mod sts;
 pub mod tls;
 pub mod webhook;
 

@@ -568,7 +568,7 @@ pub async fn abort_multipart_upload(
 }
 
 /// The text of the first `<name>` element in `xml`, its entities decoded.
-fn xml_text(xml: &str, name: &str) -> Option<String> {
+pub(crate) fn xml_text(xml: &str, name: &str) -> Option<String> {
     let open = format!("<{name}>");
     let start = xml.find(&open)? + open.len();
     let end = start + xml[start..].find(&format!("</{name}>"))?;

@@ -2166,6 +2166,62 @@ async fn rotated_credentials_are_read_again_for_every_job() {
     assert_clean(&test, &admin).await;
 }
 
+/// A Kubernetes service account's keys (`role_arn`, `web_identity_token_file`): traded at STS
+/// for the first job, again once they near expiry, kept while they have time left — each job
+/// signing with the keys and session token STS issued, which the bucket requires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_accounts_web_identity_is_traded_for_keys_at_sts() {
+    use spindle_providers::object_store::Credentials;
+    let dir = tempfile::tempdir().unwrap();
+    let clip = dir.path().join("clip.mp4");
+    make_clip(&clip, (160, 120), 10, 1, 30);
+    let keys = |id: &str| Credentials {
+        access_key_id: id.into(),
+        secret_access_key: format!("secret-of-{id}"),
+        session_token: Some(format!("token-of-{id}")),
+    };
+    let role = "arn:aws:iam::111122223333:role/renditions";
+    let token = dir.path().join("token");
+    std::fs::write(&token, "projected-jwt").unwrap();
+    // The first keys have 2 minutes left: under the refresh margin.
+    let sts = spindle_providers::fake_sts::FakeSts::start(
+        role,
+        "projected-jwt",
+        keys("ASIAFIRST"),
+        Duration::from_secs(120),
+    )
+    .await
+    .unwrap();
+    let bucket = spindle_providers::fake_s3::FakeS3::start("videos", "us-test-1", "x", "y")
+        .await
+        .unwrap();
+    bucket.rotate_key(keys("ASIAFIRST"));
+    let test = TestDb::new().await;
+    let (m, admin) = mock_with(20, Some(clip)).await;
+    let media = format!(
+        "renditions = [96]\n\n[media.upload]\nurl = \"{}\"\nregion = \"us-test-1\"\n\
+         role_arn = \"{role}\"\nweb_identity_token_file = {:?}\nsts_url = \"{}\"\n",
+        bucket.url(),
+        token.display().to_string(),
+        sts.url()
+    );
+    let daemon = media_node(&test, &m, &dir.path().join("out"), &media).await;
+    let (_, states) = run(&daemon, &test, "first", 1).await;
+    assert_eq!(states, ["SUCCEEDED"]);
+    assert_eq!(sts.trades(), 1);
+    // STS now issues keys for an hour, and the bucket takes only those.
+    sts.issue(keys("ASIASECOND"), Duration::from_secs(3600));
+    bucket.rotate_key(keys("ASIASECOND"));
+    let (_, states) = run(&daemon, &test, "second", 1).await;
+    assert_eq!(states, ["SUCCEEDED"]);
+    assert_eq!(sts.trades(), 2, "keys near expiry traded again");
+    let (_, states) = run(&daemon, &test, "third", 2).await;
+    assert_eq!(states, ["SUCCEEDED", "SUCCEEDED"]);
+    assert_eq!(sts.trades(), 2, "keys with an hour left kept");
+    assert_eq!((bucket.keys().len(), bucket.bad_signatures()), (4, 0));
+    assert_clean(&test, &admin).await;
+}
+
 /// The reason the one dead-lettered task failed.
 async fn failure_reason(test: &TestDb) -> String {
     test.sql()

@@ -44,6 +44,17 @@ pub struct UploadConfig {
     /// The credentials file's profile (default: `default`).
     #[serde(default)]
     pub profile: Option<String>,
+    /// A role to assume with a Kubernetes service account's web identity token (EKS "IAM
+    /// roles for service accounts"), used where no keys are given here or in the environment.
+    /// Default: `AWS_ROLE_ARN`.
+    #[serde(default)]
+    pub role_arn: Option<String>,
+    /// The projected token. Default: `AWS_WEB_IDENTITY_TOKEN_FILE`.
+    #[serde(default)]
+    pub web_identity_token_file: Option<PathBuf>,
+    /// STS's URL (default: `https://sts.REGION.amazonaws.com`).
+    #[serde(default)]
+    pub sts_url: Option<String>,
     /// Put before each object's key (`renditions/`, say); the key is then the file's name,
     /// `task-<task>-<attempt token>-<height>p.mp4`.
     #[serde(default)]
@@ -109,19 +120,81 @@ fn default_upload_parts_in_flight() -> usize {
 /// The most parts of one upload sent at once.
 pub const UPLOAD_PARTS_IN_FLIGHT_MAX: usize = 16;
 
+/// Where an upload's keys come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum KeySource {
+    /// A credentials file and its profile, read again for every job.
+    File(PathBuf, String),
+    /// Keys given in the configuration or the environment.
+    Keys(spindle_providers::object_store::Credentials),
+    /// A role's keys traded at STS for a web identity token, again as they near expiry.
+    WebIdentity(spindle_providers::sts::WebIdentityConfig),
+}
+
 impl UploadConfig {
-    /// The bucket, its credentials from the credentials file, from here or from the
-    /// environment; an error names what is missing or wrong.
-    pub fn bucket(&self) -> anyhow::Result<spindle_providers::object_store::Bucket> {
-        let (access_key_id, secret_access_key, session_token) = match &self.credentials_file {
-            Some(path) => {
-                let key =
-                    spindle_providers::object_store::credentials_from_file(path, self.profile())
-                        .map_err(|e| anyhow::anyhow!("media.upload.credentials_file: {e}"))?;
-                (key.access_key_id, key.secret_access_key, key.session_token)
-            }
-            None => self.keys()?,
+    /// Where the keys come from, in this order: the credentials file, keys given here or in
+    /// the environment, a web identity (a role and a token file, here or in the environment);
+    /// an error names what is missing or wrong.
+    pub fn key_source(&self) -> anyhow::Result<KeySource> {
+        if let Some(path) = &self.credentials_file {
+            spindle_providers::object_store::credentials_from_file(path, self.profile())
+                .map_err(|e| anyhow::anyhow!("media.upload.credentials_file: {e}"))?;
+            return Ok(KeySource::File(path.clone(), self.profile().to_string()));
+        }
+        if let Some(keys) = self.keys()? {
+            return Ok(KeySource::Keys(keys));
+        }
+        let from_env = |var: &str| std::env::var(var).ok().filter(|v| !v.is_empty());
+        let role_arn = self.role_arn.clone().or_else(|| from_env("AWS_ROLE_ARN"));
+        let token_file = self
+            .web_identity_token_file
+            .clone()
+            .or_else(|| from_env("AWS_WEB_IDENTITY_TOKEN_FILE").map(PathBuf::from));
+        let (Some(role_arn), Some(token_file)) = (role_arn, token_file) else {
+            anyhow::bail!(
+                "media.upload has no keys: set access_key_id and secret_access_key (or \
+                 AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY), credentials_file, or role_arn and \
+                 web_identity_token_file (or AWS_ROLE_ARN and AWS_WEB_IDENTITY_TOKEN_FILE)"
+            );
         };
+        std::fs::metadata(&token_file).map_err(|e| {
+            anyhow::anyhow!(
+                "media.upload.web_identity_token_file: {}: {e}",
+                token_file.display()
+            )
+        })?;
+        Ok(KeySource::WebIdentity(
+            spindle_providers::sts::WebIdentityConfig {
+                sts_url: self
+                    .sts_url
+                    .clone()
+                    .unwrap_or_else(|| format!("https://sts.{}.amazonaws.com", self.region)),
+                role_arn,
+                token_file,
+                session_name: "spindle".into(),
+            },
+        ))
+    }
+
+    /// The bucket, with the keys as they are at load (none yet for a web identity: they are
+    /// traded for per job).
+    pub fn bucket(&self) -> anyhow::Result<spindle_providers::object_store::Bucket> {
+        let keys = match self.key_source()? {
+            KeySource::File(path, profile) => {
+                spindle_providers::object_store::credentials_from_file(&path, &profile)?
+            }
+            KeySource::Keys(keys) => keys,
+            KeySource::WebIdentity(_) => spindle_providers::object_store::Credentials {
+                access_key_id: String::new(),
+                secret_access_key: String::new(),
+                session_token: None,
+            },
+        };
+        let spindle_providers::object_store::Credentials {
+            access_key_id,
+            secret_access_key,
+            session_token,
+        } = keys;
         let object_headers = [
             ("x-amz-server-side-encryption", &self.server_side_encryption),
             (
@@ -147,28 +220,32 @@ impl UploadConfig {
         self.profile.as_deref().unwrap_or("default")
     }
 
-    /// The keys given here or in the environment.
-    fn keys(&self) -> anyhow::Result<(String, String, Option<String>)> {
+    /// The keys given here or in the environment: none when neither is given, an error when
+    /// only one half of a pair is.
+    fn keys(&self) -> anyhow::Result<Option<spindle_providers::object_store::Credentials>> {
         let from_env = |given: &Option<String>, var: &str| {
             given
                 .clone()
                 .or_else(|| std::env::var(var).ok().filter(|v| !v.is_empty()))
         };
-        let access_key_id =
-            from_env(&self.access_key_id, "AWS_ACCESS_KEY_ID").ok_or_else(|| {
-                anyhow::anyhow!("media.upload.access_key_id is not set (nor AWS_ACCESS_KEY_ID)")
-            })?;
-        let secret_access_key = from_env(&self.secret_access_key, "AWS_SECRET_ACCESS_KEY")
-            .ok_or_else(|| {
-                anyhow::anyhow!(
-                    "media.upload.secret_access_key is not set (nor AWS_SECRET_ACCESS_KEY)"
-                )
-            })?;
-        Ok((
-            access_key_id,
-            secret_access_key,
-            from_env(&self.session_token, "AWS_SESSION_TOKEN"),
-        ))
+        let id = from_env(&self.access_key_id, "AWS_ACCESS_KEY_ID");
+        let secret = from_env(&self.secret_access_key, "AWS_SECRET_ACCESS_KEY");
+        match (id, secret) {
+            (None, None) => Ok(None),
+            (Some(access_key_id), Some(secret_access_key)) => {
+                Ok(Some(spindle_providers::object_store::Credentials {
+                    access_key_id,
+                    secret_access_key,
+                    session_token: from_env(&self.session_token, "AWS_SESSION_TOKEN"),
+                }))
+            }
+            (Some(_), None) => anyhow::bail!(
+                "media.upload.secret_access_key is not set (nor AWS_SECRET_ACCESS_KEY)"
+            ),
+            (None, Some(_)) => {
+                anyhow::bail!("media.upload.access_key_id is not set (nor AWS_ACCESS_KEY_ID)")
+            }
+        }
     }
 
     /// The roots the store's `https://` certificate is checked against.
@@ -233,6 +310,9 @@ impl UploadConfig {
                 "media.upload.sse_kms_key_id must be 1..=2048 printable ASCII bytes"
             );
         }
+        if let Some(url) = &self.sts_url {
+            check_url("media.upload.sts_url", url)?;
+        }
         if self.credentials_file.is_some() {
             anyhow::ensure!(
                 self.access_key_id.is_none()
@@ -253,12 +333,24 @@ impl UploadConfig {
     }
 }
 
+/// How long a trade of the web identity at STS may take.
+const STS_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// An upload's keys, resolved.
+#[derive(Clone)]
+enum Keys {
+    Fixed,
+    File(PathBuf, String),
+    WebIdentity(Arc<spindle_providers::sts::WebIdentity>),
+}
+
 /// `[media.upload]`, resolved at start.
 #[derive(Clone)]
 pub(super) struct Upload {
     bucket: spindle_providers::object_store::Bucket,
-    /// Where the keys are read again for every job (the file, its profile), if from a file.
-    credentials: Option<(PathBuf, String)>,
+    /// Where the keys come from (a file read again per job, the web identity that trades for
+    /// them: shared by the workers, so one trade serves them all).
+    keys: Keys,
     tls: Arc<spindle_providers::tls::ClientConfig>,
     prefix: String,
     /// `public_url` without a trailing `/`.
@@ -272,10 +364,13 @@ impl Upload {
     pub(super) fn resolve(u: &UploadConfig) -> anyhow::Result<Upload> {
         Ok(Upload {
             bucket: u.bucket()?,
-            credentials: u
-                .credentials_file
-                .clone()
-                .map(|f| (f, u.profile().to_string())),
+            keys: match u.key_source()? {
+                KeySource::File(path, profile) => Keys::File(path, profile),
+                KeySource::Keys(_) => Keys::Fixed,
+                KeySource::WebIdentity(config) => {
+                    Keys::WebIdentity(Arc::new(spindle_providers::sts::WebIdentity::new(config)))
+                }
+            },
             tls: u.tls()?,
             prefix: u.prefix.clone(),
             public_url: u
@@ -291,19 +386,24 @@ impl Upload {
         })
     }
 
-    /// The bucket with the keys as they are now: read again from the credentials file, where
-    /// they come from one.
+    /// The bucket with the keys as they are now: read again from the credentials file, or
+    /// traded for at STS as they near expiry, where they come from one.
     fn bucket_now(
         &self,
+        rt: &tokio::runtime::Runtime,
     ) -> Result<spindle_providers::object_store::Bucket, spindle_providers::object_store::UploadError>
     {
+        let keys = match &self.keys {
+            Keys::Fixed => return Ok(self.bucket.clone()),
+            Keys::File(file, profile) => {
+                spindle_providers::object_store::credentials_from_file(file, profile)?
+            }
+            Keys::WebIdentity(web) => rt.block_on(web.credentials(STS_TIMEOUT, &self.tls))?,
+        };
         let mut bucket = self.bucket.clone();
-        if let Some((file, profile)) = &self.credentials {
-            let key = spindle_providers::object_store::credentials_from_file(file, profile)?;
-            bucket.access_key_id = key.access_key_id;
-            bucket.secret_access_key = key.secret_access_key;
-            bucket.session_token = key.session_token;
-        }
+        bucket.access_key_id = keys.access_key_id;
+        bucket.secret_access_key = keys.secret_access_key;
+        bucket.session_token = keys.session_token;
         Ok(bucket)
     }
 
@@ -345,7 +445,7 @@ fn upload_each(
     deadline: Instant,
 ) -> Result<Vec<String>, spindle_providers::object_store::UploadError> {
     use spindle_providers::object_store::{delete_object, upload_file, uri_encode};
-    let bucket = upload.bucket_now()?;
+    let bucket = upload.bucket_now(rt)?;
     let mut keys = Vec::with_capacity(outputs.len());
     let mut urls = Vec::with_capacity(outputs.len());
     for path in outputs {
@@ -453,6 +553,48 @@ mod tests {
             e,
             "media.upload.profile names a profile of credentials_file, which is not set"
         );
+        // A web identity where no keys are given: STS in the bucket's region by default.
+        let no_keys = |rest: &str| {
+            format!(
+                "[upload]\nurl = \"https://b.s3.eu-west-1.amazonaws.com\"\n\
+                 region = \"eu-west-1\"\n{rest}"
+            )
+        };
+        let web = no_keys(&format!(
+            "role_arn = \"arn:aws:iam::1:role/r\"\nweb_identity_token_file = {:?}\n",
+            file.display().to_string()
+        ));
+        checked(&web).unwrap();
+        let config: MediaConfig = toml::from_str(&web).unwrap();
+        match config.upload.unwrap().key_source().unwrap() {
+            KeySource::WebIdentity(w) => assert_eq!(
+                (w.sts_url.as_str(), w.role_arn.as_str()),
+                (
+                    "https://sts.eu-west-1.amazonaws.com",
+                    "arn:aws:iam::1:role/r"
+                )
+            ),
+            other => panic!("{other:?}"),
+        }
+        let e = checked(&no_keys(
+            "role_arn = \"r\"\nweb_identity_token_file = \"/nonexistent/token\"\n",
+        ))
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            e,
+            "media.upload.web_identity_token_file: /nonexistent/token: No such file or directory \
+             (os error 2)"
+        );
+        if std::env::var_os("AWS_ACCESS_KEY_ID").is_none()
+            && std::env::var_os("AWS_ROLE_ARN").is_none()
+        {
+            let e = checked(&no_keys("")).unwrap_err().to_string();
+            assert!(
+                e.starts_with("media.upload has no keys: set access_key_id"),
+                "{e}"
+            );
+        }
         // Storage class and encryption become the headers objects are created with.
         let kms = upload(
             "storage_class = \"STANDARD_IA\"\nserver_side_encryption = \"aws:kms\"\n\
