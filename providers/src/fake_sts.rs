@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{Response, StatusCode};
 
-use crate::object_store::{amz_date, Credentials};
+use crate::object_store::Credentials;
 
 /// A running fake STS; it stops when dropped.
 pub struct FakeSts {
@@ -145,16 +145,7 @@ fn answer(state: &State, body: &[u8]) -> Response<Full<Bytes>> {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .clone();
-    let d = amz_date(SystemTime::now() + valid);
-    let expiration = format!(
-        "{}-{}-{}T{}:{}:{}Z",
-        &d[0..4],
-        &d[4..6],
-        &d[6..8],
-        &d[9..11],
-        &d[11..13],
-        &d[13..15]
-    );
+    let expiration = crate::sts::format_utc(SystemTime::now() + valid);
     Response::new(Full::new(Bytes::from(format!(
         "<AssumeRoleWithWebIdentityResponse><AssumeRoleWithWebIdentityResult><Credentials>\
          <AccessKeyId>{}</AccessKeyId><SecretAccessKey>{}</SecretAccessKey>\

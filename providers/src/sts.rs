@@ -131,6 +131,20 @@ pub async fn assume_role_with_web_identity(
     Ok((keys, expires))
 }
 
+/// `at` as `YYYY-MM-DDTHH:MM:SSZ` (UTC), as STS writes an expiration.
+pub fn format_utc(at: SystemTime) -> String {
+    let d = crate::object_store::amz_date(at);
+    format!(
+        "{}-{}-{}T{}:{}:{}Z",
+        &d[0..4],
+        &d[4..6],
+        &d[6..8],
+        &d[9..11],
+        &d[11..13],
+        &d[13..15]
+    )
+}
+
 /// `YYYY-MM-DDTHH:MM:SS[.fff]Z` as a time.
 pub fn parse_utc(text: &str) -> Option<SystemTime> {
     let text = text.trim().strip_suffix('Z')?;
@@ -158,24 +172,15 @@ pub fn parse_utc(text: &str) -> Option<SystemTime> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::object_store::amz_date;
 
     #[test]
-    fn utc_times_parse_as_sigv4_writes_them() {
+    fn utc_times_parse_as_they_are_written() {
         for secs in [0, 951_782_400 + 3_661, 1_369_353_600, 1_798_761_599] {
             let at = UNIX_EPOCH + Duration::from_secs(secs);
-            let d = amz_date(at);
-            let iso = format!(
-                "{}-{}-{}T{}:{}:{}Z",
-                &d[0..4],
-                &d[4..6],
-                &d[6..8],
-                &d[9..11],
-                &d[11..13],
-                &d[13..15]
-            );
-            assert_eq!(parse_utc(&iso), Some(at), "{iso}");
+            let text = format_utc(at);
+            assert_eq!(parse_utc(&text), Some(at), "{text}");
         }
+        assert_eq!(format_utc(UNIX_EPOCH), "1970-01-01T00:00:00Z");
         assert_eq!(
             parse_utc("2026-12-04T18:00:00.123Z"),
             parse_utc("2026-12-04T18:00:00Z")
