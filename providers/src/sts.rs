@@ -181,6 +181,15 @@ mod tests {
             assert_eq!(parse_utc(&text), Some(at), "{text}");
         }
         assert_eq!(format_utc(UNIX_EPOCH), "1970-01-01T00:00:00Z");
+        // AWS's example date, and a leap day.
+        assert_eq!(
+            parse_utc("2013-05-24T00:00:00Z"),
+            Some(UNIX_EPOCH + Duration::from_secs(1_369_353_600))
+        );
+        assert_eq!(
+            parse_utc("2000-02-29T01:01:01Z"),
+            Some(UNIX_EPOCH + Duration::from_secs(951_782_400 + 3_661))
+        );
         assert_eq!(
             parse_utc("2026-12-04T18:00:00.123Z"),
             parse_utc("2026-12-04T18:00:00Z")
