@@ -240,7 +240,7 @@ fn ok(status: StatusCode, etag: Option<&str>, body: String) -> Response<Full<Byt
 }
 
 /// `%XX`-decoded `text`; `None` where it is not valid encoding of UTF-8.
-fn percent_decode(text: &str) -> Option<String> {
+pub(crate) fn percent_decode(text: &str) -> Option<String> {
     let bytes = text.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

@@ -87,36 +87,13 @@ impl FakeSts {
     }
 }
 
-fn decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' if i + 2 < bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
-                out.push(u8::from_str_radix(hex, 16).unwrap_or(b'?'));
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 fn answer(state: &State, body: &[u8]) -> Response<Full<Bytes>> {
     let form = String::from_utf8_lossy(body);
     let field = |name: &str| {
         form.split('&').find_map(|pair| {
             let (n, v) = pair.split_once('=')?;
-            (n == name).then(|| decode(v))
+            // A form's `+` is a space; `%2B` a plus.
+            (n == name).then(|| crate::fake_s3::percent_decode(&v.replace('+', " ")))?
         })
     };
     let refuse = |status: StatusCode, code: &str| {

@@ -2099,6 +2099,15 @@ async fn renditions_are_uploaded_to_an_s3_bucket_and_named_by_url() {
     assert_clean(&test, &admin).await;
 }
 
+/// Temporary keys named `id`: their secret and session token follow from it.
+fn temporary_keys(id: &str) -> spindle_providers::object_store::Credentials {
+    spindle_providers::object_store::Credentials {
+        access_key_id: id.into(),
+        secret_access_key: format!("secret-of-{id}"),
+        session_token: Some(format!("token-of-{id}")),
+    }
+}
+
 /// `media.upload.credentials_file`: the keys (temporary ones, with their session token) are read
 /// again for every job, so a rotation by an agent that rewrites the file is used without a
 /// restart; a key the store no longer takes fails the job with the store's answer.
@@ -2108,11 +2117,6 @@ async fn rotated_credentials_are_read_again_for_every_job() {
     let dir = tempfile::tempdir().unwrap();
     let clip = dir.path().join("clip.mp4");
     make_clip(&clip, (160, 120), 10, 1, 30);
-    let key = |id: &str, token: &str| Credentials {
-        access_key_id: id.into(),
-        secret_access_key: format!("secret-of-{id}"),
-        session_token: Some(token.into()),
-    };
     let file = dir.path().join("credentials");
     let write = |k: &Credentials| {
         let text = format!(
@@ -2131,8 +2135,8 @@ async fn rotated_credentials_are_read_again_for_every_job() {
     let bucket = spindle_providers::fake_s3::FakeS3::start("videos", "us-test-1", "x", "y")
         .await
         .unwrap();
-    bucket.rotate_key(key("ASIAFIRST", "token-1"));
-    write(&key("ASIAFIRST", "token-1"));
+    bucket.rotate_key(temporary_keys("ASIAFIRST"));
+    write(&temporary_keys("ASIAFIRST"));
     let test = TestDb::new().await;
     let (m, admin) = mock_with(20, Some(clip)).await;
     let out = dir.path().join("out");
@@ -2147,15 +2151,15 @@ async fn rotated_credentials_are_read_again_for_every_job() {
     assert_eq!(states, ["SUCCEEDED"]);
 
     // The agent rotates the key: the next job uses the new one.
-    bucket.rotate_key(key("ASIASECOND", "token-2"));
-    write(&key("ASIASECOND", "token-2"));
+    bucket.rotate_key(temporary_keys("ASIASECOND"));
+    write(&temporary_keys("ASIASECOND"));
     let (_, states) = run(&daemon, &test, "second", 1).await;
     assert_eq!(states, ["SUCCEEDED"]);
     assert_eq!(bucket.keys().len(), 2);
     assert_eq!(bucket.bad_signatures(), 0);
 
     // The store moves on and the file does not: the job fails with the store's answer.
-    bucket.rotate_key(key("ASIATHIRD", "token-3"));
+    bucket.rotate_key(temporary_keys("ASIATHIRD"));
     let (_, states) = run(&daemon, &test, "third", 1).await;
     assert_eq!(states, ["FAILED"]);
     let reason = failure_reason(&test).await;
@@ -2171,15 +2175,9 @@ async fn rotated_credentials_are_read_again_for_every_job() {
 /// signing with the keys and session token STS issued, which the bucket requires.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_service_accounts_web_identity_is_traded_for_keys_at_sts() {
-    use spindle_providers::object_store::Credentials;
     let dir = tempfile::tempdir().unwrap();
     let clip = dir.path().join("clip.mp4");
     make_clip(&clip, (160, 120), 10, 1, 30);
-    let keys = |id: &str| Credentials {
-        access_key_id: id.into(),
-        secret_access_key: format!("secret-of-{id}"),
-        session_token: Some(format!("token-of-{id}")),
-    };
     let role = "arn:aws:iam::111122223333:role/renditions";
     let token = dir.path().join("token");
     std::fs::write(&token, "projected-jwt").unwrap();
@@ -2187,7 +2185,7 @@ async fn a_service_accounts_web_identity_is_traded_for_keys_at_sts() {
     let sts = spindle_providers::fake_sts::FakeSts::start(
         role,
         "projected-jwt",
-        keys("ASIAFIRST"),
+        temporary_keys("ASIAFIRST"),
         Duration::from_secs(120),
     )
     .await
@@ -2195,7 +2193,7 @@ async fn a_service_accounts_web_identity_is_traded_for_keys_at_sts() {
     let bucket = spindle_providers::fake_s3::FakeS3::start("videos", "us-test-1", "x", "y")
         .await
         .unwrap();
-    bucket.rotate_key(keys("ASIAFIRST"));
+    bucket.rotate_key(temporary_keys("ASIAFIRST"));
     let test = TestDb::new().await;
     let (m, admin) = mock_with(20, Some(clip)).await;
     let media = format!(
@@ -2210,8 +2208,8 @@ async fn a_service_accounts_web_identity_is_traded_for_keys_at_sts() {
     assert_eq!(states, ["SUCCEEDED"]);
     assert_eq!(sts.trades(), 1);
     // STS now issues keys for an hour, and the bucket takes only those.
-    sts.issue(keys("ASIASECOND"), Duration::from_secs(3600));
-    bucket.rotate_key(keys("ASIASECOND"));
+    sts.issue(temporary_keys("ASIASECOND"), Duration::from_secs(3600));
+    bucket.rotate_key(temporary_keys("ASIASECOND"));
     let (_, states) = run(&daemon, &test, "second", 1).await;
     assert_eq!(states, ["SUCCEEDED"]);
     assert_eq!(sts.trades(), 2, "keys near expiry traded again");

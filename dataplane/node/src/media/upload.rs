@@ -595,6 +595,25 @@ mod tests {
                 "{e}"
             );
         }
+        // Half a pair of keys is named, not taken for none.
+        if std::env::var_os("AWS_SECRET_ACCESS_KEY").is_none() {
+            let e = checked(&no_keys("access_key_id = \"AKID\"\n"))
+                .unwrap_err()
+                .to_string();
+            assert_eq!(
+                e,
+                "media.upload.secret_access_key is not set (nor AWS_SECRET_ACCESS_KEY)"
+            );
+        }
+        if std::env::var_os("AWS_ACCESS_KEY_ID").is_none() {
+            let e = checked(&no_keys("secret_access_key = \"s\"\n"))
+                .unwrap_err()
+                .to_string();
+            assert_eq!(
+                e,
+                "media.upload.access_key_id is not set (nor AWS_ACCESS_KEY_ID)"
+            );
+        }
         // Storage class and encryption become the headers objects are created with.
         let kms = upload(
             "storage_class = \"STANDARD_IA\"\nserver_side_encryption = \"aws:kms\"\n\
