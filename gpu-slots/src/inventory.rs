@@ -80,11 +80,25 @@ impl Inventory {
     }
 }
 
+/// Whether this process can load the driver library `name`. NVML reports a card's engines, but
+/// FFmpeg reaches them through `libcuda` and, per engine, `libnvcuvid` (NVDEC) and
+/// `libnvidia-encode` (NVENC): a container started without the driver's `video` capability
+/// has NVML and CUDA and lacks the last two.
+#[allow(unsafe_code)] // loading a library runs its initializers; nothing else is called
+fn loadable(name: &str) -> bool {
+    // SAFETY: the library is only loaded and unloaded; NVIDIA's driver libraries do no work
+    // at load that depends on the caller.
+    unsafe { libloading::Library::new(name) }.is_ok()
+}
+
 fn nvml(declared: &Declared) -> Result<Inventory, String> {
     use nvml_wrapper::enum_wrappers::device::EncoderType;
     let nvml = nvml_wrapper::Nvml::init().map_err(|e| e.to_string())?;
     let driver = nvml.sys_driver_version().map_err(|e| e.to_string())?;
     let count = nvml.device_count().map_err(|e| e.to_string())?;
+    let cuda = loadable("libcuda.so.1");
+    let cuvid = cuda && loadable("libnvcuvid.so.1");
+    let encode = cuda && loadable("libnvidia-encode.so.1");
     let mut devices = Vec::new();
     for index in 0..count {
         let d = nvml.device_by_index(index).map_err(|e| e.to_string())?;
@@ -92,6 +106,19 @@ fn nvml(declared: &Declared) -> Result<Inventory, String> {
         // A device without an encoder answers "not supported" (or a capacity of 0).
         let has_nvenc = d.encoder_capacity(EncoderType::H264).is_ok_and(|c| c > 0);
         let has_nvdec = d.decoder_utilization().is_ok();
+        for (engine, has, usable, lib) in [
+            ("NVDEC", has_nvdec, cuvid, "libnvcuvid.so.1"),
+            ("NVENC", has_nvenc, encode, "libnvidia-encode.so.1"),
+        ] {
+            if has && !usable {
+                tracing::warn!(
+                    "gpu{index} has {engine}, but libcuda.so.1 or {lib} cannot be loaded \
+                     (a container without the driver's video capability?): its work stays on \
+                     the CPU"
+                );
+            }
+        }
+        let (has_nvdec, has_nvenc) = (has_nvdec && cuvid, has_nvenc && encode);
         devices.push(Device {
             index,
             name: d.name().map_err(|e| e.to_string())?,

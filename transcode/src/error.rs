@@ -23,6 +23,10 @@ pub enum MediaError {
     /// The output grew beyond the job's temp-disk quota.
     #[error("output exceeded its quota of {quota_bytes} bytes")]
     QuotaExceeded { quota_bytes: u64 },
+    /// A GPU engine the job was placed on could not be used (no driver, no such device, the
+    /// engine refused the session). The same job can run on the CPU.
+    #[error("GPU {device}: {reason}")]
+    Hardware { device: u32, reason: String },
     /// An FFmpeg call failed mid-job (the message is FFmpeg's).
     #[error("ffmpeg: {0}")]
     Ffmpeg(String),
@@ -33,7 +37,10 @@ impl MediaError {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            MediaError::Io { .. } | MediaError::TimedOut(_) | MediaError::Ffmpeg(_)
+            MediaError::Io { .. }
+                | MediaError::TimedOut(_)
+                | MediaError::Ffmpeg(_)
+                | MediaError::Hardware { .. }
         )
     }
 }

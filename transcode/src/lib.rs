@@ -2,12 +2,16 @@
 //! Every call here blocks; the node runs them on media worker threads, never on a shard.
 
 pub mod error;
+mod hw;
 pub mod probe;
 pub mod transcode;
 
 pub use error::MediaError;
+pub use hw::{Accel, Ran};
 pub use probe::{probe, AudioInfo, MediaInfo};
-pub use transcode::{decode_all, transcode, JobLimits, Rendition, Source, Transcoded, MILESTONES};
+pub use transcode::{
+    decode, decode_all, transcode, Decoded, JobLimits, Rendition, Source, Transcoded, MILESTONES,
+};
 
 /// Initializes FFmpeg (and its devices, for lavfi sources) once; quiets its log to errors.
 pub fn init() {

@@ -1,5 +1,5 @@
-//! One transcode: decode the input's video, scale it to a rendition, encode H.264 with libx264,
-//! mux MP4. Runs on the calling thread (a media worker, never a shard), checks cancellation and
+//! One transcode: decode the input's video (on the CPU, or on a GPU's NVDEC), scale it to a
+//! rendition, encode H.264 (libx264 on the CPU, or a GPU's NVENC), mux MP4. Runs on the calling thread (a media worker, never a shard), checks cancellation and
 //! the deadline between packets, keeps the output under its quota, and removes the output
 //! whenever it does not finish.
 
@@ -13,6 +13,7 @@ use ffmpeg_next::{
 };
 
 use crate::error::{ff, MediaError};
+use crate::hw::{self, Accel, Ran};
 
 /// Where frames come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -72,6 +73,8 @@ pub struct JobLimits {
     /// Bytes the output may take on the job's temp disk.
     pub quota_bytes: u64,
     pub cancel: Arc<AtomicBool>,
+    /// The GPU engines the job was placed on (the CPU for a stage without one).
+    pub accel: Accel,
 }
 
 impl Default for JobLimits {
@@ -81,6 +84,7 @@ impl Default for JobLimits {
             timeout: Duration::from_secs(600),
             quota_bytes: 1 << 30,
             cancel: Arc::new(AtomicBool::new(false)),
+            accel: Accel::CPU,
         }
     }
 }
@@ -92,6 +96,9 @@ pub struct Transcoded {
     pub width: u32,
     pub height: u32,
     pub duration_ms: u64,
+    /// Where the video was decoded: a GPU only when every frame came from its NVDEC.
+    pub decoded_on: Ran,
+    pub encoded_on: Ran,
 }
 
 /// Progress milestones a job reports (each once, in order).
@@ -152,16 +159,33 @@ fn run(
         reason,
     };
     let mut ictx = open(source)?;
-    let (ist_index, ist_tb, mut decoder, frame_rate, in_duration_ms) = {
+    let (ist_index, ist_tb, mut decoder, frame_rate, in_duration_ms, nvdec) = {
         let ist = ictx
             .streams()
             .best(media::Type::Video)
             .ok_or_else(|| corrupt("no video stream".into()))?;
         let mut dctx = codec::context::Context::from_parameters(ist.parameters())
             .map_err(|e| corrupt(e.to_string()))?;
+        let id = ist.parameters().id();
+        let nvdec = match limits.accel.nvdec {
+            Some(d) if hw::decodes_on_cuda(id.into()) => {
+                hw::cuda(d)?.attach_decoder(&mut dctx);
+                Some(d)
+            }
+            Some(d) => {
+                tracing::info!("NVDEC cannot decode {id:?}: decoding on the CPU, not gpu{d}");
+                None
+            }
+            None => None,
+        };
         dctx.set_threading(codec::threading::Config {
             kind: codec::threading::Type::Frame,
-            count: limits.threads.max(1),
+            // NVDEC does the work: more decoder threads only hold more frames in flight.
+            count: if nvdec.is_some() {
+                1
+            } else {
+                limits.threads.max(1)
+            },
             ..Default::default()
         });
         let decoder = dctx
@@ -178,7 +202,14 @@ fn run(
         } else {
             0
         };
-        (ist.index(), ist.time_base(), decoder, rate, duration_ms)
+        (
+            ist.index(),
+            ist.time_base(),
+            decoder,
+            rate,
+            duration_ms,
+            nvdec,
+        )
     };
     if decoder.width() == 0 || decoder.height() == 0 {
         return Err(corrupt("video stream without dimensions".into()));
@@ -204,15 +235,25 @@ fn run(
         path: output.to_path_buf(),
         source: std::io::Error::other(e.to_string()),
     })?;
-    let x264 = encoder::find_by_name("libx264")
-        .ok_or_else(|| MediaError::Unsupported("libx264 is not in this FFmpeg".into()))?;
+    let h264 = match limits.accel.nvenc {
+        Some(device) => encoder::find_by_name("h264_nvenc").ok_or(MediaError::Hardware {
+            device,
+            reason: "this FFmpeg has no h264_nvenc".into(),
+        })?,
+        None => encoder::find_by_name("libx264")
+            .ok_or_else(|| MediaError::Unsupported("libx264 is not in this FFmpeg".into()))?,
+    };
     let enc_tb = frame_rate.invert();
-    let mut ectx = codec::context::Context::new_with_codec(x264);
-    ectx.set_threading(codec::threading::Config {
-        kind: codec::threading::Type::Frame,
-        count: limits.threads.max(1),
-        ..Default::default()
-    });
+    let mut ectx = codec::context::Context::new_with_codec(h264);
+    if let Some(d) = limits.accel.nvenc {
+        hw::cuda(d)?.attach_encoder(&mut ectx);
+    } else {
+        ectx.set_threading(codec::threading::Config {
+            kind: codec::threading::Type::Frame,
+            count: limits.threads.max(1),
+            ..Default::default()
+        });
+    }
     let mut enc = ectx.encoder().video().map_err(ff)?;
     enc.set_width(width);
     enc.set_height(height);
@@ -223,11 +264,27 @@ fn run(
         enc.set_flags(codec::Flags::GLOBAL_HEADER);
     }
     let mut opts = Dictionary::new();
-    opts.set("preset", &rendition.preset);
-    opts.set("crf", &rendition.crf.to_string());
-    let mut enc = enc.open_with(opts).map_err(ff)?;
+    let mut enc = match limits.accel.nvenc {
+        Some(device) => {
+            // Constant quality, as libx264's CRF: NVENC's VBR with a CQ target and no bitrate
+            // cap; p4 is its middle preset.
+            enc.set_bit_rate(0);
+            opts.set("preset", "p4");
+            opts.set("rc", "vbr");
+            opts.set("cq", &rendition.crf.to_string());
+            enc.open_with(opts).map_err(|e| MediaError::Hardware {
+                device,
+                reason: format!("NVENC refused the session: {e}"),
+            })?
+        }
+        None => {
+            opts.set("preset", &rendition.preset);
+            opts.set("crf", &rendition.crf.to_string());
+            enc.open_with(opts).map_err(ff)?
+        }
+    };
     let ost_index = {
-        let mut ost = octx.add_stream(x264).map_err(ff)?;
+        let mut ost = octx.add_stream(h264).map_err(ff)?;
         ost.set_parameters(&enc);
         ost.set_time_base(enc_tb);
         ost.set_avg_frame_rate(frame_rate);
@@ -261,18 +318,12 @@ fn run(
         (ist, ist_tb, ost, ost_tb)
     });
 
-    let mut scaler = scaling::Context::get(
-        decoder.format(),
-        decoder.width(),
-        decoder.height(),
-        format::Pixel::YUV420P,
+    let mut job = Job {
+        nvdec,
+        gpu_frames: 0,
+        scaler: None,
         width,
         height,
-        scaling::Flags::BILINEAR,
-    )
-    .map_err(|e| MediaError::Unsupported(format!("scaling: {e}")))?;
-
-    let mut job = Job {
         started,
         limits,
         bytes: 0,
@@ -285,8 +336,11 @@ fn run(
         ost_tb,
         ost_index,
     };
-    let mut decoded = frame::Video::empty();
-    let mut scaled = frame::Video::empty();
+    let mut frames = Frames {
+        decoded: frame::Video::empty(),
+        downloaded: frame::Video::empty(),
+        scaled: frame::Video::empty(),
+    };
     for (stream, mut packet) in ictx.packets() {
         job.check()?;
         if let Some((a_ist, a_ist_tb, a_ost, a_ost_tb)) = audio {
@@ -305,26 +359,10 @@ fn run(
         if let Err(e) = decoder.send_packet(&packet) {
             return Err(corrupt(format!("undecodable packet: {e}")));
         }
-        job.drain_decoder(
-            &mut decoder,
-            &mut scaler,
-            &mut enc,
-            &mut octx,
-            &mut decoded,
-            &mut scaled,
-            progress,
-        )?;
+        job.drain_decoder(&mut decoder, &mut enc, &mut octx, &mut frames, progress)?;
     }
     decoder.send_eof().map_err(ff)?;
-    job.drain_decoder(
-        &mut decoder,
-        &mut scaler,
-        &mut enc,
-        &mut octx,
-        &mut decoded,
-        &mut scaled,
-        progress,
-    )?;
+    job.drain_decoder(&mut decoder, &mut enc, &mut octx, &mut frames, progress)?;
     enc.send_eof().map_err(ff)?;
     job.drain_encoder(&mut enc, &mut octx)?;
     octx.write_trailer().map_err(ff)?;
@@ -350,6 +388,11 @@ fn run(
         width,
         height,
         duration_ms: covered,
+        decoded_on: match nvdec {
+            Some(d) if job.gpu_frames == job.frames => Ran::Gpu(d),
+            _ => Ran::Cpu,
+        },
+        encoded_on: limits.accel.nvenc.map_or(Ran::Cpu, Ran::Gpu),
     })
 }
 
@@ -357,7 +400,22 @@ fn frame_ms(rate: Rational) -> u64 {
     (1_000 * i64::from(rate.denominator()) / i64::from(rate.numerator()).max(1)) as u64
 }
 
+/// The frames a job reuses: as decoded, copied from the GPU, scaled.
+struct Frames {
+    decoded: frame::Video,
+    downloaded: frame::Video,
+    scaled: frame::Video,
+}
+
 struct Job<'a> {
+    /// The device whose NVDEC decodes, if any, and how many frames came from it.
+    nvdec: Option<u32>,
+    gpu_frames: u64,
+    /// Made for the first frame's format and size (CUDA frames come back as NV12), made again
+    /// if a stream changes them.
+    scaler: Option<scaling::Context>,
+    width: u32,
+    height: u32,
     started: Instant,
     limits: &'a JobLimits,
     bytes: u64,
@@ -387,21 +445,53 @@ impl Job<'_> {
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// The scaler from `src`'s format and size to the rendition's.
+    fn scaler_for(&mut self, src: &frame::Video) -> Result<&mut scaling::Context, MediaError> {
+        let fits = self.scaler.as_ref().is_some_and(|s| {
+            let i = s.input();
+            (i.format, i.width, i.height) == (src.format(), src.width(), src.height())
+        });
+        if !fits {
+            let made = scaling::Context::get(
+                src.format(),
+                src.width(),
+                src.height(),
+                format::Pixel::YUV420P,
+                self.width,
+                self.height,
+                scaling::Flags::BILINEAR,
+            )
+            .map_err(|e| MediaError::Unsupported(format!("scaling {:?}: {e}", src.format())))?;
+            self.scaler = Some(made);
+        }
+        Ok(self.scaler.as_mut().expect("made above"))
+    }
+
     fn drain_decoder(
         &mut self,
         decoder: &mut ffmpeg_next::decoder::Video,
-        scaler: &mut scaling::Context,
         enc: &mut encoder::Video,
         octx: &mut format::context::Output,
-        decoded: &mut frame::Video,
-        scaled: &mut frame::Video,
+        frames: &mut Frames,
         progress: &mut dyn FnMut(u8),
     ) -> Result<(), MediaError> {
+        let Frames {
+            decoded,
+            downloaded,
+            scaled,
+        } = frames;
         while decoder.receive_frame(decoded).is_ok() {
             self.check()?;
             let ts = decoded.timestamp().unwrap_or(0);
-            scaler.run(decoded, scaled).map_err(ff)?;
+            let src = match self.nvdec {
+                Some(device) if decoded.format() == format::Pixel::CUDA => {
+                    hw::download(device, decoded, downloaded)?;
+                    self.gpu_frames += 1;
+                    &*downloaded
+                }
+                _ => &*decoded,
+            };
+            self.scaler_for(src)?.run(src, scaled).map_err(ff)?;
             let pts = ts.rescale(self.ist_tb, self.enc_tb);
             scaled.set_pts(Some(pts));
             scaled.set_kind(ffmpeg_next::picture::Type::None);
@@ -444,8 +534,25 @@ impl Job<'_> {
     }
 }
 
-/// Decodes every frame of `path`'s video: (frames, width, height). Used to verify outputs.
+/// Decodes every frame of `path`'s video on the CPU: (frames, width, height). Used to verify
+/// outputs.
 pub fn decode_all(path: &Path) -> Result<(u64, u32, u32), MediaError> {
+    decode(path, None, 1).map(|d| (d.frames, d.width, d.height))
+}
+
+/// What [`decode`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decoded {
+    pub frames: u64,
+    pub width: u32,
+    pub height: u32,
+    /// A GPU only when every frame came from its NVDEC.
+    pub decoded_on: Ran,
+}
+
+/// Decodes every frame of `path`'s video, on `nvdec`'s device if given (frames stay on the
+/// GPU), else with `threads` CPU threads.
+pub fn decode(path: &Path, nvdec: Option<u32>, threads: usize) -> Result<Decoded, MediaError> {
     crate::init();
     let corrupt = |reason: String| MediaError::Corrupt {
         path: path.to_path_buf(),
@@ -457,13 +564,28 @@ pub fn decode_all(path: &Path) -> Result<(u64, u32, u32), MediaError> {
         .best(media::Type::Video)
         .ok_or_else(|| corrupt("no video stream".into()))?;
     let index = ist.index();
-    let mut decoder = codec::context::Context::from_parameters(ist.parameters())
-        .map_err(ff)?
-        .decoder()
-        .video()
-        .map_err(ff)?;
-    let mut frames = 0;
+    let mut dctx = codec::context::Context::from_parameters(ist.parameters()).map_err(ff)?;
+    let nvdec = match nvdec {
+        Some(d) if hw::decodes_on_cuda(ist.parameters().id().into()) => {
+            hw::cuda(d)?.attach_decoder(&mut dctx);
+            Some(d)
+        }
+        _ => None,
+    };
+    dctx.set_threading(codec::threading::Config {
+        kind: codec::threading::Type::Frame,
+        count: if nvdec.is_some() { 1 } else { threads.max(1) },
+        ..Default::default()
+    });
+    let mut decoder = dctx.decoder().video().map_err(ff)?;
+    let (mut frames, mut on_gpu) = (0, 0);
     let mut f = frame::Video::empty();
+    let mut count = |decoder: &mut ffmpeg_next::decoder::Video| {
+        while decoder.receive_frame(&mut f).is_ok() {
+            frames += 1;
+            on_gpu += u64::from(f.format() == format::Pixel::CUDA);
+        }
+    };
     for (stream, packet) in ictx.packets() {
         if stream.index() != index {
             continue;
@@ -471,13 +593,17 @@ pub fn decode_all(path: &Path) -> Result<(u64, u32, u32), MediaError> {
         decoder
             .send_packet(&packet)
             .map_err(|e| corrupt(e.to_string()))?;
-        while decoder.receive_frame(&mut f).is_ok() {
-            frames += 1;
-        }
+        count(&mut decoder);
     }
     decoder.send_eof().map_err(ff)?;
-    while decoder.receive_frame(&mut f).is_ok() {
-        frames += 1;
-    }
-    Ok((frames, decoder.width(), decoder.height()))
+    count(&mut decoder);
+    Ok(Decoded {
+        frames,
+        width: decoder.width(),
+        height: decoder.height(),
+        decoded_on: match nvdec {
+            Some(d) if on_gpu == frames && frames > 0 => Ran::Gpu(d),
+            _ => Ran::Cpu,
+        },
+    })
 }

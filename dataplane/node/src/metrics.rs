@@ -670,6 +670,21 @@ impl Metrics {
                 "# HELP spindle_media_uploaded_bytes_total Bytes of renditions put into the bucket.\n# TYPE spindle_media_uploaded_bytes_total counter\nspindle_media_uploaded_bytes_total {}",
                 stats.uploaded_bytes.load(Ordering::Relaxed)
             );
+            let _ = writeln!(w, "# HELP spindle_media_renditions_total Renditions made, by where they were decoded and encoded (gpu: NVDEC, NVENC).\n# TYPE spindle_media_renditions_total counter");
+            for (decode, row) in ["cpu", "gpu"].iter().zip(&stats.renditions) {
+                for (encode, n) in ["cpu", "gpu"].iter().zip(row) {
+                    let _ = writeln!(
+                        w,
+                        "spindle_media_renditions_total{{decode=\"{decode}\",encode=\"{encode}\"}} {}",
+                        n.load(Ordering::Relaxed)
+                    );
+                }
+            }
+            let _ = writeln!(
+                w,
+                "# HELP spindle_media_gpu_fallbacks_total Media jobs placed on a GPU whose engine could not be used, then run on the CPU.\n# TYPE spindle_media_gpu_fallbacks_total counter\nspindle_media_gpu_fallbacks_total {}",
+                stats.gpu_fallbacks.load(Ordering::Relaxed)
+            );
             let _ = writeln!(w, "# HELP spindle_media_engine_units Media units per engine: capacity and used.\n# TYPE spindle_media_engine_units gauge");
             for (engine, capacity, used) in media.ledger.snapshot() {
                 let _ = writeln!(

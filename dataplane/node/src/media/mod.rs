@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 use spindle_core::{FencingToken, TaskId};
 use spindle_gpu::{Inventory, MediaDemand, MediaLedger, Source};
-use spindle_transcode::{JobLimits, MediaError, Rendition};
+use spindle_transcode::{Accel, JobLimits, MediaError, Ran, Rendition};
 use tokio::sync::mpsc;
 
 use crate::shard::ShardMsg;
@@ -206,6 +206,11 @@ pub struct MediaStats {
     pub stages: [crate::metrics::Histogram; 4],
     /// Bytes of renditions put into the bucket (`[media.upload]`).
     pub uploaded_bytes: AtomicU64,
+    /// Renditions made, by where they were decoded and encoded: `[decode][encode]`, 0 the CPU
+    /// and 1 a GPU.
+    pub renditions: [[AtomicU64; 2]; 2],
+    /// Jobs placed on a GPU whose engine could not be used, then run on the CPU.
+    pub gpu_fallbacks: AtomicU64,
 }
 
 impl MediaStats {
@@ -216,6 +221,8 @@ impl MediaStats {
             ended: Default::default(),
             stages: std::array::from_fn(|_| crate::metrics::Histogram::new(MEDIA_BUCKETS_US)),
             uploaded_bytes: AtomicU64::new(0),
+            renditions: Default::default(),
+            gpu_fallbacks: AtomicU64::new(0),
         }
     }
 
@@ -472,15 +479,9 @@ fn run(
     }
     // Hold the units for the whole job; wait (bounded by the job's timeout) while none fit.
     let deadline = Instant::now() + Duration::from_millis(config.timeout_ms);
-    let placement = loop {
-        match spindle_gpu::place(ledger, devices, JOB_DEMAND, None) {
-            Ok(p) => break p,
-            Err(e) if Instant::now() < deadline => {
-                tracing::debug!("media job for {} waits: {e}", job.task);
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Err(e) => return failed(format!("no media capacity: {e}"), true),
-        }
+    let mut placement = match place_by(ledger, devices, deadline, job.task) {
+        Ok(p) => p,
+        Err(e) => return failed(e, true),
     };
     stats.time(STAGE_WAIT, submitted);
     let quota = config.quota_mb << 20;
@@ -512,7 +513,39 @@ fn run(
         );
     };
     let started = Instant::now();
-    let outcome = transcode_ladder(job, config, dir, &input, deadline, quota, cancel, progress);
+    let ladder = |accel| {
+        transcode_ladder(
+            job,
+            config,
+            dir,
+            &input,
+            deadline,
+            quota,
+            cancel.clone(),
+            progress,
+            accel,
+            stats,
+        )
+    };
+    let outcome = match ladder(accel(&placement)) {
+        Ok(outcome) => outcome,
+        Err((device, reason)) => {
+            // The GPU's units go back, and the job waits for CPU ones like any other.
+            tracing::warn!(
+                "media job for {}: gpu{device} could not be used ({reason}); running it on the CPU",
+                job.task
+            );
+            stats.gpu_fallbacks.fetch_add(1, Ordering::Relaxed);
+            drop(placement);
+            placement = match place_by(ledger, &[], deadline, job.task) {
+                Ok(p) => p,
+                Err(e) => return failed(e, true),
+            };
+            // (A ladder on the CPU uses no GPU engine, so it cannot end in `Err`.)
+            ladder(Accel::CPU)
+                .unwrap_or_else(|(device, reason)| failed(format!("gpu{device}: {reason}"), true))
+        }
+    };
     stats.time(STAGE_TRANSCODE, started);
     // A fetched input is the job's own: it goes whatever happened.
     let _ = std::fs::remove_file(&fetched);
@@ -550,12 +583,41 @@ fn run(
     }
 }
 
+/// Places the job on media units, waiting while none fit until `deadline`.
+fn place_by(
+    ledger: &Arc<MediaLedger>,
+    devices: &[u32],
+    deadline: Instant,
+    task: TaskId,
+) -> Result<spindle_gpu::Placement, String> {
+    loop {
+        match spindle_gpu::place(ledger, devices, JOB_DEMAND, None) {
+            Ok(p) => return Ok(p),
+            Err(e) if Instant::now() < deadline => {
+                tracing::debug!("media job for {task} waits: {e}");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => return Err(format!("no media capacity: {e}")),
+        }
+    }
+}
+
+/// The engines a placement gives the transcoder.
+fn accel(p: &spindle_gpu::Placement) -> Accel {
+    Accel {
+        nvdec: p.device.filter(|_| p.decode_on_gpu),
+        nvenc: p.device.filter(|_| p.encode_on_gpu),
+    }
+}
+
 /// The share of the whole ladder at which the media stage reports its milestone (DESIGN §5's
 /// 90 %: the task's last milestone before it ends).
 pub const MEDIA_MILESTONE_PCT: u8 = 90;
 
-/// Probes `input` and makes every rung of the ladder from it. `progress` hears
-/// [`MEDIA_MILESTONE_PCT`] once, when the ladder as a whole is that far.
+/// Probes `input` and makes every rung of the ladder from it on `accel`'s engines. `progress`
+/// hears [`MEDIA_MILESTONE_PCT`] once, when the ladder as a whole is that far. `Err` (device,
+/// why) when a GPU engine could not be used: nothing of the ladder is left, and the same
+/// ladder can run on the CPU.
 #[allow(clippy::too_many_arguments)]
 fn transcode_ladder(
     job: &MediaJob,
@@ -566,11 +628,13 @@ fn transcode_ladder(
     quota: u64,
     cancel: Arc<std::sync::atomic::AtomicBool>,
     progress: &dyn Fn(u8),
-) -> MediaOutcome {
+    accel: Accel,
+    stats: &MediaStats,
+) -> Result<MediaOutcome, (u32, String)> {
     let failed = |reason: String, retryable: bool| MediaOutcome::Failed { reason, retryable };
     let probed = match spindle_transcode::probe(input) {
         Ok(i) => i,
-        Err(e) => return failed(format!("probe: {e}"), e.is_retryable()),
+        Err(e) => return Ok(failed(format!("probe: {e}"), e.is_retryable())),
     };
     let mut outputs = Vec::new();
     let mut used = 0u64;
@@ -589,6 +653,7 @@ fn transcode_ladder(
             timeout: deadline.saturating_duration_since(Instant::now()),
             quota_bytes: quota.saturating_sub(used),
             cancel: cancel.clone(),
+            accel,
         };
         let result = spindle_transcode::transcode(
             &spindle_transcode::Source::File(input.to_path_buf()),
@@ -607,22 +672,28 @@ fn transcode_ladder(
             Ok(t) => {
                 used += t.bytes;
                 outputs.push(output);
+                let on_gpu = |r: Ran| usize::from(r != Ran::Cpu);
+                stats.renditions[on_gpu(t.decoded_on)][on_gpu(t.encoded_on)]
+                    .fetch_add(1, Ordering::Relaxed);
             }
             Err(e) => {
                 // The job's earlier renditions go too: nothing of a failed job stays on disk.
                 for o in &outputs {
                     let _ = std::fs::remove_file(o);
                 }
+                if let MediaError::Hardware { device, reason } = e {
+                    return Err((device, reason));
+                }
                 let retryable = e.is_retryable();
-                return failed(e.to_string(), retryable);
+                return Ok(failed(e.to_string(), retryable));
             }
         }
     }
-    MediaOutcome::Done {
+    Ok(MediaOutcome::Done {
         outputs,
         probed,
         uploaded: None,
-    }
+    })
 }
 
 #[cfg(test)]

@@ -1,0 +1,141 @@
+//! The GPU engines as this machine has them. Where NVML shows device 0 with NVDEC (or NVENC), a
+//! transcode decodes (or encodes) there and its output is verified frame by frame; where it
+//! does not (no GPU, as on CI; no encoder, as on an H100/H200), asking for the engine fails with
+//! `MediaError::Hardware` naming the device and leaves nothing behind: the node's cue to run
+//! the job on the CPU.
+
+use std::path::{Path, PathBuf};
+
+use spindle_gpu::{Declared, Device, Inventory};
+use spindle_transcode::{
+    decode_all, transcode, Accel, JobLimits, MediaError, Ran, Rendition, Source,
+};
+
+/// NVML's device 0, if NVML answers.
+fn gpu0() -> Option<Device> {
+    Inventory::discover(&Declared::default())
+        .devices
+        .into_iter()
+        .find(|d| d.index == 0)
+}
+
+fn clip(dir: &Path) -> PathBuf {
+    let out = dir.join("src.mp4");
+    let source = Source::Lavfi("testsrc2=size=1280x720:rate=25:duration=2".into());
+    let rendition = Rendition {
+        name: "source".into(),
+        height: 720,
+        crf: 18,
+        preset: "ultrafast".into(),
+    };
+    transcode(
+        &source,
+        &out,
+        &rendition,
+        &JobLimits::default(),
+        &mut |_| {},
+    )
+    .unwrap();
+    out
+}
+
+fn files_in(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+/// A 360p rendition of a 2 s 720p clip on `accel`'s engines.
+fn rendition_on(
+    accel: Accel,
+) -> (
+    tempfile::TempDir,
+    PathBuf,
+    Result<spindle_transcode::Transcoded, MediaError>,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let src = clip(dir.path());
+    let out = dir.path().join("360p.mp4");
+    let limits = JobLimits {
+        accel,
+        ..JobLimits::default()
+    };
+    let rendition = Rendition {
+        name: "360p".into(),
+        height: 360,
+        crf: 28,
+        preset: "veryfast".into(),
+    };
+    let got = transcode(&Source::File(src), &out, &rendition, &limits, &mut |_| {});
+    (dir, out, got)
+}
+
+fn verified(out: &Path) {
+    let (frames, w, h) = decode_all(out).unwrap();
+    assert_eq!((frames, w, h), (50, 640, 360));
+}
+
+fn refused_on(device: u32, dir: &Path, got: Result<spindle_transcode::Transcoded, MediaError>) {
+    match got {
+        Err(MediaError::Hardware { device: d, reason }) => {
+            assert_eq!(d, device, "{reason}");
+            assert!(!reason.is_empty());
+        }
+        other => panic!("expected gpu{device} to be refused, got {other:?}"),
+    }
+    assert_eq!(
+        files_in(dir),
+        ["src.mp4"],
+        "the failed rendition is removed"
+    );
+}
+
+#[test]
+fn nvdec_decodes_where_the_device_has_it_and_is_refused_where_not() {
+    let (dir, out, got) = rendition_on(Accel {
+        nvdec: Some(0),
+        nvenc: None,
+    });
+    match gpu0() {
+        Some(d) if d.nvdec_sessions > 0 => {
+            let t = got.unwrap();
+            assert_eq!((t.decoded_on, t.encoded_on), (Ran::Gpu(0), Ran::Cpu));
+            assert_eq!((t.frames, t.width, t.height), (50, 640, 360));
+            verified(&out);
+        }
+        _ => refused_on(0, dir.path(), got),
+    }
+}
+
+#[test]
+fn nvenc_encodes_where_the_device_has_it_and_is_refused_where_not() {
+    let (dir, out, got) = rendition_on(Accel {
+        nvdec: None,
+        nvenc: Some(0),
+    });
+    match gpu0() {
+        Some(d) if d.nvenc_sessions > 0 => {
+            let t = got.unwrap();
+            assert_eq!((t.decoded_on, t.encoded_on), (Ran::Cpu, Ran::Gpu(0)));
+            verified(&out);
+        }
+        _ => refused_on(0, dir.path(), got),
+    }
+}
+
+#[test]
+fn a_device_that_is_not_there_is_refused_by_number() {
+    let (dir, _, got) = rendition_on(Accel {
+        nvdec: Some(97),
+        nvenc: None,
+    });
+    refused_on(97, dir.path(), got);
+    let (dir, _, got) = rendition_on(Accel {
+        nvdec: None,
+        nvenc: Some(98),
+    });
+    refused_on(98, dir.path(), got);
+}
