@@ -8,4 +8,4 @@ pub mod placement;
 
 pub use inventory::{Declared, Device, Inventory, Source};
 pub use ledger::{Engine, Exhausted, Grant, MediaLedger};
-pub use placement::{place, MediaDemand, Placement};
+pub use placement::{place, MediaDemand, Placement, TRANSCODE_DEMAND};

@@ -19,6 +19,16 @@ pub struct MediaDemand {
     pub temp_disk_mb: u64,
 }
 
+/// What one transcode job (a rendition ladder) holds: CPU units for each stage that cannot run
+/// on a device, and its temp disk. NVDEC and NVENC are engines of their own, so a job on a
+/// device takes few of its compute units (the SMs only copy frames out).
+pub const TRANSCODE_DEMAND: MediaDemand = MediaDemand {
+    gpu_units: 5,
+    gpu_mem_mb: 2_048,
+    cpu_units_per_stage: 1,
+    temp_disk_mb: 256,
+};
+
 #[derive(Debug)]
 pub struct Placement {
     /// The device, if any stage runs on one.

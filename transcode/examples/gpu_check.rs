@@ -6,7 +6,7 @@
 //! jobs all on the CPU, the ledger checked against its capacity throughout. Every output is
 //! decoded again and checked (frames, size).
 //!
-//!   cargo run --release -p spindle-transcode --example gpu_check -- [seconds=20] [jobs=8]
+//!   cargo run --release -p spindle-transcode --example gpu_check -- [seconds=20] [jobs=16]
 //!
 //! Without a GPU, `DECLARE_GPU=1` declares one (an H200's engines) to rehearse the run: every
 //! GPU stage is then refused, as the node sees it on such a machine.
@@ -16,17 +16,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use spindle_gpu::{place, Declared, Inventory, MediaDemand, MediaLedger, Source as InvSource};
-use spindle_transcode::{
-    decode, decode_all, transcode, Accel, JobLimits, MediaError, Rendition, Source, Transcoded,
+use spindle_gpu::{
+    place, Declared, Inventory, MediaLedger, Source as InvSource, TRANSCODE_DEMAND as DEMAND,
 };
-
-/// What the node asks per media job (`dataplane/node/src/media`).
-const DEMAND: MediaDemand = MediaDemand {
-    gpu_units: 25,
-    gpu_mem_mb: 2_048,
-    cpu_units_per_stage: 1,
-    temp_disk_mb: 256,
+use spindle_transcode::{
+    decode, decode_all, transcode, verify_encoders, Accel, JobLimits, MediaError, Rendition,
+    Source, Transcoded,
 };
 
 fn rendition_720p() -> Rendition {
@@ -55,6 +50,17 @@ fn run(input: &Path, out: &Path, accel: Accel) -> (Duration, Result<Transcoded, 
     (t.elapsed(), got)
 }
 
+/// CPU seconds this process has used (user and system, from /proc at 100 ticks a second).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, a)| a);
+    let f: Vec<f64> = after
+        .split_whitespace()
+        .map(|v| v.parse().unwrap_or(0.0))
+        .collect();
+    (f.get(11).unwrap_or(&0.0) + f.get(12).unwrap_or(&0.0)) / 100.0
+}
+
 /// Decodes `out` again: the frames and size a rendition must have.
 fn check(out: &Path, frames: u64) -> String {
     match decode_all(out) {
@@ -72,12 +78,12 @@ fn main() {
         .filter_map(|a| a.parse().ok())
         .collect();
     let seconds = args.first().copied().unwrap_or(20);
-    let jobs = args.get(1).copied().unwrap_or(8) as usize;
+    let jobs = args.get(1).copied().unwrap_or(16) as usize;
     let frames = seconds * 25;
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
 
     println!("== inventory");
-    let inv = Inventory::discover(&Declared {
+    let mut inv = Inventory::discover(&Declared {
         cpu_units: cpus,
         temp_disk_mb: 100_000,
         devices: if std::env::var_os("DECLARE_GPU").is_some() {
@@ -110,6 +116,16 @@ fn main() {
             d.mig,
             d.utilization_pct
         );
+    }
+    let nvml_encoders: Vec<u64> = inv.devices.iter().map(|d| d.nvenc_sessions).collect();
+    verify_encoders(&mut inv);
+    for (d, nvml) in inv.devices.iter().zip(nvml_encoders) {
+        if d.nvenc_sessions != nvml {
+            println!(
+                "gpu{}: NVML reports an encoder, but no NVENC session opens: encode on the CPU",
+                d.index
+            );
+        }
     }
     let ledger = Arc::new(MediaLedger::new(&inv));
     for (engine, capacity, _) in ledger.snapshot() {
@@ -201,11 +217,13 @@ fn main() {
         ),
     ] {
         let out = dir.path().join(format!("{}.mp4", label.replace(' ', "-")));
+        let cpu = cpu_seconds();
         let (wall, got) = run(&input, &out, accel);
+        let cpu = cpu_seconds() - cpu;
         match got {
             Ok(t) => {
                 println!(
-                    "{label}: decoded on {}, encoded on {}, {:.2} s = {:.0} fps; {}",
+                    "{label}: decoded on {}, encoded on {}, {:.2} s = {:.0} fps, {cpu:.2} CPU s; {}",
                     t.decoded_on,
                     t.encoded_on,
                     wall.as_secs_f64(),
@@ -293,6 +311,7 @@ fn main() {
             })
         };
         let t = Instant::now();
+        let cpu = cpu_seconds();
         let handles: Vec<_> = (0..jobs)
             .map(|j| {
                 let (ledger, input, on) = (ledger.clone(), input.clone(), on.to_vec());
@@ -333,11 +352,13 @@ fn main() {
             }
         }
         let wall = t.elapsed().as_secs_f64();
+        let cpu = cpu_seconds() - cpu;
         done.store(true, Ordering::Relaxed);
         let peak = watch.join().expect("watcher");
         println!(
-            "{jobs} jobs ({on_gpu} decoded on NVDEC): {total} frames in {wall:.2} s = {:.0} fps; outputs wrong: {wrong}; ledger above capacity: {}",
+            "{jobs} jobs ({on_gpu} decoded on NVDEC): {total} frames in {wall:.2} s = {:.0} fps, {:.1} CPU ms a frame; outputs wrong: {wrong}; ledger above capacity: {}",
             total as f64 / wall,
+            cpu * 1e3 / total.max(1) as f64,
             over.load(Ordering::Relaxed)
         );
         for (engine, cap, used) in peak {

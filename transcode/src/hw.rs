@@ -199,3 +199,54 @@ pub(crate) fn download(
     }
     Ok(())
 }
+
+/// Whether device `index`'s NVENC opens an H.264 session. NVML reports an encoder capacity on
+/// cards that have no encoder (an H200 answers as an L4 would), so the node asks the engine
+/// itself before it hands out NVENC units. Costs the device's CUDA context (made once) and a
+/// session opened and closed.
+pub fn nvenc_opens(index: u32) -> Result<(), MediaError> {
+    use ffmpeg_next::{codec, encoder, format, Rational};
+    let device = cuda(index)?;
+    let refused = |reason: String| MediaError::Hardware {
+        device: index,
+        reason,
+    };
+    let nvenc = encoder::find_by_name("h264_nvenc")
+        .ok_or_else(|| refused("this FFmpeg has no h264_nvenc".into()))?;
+    let mut ctx = codec::context::Context::new_with_codec(nvenc);
+    device.attach_encoder(&mut ctx);
+    let mut enc = ctx
+        .encoder()
+        .video()
+        .map_err(|e| refused(format!("NVENC: {e}")))?;
+    enc.set_width(256);
+    enc.set_height(144);
+    enc.set_format(format::Pixel::YUV420P);
+    enc.set_time_base(Rational(1, 25));
+    enc.open()
+        .map(drop)
+        .map_err(|e| refused(format!("NVENC refused a session: {e}")))
+}
+
+/// Takes NVENC off the NVML devices whose encoder does not open a session ([`nvenc_opens`]):
+/// units of an engine that is not there would send every job placed on them through a failed
+/// start and back to the CPU. Declared devices are the operator's word and are not asked.
+pub fn verify_encoders(inventory: &mut spindle_gpu::Inventory) {
+    if !matches!(inventory.source, spindle_gpu::Source::Nvml { .. }) {
+        return;
+    }
+    for d in inventory
+        .devices
+        .iter_mut()
+        .filter(|d| d.nvenc_sessions > 0)
+    {
+        if let Err(e) = nvenc_opens(d.index) {
+            tracing::warn!(
+                "{} (gpu{}) reports an encoder, but {e}: encode stays on the CPU",
+                d.name,
+                d.index
+            );
+            d.nvenc_sessions = 0;
+        }
+    }
+}

@@ -7,7 +7,7 @@ pub mod probe;
 pub mod transcode;
 
 pub use error::MediaError;
-pub use hw::{Accel, Ran};
+pub use hw::{nvenc_opens, verify_encoders, Accel, Ran};
 pub use probe::{probe, AudioInfo, MediaInfo};
 pub use transcode::{
     decode, decode_all, transcode, Decoded, JobLimits, Rendition, Source, Transcoded, MILESTONES,

@@ -8,15 +8,15 @@ use std::path::{Path, PathBuf};
 
 use spindle_gpu::{Declared, Device, Inventory};
 use spindle_transcode::{
-    decode_all, transcode, Accel, JobLimits, MediaError, Ran, Rendition, Source,
+    decode, decode_all, transcode, verify_encoders, Accel, JobLimits, MediaError, Ran, Rendition,
+    Source,
 };
 
-/// NVML's device 0, if NVML answers.
+/// Device 0 as the node sees it: NVML's, with an encoder only if it opens a session.
 fn gpu0() -> Option<Device> {
-    Inventory::discover(&Declared::default())
-        .devices
-        .into_iter()
-        .find(|d| d.index == 0)
+    let mut inventory = Inventory::discover(&Declared::default());
+    verify_encoders(&mut inventory);
+    inventory.devices.into_iter().find(|d| d.index == 0)
 }
 
 fn clip(dir: &Path) -> PathBuf {
@@ -105,6 +105,10 @@ fn nvdec_decodes_where_the_device_has_it_and_is_refused_where_not() {
             assert_eq!((t.decoded_on, t.encoded_on), (Ran::Gpu(0), Ran::Cpu));
             assert_eq!((t.frames, t.width, t.height), (50, 640, 360));
             verified(&out);
+            // Decoding alone: every frame stays on the GPU.
+            let d = decode(&dir.path().join("src.mp4"), Some(0), 1).unwrap();
+            assert_eq!((d.frames, d.width, d.height), (50, 1280, 720));
+            assert_eq!(d.decoded_on, Ran::Gpu(0));
         }
         _ => refused_on(0, dir.path(), got),
     }

@@ -252,13 +252,8 @@ pub struct MediaPool {
 /// How often an NVML inventory is read again.
 pub const INVENTORY_REFRESH: Duration = Duration::from_secs(30);
 
-/// Per job: CPU units per stage that cannot run on a device, and temp disk.
-const JOB_DEMAND: MediaDemand = MediaDemand {
-    gpu_units: 25,
-    gpu_mem_mb: 2_048,
-    cpu_units_per_stage: 1,
-    temp_disk_mb: 256,
-};
+/// What one media job holds.
+const JOB_DEMAND: MediaDemand = spindle_gpu::TRANSCODE_DEMAND;
 
 impl MediaPool {
     /// Starts the workers; they fetch `https://` videos trusting `tls`'s roots (the
@@ -274,7 +269,9 @@ impl MediaPool {
             temp_disk_mb: config.quota_mb * config.workers as u64,
             devices: Vec::new(),
         });
-        let inventory = Arc::new(Inventory::discover(&declared));
+        let mut inventory = Inventory::discover(&declared);
+        spindle_transcode::verify_encoders(&mut inventory);
+        let inventory = Arc::new(inventory);
         match &inventory.source {
             Source::Nvml { driver } => tracing::info!(
                 "media: NVML driver {driver}, {} GPU(s), {} CPU units",
@@ -297,13 +294,20 @@ impl MediaPool {
             None => None,
         };
         if matches!(inventory.source, Source::Nvml { .. }) {
-            let (latest, ledger) = (latest.clone(), ledger.clone());
+            let (latest, ledger, start) = (latest.clone(), ledger.clone(), inventory.clone());
             let declared = declared.clone();
             std::thread::Builder::new()
                 .name("gpu-inventory".into())
                 .spawn(move || loop {
                     std::thread::sleep(INVENTORY_REFRESH);
-                    let now = Inventory::discover(&declared);
+                    let mut now = Inventory::discover(&declared);
+                    // The encoders asked at start stand (a session per device per refresh
+                    // would cost more than it tells).
+                    for d in &mut now.devices {
+                        if let Some(first) = start.devices.iter().find(|f| f.index == d.index) {
+                            d.nvenc_sessions = first.nvenc_sessions;
+                        }
+                    }
                     // A GPU that went missing takes no new media work (what runs on it ends
                     // as it will); one that is back takes work again.
                     for (device, online) in ledger.apply_refresh(&now) {
