@@ -250,3 +250,88 @@ pub fn verify_encoders(inventory: &mut spindle_gpu::Inventory) {
         }
     }
 }
+
+/// Scales NVDEC's frames on the GPU (`scale_cuda`, into the rendition's size and 4:2:0 planar
+/// format) and copies only the scaled frame to memory: a 720p rendition of a 1080p video then
+/// moves less than half the bytes off the card, and the CPU does no scaling.
+pub(crate) struct GpuScaler {
+    graph: ffmpeg_next::filter::Graph,
+}
+
+impl GpuScaler {
+    /// A graph for CUDA frames like `first` (timestamps in `time_base`) into `width`x`height`.
+    /// `Err` says why it cannot be made (an FFmpeg without `scale_cuda`, say).
+    pub(crate) fn new(
+        first: &ffmpeg_next::frame::Video,
+        time_base: ffmpeg_next::Rational,
+        width: u32,
+        height: u32,
+    ) -> Result<GpuScaler, String> {
+        use ffmpeg_next::filter;
+        let find = |name: &str| filter::find(name).ok_or(format!("this FFmpeg has no {name}"));
+        let mut graph = filter::Graph::new();
+        let args = format!(
+            "video_size={}x{}:pix_fmt={}:time_base={}/{}:pixel_aspect=1/1",
+            first.width(),
+            first.height(),
+            ffi::AVPixelFormat::AV_PIX_FMT_CUDA as i32,
+            time_base.numerator(),
+            time_base.denominator().max(1)
+        );
+        let mut src = graph
+            .add(&find("buffer")?, "in", &args)
+            .map_err(|e| format!("buffer source: {e}"))?;
+        // SAFETY: the parameters are allocated here, hold a borrowed reference to the frame's
+        // pool that the call takes its own reference of, and are freed here.
+        let rc = unsafe {
+            let par = ffi::av_buffersrc_parameters_alloc();
+            if par.is_null() {
+                return Err("out of memory".into());
+            }
+            (*par).format = ffi::AVPixelFormat::AV_PIX_FMT_CUDA as i32;
+            (*par).hw_frames_ctx = (*first.as_ptr()).hw_frames_ctx;
+            let rc = ffi::av_buffersrc_parameters_set(src.as_mut_ptr(), par);
+            ffi::av_free(par.cast());
+            rc
+        };
+        if rc < 0 {
+            return Err(format!(
+                "the decoder's frames: {}",
+                ffmpeg_next::Error::from(rc)
+            ));
+        }
+        graph
+            .add(&find("buffersink")?, "out", "")
+            .map_err(|e| format!("buffer sink: {e}"))?;
+        find("scale_cuda")?;
+        let spec =
+            format!("scale_cuda=w={width}:h={height}:format=yuv420p,hwdownload,format=yuv420p");
+        graph
+            .output("in", 0)
+            .and_then(|p| p.input("out", 0))
+            .and_then(|p| p.parse(&spec))
+            .map_err(|e| format!("{spec}: {e}"))?;
+        graph.validate().map_err(|e| format!("{spec}: {e}"))?;
+        Ok(GpuScaler { graph })
+    }
+
+    /// Scales `frame` into `out` (in memory, YUV 4:2:0, `frame`'s timestamps).
+    pub(crate) fn run(
+        &mut self,
+        device: u32,
+        frame: &ffmpeg_next::frame::Video,
+        out: &mut ffmpeg_next::frame::Video,
+    ) -> Result<(), MediaError> {
+        let failed = |what: &str, e: ffmpeg_next::Error| MediaError::Hardware {
+            device,
+            reason: format!("scaling on the GPU ({what}): {e}"),
+        };
+        let mut src = self.graph.get("in").expect("made in new");
+        src.source().add(frame).map_err(|e| failed("in", e))?;
+        let mut sink = self.graph.get("out").expect("made in new");
+        // SAFETY: `out` is a valid frame; the sink moves a frame into it, which leaks whatever
+        // `out` still held unless it is released first.
+        unsafe { ffi::av_frame_unref(out.as_mut_ptr()) };
+        sink.sink().frame(out).map_err(|e| failed("out", e))
+    }
+}

@@ -1544,6 +1544,84 @@ async fn the_media_stage_transcodes_checks_declarations_and_fails_what_it_cannot
     assert_eq!(left.len(), 8, "{left:?}");
 }
 
+/// A job placed on a GPU whose engines cannot be used runs on the CPU. Here (no driver, as on
+/// CI) the inventory is declared: one device with NVDEC and NVENC, so every job is placed on
+/// it, the transcoder cannot make its CUDA context, and the node gives the GPU's units back,
+/// takes CPU units and makes the ladder there; `/metrics` counts the fallbacks. On a machine
+/// with NVML the declaration is not used and the renditions are counted where they ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_placed_on_a_gpu_that_cannot_be_used_runs_on_the_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let clip = dir.path().join("clip.mp4");
+    make_clip(&clip, (640, 360), 25, 1, 23);
+    let out = dir.path().join("out");
+    let test = TestDb::new().await;
+    let (m, admin) = mock_with(20, Some(clip)).await;
+    let media = r#"renditions = [240]
+[media.declared]
+cpu_units = 4
+temp_disk_mb = 4096
+[[media.declared.devices]]
+index = 0
+name = "declared L4"
+memory_mb = 24000
+compute_units = 100
+nvenc_sessions = 8
+nvdec_sessions = 8
+mig = false
+"#;
+    let daemon = media_node(&test, &m, &out, media).await;
+    let (ids, states) = run(&daemon, &test, "gpu", 2).await;
+    assert!(states.iter().all(|s| s == "SUCCEEDED"), "{states:?}");
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    for t in &ids {
+        let status = client.get(*t).await.unwrap();
+        let result: serde_json::Value =
+            serde_json::from_str(status.result.as_deref().expect("a result")).unwrap();
+        let outputs: Vec<std::path::PathBuf> =
+            serde_json::from_value(result["outputs"].clone()).unwrap();
+        let (frames, w, h) = spindle_transcode::decode_all(&outputs[0]).unwrap();
+        assert_eq!((frames, w, h), (25, 426, 240));
+    }
+    let (_, metrics) = http_get(daemon.http, "/metrics").await;
+    let count = |line: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(line)?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {line} in\n{metrics}"))
+    };
+    if metrics.contains("spindle_media_inventory{source=\"declared\"") {
+        assert_eq!(count("spindle_media_gpu_fallbacks_total "), 2);
+        assert_eq!(
+            count("spindle_media_renditions_total{decode=\"cpu\",encode=\"cpu\"} "),
+            2
+        );
+    } else {
+        let made: u64 = ["cpu", "gpu"]
+            .iter()
+            .flat_map(|d| ["cpu", "gpu"].map(|e| (d, e)))
+            .map(|(d, e)| {
+                count(&format!(
+                    "spindle_media_renditions_total{{decode=\"{d}\",encode=\"{e}\"}} "
+                ))
+            })
+            .sum();
+        assert_eq!(made, 2);
+    }
+    // Every unit is back, the GPU's and the CPU's.
+    let used: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("spindle_media_engine_units{") && l.contains("kind=\"used\""))
+        .collect();
+    assert!(
+        !used.is_empty() && used.iter().all(|l| l.ends_with(" 0")),
+        "{used:?}"
+    );
+    assert_clean(&test, &admin).await;
+}
+
 /// kill -9 during the media step: the restarted node finds the job again at the provider
 /// (not submitted again), takes its video and runs the media step once more, writing the whole
 /// ladder under the attempt's own names.
