@@ -223,9 +223,8 @@ fn main() {
         match got {
             Ok(t) => {
                 println!(
-                    "{label}: decoded on {}, scaled on {}, encoded on {}, {:.2} s = {:.0} fps, {cpu:.2} CPU s; {}",
+                    "{label}: decoded on {}, encoded on {}, {:.2} s = {:.0} fps, {cpu:.2} CPU s; {}",
                     t.decoded_on,
-                    t.scaled_on,
                     t.encoded_on,
                     wall.as_secs_f64(),
                     t.frames as f64 / wall.as_secs_f64(),

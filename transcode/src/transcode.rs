@@ -13,7 +13,7 @@ use ffmpeg_next::{
 };
 
 use crate::error::{ff, MediaError};
-use crate::hw::{self, Accel, GpuScaler, Ran};
+use crate::hw::{self, Accel, Ran};
 
 /// Where frames come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -98,8 +98,6 @@ pub struct Transcoded {
     pub duration_ms: u64,
     /// Where the video was decoded: a GPU only when every frame came from its NVDEC.
     pub decoded_on: Ran,
-    /// Where frames were scaled: the GPU when NVDEC decoded and `scale_cuda` could take them.
-    pub scaled_on: Ran,
     pub encoded_on: Ran,
 }
 
@@ -323,7 +321,6 @@ fn run(
     let mut job = Job {
         nvdec,
         gpu_frames: 0,
-        gpu_scale: GpuScale::Untried,
         scaler: None,
         width,
         height,
@@ -395,24 +392,12 @@ fn run(
             Some(d) if job.gpu_frames == job.frames => Ran::Gpu(d),
             _ => Ran::Cpu,
         },
-        scaled_on: match (nvdec, &job.gpu_scale) {
-            (Some(d), GpuScale::Ready(_)) if job.gpu_frames == job.frames => Ran::Gpu(d),
-            _ => Ran::Cpu,
-        },
         encoded_on: limits.accel.nvenc.map_or(Ran::Cpu, Ran::Gpu),
     })
 }
 
 fn frame_ms(rate: Rational) -> u64 {
     (1_000 * i64::from(rate.denominator()) / i64::from(rate.numerator()).max(1)) as u64
-}
-
-/// Whether NVDEC's frames are scaled on the GPU: tried at the first one.
-enum GpuScale {
-    Untried,
-    Ready(GpuScaler),
-    /// This FFmpeg cannot (the log said why): frames are copied out whole and scaled here.
-    Unavailable,
 }
 
 /// The frames a job reuses: as decoded, copied from the GPU, scaled.
@@ -426,7 +411,6 @@ struct Job<'a> {
     /// The device whose NVDEC decodes, if any, and how many frames came from it.
     nvdec: Option<u32>,
     gpu_frames: u64,
-    gpu_scale: GpuScale,
     /// Made for the first frame's format and size (CUDA frames come back as NV12), made again
     /// if a stream changes them.
     scaler: Option<scaling::Context>,
@@ -499,31 +483,15 @@ impl Job<'_> {
         while decoder.receive_frame(decoded).is_ok() {
             self.check()?;
             let ts = decoded.timestamp().unwrap_or(0);
-            match self.nvdec {
+            let src = match self.nvdec {
                 Some(device) if decoded.format() == format::Pixel::CUDA => {
+                    hw::download(device, decoded, downloaded)?;
                     self.gpu_frames += 1;
-                    if let GpuScale::Untried = self.gpu_scale {
-                        self.gpu_scale =
-                            match GpuScaler::new(decoded, self.ist_tb, self.width, self.height) {
-                                Ok(g) => GpuScale::Ready(g),
-                                Err(why) => {
-                                    tracing::warn!("scaling on the CPU, not gpu{device}: {why}");
-                                    GpuScale::Unavailable
-                                }
-                            };
-                    }
-                    if let GpuScale::Ready(g) = &mut self.gpu_scale {
-                        decoded.set_pts(Some(ts));
-                        g.run(device, decoded, scaled)?;
-                    } else {
-                        hw::download(device, decoded, downloaded)?;
-                        self.scaler_for(downloaded)?
-                            .run(downloaded, scaled)
-                            .map_err(ff)?;
-                    }
+                    &*downloaded
                 }
-                _ => self.scaler_for(decoded)?.run(decoded, scaled).map_err(ff)?,
-            }
+                _ => &*decoded,
+            };
+            self.scaler_for(src)?.run(src, scaled).map_err(ff)?;
             let pts = ts.rescale(self.ist_tb, self.enc_tb);
             scaled.set_pts(Some(pts));
             scaled.set_kind(ffmpeg_next::picture::Type::None);
