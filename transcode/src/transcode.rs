@@ -1,7 +1,8 @@
 //! One transcode: decode the input's video (on the CPU, or on a GPU's NVDEC), scale it to a
-//! rendition, encode H.264 (libx264 on the CPU, or a GPU's NVENC), mux MP4. Runs on the calling thread (a media worker, never a shard), checks cancellation and
-//! the deadline between packets, keeps the output under its quota, and removes the output
-//! whenever it does not finish.
+//! rendition, encode H.264 (libx264 on the CPU, or a GPU's NVENC), mux MP4. Runs on the calling
+//! thread (a media worker, never a shard), checks cancellation and the deadline between
+//! packets, keeps the output under its quota, and removes the output whenever it does not
+//! finish.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -211,6 +212,15 @@ fn run(
             nvdec,
         )
     };
+    // What decoding finds wrong: the input's fault on the CPU; on NVDEC, possibly the
+    // engine's, so the job is handed to the CPU, which names the input's fault if it is one.
+    let undecodable = |reason: String| match nvdec {
+        Some(device) => MediaError::Hardware {
+            device,
+            reason: format!("NVDEC: {reason}"),
+        },
+        None => corrupt(reason),
+    };
     if decoder.width() == 0 || decoder.height() == 0 {
         return Err(corrupt("video stream without dimensions".into()));
     }
@@ -357,7 +367,7 @@ fn run(
             continue;
         }
         if let Err(e) = decoder.send_packet(&packet) {
-            return Err(corrupt(format!("undecodable packet: {e}")));
+            return Err(undecodable(format!("undecodable packet: {e}")));
         }
         job.drain_decoder(&mut decoder, &mut enc, &mut octx, &mut frames, progress)?;
     }
@@ -367,12 +377,12 @@ fn run(
     job.drain_encoder(&mut enc, &mut octx)?;
     octx.write_trailer().map_err(ff)?;
     if job.frames == 0 {
-        return Err(corrupt("no frame could be decoded".into()));
+        return Err(undecodable("no frame could be decoded".into()));
     }
     // A file cut short still has headers that promise the whole duration.
     let covered = job.last_pts_ms + frame_ms(frame_rate);
     if in_duration_ms > 0 && covered * 10 < in_duration_ms * 9 {
-        return Err(corrupt(format!(
+        return Err(undecodable(format!(
             "truncated: decoded {covered} ms of {in_duration_ms} ms"
         )));
     }

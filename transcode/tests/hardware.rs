@@ -143,3 +143,66 @@ fn a_device_that_is_not_there_is_refused_by_number() {
     });
     refused_on(98, dir.path(), got);
 }
+
+/// A damaged input placed on NVDEC fails as the engine's fault (it could be one), so the node
+/// hands it to the CPU, which names the input's fault: not retryable, nothing left behind.
+#[test]
+fn a_damaged_input_on_nvdec_is_handed_to_the_cpu_which_names_the_fault() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = clip(dir.path());
+    // The container stays whole (it opens and probes); the video inside is wiped from a
+    // quarter of the way on, so decoding finds the fault.
+    let mut bytes = std::fs::read(&src).unwrap();
+    let n = bytes.len();
+    bytes[n / 4..n * 3 / 4].fill(0xff);
+    let cut = dir.path().join("cut.mp4");
+    std::fs::write(&cut, &bytes).unwrap();
+    let out = dir.path().join("360p.mp4");
+    let rendition = Rendition {
+        name: "360p".into(),
+        height: 360,
+        crf: 28,
+        preset: "veryfast".into(),
+    };
+    let on = |accel| {
+        let limits = JobLimits {
+            accel,
+            ..JobLimits::default()
+        };
+        transcode(
+            &Source::File(cut.clone()),
+            &out,
+            &rendition,
+            &limits,
+            &mut |_| {},
+        )
+    };
+    let gpu = on(Accel {
+        nvdec: Some(0),
+        nvenc: None,
+    });
+    assert!(
+        matches!(gpu, Err(MediaError::Hardware { device: 0, .. })),
+        "{gpu:?}"
+    );
+    let cpu = on(Accel::CPU);
+    match cpu {
+        Err(e @ MediaError::Corrupt { .. }) => {
+            assert!(!e.is_retryable());
+            // Found by decoding, not by opening: NVDEC would meet it the same way.
+            let found = e.to_string();
+            assert!(
+                [
+                    "undecodable packet",
+                    "no frame could be decoded",
+                    "truncated"
+                ]
+                .iter()
+                .any(|w| found.contains(w)),
+                "{found}"
+            );
+        }
+        other => panic!("expected the CPU to name the input's fault, got {other:?}"),
+    }
+    assert_eq!(files_in(dir.path()), ["cut.mp4", "src.mp4"]);
+}
