@@ -49,8 +49,8 @@ EOF
         --enable-indev=lavfi \
         --enable-filter=testsrc,testsrc2,sine,anullsrc,buffer,buffersink,abuffer,abuffersink,scale,format,aformat,null,anull,aresample,hwdownload,hwupload,hwupload_cuda,scale_cuda,fps,setpts,trim,atrim \
         >"$work/configure.log"
-    make -j"$(nproc)" >"$work/make.log"
-    make install >"$work/install.log"
+    make -j"$(nproc)" >"$work/make.log" 2>&1
+    make install >"$work/install.log" 2>&1
     cd "$repo"
 fi
 
