@@ -4,48 +4,25 @@
 //! `MediaError::Hardware` naming the device and leaves nothing behind: the node's cue to run
 //! the job on the CPU.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
+use common::{clip, files_in};
 use spindle_gpu::{Declared, Device, Inventory};
 use spindle_transcode::{
     decode, decode_all, transcode, verify_encoders, Accel, JobLimits, MediaError, Ran, Rendition,
     Source,
 };
 
+/// The clip every test here starts from ([`clip`]'s name for it).
+const SRC: &str = "src-1280x720.mp4";
+
 /// Device 0 as the node sees it: NVML's, with an encoder only if it opens a session.
 fn gpu0() -> Option<Device> {
     let mut inventory = Inventory::discover(&Declared::default());
     verify_encoders(&mut inventory);
     inventory.devices.into_iter().find(|d| d.index == 0)
-}
-
-fn clip(dir: &Path) -> PathBuf {
-    let out = dir.join("src.mp4");
-    let source = Source::Lavfi("testsrc2=size=1280x720:rate=25:duration=2".into());
-    let rendition = Rendition {
-        name: "source".into(),
-        height: 720,
-        crf: 18,
-        preset: "ultrafast".into(),
-    };
-    transcode(
-        &source,
-        &out,
-        &rendition,
-        &JobLimits::default(),
-        &mut |_| {},
-    )
-    .unwrap();
-    out
-}
-
-fn files_in(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
 }
 
 /// A 360p rendition of a 2 s 720p clip on `accel`'s engines.
@@ -57,7 +34,7 @@ fn rendition_on(
     Result<spindle_transcode::Transcoded, MediaError>,
 ) {
     let dir = tempfile::tempdir().unwrap();
-    let src = clip(dir.path());
+    let src = clip(dir.path(), 1280, 720);
     let out = dir.path().join("360p.mp4");
     let limits = JobLimits {
         accel,
@@ -86,11 +63,7 @@ fn refused_on(device: u32, dir: &Path, got: Result<spindle_transcode::Transcoded
         }
         other => panic!("expected gpu{device} to be refused, got {other:?}"),
     }
-    assert_eq!(
-        files_in(dir),
-        ["src.mp4"],
-        "the failed rendition is removed"
-    );
+    assert_eq!(files_in(dir), [SRC], "the failed rendition is removed");
 }
 
 #[test]
@@ -106,7 +79,7 @@ fn nvdec_decodes_where_the_device_has_it_and_is_refused_where_not() {
             assert_eq!((t.frames, t.width, t.height), (50, 640, 360));
             verified(&out);
             // Decoding alone: every frame stays on the GPU.
-            let d = decode(&dir.path().join("src.mp4"), Some(0), 1).unwrap();
+            let d = decode(&dir.path().join(SRC), Some(0), 1).unwrap();
             assert_eq!((d.frames, d.width, d.height), (50, 1280, 720));
             assert_eq!(d.decoded_on, Ran::Gpu(0));
         }
@@ -149,7 +122,7 @@ fn a_device_that_is_not_there_is_refused_by_number() {
 #[test]
 fn a_damaged_input_on_nvdec_is_handed_to_the_cpu_which_names_the_fault() {
     let dir = tempfile::tempdir().unwrap();
-    let src = clip(dir.path());
+    let src = clip(dir.path(), 1280, 720);
     // The container stays whole (it opens and probes); the video inside is wiped from a
     // quarter of the way on, so decoding finds the fault.
     let mut bytes = std::fs::read(&src).unwrap();
@@ -204,5 +177,5 @@ fn a_damaged_input_on_nvdec_is_handed_to_the_cpu_which_names_the_fault() {
         }
         other => panic!("expected the CPU to name the input's fault, got {other:?}"),
     }
-    assert_eq!(files_in(dir.path()), ["cut.mp4", "src.mp4"]);
+    assert_eq!(files_in(dir.path()), ["cut.mp4", SRC]);
 }

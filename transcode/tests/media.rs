@@ -2,37 +2,16 @@
 //! verified frame by frame, corrupt and truncated inputs refused with nothing left behind,
 //! cancellation, timeouts and quotas.
 
-use std::path::{Path, PathBuf};
+mod common;
+
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::{clip, files_in};
 use spindle_transcode::{
     decode_all, probe, transcode, JobLimits, MediaError, Rendition, Source, MILESTONES,
 };
-
-/// A 2 s, 25 fps clip of `w`x`h` in `dir`, made by transcoding a lavfi source.
-fn clip(dir: &Path, w: u32, h: u32) -> PathBuf {
-    let out = dir.join(format!("src-{w}x{h}.mp4"));
-    let source = Source::Lavfi(format!("testsrc2=size={w}x{h}:rate=25:duration=2"));
-    let lossless = Rendition {
-        name: "source".into(),
-        height: h,
-        crf: 18,
-        preset: "ultrafast".into(),
-    };
-    transcode(&source, &out, &lossless, &JobLimits::default(), &mut |_| {}).unwrap();
-    out
-}
-
-fn files_in(dir: &Path) -> Vec<String> {
-    let mut v: Vec<String> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    v.sort();
-    v
-}
 
 #[test]
 fn probe_reports_what_the_clip_is() {

@@ -169,6 +169,21 @@ async fn set_fault(admin: &HttpProvider, fault: Fault) {
     }
 }
 
+/// The rendition files each task's result names (`outputs`), as its client reads them.
+async fn renditions_of(daemon: &Daemon, ids: &[TaskId]) -> Vec<Vec<std::path::PathBuf>> {
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let mut all = Vec::new();
+    for t in ids {
+        let status = client.get(*t).await.unwrap();
+        let result: serde_json::Value =
+            serde_json::from_str(status.result.as_deref().expect("a result")).unwrap();
+        all.push(serde_json::from_value(result["outputs"].clone()).unwrap());
+    }
+    all
+}
+
 /// Submits `n` tasks and waits (bounded) until every one is in a final state; returns the
 /// final states in order.
 async fn run(daemon: &Daemon, test: &TestDb, prefix: &str, n: usize) -> (Vec<TaskId>, Vec<String>) {
@@ -1478,16 +1493,8 @@ async fn the_media_stage_transcodes_checks_declarations_and_fails_what_it_cannot
             Expect::Ladder => {
                 assert!(states.iter().all(|s| s == "SUCCEEDED"), "{states:?}");
                 // The client learns where its renditions are from the task's result.
-                let client = Client::connect(daemon.addr, TenantId(1), "one")
-                    .await
-                    .unwrap();
-                for t in &ids {
-                    let status = client.get(*t).await.unwrap();
-                    let result: serde_json::Value =
-                        serde_json::from_str(status.result.as_deref().expect("a result")).unwrap();
-                    let outputs: Vec<std::path::PathBuf> =
-                        serde_json::from_value(result["outputs"].clone()).unwrap();
-                    assert_eq!(outputs.len(), 2, "{result}");
+                for outputs in renditions_of(&daemon, &ids).await {
+                    assert_eq!(outputs.len(), 2, "{outputs:?}");
                     for (file, (h, w)) in outputs.iter().zip([(240, 426), (120, 212)]) {
                         assert!(file.starts_with(&out), "{file:?}");
                         let (frames, fw, fh) = spindle_transcode::decode_all(file).unwrap();
@@ -1573,15 +1580,7 @@ mig = false
     let daemon = media_node(&test, &m, &out, media).await;
     let (ids, states) = run(&daemon, &test, "gpu", 2).await;
     assert!(states.iter().all(|s| s == "SUCCEEDED"), "{states:?}");
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
-        .await
-        .unwrap();
-    for t in &ids {
-        let status = client.get(*t).await.unwrap();
-        let result: serde_json::Value =
-            serde_json::from_str(status.result.as_deref().expect("a result")).unwrap();
-        let outputs: Vec<std::path::PathBuf> =
-            serde_json::from_value(result["outputs"].clone()).unwrap();
+    for outputs in renditions_of(&daemon, &ids).await {
         let (frames, w, h) = spindle_transcode::decode_all(&outputs[0]).unwrap();
         assert_eq!((frames, w, h), (25, 426, 240));
     }
