@@ -3,7 +3,7 @@
 //!
 //!   cargo run --release -p spindle-gpu --example inventory
 
-use spindle_gpu::{Declared, Inventory, MediaLedger, Source};
+use spindle_gpu::{Declared, Inventory, MediaLedger};
 
 fn main() {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
@@ -12,15 +12,9 @@ fn main() {
         temp_disk_mb: 10_000,
         devices: vec![],
     });
-    match &inv.source {
-        Source::Nvml { driver } => println!("source: NVML, driver {driver}"),
-        Source::Declared { why } => println!("source: declared (NVML unavailable: {why})"),
-    }
+    println!("source: {}", inv.source);
     for d in &inv.devices {
-        println!(
-            "gpu{}: {} | {} MB | NVENC sessions {} | NVDEC sessions {} | MIG {} | utilization {:?} %",
-            d.index, d.name, d.memory_mb, d.nvenc_sessions, d.nvdec_sessions, d.mig, d.utilization_pct
-        );
+        println!("{d}");
     }
     println!(
         "cpu units {} | temp disk {} MB",

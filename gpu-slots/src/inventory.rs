@@ -23,6 +23,26 @@ pub struct Device {
     pub utilization_pct: Option<u32>,
 }
 
+impl std::fmt::Display for Device {
+    /// One line, as the examples and the GPU check print it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "gpu{}: {} | {} MB | NVENC sessions {} | NVDEC sessions {} | MIG {}",
+            self.index,
+            self.name,
+            self.memory_mb,
+            self.nvenc_sessions,
+            self.nvdec_sessions,
+            self.mig
+        )?;
+        match self.utilization_pct {
+            Some(u) => write!(f, " | utilization {u} %"),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Where an inventory came from.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Source {
@@ -33,6 +53,15 @@ pub enum Source {
     Declared {
         why: String,
     },
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Nvml { driver } => write!(f, "NVML, driver {driver}"),
+            Source::Declared { why } => write!(f, "declared (NVML unavailable: {why})"),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -16,9 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use spindle_gpu::{
-    place, Declared, Inventory, MediaLedger, Source as InvSource, TRANSCODE_DEMAND as DEMAND,
-};
+use spindle_gpu::{place, Declared, Inventory, MediaLedger, TRANSCODE_DEMAND as DEMAND};
 use spindle_transcode::{
     decode, decode_all, transcode, verify_encoders, Accel, JobLimits, MediaError, Rendition,
     Source, Transcoded,
@@ -101,21 +99,9 @@ fn main() {
             vec![]
         },
     });
-    match &inv.source {
-        InvSource::Nvml { driver } => println!("source: NVML, driver {driver}"),
-        InvSource::Declared { why } => println!("source: declared (NVML unavailable: {why})"),
-    }
+    println!("source: {}", inv.source);
     for d in &inv.devices {
-        println!(
-            "gpu{}: {} | {} MB | NVENC sessions {} | NVDEC sessions {} | MIG {} | utilization {:?} %",
-            d.index,
-            d.name,
-            d.memory_mb,
-            d.nvenc_sessions,
-            d.nvdec_sessions,
-            d.mig,
-            d.utilization_pct
-        );
+        println!("{d}");
     }
     let nvml_encoders: Vec<u64> = inv.devices.iter().map(|d| d.nvenc_sessions).collect();
     verify_encoders(&mut inv);
