@@ -2,12 +2,16 @@
 //! through and its HTTP adapter ([`adapter`]), callback signatures ([`signature`]), signed webhooks ([`webhook`]) and a receiver of them ([`receiver`]), and the mock
 //! provider ([`mock`], binary `spindle-mock-provider`); outbound HTTPS through [`tls`]; uploads
 //! to S3-compatible storage ([`object_store`]), with keys from STS for a Kubernetes service
-//! account ([`sts`]), and a stand-in bucket that checks them ([`fake_s3`]).
+//! account ([`sts`]) or from an EC2 instance's metadata service ([`imds`]), and stand-ins for
+//! the bucket, STS and the metadata service that check what they are sent ([`fake_s3`],
+//! [`fake_sts`], [`fake_imds`]).
 
 pub mod adapter;
 pub mod api;
+pub mod fake_imds;
 pub mod fake_s3;
 pub mod fake_sts;
+pub mod imds;
 pub mod mock;
 pub mod object_store;
 pub mod receiver;

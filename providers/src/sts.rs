@@ -31,17 +31,41 @@ pub struct WebIdentityConfig {
     pub session_name: String,
 }
 
+/// Temporary keys and when they expire, held until they have [`REFRESH_BEFORE`] left.
+#[derive(Default)]
+pub struct HeldKeys(Mutex<Option<(Credentials, SystemTime)>>);
+
+impl HeldKeys {
+    /// The keys held, or new ones from `fetch` (the keys and their expiry) when none have
+    /// more than [`REFRESH_BEFORE`] left. Callers at once may each fetch; the last one's stay.
+    pub async fn get<F, Fut>(&self, fetch: F) -> Result<Credentials, UploadError>
+    where
+        F: FnOnce() -> Fut,
+        Fut: std::future::Future<Output = Result<(Credentials, SystemTime), UploadError>>,
+    {
+        let held = self.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some((keys, expires)) = held {
+            if SystemTime::now() + REFRESH_BEFORE < expires {
+                return Ok(keys);
+            }
+        }
+        let (keys, expires) = fetch().await?;
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some((keys.clone(), expires));
+        Ok(keys)
+    }
+}
+
 /// A web identity and the keys last traded for it.
 pub struct WebIdentity {
     config: WebIdentityConfig,
-    keys: Mutex<Option<(Credentials, SystemTime)>>,
+    held: HeldKeys,
 }
 
 impl WebIdentity {
     pub fn new(config: WebIdentityConfig) -> WebIdentity {
         WebIdentity {
             config,
-            keys: Mutex::new(None),
+            held: HeldKeys::default(),
         }
     }
 
@@ -51,15 +75,9 @@ impl WebIdentity {
         timeout: Duration,
         tls: &rustls::ClientConfig,
     ) -> Result<Credentials, UploadError> {
-        let held = self.keys.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        if let Some((keys, expires)) = held {
-            if SystemTime::now() + REFRESH_BEFORE < expires {
-                return Ok(keys);
-            }
-        }
-        let (keys, expires) = assume_role_with_web_identity(&self.config, timeout, tls).await?;
-        *self.keys.lock().unwrap_or_else(|p| p.into_inner()) = Some((keys.clone(), expires));
-        Ok(keys)
+        self.held
+            .get(|| assume_role_with_web_identity(&self.config, timeout, tls))
+            .await
     }
 }
 
