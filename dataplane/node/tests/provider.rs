@@ -2297,6 +2297,53 @@ async fn a_service_accounts_web_identity_is_traded_for_keys_at_sts() {
     assert_clean(&test, &admin).await;
 }
 
+/// An EC2 instance's role (`instance_profile`): its keys read from the instance metadata
+/// service the IMDSv2 way for the first job, again once they near expiry, kept while they
+/// have hours left — each job signing with the keys and session token the instance was given,
+/// which the bucket requires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_profiles_keys_are_read_from_the_metadata_service() {
+    let dir = tempfile::tempdir().unwrap();
+    let clip = dir.path().join("clip.mp4");
+    make_clip(&clip, (160, 120), 10, 1, 30);
+    // The first keys have 2 minutes left: under the refresh margin.
+    let imds = spindle_providers::fake_imds::FakeImds::start(
+        Some("gpu-node"),
+        temporary_keys("ASIAFIRST"),
+        Duration::from_secs(120),
+    )
+    .await
+    .unwrap();
+    let bucket = spindle_providers::fake_s3::FakeS3::start("videos", "us-test-1", "x", "y")
+        .await
+        .unwrap();
+    bucket.rotate_key(temporary_keys("ASIAFIRST"));
+    let test = TestDb::new().await;
+    let (m, admin) = mock_with(20, Some(clip)).await;
+    let media = format!(
+        "renditions = [96]\n\n[media.upload]\nurl = \"{}\"\nregion = \"us-test-1\"\n\
+         instance_profile = true\nimds_url = \"{}\"\n",
+        bucket.url(),
+        imds.url()
+    );
+    let daemon = media_node(&test, &m, &dir.path().join("out"), &media).await;
+    let (_, states) = run(&daemon, &test, "first", 1).await;
+    assert_eq!(states, ["SUCCEEDED"]);
+    assert_eq!(imds.key_reads(), 1);
+    // The instance's keys now last six hours, and the bucket takes only those.
+    imds.issue(temporary_keys("ASIASECOND"), Duration::from_secs(6 * 3600));
+    bucket.rotate_key(temporary_keys("ASIASECOND"));
+    let (_, states) = run(&daemon, &test, "second", 1).await;
+    assert_eq!(states, ["SUCCEEDED"]);
+    assert_eq!(imds.key_reads(), 2, "keys near expiry read again");
+    let (_, states) = run(&daemon, &test, "third", 2).await;
+    assert_eq!(states, ["SUCCEEDED", "SUCCEEDED"]);
+    assert_eq!(imds.key_reads(), 2, "keys with hours left kept");
+    assert_eq!(imds.refused(), 0, "every read carried a session token");
+    assert_eq!((bucket.keys().len(), bucket.bad_signatures()), (4, 0));
+    assert_clean(&test, &admin).await;
+}
+
 /// The reason the one dead-lettered task failed.
 async fn failure_reason(test: &TestDb) -> String {
     test.sql()

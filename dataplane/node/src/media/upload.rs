@@ -55,6 +55,14 @@ pub struct UploadConfig {
     /// STS's URL (default: `https://sts.REGION.amazonaws.com`).
     #[serde(default)]
     pub sts_url: Option<String>,
+    /// The EC2 instance's role (its instance profile): keys read from the instance metadata
+    /// service (IMDSv2), used where no keys, credentials file or web identity is given. Off by
+    /// default: off EC2 nothing answers there.
+    #[serde(default)]
+    pub instance_profile: bool,
+    /// The instance metadata service (default: `http://169.254.169.254`).
+    #[serde(default)]
+    pub imds_url: Option<String>,
     /// Put before each object's key (`renditions/`, say); the key is then the file's name,
     /// `task-<task>-<attempt token>-<height>p.mp4`.
     #[serde(default)]
@@ -129,12 +137,16 @@ pub enum KeySource {
     Keys(spindle_providers::object_store::Credentials),
     /// A role's keys traded at STS for a web identity token, again as they near expiry.
     WebIdentity(spindle_providers::sts::WebIdentityConfig),
+    /// The instance role's keys from the metadata service at this URL, again as they near
+    /// expiry.
+    InstanceProfile(String),
 }
 
 impl UploadConfig {
     /// Where the keys come from, in this order: the credentials file, keys given here or in
-    /// the environment, a web identity (a role and a token file, here or in the environment);
-    /// an error names what is missing or wrong.
+    /// the environment, a web identity (a role and a token file, here or in the environment),
+    /// the instance profile where `instance_profile` is set; an error names what is missing
+    /// or wrong.
     pub fn key_source(&self) -> anyhow::Result<KeySource> {
         if let Some(path) = &self.credentials_file {
             spindle_providers::object_store::credentials_from_file(path, self.profile())
@@ -151,10 +163,18 @@ impl UploadConfig {
             .clone()
             .or_else(|| from_env("AWS_WEB_IDENTITY_TOKEN_FILE").map(PathBuf::from));
         let (Some(role_arn), Some(token_file)) = (role_arn, token_file) else {
+            if self.instance_profile {
+                return Ok(KeySource::InstanceProfile(
+                    self.imds_url
+                        .clone()
+                        .unwrap_or_else(|| spindle_providers::imds::IMDS_URL.into()),
+                ));
+            }
             anyhow::bail!(
                 "media.upload has no keys: set access_key_id and secret_access_key (or \
-                 AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY), credentials_file, or role_arn and \
-                 web_identity_token_file (or AWS_ROLE_ARN and AWS_WEB_IDENTITY_TOKEN_FILE)"
+                 AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY), credentials_file, role_arn and \
+                 web_identity_token_file (or AWS_ROLE_ARN and AWS_WEB_IDENTITY_TOKEN_FILE), or \
+                 instance_profile = true"
             );
         };
         std::fs::metadata(&token_file).map_err(|e| {
@@ -184,11 +204,13 @@ impl UploadConfig {
                 spindle_providers::object_store::credentials_from_file(&path, &profile)?
             }
             KeySource::Keys(keys) => keys,
-            KeySource::WebIdentity(_) => spindle_providers::object_store::Credentials {
-                access_key_id: String::new(),
-                secret_access_key: String::new(),
-                session_token: None,
-            },
+            KeySource::WebIdentity(_) | KeySource::InstanceProfile(_) => {
+                spindle_providers::object_store::Credentials {
+                    access_key_id: String::new(),
+                    secret_access_key: String::new(),
+                    session_token: None,
+                }
+            }
         };
         let spindle_providers::object_store::Credentials {
             access_key_id,
@@ -313,6 +335,14 @@ impl UploadConfig {
         if let Some(url) = &self.sts_url {
             check_url("media.upload.sts_url", url)?;
         }
+        if let Some(url) = &self.imds_url {
+            check_url("media.upload.imds_url", url)?;
+            anyhow::ensure!(
+                self.instance_profile,
+                "media.upload.imds_url is where instance_profile's keys are read, and \
+                 instance_profile is not set"
+            );
+        }
         if self.credentials_file.is_some() {
             anyhow::ensure!(
                 self.access_key_id.is_none()
@@ -333,7 +363,8 @@ impl UploadConfig {
     }
 }
 
-/// How long a trade of the web identity at STS may take.
+/// How long a trade of the web identity at STS, or a read of the instance profile's keys, may
+/// take.
 const STS_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// An upload's keys, resolved.
@@ -342,14 +373,16 @@ enum Keys {
     Fixed,
     File(PathBuf, String),
     WebIdentity(Arc<spindle_providers::sts::WebIdentity>),
+    InstanceProfile(Arc<spindle_providers::imds::InstanceProfile>),
 }
 
 /// `[media.upload]`, resolved at start.
 #[derive(Clone)]
 pub(super) struct Upload {
     bucket: spindle_providers::object_store::Bucket,
-    /// Where the keys come from (a file read again per job, the web identity that trades for
-    /// them: shared by the workers, so one trade serves them all).
+    /// Where the keys come from (a file read again per job; the web identity that trades for
+    /// them, or the instance profile they are read from: shared by the workers, so one trade
+    /// or read serves them all).
     keys: Keys,
     tls: Arc<spindle_providers::tls::ClientConfig>,
     prefix: String,
@@ -370,6 +403,9 @@ impl Upload {
                 KeySource::WebIdentity(config) => {
                     Keys::WebIdentity(Arc::new(spindle_providers::sts::WebIdentity::new(config)))
                 }
+                KeySource::InstanceProfile(url) => Keys::InstanceProfile(Arc::new(
+                    spindle_providers::imds::InstanceProfile::new(&url),
+                )),
             },
             tls: u.tls()?,
             prefix: u.prefix.clone(),
@@ -387,7 +423,8 @@ impl Upload {
     }
 
     /// The bucket with the keys as they are now: read again from the credentials file, or
-    /// traded for at STS as they near expiry, where they come from one.
+    /// traded for at STS or read from the metadata service as they near expiry, where they
+    /// come from one of those.
     fn bucket_now(
         &self,
         rt: &tokio::runtime::Runtime,
@@ -399,6 +436,9 @@ impl Upload {
                 spindle_providers::object_store::credentials_from_file(file, profile)?
             }
             Keys::WebIdentity(web) => rt.block_on(web.credentials(STS_TIMEOUT, &self.tls))?,
+            Keys::InstanceProfile(profile) => {
+                rt.block_on(profile.credentials(STS_TIMEOUT, &self.tls))?
+            }
         };
         let mut bucket = self.bucket.clone();
         bucket.access_key_id = keys.access_key_id;
@@ -591,10 +631,36 @@ mod tests {
         {
             let e = checked(&no_keys("")).unwrap_err().to_string();
             assert!(
-                e.starts_with("media.upload has no keys: set access_key_id"),
+                e.starts_with("media.upload has no keys: set access_key_id")
+                    && e.ends_with("or instance_profile = true"),
                 "{e}"
             );
+            // The instance profile, last: the metadata service's usual address by default.
+            let config: MediaConfig = toml::from_str(&no_keys(
+                "instance_profile = true
+",
+            ))
+            .unwrap();
+            assert_eq!(
+                config.upload.unwrap().key_source().unwrap(),
+                KeySource::InstanceProfile("http://169.254.169.254".into())
+            );
+            checked(&no_keys(
+                "instance_profile = true
+imds_url = \"http://127.0.0.1:1338\"\n",
+            ))
+            .unwrap();
         }
+        let e = checked(&no_keys("imds_url = \"http://127.0.0.1:1338\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.ends_with("and instance_profile is not set"), "{e}");
+        let e = checked(&no_keys(
+            "instance_profile = true\nimds_url = \"file:///x\"\n",
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.starts_with("media.upload.imds_url must be"), "{e}");
         // Half a pair of keys is named, not taken for none.
         if std::env::var_os("AWS_SECRET_ACCESS_KEY").is_none() {
             let e = checked(&no_keys("access_key_id = \"AKID\"\n"))
