@@ -14,12 +14,15 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::{Request, Response, StatusCode};
 
-use crate::object_store::{authorization, canonical_query, sha256_hex, Bucket, PART_BYTES_MIN};
+use crate::object_store::{
+    authorization, canonical_query, sha256_hex, xml_escape, Bucket, PART_BYTES_MIN,
+};
 
 /// The largest request body taken (a part or an object): larger is `413 EntityTooLarge`.
 pub const BODY_BYTES_MAX: usize = 64 << 20;
@@ -65,6 +68,8 @@ struct State {
 
 struct Upload {
     key: String,
+    /// When it was started (as `backdate_uploads` has it).
+    initiated: SystemTime,
     parts: BTreeMap<u32, (String, Bytes)>,
     /// What the upload was created with, for its object.
     created_with: Vec<(String, String)>,
@@ -162,6 +167,23 @@ impl FakeS3 {
         lock(&self.state.uploads).len()
     }
 
+    /// The keys of the open multipart uploads, in order.
+    pub fn open_upload_keys(&self) -> Vec<String> {
+        let mut keys: Vec<String> = lock(&self.state.uploads)
+            .values()
+            .map(|u| u.key.clone())
+            .collect();
+        keys.sort();
+        keys
+    }
+
+    /// Makes every open multipart upload `by` older (as a node that died long ago left it).
+    pub fn backdate_uploads(&self, by: Duration) {
+        for u in lock(&self.state.uploads).values_mut() {
+            u.initiated -= by;
+        }
+    }
+
     /// Every request answered so far, as "METHOD what": `PUT object KEY`, `POST uploads KEY`,
     /// `PUT part N KEY`, `POST complete KEY`, `DELETE upload KEY`, `DELETE object KEY`,
     /// `GET object KEY` — or `refused` with the status, for one the bucket refused before
@@ -217,6 +239,58 @@ impl FakeS3 {
     pub fn set_min_part_bytes(&self, bytes: u64) {
         self.state.min_part_bytes.store(bytes, Ordering::Relaxed);
     }
+}
+
+/// ListMultipartUploads: the open uploads under `prefix`, ordered by key and id, a page of
+/// `max-uploads` after the markers.
+fn list_uploads(state: &State, query: &str) -> Response<Full<Bytes>> {
+    let query: HashMap<String, String> =
+        query_pairs(query).unwrap_or_default().into_iter().collect();
+    if !query.contains_key("uploads") {
+        return error(
+            StatusCode::NOT_IMPLEMENTED,
+            "NotImplemented",
+            "only ?uploads",
+        );
+    }
+    lock(&state.log).push("GET uploads".into());
+    let get = |n: &str| query.get(n).cloned().unwrap_or_default();
+    let (prefix, after) = (get("prefix"), (get("key-marker"), get("upload-id-marker")));
+    let page: usize = get("max-uploads").parse().unwrap_or(1_000).clamp(1, 1_000);
+    let mut open: Vec<(String, String, SystemTime)> = lock(&state.uploads)
+        .iter()
+        .filter(|(_, u)| u.key.starts_with(&prefix))
+        .map(|(id, u)| (u.key.clone(), id.clone(), u.initiated))
+        .filter(|(k, id, _)| after.0.is_empty() || (k, id) > (&after.0, &after.1))
+        .collect();
+    open.sort();
+    let truncated = open.len() > page;
+    open.truncate(page);
+    let mut body = format!(
+        "<ListMultipartUploadsResult><Bucket>{}</Bucket><Prefix>{}</Prefix>\
+         <MaxUploads>{page}</MaxUploads><IsTruncated>{truncated}</IsTruncated>",
+        state.name,
+        xml_escape(&prefix)
+    );
+    if let (true, Some((k, id, _))) = (truncated, open.last()) {
+        body.push_str(&format!(
+            "<NextKeyMarker>{}</NextKeyMarker><NextUploadIdMarker>{}</NextUploadIdMarker>",
+            xml_escape(k),
+            xml_escape(id)
+        ));
+    }
+    for (k, id, initiated) in &open {
+        // S3 writes milliseconds.
+        let at = crate::sts::format_utc(*initiated).replace('Z', ".000Z");
+        body.push_str(&format!(
+            "<Upload><Key>{}</Key><UploadId>{}</UploadId><StorageClass>STANDARD</StorageClass>\
+             <Initiated>{at}</Initiated></Upload>",
+            xml_escape(k),
+            xml_escape(id)
+        ));
+    }
+    body.push_str("</ListMultipartUploadsResult>");
+    ok(StatusCode::OK, None, body)
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -365,6 +439,9 @@ async fn answer(state: &State, req: Request<hyper::body::Incoming>) -> Response<
         return error(StatusCode::SERVICE_UNAVAILABLE, "SlowDown", "try again");
     }
     let prefix = format!("/{}/", state.name);
+    if parts.method == hyper::Method::GET && parts.uri.path() == prefix {
+        return list_uploads(state, parts.uri.query().unwrap_or(""));
+    }
     let Some(key) = parts
         .uri
         .path()
@@ -418,6 +495,7 @@ async fn answer(state: &State, req: Request<hyper::body::Incoming>) -> Response<
                 id.clone(),
                 Upload {
                     key: key.clone(),
+                    initiated: SystemTime::now(),
                     parts: BTreeMap::new(),
                     created_with,
                 },
@@ -457,7 +535,7 @@ async fn answer(state: &State, req: Request<hyper::body::Incoming>) -> Response<
             state.parts_in_flight_max.fetch_max(now, Ordering::Relaxed);
             let delay = state.part_delay_ms.load(Ordering::Relaxed);
             if delay > 0 {
-                tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+                tokio::time::sleep(Duration::from_millis(delay)).await;
             }
             state.parts_in_flight.fetch_sub(1, Ordering::Relaxed);
             let tag = etag(&body);

@@ -567,6 +567,82 @@ pub async fn abort_multipart_upload(
     Ok(())
 }
 
+/// A multipart upload a bucket holds open: started, neither completed nor aborted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpenUpload {
+    pub key: String,
+    pub upload_id: String,
+    pub initiated: SystemTime,
+}
+
+/// The most uploads S3 lists in one page.
+pub const LIST_PAGE_MAX: u32 = 1_000;
+
+/// The multipart uploads `bucket` holds open under `prefix`, read a page of `page`
+/// (1..=[`LIST_PAGE_MAX`]) at a time, at most `pages` pages, each within `timeout`: the uploads,
+/// and whether more were left unread.
+pub async fn list_multipart_uploads(
+    bucket: &Bucket,
+    prefix: &str,
+    page: u32,
+    pages: u32,
+    timeout: Duration,
+    tls: &rustls::ClientConfig,
+) -> Result<(Vec<OpenUpload>, bool), UploadError> {
+    let page = page.clamp(1, LIST_PAGE_MAX).to_string();
+    let mut uploads = Vec::new();
+    let mut markers: Option<(String, String)> = None;
+    for _ in 0..pages {
+        let mut query = vec![
+            ("uploads", ""),
+            ("prefix", prefix),
+            ("max-uploads", page.as_str()),
+        ];
+        if let Some((key, id)) = &markers {
+            query.push(("key-marker", key.as_str()));
+            query.push(("upload-id-marker", id.as_str()));
+        }
+        let call = Call {
+            query: &query,
+            ..Call::to("GET", "")
+        };
+        let answer = send(bucket, call, timeout, tls).await?;
+        let text = String::from_utf8_lossy(&answer.body);
+        let unexpected = |reason: String| UploadError::Unexpected {
+            url: answer.url.clone(),
+            reason,
+        };
+        for item in text.split("<Upload>").skip(1) {
+            let item = item.split("</Upload>").next().unwrap_or("");
+            let field = |name: &str| {
+                xml_text(item, name)
+                    .filter(|v| !v.is_empty())
+                    .ok_or_else(|| unexpected(format!("an upload without {name} in the list")))
+            };
+            let initiated = field("Initiated")?;
+            uploads.push(OpenUpload {
+                key: field("Key")?,
+                upload_id: field("UploadId")?,
+                initiated: crate::sts::parse_utc(&initiated).ok_or_else(|| {
+                    unexpected(format!(
+                        "an Initiated that is not a UTC time: {initiated:?}"
+                    ))
+                })?,
+            });
+        }
+        if xml_text(&text, "IsTruncated").as_deref() != Some("true") {
+            return Ok((uploads, false));
+        }
+        let next = |name: &str| {
+            xml_text(&text, name)
+                .filter(|v| !v.is_empty())
+                .ok_or_else(|| unexpected(format!("a truncated list without {name}")))
+        };
+        markers = Some((next("NextKeyMarker")?, next("NextUploadIdMarker")?));
+    }
+    Ok((uploads, true))
+}
+
 /// The text of the first `<name>` element in `xml`, its entities decoded.
 pub(crate) fn xml_text(xml: &str, name: &str) -> Option<String> {
     let open = format!("<{name}>");
@@ -582,7 +658,7 @@ pub(crate) fn xml_text(xml: &str, name: &str) -> Option<String> {
     )
 }
 
-fn xml_escape(text: &str) -> String {
+pub(crate) fn xml_escape(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")

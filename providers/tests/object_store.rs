@@ -4,7 +4,9 @@
 use std::time::{Duration, Instant};
 
 use spindle_providers::fake_s3::FakeS3;
-use spindle_providers::object_store::{upload_file, Plan, UploadError};
+use spindle_providers::object_store::{
+    create_multipart_upload, list_multipart_uploads, upload_file, Plan, UploadError,
+};
 
 const PART: u64 = 64 << 10;
 
@@ -265,4 +267,56 @@ async fn objects_are_created_with_the_buckets_storage_class_and_encryption() {
         assert_eq!(s3.created_with(key), headers, "{key}");
     }
     assert_eq!(s3.bad_signatures(), 0);
+}
+
+/// The multipart uploads a bucket holds open under a prefix, read page by page (S3's markers),
+/// bounded by the pages asked for, each with when it was started.
+#[tokio::test]
+async fn open_uploads_are_listed_page_by_page_within_the_pages_asked() {
+    let s3 = bucket().await;
+    let tls = spindle_providers::tls::public_roots();
+    let within = Duration::from_secs(10);
+    let b = s3.bucket();
+    let mut started = Vec::new();
+    for key in ["r/a", "r/b", "r/b", "r/c", "r/d", "other/e"] {
+        let id = create_multipart_upload(&b, key, "video/mp4", within, &tls)
+            .await
+            .unwrap();
+        started.push((key.to_string(), id));
+    }
+    let before = std::time::SystemTime::now();
+    s3.backdate_uploads(Duration::from_secs(3600));
+    let (all, more) = list_multipart_uploads(&b, "r/", 2, 10, within, &tls)
+        .await
+        .unwrap();
+    assert!(!more);
+    let mut listed: Vec<(String, String)> = all
+        .iter()
+        .map(|u| (u.key.clone(), u.upload_id.clone()))
+        .collect();
+    listed.sort();
+    let mut expected: Vec<(String, String)> = started
+        .iter()
+        .filter(|(k, _)| k.starts_with("r/"))
+        .cloned()
+        .collect();
+    expected.sort();
+    assert_eq!(listed, expected, "five uploads under r/, two of one key");
+    for u in &all {
+        let age = before.duration_since(u.initiated).unwrap();
+        assert!(
+            (3_590..3_610).contains(&age.as_secs()),
+            "{u:?} started {age:?} ago"
+        );
+    }
+    assert_eq!(
+        s3.log().iter().filter(|l| *l == "GET uploads").count(),
+        3,
+        "five uploads in pages of two"
+    );
+    let (first, more) = list_multipart_uploads(&b, "r/", 2, 2, within, &tls)
+        .await
+        .unwrap();
+    assert!(more, "two pages read, more left");
+    assert_eq!(first.len(), 4);
 }
