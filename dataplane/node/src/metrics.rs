@@ -685,6 +685,11 @@ impl Metrics {
                 "# HELP spindle_media_gpu_fallbacks_total Media jobs placed on a GPU whose engine could not be used, then run on the CPU.\n# TYPE spindle_media_gpu_fallbacks_total counter\nspindle_media_gpu_fallbacks_total {}",
                 stats.gpu_fallbacks.load(Ordering::Relaxed)
             );
+            let _ = writeln!(
+                w,
+                "# HELP spindle_media_uploads_aborted_total Multipart uploads left open by a node that died mid-upload, aborted by a sweep.\n# TYPE spindle_media_uploads_aborted_total counter\nspindle_media_uploads_aborted_total {}",
+                stats.uploads_aborted.load(Ordering::Relaxed)
+            );
             let _ = writeln!(w, "# HELP spindle_media_engine_units Media units per engine: capacity and used.\n# TYPE spindle_media_engine_units gauge");
             for (engine, capacity, used) in media.ledger.snapshot() {
                 let _ = writeln!(

@@ -1995,14 +1995,79 @@ async fn a_backlog_a_stall_left_at_the_pacer_drains_while_the_account_stays_busy
     assert_eq!(total.accepted, 320, "each task accepted once");
 }
 
-/// `[media.upload]` for `bucket` (path-style), objects under `renditions/`.
+/// `[media.upload]` for `bucket` (path-style), objects under `renditions/`; no sweep of open
+/// uploads at start (its listing would land among the requests the tests count).
 fn upload_config(bucket: &spindle_providers::fake_s3::FakeS3) -> String {
     let b = bucket.bucket();
     format!(
         "\n[media.upload]\nurl = \"{}\"\nregion = \"{}\"\naccess_key_id = \"{}\"\n\
-         secret_access_key = \"{}\"\nprefix = \"renditions/\"\n",
+         secret_access_key = \"{}\"\nprefix = \"renditions/\"\nsweep_uploads = false\n",
         b.url, b.region, b.access_key_id, b.secret_access_key
     )
+}
+
+/// Multipart uploads a node that died mid-upload left open: a node with `[media.upload]`
+/// aborts, at its start (and hourly), those under its prefix named as renditions are and older
+/// than a job may run; a fresh one, another application's, and one outside the prefix stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_a_dead_node_left_open_are_aborted_and_the_rest_kept() {
+    use spindle_providers::object_store::create_multipart_upload;
+    let dir = tempfile::tempdir().unwrap();
+    let bucket = spindle_providers::fake_s3::FakeS3::start("videos", "us-test-1", "AKID", "s")
+        .await
+        .unwrap();
+    let tls = spindle_providers::tls::public_roots();
+    let open = async |key: &str| {
+        create_multipart_upload(
+            &bucket.bucket(),
+            key,
+            "video/mp4",
+            Duration::from_secs(10),
+            &tls,
+        )
+        .await
+        .unwrap()
+    };
+    for key in [
+        "renditions/task-7-3-96p.mp4",
+        "renditions/backup.tar",
+        "elsewhere/task-8-1-96p.mp4",
+    ] {
+        open(key).await;
+    }
+    bucket.backdate_uploads(Duration::from_secs(2 * 3600));
+    open("renditions/task-9-1-96p.mp4").await;
+    let test = TestDb::new().await;
+    let (m, admin) = mock_with(20, None).await;
+    let media = format!("renditions = [96]\n{}", upload_config(&bucket))
+        .replace("sweep_uploads = false", "sweep_uploads = true");
+    let daemon = media_node(&test, &m, &dir.path().join("out"), &media).await;
+    let aborted = poll_until(
+        Duration::from_secs(30),
+        async || {
+            let (_, metrics) = http_get(daemon.http, "/metrics").await;
+            metric_sum(&metrics, "spindle_media_uploads_aborted_total")
+        },
+        |&n| n >= 1,
+    )
+    .await;
+    assert_eq!(aborted, 1);
+    assert_eq!(
+        bucket.open_upload_keys(),
+        [
+            "elsewhere/task-8-1-96p.mp4",
+            "renditions/backup.tar",
+            "renditions/task-9-1-96p.mp4"
+        ]
+    );
+    assert!(
+        bucket
+            .log()
+            .contains(&"DELETE upload renditions/task-7-3-96p.mp4".to_string()),
+        "{:?}",
+        bucket.log()
+    );
+    assert_clean(&test, &admin).await;
 }
 
 /// `[media.upload]`: each rendition is put into the bucket (a stand-in that checks every
@@ -2219,7 +2284,7 @@ async fn rotated_credentials_are_read_again_for_every_job() {
     let out = dir.path().join("out");
     let media = format!(
         "renditions = [96]\n\n[media.upload]\nurl = \"{}\"\nregion = \"us-test-1\"\n\
-         credentials_file = {:?}\nprofile = \"renditions\"\n",
+         credentials_file = {:?}\nprofile = \"renditions\"\nsweep_uploads = false\n",
         bucket.url(),
         file.display().to_string()
     );
@@ -2275,7 +2340,8 @@ async fn a_service_accounts_web_identity_is_traded_for_keys_at_sts() {
     let (m, admin) = mock_with(20, Some(clip)).await;
     let media = format!(
         "renditions = [96]\n\n[media.upload]\nurl = \"{}\"\nregion = \"us-test-1\"\n\
-         role_arn = \"{role}\"\nweb_identity_token_file = {:?}\nsts_url = \"{}\"\n",
+         role_arn = \"{role}\"\nweb_identity_token_file = {:?}\nsts_url = \"{}\"\n\
+         sweep_uploads = false\n",
         bucket.url(),
         token.display().to_string(),
         sts.url()
@@ -2322,7 +2388,7 @@ async fn an_instance_profiles_keys_are_read_from_the_metadata_service() {
     let (m, admin) = mock_with(20, Some(clip)).await;
     let media = format!(
         "renditions = [96]\n\n[media.upload]\nurl = \"{}\"\nregion = \"us-test-1\"\n\
-         instance_profile = true\nimds_url = \"{}\"\n",
+         instance_profile = true\nimds_url = \"{}\"\nsweep_uploads = false\n",
         bucket.url(),
         imds.url()
     );

@@ -211,6 +211,8 @@ pub struct MediaStats {
     pub renditions: [[AtomicU64; 2]; 2],
     /// Jobs placed on a GPU whose engine could not be used, then run on the CPU.
     pub gpu_fallbacks: AtomicU64,
+    /// Multipart uploads left open (a node that died mid-upload) that a sweep aborted.
+    pub uploads_aborted: AtomicU64,
 }
 
 impl MediaStats {
@@ -223,6 +225,7 @@ impl MediaStats {
             uploaded_bytes: AtomicU64::new(0),
             renditions: Default::default(),
             gpu_fallbacks: AtomicU64::new(0),
+            uploads_aborted: AtomicU64::new(0),
         }
     }
 
@@ -248,6 +251,11 @@ pub struct MediaPool {
     pub latest: Arc<Mutex<Inventory>>,
     pub stats: Arc<MediaStats>,
 }
+
+/// How often the bucket is swept for multipart uploads left open (at start, then this often).
+pub const SWEEP_EVERY: Duration = Duration::from_secs(3600);
+/// An upload is left open once older than a job may run plus this.
+const SWEEP_MARGIN: Duration = Duration::from_secs(300);
 
 /// How often an NVML inventory is read again.
 pub const INVENTORY_REFRESH: Duration = Duration::from_secs(30);
@@ -335,6 +343,38 @@ impl MediaPool {
         let cancels: Arc<
             Mutex<std::collections::HashMap<TaskId, Arc<std::sync::atomic::AtomicBool>>>,
         > = Arc::default();
+        let sweep = config.upload.as_ref().is_some_and(|u| u.sweep_uploads);
+        if let Some(upload) = upload.clone().filter(|_| sweep) {
+            // A job's upload ends within the job's timeout; one open longer was left by a node
+            // that died (the margin: the store's clock and this node's may differ).
+            let older_than = Duration::from_millis(config.timeout_ms) + SWEEP_MARGIN;
+            let stats = stats.clone();
+            std::thread::Builder::new()
+                .name("media-sweep".into())
+                .spawn(move || {
+                    let rt = match tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                    {
+                        Ok(rt) => rt,
+                        Err(e) => {
+                            tracing::error!("media sweep: no runtime: {e}");
+                            return;
+                        }
+                    };
+                    loop {
+                        match upload.sweep(&rt, older_than) {
+                            Ok(0) => {}
+                            Ok(n) => {
+                                tracing::info!("media: aborted {n} upload(s) left open");
+                                stats.uploads_aborted.fetch_add(n, Ordering::Relaxed);
+                            }
+                            Err(e) => tracing::warn!("media: sweeping uploads left open: {e}"),
+                        }
+                        std::thread::sleep(SWEEP_EVERY);
+                    }
+                })?;
+        }
         let devices: Vec<u32> = inventory.devices.iter().map(|d| d.index).collect();
         for w in 0..config.workers {
             let rx = rx.clone();

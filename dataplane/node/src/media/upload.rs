@@ -74,6 +74,12 @@ pub struct UploadConfig {
     /// Keep the files in `output_dir` after their upload (default: removed).
     #[serde(default)]
     pub keep_local: bool,
+    /// Abort, at start and hourly, the multipart uploads of renditions under `prefix` left
+    /// open longer than a job may run (a node that died mid-upload; the store bills their
+    /// parts until then). Needs `s3:ListBucketMultipartUploads` and `s3:AbortMultipartUpload`;
+    /// turn it off where a lifecycle rule does this instead. Default: on.
+    #[serde(default = "default_sweep_uploads")]
+    pub sweep_uploads: bool,
     /// Tries of each request (1..=10); between them 0.5 s, doubling, within the job's timeout.
     #[serde(default = "default_upload_attempts")]
     pub attempts: u32,
@@ -115,6 +121,10 @@ impl std::fmt::Debug for UploadConfig {
 
 fn default_upload_attempts() -> u32 {
     3
+}
+
+fn default_sweep_uploads() -> bool {
+    true
 }
 
 fn default_upload_part_mb() -> u64 {
@@ -451,6 +461,78 @@ impl Upload {
     pub(super) fn keep_local(&self) -> bool {
         self.keep_local
     }
+
+    /// Aborts this node kind's multipart uploads under the prefix (keys named as renditions
+    /// are, `task-…p.mp4`: a bucket shared with others keeps their uploads) that were started
+    /// more than `older_than` ago — the parts of an upload whose node died mid-way, which the
+    /// store keeps, and bills, until they are aborted. The number aborted.
+    pub(super) fn sweep(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        older_than: Duration,
+    ) -> Result<u64, spindle_providers::object_store::UploadError> {
+        use spindle_providers::object_store::{
+            abort_multipart_upload, list_multipart_uploads, LIST_PAGE_MAX,
+        };
+        let bucket = self.bucket_now(rt)?;
+        rt.block_on(async {
+            let (open, more) = list_multipart_uploads(
+                &bucket,
+                &self.prefix,
+                LIST_PAGE_MAX,
+                SWEEP_PAGES_MAX,
+                DELETE_TIMEOUT,
+                &self.tls,
+            )
+            .await?;
+            let cutoff = std::time::SystemTime::now() - older_than;
+            let mut aborted = 0;
+            for u in open
+                .iter()
+                .filter(|u| u.initiated < cutoff && is_rendition_key(&self.prefix, &u.key))
+            {
+                match abort_multipart_upload(
+                    &bucket,
+                    &u.key,
+                    &u.upload_id,
+                    DELETE_TIMEOUT,
+                    &self.tls,
+                )
+                .await
+                {
+                    Ok(()) => aborted += 1,
+                    Err(e) => tracing::warn!("media: the upload left open of {} stays: {e}", u.key),
+                }
+            }
+            if more {
+                tracing::info!(
+                    "media: more uploads open under {:?} than one sweep reads; the next sweep \
+                     takes the rest",
+                    self.prefix
+                );
+            }
+            Ok(aborted)
+        })
+    }
+}
+
+/// Pages of open uploads one sweep reads (S3's 1,000 uploads each).
+const SWEEP_PAGES_MAX: u32 = 10;
+
+/// Whether `key` is a rendition's under `prefix`: `task-<task>-<token>-<height>p.mp4`.
+fn is_rendition_key(prefix: &str, key: &str) -> bool {
+    let Some(name) = key
+        .strip_prefix(prefix)
+        .and_then(|k| k.strip_prefix("task-"))
+        .and_then(|k| k.strip_suffix("p.mp4"))
+    else {
+        return false;
+    };
+    let numbers: Vec<&str> = name.split('-').collect();
+    numbers.len() == 3
+        && numbers
+            .iter()
+            .all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// Puts every output into the bucket (each request tried per the plan while its trouble is
@@ -532,6 +614,24 @@ const DELETE_TIMEOUT: Duration = Duration::from_secs(10);
 mod tests {
     use super::super::MediaConfig;
     use super::*;
+
+    #[test]
+    fn a_sweep_takes_only_keys_named_as_renditions_are() {
+        for key in ["r/task-12-3-720p.mp4", "r/task-1-1-96p.mp4"] {
+            assert!(is_rendition_key("r/", key), "{key}");
+        }
+        for key in [
+            "task-12-3-720p.mp4",
+            "r/backup.tar",
+            "r/task-12-3p.mp4",
+            "r/task-12-3-720.mp4",
+            "r/task-1a-3-720p.mp4",
+            "r/task--3-720p.mp4",
+            "r/sub/task-12-3-720p.mp4",
+        ] {
+            assert!(!is_rendition_key("r/", key), "{key}");
+        }
+    }
 
     fn checked(text: &str) -> anyhow::Result<()> {
         toml::from_str::<MediaConfig>(text)?.check()
