@@ -401,6 +401,89 @@ fn signed(state: &State, parts: &hyper::http::request::Parts, body: &[u8]) -> bo
     names.split(';').any(|n| n == "host") && auth == expected
 }
 
+/// Whether a presigned request (SigV4 in its query) checks out: a `GET`, signed with this
+/// bucket's key (and session token) over its host alone, not expired. Else S3's code and why.
+fn presigned(
+    state: &State,
+    parts: &hyper::http::request::Parts,
+) -> Result<(), (&'static str, &'static str)> {
+    let mismatch = ("SignatureDoesNotMatch", "the signature does not check out");
+    let pairs = query_pairs(parts.uri.query().unwrap_or("")).ok_or(mismatch)?;
+    let get = |name: &str| {
+        pairs
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    };
+    let key = lock(&state.key).clone();
+    let (Some(signature), Some(date), Some(expires), Some(credential)) = (
+        get("X-Amz-Signature"),
+        get("X-Amz-Date"),
+        get("X-Amz-Expires").and_then(|e| e.parse::<u64>().ok()),
+        get("X-Amz-Credential"),
+    ) else {
+        return Err(mismatch);
+    };
+    let day = date.get(..8).unwrap_or("");
+    if parts.method != hyper::Method::GET
+        || get("X-Amz-Algorithm") != Some("AWS4-HMAC-SHA256")
+        || get("X-Amz-SignedHeaders") != Some("host")
+        || credential
+            != format!(
+                "{}/{day}/{}/s3/aws4_request",
+                key.access_key_id, state.region
+            )
+        || !(1..=604_800).contains(&expires)
+        || (key.session_token.is_some()
+            && get("X-Amz-Security-Token") != key.session_token.as_deref())
+    {
+        return Err(mismatch);
+    }
+    let rest: Vec<(&str, &str)> = pairs
+        .iter()
+        .filter(|(n, _)| n != "X-Amz-Signature")
+        .map(|(n, v)| (n.as_str(), v.as_str()))
+        .collect();
+    let host = parts
+        .headers
+        .get("host")
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("");
+    let expected = crate::object_store::presigned_signature(
+        "GET",
+        parts.uri.path(),
+        &canonical_query(&rest),
+        host,
+        &key.secret_access_key,
+        &state.region,
+        date,
+    );
+    if signature != expected {
+        return Err(mismatch);
+    }
+    // `YYYYMMDDTHHMMSSZ` read as the UTC time it names.
+    let signed_at = date
+        .get(..15)
+        .filter(|d| d.is_ascii())
+        .map(|d| {
+            format!(
+                "{}-{}-{}T{}:{}:{}Z",
+                &d[0..4],
+                &d[4..6],
+                &d[6..8],
+                &d[9..11],
+                &d[11..13],
+                &d[13..15]
+            )
+        })
+        .and_then(|d| crate::sts::parse_utc(&d))
+        .ok_or(mismatch)?;
+    if SystemTime::now() > signed_at + Duration::from_secs(expires) {
+        return Err(("AccessDenied", "Request has expired"));
+    }
+    Ok(())
+}
+
 async fn answer(state: &State, req: Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
     let (parts, body) = req.into_parts();
     let Ok(body) = http_body_util::Limited::new(body, BODY_BYTES_MAX)
@@ -415,7 +498,18 @@ async fn answer(state: &State, req: Request<hyper::body::Incoming>) -> Response<
         );
     };
     let log = |what: String| lock(&state.log).push(what);
-    if !signed(state, &parts, &body) {
+    let by_query = parts
+        .uri
+        .query()
+        .is_some_and(|q| q.contains("X-Amz-Signature="));
+    if by_query {
+        // A presigned URL: reads only.
+        if let Err((code, message)) = presigned(state, &parts) {
+            state.bad_signatures.fetch_add(1, Ordering::Relaxed);
+            log("refused 403".into());
+            return error(StatusCode::FORBIDDEN, code, message);
+        }
+    } else if !signed(state, &parts, &body) {
         state.bad_signatures.fetch_add(1, Ordering::Relaxed);
         log("refused 403".into());
         return error(

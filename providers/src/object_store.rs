@@ -216,6 +216,20 @@ pub fn authorization(
     service: &str,
     amz_date: &str,
 ) -> String {
+    let (scope, signed, signature) = sign(request, secret_access_key, region, service, amz_date);
+    format!(
+        "AWS4-HMAC-SHA256 Credential={access_key_id}/{scope},SignedHeaders={signed},Signature={signature}"
+    )
+}
+
+/// SigV4 over `request`: its scope, its signed header names and its signature.
+fn sign(
+    request: &Request<'_>,
+    secret_access_key: &str,
+    region: &str,
+    service: &str,
+    amz_date: &str,
+) -> (String, String, String) {
     let mut headers: Vec<(&str, &str)> = request.headers.to_vec();
     headers.sort_unstable_by_key(|(name, _)| *name);
     let mut canonical = format!("{}\n{}\n{}\n", request.method, request.path, request.query);
@@ -239,9 +253,90 @@ pub fn authorization(
         |key, part| hmac(&key, part.as_bytes()),
     );
     let signature = hex(&hmac(&key, to_sign.as_bytes()));
-    format!(
-        "AWS4-HMAC-SHA256 Credential={access_key_id}/{scope},SignedHeaders={signed},Signature={signature}"
-    )
+    (scope, signed, signature)
+}
+
+/// The longest a presigned URL lasts (SigV4's limit: a week).
+pub const PRESIGN_MAX: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// What a presigned request signs in place of its body's hash.
+pub const PRESIGN_PAYLOAD: &str = "UNSIGNED-PAYLOAD";
+
+/// A URL that lets whoever holds it `GET` `key` from `bucket`, signed at `at` and good for
+/// `lasts` (at most [`PRESIGN_MAX`]): SigV4 in the query, the session token of temporary keys
+/// with it — such a URL stops working when those keys expire, whatever `lasts` says.
+pub fn presign_get(
+    bucket: &Bucket,
+    key: &str,
+    at: SystemTime,
+    lasts: Duration,
+) -> Result<String, UploadError> {
+    let url = format!(
+        "{}/{}",
+        bucket.url.trim_end_matches('/'),
+        uri_encode(key, false)
+    );
+    let uri: hyper::Uri = url.parse().map_err(|e| UploadError::Failed {
+        url: url.clone(),
+        reason: format!("bad URL: {e}"),
+    })?;
+    let host = uri
+        .authority()
+        .map(|a| a.as_str().to_string())
+        .ok_or_else(|| UploadError::Failed {
+            url: url.clone(),
+            reason: "no host in the URL".into(),
+        })?;
+    let date = amz_date(at);
+    let credential = format!(
+        "{}/{}/{}/s3/aws4_request",
+        bucket.access_key_id,
+        &date[..8],
+        bucket.region
+    );
+    let seconds = lasts.as_secs().clamp(1, PRESIGN_MAX.as_secs()).to_string();
+    let mut pairs = vec![
+        ("X-Amz-Algorithm", "AWS4-HMAC-SHA256"),
+        ("X-Amz-Credential", credential.as_str()),
+        ("X-Amz-Date", date.as_str()),
+        ("X-Amz-Expires", seconds.as_str()),
+        ("X-Amz-SignedHeaders", "host"),
+    ];
+    if let Some(token) = &bucket.session_token {
+        pairs.push(("X-Amz-Security-Token", token.as_str()));
+    }
+    let query = canonical_query(&pairs);
+    let signature = presigned_signature(
+        "GET",
+        uri.path(),
+        &query,
+        &host,
+        &bucket.secret_access_key,
+        &bucket.region,
+        &date,
+    );
+    Ok(format!("{url}?{query}&X-Amz-Signature={signature}"))
+}
+
+/// The signature of a presigned request: `method` on `path` at `host`, its query (canonical,
+/// without `X-Amz-Signature`) signed at `amz_date`, the host its one signed header.
+pub fn presigned_signature(
+    method: &str,
+    path: &str,
+    query: &str,
+    host: &str,
+    secret_access_key: &str,
+    region: &str,
+    amz_date: &str,
+) -> String {
+    let request = Request {
+        method,
+        path,
+        query,
+        headers: &[("host", host)],
+        payload_sha256: PRESIGN_PAYLOAD,
+    };
+    sign(&request, secret_access_key, region, "s3", amz_date).2
 }
 
 /// `at` as SigV4's timestamp, `YYYYMMDD'T'HHMMSS'Z'` (UTC).
@@ -948,6 +1043,41 @@ mod tests {
         let e = credentials_from_file(&dir.join("none"), "default").unwrap_err();
         assert!(e.to_string().contains("No such file"), "{e}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// AWS's published example of a presigned GET (the S3 guide, "Authenticating Requests:
+    /// Using Query Parameters").
+    #[test]
+    fn the_presigned_get_example_signs_as_aws_publishes() {
+        let bucket = Bucket {
+            url: "https://examplebucket.s3.amazonaws.com".into(),
+            region: "us-east-1".into(),
+            access_key_id: "AKIAIOSFODNN7EXAMPLE".into(),
+            secret_access_key: "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY".into(),
+            session_token: None,
+            object_headers: Vec::new(),
+        };
+        let at = UNIX_EPOCH + Duration::from_secs(1_369_353_600); // 2013-05-24T00:00:00Z
+        let url = presign_get(&bucket, "test.txt", at, Duration::from_secs(86_400)).unwrap();
+        assert_eq!(
+            url,
+            "https://examplebucket.s3.amazonaws.com/test.txt?X-Amz-Algorithm=AWS4-HMAC-SHA256\
+             &X-Amz-Credential=AKIAIOSFODNN7EXAMPLE%2F20130524%2Fus-east-1%2Fs3%2Faws4_request\
+             &X-Amz-Date=20130524T000000Z&X-Amz-Expires=86400&X-Amz-SignedHeaders=host\
+             &X-Amz-Signature=aeeed9bbccd4d02ee5c0109b86d86835f995330da4c265957d157751f604d404"
+        );
+        // Longer than SigV4 allows is cut to a week; temporary keys' token rides along.
+        let temporary = Bucket {
+            session_token: Some("tok/en".into()),
+            ..bucket
+        };
+        let url = presign_get(&temporary, "a b.mp4", at, Duration::from_secs(30 * 86_400)).unwrap();
+        assert!(url.contains("X-Amz-Expires=604800&"), "{url}");
+        assert!(url.contains("&X-Amz-Security-Token=tok%2Fen&"), "{url}");
+        assert!(
+            url.starts_with("https://examplebucket.s3.amazonaws.com/a%20b.mp4?"),
+            "{url}"
+        );
     }
 
     #[test]

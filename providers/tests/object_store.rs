@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use spindle_providers::fake_s3::FakeS3;
 use spindle_providers::object_store::{
-    create_multipart_upload, list_multipart_uploads, upload_file, Plan, UploadError,
+    create_multipart_upload, list_multipart_uploads, presign_get, upload_file, Plan, UploadError,
 };
 
 const PART: u64 = 64 << 10;
@@ -319,4 +319,48 @@ async fn open_uploads_are_listed_page_by_page_within_the_pages_asked() {
         .unwrap();
     assert!(more, "two pages read, more left");
     assert_eq!(first.len(), 4);
+}
+
+/// A plain `GET` of `url`, as a browser or a CDN would send it: the status and the body.
+async fn fetch(url: &str) -> (u16, Vec<u8>) {
+    use http_body_util::BodyExt;
+    let tls = spindle_providers::tls::public_roots();
+    let client = spindle_providers::tls::client(&tls, Duration::from_secs(10));
+    let request = hyper::Request::get(url)
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let response = client.request(request).await.unwrap();
+    let status = response.status().as_u16();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, body.to_vec())
+}
+
+/// A presigned `GET` reads the object without keys, until it expires; the bucket refuses one
+/// whose signature does not cover what is asked, and one past its time.
+#[tokio::test]
+async fn a_presigned_url_reads_the_object_until_it_expires() {
+    let s3 = bucket().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (path, data) = file(&dir, 1000);
+    upload(&s3, "r/a b.mp4", &path, &plan(1)).await.unwrap();
+    let now = std::time::SystemTime::now();
+    let url = presign_get(&s3.bucket(), "r/a b.mp4", now, Duration::from_secs(3600)).unwrap();
+    assert_eq!(fetch(&url).await, (200, data));
+    // Another object with the same signature; a longer life than signed.
+    let (status, _) = fetch(&url.replace("a%20b.mp4", "other.mp4")).await;
+    assert_eq!(status, 403);
+    let (status, _) = fetch(&url.replace("X-Amz-Expires=3600", "X-Amz-Expires=7200")).await;
+    assert_eq!(status, 403);
+    // Signed two hours ago for one hour.
+    let old = presign_get(
+        &s3.bucket(),
+        "r/a b.mp4",
+        now - Duration::from_secs(7200),
+        Duration::from_secs(3600),
+    )
+    .unwrap();
+    let (status, body) = fetch(&old).await;
+    assert_eq!(status, 403);
+    assert!(String::from_utf8_lossy(&body).contains("Request has expired"));
+    assert_eq!(s3.bad_signatures(), 3);
 }
