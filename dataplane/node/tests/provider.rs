@@ -171,6 +171,15 @@ async fn set_fault(admin: &HttpProvider, fault: Fault) {
 
 /// The rendition files each task's result names (`outputs`), as its client reads them.
 async fn renditions_of(daemon: &Daemon, ids: &[TaskId]) -> Vec<Vec<std::path::PathBuf>> {
+    results_of(daemon, ids, "outputs").await
+}
+
+/// `field` of each task's result, as its client reads it.
+async fn results_of<T: serde::de::DeserializeOwned>(
+    daemon: &Daemon,
+    ids: &[TaskId],
+    field: &str,
+) -> Vec<T> {
     let client = Client::connect(daemon.addr, TenantId(1), "one")
         .await
         .unwrap();
@@ -179,7 +188,7 @@ async fn renditions_of(daemon: &Daemon, ids: &[TaskId]) -> Vec<Vec<std::path::Pa
         let status = client.get(*t).await.unwrap();
         let result: serde_json::Value =
             serde_json::from_str(status.result.as_deref().expect("a result")).unwrap();
-        all.push(serde_json::from_value(result["outputs"].clone()).unwrap());
+        all.push(serde_json::from_value(result[field].clone()).unwrap());
     }
     all
 }
@@ -2067,6 +2076,46 @@ async fn uploads_a_dead_node_left_open_are_aborted_and_the_rest_kept() {
         "{:?}",
         bucket.log()
     );
+    assert_clean(&test, &admin).await;
+}
+
+/// `presign_s`: each task's result names its renditions by presigned URLs, which read the
+/// private bucket's objects without keys (every frame decodes); the objects' plain URLs do not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn presigned_urls_read_a_private_buckets_renditions_without_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let clip = dir.path().join("clip.mp4");
+    make_clip(&clip, (160, 120), 10, 1, 30);
+    let bucket = spindle_providers::fake_s3::FakeS3::start("videos", "us-test-1", "AKID", "s")
+        .await
+        .unwrap();
+    let test = TestDb::new().await;
+    let (m, admin) = mock_with(20, Some(clip)).await;
+    let media = format!(
+        "renditions = [96]\n{}presign_s = 3600\n",
+        upload_config(&bucket)
+    );
+    let daemon = media_node(&test, &m, &dir.path().join("out"), &media).await;
+    let (ids, states) = run(&daemon, &test, "signed", 1).await;
+    assert_eq!(states, ["SUCCEEDED"]);
+    let urls: Vec<Vec<String>> = results_of(&daemon, &ids, "urls").await;
+    let url = &urls[0][0];
+    assert!(
+        url.contains("X-Amz-Expires=3600&") && url.contains("&X-Amz-Signature="),
+        "{url}"
+    );
+    let tls = spindle_providers::tls::public_roots();
+    let got = dir.path().join("got.mp4");
+    spindle_providers::download(url, &got, 1 << 30, Duration::from_secs(10), &tls)
+        .await
+        .unwrap();
+    let (frames, _, h) = spindle_transcode::decode_all(&got).unwrap();
+    assert_eq!((frames, h), (10, 96));
+    let plain = url.split('?').next().unwrap();
+    let e = spindle_providers::download(plain, &got, 1 << 30, Duration::from_secs(10), &tls)
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("403"), "{e}");
     assert_clean(&test, &admin).await;
 }
 

@@ -71,6 +71,12 @@ pub struct UploadConfig {
     /// results name each object as this, `/`, its key. Default: the bucket's URL.
     #[serde(default)]
     pub public_url: Option<String>,
+    /// Name each object in results by a presigned URL good for this many seconds (1..=604800,
+    /// SigV4's week) from the job's end, so that a client reads a private bucket without keys;
+    /// with temporary keys (STS, an instance profile, a rotated file) such a URL stops working
+    /// when they expire. 0 (the default): the object's plain URL. Not with `public_url`.
+    #[serde(default)]
+    pub presign_s: u64,
     /// Keep the files in `output_dir` after their upload (default: removed).
     #[serde(default)]
     pub keep_local: bool,
@@ -292,6 +298,16 @@ impl UploadConfig {
             !self.region.is_empty() && self.region.len() <= 64,
             "media.upload.region must be 1..=64 bytes"
         );
+        anyhow::ensure!(
+            self.presign_s <= spindle_providers::object_store::PRESIGN_MAX.as_secs(),
+            "media.upload.presign_s must be 0..={} (SigV4's longest: a week)",
+            spindle_providers::object_store::PRESIGN_MAX.as_secs()
+        );
+        anyhow::ensure!(
+            self.presign_s == 0 || self.public_url.is_none(),
+            "media.upload: presign_s (objects read from the bucket by a signed URL) or \
+             public_url (read from elsewhere), not both"
+        );
         if let Some(url) = &self.public_url {
             check_url("media.upload.public_url", url)?;
         }
@@ -398,6 +414,8 @@ pub(super) struct Upload {
     prefix: String,
     /// `public_url` without a trailing `/`.
     public_url: Option<String>,
+    /// How long the presigned URLs results name last (none: plain URLs).
+    presign: Option<Duration>,
     keep_local: bool,
     plan: spindle_providers::object_store::Plan,
 }
@@ -419,6 +437,7 @@ impl Upload {
             },
             tls: u.tls()?,
             prefix: u.prefix.clone(),
+            presign: (u.presign_s > 0).then(|| Duration::from_secs(u.presign_s)),
             public_url: u
                 .public_url
                 .as_deref()
@@ -566,7 +585,7 @@ fn upload_each(
     outputs: &[PathBuf],
     deadline: Instant,
 ) -> Result<Vec<String>, spindle_providers::object_store::UploadError> {
-    use spindle_providers::object_store::{delete_object, upload_file, uri_encode};
+    use spindle_providers::object_store::{delete_object, presign_get, upload_file, uri_encode};
     let bucket = upload.bucket_now(rt)?;
     let mut keys = Vec::with_capacity(outputs.len());
     let mut urls = Vec::with_capacity(outputs.len());
@@ -584,15 +603,18 @@ fn upload_each(
             deadline,
             &upload.tls,
         );
-        match rt.block_on(put) {
-            Ok(url) => {
-                urls.push(match &upload.public_url {
-                    // Named as readers reach it.
-                    Some(base) => format!("{base}/{}", uri_encode(&key, false)),
-                    None => url,
-                });
-                keys.push(key);
-            }
+        let put = rt.block_on(put);
+        if put.is_ok() {
+            keys.push(key.clone());
+        }
+        // Named as readers reach it.
+        let named = put.and_then(|url| match (&upload.public_url, upload.presign) {
+            (Some(base), _) => Ok(format!("{base}/{}", uri_encode(&key, false))),
+            (None, Some(lasts)) => presign_get(&bucket, &key, std::time::SystemTime::now(), lasts),
+            (None, None) => Ok(url),
+        });
+        match named {
+            Ok(url) => urls.push(url),
             Err(e) => {
                 for key in &keys {
                     let gone = delete_object(&bucket, key, DELETE_TIMEOUT, &upload.tls);
@@ -859,6 +881,20 @@ imds_url = \"http://127.0.0.1:1338\"\n",
             .to_string();
         assert!(e.starts_with("media.upload.url must be"), "{e}");
         checked(&upload("public_url = \"https://cdn.example.com/r/\"\n")).unwrap();
+        checked(&upload("presign_s = 604800\n")).unwrap();
+        let e = checked(&upload("presign_s = 604801\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("media.upload.presign_s must be 0..=604800"),
+            "{e}"
+        );
+        let e = checked(&upload(
+            "presign_s = 3600\npublic_url = \"https://cdn.example.com/r/\"\n",
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.ends_with("not both"), "{e}");
         let e = checked(&upload("public_url = \"cdn.example.com\"\n"))
             .unwrap_err()
             .to_string();
