@@ -461,21 +461,7 @@ fn presigned(
     if signature != expected {
         return Err(mismatch);
     }
-    // `YYYYMMDDTHHMMSSZ` read as the UTC time it names.
-    let signed_at = date
-        .get(..15)
-        .filter(|d| d.is_ascii())
-        .map(|d| {
-            format!(
-                "{}-{}-{}T{}:{}:{}Z",
-                &d[0..4],
-                &d[4..6],
-                &d[6..8],
-                &d[9..11],
-                &d[11..13],
-                &d[13..15]
-            )
-        })
+    let signed_at = crate::sts::utc_of_amz_date(date)
         .and_then(|d| crate::sts::parse_utc(&d))
         .ok_or(mismatch)?;
     if SystemTime::now() > signed_at + Duration::from_secs(expires) {

@@ -152,7 +152,13 @@ pub async fn assume_role_with_web_identity(
 /// `at` as `YYYY-MM-DDTHH:MM:SSZ` (UTC), as STS writes an expiration.
 pub fn format_utc(at: SystemTime) -> String {
     let d = crate::object_store::amz_date(at);
-    format!(
+    utc_of_amz_date(&d).unwrap_or(d)
+}
+
+/// SigV4's `YYYYMMDD'T'HHMMSS'Z'` written as `YYYY-MM-DDTHH:MM:SSZ`; `None` if it is not one.
+pub fn utc_of_amz_date(d: &str) -> Option<String> {
+    let d = d.get(..16).filter(|d| d.is_ascii() && d.ends_with('Z'))?;
+    Some(format!(
         "{}-{}-{}T{}:{}:{}Z",
         &d[0..4],
         &d[4..6],
@@ -160,7 +166,7 @@ pub fn format_utc(at: SystemTime) -> String {
         &d[9..11],
         &d[11..13],
         &d[13..15]
-    )
+    ))
 }
 
 /// `YYYY-MM-DDTHH:MM:SS[.fff]Z` as a time.

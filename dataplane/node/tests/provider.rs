@@ -2361,18 +2361,56 @@ async fn rotated_credentials_are_read_again_for_every_job() {
     assert_clean(&test, &admin).await;
 }
 
+/// What every source of temporary keys owes the bucket, run through the node: keys with 2
+/// minutes left (under the refresh margin) fetched for the first job; once the source issues
+/// keys for hours, which the bucket then alone takes, fetched again for the next job and kept
+/// for the two after. `source` is the `[media.upload]` lines naming where keys come from (it
+/// starts out issuing `temporary_keys("ASIAFIRST")` for 2 minutes); `issue` has it issue others;
+/// `fetched` counts its fetches.
+async fn temporary_keys_are_renewed_near_expiry(
+    source: &str,
+    issue: impl Fn(spindle_providers::object_store::Credentials, Duration),
+    fetched: impl Fn() -> u32,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let clip = dir.path().join("clip.mp4");
+    make_clip(&clip, (160, 120), 10, 1, 30);
+    let bucket = spindle_providers::fake_s3::FakeS3::start("videos", "us-test-1", "x", "y")
+        .await
+        .unwrap();
+    bucket.rotate_key(temporary_keys("ASIAFIRST"));
+    let test = TestDb::new().await;
+    let (m, admin) = mock_with(20, Some(clip)).await;
+    let media = format!(
+        "renditions = [96]\n\n[media.upload]\nurl = \"{}\"\nregion = \"us-test-1\"\n\
+         sweep_uploads = false\n{source}",
+        bucket.url(),
+    );
+    let daemon = media_node(&test, &m, &dir.path().join("out"), &media).await;
+    let (_, states) = run(&daemon, &test, "first", 1).await;
+    assert_eq!(states, ["SUCCEEDED"]);
+    assert_eq!(fetched(), 1);
+    issue(temporary_keys("ASIASECOND"), Duration::from_secs(6 * 3600));
+    bucket.rotate_key(temporary_keys("ASIASECOND"));
+    let (_, states) = run(&daemon, &test, "second", 1).await;
+    assert_eq!(states, ["SUCCEEDED"]);
+    assert_eq!(fetched(), 2, "keys near expiry fetched again");
+    let (_, states) = run(&daemon, &test, "third", 2).await;
+    assert_eq!(states, ["SUCCEEDED", "SUCCEEDED"]);
+    assert_eq!(fetched(), 2, "keys with hours left kept");
+    assert_eq!((bucket.keys().len(), bucket.bad_signatures()), (4, 0));
+    assert_clean(&test, &admin).await;
+}
+
 /// A Kubernetes service account's keys (`role_arn`, `web_identity_token_file`): traded at STS
 /// for the first job, again once they near expiry, kept while they have time left — each job
 /// signing with the keys and session token STS issued, which the bucket requires.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_service_accounts_web_identity_is_traded_for_keys_at_sts() {
     let dir = tempfile::tempdir().unwrap();
-    let clip = dir.path().join("clip.mp4");
-    make_clip(&clip, (160, 120), 10, 1, 30);
     let role = "arn:aws:iam::111122223333:role/renditions";
     let token = dir.path().join("token");
     std::fs::write(&token, "projected-jwt").unwrap();
-    // The first keys have 2 minutes left: under the refresh margin.
     let sts = spindle_providers::fake_sts::FakeSts::start(
         role,
         "projected-jwt",
@@ -2381,35 +2419,13 @@ async fn a_service_accounts_web_identity_is_traded_for_keys_at_sts() {
     )
     .await
     .unwrap();
-    let bucket = spindle_providers::fake_s3::FakeS3::start("videos", "us-test-1", "x", "y")
-        .await
-        .unwrap();
-    bucket.rotate_key(temporary_keys("ASIAFIRST"));
-    let test = TestDb::new().await;
-    let (m, admin) = mock_with(20, Some(clip)).await;
-    let media = format!(
-        "renditions = [96]\n\n[media.upload]\nurl = \"{}\"\nregion = \"us-test-1\"\n\
-         role_arn = \"{role}\"\nweb_identity_token_file = {:?}\nsts_url = \"{}\"\n\
-         sweep_uploads = false\n",
-        bucket.url(),
+    let source = format!(
+        "role_arn = \"{role}\"\nweb_identity_token_file = {:?}\nsts_url = \"{}\"\n",
         token.display().to_string(),
         sts.url()
     );
-    let daemon = media_node(&test, &m, &dir.path().join("out"), &media).await;
-    let (_, states) = run(&daemon, &test, "first", 1).await;
-    assert_eq!(states, ["SUCCEEDED"]);
-    assert_eq!(sts.trades(), 1);
-    // STS now issues keys for an hour, and the bucket takes only those.
-    sts.issue(temporary_keys("ASIASECOND"), Duration::from_secs(3600));
-    bucket.rotate_key(temporary_keys("ASIASECOND"));
-    let (_, states) = run(&daemon, &test, "second", 1).await;
-    assert_eq!(states, ["SUCCEEDED"]);
-    assert_eq!(sts.trades(), 2, "keys near expiry traded again");
-    let (_, states) = run(&daemon, &test, "third", 2).await;
-    assert_eq!(states, ["SUCCEEDED", "SUCCEEDED"]);
-    assert_eq!(sts.trades(), 2, "keys with an hour left kept");
-    assert_eq!((bucket.keys().len(), bucket.bad_signatures()), (4, 0));
-    assert_clean(&test, &admin).await;
+    temporary_keys_are_renewed_near_expiry(&source, |k, d| sts.issue(k, d), || sts.trades()).await;
+    assert_eq!(sts.refused(), 0);
 }
 
 /// An EC2 instance's role (`instance_profile`): its keys read from the instance metadata
@@ -2418,10 +2434,6 @@ async fn a_service_accounts_web_identity_is_traded_for_keys_at_sts() {
 /// which the bucket requires.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_profiles_keys_are_read_from_the_metadata_service() {
-    let dir = tempfile::tempdir().unwrap();
-    let clip = dir.path().join("clip.mp4");
-    make_clip(&clip, (160, 120), 10, 1, 30);
-    // The first keys have 2 minutes left: under the refresh margin.
     let imds = spindle_providers::fake_imds::FakeImds::start(
         Some("gpu-node"),
         temporary_keys("ASIAFIRST"),
@@ -2429,34 +2441,10 @@ async fn an_instance_profiles_keys_are_read_from_the_metadata_service() {
     )
     .await
     .unwrap();
-    let bucket = spindle_providers::fake_s3::FakeS3::start("videos", "us-test-1", "x", "y")
-        .await
-        .unwrap();
-    bucket.rotate_key(temporary_keys("ASIAFIRST"));
-    let test = TestDb::new().await;
-    let (m, admin) = mock_with(20, Some(clip)).await;
-    let media = format!(
-        "renditions = [96]\n\n[media.upload]\nurl = \"{}\"\nregion = \"us-test-1\"\n\
-         instance_profile = true\nimds_url = \"{}\"\nsweep_uploads = false\n",
-        bucket.url(),
-        imds.url()
-    );
-    let daemon = media_node(&test, &m, &dir.path().join("out"), &media).await;
-    let (_, states) = run(&daemon, &test, "first", 1).await;
-    assert_eq!(states, ["SUCCEEDED"]);
-    assert_eq!(imds.key_reads(), 1);
-    // The instance's keys now last six hours, and the bucket takes only those.
-    imds.issue(temporary_keys("ASIASECOND"), Duration::from_secs(6 * 3600));
-    bucket.rotate_key(temporary_keys("ASIASECOND"));
-    let (_, states) = run(&daemon, &test, "second", 1).await;
-    assert_eq!(states, ["SUCCEEDED"]);
-    assert_eq!(imds.key_reads(), 2, "keys near expiry read again");
-    let (_, states) = run(&daemon, &test, "third", 2).await;
-    assert_eq!(states, ["SUCCEEDED", "SUCCEEDED"]);
-    assert_eq!(imds.key_reads(), 2, "keys with hours left kept");
+    let source = format!("instance_profile = true\nimds_url = \"{}\"\n", imds.url());
+    temporary_keys_are_renewed_near_expiry(&source, |k, d| imds.issue(k, d), || imds.key_reads())
+        .await;
     assert_eq!(imds.refused(), 0, "every read carried a session token");
-    assert_eq!((bucket.keys().len(), bucket.bad_signatures()), (4, 0));
-    assert_clean(&test, &admin).await;
 }
 
 /// The reason the one dead-lettered task failed.

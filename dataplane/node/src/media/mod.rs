@@ -352,15 +352,8 @@ impl MediaPool {
             std::thread::Builder::new()
                 .name("media-sweep".into())
                 .spawn(move || {
-                    let rt = match tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                    {
-                        Ok(rt) => rt,
-                        Err(e) => {
-                            tracing::error!("media sweep: no runtime: {e}");
-                            return;
-                        }
+                    let Some(rt) = small_runtime("media sweep") else {
+                        return;
                     };
                     loop {
                         match upload.sweep(&rt, older_than) {
@@ -391,15 +384,8 @@ impl MediaPool {
                 .name(format!("media-{w}"))
                 .spawn(move || {
                     // Downloads of provider outputs run on this worker's own small runtime.
-                    let rt = match tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()
-                    {
-                        Ok(rt) => rt,
-                        Err(e) => {
-                            tracing::error!("media worker {w}: no runtime: {e}");
-                            return;
-                        }
+                    let Some(rt) = small_runtime(&format!("media worker {w}")) else {
+                        return;
                     };
                     let fetch = Fetch { rt, tls, upload };
                     loop {
@@ -625,6 +611,16 @@ fn run(
         },
         (outcome, _) => outcome,
     }
+}
+
+/// A one-thread tokio runtime for a media thread's network calls (`None`, logged, if the
+/// system refuses one).
+fn small_runtime(thread: &str) -> Option<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| tracing::error!("{thread}: no runtime: {e}"))
+        .ok()
 }
 
 /// Places the job on media units, waiting while none fit until `deadline`.
