@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 use spindle_core::{FencingToken, TaskId};
-use spindle_gpu::{Inventory, MediaDemand, MediaLedger, Source};
+use spindle_gpu::{Inventory, MediaLedger, Source, TRANSCODE_DEMAND};
 use spindle_transcode::{Accel, JobLimits, MediaError, Ran, Rendition};
 use tokio::sync::mpsc;
 
@@ -259,9 +259,6 @@ const SWEEP_MARGIN: Duration = Duration::from_secs(300);
 
 /// How often an NVML inventory is read again.
 pub const INVENTORY_REFRESH: Duration = Duration::from_secs(30);
-
-/// What one media job holds.
-const JOB_DEMAND: MediaDemand = spindle_gpu::TRANSCODE_DEMAND;
 
 impl MediaPool {
     /// Starts the workers; they fetch `https://` videos trusting `tls`'s roots (the
@@ -631,7 +628,7 @@ fn place_by(
     task: TaskId,
 ) -> Result<spindle_gpu::Placement, String> {
     loop {
-        match spindle_gpu::place(ledger, devices, JOB_DEMAND, None) {
+        match spindle_gpu::place(ledger, devices, TRANSCODE_DEMAND, None) {
             Ok(p) => return Ok(p),
             Err(e) if Instant::now() < deadline => {
                 tracing::debug!("media job for {task} waits: {e}");
