@@ -6,7 +6,8 @@
 //! shared by every job on every worker thread (FFmpeg pushes and pops it around each use).
 //! Without the driver (no GPU, as on CI) making one fails, and the job is told so with
 //! [`MediaError::Hardware`], which the node answers by running the job on the CPU.
-#![allow(unsafe_code)] // ffmpeg-next has no safe binding of FFmpeg's hardware API; each block says why it holds
+// ffmpeg-next has no safe binding of FFmpeg's hardware API; each unsafe block says why it holds.
+#![allow(unsafe_code)]
 
 use std::collections::HashMap;
 use std::ptr;
