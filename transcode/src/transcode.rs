@@ -167,28 +167,12 @@ fn run(
             .ok_or_else(|| corrupt("no video stream".into()))?;
         let mut dctx = codec::context::Context::from_parameters(ist.parameters())
             .map_err(|e| corrupt(e.to_string()))?;
-        let id = ist.parameters().id();
-        let nvdec = match limits.accel.nvdec {
-            Some(d) if hw::decodes_on_cuda(id.into()) => {
-                hw::cuda(d)?.attach_decoder(&mut dctx);
-                Some(d)
-            }
-            Some(d) => {
-                tracing::info!("NVDEC cannot decode {id:?}: decoding on the CPU, not gpu{d}");
-                None
-            }
-            None => None,
-        };
-        dctx.set_threading(codec::threading::Config {
-            kind: codec::threading::Type::Frame,
-            // NVDEC does the work: more decoder threads only hold more frames in flight.
-            count: if nvdec.is_some() {
-                1
-            } else {
-                limits.threads.max(1)
-            },
-            ..Default::default()
-        });
+        let nvdec = set_up_decoder(
+            &mut dctx,
+            ist.parameters().id(),
+            limits.accel.nvdec,
+            limits.threads,
+        )?;
         let decoder = dctx
             .decoder()
             .video()
@@ -398,12 +382,46 @@ fn run(
         width,
         height,
         duration_ms: covered,
-        decoded_on: match nvdec {
-            Some(d) if job.gpu_frames == job.frames => Ran::Gpu(d),
-            _ => Ran::Cpu,
-        },
+        decoded_on: decoded_on(nvdec, job.gpu_frames, job.frames),
         encoded_on: limits.accel.nvenc.map_or(Ran::Cpu, Ran::Gpu),
     })
+}
+
+/// Has the unopened decoder `dctx` (of codec `id`) decode on `nvdec`'s device where NVDEC
+/// takes the codec, with one thread (NVDEC does the work: more threads only hold more frames in
+/// flight), else on the CPU with `threads`: the device it decodes on.
+fn set_up_decoder(
+    dctx: &mut codec::context::Context,
+    id: codec::Id,
+    nvdec: Option<u32>,
+    threads: usize,
+) -> Result<Option<u32>, MediaError> {
+    let nvdec = match nvdec {
+        Some(d) if hw::decodes_on_cuda(id.into()) => {
+            hw::cuda(d)?.attach_decoder(dctx);
+            Some(d)
+        }
+        Some(d) => {
+            tracing::info!("NVDEC cannot decode {id:?}: decoding on the CPU, not gpu{d}");
+            None
+        }
+        None => None,
+    };
+    dctx.set_threading(codec::threading::Config {
+        kind: codec::threading::Type::Frame,
+        count: if nvdec.is_some() { 1 } else { threads.max(1) },
+        ..Default::default()
+    });
+    Ok(nvdec)
+}
+
+/// Where a stream was decoded: on `nvdec`'s device only when every one of its `frames` came
+/// from it (`on_gpu` of them did).
+fn decoded_on(nvdec: Option<u32>, on_gpu: u64, frames: u64) -> Ran {
+    match nvdec {
+        Some(d) if on_gpu == frames && frames > 0 => Ran::Gpu(d),
+        _ => Ran::Cpu,
+    }
 }
 
 fn frame_ms(rate: Rational) -> u64 {
@@ -575,18 +593,7 @@ pub fn decode(path: &Path, nvdec: Option<u32>, threads: usize) -> Result<Decoded
         .ok_or_else(|| corrupt("no video stream".into()))?;
     let index = ist.index();
     let mut dctx = codec::context::Context::from_parameters(ist.parameters()).map_err(ff)?;
-    let nvdec = match nvdec {
-        Some(d) if hw::decodes_on_cuda(ist.parameters().id().into()) => {
-            hw::cuda(d)?.attach_decoder(&mut dctx);
-            Some(d)
-        }
-        _ => None,
-    };
-    dctx.set_threading(codec::threading::Config {
-        kind: codec::threading::Type::Frame,
-        count: if nvdec.is_some() { 1 } else { threads.max(1) },
-        ..Default::default()
-    });
+    let nvdec = set_up_decoder(&mut dctx, ist.parameters().id(), nvdec, threads)?;
     let mut decoder = dctx.decoder().video().map_err(ff)?;
     let (mut frames, mut on_gpu) = (0, 0);
     let mut f = frame::Video::empty();
@@ -611,9 +618,6 @@ pub fn decode(path: &Path, nvdec: Option<u32>, threads: usize) -> Result<Decoded
         frames,
         width: decoder.width(),
         height: decoder.height(),
-        decoded_on: match nvdec {
-            Some(d) if on_gpu == frames && frames > 0 => Ran::Gpu(d),
-            _ => Ran::Cpu,
-        },
+        decoded_on: decoded_on(nvdec, on_gpu, frames),
     })
 }
