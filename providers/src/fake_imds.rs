@@ -31,6 +31,9 @@ struct State {
     role: Option<String>,
     /// What the next reads of the role's keys give, and for how long.
     issue: Mutex<(Credentials, Duration)>,
+    /// The `Code` the keys' answer carries (`Success`, or what EC2 says when the role cannot be
+    /// assumed).
+    code: Mutex<String>,
     /// Session tokens handed out (the n-th is `token-n`).
     tokens: AtomicU32,
     key_reads: AtomicU32,
@@ -49,6 +52,7 @@ impl FakeImds {
         let state = Arc::new(State {
             role: role.map(str::to_string),
             issue: Mutex::new((keys, valid)),
+            code: Mutex::new("Success".into()),
             tokens: AtomicU32::new(0),
             key_reads: AtomicU32::new(0),
             refused: AtomicU32::new(0),
@@ -68,6 +72,11 @@ impl FakeImds {
     /// From now on the role's keys are `keys`, valid for `valid`.
     pub fn issue(&self, keys: Credentials, valid: Duration) {
         *self.state.issue.lock().unwrap_or_else(|p| p.into_inner()) = (keys, valid);
+    }
+
+    /// From now on the keys' answer carries `code` instead of `Success`.
+    pub fn answer_code(&self, code: &str) {
+        *self.state.code.lock().unwrap_or_else(|p| p.into_inner()) = code.to_string();
     }
 
     /// Session tokens handed out, reads of the role's keys, requests refused.
@@ -135,7 +144,7 @@ fn answer(
                 .clone();
             let now = SystemTime::now();
             let body = serde_json::json!({
-                "Code": "Success",
+                "Code": state.code.lock().unwrap_or_else(|p| p.into_inner()).clone(),
                 "LastUpdated": crate::sts::format_utc(now),
                 "Type": "AWS-HMAC",
                 "AccessKeyId": keys.access_key_id,

@@ -97,3 +97,23 @@ async fn a_metadata_service_that_does_not_answer_is_named_within_the_timeout() {
         "{e}"
     );
 }
+
+/// Keys the metadata service says it could not get (the role's trust policy refuses EC2, say)
+/// are an error naming its code, not keys.
+#[tokio::test]
+async fn an_answer_that_is_not_a_success_is_named() {
+    let imds = FakeImds::start(Some("gpu-node"), keys("A"), Duration::from_secs(3600))
+        .await
+        .unwrap();
+    imds.answer_code("AssumeRoleUnauthorizedAccess");
+    let tls = spindle_providers::tls::public_roots();
+    let e = InstanceProfile::new(&imds.url())
+        .credentials(Duration::from_secs(10), &tls)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, UploadError::Credentials(w)
+            if w.contains("role gpu-node") && w.contains("AssumeRoleUnauthorizedAccess")),
+        "{e}"
+    );
+}
