@@ -1,8 +1,8 @@
 //! Temporary AWS credentials of an EC2 instance's role (its instance profile), read from the
 //! instance metadata service the way IMDSv2 requires: a session token first (`PUT`), then the
 //! role's name and its keys (`GET`, each with the token). The keys expire (AWS hands out keys
-//! good for hours and rotates them well before); [`InstanceProfile`] keeps them and reads
-//! again when they have [`crate::sts::REFRESH_BEFORE`] left.
+//! good for hours and rotates them well before): [`crate::temporary_keys::TemporaryKeys`]
+//! holds them and reads again when they near expiry.
 
 use std::time::{Duration, SystemTime};
 
@@ -10,7 +10,6 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 
 use crate::object_store::{uri_encode, Credentials, UploadError};
-use crate::sts::HeldKeys;
 
 /// Where the metadata service answers on every EC2 instance.
 pub const IMDS_URL: &str = "http://169.254.169.254";
@@ -22,33 +21,6 @@ const ANSWER_BYTES_MAX: usize = 16 << 10;
 const TTL_HEADER: &str = "x-aws-ec2-metadata-token-ttl-seconds";
 const TOKEN_HEADER: &str = "x-aws-ec2-metadata-token";
 const CREDENTIALS_PATH: &str = "/latest/meta-data/iam/security-credentials/";
-
-/// An instance's role and the keys last read for it.
-pub struct InstanceProfile {
-    url: String,
-    held: HeldKeys,
-}
-
-impl InstanceProfile {
-    /// The metadata service at `url` ([`IMDS_URL`] on EC2).
-    pub fn new(url: &str) -> InstanceProfile {
-        InstanceProfile {
-            url: url.trim_end_matches('/').to_string(),
-            held: HeldKeys::default(),
-        }
-    }
-
-    /// Keys with more than [`crate::sts::REFRESH_BEFORE`] left: those held, or new ones.
-    pub async fn credentials(
-        &self,
-        timeout: Duration,
-        tls: &rustls::ClientConfig,
-    ) -> Result<Credentials, UploadError> {
-        self.held
-            .get(|| instance_credentials(&self.url, timeout, tls))
-            .await
-    }
-}
 
 /// The instance role's keys from the metadata service at `url`, and when they expire.
 pub async fn instance_credentials(

@@ -18,6 +18,7 @@ pub mod receiver;
 mod serve;
 pub mod signature;
 pub mod sts;
+pub mod temporary_keys;
 pub mod tls;
 pub mod webhook;
 

@@ -1,10 +1,9 @@
 //! Temporary AWS credentials for a Kubernetes service account (EKS "IAM roles for service
 //! accounts"): the pod's projected web identity token traded at STS for a role's keys
 //! (`AssumeRoleWithWebIdentity`, a request STS takes unsigned: the token is the proof). The
-//! keys expire (an hour by default); [`WebIdentity`] keeps them and trades the token again
-//! when they have [`REFRESH_BEFORE`] left.
+//! keys expire (an hour by default): [`crate::temporary_keys::TemporaryKeys`] holds them and
+//! trades the token again when they near it.
 
-use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
@@ -12,8 +11,6 @@ use http_body_util::{BodyExt, Full};
 
 use crate::object_store::{uri_encode, Credentials, UploadError};
 
-/// Keys are traded again when they have this little left.
-pub const REFRESH_BEFORE: Duration = Duration::from_secs(300);
 /// The longest web identity token read (Kubernetes' are ~1 kB).
 const TOKEN_BYTES_MAX: u64 = 16 << 10;
 /// The longest STS answer read.
@@ -29,56 +26,6 @@ pub struct WebIdentityConfig {
     /// The file the token is projected to (read again at every trade: Kubernetes rotates it).
     pub token_file: std::path::PathBuf,
     pub session_name: String,
-}
-
-/// Temporary keys and when they expire, held until they have [`REFRESH_BEFORE`] left.
-#[derive(Default)]
-pub struct HeldKeys(Mutex<Option<(Credentials, SystemTime)>>);
-
-impl HeldKeys {
-    /// The keys held, or new ones from `fetch` (the keys and their expiry) when none have
-    /// more than [`REFRESH_BEFORE`] left. Callers at once may each fetch; the last one's stay.
-    pub async fn get<F, Fut>(&self, fetch: F) -> Result<Credentials, UploadError>
-    where
-        F: FnOnce() -> Fut,
-        Fut: std::future::Future<Output = Result<(Credentials, SystemTime), UploadError>>,
-    {
-        let held = self.0.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        if let Some((keys, expires)) = held {
-            if SystemTime::now() + REFRESH_BEFORE < expires {
-                return Ok(keys);
-            }
-        }
-        let (keys, expires) = fetch().await?;
-        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = Some((keys.clone(), expires));
-        Ok(keys)
-    }
-}
-
-/// A web identity and the keys last traded for it.
-pub struct WebIdentity {
-    config: WebIdentityConfig,
-    held: HeldKeys,
-}
-
-impl WebIdentity {
-    pub fn new(config: WebIdentityConfig) -> WebIdentity {
-        WebIdentity {
-            config,
-            held: HeldKeys::default(),
-        }
-    }
-
-    /// Keys with more than [`REFRESH_BEFORE`] left: those held, or new ones from STS.
-    pub async fn credentials(
-        &self,
-        timeout: Duration,
-        tls: &rustls::ClientConfig,
-    ) -> Result<Credentials, UploadError> {
-        self.held
-            .get(|| assume_role_with_web_identity(&self.config, timeout, tls))
-            .await
-    }
 }
 
 /// Trades the token in `config.token_file` for `config.role_arn`'s keys: the keys and when

@@ -1,13 +1,17 @@
 //! Keys for an EC2 instance's role: read from the metadata service the IMDSv2 way
-//! (`imds::InstanceProfile`, against `fake_imds`, which refuses any read without a session
+//! (`TemporaryKeys` of an instance profile, against `fake_imds`, which refuses any read without a session
 //! token), kept while they have more than `REFRESH_BEFORE` left and read again after; an
 //! instance without a role, and a metadata service that does not answer, named as such.
 
 use std::time::Duration;
 
 use spindle_providers::fake_imds::FakeImds;
-use spindle_providers::imds::InstanceProfile;
 use spindle_providers::object_store::{Credentials, UploadError};
+use spindle_providers::temporary_keys::{Issuer, TemporaryKeys};
+
+fn profile(url: String) -> TemporaryKeys {
+    TemporaryKeys::new(Issuer::InstanceProfile(url))
+}
 
 fn keys(id: &str) -> Credentials {
     Credentials {
@@ -23,7 +27,7 @@ async fn the_roles_keys_are_read_with_a_session_token_kept_and_read_again_near_e
     let imds = FakeImds::start(Some("gpu-node"), keys("ASIAONE"), Duration::from_secs(120))
         .await
         .unwrap();
-    let profile = InstanceProfile::new(&imds.url());
+    let profile = profile(imds.url());
     let tls = spindle_providers::tls::public_roots();
     let within = Duration::from_secs(10);
     assert_eq!(
@@ -66,7 +70,7 @@ async fn an_instance_without_a_role_is_told_so() {
         .await
         .unwrap();
     let tls = spindle_providers::tls::public_roots();
-    let e = InstanceProfile::new(&imds.url())
+    let e = profile(imds.url())
         .credentials(Duration::from_secs(10), &tls)
         .await
         .unwrap_err();
@@ -84,7 +88,7 @@ async fn a_metadata_service_that_does_not_answer_is_named_within_the_timeout() {
     let url = format!("http://{}", silent.local_addr().unwrap());
     let tls = spindle_providers::tls::public_roots();
     let started = std::time::Instant::now();
-    let e = InstanceProfile::new(&url)
+    let e = profile(url)
         .credentials(Duration::from_millis(300), &tls)
         .await
         .unwrap_err();
@@ -107,7 +111,7 @@ async fn an_answer_that_is_not_a_success_is_named() {
         .unwrap();
     imds.answer_code("AssumeRoleUnauthorizedAccess");
     let tls = spindle_providers::tls::public_roots();
-    let e = InstanceProfile::new(&imds.url())
+    let e = profile(imds.url())
         .credentials(Duration::from_secs(10), &tls)
         .await
         .unwrap_err();

@@ -1,12 +1,13 @@
 //! Keys for a Kubernetes service account: the web identity token traded at STS
-//! (`sts::WebIdentity`, against `fake_sts`), kept while they have more than `REFRESH_BEFORE`
+//! (`TemporaryKeys` of a web identity, against `fake_sts`), kept while they have more than `REFRESH_BEFORE`
 //! left and traded again after.
 
 use std::time::Duration;
 
 use spindle_providers::fake_sts::FakeSts;
 use spindle_providers::object_store::{Credentials, UploadError};
-use spindle_providers::sts::{WebIdentity, WebIdentityConfig};
+use spindle_providers::sts::WebIdentityConfig;
+use spindle_providers::temporary_keys::{Issuer, TemporaryKeys};
 
 const ROLE: &str = "arn:aws:iam::111122223333:role/renditions";
 
@@ -18,13 +19,13 @@ fn keys(id: &str) -> Credentials {
     }
 }
 
-fn identity(sts: &FakeSts, token_file: &std::path::Path) -> WebIdentity {
-    WebIdentity::new(WebIdentityConfig {
+fn identity(sts: &FakeSts, token_file: &std::path::Path) -> TemporaryKeys {
+    TemporaryKeys::new(Issuer::WebIdentity(WebIdentityConfig {
         sts_url: sts.url(),
         role_arn: ROLE.into(),
         token_file: token_file.into(),
         session_name: "spindle".into(),
-    })
+    }))
 }
 
 #[tokio::test]

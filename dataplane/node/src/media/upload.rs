@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
+use spindle_providers::temporary_keys::{Issuer, TemporaryKeys};
 
 use super::{check_url, MediaStats, STAGE_UPLOAD};
 
@@ -151,11 +152,9 @@ pub enum KeySource {
     File(PathBuf, String),
     /// Keys given in the configuration or the environment.
     Keys(spindle_providers::object_store::Credentials),
-    /// A role's keys traded at STS for a web identity token, again as they near expiry.
-    WebIdentity(spindle_providers::sts::WebIdentityConfig),
-    /// The instance role's keys from the metadata service at this URL, again as they near
-    /// expiry.
-    InstanceProfile(String),
+    /// Temporary keys from their issuer (STS for a web identity token, the metadata service
+    /// for the instance's role), again as they near expiry.
+    Temporary(Issuer),
 }
 
 impl UploadConfig {
@@ -180,11 +179,11 @@ impl UploadConfig {
             .or_else(|| from_env("AWS_WEB_IDENTITY_TOKEN_FILE").map(PathBuf::from));
         let (Some(role_arn), Some(token_file)) = (role_arn, token_file) else {
             if self.instance_profile {
-                return Ok(KeySource::InstanceProfile(
+                return Ok(KeySource::Temporary(Issuer::InstanceProfile(
                     self.imds_url
                         .clone()
                         .unwrap_or_else(|| spindle_providers::imds::IMDS_URL.into()),
-                ));
+                )));
             }
             anyhow::bail!(
                 "media.upload has no keys: set access_key_id and secret_access_key (or \
@@ -199,7 +198,7 @@ impl UploadConfig {
                 token_file.display()
             )
         })?;
-        Ok(KeySource::WebIdentity(
+        Ok(KeySource::Temporary(Issuer::WebIdentity(
             spindle_providers::sts::WebIdentityConfig {
                 sts_url: self
                     .sts_url
@@ -209,7 +208,7 @@ impl UploadConfig {
                 token_file,
                 session_name: "spindle".into(),
             },
-        ))
+        )))
     }
 
     /// The bucket, with the keys as they are at load (none yet for a web identity: they are
@@ -220,13 +219,11 @@ impl UploadConfig {
                 spindle_providers::object_store::credentials_from_file(&path, &profile)?
             }
             KeySource::Keys(keys) => keys,
-            KeySource::WebIdentity(_) | KeySource::InstanceProfile(_) => {
-                spindle_providers::object_store::Credentials {
-                    access_key_id: String::new(),
-                    secret_access_key: String::new(),
-                    session_token: None,
-                }
-            }
+            KeySource::Temporary(_) => spindle_providers::object_store::Credentials {
+                access_key_id: String::new(),
+                secret_access_key: String::new(),
+                session_token: None,
+            },
         };
         let spindle_providers::object_store::Credentials {
             access_key_id,
@@ -398,8 +395,7 @@ const STS_TIMEOUT: Duration = Duration::from_secs(10);
 enum Keys {
     Fixed,
     File(PathBuf, String),
-    WebIdentity(Arc<spindle_providers::sts::WebIdentity>),
-    InstanceProfile(Arc<spindle_providers::imds::InstanceProfile>),
+    Temporary(Arc<TemporaryKeys>),
 }
 
 /// `[media.upload]`, resolved at start.
@@ -428,12 +424,9 @@ impl Upload {
             keys: match u.key_source()? {
                 KeySource::File(path, profile) => Keys::File(path, profile),
                 KeySource::Keys(_) => Keys::Fixed,
-                KeySource::WebIdentity(config) => {
-                    Keys::WebIdentity(Arc::new(spindle_providers::sts::WebIdentity::new(config)))
+                KeySource::Temporary(issuer) => {
+                    Keys::Temporary(Arc::new(TemporaryKeys::new(issuer)))
                 }
-                KeySource::InstanceProfile(url) => Keys::InstanceProfile(Arc::new(
-                    spindle_providers::imds::InstanceProfile::new(&url),
-                )),
             },
             tls: u.tls()?,
             prefix: u.prefix.clone(),
@@ -464,10 +457,7 @@ impl Upload {
             Keys::File(file, profile) => {
                 spindle_providers::object_store::credentials_from_file(file, profile)?
             }
-            Keys::WebIdentity(web) => rt.block_on(web.credentials(STS_TIMEOUT, &self.tls))?,
-            Keys::InstanceProfile(profile) => {
-                rt.block_on(profile.credentials(STS_TIMEOUT, &self.tls))?
-            }
+            Keys::Temporary(keys) => rt.block_on(keys.credentials(STS_TIMEOUT, &self.tls))?,
         };
         let mut bucket = self.bucket.clone();
         bucket.access_key_id = keys.access_key_id;
@@ -729,7 +719,7 @@ mod tests {
         checked(&web).unwrap();
         let config: MediaConfig = toml::from_str(&web).unwrap();
         match config.upload.unwrap().key_source().unwrap() {
-            KeySource::WebIdentity(w) => assert_eq!(
+            KeySource::Temporary(Issuer::WebIdentity(w)) => assert_eq!(
                 (w.sts_url.as_str(), w.role_arn.as_str()),
                 (
                     "https://sts.eu-west-1.amazonaws.com",
@@ -765,7 +755,7 @@ mod tests {
             .unwrap();
             assert_eq!(
                 config.upload.unwrap().key_source().unwrap(),
-                KeySource::InstanceProfile("http://169.254.169.254".into())
+                KeySource::Temporary(Issuer::InstanceProfile("http://169.254.169.254".into()))
             );
             checked(&no_keys(
                 "instance_profile = true
