@@ -702,40 +702,63 @@ pub async fn list_multipart_uploads(
             ..Call::to("GET", "")
         };
         let answer = send(bucket, call, timeout, tls).await?;
-        let text = String::from_utf8_lossy(&answer.body);
-        let unexpected = |reason: String| UploadError::Unexpected {
-            url: answer.url.clone(),
-            reason,
-        };
-        for item in text.split("<Upload>").skip(1) {
-            let item = item.split("</Upload>").next().unwrap_or("");
-            let field = |name: &str| {
-                xml_text(item, name)
-                    .filter(|v| !v.is_empty())
-                    .ok_or_else(|| unexpected(format!("an upload without {name} in the list")))
-            };
-            let initiated = field("Initiated")?;
-            uploads.push(OpenUpload {
-                key: field("Key")?,
-                upload_id: field("UploadId")?,
-                initiated: crate::sts::parse_utc(&initiated).ok_or_else(|| {
-                    unexpected(format!(
-                        "an Initiated that is not a UTC time: {initiated:?}"
-                    ))
-                })?,
-            });
+        let page = upload_list_page(&String::from_utf8_lossy(&answer.body)).map_err(|reason| {
+            UploadError::Unexpected {
+                url: answer.url.clone(),
+                reason,
+            }
+        })?;
+        uploads.extend(page.uploads);
+        match page.next {
+            Some(next) => markers = Some(next),
+            None => return Ok((uploads, false)),
         }
-        if xml_text(&text, "IsTruncated").as_deref() != Some("true") {
-            return Ok((uploads, false));
-        }
-        let next = |name: &str| {
-            xml_text(&text, name)
-                .filter(|v| !v.is_empty())
-                .ok_or_else(|| unexpected(format!("a truncated list without {name}")))
-        };
-        markers = Some((next("NextKeyMarker")?, next("NextUploadIdMarker")?));
     }
     Ok((uploads, true))
+}
+
+/// One page of a `ListMultipartUploads` answer.
+#[derive(Debug, PartialEq)]
+struct UploadListPage {
+    uploads: Vec<OpenUpload>,
+    /// Where the next page starts (`NextKeyMarker`, `NextUploadIdMarker`) when the list is
+    /// truncated.
+    next: Option<(String, String)>,
+}
+
+/// The uploads a `ListMultipartUploads` answer lists; an error names what it lacks.
+fn upload_list_page(text: &str) -> Result<UploadListPage, String> {
+    let mut uploads = Vec::new();
+    for item in text.split("<Upload>").skip(1) {
+        let item = item.split("</Upload>").next().unwrap_or("");
+        let field = |name: &str| {
+            xml_text(item, name)
+                .filter(|v| !v.is_empty())
+                .ok_or_else(|| format!("an upload without {name} in the list"))
+        };
+        let initiated = field("Initiated")?;
+        uploads.push(OpenUpload {
+            key: field("Key")?,
+            upload_id: field("UploadId")?,
+            initiated: crate::sts::parse_utc(&initiated)
+                .ok_or_else(|| format!("an Initiated that is not a UTC time: {initiated:?}"))?,
+        });
+    }
+    if xml_text(text, "IsTruncated").as_deref() != Some("true") {
+        return Ok(UploadListPage {
+            uploads,
+            next: None,
+        });
+    }
+    let next = |name: &str| {
+        xml_text(text, name)
+            .filter(|v| !v.is_empty())
+            .ok_or_else(|| format!("a truncated list without {name}"))
+    };
+    Ok(UploadListPage {
+        uploads,
+        next: Some((next("NextKeyMarker")?, next("NextUploadIdMarker")?)),
+    })
 }
 
 /// The text of the first `<name>` element in `xml`, its entities decoded.
@@ -1122,6 +1145,91 @@ mod tests {
         assert_eq!(
             large.to_string(),
             "u: 629145600 bytes, more than the 536870912 one upload takes"
+        );
+    }
+
+    /// A `ListMultipartUploads` answer as S3 documents it (entities in a key, a truncated
+    /// page's markers), and answers lacking what a sweep needs, each named.
+    #[test]
+    fn upload_lists_are_read_and_what_they_lack_is_named() {
+        let upload = |key: &str, id: &str, at: &str| {
+            format!(
+                "<Upload><Key>{key}</Key><UploadId>{id}</UploadId><Initiator><ID>x</ID>\
+                 </Initiator><StorageClass>STANDARD</StorageClass><Initiated>{at}</Initiated>\
+                 </Upload>"
+            )
+        };
+        let answer = |truncated: &str, markers: &str, uploads: &[String]| {
+            format!(
+                "<?xml version=\"1.0\" encoding=\"UTF-8\"?><ListMultipartUploadsResult>\
+                 <Bucket>b</Bucket><KeyMarker></KeyMarker>{markers}<MaxUploads>2</MaxUploads>\
+                 <IsTruncated>{truncated}</IsTruncated>{}</ListMultipartUploadsResult>",
+                uploads.concat()
+            )
+        };
+        let two = [
+            upload(
+                "r/task-1-7-720p.mp4",
+                "VXBsb2FkIElE",
+                "2010-11-10T20:48:33.000Z",
+            ),
+            upload("r/a&amp;b", "id2", "2010-11-10T20:49:33Z"),
+        ];
+        let page = upload_list_page(&answer(
+            "true",
+            "<NextKeyMarker>r/a&amp;b</NextKeyMarker><NextUploadIdMarker>id2</NextUploadIdMarker>",
+            &two,
+        ))
+        .unwrap();
+        let at = |s: &str| crate::sts::parse_utc(s).unwrap();
+        assert_eq!(
+            page,
+            UploadListPage {
+                uploads: vec![
+                    OpenUpload {
+                        key: "r/task-1-7-720p.mp4".into(),
+                        upload_id: "VXBsb2FkIElE".into(),
+                        initiated: at("2010-11-10T20:48:33Z"),
+                    },
+                    OpenUpload {
+                        key: "r/a&b".into(),
+                        upload_id: "id2".into(),
+                        initiated: at("2010-11-10T20:49:33Z"),
+                    },
+                ],
+                next: Some(("r/a&b".into(), "id2".into())),
+            }
+        );
+        let last = upload_list_page(&answer("false", "", &two[..1])).unwrap();
+        assert_eq!((last.uploads.len(), last.next), (1, None));
+        let empty = upload_list_page(&answer("false", "", &[])).unwrap();
+        assert_eq!(empty.uploads, vec![]);
+
+        let broken = |uploads: &[String], markers: &str| {
+            upload_list_page(&answer("true", markers, uploads)).unwrap_err()
+        };
+        let markers = "<NextKeyMarker>k</NextKeyMarker><NextUploadIdMarker>i</NextUploadIdMarker>";
+        for (field, why) in [
+            ("Key", "an upload without Key in the list"),
+            ("UploadId", "an upload without UploadId in the list"),
+            ("Initiated", "an upload without Initiated in the list"),
+        ] {
+            let lacking = two[0]
+                .replace(&format!("<{field}>"), "<Other>")
+                .replace(&format!("</{field}>"), "</Other>");
+            assert_eq!(broken(&[lacking], markers), why);
+        }
+        assert_eq!(
+            broken(&[upload("k", "i", "yesterday")], markers),
+            "an Initiated that is not a UTC time: \"yesterday\""
+        );
+        assert_eq!(
+            broken(&two, "<NextUploadIdMarker>i</NextUploadIdMarker>"),
+            "a truncated list without NextKeyMarker"
+        );
+        assert_eq!(
+            broken(&two, "<NextKeyMarker>k</NextKeyMarker>"),
+            "a truncated list without NextUploadIdMarker"
         );
     }
 }
