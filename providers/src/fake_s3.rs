@@ -241,16 +241,59 @@ impl FakeS3 {
     }
 }
 
+/// ListObjectsV2: the objects under `prefix`, in key order, a page of `max-keys` after the
+/// `continuation-token` (here the last key of the page before; opaque to clients, as S3's).
+fn list_objects(state: &State, query: &HashMap<String, String>) -> Response<Full<Bytes>> {
+    lock(&state.log).push("GET objects".into());
+    let get = |n: &str| query.get(n).cloned().unwrap_or_default();
+    let (prefix, after) = (get("prefix"), get("continuation-token"));
+    let page: usize = get("max-keys").parse().unwrap_or(1_000).clamp(1, 1_000);
+    let objects = lock(&state.objects);
+    let mut keys: Vec<&String> = objects
+        .keys()
+        .filter(|k| k.starts_with(&prefix) && (after.is_empty() || **k > after))
+        .take(page + 1)
+        .collect();
+    let truncated = keys.len() > page;
+    keys.truncate(page);
+    let mut body = format!(
+        "<ListBucketResult><Name>{}</Name><Prefix>{}</Prefix><KeyCount>{}</KeyCount>\
+         <MaxKeys>{page}</MaxKeys><IsTruncated>{truncated}</IsTruncated>",
+        state.name,
+        xml_escape(&prefix),
+        keys.len()
+    );
+    if let (true, Some(last)) = (truncated, keys.last()) {
+        body.push_str(&format!(
+            "<NextContinuationToken>{}</NextContinuationToken>",
+            xml_escape(last)
+        ));
+    }
+    for k in &keys {
+        body.push_str(&format!(
+            "<Contents><Key>{}</Key><Size>{}</Size><StorageClass>STANDARD</StorageClass>\
+             </Contents>",
+            xml_escape(k),
+            objects[*k].len()
+        ));
+    }
+    body.push_str("</ListBucketResult>");
+    ok(StatusCode::OK, None, body)
+}
+
 /// ListMultipartUploads: the open uploads under `prefix`, ordered by key and id, a page of
 /// `max-uploads` after the markers.
 fn list_uploads(state: &State, query: &str) -> Response<Full<Bytes>> {
     let query: HashMap<String, String> =
         query_pairs(query).unwrap_or_default().into_iter().collect();
+    if query.get("list-type").map(String::as_str) == Some("2") {
+        return list_objects(state, &query);
+    }
     if !query.contains_key("uploads") {
         return error(
             StatusCode::NOT_IMPLEMENTED,
             "NotImplemented",
-            "only ?uploads",
+            "only ?uploads and ?list-type=2",
         );
     }
     lock(&state.log).push("GET uploads".into());

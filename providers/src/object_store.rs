@@ -717,6 +717,78 @@ pub async fn list_multipart_uploads(
     Ok((uploads, true))
 }
 
+/// The keys of the objects `bucket` holds under `prefix` (`ListObjectsV2`), in the store's
+/// order (UTF-8 byte order on S3), read a page of `page` (1..=[`LIST_PAGE_MAX`]) at a time, at
+/// most `pages` pages, each within `timeout`: the keys, and whether more were left unread.
+pub async fn list_objects(
+    bucket: &Bucket,
+    prefix: &str,
+    page: u32,
+    pages: u32,
+    timeout: Duration,
+    tls: &rustls::ClientConfig,
+) -> Result<(Vec<String>, bool), UploadError> {
+    let page = page.clamp(1, LIST_PAGE_MAX).to_string();
+    let mut keys = Vec::new();
+    let mut next: Option<String> = None;
+    for _ in 0..pages {
+        let mut query = vec![
+            ("list-type", "2"),
+            ("prefix", prefix),
+            ("max-keys", page.as_str()),
+        ];
+        if let Some(token) = &next {
+            query.push(("continuation-token", token.as_str()));
+        }
+        let call = Call {
+            query: &query,
+            ..Call::to("GET", "")
+        };
+        let answer = send(bucket, call, timeout, tls).await?;
+        let page = object_list_page(&String::from_utf8_lossy(&answer.body)).map_err(|reason| {
+            UploadError::Unexpected {
+                url: answer.url.clone(),
+                reason,
+            }
+        })?;
+        keys.extend(page.keys);
+        match page.next {
+            Some(token) => next = Some(token),
+            None => return Ok((keys, false)),
+        }
+    }
+    Ok((keys, true))
+}
+
+/// One page of a `ListObjectsV2` answer.
+#[derive(Debug, PartialEq)]
+struct ObjectListPage {
+    keys: Vec<String>,
+    /// The `NextContinuationToken` of a truncated list.
+    next: Option<String>,
+}
+
+/// The keys a `ListObjectsV2` answer lists; an error names what it lacks.
+fn object_list_page(text: &str) -> Result<ObjectListPage, String> {
+    let mut keys = Vec::new();
+    for item in text.split("<Contents>").skip(1) {
+        let item = item.split("</Contents>").next().unwrap_or("");
+        let key = xml_text(item, "Key")
+            .filter(|k| !k.is_empty())
+            .ok_or("an object without Key in the list")?;
+        keys.push(key);
+    }
+    let next = match xml_text(text, "IsTruncated").as_deref() {
+        Some("true") => Some(
+            xml_text(text, "NextContinuationToken")
+                .filter(|t| !t.is_empty())
+                .ok_or("a truncated list without NextContinuationToken")?,
+        ),
+        _ => None,
+    };
+    Ok(ObjectListPage { keys, next })
+}
+
 /// One page of a `ListMultipartUploads` answer.
 #[derive(Debug, PartialEq)]
 struct UploadListPage {
@@ -1230,6 +1302,58 @@ mod tests {
         assert_eq!(
             broken(&two, "<NextKeyMarker>k</NextKeyMarker>"),
             "a truncated list without NextUploadIdMarker"
+        );
+    }
+
+    /// A `ListObjectsV2` answer as S3 documents it, and answers lacking what is needed.
+    #[test]
+    fn object_lists_are_read_and_what_they_lack_is_named() {
+        let answer = |truncated: &str, token: &str, keys: &[&str]| {
+            let contents: String = keys
+                .iter()
+                .map(|k| {
+                    format!(
+                        "<Contents><Key>{k}</Key><LastModified>2009-10-12T17:50:30.000Z\
+                         </LastModified><ETag>&quot;fba9dede5f27731c9771645a39863328&quot;\
+                         </ETag><Size>434234</Size><StorageClass>STANDARD</StorageClass>\
+                         </Contents>"
+                    )
+                })
+                .collect();
+            format!(
+                "<?xml version=\"1.0\" encoding=\"UTF-8\"?><ListBucketResult><Name>b</Name>\
+                 <Prefix>r/</Prefix><KeyCount>{}</KeyCount><MaxKeys>2</MaxKeys>\
+                 <IsTruncated>{truncated}</IsTruncated>{token}{contents}</ListBucketResult>",
+                keys.len()
+            )
+        };
+        let token = "<NextContinuationToken>1ueGcxLPRx1Tr/XYExHnhbYLgveDs2J/wm36Hy4vbOwM=\
+                     </NextContinuationToken>";
+        assert_eq!(
+            object_list_page(&answer(
+                "true",
+                token,
+                &["r/a&amp;b", "r/task-1-7-720p.mp4"]
+            )),
+            Ok(ObjectListPage {
+                keys: vec!["r/a&b".into(), "r/task-1-7-720p.mp4".into()],
+                next: Some("1ueGcxLPRx1Tr/XYExHnhbYLgveDs2J/wm36Hy4vbOwM=".into()),
+            })
+        );
+        assert_eq!(
+            object_list_page(&answer("false", "", &[])),
+            Ok(ObjectListPage {
+                keys: vec![],
+                next: None
+            })
+        );
+        assert_eq!(
+            object_list_page(&answer("true", "", &["k"])),
+            Err("a truncated list without NextContinuationToken".into())
+        );
+        assert_eq!(
+            object_list_page(&answer("false", "", &["k"]).replace("<Key>k</Key>", "")),
+            Err("an object without Key in the list".into())
         );
     }
 }

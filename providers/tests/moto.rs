@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use spindle_providers::object_store::{
-    abort_multipart_upload, create_multipart_upload, list_multipart_uploads, upload_file, Bucket,
-    Plan, UploadError, PART_BYTES_MIN,
+    abort_multipart_upload, create_multipart_upload, list_multipart_uploads, list_objects,
+    upload_file, Bucket, Plan, UploadError, PART_BYTES_MIN,
 };
 
 struct Moto {
@@ -149,6 +149,27 @@ async fn uploads_are_taken_by_motos_s3_and_read_back_whole() {
         assert_eq!(status, 200, "{url}");
         assert!(body[..] == data[..], "{key} read back differs");
     }
+    // Listed by prefix, a page of one at a time (moto's continuation tokens, its XML).
+    let within = Duration::from_secs(10);
+    let (keys, more) = list_objects(&bucket, "", 1, 10, within, &tls)
+        .await
+        .unwrap();
+    assert_eq!(
+        (keys, more),
+        (
+            vec!["one put.mp4".into(), "renditions/три части.mp4".into()],
+            false
+        )
+    );
+    let (keys, more) = list_objects(&bucket, "renditions/т", 1_000, 1, within, &tls)
+        .await
+        .unwrap();
+    assert_eq!(
+        (keys, more),
+        (vec!["renditions/три части.mp4".into()], false)
+    );
+    let (keys, more) = list_objects(&bucket, "", 1, 1, within, &tls).await.unwrap();
+    assert_eq!((keys.len(), more), (1, true));
     // The multipart object's ETag is moto's for three parts.
     let (_, _, listing) = call("GET", &format!("{}/videos", moto.base)).await.unwrap();
     let listing = String::from_utf8_lossy(&listing);

@@ -5,7 +5,8 @@ use std::time::{Duration, Instant};
 
 use spindle_providers::fake_s3::FakeS3;
 use spindle_providers::object_store::{
-    create_multipart_upload, list_multipart_uploads, presign_get, upload_file, Plan, UploadError,
+    create_multipart_upload, list_multipart_uploads, list_objects, presign_get, put_object,
+    upload_file, Plan, UploadError,
 };
 
 const PART: u64 = 64 << 10;
@@ -319,6 +320,40 @@ async fn open_uploads_are_listed_page_by_page_within_the_pages_asked() {
         .unwrap();
     assert!(more, "two pages read, more left");
     assert_eq!(first.len(), 4);
+}
+
+#[tokio::test]
+async fn objects_are_listed_by_prefix_page_by_page_within_the_pages_asked() {
+    let s3 = bucket().await;
+    let tls = spindle_providers::tls::public_roots();
+    let within = Duration::from_secs(10);
+    let b = s3.bucket();
+    // Keys a URL or an XML answer must encode, and one under another prefix.
+    let under = ["r/a b", "r/a&b", "r/c", "r/d/e", "r/\u{e9}"];
+    for key in under.iter().chain(&["other/f"]) {
+        put_object(
+            &b,
+            key,
+            bytes::Bytes::from_static(b"x"),
+            "video/mp4",
+            within,
+            &tls,
+        )
+        .await
+        .unwrap();
+    }
+    let (keys, more) = list_objects(&b, "r/", 2, 10, within, &tls).await.unwrap();
+    assert!(!more);
+    assert_eq!(keys, under, "every key under r/, in byte order");
+    let pages = |log: Vec<String>| log.iter().filter(|l| *l == "GET objects").count();
+    assert_eq!(pages(s3.log()), 3, "five objects in pages of two");
+    let (first, more) = list_objects(&b, "r/", 2, 2, within, &tls).await.unwrap();
+    assert!(more, "two pages read, more left");
+    assert_eq!(first, under[..4]);
+    let (none, more) = list_objects(&b, "nothing/", 1000, 1, within, &tls)
+        .await
+        .unwrap();
+    assert_eq!((none.len(), more), (0, false));
 }
 
 /// A plain `GET` of `url`, as a browser or a CDN would send it: the status and the body.
