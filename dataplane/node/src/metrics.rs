@@ -690,6 +690,11 @@ impl Metrics {
                 "# HELP spindle_media_uploads_aborted_total Multipart uploads left open by a node that died mid-upload, aborted by a sweep.\n# TYPE spindle_media_uploads_aborted_total counter\nspindle_media_uploads_aborted_total {}",
                 stats.uploads_aborted.load(Ordering::Relaxed)
             );
+            let _ = writeln!(
+                w,
+                "# HELP spindle_media_superseded_deleted_total Renditions a task's earlier attempts left in the bucket, deleted by the attempt after them.\n# TYPE spindle_media_superseded_deleted_total counter\nspindle_media_superseded_deleted_total {}",
+                stats.superseded_deleted.load(Ordering::Relaxed)
+            );
             let _ = writeln!(w, "# HELP spindle_media_engine_units Media units per engine: capacity and used.\n# TYPE spindle_media_engine_units gauge");
             for (engine, capacity, used) in media.ledger.snapshot() {
                 let _ = writeln!(

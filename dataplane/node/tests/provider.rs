@@ -2079,6 +2079,91 @@ async fn uploads_a_dead_node_left_open_are_aborted_and_the_rest_kept() {
     assert_clean(&test, &admin).await;
 }
 
+/// What an earlier attempt left in the bucket (a node that died after its upload, before its
+/// report): the attempt that ends the task deletes its renditions — those named with the task
+/// and an older fencing token — once its own are in, and nothing else: another task's whose id
+/// begins the same, a key not named as a rendition, one with a newer token. A first attempt
+/// does not look (the upload test counts every request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_after_the_first_deletes_what_earlier_attempts_left_in_the_bucket() {
+    let dir = tempfile::tempdir().unwrap();
+    let clip = dir.path().join("clip.mp4");
+    make_clip(&clip, (160, 120), 10, 1, 30);
+    let bucket = spindle_providers::fake_s3::FakeS3::start("videos", "us-test-1", "AKID", "s")
+        .await
+        .unwrap();
+    let test = TestDb::new().await;
+    let (m, admin) = mock_with(20, Some(clip)).await;
+    set_fault(&admin, Fault::Auth).await;
+    let media = format!(
+        "renditions = [96]\n{}{}",
+        upload_config(&bucket),
+        common::admin_tokens()
+    );
+    let daemon = media_node(&test, &m, &dir.path().join("out"), &media).await;
+    let (ids, states) = run(&daemon, &test, "again", 1).await;
+    assert_eq!(states, ["FAILED"]);
+    let task = ids[0].0;
+    let sql = test.sql().await.unwrap();
+    let first: i64 = sql
+        .query_one(
+            "SELECT final_fencing FROM task WHERE task_id = $1",
+            &[&(task as i64)],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let tls = spindle_providers::tls::public_roots();
+    let left = [
+        format!("renditions/task-{task}-{first}-96p.mp4"),
+        format!("renditions/task-{task}-{first}-720p.mp4"),
+    ];
+    let kept = [
+        format!("renditions/task-{task}1-{first}-96p.mp4"),
+        format!("renditions/task-{task}-{first}-notes.txt"),
+        format!("renditions/task-{task}-999999999-96p.mp4"),
+        format!("elsewhere/task-{task}-{first}-96p.mp4"),
+    ];
+    for key in left.iter().chain(&kept) {
+        spindle_providers::object_store::put_object(
+            &bucket.bucket(),
+            key,
+            b"an earlier attempt's".to_vec().into(),
+            "video/mp4",
+            Duration::from_secs(10),
+            &tls,
+        )
+        .await
+        .unwrap();
+    }
+    set_fault(&admin, Fault::None).await;
+    let id = task.to_string();
+    let requeue = ["requeue", id.as_str(), "--reason", "provider fixed"];
+    let (ok, out) = common::ctl(daemon.http, common::OPERATOR_TOKEN, &requeue);
+    assert!(ok, "{out}");
+    assert_eq!(wait_final(&test, &ids).await, ["SUCCEEDED"]);
+    let second: i64 = sql
+        .query_one(
+            "SELECT final_fencing FROM task WHERE task_id = $1 AND attempt_no = 2",
+            &[&(task as i64)],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(second > first, "tokens grow: {first} then {second}");
+    let mut want: Vec<String> = kept.to_vec();
+    want.push(format!("renditions/task-{task}-{second}-96p.mp4"));
+    want.sort();
+    assert_eq!(bucket.keys(), want);
+    assert_eq!(
+        common::metric(&daemon, "spindle_media_superseded_deleted_total").await,
+        2
+    );
+    let lists = bucket.log().iter().filter(|l| *l == "GET objects").count();
+    assert_eq!(lists, 1, "one listing, by the second attempt");
+    assert_clean(&test, &admin).await;
+}
+
 /// `presign_s`: each task's result names its renditions by presigned URLs, which read the
 /// private bucket's objects without keys (every frame decodes); the objects' plain URLs do not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -138,6 +138,9 @@ pub struct MediaJob {
     pub shard: usize,
     pub task: TaskId,
     pub token: FencingToken,
+    /// The task's attempt this job belongs to (0: not known). Past the first, an earlier
+    /// attempt may have left renditions in the bucket ([`upload::Upload::delete_superseded`]).
+    pub attempt_no: u32,
     pub input_url: String,
 }
 
@@ -213,6 +216,8 @@ pub struct MediaStats {
     pub gpu_fallbacks: AtomicU64,
     /// Multipart uploads left open (a node that died mid-upload) that a sweep aborted.
     pub uploads_aborted: AtomicU64,
+    /// Renditions of a task's superseded attempts deleted from the bucket.
+    pub superseded_deleted: AtomicU64,
 }
 
 impl MediaStats {
@@ -226,6 +231,7 @@ impl MediaStats {
             renditions: Default::default(),
             gpu_fallbacks: AtomicU64::new(0),
             uploads_aborted: AtomicU64::new(0),
+            superseded_deleted: AtomicU64::new(0),
         }
     }
 
@@ -585,6 +591,12 @@ fn run(
             Some(upload),
         ) => match upload_all(&fetch.rt, upload, &outputs, deadline, stats) {
             Ok(urls) => {
+                if job.attempt_no != 1 {
+                    let deleted = upload.delete_superseded(&fetch.rt, job.task, job.token);
+                    stats
+                        .superseded_deleted
+                        .fetch_add(deleted, Ordering::Relaxed);
+                }
                 let outputs = if upload.keep_local() {
                     outputs
                 } else {

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
+use spindle_core::{FencingToken, TaskId};
 use spindle_providers::temporary_keys::{Issuer, TemporaryKeys};
 
 use super::{check_url, MediaStats, STAGE_UPLOAD};
@@ -523,25 +524,83 @@ impl Upload {
             Ok(aborted)
         })
     }
+
+    /// Deletes what the task's earlier attempts put into the bucket: the renditions under
+    /// `prefix` named with the task and a fencing token older than `token` (tokens grow, and
+    /// an attempt's report is refused once a newer one exists, so no result names them). An
+    /// attempt after the first calls this once its own renditions are in; how many it
+    /// deleted. A failure is logged, not the job's: what stays is left to a lifecycle rule.
+    pub(super) fn delete_superseded(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        task: TaskId,
+        token: FencingToken,
+    ) -> u64 {
+        use spindle_providers::object_store::{delete_object, list_objects, LIST_PAGE_MAX};
+        let bucket = match self.bucket_now(rt) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!("media: {task}'s earlier attempts' renditions stay: {e}");
+                return 0;
+            }
+        };
+        let under = format!("{}task-{}-", self.prefix, task.0);
+        rt.block_on(async {
+            let listed =
+                list_objects(&bucket, &under, LIST_PAGE_MAX, 1, DELETE_TIMEOUT, &self.tls).await;
+            let keys = match listed {
+                Ok((keys, _)) => keys,
+                Err(e) => {
+                    tracing::warn!("media: {task}'s earlier attempts' renditions stay: {e}");
+                    return 0;
+                }
+            };
+            let mut deleted = 0;
+            for key in keys.iter().filter(|k| {
+                rendition_key(&self.prefix, k).is_some_and(|(t, older)| t == task && older < token)
+            }) {
+                match delete_object(&bucket, key, DELETE_TIMEOUT, &self.tls).await {
+                    Ok(()) => deleted += 1,
+                    Err(e) => tracing::warn!("media: {key} of an earlier attempt stays: {e}"),
+                }
+            }
+            deleted
+        })
+    }
 }
 
 /// Pages of open uploads one sweep reads (S3's 1,000 uploads each).
 const SWEEP_PAGES_MAX: u32 = 10;
 
-/// Whether `key` is a rendition's under `prefix`: `task-<task>-<token>-<height>p.mp4`.
-fn is_rendition_key(prefix: &str, key: &str) -> bool {
-    let Some(name) = key
-        .strip_prefix(prefix)
-        .and_then(|k| k.strip_prefix("task-"))
-        .and_then(|k| k.strip_suffix("p.mp4"))
-    else {
-        return false;
+/// A rendition's key under `prefix`, `task-<task>-<token>-<height>p.mp4`, read: its task and
+/// its attempt's fencing token; `None` for any other key.
+fn rendition_key(prefix: &str, key: &str) -> Option<(TaskId, FencingToken)> {
+    let name = key
+        .strip_prefix(prefix)?
+        .strip_prefix("task-")?
+        .strip_suffix("p.mp4")?;
+    let number = |n: &str| {
+        (!n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+            .then(|| n.parse::<u64>().ok())
+            .flatten()
     };
-    let numbers: Vec<&str> = name.split('-').collect();
-    numbers.len() == 3
-        && numbers
-            .iter()
-            .all(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    let mut numbers = name.split('-').map(number);
+    match (
+        numbers.next(),
+        numbers.next(),
+        numbers.next(),
+        numbers.next(),
+    ) {
+        (Some(Some(task)), Some(Some(token)), Some(Some(_height)), None) => {
+            Some((TaskId(task), FencingToken(token)))
+        }
+        _ => None,
+    }
+}
+
+/// Whether `key` is a rendition's under `prefix`.
+fn is_rendition_key(prefix: &str, key: &str) -> bool {
+    rendition_key(prefix, key).is_some()
 }
 
 /// Puts every output into the bucket (each request tried per the plan while its trouble is
@@ -628,11 +687,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_sweep_takes_only_keys_named_as_renditions_are() {
-        for key in ["r/task-12-3-720p.mp4", "r/task-1-1-96p.mp4"] {
+    fn a_sweep_and_a_later_attempt_take_only_keys_named_as_renditions_are() {
+        for (key, task, token) in [
+            ("r/task-12-3-720p.mp4", 12, 3),
+            ("r/task-1-1-96p.mp4", 1, 1),
+        ] {
             assert!(is_rendition_key("r/", key), "{key}");
+            assert_eq!(
+                rendition_key("r/", key),
+                Some((TaskId(task), FencingToken(token))),
+                "{key}"
+            );
         }
         for key in [
+            "r/task-1-2-3-4p.mp4",
+            "r/task-1-99999999999999999999-96p.mp4",
             "task-12-3-720p.mp4",
             "r/backup.tar",
             "r/task-12-3p.mp4",

@@ -33,6 +33,7 @@ pub(super) fn start_media(s: &mut ShardState, now: Time) {
             shard: s.index,
             task: media_task,
             token: t,
+            attempt_no: s.core.task_attempt_no(media_task).unwrap_or(0),
             input_url,
         };
         match pool.submit(job) {
