@@ -353,8 +353,13 @@ fn demo(quiet_rate: f64, common: &Common) -> anyhow::Result<()> {
         quiet_rate * 100.0,
         common.duration
     );
-    let addr = start_node("spindled", config, &ready)?;
-    let result = drive(addr, None, None, loads, common);
+    let node = start_node("spindled", config, &ready)?;
+    // Its `/metrics` count completions as they happen (the timeline's), not only at the end.
+    let metrics = scrape::Endpoint {
+        addr: node.http,
+        tls: None,
+    };
+    let result = drive(node.client, Some(metrics), None, loads, common);
     // The node's threads end with the process; the private PostgreSQL is stopped here.
     QUIET.store(true, std::sync::atomic::Ordering::Relaxed);
     drop(pg);
@@ -363,12 +368,18 @@ fn demo(quiet_rate: f64, common: &Common) -> anyhow::Result<()> {
     std::process::exit(0);
 }
 
-/// Runs spindled in this process on a thread named `name`; its client address once it serves.
+/// An in-process spindled's addresses: its client protocol's and its HTTP port's.
+struct Serving {
+    client: SocketAddr,
+    http: SocketAddr,
+}
+
+/// Runs spindled in this process on a thread named `name`; its addresses once it serves.
 fn start_node(
     name: &str,
     config: spindle_node::config::Config,
     ready: &std::path::Path,
-) -> anyhow::Result<SocketAddr> {
+) -> anyhow::Result<Serving> {
     let thread = name.to_string();
     std::thread::Builder::new()
         .name(thread.clone())
@@ -380,12 +391,14 @@ fn start_node(
     wait_ready(ready)
 }
 
-/// Waits (bounded: 30 s) for an in-process spindled's ready file; its client address.
-fn wait_ready(ready: &std::path::Path) -> anyhow::Result<SocketAddr> {
+/// Waits (bounded: 30 s) for an in-process spindled's ready file (its client address, then
+/// its HTTP port's); its addresses.
+fn wait_ready(ready: &std::path::Path) -> anyhow::Result<Serving> {
     for _ in 0..600 {
         if let Ok(text) = std::fs::read_to_string(ready) {
-            if let Some(addr) = text.lines().next().and_then(|l| l.parse().ok()) {
-                return Ok(addr);
+            let mut lines = text.lines().map(|l| l.parse().ok());
+            if let (Some(Some(client)), Some(Some(http))) = (lines.next(), lines.next()) {
+                return Ok(Serving { client, http });
             }
         }
         std::thread::sleep(Duration::from_millis(50));

@@ -59,7 +59,7 @@ poll_ms = [500, 1000]
             ));
         }
         let config = crate::toml_config_at(&text, &ready, &format!("spindled-{n}.toml"))?;
-        addrs.push(crate::start_node(&format!("spindled-{n}"), config, &ready)?);
+        addrs.push(crate::start_node(&format!("spindled-{n}"), config, &ready)?.client);
     }
     // Let every node count the others (their RPM shares depend on it): a third of a lease.
     tokio::time::sleep(Duration::from_secs(11)).await;

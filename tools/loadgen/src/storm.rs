@@ -65,7 +65,7 @@ credential = "storm"
         mock.base_url()
     );
     let config = crate::toml_config(&config_text, &ready)?;
-    let addr = crate::start_node("spindled", config, &ready)?;
+    let addr = crate::start_node("spindled", config, &ready)?.client;
     let client = Client::connect(addr, TenantId(1), "storm").await?;
     let real = 2 * RPM / 2 / 60;
     println!(
