@@ -139,7 +139,7 @@ pub struct MediaJob {
     pub task: TaskId,
     pub token: FencingToken,
     /// The task's attempt this job belongs to (0: not known). Past the first, an earlier
-    /// attempt may have left renditions in the bucket ([`upload::Upload::delete_superseded`]).
+    /// attempt may have left renditions in the bucket, which this one deletes.
     pub attempt_no: u32,
     pub input_url: String,
 }
