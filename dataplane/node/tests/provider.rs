@@ -1531,6 +1531,13 @@ async fn the_media_stage_transcodes_checks_declarations_and_fails_what_it_cannot
                     .collect();
                 assert_eq!(reasons.len(), 2);
                 assert!(reasons.iter().all(|r| r.contains(why)), "{reasons:?}");
+                // A video beyond its declaration is refused once probed: no rendition made.
+                let (_, metrics) = http_get(daemon.http, "/metrics").await;
+                assert_eq!(
+                    metric_sum(&metrics, "spindle_media_renditions_total"),
+                    0,
+                    "{policy}"
+                );
             }
             Expect::ChargedMore => {
                 assert!(states.iter().all(|s| s == "SUCCEEDED"), "{states:?}");

@@ -142,6 +142,9 @@ pub struct MediaJob {
     /// attempt may have left renditions in the bucket, which this one deletes.
     pub attempt_no: u32,
     pub input_url: String,
+    /// What the task declared, when a video beyond it fails the task (`declaration =
+    /// "reject"`): the job then fails once probed, before any rendition is made.
+    pub reject_beyond: Option<spindle_core::TaskSpec>,
 }
 
 #[derive(Debug)]
@@ -651,6 +654,28 @@ fn place_by(
     }
 }
 
+/// Why `probed` is not the video `declared` says: longer (by more than a tenth) or with more
+/// pixels; `None` when it is.
+pub fn over_declared(
+    declared: &spindle_core::TaskSpec,
+    probed: &spindle_transcode::MediaInfo,
+) -> Option<String> {
+    let longer = probed.duration_ms * 10 > u64::from(declared.duration_ms) * 11;
+    let larger = u64::from(probed.width) * u64::from(probed.height)
+        > u64::from(declared.width) * u64::from(declared.height);
+    (longer || larger).then(|| {
+        format!(
+            "declared {}x{} {} ms, the video is {}x{} {} ms",
+            declared.width,
+            declared.height,
+            declared.duration_ms,
+            probed.width,
+            probed.height,
+            probed.duration_ms
+        )
+    })
+}
+
 /// The engines a placement gives the transcoder.
 fn accel(p: &spindle_gpu::Placement) -> Accel {
     Accel {
@@ -685,6 +710,13 @@ fn transcode_ladder(
         Ok(i) => i,
         Err(e) => return Ok(failed(format!("probe: {e}"), e.is_retryable())),
     };
+    if let Some(why) = job
+        .reject_beyond
+        .as_ref()
+        .and_then(|declared| over_declared(declared, &probed))
+    {
+        return Ok(failed(why, false));
+    }
     let mut outputs = Vec::new();
     let mut used = 0u64;
     let rungs = config.renditions.len().max(1) as u64;

@@ -13,6 +13,7 @@ pub(super) fn start_media(s: &mut ShardState, now: Time) {
         };
         let Some(t) = meta.token else { continue };
         let input = meta.attempt.as_ref().and_then(|a| a.output_url.clone());
+        let declared = meta.spec;
         // The steps its row has not recorded yet, in order.
         let unrecorded: &[TaskState] = match meta.stored_stage {
             Some(TaskState::MediaProcessing) => &[],
@@ -35,6 +36,10 @@ pub(super) fn start_media(s: &mut ShardState, now: Time) {
             token: t,
             attempt_no: s.core.task_attempt_no(media_task).unwrap_or(0),
             input_url,
+            reject_beyond: match pool.declaration {
+                crate::media::DeclarationPolicy::Reject => declared,
+                crate::media::DeclarationPolicy::Correct => None,
+            },
         };
         match pool.submit(job) {
             Ok(()) => notify(s, media_task, TaskState::MediaProcessing),
@@ -165,7 +170,7 @@ pub(super) fn media_event(s: &mut ShardState, event: crate::media::MediaEvent) {
 }
 
 /// `Some((why, corrected cost))` when the video is longer (by more than a tenth) or has more
-/// pixels than the task declared.
+/// pixels than the task declared ([`crate::media::over_declared`]).
 pub(super) fn check_declaration(
     s: &ShardState,
     task: TaskId,
@@ -174,12 +179,9 @@ pub(super) fn check_declaration(
     let Some(declared) = s.meta.get(&task).and_then(|m| m.spec) else {
         return Ok(None);
     };
-    let longer = probed.duration_ms * 10 > u64::from(declared.duration_ms) * 11;
-    let larger = u64::from(probed.width) * u64::from(probed.height)
-        > u64::from(declared.width) * u64::from(declared.height);
-    if !(longer || larger) {
+    let Some(why) = crate::media::over_declared(&declared, probed) else {
         return Ok(None);
-    }
+    };
     let truth = spindle_core::TaskSpec {
         width: probed.width,
         height: probed.height,
@@ -191,16 +193,5 @@ pub(super) fn check_declaration(
         .core
         .price(&truth)
         .map_err(|e| format!("the probed video cannot be priced: {e}"))?;
-    Ok(Some((
-        format!(
-            "declared {}x{} {} ms, the video is {}x{} {} ms",
-            declared.width,
-            declared.height,
-            declared.duration_ms,
-            probed.width,
-            probed.height,
-            probed.duration_ms
-        ),
-        corrected.cost_milli,
-    )))
+    Ok(Some((why, corrected.cost_milli)))
 }
