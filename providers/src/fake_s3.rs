@@ -62,6 +62,9 @@ struct State {
     min_part_bytes: AtomicU64,
     /// Milliseconds each part takes to answer, and the most parts seen in flight at once.
     part_delay_ms: AtomicU64,
+    /// While set, a `PUT` of an object stores it and then waits for `released` to answer.
+    hold_puts: std::sync::atomic::AtomicBool,
+    released: tokio::sync::Notify,
     parts_in_flight: AtomicU32,
     parts_in_flight_max: AtomicU32,
 }
@@ -107,6 +110,8 @@ impl FakeS3 {
             fail_after_ok: AtomicU32::new(0),
             min_part_bytes: AtomicU64::new(PART_BYTES_MIN),
             part_delay_ms: AtomicU64::new(0),
+            hold_puts: std::sync::atomic::AtomicBool::new(false),
+            released: tokio::sync::Notify::new(),
             parts_in_flight: AtomicU32::new(0),
             parts_in_flight_max: AtomicU32::new(0),
         });
@@ -227,6 +232,15 @@ impl FakeS3 {
     /// once are seen at once.
     pub fn delay_parts(&self, ms: u64) {
         self.state.part_delay_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// While `hold`, each `PUT` of an object is stored at once and answered only once this is
+    /// called again with `false` (an upload caught between the two).
+    pub fn hold_puts(&self, hold: bool) {
+        self.state.hold_puts.store(hold, Ordering::SeqCst);
+        if !hold {
+            self.state.released.notify_waiters();
+        }
     }
 
     /// The most parts that were in the bucket's hands at once.
@@ -607,6 +621,13 @@ async fn answer(state: &State, req: Request<hyper::body::Incoming>) -> Response<
             let tag = etag(&body);
             lock(&state.created_with).insert(key.clone(), created_with);
             lock(&state.objects).insert(key, body.to_vec());
+            loop {
+                let released = state.released.notified();
+                if !state.hold_puts.load(Ordering::SeqCst) {
+                    break;
+                }
+                released.await;
+            }
             ok(StatusCode::OK, Some(&tag), String::new())
         }
         ("POST", None) if query.contains_key("uploads") => {

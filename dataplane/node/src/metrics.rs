@@ -690,11 +690,17 @@ impl Metrics {
                 "# HELP spindle_media_uploads_aborted_total Multipart uploads left open by a node that died mid-upload, aborted by a sweep.\n# TYPE spindle_media_uploads_aborted_total counter\nspindle_media_uploads_aborted_total {}",
                 stats.uploads_aborted.load(Ordering::Relaxed)
             );
-            let _ = writeln!(
-                w,
-                "# HELP spindle_media_superseded_deleted_total Renditions a task's earlier attempts left in the bucket, deleted by the attempt after them.\n# TYPE spindle_media_superseded_deleted_total counter\nspindle_media_superseded_deleted_total {}",
-                stats.superseded_deleted.load(Ordering::Relaxed)
-            );
+            let _ = writeln!(w, "# HELP spindle_media_objects_deleted_total Renditions the node deleted from the bucket: a task's earlier attempt's (superseded), or a job's whose result was not taken (unclaimed).\n# TYPE spindle_media_objects_deleted_total counter");
+            for (why, n) in crate::media::OBJECTS_DELETED
+                .iter()
+                .zip(&stats.objects_deleted)
+            {
+                let _ = writeln!(
+                    w,
+                    "spindle_media_objects_deleted_total{{why=\"{why}\"}} {}",
+                    n.load(Ordering::Relaxed)
+                );
+            }
             let _ = writeln!(w, "# HELP spindle_media_engine_units Media units per engine: capacity and used.\n# TYPE spindle_media_engine_units gauge");
             for (engine, capacity, used) in media.ledger.snapshot() {
                 let _ = writeln!(

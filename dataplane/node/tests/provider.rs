@@ -2163,11 +2163,67 @@ async fn an_attempt_after_the_first_deletes_what_earlier_attempts_left_in_the_bu
     want.sort();
     assert_eq!(bucket.keys(), want);
     assert_eq!(
-        common::metric(&daemon, "spindle_media_superseded_deleted_total").await,
+        common::metric(
+            &daemon,
+            "spindle_media_objects_deleted_total{why=\"superseded\"}"
+        )
+        .await,
         2
     );
     let lists = bucket.log().iter().filter(|l| *l == "GET objects").count();
     assert_eq!(lists, 1, "one listing, by the second attempt");
+    assert_clean(&test, &admin).await;
+}
+
+/// A task canceled while its renditions are being put into the bucket: the upload ends, but
+/// the result is nobody's — the task ends CANCELED and the objects are deleted again, by the
+/// node's bucket thread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renditions_of_a_task_canceled_during_their_upload_are_deleted_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let clip = dir.path().join("clip.mp4");
+    make_clip(&clip, (160, 120), 10, 1, 30);
+    let bucket = spindle_providers::fake_s3::FakeS3::start("videos", "us-test-1", "AKID", "s")
+        .await
+        .unwrap();
+    let test = TestDb::new().await;
+    let (m, admin) = mock_with(20, Some(clip)).await;
+    let media = format!("renditions = [96]\n{}", upload_config(&bucket));
+    let daemon = media_node(&test, &m, &dir.path().join("out"), &media).await;
+    bucket.hold_puts(true);
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let a = client.submit(task("canceled")).await.unwrap();
+    // The rendition is in the bucket; the answer to its PUT is held.
+    let keys = poll_until(
+        Duration::from_secs(30),
+        async || bucket.keys(),
+        |k| !k.is_empty(),
+    )
+    .await;
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    assert!(keys[0].starts_with(&format!("renditions/task-{}-", a.task.0)));
+    client.cancel(a.task).await.unwrap();
+    bucket.hold_puts(false);
+    let sql = test.sql().await.unwrap();
+    let state = poll_until(
+        Duration::from_secs(10),
+        async || state_of(&sql, a.task.0 as i64).await,
+        |s| s == "CANCELED",
+    )
+    .await;
+    assert_eq!(state, "CANCELED");
+    let series = "spindle_media_objects_deleted_total{why=\"unclaimed\"}";
+    let deleted = poll_until(
+        Duration::from_secs(10),
+        async || common::metric(&daemon, series).await,
+        |&n| n >= 1,
+    )
+    .await;
+    assert_eq!(deleted, 1);
+    assert_eq!(bucket.keys(), Vec::<String>::new(), "{:?}", bucket.log());
+    assert!(client.get(a.task).await.unwrap().result.is_none());
     assert_clean(&test, &admin).await;
 }
 

@@ -155,13 +155,20 @@ pub enum MediaOutcome {
         outputs: Vec<PathBuf>,
         /// What the video really is.
         probed: spindle_transcode::MediaInfo,
-        /// With `[media.upload]`: the uploaded objects' URLs, in the ladder's order.
-        uploaded: Option<Vec<String>>,
+        /// With `[media.upload]`: the uploaded objects, in the ladder's order.
+        uploaded: Option<Vec<Uploaded>>,
     },
     Failed {
         reason: String,
         retryable: bool,
     },
+}
+
+/// A rendition put into the bucket: its key, and the URL a result names it by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Uploaded {
+    pub key: String,
+    pub url: String,
 }
 
 #[derive(Debug)]
@@ -219,9 +226,16 @@ pub struct MediaStats {
     pub gpu_fallbacks: AtomicU64,
     /// Multipart uploads left open (a node that died mid-upload) that a sweep aborted.
     pub uploads_aborted: AtomicU64,
-    /// Renditions of a task's superseded attempts deleted from the bucket.
-    pub superseded_deleted: AtomicU64,
+    /// Objects the node deleted from the bucket, by [`OBJECTS_DELETED`].
+    pub objects_deleted: [AtomicU64; 2],
 }
+
+/// Why the node deletes an uploaded object, as `/metrics` counts them: a task's earlier
+/// attempt left it (superseded); its job's result was not taken — the task was canceled,
+/// failed or had moved on when the job ended (unclaimed).
+pub const OBJECTS_DELETED: [&str; 2] = ["superseded", "unclaimed"];
+const DELETED_SUPERSEDED: usize = 0;
+const DELETED_UNCLAIMED: usize = 1;
 
 impl MediaStats {
     fn new() -> MediaStats {
@@ -234,7 +248,7 @@ impl MediaStats {
             renditions: Default::default(),
             gpu_fallbacks: AtomicU64::new(0),
             uploads_aborted: AtomicU64::new(0),
-            superseded_deleted: AtomicU64::new(0),
+            objects_deleted: Default::default(),
         }
     }
 
@@ -259,7 +273,14 @@ pub struct MediaPool {
     /// The latest refresh (NVML only: utilization, and devices that went missing).
     pub latest: Arc<Mutex<Inventory>>,
     pub stats: Arc<MediaStats>,
+    /// Keys of uploaded renditions whose result nobody took, for the bucket's thread to delete
+    /// (with `[media.upload]`).
+    discards: Option<std::sync::mpsc::SyncSender<Vec<String>>>,
 }
+
+/// Jobs' objects waiting for the bucket's thread to delete them: past this, more are left to
+/// a lifecycle rule (and logged).
+const DISCARDS_QUEUED_MAX: usize = 256;
 
 /// How often the bucket is swept for multipart uploads left open (at start, then this often).
 pub const SWEEP_EVERY: Duration = Duration::from_secs(3600);
@@ -349,31 +370,22 @@ impl MediaPool {
         let cancels: Arc<
             Mutex<std::collections::HashMap<TaskId, Arc<std::sync::atomic::AtomicBool>>>,
         > = Arc::default();
-        let sweep = config.upload.as_ref().is_some_and(|u| u.sweep_uploads);
-        if let Some(upload) = upload.clone().filter(|_| sweep) {
-            // A job's upload ends within the job's timeout; one open longer was left by a node
-            // that died (the margin: the store's clock and this node's may differ).
-            let older_than = Duration::from_millis(config.timeout_ms) + SWEEP_MARGIN;
-            let stats = stats.clone();
-            std::thread::Builder::new()
-                .name("media-sweep".into())
-                .spawn(move || {
-                    let Some(rt) = small_runtime("media sweep") else {
-                        return;
-                    };
-                    loop {
-                        match upload.sweep(&rt, older_than) {
-                            Ok(0) => {}
-                            Ok(n) => {
-                                tracing::info!("media: aborted {n} upload(s) left open");
-                                stats.uploads_aborted.fetch_add(n, Ordering::Relaxed);
-                            }
-                            Err(e) => tracing::warn!("media: sweeping uploads left open: {e}"),
-                        }
-                        std::thread::sleep(SWEEP_EVERY);
-                    }
-                })?;
-        }
+        let discards = match upload.clone() {
+            Some(upload) => {
+                let (tx, rx) = std::sync::mpsc::sync_channel(DISCARDS_QUEUED_MAX);
+                // A job's upload ends within the job's timeout; one open longer was left by a
+                // node that died (the margin: the store's clock and this node's may differ).
+                let sweep = config.upload.as_ref().is_some_and(|u| u.sweep_uploads);
+                let sweep_older_than =
+                    sweep.then(|| Duration::from_millis(config.timeout_ms) + SWEEP_MARGIN);
+                let stats = stats.clone();
+                std::thread::Builder::new()
+                    .name("media-bucket".into())
+                    .spawn(move || bucket_chores(&upload, &rx, sweep_older_than, &stats))?;
+                Some(tx)
+            }
+            None => None,
+        };
         let devices: Vec<u32> = inventory.devices.iter().map(|d| d.index).collect();
         for w in 0..config.workers {
             let rx = rx.clone();
@@ -459,7 +471,25 @@ impl MediaPool {
             inventory,
             latest,
             stats,
+            discards,
         })
+    }
+
+    /// Has `task`'s uploaded renditions, whose result nobody took, deleted from the bucket (by
+    /// the bucket's thread, in the background; past [`DISCARDS_QUEUED_MAX`] waiting, they stay
+    /// and are logged).
+    pub fn discard(&self, task: TaskId, keys: Vec<String>) {
+        let Some(tx) = &self.discards else { return };
+        if let Err(e) = tx.try_send(keys) {
+            let keys = match e {
+                std::sync::mpsc::TrySendError::Full(k)
+                | std::sync::mpsc::TrySendError::Disconnected(k) => k,
+            };
+            tracing::warn!(
+                "media: {task}'s {} object(s) stay in the bucket: too many deletes waiting",
+                keys.len()
+            );
+        }
     }
 
     /// Stops `task`'s job, queued or running (its output is removed; the job ends Canceled).
@@ -593,12 +623,10 @@ fn run(
             },
             Some(upload),
         ) => match upload_all(&fetch.rt, upload, &outputs, deadline, stats) {
-            Ok(urls) => {
+            Ok(uploaded) => {
                 if job.attempt_no != 1 {
                     let deleted = upload.delete_superseded(&fetch.rt, job.task, job.token);
-                    stats
-                        .superseded_deleted
-                        .fetch_add(deleted, Ordering::Relaxed);
+                    stats.objects_deleted[DELETED_SUPERSEDED].fetch_add(deleted, Ordering::Relaxed);
                 }
                 let outputs = if upload.keep_local() {
                     outputs
@@ -611,7 +639,7 @@ fn run(
                 MediaOutcome::Done {
                     outputs,
                     probed,
-                    uploaded: Some(urls),
+                    uploaded: Some(uploaded),
                 }
             }
             Err(e) => {
@@ -622,6 +650,46 @@ fn run(
             }
         },
         (outcome, _) => outcome,
+    }
+}
+
+/// The bucket's thread: deletes the objects jobs' results left unclaimed as they come, and,
+/// with `sweep_older_than`, sweeps the uploads left open at start and every [`SWEEP_EVERY`].
+fn bucket_chores(
+    upload: &Upload,
+    discards: &std::sync::mpsc::Receiver<Vec<String>>,
+    sweep_older_than: Option<Duration>,
+    stats: &MediaStats,
+) {
+    use std::sync::mpsc::RecvTimeoutError;
+    let Some(rt) = small_runtime("media bucket") else {
+        return;
+    };
+    let mut next_sweep = sweep_older_than.map(|_| Instant::now());
+    loop {
+        let next = match next_sweep {
+            Some(at) => discards.recv_timeout(at.saturating_duration_since(Instant::now())),
+            None => discards.recv().map_err(|_| RecvTimeoutError::Disconnected),
+        };
+        match next {
+            Ok(keys) => {
+                let deleted = upload.delete(&rt, &keys);
+                stats.objects_deleted[DELETED_UNCLAIMED].fetch_add(deleted, Ordering::Relaxed);
+            }
+            Err(RecvTimeoutError::Disconnected) => return,
+            Err(RecvTimeoutError::Timeout) => {
+                let older_than = sweep_older_than.unwrap_or(SWEEP_EVERY);
+                match upload.sweep(&rt, older_than) {
+                    Ok(0) => {}
+                    Ok(n) => {
+                        tracing::info!("media: aborted {n} upload(s) left open");
+                        stats.uploads_aborted.fetch_add(n, Ordering::Relaxed);
+                    }
+                    Err(e) => tracing::warn!("media: sweeping uploads left open: {e}"),
+                }
+                next_sweep = Some(Instant::now() + SWEEP_EVERY);
+            }
+        }
     }
 }
 

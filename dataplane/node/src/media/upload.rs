@@ -11,7 +11,7 @@ use serde::Deserialize;
 use spindle_core::{FencingToken, TaskId};
 use spindle_providers::temporary_keys::{Issuer, TemporaryKeys};
 
-use super::{check_url, MediaStats, STAGE_UPLOAD};
+use super::{check_url, MediaStats, Uploaded, STAGE_UPLOAD};
 
 /// The longest key prefix of uploaded renditions.
 pub const UPLOAD_PREFIX_BYTES_MAX: usize = 256;
@@ -536,7 +536,7 @@ impl Upload {
         task: TaskId,
         token: FencingToken,
     ) -> u64 {
-        use spindle_providers::object_store::{delete_object, list_objects, LIST_PAGE_MAX};
+        use spindle_providers::object_store::{list_objects, LIST_PAGE_MAX};
         let bucket = match self.bucket_now(rt) {
             Ok(b) => b,
             Err(e) => {
@@ -545,27 +545,39 @@ impl Upload {
             }
         };
         let under = format!("{}task-{}-", self.prefix, task.0);
-        rt.block_on(async {
-            let listed =
-                list_objects(&bucket, &under, LIST_PAGE_MAX, 1, DELETE_TIMEOUT, &self.tls).await;
-            let keys = match listed {
-                Ok((keys, _)) => keys,
-                Err(e) => {
-                    tracing::warn!("media: {task}'s earlier attempts' renditions stay: {e}");
-                    return 0;
-                }
-            };
-            let mut deleted = 0;
-            for key in keys.iter().filter(|k| {
-                rendition_key(&self.prefix, k).is_some_and(|(t, older)| t == task && older < token)
-            }) {
-                match delete_object(&bucket, key, DELETE_TIMEOUT, &self.tls).await {
-                    Ok(()) => deleted += 1,
-                    Err(e) => tracing::warn!("media: {key} of an earlier attempt stays: {e}"),
-                }
+        let listed = rt.block_on(list_objects(
+            &bucket,
+            &under,
+            LIST_PAGE_MAX,
+            1,
+            DELETE_TIMEOUT,
+            &self.tls,
+        ));
+        let keys = match listed {
+            Ok((keys, _)) => keys,
+            Err(e) => {
+                tracing::warn!("media: {task}'s earlier attempts' renditions stay: {e}");
+                return 0;
             }
-            deleted
-        })
+        };
+        let superseded: Vec<String> = keys
+            .into_iter()
+            .filter(|k| {
+                rendition_key(&self.prefix, k).is_some_and(|(t, older)| t == task && older < token)
+            })
+            .collect();
+        delete_keys(rt, &bucket, &self.tls, &superseded)
+    }
+
+    /// Deletes `keys` (renditions a job put whose result nobody took): how many went.
+    pub(super) fn delete(&self, rt: &tokio::runtime::Runtime, keys: &[String]) -> u64 {
+        match self.bucket_now(rt) {
+            Ok(bucket) => delete_keys(rt, &bucket, &self.tls, keys),
+            Err(e) => {
+                tracing::warn!("media: {} object(s) stay in the bucket: {e}", keys.len());
+                0
+            }
+        }
     }
 }
 
@@ -604,15 +616,15 @@ fn is_rendition_key(prefix: &str, key: &str) -> bool {
 }
 
 /// Puts every output into the bucket (each request tried per the plan while its trouble is
-/// the store's or the network's), all within `deadline`: their URLs. When one fails, those
-/// already put are deleted again, so a failed attempt leaves no objects behind.
+/// the store's or the network's), all within `deadline`: their keys and URLs. When one fails,
+/// those already put are deleted again, so a failed attempt leaves no objects behind.
 pub(super) fn upload_all(
     rt: &tokio::runtime::Runtime,
     upload: &Upload,
     outputs: &[PathBuf],
     deadline: Instant,
     stats: &MediaStats,
-) -> Result<Vec<String>, spindle_providers::object_store::UploadError> {
+) -> Result<Vec<Uploaded>, spindle_providers::object_store::UploadError> {
     let started = Instant::now();
     let uploaded = upload_each(rt, upload, outputs, deadline);
     stats.time(STAGE_UPLOAD, started);
@@ -633,11 +645,11 @@ fn upload_each(
     upload: &Upload,
     outputs: &[PathBuf],
     deadline: Instant,
-) -> Result<Vec<String>, spindle_providers::object_store::UploadError> {
-    use spindle_providers::object_store::{delete_object, presign_get, upload_file, uri_encode};
+) -> Result<Vec<Uploaded>, spindle_providers::object_store::UploadError> {
+    use spindle_providers::object_store::{presign_get, upload_file, uri_encode};
     let bucket = upload.bucket_now(rt)?;
     let mut keys = Vec::with_capacity(outputs.len());
-    let mut urls = Vec::with_capacity(outputs.len());
+    let mut uploaded = Vec::with_capacity(outputs.len());
     for path in outputs {
         let name = path
             .file_name()
@@ -663,19 +675,33 @@ fn upload_each(
             (None, None) => Ok(url),
         });
         match named {
-            Ok(url) => urls.push(url),
+            Ok(url) => uploaded.push(Uploaded { key, url }),
             Err(e) => {
-                for key in &keys {
-                    let gone = delete_object(&bucket, key, DELETE_TIMEOUT, &upload.tls);
-                    if let Err(d) = rt.block_on(gone) {
-                        tracing::warn!("{key} stays in the bucket: deleting it failed: {d}");
-                    }
-                }
+                delete_keys(rt, &bucket, &upload.tls, &keys);
                 return Err(e);
             }
         }
     }
-    Ok(urls)
+    Ok(uploaded)
+}
+
+/// Deletes `keys` from `bucket`, each within [`DELETE_TIMEOUT`]: how many went. One that
+/// fails is logged and stays.
+fn delete_keys(
+    rt: &tokio::runtime::Runtime,
+    bucket: &spindle_providers::object_store::Bucket,
+    tls: &spindle_providers::tls::ClientConfig,
+    keys: &[String],
+) -> u64 {
+    let mut deleted = 0;
+    for key in keys {
+        let gone = spindle_providers::object_store::delete_object(bucket, key, DELETE_TIMEOUT, tls);
+        match rt.block_on(gone) {
+            Ok(()) => deleted += 1,
+            Err(e) => tracing::warn!("media: {key} stays in the bucket: deleting it failed: {e}"),
+        }
+    }
+    deleted
 }
 
 /// The time the delete of an object a failed attempt put gets.

@@ -68,22 +68,21 @@ fn stored_result(result: serde_json::Value) -> String {
 
 /// A media step ended — `Ok` with what the task produced, if anything, or `Err` with why it
 /// failed: the core settles the task; the end (and the result, for a success) is reported.
+/// The end reported, if any (none when the step's attempt is no longer the task's).
 pub(super) fn media_finished(
     s: &mut ShardState,
     task: TaskId,
     token: FencingToken,
     result: Result<Option<String>, String>,
-) -> bool {
+) -> Option<TaskState> {
     let outcome = match s.core.handle_media_done(task, token, result.is_ok()) {
         Ok(o) => o,
         Err(e) => {
             tracing::warn!("media done {task}: {e}");
-            return false;
+            return None;
         }
     };
-    let Some(meta) = remove_meta(s, &task) else {
-        return true;
-    };
+    let meta = remove_meta(s, &task)?;
     let (state, cost, reason, produced) = match (outcome, result) {
         (CompleteOutcome::Succeeded, result) => {
             s.metrics
@@ -103,7 +102,7 @@ pub(super) fn media_finished(
         result: produced,
     };
     send_reports(s, [Report::new(task, Some(token), action)]);
-    true
+    Some(state)
 }
 
 /// A media worker's answer. The probed video is checked against what the task declared: a
@@ -122,7 +121,8 @@ pub(super) fn media_event(s: &mut ShardState, event: crate::media::MediaEvent) {
         } => {
             let paths: Vec<String> = outputs.iter().map(|o| o.display().to_string()).collect();
             let mut result = serde_json::json!({ "outputs": paths });
-            if let Some(urls) = uploaded {
+            if let Some(uploaded) = uploaded {
+                let urls: Vec<&str> = uploaded.iter().map(|u| u.url.as_str()).collect();
                 // In the bucket (and, with `keep_local`, still in `output_dir` too).
                 result["urls"] = urls.clone().into();
                 if outputs.is_empty() {
@@ -158,12 +158,20 @@ pub(super) fn media_event(s: &mut ShardState, event: crate::media::MediaEvent) {
         }
     };
     let failed = result.is_err();
-    let applied = media_finished(s, event.task, event.token, result);
-    if let MediaOutcome::Done { outputs, .. } = &event.outcome {
-        if failed || !applied {
-            // A rejected or stale attempt's outputs are nobody's.
-            for o in outputs {
+    let ended = media_finished(s, event.task, event.token, result);
+    if let MediaOutcome::Done {
+        outputs, uploaded, ..
+    } = event.outcome
+    {
+        if failed || ended != Some(TaskState::Succeeded) {
+            // What a rejected, canceled or stale attempt made is nobody's: its files go, and
+            // so do its objects in the bucket.
+            for o in &outputs {
                 let _ = std::fs::remove_file(o);
+            }
+            let keys: Vec<String> = uploaded.into_iter().flatten().map(|u| u.key).collect();
+            if let (false, Some(pool)) = (keys.is_empty(), &s.media) {
+                pool.discard(event.task, keys);
             }
         }
     }
