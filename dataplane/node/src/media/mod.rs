@@ -476,7 +476,7 @@ impl MediaPool {
     }
 
     /// Has `task`'s uploaded renditions, whose result nobody took, deleted from the bucket (by
-    /// the bucket's thread, in the background; past [`DISCARDS_QUEUED_MAX`] waiting, they stay
+    /// the bucket's thread, in the background; past 256 jobs' keys waiting, they stay
     /// and are logged).
     pub fn discard(&self, task: TaskId, keys: Vec<String>) {
         let Some(tx) = &self.discards else { return };
