@@ -2223,6 +2223,13 @@ async fn renditions_of_a_task_canceled_during_their_upload_are_deleted_again() {
     .await;
     assert_eq!(deleted, 1);
     assert_eq!(bucket.keys(), Vec::<String>::new(), "{:?}", bucket.log());
+    let (_, metrics) = http_get(daemon.http, "/metrics").await;
+    for (series, want) in [
+        ("spindle_media_jobs_ended_total{outcome=\"canceled\"}", 1),
+        ("spindle_media_jobs_ended_total{outcome=\"succeeded\"}", 0),
+    ] {
+        assert_eq!(metric_sum(&metrics, series), want, "{series}");
+    }
     assert!(client.get(a.task).await.unwrap().result.is_none());
     assert_clean(&test, &admin).await;
 }

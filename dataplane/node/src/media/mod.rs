@@ -439,9 +439,11 @@ impl MediaPool {
                             &stats, submitted,
                         );
                         stats.running.fetch_sub(1, Ordering::Relaxed);
+                        // A job canceled once it could no longer stop (its upload running)
+                        // ends done, but its task canceled: counted as canceled.
                         let ended = match &outcome {
+                            _ if canceled.load(Ordering::Relaxed) => 2,
                             MediaOutcome::Done { .. } => 0,
-                            MediaOutcome::Failed { .. } if canceled.load(Ordering::Relaxed) => 2,
                             MediaOutcome::Failed { .. } => 1,
                         };
                         stats.ended[ended].fetch_add(1, Ordering::Relaxed);
