@@ -1,6 +1,8 @@
 //! Starting spindled as a process on a fresh database, and small request helpers.
 #![allow(dead_code)]
 
+pub mod mock;
+
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
