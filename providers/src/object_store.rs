@@ -685,36 +685,12 @@ pub async fn list_multipart_uploads(
     tls: &rustls::ClientConfig,
 ) -> Result<(Vec<OpenUpload>, bool), UploadError> {
     let page = page.clamp(1, LIST_PAGE_MAX).to_string();
-    let mut uploads = Vec::new();
-    let mut markers: Option<(String, String)> = None;
-    for _ in 0..pages {
-        let mut query = vec![
-            ("uploads", ""),
-            ("prefix", prefix),
-            ("max-uploads", page.as_str()),
-        ];
-        if let Some((key, id)) = &markers {
-            query.push(("key-marker", key.as_str()));
-            query.push(("upload-id-marker", id.as_str()));
-        }
-        let call = Call {
-            query: &query,
-            ..Call::to("GET", "")
-        };
-        let answer = send(bucket, call, timeout, tls).await?;
-        let page = upload_list_page(&String::from_utf8_lossy(&answer.body)).map_err(|reason| {
-            UploadError::Unexpected {
-                url: answer.url.clone(),
-                reason,
-            }
-        })?;
-        uploads.extend(page.uploads);
-        match page.next {
-            Some(next) => markers = Some(next),
-            None => return Ok((uploads, false)),
-        }
-    }
-    Ok((uploads, true))
+    let query = [
+        ("uploads", ""),
+        ("prefix", prefix),
+        ("max-uploads", page.as_str()),
+    ];
+    list_pages(bucket, &query, pages, timeout, tls, upload_list_page).await
 }
 
 /// The keys of the objects `bucket` holds under `prefix` (`ListObjectsV2`), in the store's
@@ -729,47 +705,60 @@ pub async fn list_objects(
     tls: &rustls::ClientConfig,
 ) -> Result<(Vec<String>, bool), UploadError> {
     let page = page.clamp(1, LIST_PAGE_MAX).to_string();
-    let mut keys = Vec::new();
-    let mut next: Option<String> = None;
+    let query = [
+        ("list-type", "2"),
+        ("prefix", prefix),
+        ("max-keys", page.as_str()),
+    ];
+    list_pages(bucket, &query, pages, timeout, tls, object_list_page).await
+}
+
+/// One page of a bucket's listing: what it lists, and the query pairs that ask for the next
+/// page (none: the list is whole).
+#[derive(Debug, PartialEq)]
+struct ListPage<T> {
+    items: Vec<T>,
+    next: Vec<(&'static str, String)>,
+}
+
+/// A listing of `bucket` (`GET` on the bucket with `query`), page after page as `read` makes
+/// them out, at most `pages`, each within `timeout`: the items, and whether more were left.
+async fn list_pages<T>(
+    bucket: &Bucket,
+    query: &[(&str, &str)],
+    pages: u32,
+    timeout: Duration,
+    tls: &rustls::ClientConfig,
+    read: fn(&str) -> Result<ListPage<T>, String>,
+) -> Result<(Vec<T>, bool), UploadError> {
+    let mut items = Vec::new();
+    let mut next: Vec<(&'static str, String)> = Vec::new();
     for _ in 0..pages {
-        let mut query = vec![
-            ("list-type", "2"),
-            ("prefix", prefix),
-            ("max-keys", page.as_str()),
-        ];
-        if let Some(token) = &next {
-            query.push(("continuation-token", token.as_str()));
-        }
+        let mut pairs = query.to_vec();
+        pairs.extend(next.iter().map(|(n, v)| (*n, v.as_str())));
         let call = Call {
-            query: &query,
+            query: &pairs,
             ..Call::to("GET", "")
         };
         let answer = send(bucket, call, timeout, tls).await?;
-        let page = object_list_page(&String::from_utf8_lossy(&answer.body)).map_err(|reason| {
+        let page = read(&String::from_utf8_lossy(&answer.body)).map_err(|reason| {
             UploadError::Unexpected {
                 url: answer.url.clone(),
                 reason,
             }
         })?;
-        keys.extend(page.keys);
-        match page.next {
-            Some(token) => next = Some(token),
-            None => return Ok((keys, false)),
+        items.extend(page.items);
+        if page.next.is_empty() {
+            return Ok((items, false));
         }
+        next = page.next;
     }
-    Ok((keys, true))
+    Ok((items, true))
 }
 
-/// One page of a `ListObjectsV2` answer.
-#[derive(Debug, PartialEq)]
-struct ObjectListPage {
-    keys: Vec<String>,
-    /// The `NextContinuationToken` of a truncated list.
-    next: Option<String>,
-}
-
-/// The keys a `ListObjectsV2` answer lists; an error names what it lacks.
-fn object_list_page(text: &str) -> Result<ObjectListPage, String> {
+/// The keys a `ListObjectsV2` answer lists, and its `continuation-token`; an error names what
+/// it lacks.
+fn object_list_page(text: &str) -> Result<ListPage<String>, String> {
     let mut keys = Vec::new();
     for item in text.split("<Contents>").skip(1) {
         let item = item.split("</Contents>").next().unwrap_or("");
@@ -779,27 +768,20 @@ fn object_list_page(text: &str) -> Result<ObjectListPage, String> {
         keys.push(key);
     }
     let next = match xml_text(text, "IsTruncated").as_deref() {
-        Some("true") => Some(
+        Some("true") => vec![(
+            "continuation-token",
             xml_text(text, "NextContinuationToken")
                 .filter(|t| !t.is_empty())
                 .ok_or("a truncated list without NextContinuationToken")?,
-        ),
-        _ => None,
+        )],
+        _ => Vec::new(),
     };
-    Ok(ObjectListPage { keys, next })
+    Ok(ListPage { items: keys, next })
 }
 
-/// One page of a `ListMultipartUploads` answer.
-#[derive(Debug, PartialEq)]
-struct UploadListPage {
-    uploads: Vec<OpenUpload>,
-    /// Where the next page starts (`NextKeyMarker`, `NextUploadIdMarker`) when the list is
-    /// truncated.
-    next: Option<(String, String)>,
-}
-
-/// The uploads a `ListMultipartUploads` answer lists; an error names what it lacks.
-fn upload_list_page(text: &str) -> Result<UploadListPage, String> {
+/// The uploads a `ListMultipartUploads` answer lists, and its markers; an error names what it
+/// lacks.
+fn upload_list_page(text: &str) -> Result<ListPage<OpenUpload>, String> {
     let mut uploads = Vec::new();
     for item in text.split("<Upload>").skip(1) {
         let item = item.split("</Upload>").next().unwrap_or("");
@@ -817,9 +799,9 @@ fn upload_list_page(text: &str) -> Result<UploadListPage, String> {
         });
     }
     if xml_text(text, "IsTruncated").as_deref() != Some("true") {
-        return Ok(UploadListPage {
-            uploads,
-            next: None,
+        return Ok(ListPage {
+            items: uploads,
+            next: Vec::new(),
         });
     }
     let next = |name: &str| {
@@ -827,9 +809,12 @@ fn upload_list_page(text: &str) -> Result<UploadListPage, String> {
             .filter(|v| !v.is_empty())
             .ok_or_else(|| format!("a truncated list without {name}"))
     };
-    Ok(UploadListPage {
-        uploads,
-        next: Some((next("NextKeyMarker")?, next("NextUploadIdMarker")?)),
+    Ok(ListPage {
+        items: uploads,
+        next: vec![
+            ("key-marker", next("NextKeyMarker")?),
+            ("upload-id-marker", next("NextUploadIdMarker")?),
+        ],
     })
 }
 
@@ -1256,8 +1241,8 @@ mod tests {
         let at = |s: &str| crate::sts::parse_utc(s).unwrap();
         assert_eq!(
             page,
-            UploadListPage {
-                uploads: vec![
+            ListPage {
+                items: vec![
                     OpenUpload {
                         key: "r/task-1-7-720p.mp4".into(),
                         upload_id: "VXBsb2FkIElE".into(),
@@ -1269,13 +1254,16 @@ mod tests {
                         initiated: at("2010-11-10T20:49:33Z"),
                     },
                 ],
-                next: Some(("r/a&b".into(), "id2".into())),
+                next: vec![
+                    ("key-marker", "r/a&b".into()),
+                    ("upload-id-marker", "id2".into())
+                ],
             }
         );
         let last = upload_list_page(&answer("false", "", &two[..1])).unwrap();
-        assert_eq!((last.uploads.len(), last.next), (1, None));
+        assert_eq!((last.items.len(), last.next), (1, vec![]));
         let empty = upload_list_page(&answer("false", "", &[])).unwrap();
-        assert_eq!(empty.uploads, vec![]);
+        assert_eq!(empty.items, vec![]);
 
         let broken = |uploads: &[String], markers: &str| {
             upload_list_page(&answer("true", markers, uploads)).unwrap_err()
@@ -1335,16 +1323,19 @@ mod tests {
                 token,
                 &["r/a&amp;b", "r/task-1-7-720p.mp4"]
             )),
-            Ok(ObjectListPage {
-                keys: vec!["r/a&b".into(), "r/task-1-7-720p.mp4".into()],
-                next: Some("1ueGcxLPRx1Tr/XYExHnhbYLgveDs2J/wm36Hy4vbOwM=".into()),
+            Ok(ListPage {
+                items: vec!["r/a&b".into(), "r/task-1-7-720p.mp4".into()],
+                next: vec![(
+                    "continuation-token",
+                    "1ueGcxLPRx1Tr/XYExHnhbYLgveDs2J/wm36Hy4vbOwM=".into()
+                )],
             })
         );
         assert_eq!(
             object_list_page(&answer("false", "", &[])),
-            Ok(ObjectListPage {
-                keys: vec![],
-                next: None
+            Ok(ListPage {
+                items: vec![],
+                next: vec![]
             })
         );
         assert_eq!(

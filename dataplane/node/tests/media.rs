@@ -424,6 +424,21 @@ async fn subscribers_hear_the_media_stage_milestone() {
     assert_clean(&test, &admin).await;
 }
 
+/// A 160x120 clip of one second at `dir/clip.mp4`: the mock's video where its frames do not
+/// matter.
+fn small_clip(dir: &tempfile::TempDir) -> std::path::PathBuf {
+    let clip = dir.path().join("clip.mp4");
+    make_clip(&clip, (160, 120), 10, 1, 30);
+    clip
+}
+
+/// A fake bucket, `videos` in `us-test-1`, taking requests signed with key `AKID`.
+async fn fake_bucket() -> spindle_providers::fake_s3::FakeS3 {
+    spindle_providers::fake_s3::FakeS3::start("videos", "us-test-1", "AKID", "s")
+        .await
+        .unwrap()
+}
+
 /// `[media.upload]` for `bucket` (path-style), objects under `renditions/`; no sweep of open
 /// uploads at start (its listing would land among the requests the tests count).
 fn upload_config(bucket: &spindle_providers::fake_s3::FakeS3) -> String {
@@ -442,9 +457,7 @@ fn upload_config(bucket: &spindle_providers::fake_s3::FakeS3) -> String {
 async fn uploads_a_dead_node_left_open_are_aborted_and_the_rest_kept() {
     use spindle_providers::object_store::create_multipart_upload;
     let dir = tempfile::tempdir().unwrap();
-    let bucket = spindle_providers::fake_s3::FakeS3::start("videos", "us-test-1", "AKID", "s")
-        .await
-        .unwrap();
+    let bucket = fake_bucket().await;
     let tls = spindle_providers::tls::public_roots();
     let open = async |key: &str| {
         create_multipart_upload(
@@ -507,13 +520,9 @@ async fn uploads_a_dead_node_left_open_are_aborted_and_the_rest_kept() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_attempt_after_the_first_deletes_what_earlier_attempts_left_in_the_bucket() {
     let dir = tempfile::tempdir().unwrap();
-    let clip = dir.path().join("clip.mp4");
-    make_clip(&clip, (160, 120), 10, 1, 30);
-    let bucket = spindle_providers::fake_s3::FakeS3::start("videos", "us-test-1", "AKID", "s")
-        .await
-        .unwrap();
+    let bucket = fake_bucket().await;
     let test = TestDb::new().await;
-    let (m, admin) = mock_with(20, Some(clip)).await;
+    let (m, admin) = mock_with(20, Some(small_clip(&dir))).await;
     set_fault(&admin, Fault::Auth).await;
     let media = format!(
         "renditions = [96]\n{}{}",
@@ -594,13 +603,9 @@ async fn an_attempt_after_the_first_deletes_what_earlier_attempts_left_in_the_bu
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renditions_of_a_task_canceled_during_their_upload_are_deleted_again() {
     let dir = tempfile::tempdir().unwrap();
-    let clip = dir.path().join("clip.mp4");
-    make_clip(&clip, (160, 120), 10, 1, 30);
-    let bucket = spindle_providers::fake_s3::FakeS3::start("videos", "us-test-1", "AKID", "s")
-        .await
-        .unwrap();
+    let bucket = fake_bucket().await;
     let test = TestDb::new().await;
-    let (m, admin) = mock_with(20, Some(clip)).await;
+    let (m, admin) = mock_with(20, Some(small_clip(&dir))).await;
     let media = format!("renditions = [96]\n{}", upload_config(&bucket));
     let daemon = media_node(&test, &m, &dir.path().join("out"), &media).await;
     bucket.hold_puts(true);
@@ -652,13 +657,9 @@ async fn renditions_of_a_task_canceled_during_their_upload_are_deleted_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn presigned_urls_read_a_private_buckets_renditions_without_keys() {
     let dir = tempfile::tempdir().unwrap();
-    let clip = dir.path().join("clip.mp4");
-    make_clip(&clip, (160, 120), 10, 1, 30);
-    let bucket = spindle_providers::fake_s3::FakeS3::start("videos", "us-test-1", "AKID", "s")
-        .await
-        .unwrap();
+    let bucket = fake_bucket().await;
     let test = TestDb::new().await;
-    let (m, admin) = mock_with(20, Some(clip)).await;
+    let (m, admin) = mock_with(20, Some(small_clip(&dir))).await;
     let media = format!(
         "renditions = [96]\n{}presign_s = 3600\n",
         upload_config(&bucket)
@@ -874,8 +875,7 @@ fn temporary_keys(id: &str) -> spindle_providers::object_store::Credentials {
 async fn rotated_credentials_are_read_again_for_every_job() {
     use spindle_providers::object_store::Credentials;
     let dir = tempfile::tempdir().unwrap();
-    let clip = dir.path().join("clip.mp4");
-    make_clip(&clip, (160, 120), 10, 1, 30);
+    let clip = small_clip(&dir);
     let file = dir.path().join("credentials");
     let write = |k: &Credentials| {
         let text = format!(
@@ -941,8 +941,7 @@ async fn temporary_keys_are_renewed_near_expiry(
     fetched: impl Fn() -> u32,
 ) {
     let dir = tempfile::tempdir().unwrap();
-    let clip = dir.path().join("clip.mp4");
-    make_clip(&clip, (160, 120), 10, 1, 30);
+    let clip = small_clip(&dir);
     let bucket = spindle_providers::fake_s3::FakeS3::start("videos", "us-test-1", "x", "y")
         .await
         .unwrap();
