@@ -53,10 +53,6 @@ impl TemporaryKeys {
         }
     }
 
-    pub fn issuer(&self) -> &Issuer {
-        &self.issuer
-    }
-
     /// Keys with more than [`REFRESH_BEFORE`] left: those held, or new ones from the issuer.
     /// Callers at once may each fetch; the last one's stay.
     pub async fn credentials(

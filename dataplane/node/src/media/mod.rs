@@ -667,10 +667,11 @@ fn bucket_chores(
     let Some(rt) = small_runtime("media bucket") else {
         return;
     };
-    let mut next_sweep = sweep_older_than.map(|_| Instant::now());
+    // When the next sweep is due, and what it takes for left open.
+    let mut next_sweep = sweep_older_than.map(|older_than| (Instant::now(), older_than));
     loop {
         let next = match next_sweep {
-            Some(at) => discards.recv_timeout(at.saturating_duration_since(Instant::now())),
+            Some((at, _)) => discards.recv_timeout(at.saturating_duration_since(Instant::now())),
             None => discards.recv().map_err(|_| RecvTimeoutError::Disconnected),
         };
         match next {
@@ -680,7 +681,9 @@ fn bucket_chores(
             }
             Err(RecvTimeoutError::Disconnected) => return,
             Err(RecvTimeoutError::Timeout) => {
-                let older_than = sweep_older_than.unwrap_or(SWEEP_EVERY);
+                let Some((_, older_than)) = next_sweep else {
+                    continue;
+                };
                 match upload.sweep(&rt, older_than) {
                     Ok(0) => {}
                     Ok(n) => {
@@ -689,7 +692,7 @@ fn bucket_chores(
                     }
                     Err(e) => tracing::warn!("media: sweeping uploads left open: {e}"),
                 }
-                next_sweep = Some(Instant::now() + SWEEP_EVERY);
+                next_sweep = Some((Instant::now() + SWEEP_EVERY, older_than));
             }
         }
     }

@@ -591,8 +591,10 @@ fn rendition_key(prefix: &str, key: &str) -> Option<(TaskId, FencingToken)> {
         .strip_prefix(prefix)?
         .strip_prefix("task-")?
         .strip_suffix("p.mp4")?;
+    // Digits only (`parse` alone would take a `+`); an empty one does not parse.
     let number = |n: &str| {
-        (!n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+        n.bytes()
+            .all(|b| b.is_ascii_digit())
             .then(|| n.parse::<u64>().ok())
             .flatten()
     };
