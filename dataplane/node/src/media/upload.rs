@@ -729,6 +729,7 @@ mod tests {
         }
         for key in [
             "r/task-1-2-3-4p.mp4",
+            "r/task-+1-3-720p.mp4",
             "r/task-1-99999999999999999999-96p.mp4",
             "task-12-3-720p.mp4",
             "r/backup.tar",
