@@ -652,6 +652,65 @@ async fn renditions_of_a_task_canceled_during_their_upload_are_deleted_again() {
     assert_clean(&test, &admin).await;
 }
 
+/// An attempt superseded while its upload ran (its partition moved and another node's claim
+/// took the task — here the newer token is written into the task's row, as that claim would):
+/// the node's finish is refused as stale, and what the attempt put into the bucket is deleted
+/// again; the row stays the newer attempt's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renditions_of_an_attempt_whose_finish_is_refused_as_stale_are_deleted_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let bucket = fake_bucket().await;
+    let test = TestDb::new().await;
+    let (m, _admin) = mock_with(20, Some(small_clip(&dir))).await;
+    let media = format!("renditions = [96]\n{}", upload_config(&bucket));
+    let daemon = media_node(&test, &m, &dir.path().join("out"), &media).await;
+    bucket.hold_puts(true);
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let a = client.submit(task("superseded")).await.unwrap();
+    let keys = poll_until(
+        Duration::from_secs(30),
+        async || bucket.keys(),
+        |k| !k.is_empty(),
+    )
+    .await;
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let sql = test.sql().await.unwrap();
+    let newer: i64 = sql
+        .query_one(
+            "UPDATE task SET current_fencing = current_fencing + 1000000 WHERE task_id = $1
+             RETURNING current_fencing",
+            &[&(a.task.0 as i64)],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    bucket.hold_puts(false);
+    let series = "spindle_media_objects_deleted_total{why=\"unclaimed\"}";
+    let deleted = poll_until(
+        Duration::from_secs(10),
+        async || common::metric(&daemon, series).await,
+        |&n| n >= 1,
+    )
+    .await;
+    assert_eq!(deleted, 1);
+    assert_eq!(bucket.keys(), Vec::<String>::new(), "{:?}", bucket.log());
+    let row = sql
+        .query_one(
+            "SELECT state, current_fencing, result FROM task WHERE task_id = $1",
+            &[&(a.task.0 as i64)],
+        )
+        .await
+        .unwrap();
+    let (state, token, result): (String, i64, Option<String>) =
+        (row.get(0), row.get(1), row.get(2));
+    assert_eq!(
+        (state.as_str(), token, result),
+        ("MEDIA_PROCESSING", newer, None)
+    );
+}
+
 /// `presign_s`: each task's result names its renditions by presigned URLs, which read the
 /// private bucket's objects without keys (every frame decodes); the objects' plain URLs do not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -273,9 +273,19 @@ pub struct MediaPool {
     /// The latest refresh (NVML only: utilization, and devices that went missing).
     pub latest: Arc<Mutex<Inventory>>,
     pub stats: Arc<MediaStats>,
-    /// Keys of uploaded renditions whose result nobody took, for the bucket's thread to delete
-    /// (with `[media.upload]`).
-    discards: Option<std::sync::mpsc::SyncSender<Vec<String>>>,
+    /// Uploaded renditions whose result nobody took, for the bucket's thread to delete (with
+    /// `[media.upload]`).
+    discards: Option<std::sync::mpsc::SyncSender<Discard>>,
+}
+
+/// Renditions in the bucket that no result names.
+#[derive(Debug)]
+enum Discard {
+    /// These keys (a job's, whose result was not taken).
+    Keys(Vec<String>),
+    /// Whatever the task's attempt of this token put (its finish was refused: a newer attempt
+    /// holds the task).
+    Attempt(TaskId, FencingToken),
 }
 
 /// Jobs' objects waiting for the bucket's thread to delete them: past this, more are left to
@@ -481,15 +491,20 @@ impl MediaPool {
     /// the bucket's thread, in the background; past 256 jobs' keys waiting, they stay
     /// and are logged).
     pub fn discard(&self, task: TaskId, keys: Vec<String>) {
+        self.send_discard(task, Discard::Keys(keys));
+    }
+
+    /// Has what `task`'s attempt of `token` put into the bucket deleted (its finish was
+    /// refused as stale: the task is a newer attempt's), as [`MediaPool::discard`] does.
+    pub fn discard_attempt(&self, task: TaskId, token: FencingToken) {
+        self.send_discard(task, Discard::Attempt(task, token));
+    }
+
+    fn send_discard(&self, task: TaskId, discard: Discard) {
         let Some(tx) = &self.discards else { return };
-        if let Err(e) = tx.try_send(keys) {
-            let keys = match e {
-                std::sync::mpsc::TrySendError::Full(k)
-                | std::sync::mpsc::TrySendError::Disconnected(k) => k,
-            };
+        if tx.try_send(discard).is_err() {
             tracing::warn!(
-                "media: {task}'s {} object(s) stay in the bucket: too many deletes waiting",
-                keys.len()
+                "media: {task}'s renditions stay in the bucket: too many deletes waiting"
             );
         }
     }
@@ -659,7 +674,7 @@ fn run(
 /// with `sweep_older_than`, sweeps the uploads left open at start and every [`SWEEP_EVERY`].
 fn bucket_chores(
     upload: &Upload,
-    discards: &std::sync::mpsc::Receiver<Vec<String>>,
+    discards: &std::sync::mpsc::Receiver<Discard>,
     sweep_older_than: Option<Duration>,
     stats: &MediaStats,
 ) {
@@ -675,8 +690,11 @@ fn bucket_chores(
             None => discards.recv().map_err(|_| RecvTimeoutError::Disconnected),
         };
         match next {
-            Ok(keys) => {
-                let deleted = upload.delete(&rt, &keys);
+            Ok(discard) => {
+                let deleted = match discard {
+                    Discard::Keys(keys) => upload.delete(&rt, &keys),
+                    Discard::Attempt(task, token) => upload.delete_attempt(&rt, task, token),
+                };
                 stats.objects_deleted[DELETED_UNCLAIMED].fetch_add(deleted, Ordering::Relaxed);
             }
             Err(RecvTimeoutError::Disconnected) => return,

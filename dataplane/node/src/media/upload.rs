@@ -536,37 +536,57 @@ impl Upload {
         task: TaskId,
         token: FencingToken,
     ) -> u64 {
-        use spindle_providers::object_store::{list_objects, LIST_PAGE_MAX};
-        let bucket = match self.bucket_now(rt) {
-            Ok(b) => b,
-            Err(e) => {
-                tracing::warn!("media: {task}'s earlier attempts' renditions stay: {e}");
-                return 0;
-            }
-        };
         let under = format!("{}task-{}-", self.prefix, task.0);
-        let listed = rt.block_on(list_objects(
-            &bucket,
-            &under,
-            LIST_PAGE_MAX,
-            1,
-            DELETE_TIMEOUT,
-            &self.tls,
-        ));
-        let keys = match listed {
-            Ok((keys, _)) => keys,
+        self.delete_listed(rt, task, &under, |t| t < token)
+    }
+
+    /// Deletes the renditions the task's attempt of `token` put (its finish was refused: a
+    /// newer attempt holds the task): how many went.
+    pub(super) fn delete_attempt(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        task: TaskId,
+        token: FencingToken,
+    ) -> u64 {
+        let under = format!("{}task-{}-{}-", self.prefix, task.0, token.0);
+        self.delete_listed(rt, task, &under, |t| t == token)
+    }
+
+    /// Lists the keys under `under` (one page: a task's 64 attempts of up to 8 renditions fit)
+    /// and deletes the renditions of `task` whose token `which` picks: how many went.
+    fn delete_listed(
+        &self,
+        rt: &tokio::runtime::Runtime,
+        task: TaskId,
+        under: &str,
+        which: impl Fn(FencingToken) -> bool,
+    ) -> u64 {
+        use spindle_providers::object_store::{list_objects, LIST_PAGE_MAX};
+        let listed = self.bucket_now(rt).and_then(|bucket| {
+            let keys = rt.block_on(list_objects(
+                &bucket,
+                under,
+                LIST_PAGE_MAX,
+                1,
+                DELETE_TIMEOUT,
+                &self.tls,
+            ))?;
+            Ok((bucket, keys.0))
+        });
+        let (bucket, keys) = match listed {
+            Ok(listed) => listed,
             Err(e) => {
-                tracing::warn!("media: {task}'s earlier attempts' renditions stay: {e}");
+                tracing::warn!("media: {task}'s renditions under {under} stay: {e}");
                 return 0;
             }
         };
-        let superseded: Vec<String> = keys
+        let picked: Vec<String> = keys
             .into_iter()
             .filter(|k| {
-                rendition_key(&self.prefix, k).is_some_and(|(t, older)| t == task && older < token)
+                rendition_key(&self.prefix, k).is_some_and(|(t, token)| t == task && which(token))
             })
             .collect();
-        delete_keys(rt, &bucket, &self.tls, &superseded)
+        delete_keys(rt, &bucket, &self.tls, &picked)
     }
 
     /// Deletes `keys` (renditions a job put whose result nobody took): how many went.

@@ -176,6 +176,27 @@ pub(super) fn answered(
         committed_successes as u64,
         std::sync::atomic::Ordering::Relaxed,
     );
+    // A finish with a result refused because a newer attempt holds the task (this one was
+    // superseded while it ran — its partition moved): what it put into the bucket is nobody's.
+    if let Some(pool) = &s.media {
+        for (r, result) in reports.iter().zip(results.into_iter().flatten()) {
+            if let (
+                ReportAction::Finish {
+                    result: Some(_), ..
+                },
+                ReportResult::StaleToken {
+                    current: Some(current),
+                    ..
+                },
+                Some(token),
+            ) = (&r.action, result, r.token)
+            {
+                if *current != token {
+                    pool.discard_attempt(r.task, token);
+                }
+            }
+        }
+    }
     for (i, r) in reports.iter().enumerate() {
         let Some(m) = s.meta.get_mut(&r.task) else {
             continue;
