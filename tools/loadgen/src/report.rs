@@ -44,6 +44,13 @@ pub fn json(o: &Outcome, offered_per_s: f64) -> serde_json::Value {
             "p50_us": b.quantile_us(0.50),
             "p90_us": b.quantile_us(0.90),
             "p99_us": b.quantile_us(0.99),
+            // The quantiles past the histogram's last finite bound: their value is that
+            // bound, a floor.
+            "beyond_last_bound": ([0.50, 0.90, 0.99]
+                .iter()
+                .filter(|&&q| b.beyond_last_bound(q))
+                .map(|q| format!("p{:.0}", q * 100.0))
+                .collect::<Vec<_>>()),
             "within_5ms": b.share_within(0.005),
         })),
         "tenants": o.per_tenant.iter().map(|t| json!({
@@ -88,7 +95,17 @@ pub fn text(report: &serde_json::Value) -> String {
     }
     let d = &r["submit_dispatch"];
     if d.is_object() {
-        let us = |k: &str| d[k].as_f64().map_or("-".to_string(), |v| format!("{v:.0}"));
+        let beyond = |k: &str| {
+            let p = k.trim_end_matches("_us");
+            d["beyond_last_bound"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|x| x.as_str() == Some(p)))
+        };
+        let us = |k: &str| match d[k].as_f64() {
+            Some(v) if beyond(k) => format!("≥ {v:.0}"),
+            Some(v) => format!("{v:.0}"),
+            None => "-".to_string(),
+        };
         writeln!(
             out,
             "submit → dispatch (node histogram): p50 {} µs  p90 {} µs  p99 {} µs  within 5 ms {:.2} %  (n={})",

@@ -122,6 +122,19 @@ impl Buckets {
         Some(lower * 1e6)
     }
 
+    /// Whether the `q` quantile lies past the last finite bound (in the infinite bucket), where
+    /// [`Buckets::quantile_us`] can only say "at least that bound".
+    pub fn beyond_last_bound(&self, q: f64) -> bool {
+        let total = self.count();
+        let finite = self
+            .0
+            .iter()
+            .rev()
+            .find(|(b, _)| b.is_finite())
+            .map_or(0, |x| x.1);
+        total > 0 && (finite as f64) < q * total as f64
+    }
+
     /// The share of samples at or below `bound_s` (a bucket bound).
     pub fn share_within(&self, bound_s: f64) -> Option<f64> {
         let total = self.count();
@@ -155,8 +168,10 @@ other_bucket{le=\"1\"} 7
         assert!((b.quantile_us(0.5).unwrap() - 3_000.0).abs() < 1e-6);
         // Rank 5 is half way through the first bucket, from 0.
         assert!((b.quantile_us(0.05).unwrap() - 500.0).abs() < 1e-6);
-        // In the infinite bucket: the last finite bound.
+        // In the infinite bucket: the last finite bound, said to be a floor.
         assert_eq!(b.quantile_us(0.99), Some(5_000.0));
+        assert!(b.beyond_last_bound(0.99) && b.beyond_last_bound(0.91));
+        assert!(!b.beyond_last_bound(0.9) && !b.beyond_last_bound(0.5));
         assert_eq!(b.share_within(0.005), Some(0.9));
         assert_eq!(Buckets::parse(TEXT, "missing"), None);
     }
