@@ -31,10 +31,31 @@ const WAIT_BUCKETS_US: &[u64] = &[
     120_000_000,
     600_000_000,
 ];
-/// Submit to dispatch buckets (µs): fine around the few milliseconds a dispatch should take.
+/// Submit to dispatch buckets (µs): fine around the few milliseconds a dispatch should take,
+/// then out to the minutes a task waits behind scarce slots (as the queue waits').
 const DISPATCH_BUCKETS_US: &[u64] = &[
-    250, 500, 1_000, 1_500, 2_000, 3_000, 4_000, 5_000, 7_500, 10_000, 15_000, 20_000, 30_000,
-    50_000, 100_000, 250_000, 500_000, 1_000_000, 5_000_000,
+    250,
+    500,
+    1_000,
+    1_500,
+    2_000,
+    3_000,
+    4_000,
+    5_000,
+    7_500,
+    10_000,
+    15_000,
+    20_000,
+    30_000,
+    50_000,
+    100_000,
+    250_000,
+    500_000,
+    1_000_000,
+    5_000_000,
+    30_000_000,
+    120_000_000,
+    600_000_000,
 ];
 pub const KINDS: [&str; 4] = ["submit", "claim", "report", "read"];
 /// Provider submit results (withdrawn: its task was canceled before its turn; nothing sent).
