@@ -597,6 +597,47 @@ async fn an_attempt_after_the_first_deletes_what_earlier_attempts_left_in_the_bu
     assert_clean(&test, &admin).await;
 }
 
+/// A media node uploading its one rendition to `bucket`, and a task `name` of tenant 1 caught
+/// in the upload: its object in the bucket, the answer to its `PUT` held (`hold_puts`; the
+/// caller lets it go). The node, the task's client and the task.
+async fn caught_mid_upload(
+    test: &TestDb,
+    m: &MockProvider,
+    bucket: &spindle_providers::fake_s3::FakeS3,
+    dir: &tempfile::TempDir,
+    name: &str,
+) -> (Daemon, Client, TaskId) {
+    let media = format!("renditions = [96]\n{}", upload_config(bucket));
+    let daemon = media_node(test, m, &dir.path().join("out"), &media).await;
+    bucket.hold_puts(true);
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let a = client.submit(task(name)).await.unwrap();
+    let keys = poll_until(
+        Duration::from_secs(30),
+        async || bucket.keys(),
+        |k| !k.is_empty(),
+    )
+    .await;
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    assert!(keys[0].starts_with(&format!("renditions/task-{}-", a.task.0)));
+    (daemon, client, a.task)
+}
+
+/// The node's bucket thread deleted one unclaimed object (within 10 s) and the bucket is empty.
+async fn assert_unclaimed_deleted(daemon: &Daemon, bucket: &spindle_providers::fake_s3::FakeS3) {
+    let series = "spindle_media_objects_deleted_total{why=\"unclaimed\"}";
+    let deleted = poll_until(
+        Duration::from_secs(10),
+        async || common::metric(daemon, series).await,
+        |&n| n >= 1,
+    )
+    .await;
+    assert_eq!(deleted, 1);
+    assert_eq!(bucket.keys(), Vec::<String>::new(), "{:?}", bucket.log());
+}
+
 /// A task canceled while its renditions are being put into the bucket: the upload ends, but
 /// the result is nobody's — the task ends CANCELED and the objects are deleted again, by the
 /// node's bucket thread.
@@ -606,41 +647,18 @@ async fn renditions_of_a_task_canceled_during_their_upload_are_deleted_again() {
     let bucket = fake_bucket().await;
     let test = TestDb::new().await;
     let (m, admin) = mock_with(20, Some(small_clip(&dir))).await;
-    let media = format!("renditions = [96]\n{}", upload_config(&bucket));
-    let daemon = media_node(&test, &m, &dir.path().join("out"), &media).await;
-    bucket.hold_puts(true);
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
-        .await
-        .unwrap();
-    let a = client.submit(task("canceled")).await.unwrap();
-    // The rendition is in the bucket; the answer to its PUT is held.
-    let keys = poll_until(
-        Duration::from_secs(30),
-        async || bucket.keys(),
-        |k| !k.is_empty(),
-    )
-    .await;
-    assert_eq!(keys.len(), 1, "{keys:?}");
-    assert!(keys[0].starts_with(&format!("renditions/task-{}-", a.task.0)));
-    client.cancel(a.task).await.unwrap();
+    let (daemon, client, a) = caught_mid_upload(&test, &m, &bucket, &dir, "canceled").await;
+    client.cancel(a).await.unwrap();
     bucket.hold_puts(false);
     let sql = test.sql().await.unwrap();
     let state = poll_until(
         Duration::from_secs(10),
-        async || state_of(&sql, a.task.0 as i64).await,
+        async || state_of(&sql, a.0 as i64).await,
         |s| s == "CANCELED",
     )
     .await;
     assert_eq!(state, "CANCELED");
-    let series = "spindle_media_objects_deleted_total{why=\"unclaimed\"}";
-    let deleted = poll_until(
-        Duration::from_secs(10),
-        async || common::metric(&daemon, series).await,
-        |&n| n >= 1,
-    )
-    .await;
-    assert_eq!(deleted, 1);
-    assert_eq!(bucket.keys(), Vec::<String>::new(), "{:?}", bucket.log());
+    assert_unclaimed_deleted(&daemon, &bucket).await;
     let (_, metrics) = http_get(daemon.http, "/metrics").await;
     for (series, want) in [
         ("spindle_media_jobs_ended_total{outcome=\"canceled\"}", 1),
@@ -648,7 +666,7 @@ async fn renditions_of_a_task_canceled_during_their_upload_are_deleted_again() {
     ] {
         assert_eq!(metric_sum(&metrics, series), want, "{series}");
     }
-    assert!(client.get(a.task).await.unwrap().result.is_none());
+    assert!(client.get(a).await.unwrap().result.is_none());
     assert_clean(&test, &admin).await;
 }
 
@@ -662,44 +680,23 @@ async fn renditions_of_an_attempt_whose_finish_is_refused_as_stale_are_deleted_a
     let bucket = fake_bucket().await;
     let test = TestDb::new().await;
     let (m, _admin) = mock_with(20, Some(small_clip(&dir))).await;
-    let media = format!("renditions = [96]\n{}", upload_config(&bucket));
-    let daemon = media_node(&test, &m, &dir.path().join("out"), &media).await;
-    bucket.hold_puts(true);
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
-        .await
-        .unwrap();
-    let a = client.submit(task("superseded")).await.unwrap();
-    let keys = poll_until(
-        Duration::from_secs(30),
-        async || bucket.keys(),
-        |k| !k.is_empty(),
-    )
-    .await;
-    assert_eq!(keys.len(), 1, "{keys:?}");
+    let (daemon, _client, a) = caught_mid_upload(&test, &m, &bucket, &dir, "superseded").await;
     let sql = test.sql().await.unwrap();
     let newer: i64 = sql
         .query_one(
             "UPDATE task SET current_fencing = current_fencing + 1000000 WHERE task_id = $1
              RETURNING current_fencing",
-            &[&(a.task.0 as i64)],
+            &[&(a.0 as i64)],
         )
         .await
         .unwrap()
         .get(0);
     bucket.hold_puts(false);
-    let series = "spindle_media_objects_deleted_total{why=\"unclaimed\"}";
-    let deleted = poll_until(
-        Duration::from_secs(10),
-        async || common::metric(&daemon, series).await,
-        |&n| n >= 1,
-    )
-    .await;
-    assert_eq!(deleted, 1);
-    assert_eq!(bucket.keys(), Vec::<String>::new(), "{:?}", bucket.log());
+    assert_unclaimed_deleted(&daemon, &bucket).await;
     let row = sql
         .query_one(
             "SELECT state, current_fencing, result FROM task WHERE task_id = $1",
-            &[&(a.task.0 as i64)],
+            &[&(a.0 as i64)],
         )
         .await
         .unwrap();
