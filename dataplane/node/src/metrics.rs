@@ -138,6 +138,24 @@ fn histograms<'a>(
     }
 }
 
+/// A counter family: `name`, its help, and one series per (label value, counter).
+fn counters<'a, V: std::fmt::Display>(
+    w: &mut String,
+    name: &str,
+    help: &str,
+    label: &str,
+    each: impl Iterator<Item = (V, &'a AtomicU64)>,
+) {
+    let _ = writeln!(w, "# HELP {name} {help}\n# TYPE {name} counter");
+    for (value, n) in each {
+        let _ = writeln!(
+            w,
+            "{name}{{{label}=\"{value}\"}} {}",
+            n.load(Ordering::Relaxed)
+        );
+    }
+}
+
 /// One tenant's running work on a shard.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TenantRunning {
@@ -551,14 +569,13 @@ impl Metrics {
                 h.rows.load(Ordering::Relaxed)
             );
         }
-        let _ = writeln!(w, "# HELP spindle_provider_submits_total Provider submits by result.\n# TYPE spindle_provider_submits_total counter");
-        for (r, c) in PROVIDER_RESULTS.iter().zip(&self.provider_calls) {
-            let _ = writeln!(
-                w,
-                "spindle_provider_submits_total{{result=\"{r}\"}} {}",
-                c.load(Ordering::Relaxed)
-            );
-        }
+        counters(
+            w,
+            "spindle_provider_submits_total",
+            "Provider submits by result.",
+            "result",
+            PROVIDER_RESULTS.iter().zip(&self.provider_calls),
+        );
         let _ = writeln!(
             w,
             "# HELP spindle_provider_paced_total Provider submits held back to keep to the RPM part where they leave the node (their token was taken at pick; a stall before the claim committed bunched them).\n# TYPE spindle_provider_paced_total counter\nspindle_provider_paced_total {}",
@@ -589,26 +606,23 @@ impl Metrics {
             "# HELP spindle_tenants_suspended Tenants the breaker holds suspended now.\n# TYPE spindle_tenants_suspended gauge\nspindle_tenants_suspended {}",
             self.suspensions.count(std::time::Instant::now())
         );
-        let _ = writeln!(w, "# HELP spindle_commands_limited_total Cancels and store reads refused for their tenant's rate.\n# TYPE spindle_commands_limited_total counter");
-        for (c, n) in spindle_core::Command::ALL
-            .iter()
-            .zip(&self.commands_limited)
-        {
-            let _ = writeln!(
-                w,
-                "spindle_commands_limited_total{{command=\"{}\"}} {}",
-                c.name(),
-                n.load(Ordering::Relaxed)
-            );
-        }
-        let _ = writeln!(w, "# HELP spindle_provider_callbacks_total Provider callbacks and polls by kind.\n# TYPE spindle_provider_callbacks_total counter");
-        for (k, c) in CALLBACK_KINDS.iter().zip(&self.callbacks) {
-            let _ = writeln!(
-                w,
-                "spindle_provider_callbacks_total{{kind=\"{k}\"}} {}",
-                c.load(Ordering::Relaxed)
-            );
-        }
+        counters(
+            w,
+            "spindle_commands_limited_total",
+            "Cancels and store reads refused for their tenant's rate.",
+            "command",
+            spindle_core::Command::ALL
+                .iter()
+                .map(|c| c.name())
+                .zip(&self.commands_limited),
+        );
+        counters(
+            w,
+            "spindle_provider_callbacks_total",
+            "Provider callbacks and polls by kind.",
+            "kind",
+            CALLBACK_KINDS.iter().zip(&self.callbacks),
+        );
         let mut penalized: Vec<String> = self
             .shards
             .iter()
@@ -671,14 +685,13 @@ impl Metrics {
                 stats.queued.load(Ordering::Relaxed),
                 stats.running.load(Ordering::Relaxed)
             );
-            let _ = writeln!(w, "# HELP spindle_media_jobs_ended_total Media jobs ended, by outcome.\n# TYPE spindle_media_jobs_ended_total counter");
-            for (outcome, n) in crate::media::MEDIA_OUTCOMES.iter().zip(&stats.ended) {
-                let _ = writeln!(
-                    w,
-                    "spindle_media_jobs_ended_total{{outcome=\"{outcome}\"}} {}",
-                    n.load(Ordering::Relaxed)
-                );
-            }
+            counters(
+                w,
+                "spindle_media_jobs_ended_total",
+                "Media jobs ended, by outcome.",
+                "outcome",
+                crate::media::MEDIA_OUTCOMES.iter().zip(&stats.ended),
+            );
             histograms(
                 w,
                 "spindle_media_stage_seconds",
@@ -711,17 +724,13 @@ impl Metrics {
                 "# HELP spindle_media_uploads_aborted_total Multipart uploads left open by a node that died mid-upload, aborted by a sweep.\n# TYPE spindle_media_uploads_aborted_total counter\nspindle_media_uploads_aborted_total {}",
                 stats.uploads_aborted.load(Ordering::Relaxed)
             );
-            let _ = writeln!(w, "# HELP spindle_media_objects_deleted_total Renditions the node deleted from the bucket: a task's earlier attempt's (superseded), or a job's whose result was not taken (unclaimed).\n# TYPE spindle_media_objects_deleted_total counter");
-            for (why, n) in crate::media::OBJECTS_DELETED
-                .iter()
-                .zip(&stats.objects_deleted)
-            {
-                let _ = writeln!(
-                    w,
-                    "spindle_media_objects_deleted_total{{why=\"{why}\"}} {}",
-                    n.load(Ordering::Relaxed)
-                );
-            }
+            counters(
+                w,
+                "spindle_media_objects_deleted_total",
+                "Renditions the node deleted from the bucket: a task's earlier attempt's (superseded), or a job's whose result was not taken (unclaimed).",
+                "why",
+                crate::media::OBJECTS_DELETED.iter().zip(&stats.objects_deleted),
+            );
             let _ = writeln!(w, "# HELP spindle_media_engine_units Media units per engine: capacity and used.\n# TYPE spindle_media_engine_units gauge");
             for (engine, capacity, used) in media.ledger.snapshot() {
                 let _ = writeln!(
