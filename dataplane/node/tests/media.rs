@@ -597,17 +597,19 @@ async fn an_attempt_after_the_first_deletes_what_earlier_attempts_left_in_the_bu
     assert_clean(&test, &admin).await;
 }
 
-/// A media node uploading its one rendition to `bucket`, and a task `name` of tenant 1 caught
-/// in the upload: its object in the bucket, the answer to its `PUT` held (`hold_puts`; the
-/// caller lets it go). The node, the task's client and the task.
+/// A media node making the ladder `renditions` (`[96]`) and uploading it to `bucket`, and a
+/// task `name` of tenant 1 caught in the upload: its first object in the bucket, the answer to
+/// its `PUT` held (`hold_puts`; the caller lets it go). The node, the task's client and the
+/// task.
 async fn caught_mid_upload(
     test: &TestDb,
     m: &MockProvider,
     bucket: &spindle_providers::fake_s3::FakeS3,
     dir: &tempfile::TempDir,
+    renditions: &str,
     name: &str,
 ) -> (Daemon, Client, TaskId) {
-    let media = format!("renditions = [96]\n{}", upload_config(bucket));
+    let media = format!("renditions = {renditions}\n{}", upload_config(bucket));
     let daemon = media_node(test, m, &dir.path().join("out"), &media).await;
     bucket.hold_puts(true);
     let client = Client::connect(daemon.addr, TenantId(1), "one")
@@ -647,7 +649,7 @@ async fn renditions_of_a_task_canceled_during_their_upload_are_deleted_again() {
     let bucket = fake_bucket().await;
     let test = TestDb::new().await;
     let (m, admin) = mock_with(20, Some(small_clip(&dir))).await;
-    let (daemon, client, a) = caught_mid_upload(&test, &m, &bucket, &dir, "canceled").await;
+    let (daemon, client, a) = caught_mid_upload(&test, &m, &bucket, &dir, "[96]", "canceled").await;
     client.cancel(a).await.unwrap();
     bucket.hold_puts(false);
     let sql = test.sql().await.unwrap();
@@ -670,6 +672,41 @@ async fn renditions_of_a_task_canceled_during_their_upload_are_deleted_again() {
     assert_clean(&test, &admin).await;
 }
 
+/// A cancel between two renditions' uploads stops the job there: the rendition already put is
+/// deleted again by the worker, the next is never sent, and the task ends CANCELED.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_between_two_renditions_uploads_sends_no_more_and_deletes_what_went() {
+    let dir = tempfile::tempdir().unwrap();
+    let bucket = fake_bucket().await;
+    let test = TestDb::new().await;
+    let (m, admin) = mock_with(20, Some(small_clip(&dir))).await;
+    let (daemon, client, a) =
+        caught_mid_upload(&test, &m, &bucket, &dir, "[120, 96]", "canceled").await;
+    client.cancel(a).await.unwrap();
+    bucket.hold_puts(false);
+    let sql = test.sql().await.unwrap();
+    let state = poll_until(
+        Duration::from_secs(10),
+        async || state_of(&sql, a.0 as i64).await,
+        |s| s == "CANCELED",
+    )
+    .await;
+    assert_eq!(state, "CANCELED");
+    assert_eq!(bucket.keys(), Vec::<String>::new(), "{:?}", bucket.log());
+    let log = bucket.log();
+    let sent: Vec<&String> = log.iter().filter(|l| l.starts_with("PUT object")).collect();
+    assert_eq!(sent.len(), 1, "the second rendition was sent: {log:?}");
+    assert!(sent[0].ends_with("-120p.mp4"), "{log:?}");
+    let (_, metrics) = http_get(daemon.http, "/metrics").await;
+    for (series, want) in [
+        ("spindle_media_jobs_ended_total{outcome=\"canceled\"}", 1),
+        ("spindle_media_objects_deleted_total{why=\"unclaimed\"}", 0),
+    ] {
+        assert_eq!(metric_sum(&metrics, series), want, "{series}");
+    }
+    assert_clean(&test, &admin).await;
+}
+
 /// An attempt superseded while its upload ran (its partition moved and another node's claim
 /// took the task — here the newer token is written into the task's row, as that claim would):
 /// the node's finish is refused as stale, and what the attempt put into the bucket is deleted
@@ -680,7 +717,8 @@ async fn renditions_of_an_attempt_whose_finish_is_refused_as_stale_are_deleted_a
     let bucket = fake_bucket().await;
     let test = TestDb::new().await;
     let (m, _admin) = mock_with(20, Some(small_clip(&dir))).await;
-    let (daemon, _client, a) = caught_mid_upload(&test, &m, &bucket, &dir, "superseded").await;
+    let (daemon, _client, a) =
+        caught_mid_upload(&test, &m, &bucket, &dir, "[96]", "superseded").await;
     let sql = test.sql().await.unwrap();
     let newer: i64 = sql
         .query_one(

@@ -639,8 +639,8 @@ fn run(
                 outputs, probed, ..
             },
             Some(upload),
-        ) => match upload_all(&fetch.rt, upload, &outputs, deadline, stats) {
-            Ok(uploaded) => {
+        ) => match upload_all(&fetch.rt, upload, &outputs, deadline, &cancel, stats) {
+            Ok(Some(uploaded)) => {
                 if job.attempt_no != 1 {
                     let deleted = upload.delete_superseded(&fetch.rt, job.task, job.token);
                     stats.objects_deleted[DELETED_SUPERSEDED].fetch_add(deleted, Ordering::Relaxed);
@@ -658,6 +658,12 @@ fn run(
                     probed,
                     uploaded: Some(uploaded),
                 }
+            }
+            Ok(None) => {
+                for o in &outputs {
+                    let _ = std::fs::remove_file(o);
+                }
+                failed(MediaError::Canceled.to_string(), false)
             }
             Err(e) => {
                 for o in &outputs {

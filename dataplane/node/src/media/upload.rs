@@ -638,19 +638,21 @@ fn is_rendition_key(prefix: &str, key: &str) -> bool {
 }
 
 /// Puts every output into the bucket (each request tried per the plan while its trouble is
-/// the store's or the network's), all within `deadline`: their keys and URLs. When one fails,
-/// those already put are deleted again, so a failed attempt leaves no objects behind.
+/// the store's or the network's), all within `deadline`: their keys and URLs; `None` when
+/// `cancel` was set between two of them. When one fails, or on a cancel, those already put are
+/// deleted again, so a failed or canceled attempt leaves no objects behind.
 pub(super) fn upload_all(
     rt: &tokio::runtime::Runtime,
     upload: &Upload,
     outputs: &[PathBuf],
     deadline: Instant,
+    cancel: &std::sync::atomic::AtomicBool,
     stats: &MediaStats,
-) -> Result<Vec<Uploaded>, spindle_providers::object_store::UploadError> {
+) -> Result<Option<Vec<Uploaded>>, spindle_providers::object_store::UploadError> {
     let started = Instant::now();
-    let uploaded = upload_each(rt, upload, outputs, deadline);
+    let uploaded = upload_each(rt, upload, outputs, deadline, cancel);
     stats.time(STAGE_UPLOAD, started);
-    if uploaded.is_ok() {
+    if matches!(uploaded, Ok(Some(_))) {
         let bytes: u64 = outputs
             .iter()
             .filter_map(|o| std::fs::metadata(o).ok())
@@ -661,18 +663,24 @@ pub(super) fn upload_all(
     uploaded
 }
 
-/// [`upload_all`]'s puts, each in turn; those done deleted again when one fails.
+/// [`upload_all`]'s puts, each in turn; those done deleted again when one fails or a cancel
+/// comes between two.
 fn upload_each(
     rt: &tokio::runtime::Runtime,
     upload: &Upload,
     outputs: &[PathBuf],
     deadline: Instant,
-) -> Result<Vec<Uploaded>, spindle_providers::object_store::UploadError> {
+    cancel: &std::sync::atomic::AtomicBool,
+) -> Result<Option<Vec<Uploaded>>, spindle_providers::object_store::UploadError> {
     use spindle_providers::object_store::{presign_get, upload_file, uri_encode};
     let bucket = upload.bucket_now(rt)?;
     let mut keys = Vec::with_capacity(outputs.len());
     let mut uploaded = Vec::with_capacity(outputs.len());
     for path in outputs {
+        if cancel.load(Ordering::Relaxed) {
+            delete_keys(rt, &bucket, &upload.tls, &keys);
+            return Ok(None);
+        }
         let name = path
             .file_name()
             .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
@@ -704,7 +712,7 @@ fn upload_each(
             }
         }
     }
-    Ok(uploaded)
+    Ok(Some(uploaded))
 }
 
 /// Deletes `keys` from `bucket`, each within [`DELETE_TIMEOUT`]: how many went. One that
