@@ -69,6 +69,9 @@ pub enum UploadError {
     /// the profile's keys).
     #[error("credentials: {0}")]
     Credentials(String),
+    /// Told to stop ([`upload_file_until`]) before every part was sent; the upload aborted.
+    #[error("{url}: stopped before its last part")]
+    Stopped { url: String },
 }
 
 impl UploadError {
@@ -80,7 +83,8 @@ impl UploadError {
             UploadError::Failed { .. } | UploadError::FailedAfterOk { .. } => true,
             UploadError::TooLarge { .. }
             | UploadError::Unexpected { .. }
-            | UploadError::Credentials(_) => false,
+            | UploadError::Credentials(_)
+            | UploadError::Stopped { .. } => false,
         }
     }
 }
@@ -898,6 +902,23 @@ pub async fn upload_file(
     deadline: Instant,
     tls: &rustls::ClientConfig,
 ) -> Result<String, UploadError> {
+    let never = std::sync::atomic::AtomicBool::new(false);
+    upload_file_until(bucket, key, path, content_type, plan, deadline, &never, tls).await
+}
+
+/// [`upload_file`], stopping a multipart upload before its next part once `stop` is set (a
+/// canceled job): the upload is aborted and the answer is [`UploadError::Stopped`].
+#[allow(clippy::too_many_arguments)]
+pub async fn upload_file_until(
+    bucket: &Bucket,
+    key: &str,
+    path: &std::path::Path,
+    content_type: &str,
+    plan: &Plan,
+    deadline: Instant,
+    stop: &std::sync::atomic::AtomicBool,
+    tls: &rustls::ClientConfig,
+) -> Result<String, UploadError> {
     use tokio::io::AsyncReadExt;
     let unreadable = |e: std::io::Error| UploadError::Failed {
         url: key.to_string(),
@@ -943,6 +964,11 @@ pub async fn upload_file(
             .map(|number| {
                 let id = &id;
                 async move {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        return Err(UploadError::Stopped {
+                            url: key.to_string(),
+                        });
+                    }
                     let offset = u64::from(number - 1) * part_bytes;
                     let len = part_bytes.min(size - offset) as usize;
                     let body = read_part(path, offset, len).await.map_err(unreadable)?;

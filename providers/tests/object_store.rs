@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use spindle_providers::fake_s3::FakeS3;
 use spindle_providers::object_store::{
     create_multipart_upload, list_multipart_uploads, list_objects, presign_get, put_object,
-    upload_file, Plan, UploadError,
+    upload_file, upload_file_until, Plan, UploadError,
 };
 
 const PART: u64 = 64 << 10;
@@ -130,6 +130,36 @@ async fn the_stores_trouble_is_tried_again_request_by_request() {
 
 /// A refused part is not tried again, and the upload is aborted: the store keeps none of its
 /// parts. The same when the store refuses the parts as too small (S3's 5 MiB rule).
+/// Told to stop while a part is in the store's hands (a canceled job), a multipart upload
+/// sends no further part and is aborted: the store keeps nothing.
+#[tokio::test]
+async fn a_stopped_multipart_upload_sends_no_more_parts_and_is_aborted() {
+    let s3 = bucket().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (path, _) = file(&dir, 3 * PART as usize);
+    // Part 1's answer held back long enough for the stop to land while it is in flight.
+    s3.delay_parts(300);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let tls = spindle_providers::tls::public_roots();
+    let (b, plan) = (s3.bucket(), plan(3));
+    let upload = upload_file_until(&b, "k", &path, "video/mp4", &plan, soon(), &stop, &tls);
+    let stopper = async {
+        while !s3.log().iter().any(|l| l == "PUT part 1 k") {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    };
+    let (sent, ()) = tokio::join!(upload, stopper);
+    let e = sent.unwrap_err();
+    assert!(matches!(&e, UploadError::Stopped { .. }), "{e}");
+    assert!(!e.is_retryable());
+    assert_eq!(
+        s3.log(),
+        ["POST uploads k", "PUT part 1 k", "DELETE upload k"]
+    );
+    assert_eq!((s3.open_uploads(), s3.object("k")), (0, None));
+}
+
 #[tokio::test]
 async fn a_failed_multipart_upload_is_aborted() {
     let s3 = bucket().await;

@@ -664,7 +664,7 @@ pub(super) fn upload_all(
 }
 
 /// [`upload_all`]'s puts, each in turn; those done deleted again when one fails or a cancel
-/// comes between two.
+/// comes between two (or between two parts of one).
 fn upload_each(
     rt: &tokio::runtime::Runtime,
     upload: &Upload,
@@ -672,7 +672,9 @@ fn upload_each(
     deadline: Instant,
     cancel: &std::sync::atomic::AtomicBool,
 ) -> Result<Option<Vec<Uploaded>>, spindle_providers::object_store::UploadError> {
-    use spindle_providers::object_store::{presign_get, upload_file, uri_encode};
+    use spindle_providers::object_store::{
+        presign_get, upload_file_until, uri_encode, UploadError,
+    };
     let bucket = upload.bucket_now(rt)?;
     let mut keys = Vec::with_capacity(outputs.len());
     let mut uploaded = Vec::with_capacity(outputs.len());
@@ -685,13 +687,14 @@ fn upload_each(
             .file_name()
             .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
         let key = format!("{}{name}", upload.prefix);
-        let put = upload_file(
+        let put = upload_file_until(
             &bucket,
             &key,
             path,
             "video/mp4",
             &upload.plan,
             deadline,
+            cancel,
             &upload.tls,
         );
         let put = rt.block_on(put);
@@ -706,6 +709,11 @@ fn upload_each(
         });
         match named {
             Ok(url) => uploaded.push(Uploaded { key, url }),
+            // A cancel in the middle of a multipart upload: aborted, and the rest as below.
+            Err(UploadError::Stopped { .. }) => {
+                delete_keys(rt, &bucket, &upload.tls, &keys);
+                return Ok(None);
+            }
             Err(e) => {
                 delete_keys(rt, &bucket, &upload.tls, &keys);
                 return Err(e);
