@@ -432,6 +432,22 @@ fn small_clip(dir: &tempfile::TempDir) -> std::path::PathBuf {
     clip
 }
 
+/// Where an upload test starts: a temporary directory, the fake bucket, a fresh database, and
+/// the mock (with its admin client) serving a [`small_clip`].
+async fn upload_stage() -> (
+    tempfile::TempDir,
+    spindle_providers::fake_s3::FakeS3,
+    TestDb,
+    MockProvider,
+    spindle_providers::HttpProvider,
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let bucket = fake_bucket().await;
+    let test = TestDb::new().await;
+    let (m, admin) = mock_with(20, Some(small_clip(&dir))).await;
+    (dir, bucket, test, m, admin)
+}
+
 /// A fake bucket, `videos` in `us-test-1`, taking requests signed with key `AKID`.
 async fn fake_bucket() -> spindle_providers::fake_s3::FakeS3 {
     spindle_providers::fake_s3::FakeS3::start("videos", "us-test-1", "AKID", "s")
@@ -519,10 +535,7 @@ async fn uploads_a_dead_node_left_open_are_aborted_and_the_rest_kept() {
 /// does not look (the upload test counts every request).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_attempt_after_the_first_deletes_what_earlier_attempts_left_in_the_bucket() {
-    let dir = tempfile::tempdir().unwrap();
-    let bucket = fake_bucket().await;
-    let test = TestDb::new().await;
-    let (m, admin) = mock_with(20, Some(small_clip(&dir))).await;
+    let (dir, bucket, test, m, admin) = upload_stage().await;
     set_fault(&admin, Fault::Auth).await;
     let media = format!(
         "renditions = [96]\n{}{}",
@@ -645,10 +658,7 @@ async fn assert_unclaimed_deleted(daemon: &Daemon, bucket: &spindle_providers::f
 /// node's bucket thread.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renditions_of_a_task_canceled_during_their_upload_are_deleted_again() {
-    let dir = tempfile::tempdir().unwrap();
-    let bucket = fake_bucket().await;
-    let test = TestDb::new().await;
-    let (m, admin) = mock_with(20, Some(small_clip(&dir))).await;
+    let (dir, bucket, test, m, admin) = upload_stage().await;
     let (daemon, client, a) = caught_mid_upload(&test, &m, &bucket, &dir, "[96]", "canceled").await;
     client.cancel(a).await.unwrap();
     bucket.hold_puts(false);
@@ -676,10 +686,7 @@ async fn renditions_of_a_task_canceled_during_their_upload_are_deleted_again() {
 /// deleted again by the worker, the next is never sent, and the task ends CANCELED.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_between_two_renditions_uploads_sends_no_more_and_deletes_what_went() {
-    let dir = tempfile::tempdir().unwrap();
-    let bucket = fake_bucket().await;
-    let test = TestDb::new().await;
-    let (m, admin) = mock_with(20, Some(small_clip(&dir))).await;
+    let (dir, bucket, test, m, admin) = upload_stage().await;
     let (daemon, client, a) =
         caught_mid_upload(&test, &m, &bucket, &dir, "[120, 96]", "canceled").await;
     client.cancel(a).await.unwrap();
@@ -713,10 +720,7 @@ async fn a_cancel_between_two_renditions_uploads_sends_no_more_and_deletes_what_
 /// again; the row stays the newer attempt's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renditions_of_an_attempt_whose_finish_is_refused_as_stale_are_deleted_again() {
-    let dir = tempfile::tempdir().unwrap();
-    let bucket = fake_bucket().await;
-    let test = TestDb::new().await;
-    let (m, _admin) = mock_with(20, Some(small_clip(&dir))).await;
+    let (dir, bucket, test, m, _admin) = upload_stage().await;
     let (daemon, _client, a) =
         caught_mid_upload(&test, &m, &bucket, &dir, "[96]", "superseded").await;
     let sql = test.sql().await.unwrap();
@@ -750,10 +754,7 @@ async fn renditions_of_an_attempt_whose_finish_is_refused_as_stale_are_deleted_a
 /// private bucket's objects without keys (every frame decodes); the objects' plain URLs do not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn presigned_urls_read_a_private_buckets_renditions_without_keys() {
-    let dir = tempfile::tempdir().unwrap();
-    let bucket = fake_bucket().await;
-    let test = TestDb::new().await;
-    let (m, admin) = mock_with(20, Some(small_clip(&dir))).await;
+    let (dir, bucket, test, m, admin) = upload_stage().await;
     let media = format!(
         "renditions = [96]\n{}presign_s = 3600\n",
         upload_config(&bucket)
