@@ -7,7 +7,7 @@
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 
 use crate::object_store::{uri_encode, Credentials, UploadError};
 
@@ -41,17 +41,10 @@ pub async fn instance_credentials(
                 .header(header.0, header.1)
                 .body(Full::new(Bytes::new()))
                 .map_err(|e| fail(format!("{target}: {e}")))?;
-            let response = client
-                .request(request)
+            let (head, body) = crate::tls::exchange(&client, request, ANSWER_BYTES_MAX)
                 .await
-                .map_err(|e| fail(format!("{target}: {}", crate::tls::describe(&e))))?;
-            let status = response.status();
-            let body = http_body_util::Limited::new(response.into_body(), ANSWER_BYTES_MAX)
-                .collect()
-                .await
-                .map_err(|e| fail(format!("reading {target}: {e}")))?
-                .to_bytes();
-            Ok::<_, UploadError>((status, String::from_utf8_lossy(&body).into_owned()))
+                .map_err(|e| fail(format!("{target}: {e}")))?;
+            Ok::<_, UploadError>((head.status, String::from_utf8_lossy(&body).into_owned()))
         }
     };
     let read = async {

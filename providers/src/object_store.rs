@@ -10,7 +10,7 @@ pub use bytes::Bytes;
 use hmac::Mac;
 
 use crate::signature::hex;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use sha2::{Digest, Sha256};
 
 /// Bytes of a store's error answer kept in the error (S3 answers XML naming the problem).
@@ -486,21 +486,15 @@ async fn send(
         .map_err(|e| failed(e.to_string()))?;
     let call = async {
         let client = crate::tls::client(tls, timeout);
-        let response = client
-            .request(request)
+        let (head, answer) = crate::tls::exchange(&client, request, ANSWER_BYTES_MAX)
             .await
-            .map_err(|e| failed(crate::tls::describe(&e)))?;
-        let status = response.status();
-        let etag = response
-            .headers()
+            .map_err(failed)?;
+        let status = head.status;
+        let etag = head
+            .headers
             .get(hyper::header::ETAG)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
-        let answer = http_body_util::Limited::new(response.into_body(), ANSWER_BYTES_MAX)
-            .collect()
-            .await
-            .map_err(|e| failed(format!("reading the answer: {e}")))?
-            .to_bytes();
         if status.is_success() {
             return Ok(Answer {
                 url: url.clone(),

@@ -7,7 +7,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 
 use crate::object_store::{uri_encode, Credentials, UploadError};
 
@@ -57,17 +57,10 @@ pub async fn assume_role_with_web_identity(
         .map_err(|e| fail(format!("{}: {e}", config.sts_url)))?;
     let call = async {
         let client = crate::tls::client(tls, timeout);
-        let response = client
-            .request(request)
+        let (head, body) = crate::tls::exchange(&client, request, ANSWER_BYTES_MAX)
             .await
-            .map_err(|e| fail(format!("{}: {}", config.sts_url, crate::tls::describe(&e))))?;
-        let status = response.status();
-        let body = http_body_util::Limited::new(response.into_body(), ANSWER_BYTES_MAX)
-            .collect()
-            .await
-            .map_err(|e| fail(format!("reading STS's answer: {e}")))?
-            .to_bytes();
-        Ok::<_, UploadError>((status, body))
+            .map_err(|e| fail(format!("{}: {e}", config.sts_url)))?;
+        Ok::<_, UploadError>((head.status, body))
     };
     let (status, body) = tokio::time::timeout(timeout, call)
         .await

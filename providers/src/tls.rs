@@ -192,6 +192,24 @@ pub fn pem_chain_and_key(
 
 /// `e` with the errors under it, `a: b: c`: a client's "client error (Connect)" says nothing
 /// of the certificate the TLS handshake refused, its sources do.
+/// Sends `request` on `client` and reads the answer's body, at most `max_bytes`: the answer's
+/// head and body, or why not (a failed send's cause chain, or "reading the answer: …").
+pub async fn exchange(
+    client: &Client<Connector, Full<Bytes>>,
+    request: hyper::Request<Full<Bytes>>,
+    max_bytes: usize,
+) -> Result<(hyper::http::response::Parts, Bytes), String> {
+    use http_body_util::BodyExt;
+    let response = client.request(request).await.map_err(|e| describe(&e))?;
+    let (head, body) = response.into_parts();
+    let body = http_body_util::Limited::new(body, max_bytes)
+        .collect()
+        .await
+        .map_err(|e| format!("reading the answer: {e}"))?
+        .to_bytes();
+    Ok((head, body))
+}
+
 pub fn describe(e: &(dyn std::error::Error + 'static)) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
