@@ -567,7 +567,7 @@ impl Upload {
                 &bucket,
                 under,
                 LIST_PAGE_MAX,
-                1,
+                TASK_KEYS_PAGES,
                 DELETE_TIMEOUT,
                 &self.tls,
             ))?;
@@ -600,6 +600,14 @@ impl Upload {
         }
     }
 }
+
+/// Pages of a task's keys one listing reads: one page of 1,000 holds a task's 64 attempts of
+/// up to 8 renditions each.
+const TASK_KEYS_PAGES: u32 = 1;
+const _: () = assert!(
+    spindle_core::limits::ATTEMPTS_MAX * 8
+        <= spindle_providers::object_store::LIST_PAGE_MAX * TASK_KEYS_PAGES
+);
 
 /// Pages of open uploads one sweep reads (S3's 1,000 uploads each).
 const SWEEP_PAGES_MAX: u32 = 10;
