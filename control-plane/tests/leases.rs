@@ -109,11 +109,12 @@ async fn attempt_leases_renew_in_one_batch_and_only_for_the_current_token() {
     let r = db
         .claim_batch(
             common::NODE,
-            0,
+            common::LEASE_MS,
             &[claim(1, 0, &[("p", 0, 1)]), claim(2, 0, &[("p", 0, 1)])],
         )
         .await
         .unwrap();
+    common::age_live_attempts(&test, common::LEASE_MS + 1_000).await;
     let grant = |i: usize| match &r[i] {
         ClaimResult::Granted { attempt, token, .. } => (*attempt, *token),
         other => panic!("{other:?}"),

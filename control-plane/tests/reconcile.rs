@@ -6,7 +6,9 @@ mod common;
 use std::cell::RefCell;
 use std::collections::HashMap;
 
-use common::{assert_counters_derived, claim, finish, setup, task, LEASE_MS, NODE};
+use common::{
+    age_live_attempts, assert_counters_derived, claim, finish, setup, task, LEASE_MS, NODE,
+};
 use spindle_control::events::{Event, EventSink};
 use spindle_control::reconcile::{
     BudgetDrift, Counters, ProviderLookup, ProviderView, ReconcileReport,
@@ -181,8 +183,7 @@ async fn expired_leases_are_resolved_by_asking_the_provider_never_by_expiry_alon
     let claims: Vec<_> = (1..=4)
         .map(|i| claim(i, 0, &[("provider:acme", 0, 1)]))
         .collect();
-    // Lease of 0 ms: the node "died" right after claiming.
-    let grants = db.claim_batch(NODE, 0, &claims).await.unwrap();
+    let grants = db.claim_batch(NODE, LEASE_MS, &claims).await.unwrap();
     let token = |i: usize| match &grants[i] {
         ClaimResult::Granted { token, .. } => *token,
         other => panic!("{other:?}"),
@@ -196,6 +197,8 @@ async fn expired_leases_are_resolved_by_asking_the_provider_never_by_expiry_alon
     }])
     .await
     .unwrap();
+    // The node died after that: its leases ran out.
+    age_live_attempts(&test, LEASE_MS + 1_000).await;
 
     let expired = db.expired_attempts(100).await.unwrap();
     assert_eq!(expired.len(), 4);
@@ -264,7 +267,8 @@ async fn stuck_claims_go_back_to_the_queue_only_on_a_definite_not_found() {
     db.claim_batch(NODE, LEASE_MS, &claims).await.unwrap();
     // Claims younger than the threshold are left alone.
     assert!(db.stuck_attempts(60_000, 100).await.unwrap().is_empty());
-    let stuck = db.stuck_attempts(0, 100).await.unwrap();
+    age_live_attempts(&test, 61_000).await;
+    let stuck = db.stuck_attempts(60_000, 100).await.unwrap();
     assert_eq!(stuck.len(), 2);
     let answers = Answers {
         by_key: HashMap::from([
@@ -287,10 +291,12 @@ async fn a_stale_reconciler_is_fenced_like_any_writer() {
     let (test, db) = setup().await;
     db.set_pool("provider:acme", 10, 1).await.unwrap();
     db.submit_batch(&[task(1, 1, "a")], V1).await.unwrap();
-    db.claim_batch(NODE, 0, &[claim(1, 0, &[("provider:acme", 0, 1)])])
+    db.claim_batch(NODE, LEASE_MS, &[claim(1, 0, &[("provider:acme", 0, 1)])])
         .await
         .unwrap();
+    age_live_attempts(&test, LEASE_MS + 1_000).await;
     let expired = db.expired_attempts(10).await.unwrap();
+    assert_eq!(expired.len(), 1);
     // Meanwhile the owning node came back and finished the task.
     db.report_batch(&[Report {
         task: TaskId(1),

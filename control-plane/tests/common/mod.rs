@@ -60,6 +60,24 @@ pub fn claim(id: u64, version: u32, demands: &[(&str, u16, u64)]) -> ClaimReques
     }
 }
 
+/// Moves every live attempt's lease end and last change `ms` into the past: the time a test
+/// means to pass, written to the rows. A test that claimed with a lease of 0 and asked at once
+/// for expired attempts depended on the clock moving between two calls; a coarse or stepped
+/// clock gives both the same `now()`, and the attempt is not yet past its lease.
+pub async fn age_live_attempts(test: &TestDb, ms: u32) {
+    let sql = test.sql().await.unwrap();
+    let aged = sql
+        .execute(
+            "UPDATE task SET attempt_lease_until = attempt_lease_until - $1::float8 * interval '1 millisecond',
+                             updated_at = updated_at - $1::float8 * interval '1 millisecond'
+              WHERE current_attempt IS NOT NULL",
+            &[&f64::from(ms)],
+        )
+        .await
+        .unwrap();
+    assert!(aged > 0, "no live attempt to age");
+}
+
 /// Every pool shard's `used` equals the sum of its ACTIVE reservations and never exceeds its
 /// capacity (invariants 1 and 5).
 pub async fn assert_counters_derived(test: &TestDb) {
