@@ -120,9 +120,9 @@ pub struct Config {
     #[serde(default = "default_inflight")]
     pub connection_inflight_max: usize,
     /// Client connections the node holds open at once, greeting or served (1..=1048576). One
-    /// past it is refused: a plain one is answered `Overloaded` naming the bound, a TLS one is
-    /// closed before its handshake (no CPU spent on it); both counted in
-    /// `spindle_connections_refused_total`.
+    /// past it is refused, answered `Overloaded` naming the bound (a TLS one after its
+    /// handshake, while its shard's 32 such handshakes a second allow; past them closed at
+    /// once, so a flood costs little CPU); counted in `spindle_connections_refused_total`.
     #[serde(default = "default_connections_max")]
     pub connections_max: usize,
     /// New client connections taken per second, the node's shards together (0: no bound, the

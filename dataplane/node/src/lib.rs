@@ -399,6 +399,10 @@ fn run_node(config: Config) -> anyhow::Result<()> {
                     tls: listener_tls,
                     connections,
                     refusing: std::cell::Cell::new(0),
+                    tls_refusals: std::cell::RefCell::new(server::AcceptPace::new(
+                        server::TLS_REFUSALS_PER_S,
+                        std::time::Instant::now(),
+                    )),
                 });
                 glommio::spawn_local(server::take_handoffs(handoffs_in, ctx.clone())).detach();
                 let mut pace = server::AcceptPace::new(accepts_per_s, std::time::Instant::now());

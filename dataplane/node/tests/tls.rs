@@ -517,10 +517,12 @@ async fn https_get(
     common::http_get_on(stream, path).await
 }
 
-/// Past `connections_max` a TLS connection is closed before its handshake — no CPU spent on a
-/// connection the node will not serve — and counted; a place given back serves the next.
+/// Past `connections_max` a TLS connection is told `Overloaded`, naming the bound, after its
+/// handshake, and counted; a flood of them is handshaken with no faster than
+/// `TLS_REFUSALS_PER_S` a shard (the rest closed at once, counted too); a place given back
+/// serves the next.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn past_the_connection_bound_a_tls_connection_is_closed_before_its_handshake() {
+async fn past_the_connection_bound_a_tls_connection_is_told_why_at_a_bounded_rate() {
     let test = TestDb::new().await;
     let dir = tempfile::tempdir().unwrap();
     let (section, ca) = node_tls(dir.path());
@@ -533,15 +535,38 @@ async fn past_the_connection_bound_a_tls_connection_is_closed_before_its_handsha
     let addr = daemon.addr.to_string();
     let connect = || Client::connect_with(&addr, TenantId(1), "one", WITHIN, Some(&tls));
     let held = connect().await.unwrap();
-    match connect().await {
-        Err(ClientError::Refused(e)) => panic!("a refusal read over TLS without a handshake: {e}"),
-        Err(_) => {}
+    let told = |outcome: Result<Client, ClientError>| match outcome {
+        Err(ClientError::Refused(e)) => {
+            assert_eq!(e.code, ErrorCode::Overloaded, "{e:?}");
+            assert!(e.message.contains("most client connections (1)"), "{e:?}");
+            true
+        }
+        Err(_) => false,
         Ok(_) => panic!("a connection past the bound was served"),
-    }
+    };
+    assert!(told(connect().await), "one refusal, told why over TLS");
+
+    // A flood: every shard handshakes with a second's worth at once, then its rate.
+    const FLOOD: usize = 150;
+    let started = std::time::Instant::now();
+    let outcomes = futures_util::future::join_all((0..FLOOD).map(|_| connect())).await;
+    let elapsed = started.elapsed().as_secs_f64();
+    let told_why = outcomes.into_iter().map(&told).filter(|t| *t).count();
+    let shards = 2.0;
+    let rate = spindle_node::server::TLS_REFUSALS_PER_S as f64;
+    let most = (shards * rate * (1.0 + elapsed)).ceil() as usize;
+    assert!(told_why >= 1, "none of the flood told why");
+    assert!(
+        told_why <= most,
+        "{told_why} of {FLOOD} handshaken in {elapsed:.2} s: at most {most} at {rate}/s a shard"
+    );
     let count = async |series: &str| {
         common::metric_sum(&https_get(daemon.http, &ca, "/metrics").await.1, series)
     };
-    assert_eq!(count("spindle_connections_refused_total").await, 1);
+    assert_eq!(
+        count("spindle_connections_refused_total").await,
+        1 + FLOOD as u64
+    );
     drop(held);
     let open = common::poll_until(
         WITHIN,
