@@ -405,26 +405,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
                     )),
                 });
                 glommio::spawn_local(server::take_handoffs(handoffs_in, ctx.clone())).detach();
-                let mut pace = server::AcceptPace::new(accepts_per_s, std::time::Instant::now());
-                loop {
-                    if let Some(wait) = pace.take(std::time::Instant::now()) {
-                        // Past the rate: the connections wait in the kernel's backlog.
-                        glommio::timer::sleep(wait).await;
-                        continue;
-                    }
-                    match listener.accept().await {
-                        Ok(stream) => match ctx.connections.try_open() {
-                            Some(slot) => {
-                                glommio::spawn_local(server::serve(stream, ctx.clone(), slot))
-                                    .detach();
-                            }
-                            None => {
-                                glommio::spawn_local(server::refuse(stream, ctx.clone())).detach();
-                            }
-                        },
-                        Err(e) => tracing::warn!("accept: {e}"),
-                    }
-                }
+                server::accept(listener, ctx, accepts_per_s).await;
             })
             .map_err(|e| anyhow::anyhow!("starting shard {i}: {e}"))?;
         addr = bound_rx

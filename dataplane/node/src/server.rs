@@ -131,6 +131,37 @@ impl AcceptPace {
     }
 }
 
+/// How long a shard pauses after a failed accept (out of descriptors, say) before the next:
+/// the error is logged once a pause, not in a loop that holds the shard.
+const ACCEPT_ERROR_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// Takes this shard's new connections for ever: each one served, or refused past
+/// `connections_max`, no faster than `per_s` a second (0: no bound).
+///
+/// The token is taken once a connection is there, not before the accept: one taken while the
+/// shard waited would let a second's worth plus one through at once. Past the rate the
+/// connection accepted waits its turn and the next ones wait in the kernel's backlog.
+pub async fn accept(listener: glommio::net::TcpListener, ctx: Rc<ConnCtx>, per_s: u64) {
+    let mut pace = AcceptPace::new(per_s, std::time::Instant::now());
+    loop {
+        let stream = match listener.accept().await {
+            Ok(stream) => stream,
+            Err(e) => {
+                tracing::warn!("accept: {e}");
+                glommio::timer::sleep(ACCEPT_ERROR_PAUSE).await;
+                continue;
+            }
+        };
+        while let Some(wait) = pace.take(std::time::Instant::now()) {
+            glommio::timer::sleep(wait).await;
+        }
+        match ctx.connections.try_open() {
+            Some(slot) => glommio::spawn_local(serve(stream, ctx.clone(), slot)).detach(),
+            None => glommio::spawn_local(refuse(stream, ctx.clone())).detach(),
+        };
+    }
+}
+
 /// A connection past `connections_max` is answered `Overloaded`, naming the bound, within
 /// [`REFUSE_WITHIN`] (a plain one after its Hello is read, so that the answer is not lost to a
 /// reset; a TLS one after its handshake), while the shard tells fewer than [`REFUSING_MAX`] at
