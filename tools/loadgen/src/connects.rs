@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use spindle_client::{Client, Tls};
+use spindle_client::{Client, ClientError, Tls};
 use spindle_core::TenantId;
+use spindle_wire::ErrorCode;
 
 /// Connections at most in one run, and at once.
 pub const COUNT_MAX: u64 = 1_000_000;
@@ -25,6 +26,8 @@ pub struct Options {
 pub struct Outcome {
     pub made: u64,
     pub failed: u64,
+    /// Of those failed, the ones the node told `Overloaded` (past its `connections_max`).
+    pub overloaded: u64,
     /// The first failure's error.
     pub first_error: Option<String>,
     pub elapsed: Duration,
@@ -50,7 +53,7 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
         workers.push(tokio::spawn(async move {
             let mut latency =
                 Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
-            let (mut made, mut failed, mut first_error) = (0, 0, None);
+            let (mut made, mut failed, mut overloaded, mut first_error) = (0, 0, 0, None);
             while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < opts.count {
                 let t0 = Instant::now();
                 let connected = Client::connect_with(
@@ -69,25 +72,31 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
                     }
                     Err(e) => {
                         failed += 1;
+                        if matches!(&e, ClientError::Refused(w) if w.code == ErrorCode::Overloaded)
+                        {
+                            overloaded += 1;
+                        }
                         first_error.get_or_insert_with(|| e.to_string());
                     }
                 }
             }
-            (latency, made, failed, first_error)
+            (latency, made, failed, overloaded, first_error)
         }));
     }
     let mut outcome = Outcome {
         made: 0,
         failed: 0,
+        overloaded: 0,
         first_error: None,
         elapsed: Duration::ZERO,
         latency_us: Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds"),
     };
     for w in workers {
-        let (latency, made, failed, first_error) = w.await?;
+        let (latency, made, failed, overloaded, first_error) = w.await?;
         outcome.latency_us.add(&latency)?;
         outcome.made += made;
         outcome.failed += failed;
+        outcome.overloaded += overloaded;
         if outcome.first_error.is_none() {
             outcome.first_error = first_error;
         }
@@ -100,11 +109,12 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
 pub fn line(o: &Outcome) -> String {
     let ms = |q: f64| o.latency_us.value_at_quantile(q) as f64 / 1_000.0;
     let mut text = format!(
-        "connections {} in {:.2} s ({:.0}/s), failed {}; connect → HelloOk p50/p90/p99/max {:.2}/{:.2}/{:.2}/{:.2} ms",
+        "connections {} in {:.2} s ({:.0}/s), failed {} (told Overloaded {}); connect → HelloOk p50/p90/p99/max {:.2}/{:.2}/{:.2}/{:.2} ms",
         o.made,
         o.elapsed.as_secs_f64(),
         o.made as f64 / o.elapsed.as_secs_f64().max(1e-9),
         o.failed,
+        o.overloaded,
         ms(0.5),
         ms(0.9),
         ms(0.99),
