@@ -126,8 +126,9 @@ pub struct Config {
     #[serde(default = "default_connections_max")]
     pub connections_max: usize,
     /// New client connections taken per second, the node's shards together (0: no bound, the
-    /// default). Past it the shards stop accepting until the rate allows, and connections wait
-    /// in the kernel's backlog: a reconnect storm's TLS handshakes (~0.25 ms of CPU each) then
+    /// default), each shard its share, a second's worth at once. Past it a shard holds the
+    /// connection it accepted until the rate allows, the next ones waiting in the kernel's
+    /// backlog: a reconnect storm's TLS handshakes (~0.25 ms of CPU each) then
     /// take at most this much of the CPU the running work needs (docs/benchmarks.md).
     #[serde(default)]
     pub connection_rate_max: u32,
