@@ -128,8 +128,8 @@ pub struct Config {
     /// New client connections taken per second, the node's shards together (0: no bound, the
     /// default), each shard its share, a second's worth at once. Past it a shard holds the
     /// connection it accepted until the rate allows, the next ones waiting in the kernel's
-    /// backlog: a reconnect storm's TLS handshakes (~0.25 ms of CPU each) then
-    /// take at most this much of the CPU the running work needs (docs/benchmarks.md).
+    /// backlog: a reconnect storm's TLS handshakes (~0.25 ms of CPU each) then take at most
+    /// this much of the CPU the running work needs (docs/benchmarks.md).
     #[serde(default)]
     pub connection_rate_max: u32,
     /// Connections the HTTP port (metrics, probes, admin API, provider callbacks) serves at
