@@ -587,3 +587,67 @@ async fn a_cluster_client_refused_for_want_of_a_place_connects_once_one_frees() 
     let a = cluster.submit(task("in")).await.unwrap();
     assert!(a.decision.is_accepted(), "{a:?}");
 }
+
+/// A shard that cannot accept — the process is out of file descriptors — pauses between tries
+/// (`ACCEPT_ERROR_PAUSE`, 50 ms) instead of retrying at once: while connections wait in the
+/// backlog it logs the failure about twenty times a second, not thousands, and once descriptors
+/// are free again it serves the next connection. The daemon starts with its usual limit; the
+/// test then lowers it (`prlimit`, util-linux) to three above what it has open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_out_of_file_descriptors_pauses_its_accepts_and_serves_once_some_are_free() {
+    let test = TestDb::new().await;
+    let config = common::CONFIG.replace("shards = 2", "shards = 1");
+    let daemon = common::start_with(&test, &config).await;
+    let pid = daemon.child.id();
+    let open = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count();
+    let limit = open + 3;
+    let lowered = std::process::Command::new("prlimit")
+        .arg(format!("--pid={pid}"))
+        .arg(format!("--nofile={limit}:{limit}"))
+        .status()
+        .expect("prlimit (util-linux) runs");
+    assert!(lowered.success(), "prlimit: {lowered}");
+    // More connections than descriptors left: the first few are taken (and wait for their
+    // Hello), the rest stay in the kernel's backlog.
+    let mut waiting = Vec::new();
+    for _ in 0..16 {
+        waiting.push(TcpStream::connect(daemon.addr).await.unwrap());
+    }
+    let failures = || {
+        daemon
+            .log_tail(usize::MAX)
+            .lines()
+            .filter(|l| l.contains("accept: "))
+            .count()
+    };
+    let first = common::poll_until(Duration::from_secs(5), async || failures(), |n| *n > 0).await;
+    assert!(
+        first > 0,
+        "no failed accept logged: {}",
+        daemon.log_tail(20)
+    );
+    // A window shorter than the Hello timeout of the connections taken (10 s), so nothing
+    // frees a descriptor inside it.
+    let window = Duration::from_secs(1);
+    tokio::time::sleep(window).await;
+    let during = failures() - first;
+    assert!(
+        (1..=40).contains(&during),
+        "{during} failed accepts logged in {window:?} (one per 50 ms pause expected): {}",
+        daemon.log_tail(5)
+    );
+    // Descriptors freed (the connections taken see their clients go), the node takes
+    // connections again.
+    drop(waiting);
+    let client = tokio::time::timeout(
+        Duration::from_secs(30),
+        Client::connect(daemon.addr, TenantId(1), "one"),
+    )
+    .await
+    .expect("a connection served once descriptors are free")
+    .unwrap();
+    let a = client.submit(task("after")).await.unwrap();
+    assert!(a.decision.is_accepted(), "{a:?}");
+}
