@@ -35,6 +35,31 @@ pub struct Outcome {
     pub latency_us: Histogram<u64>,
 }
 
+impl Outcome {
+    fn empty() -> Outcome {
+        Outcome {
+            made: 0,
+            failed: 0,
+            overloaded: 0,
+            first_error: None,
+            elapsed: Duration::ZERO,
+            latency_us: Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds"),
+        }
+    }
+
+    /// Adds a worker's counts (the first failure kept is the earlier worker's).
+    fn add(&mut self, other: Outcome) -> anyhow::Result<()> {
+        self.latency_us.add(&other.latency_us)?;
+        self.made += other.made;
+        self.failed += other.failed;
+        self.overloaded += other.overloaded;
+        if self.first_error.is_none() {
+            self.first_error = other.first_error;
+        }
+        Ok(())
+    }
+}
+
 pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
     anyhow::ensure!(
         (1..=COUNT_MAX).contains(&opts.count),
@@ -51,9 +76,8 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
     for _ in 0..opts.concurrency {
         let (opts, next) = (opts.clone(), next.clone());
         workers.push(tokio::spawn(async move {
-            let mut latency =
-                Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
-            let (mut made, mut failed, mut overloaded, mut first_error) = (0, 0, 0, None);
+            // This worker's share; `elapsed` is set once, for the whole run.
+            let mut own = Outcome::empty();
             while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < opts.count {
                 let t0 = Instant::now();
                 let connected = Client::connect_with(
@@ -66,40 +90,27 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
                 .await;
                 match connected {
                     Ok(client) => {
-                        latency.saturating_record(t0.elapsed().as_micros() as u64);
-                        made += 1;
+                        own.latency_us
+                            .saturating_record(t0.elapsed().as_micros() as u64);
+                        own.made += 1;
                         drop(client);
                     }
                     Err(e) => {
-                        failed += 1;
+                        own.failed += 1;
                         if matches!(&e, ClientError::Refused(w) if w.code == ErrorCode::Overloaded)
                         {
-                            overloaded += 1;
+                            own.overloaded += 1;
                         }
-                        first_error.get_or_insert_with(|| e.to_string());
+                        own.first_error.get_or_insert_with(|| e.to_string());
                     }
                 }
             }
-            (latency, made, failed, overloaded, first_error)
+            own
         }));
     }
-    let mut outcome = Outcome {
-        made: 0,
-        failed: 0,
-        overloaded: 0,
-        first_error: None,
-        elapsed: Duration::ZERO,
-        latency_us: Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds"),
-    };
+    let mut outcome = Outcome::empty();
     for w in workers {
-        let (latency, made, failed, overloaded, first_error) = w.await?;
-        outcome.latency_us.add(&latency)?;
-        outcome.made += made;
-        outcome.failed += failed;
-        outcome.overloaded += overloaded;
-        if outcome.first_error.is_none() {
-            outcome.first_error = first_error;
-        }
+        outcome.add(w.await?)?;
     }
     outcome.elapsed = started.elapsed();
     Ok(outcome)
