@@ -591,24 +591,46 @@ async fn a_cluster_client_refused_for_want_of_a_place_connects_once_one_frees() 
 /// A shard that cannot accept — the process is out of file descriptors — pauses between tries
 /// (`ACCEPT_ERROR_PAUSE`, 50 ms) instead of retrying at once: while connections wait in the
 /// backlog it logs the failure about twenty times a second, not thousands, and once descriptors
-/// are free again it serves the next connection. The daemon starts with its usual limit; the
-/// test then lowers it (`prlimit`, util-linux) to three above what it has open.
+/// are there again it serves the next connection. The daemon starts with its usual limit and
+/// serves a task (so every connection it opens at start is open); the test then lowers the
+/// soft limit (`prlimit`, util-linux) to three above what it has open, and puts it back after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_out_of_file_descriptors_pauses_its_accepts_and_serves_once_some_are_free() {
     let test = TestDb::new().await;
     let config = common::CONFIG.replace("shards = 2", "shards = 1");
     let daemon = common::start_with(&test, &config).await;
+    let before = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let a = before.submit(task("before")).await.unwrap();
+    wait_for(&before, a.task, TaskState::Succeeded).await;
     let pid = daemon.child.id();
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let usual: Vec<&str> = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .expect("a descriptor limit")
+        .split_whitespace()
+        .skip(3)
+        .take(2)
+        .collect();
+    let set_limit = |soft: &str, hard: &str| {
+        let set = std::process::Command::new("prlimit")
+            .arg(format!("--pid={pid}"))
+            .arg(format!("--nofile={soft}:{hard}"))
+            .output()
+            .expect("prlimit (util-linux) runs");
+        assert!(
+            set.status.success(),
+            "prlimit --nofile={soft}:{hard}: {}",
+            String::from_utf8_lossy(&set.stderr)
+        );
+    };
     let open = std::fs::read_dir(format!("/proc/{pid}/fd"))
         .unwrap()
         .count();
-    let limit = open + 3;
-    let lowered = std::process::Command::new("prlimit")
-        .arg(format!("--pid={pid}"))
-        .arg(format!("--nofile={limit}:{limit}"))
-        .status()
-        .expect("prlimit (util-linux) runs");
-    assert!(lowered.success(), "prlimit: {lowered}");
+    // The soft limit only: raising a hard limit back takes a privilege (CAP_SYS_RESOURCE).
+    set_limit(&(open + 3).to_string(), usual[1]);
     // More connections than descriptors left: the first few are taken (and wait for their
     // Hello), the rest stay in the kernel's backlog.
     let mut waiting = Vec::new();
@@ -638,15 +660,15 @@ async fn a_node_out_of_file_descriptors_pauses_its_accepts_and_serves_once_some_
         "{during} failed accepts logged in {window:?} (one per 50 ms pause expected): {}",
         daemon.log_tail(5)
     );
-    // Descriptors freed (the connections taken see their clients go), the node takes
-    // connections again.
+    // Descriptors there again, the node takes connections again.
     drop(waiting);
+    set_limit(usual[0], usual[1]);
     let client = tokio::time::timeout(
         Duration::from_secs(30),
         Client::connect(daemon.addr, TenantId(1), "one"),
     )
     .await
-    .expect("a connection served once descriptors are free")
+    .expect("a connection served once descriptors are there")
     .unwrap();
     let a = client.submit(task("after")).await.unwrap();
     assert!(a.decision.is_accepted(), "{a:?}");
