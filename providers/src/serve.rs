@@ -12,6 +12,9 @@ use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 
+/// How long the loop pauses after a failed accept before the next.
+const ACCEPT_ERROR_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Serves HTTP/1.1 on `listener` — over TLS with `tls` — one task per connection, each request
 /// answered by `handle`, until the returned task is aborted. A connection whose TLS handshake
 /// fails is dropped.
@@ -27,8 +30,15 @@ where
     let tls = tls.map(tokio_rustls::TlsAcceptor::from);
     tokio::spawn(async move {
         loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                continue;
+            let stream = match listener.accept().await {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Out of descriptors, say: paused, not retried in a loop that holds the
+                    // runtime's thread.
+                    tracing::warn!("accept: {e}");
+                    tokio::time::sleep(ACCEPT_ERROR_PAUSE).await;
+                    continue;
+                }
             };
             let _ = stream.set_nodelay(true);
             let handle = handle.clone();

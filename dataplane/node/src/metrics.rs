@@ -888,8 +888,15 @@ pub async fn serve(
 ) {
     let open = Arc::new(tokio::sync::Semaphore::new(connections_max));
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            continue;
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of descriptors, say: this runtime is the control plane's, so the loop
+                // pauses rather than taking its thread from the pipelines.
+                tracing::warn!("http accept: {e}");
+                tokio::time::sleep(crate::server::ACCEPT_ERROR_PAUSE).await;
+                continue;
+            }
         };
         let Ok(place) = open.clone().try_acquire_owned() else {
             metrics.http_refused.fetch_add(1, Ordering::Relaxed);

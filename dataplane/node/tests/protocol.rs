@@ -589,9 +589,10 @@ async fn a_cluster_client_refused_for_want_of_a_place_connects_once_one_frees() 
 }
 
 /// A shard that cannot accept — the process is out of file descriptors — pauses between tries
-/// (`ACCEPT_ERROR_PAUSE`, 50 ms) instead of retrying at once: while connections wait in the
-/// backlog it logs the failure about twenty times a second, not thousands, and once descriptors
-/// are there again it serves the next connection. The daemon starts with its usual limit and
+/// (`ACCEPT_ERROR_PAUSE`, 50 ms) instead of retrying at once, and so does the HTTP port's loop
+/// (on the control plane's thread, beside the pipelines): while connections wait in the
+/// backlog each logs the failure about twenty times a second, not thousands (nor, as the HTTP
+/// loop did, spins without a word), and once descriptors are there again both serve. The daemon starts with its usual limit and
 /// serves a task (so every connection it opens at start is open); the test then lowers the
 /// soft limit (`prlimit`, util-linux) to three above what it has open, and puts it back after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -637,32 +638,52 @@ async fn a_node_out_of_file_descriptors_pauses_its_accepts_and_serves_once_some_
     for _ in 0..16 {
         waiting.push(TcpStream::connect(daemon.addr).await.unwrap());
     }
+    // As many to the HTTP port as there are descriptors left, so that one waits there too
+    // whichever loop takes the last ones.
+    for _ in 0..4 {
+        waiting.push(TcpStream::connect(daemon.http).await.unwrap());
+    }
+    // Failed accepts logged so far: the client port's, the HTTP port's.
     let failures = || {
-        daemon
-            .log_tail(usize::MAX)
-            .lines()
-            .filter(|l| l.contains("accept: "))
-            .count()
+        let log = daemon.log_tail(usize::MAX);
+        let http = log.lines().filter(|l| l.contains("http accept: ")).count();
+        let client = log.lines().filter(|l| l.contains(" accept: ")).count() - http;
+        (client, http)
     };
-    let first = common::poll_until(Duration::from_secs(5), async || failures(), |n| *n > 0).await;
+    let first = common::poll_until(
+        Duration::from_secs(5),
+        async || failures(),
+        |&(client, http)| client > 0 && http > 0,
+    )
+    .await;
     assert!(
-        first > 0,
-        "no failed accept logged: {}",
+        first.0 > 0 && first.1 > 0,
+        "failed accepts logged (client port, HTTP port): {first:?}: {}",
         daemon.log_tail(20)
     );
-    // A window shorter than the Hello timeout of the connections taken (10 s), so nothing
-    // frees a descriptor inside it.
+    // A window shorter than the Hello timeout of the connections taken (10 s) and than the
+    // HTTP port's 5 s for a request, so nothing frees a descriptor inside it.
     let window = Duration::from_secs(1);
     tokio::time::sleep(window).await;
-    let during = failures() - first;
-    assert!(
-        (1..=40).contains(&during),
-        "{during} failed accepts logged in {window:?} (one per 50 ms pause expected): {}",
-        daemon.log_tail(5)
-    );
+    let now = failures();
+    for (port, during) in [("client", now.0 - first.0), ("HTTP", now.1 - first.1)] {
+        assert!(
+            (1..=40).contains(&during),
+            "{during} failed accepts on the {port} port logged in {window:?} (one per 50 ms \
+             pause expected): {}",
+            daemon.log_tail(5)
+        );
+    }
     // Descriptors there again, the node takes connections again.
     drop(waiting);
     set_limit(usual[0], usual[1]);
+    let (head, _) = tokio::time::timeout(
+        Duration::from_secs(30),
+        common::http_get(daemon.http, "/livez"),
+    )
+    .await
+    .expect("the HTTP port serves once descriptors are there");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     let client = tokio::time::timeout(
         Duration::from_secs(30),
         Client::connect(daemon.addr, TenantId(1), "one"),
