@@ -592,9 +592,10 @@ async fn a_cluster_client_refused_for_want_of_a_place_connects_once_one_frees() 
 /// (`ACCEPT_ERROR_PAUSE`, 50 ms) instead of retrying at once, and so does the HTTP port's loop
 /// (on the control plane's thread, beside the pipelines): while connections wait in the
 /// backlog each logs the failure about twenty times a second, not thousands (nor, as the HTTP
-/// loop did, spins without a word), and once descriptors are there again both serve. The daemon starts with its usual limit and
-/// serves a task (so every connection it opens at start is open); the test then lowers the
-/// soft limit (`prlimit`, util-linux) to three above what it has open, and puts it back after.
+/// loop did, spins without a word), and once descriptors are there again both serve. The
+/// daemon starts with its usual limit and serves a task (so every connection it opens at start
+/// is open); the test then lowers the soft limit (`prlimit`, util-linux) to three above what
+/// it has open, and puts it back after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_out_of_file_descriptors_pauses_its_accepts_and_serves_once_some_are_free() {
     let test = TestDb::new().await;
