@@ -5,6 +5,7 @@
 mod connects;
 mod harness;
 mod pacer;
+mod plot;
 mod report;
 mod run;
 mod scrape;

@@ -7,6 +7,7 @@ use std::path::Path;
 use hdrhistogram::Histogram;
 use serde_json::json;
 
+use crate::plot::{Area, Series, Svg};
 use crate::run::Outcome;
 
 fn percentiles(h: &Histogram<u64>) -> serde_json::Value {
@@ -65,8 +66,12 @@ pub fn json(o: &Outcome, offered_per_s: f64) -> serde_json::Value {
             "served_share": if completed == 0 { 0.0 } else { t.completed as f64 / completed as f64 },
             "completion_ratio": if t.accepted == 0 { 0.0 } else { t.completed as f64 / t.accepted as f64 },
         })).collect::<Vec<_>>(),
-        "timeline": o.timeline.iter().enumerate().map(|(s, (acked, done, p99))| json!({
-            "second": s, "acked": acked, "completed": done, "ack_p99_us": p99,
+        "timeline": o.timeline.iter().enumerate().map(|(s, t)| json!({
+            "second": s,
+            "acked": t.acked,
+            "completed": t.completed,
+            "ack_p50_us": t.ack_p50_us,
+            "ack_p99_us": t.ack_p99_us,
         })).collect::<Vec<_>>(),
     })
 }
@@ -154,111 +159,169 @@ pub fn text(report: &serde_json::Value) -> String {
     out
 }
 
-const W: f64 = 720.0;
-const H: f64 = 320.0;
-const PAD: f64 = 48.0;
+const WIDTH: f64 = 860.0;
+/// Left of a panel: room for the tick labels.
+const LEFT: f64 = 64.0;
+const RIGHT: f64 = 24.0;
+/// A panel's plotting height, and the room above it (title, legend) and below it (the x axis).
+const PANEL: f64 = 200.0;
+const ABOVE: f64 = 44.0;
+const BELOW: f64 = 44.0;
+/// The tenants drawn one by one; past it the rest are folded into one group.
+const TENANT_BARS_MAX: usize = 24;
 
-fn polyline(points: &[(f64, f64)], color: &str) -> String {
-    let pts: Vec<String> = points
-        .iter()
-        .map(|(x, y)| format!("{x:.1},{y:.1}"))
-        .collect();
-    format!(
-        r#"<polyline fill="none" stroke="{color}" stroke-width="2" points="{}"/>"#,
-        pts.join(" ")
-    )
+/// Where panel `i` (from the top) plots.
+fn panel(i: usize) -> Area {
+    Area {
+        left: LEFT,
+        top: 8.0 + ABOVE + (ABOVE + PANEL + BELOW) * i as f64,
+        width: WIDTH - LEFT - RIGHT,
+        height: PANEL,
+    }
 }
 
-/// Accepted and completed tasks per second (left axis) and the second's ack p99 (right axis).
+fn panels_height(n: usize) -> f64 {
+    8.0 + (ABOVE + PANEL + BELOW) * n as f64
+}
+
+/// Over the run's seconds: tasks acknowledged and completed per second, and the ack latency's
+/// p50 and p99 of each second's frames; a dashed line where the sending stopped.
 pub fn timeline_svg(report: &serde_json::Value) -> String {
     let rows = report["timeline"].as_array().cloned().unwrap_or_default();
-    let n = rows.len().max(2) as f64;
-    let max_rate = rows
-        .iter()
-        .flat_map(|r| {
-            [
-                r["acked"].as_f64().unwrap_or(0.0),
-                r["completed"].as_f64().unwrap_or(0.0),
-            ]
-        })
-        .fold(1.0, f64::max);
-    let max_p99 = rows
-        .iter()
-        .map(|r| r["ack_p99_us"].as_f64().unwrap_or(0.0))
-        .fold(1.0, f64::max);
-    let x = |i: usize| PAD + (W - 2.0 * PAD) * i as f64 / (n - 1.0);
-    let y = |v: f64, max: f64| H - PAD - (H - 2.0 * PAD) * v / max;
-    let series = |key: &str, max: f64| -> Vec<(f64, f64)> {
+    let column = |key: &str, scale: f64| -> Vec<f64> {
         rows.iter()
-            .enumerate()
-            .map(|(i, r)| (x(i), y(r[key].as_f64().unwrap_or(0.0), max)))
+            .map(|r| r[key].as_f64().unwrap_or(0.0) * scale)
             .collect()
     };
-    format!(
-        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">
-<rect width="100%" height="100%" fill="white"/>
-<line x1="{PAD}" y1="{b}" x2="{r}" y2="{b}" stroke="#888"/><line x1="{PAD}" y1="{PAD}" x2="{PAD}" y2="{b}" stroke="#888"/>
-<text x="{PAD}" y="20">tasks/s (max {max_rate:.0}): accepted (blue), completed (green); ack p99 (red, max {max_p99:.0} µs); x = seconds</text>
-{}
-{}
-{}
-</svg>
-"##,
-        polyline(&series("acked", max_rate), "#1f77b4"),
-        polyline(&series("completed", max_rate), "#2ca02c"),
-        polyline(&series("ack_p99_us", max_p99), "#d62728"),
-        b = H - PAD,
-        r = W - PAD,
-    )
+    // A second with no answer has no latency: a gap in its lines.
+    let latency = |key: &str| -> Vec<f64> {
+        rows.iter()
+            .map(|r| match r["acked"].as_u64() {
+                Some(n) if n > 0 => r[key].as_f64().unwrap_or(0.0) / 1e3,
+                _ => f64::NAN,
+            })
+            .collect()
+    };
+    let sent = report["send_window_s"].as_f64();
+    let mark = sent.map(|s| (s, "sending stops"));
+    let mut svg = Svg::new(WIDTH, panels_height(2));
+    svg.lines(
+        panel(0),
+        "Throughput",
+        "tasks/s",
+        &[
+            Series {
+                name: "acknowledged",
+                color: "#1f77b4",
+                values: column("acked", 1.0),
+            },
+            Series {
+                name: "completed",
+                color: "#2ca02c",
+                values: column("completed", 1.0),
+            },
+        ],
+        mark,
+    );
+    svg.lines(
+        panel(1),
+        "Acknowledgement latency from the intended send time, each second's frames",
+        "ms",
+        &[
+            Series {
+                name: "p50",
+                color: "#ff7f0e",
+                values: latency("ack_p50_us"),
+            },
+            Series {
+                name: "p99",
+                color: "#d62728",
+                values: latency("ack_p99_us"),
+            },
+        ],
+        mark,
+    );
+    svg.finish()
 }
 
-/// Each tenant's share of completed work, with its share of accepted work beside it.
-pub fn tenants_svg(report: &serde_json::Value) -> String {
-    let tenants = report["tenants"].as_array().cloned().unwrap_or_default();
-    let accepted_total: f64 = tenants
-        .iter()
-        .map(|t| t["accepted"].as_f64().unwrap_or(0.0))
-        .sum::<f64>()
-        .max(1.0);
-    let n = tenants.len().max(1) as f64;
-    let bw = (W - 2.0 * PAD) / n;
-    let mut bars = String::new();
-    for (i, t) in tenants.iter().enumerate() {
-        let served = t["served_share"].as_f64().unwrap_or(0.0);
-        let demand = t["accepted"].as_f64().unwrap_or(0.0) / accepted_total;
-        let x0 = PAD + bw * i as f64;
-        for (j, (v, color)) in [(demand, "#bbbbbb"), (served, "#1f77b4")]
-            .into_iter()
-            .enumerate()
-        {
-            let h = (H - 2.0 * PAD) * v;
-            write!(
-                bars,
-                r#"<rect x="{:.1}" y="{:.1}" width="{:.1}" height="{:.1}" fill="{color}"/>"#,
-                x0 + j as f64 * bw * 0.4 + bw * 0.1,
-                H - PAD - h,
-                bw * 0.35,
-                h
-            )
-            .expect("write to string");
-        }
-        write!(
-            bars,
-            r#"<text x="{:.1}" y="{:.1}">t{}</text>"#,
-            x0 + bw * 0.3,
-            H - PAD + 16.0,
-            t["tenant"]
-        )
-        .expect("write to string");
+/// One bar group of the tenants' chart: a tenant, or the ones folded together.
+#[derive(Debug, Clone, PartialEq)]
+struct TenantBar {
+    name: String,
+    accepted: f64,
+    completed: f64,
+}
+
+/// The tenants as drawn: each of them while they fit, else the [`TENANT_BARS_MAX`] − 1 with the
+/// most accepted work and the others summed into one group.
+fn tenant_bars(report: &serde_json::Value) -> Vec<TenantBar> {
+    let mut bars: Vec<TenantBar> = report["tenants"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|t| TenantBar {
+            name: format!("t{}", t["tenant"]),
+            accepted: t["accepted"].as_f64().unwrap_or(0.0),
+            completed: t["completed"].as_f64().unwrap_or(0.0),
+        })
+        .collect();
+    if bars.len() > TENANT_BARS_MAX {
+        bars.sort_by(|a, b| b.accepted.total_cmp(&a.accepted));
+        let rest = bars.split_off(TENANT_BARS_MAX - 1);
+        bars.push(TenantBar {
+            name: format!("{} others", rest.len()),
+            accepted: rest.iter().map(|t| t.accepted).sum(),
+            completed: rest.iter().map(|t| t.completed).sum(),
+        });
     }
-    format!(
-        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">
-<rect width="100%" height="100%" fill="white"/>
-<text x="{PAD}" y="20">per tenant: share of accepted work (grey) and of completed work (blue)</text>
-{bars}
-</svg>
-"##
-    )
+    bars
+}
+
+/// Per tenant: its share of the accepted and of the completed work (the served share), and
+/// how much of what it had accepted completed — where a noisy neighbour shows.
+pub fn tenants_svg(report: &serde_json::Value) -> String {
+    let bars = tenant_bars(report);
+    let names: Vec<String> = bars.iter().map(|b| b.name.clone()).collect();
+    let share = |v: f64, total: f64| if total > 0.0 { 100.0 * v / total } else { 0.0 };
+    let accepted: f64 = bars.iter().map(|b| b.accepted).sum();
+    let completed: f64 = bars.iter().map(|b| b.completed).sum();
+    let percent = |v: f64| format!("{v:.1}");
+    let mut svg = Svg::new(WIDTH, panels_height(2));
+    svg.bars(
+        panel(0),
+        "Share of the work, per tenant",
+        "%",
+        &names,
+        &[
+            Series {
+                name: "of accepted",
+                color: "#bbbbbb",
+                values: bars.iter().map(|b| share(b.accepted, accepted)).collect(),
+            },
+            Series {
+                name: "of completed (served share)",
+                color: "#1f77b4",
+                values: bars.iter().map(|b| share(b.completed, completed)).collect(),
+            },
+        ],
+        percent,
+    );
+    svg.bars(
+        panel(1),
+        "Completed of accepted, per tenant",
+        "%",
+        &names,
+        &[Series {
+            name: "completed",
+            color: "#2ca02c",
+            values: bars
+                .iter()
+                .map(|b| share(b.completed, b.accepted))
+                .collect(),
+        }],
+        percent,
+    );
+    svg.finish()
 }
 
 pub fn write_all(report: &serde_json::Value, dir: &Path) -> anyhow::Result<()> {
@@ -270,4 +333,103 @@ pub fn write_all(report: &serde_json::Value, dir: &Path) -> anyhow::Result<()> {
     std::fs::write(dir.join("timeline.svg"), timeline_svg(report))?;
     std::fs::write(dir.join("tenants.svg"), tenants_svg(report))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tenants(accepted: &[u64]) -> serde_json::Value {
+        let rows: Vec<_> = accepted
+            .iter()
+            .enumerate()
+            .map(|(i, &a)| json!({"tenant": i + 1, "accepted": a, "completed": a / 2}))
+            .collect();
+        json!({ "tenants": rows })
+    }
+
+    /// The `y` of every point of the polylines, and the plotting areas' bottoms and tops.
+    fn polyline_ys(svg: &str) -> Vec<f64> {
+        let doc = roxmltree::Document::parse(svg).expect("well-formed SVG");
+        doc.descendants()
+            .filter(|n| n.has_tag_name("polyline"))
+            .flat_map(|n| {
+                n.attribute("points")
+                    .unwrap()
+                    .split(' ')
+                    .map(|p| p.split(',').nth(1).unwrap().parse::<f64>().unwrap())
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_timeline_plots_every_second_inside_its_panels_with_the_sending_marked() {
+        let mut seconds: Vec<_> = (0..12)
+            .map(|s| {
+                json!({"second": s, "acked": 1000 * s, "completed": 900 * s,
+                       "ack_p50_us": 2_000, "ack_p99_us": 9_000 + 1_000 * s})
+            })
+            .collect();
+        // The drain: completions, no answers, so no latency to draw.
+        seconds.push(json!({"second": 12, "acked": 0, "completed": 50,
+                            "ack_p50_us": 0, "ack_p99_us": 0}));
+        let svg = timeline_svg(&json!({"send_window_s": 10.0, "timeline": seconds}));
+        let ys = polyline_ys(&svg);
+        // Two lines of thirteen points (throughput), and two of eleven: the latencies of
+        // seconds 1 to 11, the first and the drain's having had no answer.
+        assert_eq!(ys.len(), 2 * 13 + 2 * 11);
+        let (top0, bottom0) = (panel(0).top, panel(0).top + PANEL);
+        let (top1, bottom1) = (panel(1).top, panel(1).top + PANEL);
+        assert!(
+            ys[..26].iter().all(|y| (top0..=bottom0).contains(y)),
+            "{ys:?}"
+        );
+        assert!(
+            ys[26..].iter().all(|y| (top1..=bottom1).contains(y)),
+            "{ys:?}"
+        );
+        // The highest value (11,000 tasks/s; an axis to 12k) reaches near the top.
+        assert!(ys[11] < top0 + PANEL * 0.1, "{}", ys[11]);
+        // The axes say their units and round ticks; the sending's end is marked.
+        for label in [
+            "tasks/s",
+            "ms",
+            "12k",
+            "20",
+            "sending stops",
+            "seconds since the start",
+        ] {
+            assert!(svg.contains(&format!(">{label}</text>")), "{label}: {svg}");
+        }
+    }
+
+    #[test]
+    fn tenants_past_the_bars_drawn_are_folded_into_one_group_after_the_largest() {
+        let few = tenant_bars(&tenants(&[5, 1, 3]));
+        assert_eq!(
+            few.iter().map(|b| b.name.as_str()).collect::<Vec<_>>(),
+            ["t1", "t2", "t3"],
+            "in the report's order while they fit"
+        );
+        let many: Vec<u64> = (1..=30).collect();
+        let bars = tenant_bars(&tenants(&many));
+        assert_eq!(bars.len(), TENANT_BARS_MAX);
+        assert_eq!(bars[0].name, "t30");
+        assert_eq!(bars[22].name, "t8");
+        let others = &bars[23];
+        assert_eq!(others.name, "7 others");
+        assert_eq!(others.accepted, (1..=7).sum::<u64>() as f64);
+        assert_eq!(others.completed, (1..=7).map(|a| a / 2).sum::<u64>() as f64);
+        let svg = tenants_svg(&tenants(&many));
+        roxmltree::Document::parse(&svg).expect("well-formed SVG");
+        assert!(svg.contains(">7 others</text>"), "{svg}");
+    }
+
+    #[test]
+    fn an_empty_report_still_draws_both_plots() {
+        for svg in [timeline_svg(&json!({})), tenants_svg(&json!({}))] {
+            roxmltree::Document::parse(&svg).expect("well-formed SVG");
+        }
+    }
 }

@@ -52,8 +52,8 @@ pub struct Outcome {
     /// error; included in the acknowledgement latency).
     pub send_late_us: Histogram<u64>,
     pub per_tenant: Vec<TenantOutcome>,
-    /// Per second since start: acks, completions, the second's ack p99 (µs).
-    pub timeline: Vec<(u64, u64, u64)>,
+    /// Per second since start.
+    pub timeline: Vec<Second>,
     pub completed_within: Duration,
     /// Accepted tasks still unfinished when the drain window closed.
     pub unfinished: u64,
@@ -82,18 +82,62 @@ pub struct TenantOutcome {
     pub completed: u64,
 }
 
+/// One second of the run, counted from its start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Second {
+    /// Tasks acknowledged whose frame was due in this second.
+    pub acked: u64,
+    /// Tasks that completed in this second.
+    pub completed: u64,
+    pub ack_p50_us: u64,
+    pub ack_p99_us: u64,
+}
+
 #[derive(Default)]
 struct Shared {
     ack_us: Option<Histogram<u64>>,
     reject_us: Option<Histogram<u64>>,
     send_late_us: Option<Histogram<u64>>,
-    /// (second, ack latency µs) of every answer, for the timeline.
-    acks: Vec<(u64, u64)>,
+    /// The acknowledgement latencies of each second's frames (by their intended send time),
+    /// for the timeline: one small histogram a second, not a row per answer.
+    ack_seconds: Vec<Histogram<u64>>,
     accepted: Vec<(u32, TaskId)>,
 }
 
 fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 120_000_000, 3).expect("valid bounds")
+}
+
+/// A second's latencies: two significant figures (1 %) are plenty for a plotted line, and
+/// keep each second's histogram ~21 kB however many answers it holds.
+fn second_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 120_000_000, 2).expect("valid bounds")
+}
+
+/// Adds `n` at index `second` of a per-second count, growing it to reach there.
+fn count_at(counts: &mut Vec<u64>, second: u64, n: u64) {
+    let i = second as usize;
+    if counts.len() <= i {
+        counts.resize(i + 1, 0);
+    }
+    counts[i] += n;
+}
+
+/// The timeline: each second's acknowledgements (their count and latencies) and completions,
+/// from the start to the last second either has.
+fn timeline(acks: &[Histogram<u64>], completions: &[u64]) -> Vec<Second> {
+    let seconds = acks.len().max(completions.len());
+    (0..seconds)
+        .map(|i| {
+            let h = acks.get(i).filter(|h| !h.is_empty());
+            Second {
+                acked: h.map_or(0, |h| h.len()),
+                completed: completions.get(i).copied().unwrap_or(0),
+                ack_p50_us: h.map_or(0, |h| h.value_at_quantile(0.50)),
+                ack_p99_us: h.map_or(0, |h| h.value_at_quantile(0.99)),
+            }
+        })
+        .collect()
 }
 
 pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
@@ -189,19 +233,7 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
     }
     let unfinished = pending.len() as u64;
     let mut s = shared.lock().expect("shared");
-    let seconds = start.elapsed().as_secs() + 1;
-    let mut timeline = Vec::new();
-    for sec in 0..seconds {
-        let mut h = histogram();
-        let mut acked = 0;
-        for &(at, us) in s.acks.iter().filter(|(at, _)| *at == sec) {
-            let _ = at;
-            acked += 1;
-            h.saturating_record(us);
-        }
-        let done = completions.iter().filter(|&&c| c == sec).count() as u64;
-        timeline.push((acked, done, h.value_at_quantile(0.99)));
-    }
+    let timeline = timeline(&s.ack_seconds, &completions);
     Ok(Outcome {
         elapsed_send,
         ack_us: s.ack_us.take().expect("histogram"),
@@ -215,7 +247,7 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
     })
 }
 
-/// Completion seconds (since start), completions per tenant, and what had not ended.
+/// Completions in each second since start, completions per tenant, and what had not ended.
 type Drained = (Vec<u64>, HashMap<u32, u64>, Vec<(u32, TaskId)>);
 
 /// Asks for every pending task, every 50 ms, until each has ended or the window closes.
@@ -241,7 +273,7 @@ async fn poll_until_done(
             let (tenant, task, status) = g.await?;
             match status {
                 Ok(s) if s.state == TaskState::Succeeded => {
-                    completions.push(start.elapsed().as_secs());
+                    count_at(&mut completions, start.elapsed().as_secs(), 1);
                     *by_tenant.entry(tenant).or_default() += 1;
                 }
                 Ok(s) if s.state.is_terminal() => {}
@@ -327,7 +359,7 @@ impl Counter {
         self.last.load(std::sync::atomic::Ordering::Relaxed) - self.base
     }
 
-    /// Stops sampling; one completion second (since `start`) per committed success.
+    /// Stops sampling; the committed successes in each second since `start`.
     async fn stop(self, start: Instant) -> Vec<u64> {
         let _ = self.stop.send(());
         let samples = self.sampler.await.unwrap_or_default();
@@ -335,10 +367,7 @@ impl Counter {
         let mut before = self.base;
         for (at, v) in samples {
             let second = at.duration_since(start).as_secs();
-            completions.extend(std::iter::repeat_n(
-                second,
-                v.saturating_sub(before) as usize,
-            ));
+            count_at(&mut completions, second, v.saturating_sub(before));
             before = before.max(v);
         }
         completions
@@ -453,7 +482,11 @@ async fn tenant_loop(
                         if a.decision.is_accepted() && !a.replay {
                             o.accepted += 1;
                             s.ack_us.as_mut().expect("histogram").saturating_record(us);
-                            s.acks.push((sec, us));
+                            let second = sec as usize;
+                            if s.ack_seconds.len() <= second {
+                                s.ack_seconds.resize_with(second + 1, second_histogram);
+                            }
+                            s.ack_seconds[second].saturating_record(us);
                             s.accepted.push((o.tenant, a.task));
                         } else if a.replay {
                             *o.rejected.entry("REPLAY".to_string()).or_default() += 1;
@@ -498,6 +531,38 @@ mod tests {
         assert_eq!(
             quarters,
             [0, 250, 500, 750].map(Duration::from_micros).to_vec()
+        );
+    }
+
+    /// Each second's answers give its count and percentiles; a second with completions but
+    /// no answer (the drain) is there with zeros for the answers; counts grow to any second.
+    #[test]
+    fn the_timeline_has_each_second_of_answers_and_of_completions() {
+        let mut acks = vec![second_histogram(), second_histogram()];
+        for us in 1..=100 {
+            acks[0].saturating_record(us * 100);
+        }
+        acks[1].saturating_record(7_000);
+        let mut completions = Vec::new();
+        count_at(&mut completions, 3, 5);
+        count_at(&mut completions, 0, 2);
+        count_at(&mut completions, 3, 1);
+        assert_eq!(completions, [2, 0, 0, 6]);
+        let t = timeline(&acks, &completions);
+        assert_eq!(t.len(), 4);
+        assert_eq!((t[0].acked, t[0].completed), (100, 2));
+        // Two significant figures: within 1 %.
+        assert!((4_950..=5_050).contains(&t[0].ack_p50_us), "{:?}", t[0]);
+        assert!((9_800..=10_000).contains(&t[0].ack_p99_us), "{:?}", t[0]);
+        assert_eq!((t[1].acked, t[1].completed), (1, 0));
+        assert_eq!(
+            t[3],
+            Second {
+                acked: 0,
+                completed: 6,
+                ack_p50_us: 0,
+                ack_p99_us: 0
+            }
         );
     }
 
