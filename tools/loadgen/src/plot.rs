@@ -99,6 +99,15 @@ impl Area {
     }
 }
 
+/// A dashed line across a line chart, with its label.
+#[derive(Debug, Clone, Copy)]
+pub enum Mark<'a> {
+    /// Upright, at a second (e.g. where the sending stopped).
+    At(f64, &'a str),
+    /// Level, at a value (e.g. a limit); the axis holds it.
+    Level(f64, &'a str),
+}
+
 /// One named series and its colour. In a line, a value that is not a number (NaN) is a gap:
 /// nothing is drawn there, rather than a value the series did not have.
 pub struct Series<'a> {
@@ -173,19 +182,24 @@ impl Svg {
         axis
     }
 
-    /// Lines over seconds `0..n` (the longest series): the x axis ticked in round seconds, and
-    /// a dashed mark with its label at `mark` (e.g. where the sending stopped).
+    /// Lines over seconds `0..n` (the longest series), the x axis ticked in round seconds, and
+    /// the `marks` dashed across them.
     pub fn lines(
         &mut self,
         area: Area,
         title: &str,
         unit: &str,
         series: &[Series],
-        mark: Option<(f64, &str)>,
+        marks: &[Mark],
     ) {
+        let levels = marks.iter().filter_map(|m| match m {
+            Mark::Level(v, _) => Some(*v),
+            Mark::At(..) => None,
+        });
         let max = series
             .iter()
             .flat_map(|s| s.values.iter().copied())
+            .chain(levels)
             .filter(|v| v.is_finite())
             .fold(0.0, f64::max);
         let axis = self.frame(area, title, unit, max, series);
@@ -214,10 +228,20 @@ impl Svg {
             11.0,
             "seconds since the start",
         );
-        if let Some((at, label)) = mark.filter(|(at, _)| (0.0..=span).contains(at)) {
-            let style = r##"stroke="#888" stroke-dasharray="4 3""##;
-            self.line((x(at), area.top), (x(at), area.bottom()), style);
-            self.text(x(at) + 4.0, area.top + 12.0, "start", 11.0, label);
+        let dashed = r##"stroke="#888" stroke-dasharray="4 3""##;
+        for mark in marks {
+            match *mark {
+                Mark::At(at, label) if (0.0..=span).contains(&at) => {
+                    self.line((x(at), area.top), (x(at), area.bottom()), dashed);
+                    self.text(x(at) + 4.0, area.top + 12.0, "start", 11.0, label);
+                }
+                Mark::At(..) => {}
+                Mark::Level(v, label) => {
+                    let y = area.y(v, axis);
+                    self.line((area.left, y), (area.right(), y), dashed);
+                    self.text(area.right(), y - 4.0, "end", 11.0, label);
+                }
+            }
         }
         for s in series {
             let points: Vec<Option<String>> = s

@@ -7,7 +7,7 @@ use std::path::Path;
 use hdrhistogram::Histogram;
 use serde_json::json;
 
-use crate::plot::{Area, Series, Svg};
+use crate::plot::{Area, Mark, Series, Svg};
 use crate::run::Outcome;
 
 fn percentiles(h: &Histogram<u64>) -> serde_json::Value {
@@ -159,7 +159,7 @@ pub fn text(report: &serde_json::Value) -> String {
     out
 }
 
-const WIDTH: f64 = 860.0;
+pub(crate) const WIDTH: f64 = 860.0;
 /// Left of a panel: room for the tick labels.
 const LEFT: f64 = 64.0;
 const RIGHT: f64 = 24.0;
@@ -171,7 +171,7 @@ const BELOW: f64 = 44.0;
 const TENANT_BARS_MAX: usize = 24;
 
 /// Where panel `i` (from the top) plots.
-fn panel(i: usize) -> Area {
+pub(crate) fn panel(i: usize) -> Area {
     Area {
         left: LEFT,
         top: 8.0 + ABOVE + (ABOVE + PANEL + BELOW) * i as f64,
@@ -180,7 +180,7 @@ fn panel(i: usize) -> Area {
     }
 }
 
-fn panels_height(n: usize) -> f64 {
+pub(crate) fn panels_height(n: usize) -> f64 {
     8.0 + (ABOVE + PANEL + BELOW) * n as f64
 }
 
@@ -202,8 +202,11 @@ pub fn timeline_svg(report: &serde_json::Value) -> String {
             })
             .collect()
     };
-    let sent = report["send_window_s"].as_f64();
-    let mark = sent.map(|s| (s, "sending stops"));
+    let marks: Vec<Mark> = report["send_window_s"]
+        .as_f64()
+        .map(|s| Mark::At(s, "sending stops"))
+        .into_iter()
+        .collect();
     let mut svg = Svg::new(WIDTH, panels_height(2));
     svg.lines(
         panel(0),
@@ -221,7 +224,7 @@ pub fn timeline_svg(report: &serde_json::Value) -> String {
                 values: column("completed", 1.0),
             },
         ],
-        mark,
+        &marks,
     );
     svg.lines(
         panel(1),
@@ -239,7 +242,7 @@ pub fn timeline_svg(report: &serde_json::Value) -> String {
                 values: latency("ack_p99_us"),
             },
         ],
-        mark,
+        &marks,
     );
     svg.finish()
 }

@@ -158,49 +158,62 @@ credential = "storm"
     Ok(())
 }
 
+/// Accepted and 429 answers per second through the storm, against the real limit.
 fn svg(curve: &[Second], real: u64) -> String {
-    let (w, h, pad) = (720.0, 320.0, 48.0);
-    let n = curve.len().max(2) as f64;
-    let max = curve
-        .iter()
-        .map(|s| s.accepted.max(s.rate_limited))
-        .max()
-        .unwrap_or(1)
-        .max(real * 2) as f64;
-    let x = |i: f64| pad + (w - 2.0 * pad) * i / (n - 1.0);
-    let y = |v: f64| h - pad - (h - 2.0 * pad) * v / max;
-    let line = |f: &dyn Fn(&Second) -> u64, color: &str| {
-        let pts: Vec<String> = curve
-            .iter()
-            .enumerate()
-            .map(|(i, s)| format!("{:.1},{:.1}", x(i as f64), y(f(s) as f64)))
-            .collect();
-        format!(
-            r#"<polyline fill="none" stroke="{color}" stroke-width="2" points="{}"/>"#,
-            pts.join(" ")
-        )
+    use crate::plot::{Mark, Series, Svg};
+    use crate::report::{panel, panels_height, WIDTH};
+    // Each second holds what the provider saw in the second before it: nothing at the start.
+    let column = |f: fn(&Second) -> u64| -> Vec<f64> {
+        std::iter::once(0.0)
+            .chain(curve.iter().map(|s| f(s) as f64))
+            .collect()
     };
-    format!(
-        r##"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">
-<rect width="100%" height="100%" fill="white"/>
-<line x1="{pad}" y1="{ry:.1}" x2="{rx:.1}" y2="{ry:.1}" stroke="#999" stroke-dasharray="4 4"/>
-<text x="{rx:.1}" y="{ryt:.1}" text-anchor="end" fill="#666">real limit {real}/s</text>
-{acc}
-{rl}
-<text x="{pad}" y="20">accepted/s (blue) and 429 answers/s (red) during a 429 storm, per second</text>
-<line x1="{pad}" y1="{base:.1}" x2="{rx:.1}" y2="{base:.1}" stroke="black"/>
-<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{base:.1}" stroke="black"/>
-<text x="{pad}" y="{lbl:.1}">0 s</text><text x="{rx:.1}" y="{lbl:.1}" text-anchor="end">{secs} s</text>
-<text x="4" y="{topy:.1}">{max:.0}/s</text>
-</svg>"##,
-        ry = y(real as f64),
-        rx = w - pad,
-        ryt = y(real as f64) - 4.0,
-        acc = line(&|s| s.accepted, "#1f77b4"),
-        rl = line(&|s| s.rate_limited, "#d62728"),
-        base = h - pad,
-        lbl = h - pad + 16.0,
-        secs = curve.len(),
-        topy = pad + 4.0,
-    )
+    let limit = format!("real limit {real}/s");
+    let mut svg = Svg::new(WIDTH, panels_height(1));
+    svg.lines(
+        panel(0),
+        "The mock provider's answers during a 429 storm",
+        "per s",
+        &[
+            Series {
+                name: "accepted",
+                color: "#1f77b4",
+                values: column(|s| s.accepted),
+            },
+            Series {
+                name: "429",
+                color: "#d62728",
+                values: column(|s| s.rate_limited),
+            },
+        ],
+        &[Mark::Level(real as f64, &limit)],
+    );
+    svg.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_storm_plot_draws_both_answers_against_the_limit() {
+        let curve: Vec<Second> = (1..=3)
+            .map(|second| Second {
+                second,
+                accepted: 18 + second,
+                rate_limited: 3 - second,
+                violations: 0,
+            })
+            .collect();
+        let svg = svg(&curve, 20);
+        let doc = roxmltree::Document::parse(&svg).expect("well-formed SVG");
+        let lines: Vec<usize> = doc
+            .descendants()
+            .filter(|n| n.has_tag_name("polyline"))
+            .map(|n| n.attribute("points").unwrap().split(' ').count())
+            .collect();
+        // Both series, each from a zero at the start through the three seconds.
+        assert_eq!(lines, [4, 4]);
+        assert!(svg.contains(">real limit 20/s</text>"), "{svg}");
+    }
 }
