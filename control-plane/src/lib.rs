@@ -25,6 +25,7 @@ pub mod retention;
 pub mod submit;
 pub mod testing;
 pub mod types;
+pub mod warm;
 
 pub use claim::{ClaimRefusal, ClaimRequest, ClaimResult, Demand};
 pub use db::{Db, DbConfig};
@@ -35,6 +36,7 @@ pub use requeue::RequeueOutcome;
 pub use retention::{Pruned, Retention};
 pub use submit::{NewTask, SubmitOutcome};
 pub use types::{PartitionId, PoolShard};
+pub use warm::{WarmUp, Warmed};
 
 /// FNV-1a, 64 bits: a hash that is the same across builds, platforms and processes (migration
 /// checksums; which pool rows a node's shards ask for first).

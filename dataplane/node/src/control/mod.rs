@@ -225,14 +225,28 @@ pub async fn start(
     for (l, part) in split.shared.iter().zip(parts) {
         ownership.set_share(l.place, part);
     }
+    // What the pipelines' connections run before they serve: a partition this node holds and
+    // its first provider account (without either there is no hot path to warm).
+    let warm = match (held.first(), policy.providers.first()) {
+        (Some(&partition), Some(provider)) => Some(Arc::new(spindle_control::WarmUp {
+            node: config.node_id.clone(),
+            lease_ms: config.lease_ms,
+            partition,
+            provider: provider.name.clone(),
+            pool: spindle_control::PoolShard::new(provider_pool(&provider.name), 0),
+            policy_version: policy.version,
+        })),
+        _ => None,
+    };
     let mut pipes = Vec::new();
     let mut id_blocks = Vec::new();
     let open_pipeline = async |submit_calls: Option<Arc<AtomicU64>>,
                                report_hold: Duration|
            -> anyhow::Result<mpsc::Sender<CpMsg>> {
         let (tx, rx) = mpsc::channel(PIPELINE_QUEUE_MAX);
+        let db = Db::open_with_backoff(db_config).await?;
         let setup = PipelineSetup {
-            db: Db::open_with_backoff(db_config).await?,
+            db: pipeline::warmed(db, db_config, warm.as_deref()).await?,
             db_config: db_config.clone(),
             node: config.node_id.clone(),
             lease_ms: config.lease_ms,
@@ -240,6 +254,7 @@ pub async fn start(
             metrics: metrics.clone(),
             submit_calls,
             report_hold,
+            warm: warm.clone(),
         };
         tokio::spawn(pipeline(setup, rx));
         Ok(tx)

@@ -4,7 +4,7 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 
 use spindle_control::query::StoredTask;
-use spindle_control::{Db, DbConfig, StoreError};
+use spindle_control::{Db, DbConfig, StoreError, WarmUp};
 use spindle_core::{TaskId, TenantId};
 use tokio::sync::{mpsc, oneshot};
 
@@ -25,6 +25,8 @@ pub struct PipelineSetup {
     pub submit_calls: Option<Arc<std::sync::atomic::AtomicU64>>,
     /// How long reports wait for a fuller call once the pipeline is free (zero: not at all).
     pub report_hold: std::time::Duration,
+    /// What a connection runs before it serves, here and after each reconnect (`warmed`).
+    pub warm: Option<Arc<WarmUp>>,
 }
 
 /// Runs one pipeline (shared by the shards of its pair) until its senders are dropped.
@@ -38,6 +40,7 @@ pub async fn pipeline(setup: PipelineSetup, mut rx: mpsc::Receiver<CpMsg>) {
         metrics,
         submit_calls,
         report_hold,
+        warm,
     } = setup;
     let mut backlog: VecDeque<CpMsg> = VecDeque::new();
     loop {
@@ -61,7 +64,11 @@ pub async fn pipeline(setup: PipelineSetup, mut rx: mpsc::Receiver<CpMsg>) {
             // PostgreSQL went away. One attempt per batch: while it is down every batch is
             // answered Unavailable at once (the shards refuse paid work as overloaded and put
             // claims back) instead of waiting here; the first batch after it returns goes on.
-            match Db::open(&db_config).await {
+            let fresh = match Db::open(&db_config).await {
+                Ok(fresh) => warmed(fresh, &db_config, warm.as_deref()).await,
+                Err(e) => Err(e),
+            };
+            match fresh {
                 Ok(fresh) => {
                     tracing::info!("reconnected to PostgreSQL");
                     db = fresh;
@@ -135,6 +142,32 @@ async fn hold_reports(
 
 /// How long a pipeline waits after a failed reconnect before it tries with the next batch.
 const RECONNECT_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// `db` once it has run the hot path (`Db::warm_up`: PostgreSQL compiles a function and plans
+/// its statements at a session's first call, 10–14 ms for the claimed submit, so a cold
+/// connection made its first frames wait that long). A warm-up that failed leaves the
+/// connection's state unknown: another is opened and serves cold.
+pub(crate) async fn warmed(
+    db: Db,
+    config: &DbConfig,
+    warm: Option<&WarmUp>,
+) -> Result<Db, StoreError> {
+    let Some(w) = warm else {
+        return Ok(db);
+    };
+    let started = std::time::Instant::now();
+    match db.warm_up(w).await {
+        Ok(done) => {
+            tracing::debug!("connection warmed up in {:?}: {done:?}", started.elapsed());
+            Ok(db)
+        }
+        Err(e) => {
+            tracing::warn!("warming a connection up: {e}; another serves cold");
+            drop(db);
+            Db::open(config).await
+        }
+    }
+}
 
 /// Answers every message of a batch that could not run with `Unavailable`.
 fn fail_group(group: Vec<CpMsg>, e: &StoreError) {
