@@ -17,7 +17,8 @@
 //! Nothing of it stays, with one exception: the fencing tokens it drew leave a gap in their
 //! sequence, and a token only needs to grow. While it runs (~20 ms) it holds the locks a claimed
 //! submit takes: one pool shard's row and the partition's lease row. Another node's claims on
-//! that shard therefore wait that long, once, when this node starts or reconnects.
+//! that shard therefore wait that long, once, when this node starts or reconnects. It waits
+//! for a lock itself no longer than `WARM_LOCK_WAIT` (200 ms), and fails past it.
 
 use spindle_core::{Band, FencingToken, Lane, PolicyVersion, TaskId, TaskState, TenantId, UserId};
 
@@ -48,6 +49,9 @@ pub struct Warmed {
     pub reports_applied: u32,
 }
 
+/// The longest a warm-up waits for a row lock (a pool shard's, a partition lease's).
+const WARM_LOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// The made-up tasks' ids: the top of the range, far above any block the id sequence hands
 /// out (and rolled back in any case).
 const TASKS: [TaskId; 2] = [TaskId(i64::MAX as u64 - 1), TaskId(i64::MAX as u64)];
@@ -59,7 +63,13 @@ impl Db {
     /// Runs the hot path once on made-up tasks and rolls it all back (see the module's text).
     /// An error leaves the connection in an unknown state: drop it and open another.
     pub async fn warm_up(&self, w: &WarmUp) -> Result<Warmed, StoreError> {
-        self.answered(false, self.client().batch_execute("BEGIN"))
+        // A lock another session holds past the bound fails the warm-up (the connection then
+        // serves cold) instead of holding back the node's start or reconnect.
+        let begin = format!(
+            "BEGIN; SET LOCAL lock_timeout = {}",
+            WARM_LOCK_WAIT.as_millis()
+        );
+        self.answered(false, self.client().batch_execute(&begin))
             .await?;
         let ran = self.hot_path(w).await;
         // Rolled back whatever happened above; a failed statement has aborted the

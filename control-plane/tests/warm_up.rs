@@ -138,3 +138,36 @@ async fn a_warm_up_whose_claims_are_refused_still_rolls_back_and_succeeds() {
     assert_eq!(footprint(&sql).await, before);
     assert_eq!(backend_state(&sql, &db).await, "idle");
 }
+
+/// A pool row another session holds: the warm-up gives up after its short lock wait (200 ms),
+/// well before the session's `lock_timeout` (5 s), so a node's start or reconnect is not held
+/// back; it fails (the node then serves from a fresh connection, cold) and leaves nothing.
+#[tokio::test]
+async fn a_warm_up_that_meets_a_held_lock_gives_up_soon() {
+    let (test, db) = setup().await;
+    db.set_pool("provider:acme", 5, 1).await.unwrap();
+    let sql = test.sql().await.unwrap();
+    let before = footprint(&sql).await;
+    let mut holder = test.sql().await.unwrap();
+    let tx = holder.transaction().await.unwrap();
+    tx.execute(
+        "SELECT 1 FROM resource_pool_shard WHERE pool_key = 'provider:acme' FOR UPDATE",
+        &[],
+    )
+    .await
+    .unwrap();
+    let started = std::time::Instant::now();
+    let failed = db.warm_up(&warm_up("provider:acme")).await;
+    let took = started.elapsed();
+    assert!(failed.is_err(), "{failed:?}");
+    assert!(
+        failed.as_ref().unwrap_err().to_string().contains("lock"),
+        "{failed:?}"
+    );
+    assert!(
+        took < std::time::Duration::from_secs(2),
+        "gave up after {took:?}"
+    );
+    tx.rollback().await.unwrap();
+    assert_eq!(footprint(&sql).await, before);
+}
