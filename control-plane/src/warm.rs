@@ -20,11 +20,11 @@
 //! that shard therefore wait that long, once, when this node starts or reconnects. It waits
 //! for a lock itself no longer than `WARM_LOCK_WAIT` (200 ms), and fails past it.
 
-use spindle_core::{Band, FencingToken, Lane, PolicyVersion, TaskId, TaskState, TenantId, UserId};
+use spindle_core::{Band, Lane, PolicyVersion, TaskId, TaskState, TenantId, UserId};
 
 use crate::claim::{ClaimRequest, ClaimResult, Demand};
 use crate::report::{Report, ReportAction, ReportResult};
-use crate::submit::{ClaimedSubmit, NewTask};
+use crate::submit::NewTask;
 use crate::types::{PartitionId, PoolShard};
 use crate::{Db, StoreError};
 
@@ -119,11 +119,7 @@ impl Db {
             _ => None,
         };
         let tokens = (
-            token(
-                submitted
-                    .first()
-                    .and_then(|s: &ClaimedSubmit| s.claim.as_ref()),
-            ),
+            token(submitted.first().and_then(|s| s.claim.as_ref())),
             token(claimed.first()),
         );
         let mut warmed = Warmed {
@@ -172,7 +168,7 @@ impl Db {
         count(
             self.report_batch(&[Report::new(
                 b,
-                None::<FencingToken>,
+                None,
                 ReportAction::Finish {
                     state: TaskState::Canceled,
                     cost_actual_milli: None,

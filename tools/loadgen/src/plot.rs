@@ -70,6 +70,30 @@ fn escape(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
+/// A picture's width, and the left and right of its panels (the left holds the tick labels).
+const WIDTH: f64 = 860.0;
+const LEFT: f64 = 64.0;
+const RIGHT: f64 = 24.0;
+/// A panel's plotting height, and the room above it (title, legend) and below it (the x axis).
+pub const PANEL: f64 = 200.0;
+const ABOVE: f64 = 44.0;
+const BELOW: f64 = 44.0;
+
+/// Where panel `i` (from the top) of a [`Svg::stacked`] picture plots.
+pub fn panel(i: usize) -> Area {
+    Area {
+        left: LEFT,
+        top: 8.0 + ABOVE + (ABOVE + PANEL + BELOW) * i as f64,
+        width: WIDTH - LEFT - RIGHT,
+        height: PANEL,
+    }
+}
+
+/// The largest number in `values` (0 when there is none): where an axis must reach.
+fn largest(values: impl Iterator<Item = f64>) -> f64 {
+    values.filter(|v| v.is_finite()).fold(0.0, f64::max)
+}
+
 /// A picture being drawn: the elements in order.
 pub struct Svg {
     width: f64,
@@ -117,7 +141,12 @@ pub struct Series<'a> {
 }
 
 impl Svg {
-    pub fn new(width: f64, height: f64) -> Svg {
+    /// A picture of `n` panels one above the other, [`panel`] `0` to `n - 1`.
+    pub fn stacked(n: usize) -> Svg {
+        Svg::new(WIDTH, 8.0 + (ABOVE + PANEL + BELOW) * n as f64)
+    }
+
+    fn new(width: f64, height: f64) -> Svg {
         Svg {
             width,
             height,
@@ -196,12 +225,12 @@ impl Svg {
             Mark::Level(v, _) => Some(*v),
             Mark::At(..) => None,
         });
-        let max = series
-            .iter()
-            .flat_map(|s| s.values.iter().copied())
-            .chain(levels)
-            .filter(|v| v.is_finite())
-            .fold(0.0, f64::max);
+        let max = largest(
+            series
+                .iter()
+                .flat_map(|s| s.values.iter().copied())
+                .chain(levels),
+        );
         let axis = self.frame(area, title, unit, max, series);
         let n = series.iter().map(|s| s.values.len()).max().unwrap_or(0);
         let span = (n.max(2) - 1) as f64;
@@ -275,10 +304,7 @@ impl Svg {
         series: &[Series],
         value: impl Fn(f64) -> String,
     ) {
-        let max = series
-            .iter()
-            .flat_map(|s| s.values.iter().copied())
-            .fold(0.0, f64::max);
+        let max = largest(series.iter().flat_map(|s| s.values.iter().copied()));
         let axis = self.frame(area, title, unit, max, series);
         let slot = area.width / groups.len().max(1) as f64;
         let bar = slot * 0.8 / series.len().max(1) as f64;

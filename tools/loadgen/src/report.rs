@@ -7,7 +7,7 @@ use std::path::Path;
 use hdrhistogram::Histogram;
 use serde_json::json;
 
-use crate::plot::{Area, Mark, Series, Svg};
+use crate::plot::{panel, Mark, Series, Svg};
 use crate::run::Outcome;
 
 fn percentiles(h: &Histogram<u64>) -> serde_json::Value {
@@ -159,30 +159,8 @@ pub fn text(report: &serde_json::Value) -> String {
     out
 }
 
-pub(crate) const WIDTH: f64 = 860.0;
-/// Left of a panel: room for the tick labels.
-const LEFT: f64 = 64.0;
-const RIGHT: f64 = 24.0;
-/// A panel's plotting height, and the room above it (title, legend) and below it (the x axis).
-const PANEL: f64 = 200.0;
-const ABOVE: f64 = 44.0;
-const BELOW: f64 = 44.0;
 /// The tenants drawn one by one; past it the rest are folded into one group.
 const TENANT_BARS_MAX: usize = 24;
-
-/// Where panel `i` (from the top) plots.
-pub(crate) fn panel(i: usize) -> Area {
-    Area {
-        left: LEFT,
-        top: 8.0 + ABOVE + (ABOVE + PANEL + BELOW) * i as f64,
-        width: WIDTH - LEFT - RIGHT,
-        height: PANEL,
-    }
-}
-
-pub(crate) fn panels_height(n: usize) -> f64 {
-    8.0 + (ABOVE + PANEL + BELOW) * n as f64
-}
 
 /// Over the run's seconds: tasks acknowledged and completed per second, and the ack latency's
 /// p50 and p99 of each second's frames; a dashed line where the sending stopped.
@@ -207,7 +185,7 @@ pub fn timeline_svg(report: &serde_json::Value) -> String {
         .map(|s| Mark::At(s, "sending stops"))
         .into_iter()
         .collect();
-    let mut svg = Svg::new(WIDTH, panels_height(2));
+    let mut svg = Svg::stacked(2);
     svg.lines(
         panel(0),
         "Throughput",
@@ -289,7 +267,7 @@ pub fn tenants_svg(report: &serde_json::Value) -> String {
     let accepted: f64 = bars.iter().map(|b| b.accepted).sum();
     let completed: f64 = bars.iter().map(|b| b.completed).sum();
     let percent = |v: f64| format!("{v:.1}");
-    let mut svg = Svg::new(WIDTH, panels_height(2));
+    let mut svg = Svg::stacked(2);
     svg.bars(
         panel(0),
         "Share of the work, per tenant",
@@ -341,6 +319,7 @@ pub fn write_all(report: &serde_json::Value, dir: &Path) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plot::PANEL;
 
     fn tenants(accepted: &[u64]) -> serde_json::Value {
         let rows: Vec<_> = accepted

@@ -160,8 +160,7 @@ credential = "storm"
 
 /// Accepted and 429 answers per second through the storm, against the real limit.
 fn svg(curve: &[Second], real: u64) -> String {
-    use crate::plot::{Mark, Series, Svg};
-    use crate::report::{panel, panels_height, WIDTH};
+    use crate::plot::{panel, Mark, Series, Svg};
     // Each second holds what the provider saw in the second before it: nothing at the start.
     let column = |f: fn(&Second) -> u64| -> Vec<f64> {
         std::iter::once(0.0)
@@ -169,7 +168,7 @@ fn svg(curve: &[Second], real: u64) -> String {
             .collect()
     };
     let limit = format!("real limit {real}/s");
-    let mut svg = Svg::new(WIDTH, panels_height(1));
+    let mut svg = Svg::stacked(1);
     svg.lines(
         panel(0),
         "The mock provider's answers during a 429 storm",
