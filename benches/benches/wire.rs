@@ -49,6 +49,7 @@ fn answer(n: usize) -> ResponseFrame {
         replay: false,
         queue_level: 1,
         expected_start_ms: 40,
+        retry_after_ms: 0,
     };
     let body = if n == 1 {
         Response::Admission(admission(0))

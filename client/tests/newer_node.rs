@@ -60,6 +60,7 @@ fn accepted() -> Response {
         replay: false,
         queue_level: 0,
         expected_start_ms: 0,
+        retry_after_ms: 0,
     })
 }
 

@@ -120,7 +120,16 @@ def _admission(a):
         "decision": a.Decision(),
         "replay": a.Replay(),
         "reason": a.Reason().decode() if a.Reason() else None,
+        "queue_level": a.QueueLevel(),
+        "expected_start_ms": a.ExpectedStartMs(),
+        # For a refusal about the node's load (REJECT_PLATFORM_OVERLOADED): send the task again
+        # no sooner than this many ms from now (see submit_retrying). 0: no hint.
+        "retry_after_ms": a.RetryAfterMs(),
     }
+
+
+# Decision.RejectPlatformOverloaded: refused for the node's load, with a retry hint.
+REJECT_PLATFORM_OVERLOADED = 7
 
 
 class Client:
@@ -245,6 +254,17 @@ class Client:
                             references, band_hint, input)
         return _admission(self._answer(b, Request.Request.SubmitTask, body,
                                        Response.Response.Admission, Admission.Admission))
+
+    def submit_retrying(self, tries=5, **task):
+        """Submits one task (submit's arguments by name), sending it again while the node
+        refuses it for its load (REJECT_PLATFORM_OVERLOADED), each time after the admission's
+        retry_after_ms (at least 1 ms), at most `tries` times; the last admission."""
+        for _ in range(max(1, tries) - 1):
+            a = self.submit(**task)
+            if a["decision"] != REJECT_PLATFORM_OVERLOADED:
+                return a
+            time.sleep(max(a["retry_after_ms"], 1) / 1000)
+        return self.submit(**task)
 
     def submit_batch(self, tasks):
         """Submits 1..=BATCH_MAX tasks in one frame, each a dict of submit's arguments; their

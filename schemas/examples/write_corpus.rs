@@ -70,6 +70,7 @@ fn main() -> std::io::Result<()> {
                 replay: false,
                 queue_level: 0,
                 expected_start_ms: 10,
+                retry_after_ms: 0,
             }),
         ),
         (

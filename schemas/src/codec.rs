@@ -342,6 +342,7 @@ fn admission(a: fb::Admission<'_>) -> Result<Admission, WireError> {
         replay: a.replay(),
         queue_level: a.queue_level(),
         expected_start_ms: a.expected_start_ms(),
+        retry_after_ms: a.retry_after_ms(),
     })
 }
 
@@ -597,6 +598,7 @@ fn encode_admission<'a>(
             replay: a.replay,
             queue_level: a.queue_level,
             expected_start_ms: a.expected_start_ms,
+            retry_after_ms: a.retry_after_ms,
         },
     )
 }

@@ -85,6 +85,17 @@ pub struct Admission {
     pub replay: bool,
     pub queue_level: u8,
     pub expected_start_ms: u32,
+    /// For a refusal about the node's load: send again no sooner than this (ms); 0: no hint.
+    pub retry_after_ms: u32,
+}
+
+impl Admission {
+    /// How long to wait before sending this task again, where the node refused it for its
+    /// load and said (`retry_after_ms`); `None` otherwise.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        (self.retry_after_ms > 0)
+            .then(|| std::time::Duration::from_millis(self.retry_after_ms.into()))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -85,6 +85,7 @@ fn every_response_round_trips() {
         replay: false,
         queue_level: 2,
         expected_start_ms: 1_500,
+        retry_after_ms: 250,
     };
     let bodies = vec![
         Response::HelloOk(HelloOk {

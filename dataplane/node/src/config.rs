@@ -103,6 +103,13 @@ pub struct Config {
     /// submits for the CPU (docs/benchmarks.md, "Seventeenth round").
     #[serde(default = "default_report_hold_us")]
     pub report_hold_us: u32,
+    /// How long a new submit may be expected to wait for its commit (or the accepted work
+    /// ahead of it for its claims and reports, twice this) before the node refuses it at once,
+    /// `REJECT_PLATFORM_OVERLOADED` with a `retry_after_ms` hint, instead of queueing it. The
+    /// tenants sending the most for their weight are refused first, from an eighth of it
+    /// (`crate::overload`). 0: never refused for the durable path's load.
+    #[serde(default = "default_ack_budget_ms")]
+    pub ack_budget_ms: u32,
     /// The local provider finishes a task after its modelled provider time × this factor.
     #[serde(default = "default_time_scale")]
     pub local_provider_time_scale: f64,
@@ -299,6 +306,11 @@ fn default_drain_ms() -> u64 {
 fn default_report_hold_us() -> u32 {
     5_000
 }
+fn default_ack_budget_ms() -> u32 {
+    100
+}
+/// The longest `ack_budget_ms` accepted.
+const ACK_BUDGET_MAX_MS: u32 = 60_000;
 /// The longest `report_hold_us` accepted.
 const REPORT_HOLD_MAX_US: u32 = 100_000;
 /// Shards per pair of control-plane pipelines by default.
@@ -466,6 +478,11 @@ impl Config {
             self.report_hold_us <= REPORT_HOLD_MAX_US,
             "report_hold_us must be 0..={REPORT_HOLD_MAX_US}, not {}",
             self.report_hold_us
+        );
+        anyhow::ensure!(
+            self.ack_budget_ms <= ACK_BUDGET_MAX_MS,
+            "ack_budget_ms must be 0..={ACK_BUDGET_MAX_MS}, not {}",
+            self.ack_budget_ms
         );
         anyhow::ensure!(
             (1..=self.shards).contains(&self.control_pipelines()),
@@ -862,6 +879,14 @@ mod tests {
             e.to_string(),
             "report_hold_us must be 0..=100000, not 100001"
         );
+    }
+
+    #[test]
+    fn the_ack_budget_is_bounded_and_zero_turns_the_gate_off() {
+        assert_eq!(load_text("").unwrap().ack_budget_ms, 100);
+        assert_eq!(load_text("ack_budget_ms = 0\n").unwrap().ack_budget_ms, 0);
+        let e = load_text("ack_budget_ms = 60001\n").unwrap_err();
+        assert_eq!(e.to_string(), "ack_budget_ms must be 0..=60000, not 60001");
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub mod health;
 pub mod live_policy;
 pub mod media;
 pub mod metrics;
+pub mod overload;
 pub mod ownership;
 pub mod relay;
 pub mod server;
@@ -305,6 +306,14 @@ fn run_node(config: Config) -> anyhow::Result<()> {
     let mut restores = std::mem::take(&mut started.restores).into_iter();
     let mut handoff_rxs = handoff_rxs.into_iter();
     let connections = server::Connections::new(config.connections_max, metrics.clone());
+    let offers = overload::OfferBoard::new(config.shards as usize);
+    let _ = metrics.paths.set(
+        started
+            .pipes
+            .iter()
+            .map(|p| (p.submit_gauge.clone(), p.work_gauge.clone()))
+            .collect(),
+    );
     // Each shard takes its share of the node's connection rate (0: no bound).
     let accepts_per_s = u64::from(config.connection_rate_max).div_ceil(u64::from(config.shards));
     for (i, (inbox, (pipes, ids))) in inboxes
@@ -339,6 +348,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
         let reads = started.reads.clone();
         let metrics = metrics.clone();
         let board = board.clone();
+        let offers = offers.clone();
         let shard_metrics = metrics.clone();
         let ownership = ownership.clone();
         let dispatch = dispatch.clone();
@@ -368,6 +378,8 @@ fn run_node(config: Config) -> anyhow::Result<()> {
                     lease_ms: config.lease_ms,
                     inputs_bytes_max: (config.task_inputs_mb as usize).saturating_mul(1 << 20)
                         / config.shards as usize,
+                    ack_budget: std::time::Duration::from_millis(config.ack_budget_ms.into()),
+                    offers,
                 });
                 // A stored task that cannot come back is failed with its reason (logged and
                 // counted), not left unserved; the node serves the others.

@@ -193,6 +193,10 @@ pub struct ShardGauges {
     pub tenants: std::sync::Mutex<Vec<TenantRunning>>,
     /// Provider accounts whose RPM this shard has halved after a 429 (per tick).
     pub penalized: std::sync::Mutex<Vec<String>>,
+    /// The overload gate's calibration (how much longer committed frames waited than
+    /// predicted), in thousandths, and the tenants it counts as offering work (per tick).
+    pub gate_calibration_milli: AtomicU64,
+    pub gate_tenants: AtomicU64,
 }
 
 pub struct Metrics {
@@ -276,6 +280,11 @@ pub struct Metrics {
     pub policy_skipped: AtomicU64,
     /// Reports queued or sent whose answer has not come back (what a drain also waits for).
     pub reports_pending: AtomicU64,
+    /// Tasks the overload gate refused, by `crate::overload::Shed` (over their tenant's share
+    /// while the durable path was past half its budget; past all of it).
+    pub overload_refused: Arc<[AtomicU64; 3]>,
+    /// Each shard's pipelines' gauges (submit, work), in shard order: the predicted waits.
+    pub paths: std::sync::OnceLock<Vec<crate::overload::Paths>>,
 }
 
 impl Metrics {
@@ -331,6 +340,8 @@ impl Metrics {
             policy_version: AtomicU64::new(0),
             policy_skipped: AtomicU64::new(0),
             reports_pending: AtomicU64::new(0),
+            overload_refused: Arc::default(),
+            paths: std::sync::OnceLock::new(),
         })
     }
 
@@ -394,6 +405,69 @@ impl Metrics {
         }
     }
 
+    /// The overload gate: what it refused, and the waits it predicts for each shard's
+    /// pipelines (the model's fixed and per-row cost of a call too).
+    fn render_overload(&self, w: &mut String) {
+        counters(
+            w,
+            "spindle_overload_refused_total",
+            "Submitted tasks the overload gate refused: over_share (the submit path past the \
+             tenant's level, a share of the ack budget that is smaller the more it sends for \
+             its weight), full (the submit path past the whole budget), behind (the claims \
+             and reports of accepted work past it).",
+            "level",
+            crate::overload::Shed::ALL
+                .iter()
+                .map(|s| s.name())
+                .zip(self.overload_refused.iter()),
+        );
+        self.per_shard(
+            w,
+            "spindle_overload_calibration",
+            "gauge",
+            "How much longer committed submit frames waited than the gate predicted (a decayed \
+             mean of the ratio, which scales its predictions), in thousandths.",
+            |g| &g.gate_calibration_milli,
+        );
+        self.per_shard(
+            w,
+            "spindle_overload_active_tenants",
+            "gauge",
+            "Tenants the overload gate counts as offering work (their offered rate decays with a \
+             1 s time constant).",
+            |g| &g.gate_tenants,
+        );
+        let Some(paths) = self.paths.get() else {
+            return;
+        };
+        type Read = fn(&crate::overload::PathGauge) -> f64;
+        let gauges: [(&str, &str, Read); 3] = [
+            (
+                "spindle_durable_wait_seconds",
+                "How long rows sent now would wait for their call's end, as the gate predicts.",
+                |g| g.wait(0).as_secs_f64(),
+            ),
+            (
+                "spindle_durable_call_fixed_seconds",
+                "The fitted fixed time of a call.",
+                |g| g.model().0 / 1e9,
+            ),
+            (
+                "spindle_durable_call_row_seconds",
+                "The fitted time a row adds to a call.",
+                |g| g.model().1 / 1e9,
+            ),
+        ];
+        for (name, help, value) in gauges {
+            let _ = writeln!(w, "# HELP {name} {help}\n# TYPE {name} gauge");
+            for (i, (submit, work)) in paths.iter().enumerate() {
+                for (path, g) in [("submit", submit), ("work", work)] {
+                    let _ = writeln!(w, "{name}{{shard=\"{i}\",path=\"{path}\"}} {}", value(g));
+                }
+            }
+        }
+    }
+
     /// Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();
@@ -407,6 +481,7 @@ impl Metrics {
                 self.admissions[d as usize].load(Ordering::Relaxed)
             );
         }
+        self.render_overload(w);
         let _ = writeln!(
             w,
             "# TYPE spindle_tasks_completed_total counter\nspindle_tasks_completed_total {}",

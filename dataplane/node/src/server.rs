@@ -274,13 +274,16 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// What the tenant breaker counts as refused in an answer given without PostgreSQL: a
-/// submit's rejected tasks, or an error.
+/// submit's rejected tasks, or an error. Not the tasks refused for the node's own load
+/// (`REJECT_PLATFORM_OVERLOADED`): a traffic spike is many clients none of whom was told to
+/// wait yet, and a tenant is not suspended for the node's state.
 fn refusals_in(body: &Response) -> u64 {
+    let counted = |a: &spindle_wire::Admission| {
+        !a.decision.is_accepted() && a.decision != spindle_core::Decision::RejectPlatformOverloaded
+    };
     match body {
-        Response::Admission(a) => u64::from(!a.decision.is_accepted()),
-        Response::SubmitBatch(all) => {
-            all.iter().filter(|a| !a.decision.is_accepted()).count() as u64
-        }
+        Response::Admission(a) => u64::from(counted(a)),
+        Response::SubmitBatch(all) => all.iter().filter(|a| counted(a)).count() as u64,
         Response::Error(_) => 1,
         _ => 0,
     }
@@ -864,6 +867,7 @@ mod tests {
             replay: false,
             queue_level: 0,
             expected_start_ms: 0,
+            retry_after_ms: 0,
         })
     }
 

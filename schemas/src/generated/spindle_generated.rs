@@ -2141,6 +2141,7 @@ impl<'a> Admission<'a> {
   pub const VT_REPLAY: ::flatbuffers::VOffsetT = 10;
   pub const VT_QUEUE_LEVEL: ::flatbuffers::VOffsetT = 12;
   pub const VT_EXPECTED_START_MS: ::flatbuffers::VOffsetT = 14;
+  pub const VT_RETRY_AFTER_MS: ::flatbuffers::VOffsetT = 16;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -2153,6 +2154,7 @@ impl<'a> Admission<'a> {
   ) -> ::flatbuffers::WIPOffset<Admission<'bldr>> {
     let mut builder = AdmissionBuilder::new(_fbb);
     builder.add_task_id(args.task_id);
+    builder.add_retry_after_ms(args.retry_after_ms);
     builder.add_expected_start_ms(args.expected_start_ms);
     if let Some(x) = args.reason { builder.add_reason(x); }
     builder.add_queue_level(args.queue_level);
@@ -2162,6 +2164,7 @@ impl<'a> Admission<'a> {
   }
 
 
+  /// The task; 0 for a refusal made before any task was (the node's overload gate).
   #[inline]
   pub fn task_id(&self) -> u64 {
     // Safety:
@@ -2207,6 +2210,15 @@ impl<'a> Admission<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u32>(Admission::VT_EXPECTED_START_MS, Some(0)).unwrap()}
   }
+  /// For a refusal that is about the node's load (RejectPlatformOverloaded): send again no
+  /// sooner than this many ms from now. 0: no hint.
+  #[inline]
+  pub fn retry_after_ms(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(Admission::VT_RETRY_AFTER_MS, Some(0)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for Admission<'_> {
@@ -2221,6 +2233,7 @@ impl ::flatbuffers::Verifiable for Admission<'_> {
      .visit_field::<bool>("replay", Self::VT_REPLAY, false)?
      .visit_field::<u8>("queue_level", Self::VT_QUEUE_LEVEL, false)?
      .visit_field::<u32>("expected_start_ms", Self::VT_EXPECTED_START_MS, false)?
+     .visit_field::<u32>("retry_after_ms", Self::VT_RETRY_AFTER_MS, false)?
      .finish();
     Ok(())
   }
@@ -2232,6 +2245,7 @@ pub struct AdmissionArgs<'a> {
     pub replay: bool,
     pub queue_level: u8,
     pub expected_start_ms: u32,
+    pub retry_after_ms: u32,
 }
 impl<'a> Default for AdmissionArgs<'a> {
   #[inline]
@@ -2243,6 +2257,7 @@ impl<'a> Default for AdmissionArgs<'a> {
       replay: false,
       queue_level: 0,
       expected_start_ms: 0,
+      retry_after_ms: 0,
     }
   }
 }
@@ -2277,6 +2292,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> AdmissionBuilder<'a, 'b, A> {
     self.fbb_.push_slot::<u32>(Admission::VT_EXPECTED_START_MS, expected_start_ms, 0);
   }
   #[inline]
+  pub fn add_retry_after_ms(&mut self, retry_after_ms: u32) {
+    self.fbb_.push_slot::<u32>(Admission::VT_RETRY_AFTER_MS, retry_after_ms, 0);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> AdmissionBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     AdmissionBuilder {
@@ -2300,6 +2319,7 @@ impl ::core::fmt::Debug for Admission<'_> {
       ds.field("replay", &self.replay());
       ds.field("queue_level", &self.queue_level());
       ds.field("expected_start_ms", &self.expected_start_ms());
+      ds.field("retry_after_ms", &self.retry_after_ms());
       ds.finish()
   }
 }

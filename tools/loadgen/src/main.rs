@@ -57,6 +57,12 @@ struct Common {
     /// Print the JSON report instead of the table.
     #[arg(long)]
     json: bool,
+    /// Send a task the node refused for its load (REJECT_PLATFORM_OVERLOADED) again after the
+    /// refusal's `retry_after_ms`, up to N times (10 when N is left out); the report counts
+    /// tasks retried, accepted on a retry and given up, beside goodput.
+    #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "10",
+          value_parser = clap::value_parser!(u32).range(0..=i64::from(run::RETRIES_MAX)))]
+    retry_refused: Option<u32>,
 }
 
 /// Where the node's ports speak TLS (its `[tls]`).
@@ -175,6 +181,15 @@ enum Command {
         #[arg(long, requires = "tls_ca")]
         full_handshakes: bool,
     },
+    /// Draws `benches/node/overload`'s goodput curve (its last line, a JSON object with
+    /// `max_rate` and `points`) as `overload.svg` in `--out`.
+    OverloadPlot {
+        /// The file holding the curve's JSON.
+        #[arg(long)]
+        curve: PathBuf,
+        #[arg(long, default_value = "target/loadgen")]
+        out: PathBuf,
+    },
     /// Private PostgreSQL + in-process spindled + the noisy-neighbour mix.
     Demo {
         /// Tasks per second of each of the nine quiet tenants (the loud one sends 100×).
@@ -209,6 +224,23 @@ fn main() -> anyhow::Result<()> {
             drive(addr, metrics, tls.client()?, tenants, &common)
         }
         Command::Demo { quiet_rate, common } => demo(quiet_rate, &common),
+        Command::OverloadPlot { curve, out } => {
+            let text = std::fs::read_to_string(&curve)
+                .with_context(|| format!("reading {}", curve.display()))?;
+            let path = curve;
+            let curve: serde_json::Value = serde_json::from_str(text.trim())
+                .with_context(|| format!("{} is not one JSON object", path.display()))?;
+            anyhow::ensure!(
+                curve["points"].is_array(),
+                "{} has no \"points\" array",
+                path.display()
+            );
+            std::fs::create_dir_all(&out)?;
+            let path = out.join("overload.svg");
+            std::fs::write(&path, report::overload_svg(&curve))?;
+            println!("{}", path.display());
+            Ok(())
+        }
         Command::Connects {
             addr,
             tenant,
@@ -279,6 +311,7 @@ fn drive(
         drain: Duration::from_secs(common.drain),
         metrics,
         tls,
+        retries: common.retry_refused.unwrap_or(0),
     };
     // One thread: the generator shares the machine with what it measures, and two workers
     // woke each other for every frame — 61k context switches in a 10 s run at 20,000 tasks/s

@@ -221,6 +221,29 @@ impl Svg {
         series: &[Series],
         marks: &[Mark],
     ) {
+        let n = series.iter().map(|s| s.values.len()).max().unwrap_or(0);
+        let xs: Vec<f64> = (0..n.max(2)).map(|i| i as f64).collect();
+        self.curves(
+            area,
+            title,
+            unit,
+            (&xs, "seconds since the start"),
+            series,
+            marks,
+        );
+    }
+
+    /// Lines through the points (`xs[i]`, each series' `values[i]`), the x axis from zero to the
+    /// largest x, ticked round and named `x_label`, and the `marks` dashed across them.
+    pub fn curves(
+        &mut self,
+        area: Area,
+        title: &str,
+        unit: &str,
+        (xs, x_label): (&[f64], &str),
+        series: &[Series],
+        marks: &[Mark],
+    ) {
         let levels = marks.iter().filter_map(|m| match m {
             Mark::Level(v, _) => Some(*v),
             Mark::At(..) => None,
@@ -232,11 +255,10 @@ impl Svg {
                 .chain(levels),
         );
         let axis = self.frame(area, title, unit, max, series);
-        let n = series.iter().map(|s| s.values.len()).max().unwrap_or(0);
-        let span = (n.max(2) - 1) as f64;
-        let x = |i: f64| area.left + area.width * i / span;
-        let seconds = Axis::holding(span);
-        for t in seconds.ticks().filter(|&t| t <= span) {
+        let span = largest(xs.iter().copied()).max(1e-9);
+        let x = |v: f64| area.left + area.width * v / span;
+        let ticks = Axis::holding(span);
+        for t in ticks.ticks().filter(|&t| t <= span * (1.0 + 1e-9)) {
             self.line(
                 (x(t), area.bottom()),
                 (x(t), area.bottom() + 4.0),
@@ -247,16 +269,10 @@ impl Svg {
                 area.bottom() + 16.0,
                 "middle",
                 11.0,
-                &tick_label(t, seconds.step),
+                &tick_label(t, ticks.step),
             );
         }
-        self.text(
-            area.right(),
-            area.bottom() + 30.0,
-            "end",
-            11.0,
-            "seconds since the start",
-        );
+        self.text(area.right(), area.bottom() + 30.0, "end", 11.0, x_label);
         let dashed = r##"stroke="#888" stroke-dasharray="4 3""##;
         for mark in marks {
             match *mark {
@@ -276,10 +292,10 @@ impl Svg {
             let points: Vec<Option<String>> = s
                 .values
                 .iter()
-                .enumerate()
-                .map(|(i, &v)| {
+                .zip(xs)
+                .map(|(&v, &at)| {
                     v.is_finite()
-                        .then(|| format!("{:.1},{:.1}", x(i as f64), area.y(v, axis)))
+                        .then(|| format!("{:.1},{:.1}", x(at), area.y(v, axis)))
                 })
                 .collect();
             for run in points.split(Option::is_none).filter(|r| !r.is_empty()) {

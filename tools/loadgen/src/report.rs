@@ -26,6 +26,11 @@ pub fn json(o: &Outcome, offered_per_s: f64) -> serde_json::Value {
     let accepted: u64 = o.per_tenant.iter().map(|t| t.accepted).sum();
     let completed: u64 = o.per_tenant.iter().map(|t| t.completed).sum();
     let total_s = send_s + o.completed_within.as_secs_f64();
+    // Goodput: what completed while the load was offered (whole seconds of the send window),
+    // apart from what was refused for the node's load.
+    let window = (send_s.floor() as usize).max(1);
+    let completed_in_window: u64 = o.timeline.iter().take(window).map(|t| t.completed).sum();
+    let refused: u64 = o.overload_us.len();
     json!({
         "offered_per_s": offered_per_s,
         "send_window_s": send_s,
@@ -34,8 +39,12 @@ pub fn json(o: &Outcome, offered_per_s: f64) -> serde_json::Value {
         "completed": completed,
         "completed_per_s": completed as f64 / total_s,
         "unfinished_after_drain": o.unfinished,
+        "goodput_per_s": completed_in_window as f64 / window as f64,
+        "refused_overloaded": refused,
+        "refused_per_s": refused as f64 / send_s,
         "ack_latency": percentiles(&o.ack_us),
         "reject_latency": percentiles(&o.reject_us),
+        "refusal_latency": percentiles(&o.overload_us),
         "send_late": percentiles(&o.send_late_us),
         // From the node's bucketed histogram (interpolated inside a bucket; 5 ms is a bound,
         // so `within_5ms` is exact): a first attempt's admission to its claim committed.
@@ -62,6 +71,11 @@ pub fn json(o: &Outcome, offered_per_s: f64) -> serde_json::Value {
             "errors": t.errors,
             "first_error": t.first_error,
             "backlog_drops": t.backlog_drops,
+            "refused_overloaded": t.rejected.get("REJECT_PLATFORM_OVERLOADED").copied().unwrap_or(0),
+            "retried": t.retried,
+            "accepted_on_retry": t.accepted_on_retry,
+            "gave_up": t.gave_up,
+            "ack_latency": percentiles(&t.ack_us),
             "completed": t.completed,
             "served_share": if completed == 0 { 0.0 } else { t.completed as f64 / completed as f64 },
             "completion_ratio": if t.accepted == 0 { 0.0 } else { t.completed as f64 / t.accepted as f64 },
@@ -69,6 +83,7 @@ pub fn json(o: &Outcome, offered_per_s: f64) -> serde_json::Value {
         "timeline": o.timeline.iter().enumerate().map(|(s, t)| json!({
             "second": s,
             "acked": t.acked,
+            "refused": t.refused,
             "completed": t.completed,
             "ack_p50_us": t.ack_p50_us,
             "ack_p99_us": t.ack_p99_us,
@@ -89,7 +104,19 @@ pub fn text(report: &serde_json::Value) -> String {
         r["unfinished_after_drain"],
     )
     .expect("write to string");
-    for (name, key) in [("ack", "ack_latency"), ("reject", "reject_latency")] {
+    writeln!(
+        out,
+        "goodput {:.0}/s completed within the send window; refused for the node's load {} ({:.0}/s)",
+        r["goodput_per_s"].as_f64().unwrap_or(0.0),
+        r["refused_overloaded"],
+        r["refused_per_s"].as_f64().unwrap_or(0.0),
+    )
+    .expect("write to string");
+    for (name, key) in [
+        ("ack", "ack_latency"),
+        ("reject", "reject_latency"),
+        ("refuse", "refusal_latency"),
+    ] {
         let l = &r[key];
         writeln!(
             out,
@@ -124,7 +151,7 @@ pub fn text(report: &serde_json::Value) -> String {
     }
     writeln!(
         out,
-        "tenant  offered  accepted  rejected  completed  served share  completion"
+        "tenant  offered  accepted  rejected  (overload)  retried  completed  served share  completion  ack p99"
     )
     .expect("write");
     for t in r["tenants"].as_array().into_iter().flatten() {
@@ -135,14 +162,17 @@ pub fn text(report: &serde_json::Value) -> String {
         let n = |k: &str| t[k].as_u64().unwrap_or(0);
         writeln!(
             out,
-            "{:>6}  {:>7}  {:>8}  {:>8}  {:>9}  {:>11.1} %  {:>9.1} %",
+            "{:>6}  {:>7}  {:>8}  {:>8}  {:>10}  {:>7}  {:>9}  {:>11.1} %  {:>9.1} %  {:>5.1} ms",
             n("tenant"),
             n("offered"),
             n("accepted"),
             rejected,
+            n("refused_overloaded"),
+            n("retried"),
             n("completed"),
             t["served_share"].as_f64().unwrap_or(0.0) * 100.0,
             t["completion_ratio"].as_f64().unwrap_or(0.0) * 100.0,
+            t["ack_latency"]["p99_us"].as_f64().unwrap_or(0.0) / 1e3,
         )
         .expect("write to string");
     }
@@ -200,6 +230,11 @@ pub fn timeline_svg(report: &serde_json::Value) -> String {
                 name: "completed",
                 color: "#2ca02c",
                 values: column("completed", 1.0),
+            },
+            Series {
+                name: "refused (overload)",
+                color: "#d62728",
+                values: column("refused", 1.0),
             },
         ],
         &marks,
@@ -301,6 +336,72 @@ pub fn tenants_svg(report: &serde_json::Value) -> String {
                 .collect(),
         }],
         percent,
+    );
+    svg.finish()
+}
+
+/// The goodput curve `benches/node/overload` measures (its JSON line: `max_rate` and
+/// `points`, each with `offered`, `completed_per_s`, `refused_per_s`, `ack_p99_ms` and
+/// `quiet_tenant_ack_p99_ms`): offered load against what completed and what was refused, and
+/// the acknowledgement p99s against offered load; the maximum marked.
+pub fn overload_svg(curve: &serde_json::Value) -> String {
+    let points = curve["points"].as_array().cloned().unwrap_or_default();
+    let column = |key: &str| -> Vec<f64> {
+        points
+            .iter()
+            .map(|p| p[key].as_f64().unwrap_or(f64::NAN))
+            .collect()
+    };
+    let offered = column("offered");
+    let marks: Vec<Mark> = curve["max_rate"]
+        .as_f64()
+        .map(|m| Mark::At(m, "the maximum"))
+        .into_iter()
+        .collect();
+    let x = (offered.as_slice(), "offered tasks/s");
+    let mut svg = Svg::stacked(2);
+    svg.curves(
+        panel(0),
+        "Goodput: what completed, and what was refused at once, against what was offered",
+        "tasks/s",
+        x,
+        &[
+            Series {
+                name: "offered",
+                color: "#bbbbbb",
+                values: offered.clone(),
+            },
+            Series {
+                name: "completed",
+                color: "#2ca02c",
+                values: column("completed_per_s"),
+            },
+            Series {
+                name: "refused",
+                color: "#d62728",
+                values: column("refused_per_s"),
+            },
+        ],
+        &marks,
+    );
+    svg.curves(
+        panel(1),
+        "Acknowledgement p99 of accepted tasks, from the intended send time",
+        "ms",
+        x,
+        &[
+            Series {
+                name: "all tenants",
+                color: "#1f77b4",
+                values: column("ack_p99_ms"),
+            },
+            Series {
+                name: "the quiet tenant",
+                color: "#ff7f0e",
+                values: column("quiet_tenant_ack_p99_ms"),
+            },
+        ],
+        &marks,
     );
     svg.finish()
 }

@@ -36,7 +36,13 @@ pub struct Options {
     pub metrics: Option<crate::scrape::Endpoint>,
     /// Where the node's port speaks TLS: what its certificate is checked against.
     pub tls: Option<spindle_client::Tls>,
+    /// Send a task the node refused for its load again after the refusal's hint
+    /// (`--retry-refused`), at most this many times; 0: never.
+    pub retries: u32,
 }
+
+/// The most a task refused for the node's load is sent again (`--retry-refused`).
+pub const RETRIES_MAX: u32 = 100;
 
 /// How often the committed-success counter is sampled.
 const METRICS_SAMPLE: Duration = Duration::from_millis(100);
@@ -48,6 +54,9 @@ pub struct Outcome {
     pub elapsed_send: Duration,
     pub ack_us: Histogram<u64>,
     pub reject_us: Histogram<u64>,
+    /// The refusals for the node's load alone (`REJECT_PLATFORM_OVERLOADED`), from the
+    /// intended send time.
+    pub overload_us: Histogram<u64>,
     /// How late each frame left against its intended send time (the generator's own timer
     /// error; included in the acknowledgement latency).
     pub send_late_us: Histogram<u64>,
@@ -69,12 +78,20 @@ async fn dispatch_buckets(at: &crate::scrape::Endpoint) -> Option<Buckets> {
     Buckets::parse(&text, DISPATCH_HISTOGRAM)
 }
 
-#[derive(Debug, Clone, Default, serde::Serialize)]
+#[derive(Debug, Clone)]
 pub struct TenantOutcome {
     pub tenant: u32,
     pub offered: u64,
     pub accepted: u64,
+    /// Tasks by rejection (a task sent again counts each time it is refused).
     pub rejected: HashMap<String, u64>,
+    /// This tenant's acknowledgements, from the intended send time of the frame answered.
+    pub ack_us: Histogram<u64>,
+    /// Tasks sent again after a refusal for the node's load, those accepted on a later
+    /// try, and those still refused at their last (`--retry-refused`).
+    pub retried: u64,
+    pub accepted_on_retry: u64,
+    pub gave_up: u64,
     pub errors: u64,
     /// What the first request that failed (not a rejection: no answer, or an error) met.
     pub first_error: Option<String>,
@@ -82,11 +99,32 @@ pub struct TenantOutcome {
     pub completed: u64,
 }
 
+impl TenantOutcome {
+    fn new(tenant: u32) -> TenantOutcome {
+        TenantOutcome {
+            tenant,
+            offered: 0,
+            accepted: 0,
+            rejected: HashMap::new(),
+            ack_us: histogram(),
+            retried: 0,
+            accepted_on_retry: 0,
+            gave_up: 0,
+            errors: 0,
+            first_error: None,
+            backlog_drops: 0,
+            completed: 0,
+        }
+    }
+}
+
 /// One second of the run, counted from its start.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Second {
     /// Tasks acknowledged whose frame was due in this second.
     pub acked: u64,
+    /// Tasks refused for the node's load whose frame was due in this second.
+    pub refused: u64,
     /// Tasks that completed in this second.
     pub completed: u64,
     pub ack_p50_us: u64,
@@ -97,6 +135,9 @@ pub struct Second {
 struct Shared {
     ack_us: Option<Histogram<u64>>,
     reject_us: Option<Histogram<u64>>,
+    overload_us: Option<Histogram<u64>>,
+    /// Refusals for the node's load, by the second their frame was due.
+    refused_seconds: Vec<u64>,
     send_late_us: Option<Histogram<u64>>,
     /// The acknowledgement latencies of each second's frames (by their intended send time),
     /// for the timeline: one small histogram a second, not a row per answer.
@@ -125,13 +166,14 @@ fn count_at(counts: &mut Vec<u64>, second: u64, n: u64) {
 
 /// The timeline: each second's acknowledgements (their count and latencies) and completions,
 /// from the start to the last second either has.
-fn timeline(acks: &[Histogram<u64>], completions: &[u64]) -> Vec<Second> {
-    let seconds = acks.len().max(completions.len());
+fn timeline(acks: &[Histogram<u64>], refused: &[u64], completions: &[u64]) -> Vec<Second> {
+    let seconds = acks.len().max(completions.len()).max(refused.len());
     (0..seconds)
         .map(|i| {
             let h = acks.get(i).filter(|h| !h.is_empty());
             Second {
                 acked: h.map_or(0, |h| h.len()),
+                refused: refused.get(i).copied().unwrap_or(0),
                 completed: completions.get(i).copied().unwrap_or(0),
                 ack_p50_us: h.map_or(0, |h| h.value_at_quantile(0.50)),
                 ack_p99_us: h.map_or(0, |h| h.value_at_quantile(0.99)),
@@ -144,6 +186,7 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
     let shared = Arc::new(Mutex::new(Shared {
         ack_us: Some(histogram()),
         reject_us: Some(histogram()),
+        overload_us: Some(histogram()),
         send_late_us: Some(histogram()),
         ..Shared::default()
     }));
@@ -178,11 +221,17 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
         let seed = opts.seed ^ (i as u64).wrapping_mul(0x9e37_79b9);
         let input = opts.input.clone();
         let first = start + phase(arrival, i, opts.tenants.len(), batch, load.rate);
+        let sending = Sending {
+            arrival,
+            batch,
+            input,
+            duration,
+            seed,
+            start,
+            retries: opts.retries,
+        };
         handles.push(tokio::spawn(async move {
-            tenant_loop(
-                client, load, arrival, batch, input, duration, seed, start, first, shared, pacer,
-            )
-            .await
+            tenant_loop(client, load, sending, first, shared, pacer).await
         }));
     }
     if let Some(bar) = &bar {
@@ -233,11 +282,12 @@ pub async fn run(opts: Options) -> anyhow::Result<Outcome> {
     }
     let unfinished = pending.len() as u64;
     let mut s = shared.lock().expect("shared");
-    let timeline = timeline(&s.ack_seconds, &completions);
+    let timeline = timeline(&s.ack_seconds, &s.refused_seconds, &completions);
     Ok(Outcome {
         elapsed_send,
         ack_us: s.ack_us.take().expect("histogram"),
         reject_us: s.reject_us.take().expect("histogram"),
+        overload_us: s.overload_us.take().expect("histogram"),
         send_late_us: s.send_late_us.take().expect("histogram"),
         per_tenant,
         timeline,
@@ -399,29 +449,40 @@ fn phase(arrival: Arrival, i: usize, n: usize, batch: usize, rate: f64) -> Durat
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn tenant_loop(
-    client: Arc<Client>,
-    load: TenantLoad,
+/// How a tenant's frames are made and sent (the same for every tenant of a run).
+struct Sending {
     arrival: Arrival,
     batch: usize,
     input: Option<String>,
     duration: Duration,
     seed: u64,
     start: Instant,
+    retries: u32,
+}
+
+async fn tenant_loop(
+    client: Arc<Client>,
+    load: TenantLoad,
+    sending: Sending,
     schedule_start: Instant,
     shared: Arc<Mutex<Shared>>,
     mut pacer: Pacer,
 ) -> anyhow::Result<(TenantOutcome, Arc<Client>)> {
+    let Sending {
+        arrival,
+        batch,
+        ref input,
+        duration,
+        seed,
+        start,
+        retries,
+    } = sending;
     let mut rng = Rng::new(seed);
     // Keys unique per run: a node keeps every key it saw, and a rerun would only replay.
     let run_id = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
-    let outcome = Arc::new(Mutex::new(TenantOutcome {
-        tenant: load.tenant,
-        ..TenantOutcome::default()
-    }));
+    let outcome = Arc::new(Mutex::new(TenantOutcome::new(load.tenant)));
     let mut intended = schedule_start;
     let mut seq = 0u64;
     // The frames in flight: finished ones are reaped as the loop goes, so what the run keeps
@@ -464,53 +525,104 @@ async fn tenant_loop(
             outcome.lock().expect("outcome").backlog_drops += n;
             continue;
         }
-        let (client, outcome, shared) = (client.clone(), outcome.clone(), shared.clone());
-        sends.spawn(async move {
-            let answer = if tasks.len() == 1 {
-                let t = tasks.pop().expect("one task");
-                client.submit(t).await.map(|a| vec![a])
-            } else {
-                client.submit_batch(tasks).await
-            };
-            let us = first.elapsed().as_micros() as u64;
-            let sec = first.duration_since(start).as_secs();
-            let mut o = outcome.lock().expect("outcome");
-            let mut s = shared.lock().expect("shared");
-            match answer {
-                Ok(admissions) => {
-                    for a in admissions {
-                        if a.decision.is_accepted() && !a.replay {
-                            o.accepted += 1;
-                            s.ack_us.as_mut().expect("histogram").saturating_record(us);
-                            let second = sec as usize;
-                            if s.ack_seconds.len() <= second {
-                                s.ack_seconds.resize_with(second + 1, second_histogram);
-                            }
-                            s.ack_seconds[second].saturating_record(us);
-                            s.accepted.push((o.tenant, a.task));
-                        } else if a.replay {
-                            *o.rejected.entry("REPLAY".to_string()).or_default() += 1;
-                        } else {
-                            *o.rejected.entry(a.decision.name().to_string()).or_default() += 1;
-                            s.reject_us
-                                .as_mut()
-                                .expect("histogram")
-                                .saturating_record(us);
-                        }
-                    }
-                }
-                Err(e) => {
-                    o.errors += n;
-                    o.first_error.get_or_insert_with(|| e.to_string());
-                }
-            }
-        });
+        let frame = Frame {
+            client: client.clone(),
+            outcome: outcome.clone(),
+            shared: shared.clone(),
+            start,
+        };
+        sends.spawn(frame.send(tasks, first, retries));
     }
     while let Some(sent) = sends.join_next().await {
         sent?;
     }
     let o = outcome.lock().expect("outcome").clone();
     Ok((o, client))
+}
+
+/// One frame's way: sent, answered, counted — and, with `--retry-refused`, its tasks refused
+/// for the node's load sent again after the hint, as a frame of their own.
+struct Frame {
+    client: Arc<Client>,
+    outcome: Arc<Mutex<TenantOutcome>>,
+    shared: Arc<Mutex<Shared>>,
+    start: Instant,
+}
+
+impl Frame {
+    async fn send(self, mut tasks: Vec<spindle_wire::SubmitTask>, mut due: Instant, retries: u32) {
+        for attempt in 0..=retries {
+            let n = tasks.len() as u64;
+            let answer = if tasks.len() == 1 {
+                self.client.submit(tasks[0].clone()).await.map(|a| vec![a])
+            } else {
+                self.client.submit_batch(tasks.clone()).await
+            };
+            let us = due.elapsed().as_micros() as u64;
+            let sec = due.duration_since(self.start).as_secs();
+            let admissions = match answer {
+                Ok(admissions) => admissions,
+                Err(e) => {
+                    let mut o = self.outcome.lock().expect("outcome");
+                    o.errors += n;
+                    o.first_error.get_or_insert_with(|| e.to_string());
+                    return;
+                }
+            };
+            let mut again = Vec::new();
+            let mut wait = Duration::ZERO;
+            {
+                let mut o = self.outcome.lock().expect("outcome");
+                let mut s = self.shared.lock().expect("shared");
+                for (a, t) in admissions.into_iter().zip(tasks) {
+                    if a.decision.is_accepted() && !a.replay {
+                        o.accepted += 1;
+                        o.accepted_on_retry += u64::from(attempt > 0);
+                        o.ack_us.saturating_record(us);
+                        s.ack_us.as_mut().expect("histogram").saturating_record(us);
+                        let second = sec as usize;
+                        if s.ack_seconds.len() <= second {
+                            s.ack_seconds.resize_with(second + 1, second_histogram);
+                        }
+                        s.ack_seconds[second].saturating_record(us);
+                        s.accepted.push((o.tenant, a.task));
+                        continue;
+                    }
+                    if a.replay {
+                        *o.rejected.entry("REPLAY".to_string()).or_default() += 1;
+                        continue;
+                    }
+                    *o.rejected.entry(a.decision.name().to_string()).or_default() += 1;
+                    s.reject_us
+                        .as_mut()
+                        .expect("histogram")
+                        .saturating_record(us);
+                    if a.decision == spindle_core::Decision::RejectPlatformOverloaded {
+                        s.overload_us
+                            .as_mut()
+                            .expect("histogram")
+                            .saturating_record(us);
+                        count_at(&mut s.refused_seconds, sec, 1);
+                        if let Some(after) = a.retry_after() {
+                            wait = wait.max(after);
+                            again.push(t);
+                        }
+                    }
+                }
+                if again.is_empty() {
+                    return;
+                }
+                if attempt == retries {
+                    o.gave_up += u64::from(retries > 0) * again.len() as u64;
+                    return;
+                }
+                o.retried += again.len() as u64;
+            }
+            tokio::time::sleep(wait).await;
+            due = Instant::now();
+            tasks = again;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -548,17 +660,18 @@ mod tests {
         count_at(&mut completions, 0, 2);
         count_at(&mut completions, 3, 1);
         assert_eq!(completions, [2, 0, 0, 6]);
-        let t = timeline(&acks, &completions);
+        let t = timeline(&acks, &[0, 4], &completions);
         assert_eq!(t.len(), 4);
         assert_eq!((t[0].acked, t[0].completed), (100, 2));
         // Two significant figures: within 1 %.
         assert!((4_950..=5_050).contains(&t[0].ack_p50_us), "{:?}", t[0]);
         assert!((9_800..=10_000).contains(&t[0].ack_p99_us), "{:?}", t[0]);
-        assert_eq!((t[1].acked, t[1].completed), (1, 0));
+        assert_eq!((t[1].acked, t[1].completed, t[1].refused), (1, 0, 4));
         assert_eq!(
             t[3],
             Second {
                 acked: 0,
+                refused: 0,
                 completed: 6,
                 ack_p50_us: 0,
                 ack_p99_us: 0

@@ -37,6 +37,7 @@ use spindle_core::{PolicyVersion, TaskId};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::metrics::Metrics;
+use crate::overload::{PathGauge, Queued};
 use crate::ownership::Ownership;
 
 /// Messages one pipeline takes at once before it pushes back.
@@ -52,14 +53,18 @@ pub enum CpMsg {
         /// The policy version the tasks were admitted under.
         version: PolicyVersion,
         reply: Reply<ClaimedSubmit>,
+        /// The rows counted as waiting in the pipeline's gauge until it takes them.
+        queued: Queued,
     },
     Claim {
         claims: Vec<ClaimRequest>,
         reply: Reply<ClaimResult>,
+        queued: Queued,
     },
     Report {
         reports: Vec<Report>,
         reply: Reply<ReportResult>,
+        queued: Queued,
     },
     /// A new block of task ids.
     TaskIds {
@@ -137,6 +142,10 @@ pub struct Pipes {
     /// Submit calls the submit pipeline has started: the turn of the pool rows the pair's
     /// shards' next claims ask for ([`preferred_pool_shard`]).
     pub submit_calls: Arc<AtomicU64>,
+    /// How loaded each pipeline is: what admission reads to refuse new work it could not make
+    /// durable within its budget (`crate::overload`).
+    pub submit_gauge: Arc<PathGauge>,
+    pub work_gauge: Arc<PathGauge>,
 }
 
 /// Opens the pipelines' connections (migrating on the first), registers the node, takes the
@@ -241,7 +250,8 @@ pub async fn start(
     let mut pipes = Vec::new();
     let mut id_blocks = Vec::new();
     let open_pipeline = async |submit_calls: Option<Arc<AtomicU64>>,
-                               report_hold: Duration|
+                               report_hold: Duration,
+                               gauge: Arc<PathGauge>|
            -> anyhow::Result<mpsc::Sender<CpMsg>> {
         let (tx, rx) = mpsc::channel(PIPELINE_QUEUE_MAX);
         let db = Db::open_with_backoff(db_config).await?;
@@ -255,16 +265,27 @@ pub async fn start(
             submit_calls,
             report_hold,
             warm: warm.clone(),
+            gauge,
         };
         tokio::spawn(pipeline(setup, rx));
         Ok(tx)
     };
     for _ in 0..config.control_pipelines() {
         let submit_calls = Arc::new(AtomicU64::new(0));
+        let submit_gauge = PathGauge::new(config.batch_max);
+        let work_gauge = PathGauge::new(config.batch_max);
+        let hold = Duration::from_micros(config.report_hold_us.into());
         pipes.push(Pipes {
-            submits: open_pipeline(Some(submit_calls.clone()), Duration::ZERO).await?,
-            work: open_pipeline(None, Duration::from_micros(config.report_hold_us.into())).await?,
+            submits: open_pipeline(
+                Some(submit_calls.clone()),
+                Duration::ZERO,
+                submit_gauge.clone(),
+            )
+            .await?,
+            work: open_pipeline(None, hold, work_gauge.clone()).await?,
             submit_calls,
+            submit_gauge,
+            work_gauge,
         });
     }
     // Shard i uses pair i % pairs.

@@ -9,6 +9,7 @@ use spindle_core::{TaskId, TenantId};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::metrics::Metrics;
+use crate::overload::{CallModel, PathGauge};
 
 use super::{CpMsg, Reply, PIPELINE_QUEUE_MAX};
 
@@ -27,6 +28,9 @@ pub struct PipelineSetup {
     pub report_hold: std::time::Duration,
     /// What a connection runs before it serves, here and after each reconnect (`warmed`).
     pub warm: Option<Arc<WarmUp>>,
+    /// This pipeline's load, for admission: its calls as they start and end, and the model of
+    /// a call's time fitted over them.
+    pub gauge: Arc<PathGauge>,
 }
 
 /// Runs one pipeline (shared by the shards of its pair) until its senders are dropped.
@@ -41,7 +45,9 @@ pub async fn pipeline(setup: PipelineSetup, mut rx: mpsc::Receiver<CpMsg>) {
         submit_calls,
         report_hold,
         warm,
+        gauge,
     } = setup;
+    let mut model = CallModel::new(batch_max);
     let mut backlog: VecDeque<CpMsg> = VecDeque::new();
     loop {
         if backlog.is_empty() {
@@ -98,10 +104,19 @@ pub async fn pipeline(setup: PipelineSetup, mut rx: mpsc::Receiver<CpMsg>) {
         }
         let rows: usize = group.iter().map(CpMsg::rows).sum();
         let started = std::time::Instant::now();
+        gauge.call_started(rows);
         let ok = run_group(&db, &node, lease_ms, group).await;
+        let took = started.elapsed();
         if let Some(k) = kind {
-            metrics.batches[k].record(started.elapsed().as_micros() as u64, rows as u64);
+            metrics.batches[k].record(took.as_micros() as u64, rows as u64);
         }
+        // Calls of the pipeline's own kinds teach the model (a failed one says nothing of
+        // what the next takes); the rest only end.
+        gauge.call_ended(if kind.is_some() && ok && rows > 0 {
+            model.observe(rows, took)
+        } else {
+            model.fit()
+        });
         metrics
             .postgres_ok
             .store(ok, std::sync::atomic::Ordering::Relaxed);
@@ -317,14 +332,14 @@ async fn run_group(db: &Db, node: &str, lease_ms: u32, group: Vec<CpMsg>) -> boo
         }
         CpMsg::Claim { .. } => {
             let (all, replies) = merge(group, |m| match m {
-                CpMsg::Claim { claims, reply } => Some((claims, reply)),
+                CpMsg::Claim { claims, reply, .. } => Some((claims, reply)),
                 _ => None,
             });
             answer(db.claim_batch(node, lease_ms, &all).await, replies)
         }
         CpMsg::Report { .. } => {
             let (all, replies) = merge(group, |m| match m {
-                CpMsg::Report { reports, reply } => Some((reports, reply)),
+                CpMsg::Report { reports, reply, .. } => Some((reports, reply)),
                 _ => None,
             });
             answer(db.report_batch(&all).await, replies)
@@ -613,6 +628,7 @@ mod tests {
             tasks,
             version: PolicyVersion(1),
             reply: oneshot::channel().0,
+            queued: crate::overload::Queued::none(),
         }
     }
 
@@ -635,6 +651,7 @@ mod tests {
                 })
                 .collect(),
             reply: oneshot::channel().0,
+            queued: crate::overload::Queued::none(),
         }
     }
 
@@ -651,6 +668,7 @@ mod tests {
                 })
                 .collect(),
             reply: oneshot::channel().0,
+            queued: crate::overload::Queued::none(),
         }
     }
 

@@ -225,12 +225,21 @@ pub(super) async fn look_up(
 }
 
 async fn claim(state: &SharedShard, claims: Vec<ClaimRequest>) {
-    let cp = state.borrow().pipes.work.clone();
+    let (cp, gauge) = {
+        let s = state.borrow();
+        (s.pipes.work.clone(), s.pipes.work_gauge.clone())
+    };
     let asked: Vec<(TaskId, u32)> = claims
         .iter()
         .map(|c| (c.task, c.expected_version))
         .collect();
-    let result = ask(&cp, |reply| CpMsg::Claim { claims, reply }).await;
+    let queued = gauge.enqueue(claims.len());
+    let result = ask(&cp, |reply| CpMsg::Claim {
+        claims,
+        reply,
+        queued,
+    })
+    .await;
     // One answer per claim; `None`: not taken, the task goes back to its queue.
     let results: Vec<Option<ClaimResult>> = match result {
         Ok(results) => results.into_iter().map(Some).collect(),

@@ -294,6 +294,9 @@ pub struct ShardState {
     renew_ticks: u64,
     /// Leases of partitions and attempts (`lease_ms`).
     lease_ms: u32,
+    /// What new submits pass: refused where the durable path could not take them within the
+    /// ack budget (`crate::overload`).
+    gate: crate::overload::Gate,
 }
 
 pub type SharedShard = Rc<RefCell<ShardState>>;
@@ -335,6 +338,11 @@ pub struct ShardSetup {
     pub lease_ms: u32,
     /// Bytes of task inputs this shard holds in memory at most (its part of `task_inputs_mb`).
     pub inputs_bytes_max: usize,
+    /// How long a new submit may be expected to wait for its commit before it is refused
+    /// (`ack_budget_ms`; zero: never refused for that), and the board where the shards
+    /// publish what their tenants offer.
+    pub ack_budget: Duration,
+    pub offers: std::sync::Arc<crate::overload::OfferBoard>,
 }
 
 /// The board every shard of a node shares: one entry per node limit (any may become binding by
@@ -414,7 +422,16 @@ impl ShardState {
             setup.board.limits(),
             "the board was made for this policy"
         );
+        let gate = crate::overload::Gate::new(
+            setup.ack_budget,
+            setup.pipes.submit_gauge.clone(),
+            setup.pipes.work_gauge.clone(),
+            setup.offers,
+            setup.index,
+            setup.metrics.overload_refused.clone(),
+        );
         ShardState {
+            gate,
             core,
             node: setup.node.into(),
             board: setup.board,
@@ -628,6 +645,16 @@ pub async fn run(state: SharedShard, mut inbox: mpsc::Receiver<ShardMsg>) {
             for tick in 0u64.. {
                 glommio::timer::sleep(TICK).await;
                 resplit(&mut state.borrow_mut());
+                {
+                    let mut s = state.borrow_mut();
+                    s.gate.tick(Instant::now());
+                    let g = &s.metrics.shards[s.index];
+                    let relaxed = std::sync::atomic::Ordering::Relaxed;
+                    g.gate_calibration_milli
+                        .store((s.gate.calibration() * 1e3) as u64, relaxed);
+                    g.gate_tenants
+                        .store(s.gate.active_tenants() as u64, relaxed);
+                }
                 if tick % TENANT_TICKS == 0 {
                     publish_tenants(&state.borrow());
                 }

@@ -68,9 +68,13 @@ pub(super) fn take_reports(s: &mut ShardState) -> Option<Vec<Vec<Report>>> {
 
 /// Sends report rounds down the work pipeline and handles the answers.
 pub(super) async fn send_rounds(shared: SharedShard, rounds: Vec<Vec<Report>>) {
-    let (cp, metrics) = {
+    let (cp, gauge, metrics) = {
         let s = shared.borrow();
-        (s.pipes.work.clone(), s.metrics.clone())
+        (
+            s.pipes.work.clone(),
+            s.pipes.work_gauge.clone(),
+            s.metrics.clone(),
+        )
     };
     {
         let pending = |n: usize| {
@@ -90,6 +94,7 @@ pub(super) async fn send_rounds(shared: SharedShard, rounds: Vec<Vec<Report>>) {
                     .send(CpMsg::Report {
                         reports: reports.clone(),
                         reply: tx,
+                        queued: gauge.enqueue(n),
                     })
                     .await
                     .is_err()

@@ -68,6 +68,12 @@ pub(crate) struct Admitted {
     rows: Vec<NewTask>,
     /// Each row's place among the answers, and its task.
     commit: Vec<(usize, TaskId)>,
+    /// The rows counted as waiting for the submit pipeline from the moment they were admitted
+    /// (what the overload gate of the next frame sees), until the pipeline takes them.
+    queued: crate::overload::Queued,
+    /// When the frame was admitted, and the wait its commit was predicted to take then: the
+    /// gate learns from the wait it came to (`overload::Calibration`).
+    admitted: (std::time::Instant, std::time::Duration),
 }
 
 /// What admission made of a submit frame.
@@ -87,6 +93,9 @@ pub(crate) fn decide_now(
     tasks: Vec<SubmitTask>,
     batch: bool,
 ) -> Result<Decided, Vec<SubmitTask>> {
+    if let Some(response) = refused_whole(state, tenant, tasks.len(), batch) {
+        return Ok(Decided::Answered(response));
+    }
     let ids = {
         let mut s = state.borrow_mut();
         if (s.ids.end - s.ids.start) < tasks.len() as u64 {
@@ -108,6 +117,10 @@ pub(super) async fn submit(
     batch: bool,
     reply: oneshot::Sender<Response>,
 ) {
+    if let Some(response) = refused_whole(state, tenant, tasks.len(), batch) {
+        let _ = reply.send(response);
+        return;
+    }
     // Every id first, so that a batch is admitted and sent without an await in between.
     let mut ids = Vec::with_capacity(tasks.len());
     for _ in &tasks {
@@ -129,8 +142,60 @@ pub(super) async fn submit(
     }
 }
 
-/// Admission of a frame whose task ids are taken: the node's refusals (draining, a partition
-/// gone, the event relay's backlog), then each task in the core.
+/// What refuses a frame whole before its tasks take ids or reach the core: a draining node, a
+/// partition gone to another node, and the overload gate (`crate::overload`: the durable path
+/// could not take the frame within `ack_budget_ms`) — which answers each task
+/// `REJECT_PLATFORM_OVERLOADED` with its reason and a `retry_after_ms` hint, task id 0, without
+/// PostgreSQL.
+fn refused_whole(
+    state: &SharedShard,
+    tenant: TenantId,
+    tasks: usize,
+    batch: bool,
+) -> Option<Response> {
+    let mut s = state.borrow_mut();
+    if s.metrics.stopping() {
+        return Some(Response::Error(WireError::new(
+            ErrorCode::Draining,
+            "the node is draining; submit to another node",
+        )));
+    }
+    let partition = crate::config::partition_of(tenant.0, s.partitions);
+    if !s.ownership.owns(partition) {
+        // The partition moved to another node since this connection said Hello.
+        s.metrics
+            .wrong_node
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        return Some(Response::Error(s.ownership.refusal(tenant.0, partition)));
+    }
+    let weight = s.core.policy().tenants.get(&tenant).map_or(1, |t| t.weight);
+    let refusal = s
+        .gate
+        .judge(std::time::Instant::now(), tenant, weight, tasks)?;
+    let answers = (0..tasks)
+        .map(|_| {
+            Some(Admission {
+                task: TaskId(0),
+                decision: Decision::RejectPlatformOverloaded,
+                reason: Some(refusal.reason.clone()),
+                replay: false,
+                queue_level: 0,
+                expected_start_ms: 0,
+                retry_after_ms: refusal.retry_after_ms,
+            })
+        })
+        .collect();
+    Some(respond(&s, answers, batch))
+}
+
+/// A hint for refusals that wait on something slower than a commit: PostgreSQL unreachable,
+/// the event relay's backlog.
+const RETRY_AFTER_UNAVAILABLE_MS: u32 = 1_000;
+/// A hint for a refusal whose cause passes at the next lease renewal.
+const RETRY_AFTER_LEASE_MS: u32 = 100;
+
+/// Admission of a frame whose task ids are taken (after [`refused_whole`]): the event relay's
+/// backlog, then each task in the core.
 fn decide(
     state: &SharedShard,
     tenant: TenantId,
@@ -140,26 +205,6 @@ fn decide(
 ) -> Decided {
     let refused =
         |code, message: String| Decided::Answered(Response::Error(WireError::new(code, message)));
-    if state.borrow().metrics.stopping() {
-        return refused(
-            ErrorCode::Draining,
-            "the node is draining; submit to another node".into(),
-        );
-    }
-    let refusal = {
-        let s = state.borrow();
-        let partition = crate::config::partition_of(tenant.0, s.partitions);
-        (!s.ownership.owns(partition)).then(|| s.ownership.refusal(tenant.0, partition))
-    };
-    if let Some(e) = refusal {
-        // The partition moved to another node since this connection said Hello.
-        state
-            .borrow()
-            .metrics
-            .wrong_node
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        return Decided::Answered(Response::Error(e));
-    }
     // Past the event relay's bound, new work is refused rather than added to the backlog.
     let backlog = {
         let m = &state.borrow().metrics;
@@ -243,12 +288,16 @@ fn decide(
     if commit.is_empty() {
         return Decided::Answered(respond(&s, answers, batch));
     }
+    let admitted = (std::time::Instant::now(), s.gate.predict(rows.len()));
+    let queued = s.pipes.submit_gauge.enqueue(rows.len());
     Decided::Commit(Admitted {
         batch,
         version: s.core.policy().version,
         answers,
         rows,
         commit,
+        queued,
+        admitted,
     })
 }
 
@@ -261,6 +310,7 @@ fn overloaded(task: TaskId, why: String) -> Admission {
         replay: false,
         queue_level: 0,
         expected_start_ms: 0,
+        retry_after_ms: RETRY_AFTER_UNAVAILABLE_MS,
     }
 }
 
@@ -293,6 +343,8 @@ pub(crate) async fn commit(state: &SharedShard, admitted: Admitted, reply: impl 
         mut answers,
         rows,
         commit,
+        queued,
+        admitted: (admitted_at, predicted),
     } = admitted;
     let mut started = Vec::new();
     // The tasks just admitted are picked now. One that starts at once carries its claim in
@@ -319,6 +371,7 @@ pub(crate) async fn commit(state: &SharedShard, admitted: Admitted, reply: impl 
         tasks: rows,
         version,
         reply,
+        queued,
     })
     .await;
     // Only a batch in doubt needs its tasks' ids apart.
@@ -337,6 +390,7 @@ pub(crate) async fn commit(state: &SharedShard, admitted: Admitted, reply: impl 
         let now = s.now();
         match (outcome, heads) {
             (Ok(rows), _) => {
+                s.gate.observe(predicted, admitted_at.elapsed());
                 for (&(i, task), row) in commit.iter().zip(rows) {
                     let answer = &mut answers[i];
                     started.extend(apply_submit_outcome(&mut s, now, task, row, answer));
@@ -374,6 +428,7 @@ pub(crate) async fn commit(state: &SharedShard, admitted: Admitted, reply: impl 
                         replay: false,
                         queue_level: 0,
                         expected_start_ms: 0,
+                        retry_after_ms: RETRY_AFTER_UNAVAILABLE_MS,
                     });
                 }
             }
@@ -436,6 +491,7 @@ fn apply_submit_outcome(
                 "partition {} is not leased to this node now; submit again shortly",
                 partition.0
             ));
+            a.retry_after_ms = RETRY_AFTER_LEASE_MS;
         }
     }
     None
@@ -521,6 +577,7 @@ fn wire_admission(a: &spindle_core::Admission, replay: bool) -> Admission {
         expected_start_ms: a
             .estimated_start_at
             .map_or(0, |t| u32::try_from(t.as_ms()).unwrap_or(u32::MAX)),
+        retry_after_ms: 0,
     }
 }
 

@@ -28,6 +28,7 @@ class Admission(object):
     def Init(self, buf, pos):
         self._tab = flatbuffers.table.Table(buf, pos)
 
+    # The task; 0 for a refusal made before any task was (the node's overload gate).
     # Admission
     def TaskId(self):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(4))
@@ -73,8 +74,17 @@ class Admission(object):
             return self._tab.Get(flatbuffers.number_types.Uint32Flags, o + self._tab.Pos)
         return 0
 
+    # For a refusal that is about the node's load (RejectPlatformOverloaded): send again no
+    # sooner than this many ms from now. 0: no hint.
+    # Admission
+    def RetryAfterMs(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(16))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Uint32Flags, o + self._tab.Pos)
+        return 0
+
 def AdmissionStart(builder):
-    builder.StartObject(6)
+    builder.StartObject(7)
 
 def Start(builder):
     AdmissionStart(builder)
@@ -114,6 +124,12 @@ def AdmissionAddExpectedStartMs(builder, expectedStartMs):
 
 def AddExpectedStartMs(builder, expectedStartMs):
     AdmissionAddExpectedStartMs(builder, expectedStartMs)
+
+def AdmissionAddRetryAfterMs(builder, retryAfterMs):
+    builder.PrependUint32Slot(6, retryAfterMs, 0)
+
+def AddRetryAfterMs(builder, retryAfterMs):
+    AdmissionAddRetryAfterMs(builder, retryAfterMs)
 
 def AdmissionEnd(builder):
     return builder.EndObject()
