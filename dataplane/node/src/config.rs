@@ -106,8 +106,9 @@ pub struct Config {
     /// How long a new submit may be expected to wait for its commit (or the accepted work
     /// ahead of it for its claims and reports, twice this) before the node refuses it at once,
     /// `REJECT_PLATFORM_OVERLOADED` with a `retry_after_ms` hint, instead of queueing it. The
-    /// tenants sending the most for their weight are refused first, from an eighth of it
-    /// (`crate::overload`). 0: never refused for the durable path's load.
+    /// tenants sending the most for their weight are refused first, from an eighth of it,
+    /// and the quietest only past twice it (`crate::overload`). 0: never refused for the
+    /// durable path's load.
     #[serde(default = "default_ack_budget_ms")]
     pub ack_budget_ms: u32,
     /// The local provider finishes a task after its modelled provider time × this factor.
@@ -307,7 +308,7 @@ fn default_report_hold_us() -> u32 {
     5_000
 }
 fn default_ack_budget_ms() -> u32 {
-    100
+    50
 }
 /// The longest `ack_budget_ms` accepted.
 const ACK_BUDGET_MAX_MS: u32 = 60_000;
@@ -883,7 +884,7 @@ mod tests {
 
     #[test]
     fn the_ack_budget_is_bounded_and_zero_turns_the_gate_off() {
-        assert_eq!(load_text("").unwrap().ack_budget_ms, 100);
+        assert_eq!(load_text("").unwrap().ack_budget_ms, 50);
         assert_eq!(load_text("ack_budget_ms = 0\n").unwrap().ack_budget_ms, 0);
         let e = load_text("ack_budget_ms = 60001\n").unwrap_err();
         assert_eq!(e.to_string(), "ack_budget_ms must be 0..=60000, not 60001");

@@ -18,13 +18,16 @@
 //! thread and back, the shard's turn), over the budget as the pressure `p`, and compares it with
 //! the frame's tenant's level ([`level`]): a share of the budget that is smaller the more the
 //! tenant offers per unit of weight against the node's active tenants' mean — an eighth for a
-//! tenant at or over the mean, the whole budget for one at an eighth of it or less. Under its
+//! tenant at or over the mean, the whole budget for one at an eighth of it, twice the budget for
+//! the quietest. Under its
 //! level a frame is admitted; from twice it (or the whole budget) it is refused; in between it
 //! is refused with a probability rising in proportion, so that tenants offering alike are
 //! refused alike (random early refusal: deterministic thresholds let the phase of a tenant's
 //! frames against the calls decide who gets in). So a whale is shed before quiet tenants, who
 //! keep their acks within the budget, and tenants sharing alike are held between an eighth and
-//! a quarter of it.
+//! a quarter of it. The levels apply only while a queue stands ([`Standing`], as CoDel tells a
+//! standing queue from a burst): until then — a light load whose store hiccups — every tenant
+//! is admitted up to the whole budget.
 //!
 //! Claims and reports are never refused. The work path's wait is held to twice the budget by
 //! the same levels ([`WORK_BUDGETS`]): when accepted work is not keeping up, new submits are
@@ -354,39 +357,100 @@ impl Shed {
 }
 
 /// The share of the budget from which a tenant offering `x` times the node's mean per unit of
-/// weight may be refused: an eighth for a tenant at or over the mean, rising as its offer falls
-/// to the whole budget for one at an eighth of the mean or less.
+/// weight may be refused: an eighth for a tenant at or over the mean, rising in inverse
+/// proportion as its offer falls — the whole budget at an eighth of the mean — up to twice the
+/// budget for the quietest (a sixteenth of the mean or less), so that a store's hiccup under
+/// overload does not refuse them either.
 pub fn level(x: f64) -> f64 {
     if x.is_nan() {
         return 1.0;
     }
-    (LEVEL_MIN / x.max(1e-9)).clamp(LEVEL_MIN, 1.0)
+    (LEVEL_MIN / x.max(1e-9)).clamp(LEVEL_MIN, LEVEL_MAX)
 }
 
 /// The level of a tenant at or over the mean: tenants sending alike are held between this and
 /// twice it of the budget.
 pub const LEVEL_MIN: f64 = 0.125;
+/// The level of the quietest tenants.
+pub const LEVEL_MAX: f64 = 2.0;
 
 /// The pure decision for a tenant offering `x` times the node's mean per unit of weight, from
 /// the paths' pressures — `submit`: the submit path's wait over the budget; `work`: the work
 /// path's over twice it (its waits delay completions, not acknowledgements) — and `draw`, a
-/// number drawn uniformly from [0, 1). On each path a tenant is admitted under its
-/// [`level`], refused from twice it (or the whole budget, whichever is less), and in between
-/// refused with a probability rising in proportion: random early refusal (as RED drops
-/// packets), so that tenants offering alike are refused alike instead of by the phase of their
-/// frames against the calls. `None`: admitted.
+/// number drawn uniformly from [0, 1). On each path a tenant is admitted under its [`level`];
+/// under the whole budget it is refused from twice its level, and in between with a
+/// probability rising in proportion: random early refusal (as RED drops packets), so that
+/// tenants offering alike are refused alike instead of by the phase of their frames against
+/// the calls. A level of the whole budget or more is a plain bound. `None`: admitted.
 pub fn verdict(submit: f64, work: f64, x: f64, draw: f64) -> Option<Shed> {
     let low = level(x);
-    let high = (2.0 * low).min(1.0);
+    let high = (2.0 * low).min(1.0).max(low);
     let refused = |p: f64| p >= high || (p >= low && draw < (p - low) / (high - low));
     if refused(work) {
         Some(Shed::Behind)
-    } else if submit >= 1.0 {
+    } else if refused(submit) && submit >= 1.0 {
         Some(Shed::Full)
     } else if refused(submit) {
         Some(Shed::OverShare)
     } else {
         None
+    }
+}
+
+/// Whether a queue stands (CoDel's distinction between a burst that drains by itself and a
+/// queue that stays): the per-tenant levels apply only while one does. It stands once the
+/// pressure has stayed at or over the heaviest senders' level ([`LEVEL_MIN`]) for
+/// [`STANDING_INTERVAL`] — less the further over it is, by the square: a sixty-fourth of it at
+/// eight times the level — and until an interval passes without a frame at that level. Outside, every tenant
+/// is admitted up to the whole budget: a hiccup of the store under a light load refuses no
+/// one, however unevenly its few tenants send.
+#[derive(Debug, Clone, Copy)]
+pub struct Standing {
+    /// Since when every frame judged found the pressure at or over the level.
+    above_since: Option<Instant>,
+    /// The last frame that did.
+    last_above: Option<Instant>,
+    on: bool,
+}
+
+/// How long the pressure must stay at the heaviest senders' level before a queue is taken as
+/// standing (at the level; less above it), and how long under it before it no longer is.
+pub const STANDING_INTERVAL: Duration = Duration::from_millis(50);
+
+impl Standing {
+    pub const fn new() -> Standing {
+        Standing {
+            above_since: None,
+            last_above: None,
+            on: false,
+        }
+    }
+
+    /// A frame judged at `now` found the pressure `p`: whether a queue stands now.
+    pub fn note(&mut self, now: Instant, p: f64) -> bool {
+        if p >= LEVEL_MIN {
+            let since = *self.above_since.get_or_insert(now);
+            self.last_above = Some(now);
+            let needed = STANDING_INTERVAL.mul_f64((LEVEL_MIN / p).min(1.0).powi(2));
+            if now.saturating_duration_since(since) >= needed {
+                self.on = true;
+            }
+        } else {
+            self.above_since = None;
+            let quiet_for = self
+                .last_above
+                .map_or(Duration::MAX, |t| now.saturating_duration_since(t));
+            if quiet_for >= STANDING_INTERVAL {
+                self.on = false;
+            }
+        }
+        self.on
+    }
+}
+
+impl Default for Standing {
+    fn default() -> Standing {
+        Standing::new()
     }
 }
 
@@ -456,6 +520,7 @@ pub struct Gate {
     pub refused: Arc<[AtomicU64; 3]>,
     /// The state of [`Gate::draw`] (never zero).
     rng: u64,
+    standing: Standing,
 }
 
 impl Gate {
@@ -482,6 +547,7 @@ impl Gate {
             weights: 0.0,
             refused,
             rng: 0x9e37_79b9_7f4a_7c15 ^ (shard as u64 + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9),
+            standing: Standing::new(),
         }
     }
 
@@ -552,16 +618,26 @@ impl Gate {
         }
         let (submit, work) = (self.wait(rows), self.work_wait());
         let (others_rate, others_weight) = self.board.others(self.shard);
-        let mean = (self.total.at(now) + others_rate) / (self.weights + others_weight).max(1.0);
+        let weights = (self.weights + others_weight).max(1.0);
+        // A tenant's offer per unit of weight is told against the active tenants' mean, or —
+        // where they offer less in all than the submit path could take (the inverse of a row's
+        // cost) — against that capacity's share per unit of weight: a tenant sending most of
+        // a light load is no whale.
+        let capacity = 1e9 / self.submits.model().1.max(1.0);
+        let mean = (self.total.at(now) + others_rate).max(capacity) / weights;
         let norm = tenant_rate / f64::from(weight);
-        let x = if mean > 0.0 { norm / mean } else { 1.0 };
         let budget = self.budget.as_secs_f64();
-        let shed = verdict(
+        let (p_submit, p_work) = (
             submit.as_secs_f64() / budget,
             work.as_secs_f64() / (WORK_BUDGETS * budget),
-            x,
-            self.draw(),
-        )?;
+        );
+        // Without a standing queue, no tenant is told apart (x = 0: the whole budget).
+        let x = match self.standing.note(now, p_submit.max(p_work)) {
+            true if mean > 0.0 => norm / mean,
+            true => 1.0,
+            false => 0.0,
+        };
+        let shed = verdict(p_submit, p_work, x, self.draw())?;
         let wait = submit.max(work);
         self.refused[shed as usize].fetch_add(rows as u64, Relaxed);
         let budget_ms = self.budget.as_millis();
@@ -671,8 +747,8 @@ mod tests {
         assert_eq!(level(1.0), 0.125);
         assert_eq!(level(100.0), 0.125);
         assert_eq!(level(0.5), 0.25);
-        assert_eq!(level(0.125), 1.0);
-        assert_eq!(level(0.0), 1.0);
+        assert_eq!(level(0.0625), 2.0);
+        assert_eq!(level(0.0), 2.0);
         let refused = |submit: f64, work: f64, x: f64| -> f64 {
             let n = 10_000;
             let hits = (0..n)
@@ -690,10 +766,15 @@ mod tests {
         // A tenant at half the mean: from a quarter to half the budget.
         assert_eq!(refused(0.24, 0.0, 0.5), 0.0);
         assert!((refused(0.375, 0.0, 0.5) - 0.5).abs() < 1e-3);
-        // A quiet one: only past the whole budget, on either path.
-        assert_eq!(refused(0.99, 0.99, 0.01), 0.0);
-        assert_eq!(verdict(1.0, 0.0, 0.01, 0.99), Some(Shed::Full));
-        assert_eq!(verdict(0.0, 1.0, 0.01, 0.99), Some(Shed::Behind));
+        // One at an eighth of the mean: only past the whole budget, on either path.
+        assert_eq!(level(0.125), 1.0);
+        assert_eq!(refused(0.99, 0.99, 0.125), 0.0);
+        assert_eq!(verdict(1.0, 0.0, 0.125, 0.99), Some(Shed::Full));
+        assert_eq!(verdict(0.0, 1.0, 0.125, 0.99), Some(Shed::Behind));
+        // The quietest: up to twice the budget.
+        assert_eq!(level(0.01), 2.0);
+        assert_eq!(refused(1.99, 1.99, 0.01), 0.0);
+        assert_eq!(verdict(2.0, 0.0, 0.01, 0.99), Some(Shed::Full));
         // The work path's levels are the submit path's.
         assert!((refused(0.0, 0.1875, 1.0) - 0.5).abs() < 1e-3);
         // The hint: the time to fall below an eighth of the budget, at least an eighth of it.
@@ -701,6 +782,29 @@ mod tests {
         assert_eq!(retry_after(30 * MS, budget), 20);
         assert_eq!(retry_after(12 * MS, budget), 10);
         assert_eq!(retry_after(Duration::from_secs(60), budget), 10_000);
+    }
+
+    #[test]
+    fn a_queue_stands_once_the_pressure_stays_up_for_an_interval() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut s = Standing::new();
+        // A hiccup: one frame over the level, then under it.
+        assert!(!s.note(at(0), 0.2));
+        assert!(!s.note(at(10), 0.05));
+        // Over the level through an interval: it stands.
+        assert!(!s.note(at(20), 0.13));
+        assert!(!s.note(at(60), 0.13));
+        assert!(s.note(at(70), 0.13));
+        // A frame under the level does not end it; an interval without one over it does.
+        assert!(s.note(at(80), 0.05));
+        assert!(s.note(at(100), 0.2));
+        assert!(s.note(at(140), 0.05));
+        assert!(!s.note(at(150), 0.05));
+        // Far over the level it stands sooner: at 0.25, a quarter of the interval.
+        assert!(!s.note(at(200), 0.25));
+        assert!(!s.note(at(212), 0.25));
+        assert!(s.note(at(213), 0.25));
     }
 
     #[test]
@@ -738,14 +842,27 @@ mod tests {
         );
         let now = Instant::now();
         let (whale, quiet) = (TenantId(1), TenantId(2));
-        // The whale sends 100 frames of 64 while the quiet tenant sends one task; nothing waits.
+        // At first the whale sends 100 frames of 64 (6,400 tasks a second, under a tenth of
+        // the 100,000 rows a second the path could take) and the quiet tenant one task; with
+        // 1,000 rows waiting and a queue standing, the whale is not told apart: it sends most
+        // of a light load.
         for _ in 0..100 {
             assert_eq!(gate.judge(now, whale, 1, 64), None);
         }
         assert_eq!(gate.judge(now, quiet, 1, 1), None);
+        {
+            let _q = submits.enqueue(1_000);
+            assert_eq!(gate.judge(now, whale, 1, 64), None);
+            assert_eq!(gate.judge(now + STANDING_INTERVAL, whale, 1, 64), None);
+        }
+        // Then it sends 2,000 frames more: 134,400 a second, past what the path could take.
+        for _ in 0..2_000 {
+            assert_eq!(gate.judge(now, whale, 1, 64), None);
+        }
         // 1,000 rows waiting: a call of 1,064 rows, 2 + 10.64 ms of a 40 ms budget — past
         // the top of the whale's ramp (a quarter of the budget), under the quiet tenant's
-        // level (all of it).
+        // level (all of it). (A queue stands since the check above.)
+        let now = now + STANDING_INTERVAL;
         let _q = submits.enqueue(1_000);
         let r = gate
             .judge(now, whale, 1, 64)
@@ -753,8 +870,9 @@ mod tests {
         assert!(r.reason.contains("refused first"), "{}", r.reason);
         assert_eq!(r.retry_after_ms, 7);
         assert_eq!(gate.judge(now, quiet, 1, 1), None);
-        // The work path past twice the budget: everyone is refused (finish before start).
-        let _w = work.enqueue(8_000);
+        // The work path past twice its allowance of two budgets: even the quietest tenant is
+        // refused (finish before start).
+        let _w = work.enqueue(16_000);
         let r = gate.judge(now, quiet, 1, 1).expect("behind");
         assert!(r.reason.contains("finishes them before"), "{}", r.reason);
         assert_eq!(refused[Shed::OverShare as usize].load(Relaxed), 64);
