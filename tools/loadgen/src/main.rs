@@ -195,6 +195,15 @@ enum Command {
         /// Tasks per second of each of the nine quiet tenants (the loud one sends 100×).
         #[arg(long, default_value_t = 2.0)]
         quiet_rate: f64,
+        /// A spike: for `--spike-seconds` from `--spike-at`, the loud tenant alone sends this
+        /// many times the demo's whole rate (0: none); the report shows what the node refused
+        /// then, and that the quiet tenants went on as before.
+        #[arg(long, default_value_t = 3.0)]
+        spike: f64,
+        #[arg(long, default_value_t = 5)]
+        spike_at: u64,
+        #[arg(long, default_value_t = 3)]
+        spike_seconds: u64,
         #[command(flatten)]
         common: Common,
     },
@@ -223,7 +232,25 @@ fn main() -> anyhow::Result<()> {
             };
             drive(addr, metrics, tls.client()?, tenants, &common)
         }
-        Command::Demo { quiet_rate, common } => demo(quiet_rate, &common),
+        Command::Demo {
+            quiet_rate,
+            spike,
+            spike_at,
+            spike_seconds,
+            common,
+        } => {
+            anyhow::ensure!(
+                (0.0..=1_000.0).contains(&spike),
+                "--spike must be 0..=1000 times the demo's rate"
+            );
+            let spike = (spike > 0.0 && spike_seconds > 0).then(|| workload::Spike {
+                at: Duration::from_secs(spike_at),
+                lasting: Duration::from_secs(spike_seconds),
+                // The demo's whole rate: the loud tenant's 100× and nine quiet ones.
+                rate: spike * quiet_rate * 109.0,
+            });
+            demo(quiet_rate, spike, &common)
+        }
         Command::OverloadPlot { curve, out } => {
             let text = std::fs::read_to_string(&curve)
                 .with_context(|| format!("reading {}", curve.display()))?;
@@ -298,7 +325,10 @@ fn drive(
         "--batch must be 1..=1024"
     );
     let input = workload::input_of(common.input_bytes)?;
-    let offered: f64 = tenants.iter().map(|t| t.rate).sum();
+    let offered: f64 = tenants
+        .iter()
+        .map(|t| t.mean_rate(Duration::from_secs(common.duration)))
+        .sum();
     let opts = run::Options {
         addr,
         tenants,
@@ -337,10 +367,13 @@ fn drive(
     Ok(())
 }
 
+/// The most tasks a demo tenant may have queued.
+const DEMO_QUEUED_MAX: u64 = 1_000;
+
 /// Set once the demo is over: the in-process node's logs stop (its database is going away).
 static QUIET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-fn demo(quiet_rate: f64, common: &Common) -> anyhow::Result<()> {
+fn demo(quiet_rate: f64, spike: Option<workload::Spike>, common: &Common) -> anyhow::Result<()> {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::Layer;
@@ -367,13 +400,17 @@ fn demo(quiet_rate: f64, common: &Common) -> anyhow::Result<()> {
         } else {
             quiet_rate
         };
+        // Each tenant's queue is bounded (the presets leave it unbounded): a spike past what
+        // the provider's slots drain is refused at once, with the reason, instead of queued
+        // for minutes.
         tenants_toml.push_str(&format!(
-            "[[tenants]]\nid = {t}\ncredential = \"demo-{t}\"\n\n"
+            "[[tenants]]\nid = {t}\ncredential = \"demo-{t}\"\nqueued_tasks_max = {DEMO_QUEUED_MAX}\n\n"
         ));
         loads.push(TenantLoad {
             tenant: t,
             credential: format!("demo-{t}"),
             rate,
+            spike: if t == 1 { spike } else { None },
         });
     }
     let config_text = format!(
@@ -387,6 +424,14 @@ fn demo(quiet_rate: f64, common: &Common) -> anyhow::Result<()> {
         quiet_rate * 100.0,
         common.duration
     );
+    if let Some(s) = spike {
+        println!(
+            "demo: a spike from {} s to {} s: tenant 1 alone sends {:.0}/s",
+            s.at.as_secs(),
+            (s.at + s.lasting).as_secs(),
+            s.rate
+        );
+    }
     let node = start_node("spindled", config, &ready)?;
     // Its `/metrics` count completions as they happen (the timeline's), not only at the end.
     let metrics = scrape::Endpoint {

@@ -177,6 +177,21 @@ pub fn text(report: &serde_json::Value) -> String {
         .expect("write to string");
     }
     for t in r["tenants"].as_array().into_iter().flatten() {
+        let mut reasons: Vec<(String, u64)> = t["rejected"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| (k.clone(), v.as_u64().unwrap_or(0)))
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        if !reasons.is_empty() {
+            reasons.sort();
+            let list: Vec<String> = reasons.iter().map(|(k, n)| format!("{k} {n}")).collect();
+            writeln!(out, "tenant {} refused: {}", t["tenant"], list.join(", "))
+                .expect("write to string");
+        }
+    }
+    for t in r["tenants"].as_array().into_iter().flatten() {
         if let Some(e) = t["first_error"].as_str() {
             writeln!(
                 out,
@@ -232,7 +247,7 @@ pub fn timeline_svg(report: &serde_json::Value) -> String {
                 values: column("completed", 1.0),
             },
             Series {
-                name: "refused (overload)",
+                name: "refused",
                 color: "#d62728",
                 values: column("refused", 1.0),
             },

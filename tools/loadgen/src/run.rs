@@ -123,7 +123,7 @@ impl TenantOutcome {
 pub struct Second {
     /// Tasks acknowledged whose frame was due in this second.
     pub acked: u64,
-    /// Tasks refused for the node's load whose frame was due in this second.
+    /// Tasks refused (for any reason but a replay) whose frame was due in this second.
     pub refused: u64,
     /// Tasks that completed in this second.
     pub completed: u64,
@@ -136,7 +136,7 @@ struct Shared {
     ack_us: Option<Histogram<u64>>,
     reject_us: Option<Histogram<u64>>,
     overload_us: Option<Histogram<u64>>,
-    /// Refusals for the node's load, by the second their frame was due.
+    /// Refusals, by the second their frame was due.
     refused_seconds: Vec<u64>,
     send_late_us: Option<Histogram<u64>>,
     /// The acknowledgement latencies of each second's frames (by their intended send time),
@@ -505,7 +505,11 @@ async fn tenant_loop(
             );
             t.input = input.clone();
             tasks.push(t);
-            intended += gap(arrival, load.rate, &mut rng);
+            intended += gap(
+                arrival,
+                load.rate_at(intended.saturating_duration_since(start)),
+                &mut rng,
+            );
         }
         if first.duration_since(start) >= duration {
             break;
@@ -597,12 +601,12 @@ impl Frame {
                         .as_mut()
                         .expect("histogram")
                         .saturating_record(us);
+                    count_at(&mut s.refused_seconds, sec, 1);
                     if a.decision == spindle_core::Decision::RejectPlatformOverloaded {
                         s.overload_us
                             .as_mut()
                             .expect("histogram")
                             .saturating_record(us);
-                        count_at(&mut s.refused_seconds, sec, 1);
                         if let Some(after) = a.retry_after() {
                             wait = wait.max(after);
                             again.push(t);

@@ -20,6 +20,39 @@ pub struct TenantLoad {
     pub credential: String,
     /// Tasks per second offered.
     pub rate: f64,
+    /// A spell at another rate (the demo's spike).
+    #[serde(skip)]
+    pub spike: Option<Spike>,
+}
+
+/// A spell during which a tenant offers `rate` instead of its own.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Spike {
+    /// From this long after the start, for `lasting`.
+    pub at: Duration,
+    pub lasting: Duration,
+    pub rate: f64,
+}
+
+impl TenantLoad {
+    /// The rate offered `elapsed` after the start.
+    pub fn rate_at(&self, elapsed: Duration) -> f64 {
+        match self.spike {
+            Some(s) if elapsed >= s.at && elapsed < s.at + s.lasting => s.rate,
+            _ => self.rate,
+        }
+    }
+
+    /// Tasks offered over `duration` from the start, on average a second.
+    pub fn mean_rate(&self, duration: Duration) -> f64 {
+        let Some(s) = self.spike else {
+            return self.rate;
+        };
+        let total = duration.as_secs_f64().max(1e-9);
+        let end = (s.at + s.lasting).min(duration);
+        let spiked = end.saturating_sub(s.at).as_secs_f64();
+        (self.rate * (total - spiked) + s.rate * spiked) / total
+    }
 }
 
 impl TenantLoad {
@@ -39,6 +72,7 @@ impl TenantLoad {
             tenant: parts[0].parse()?,
             credential: parts[1].to_string(),
             rate,
+            spike: None,
         })
     }
 }
@@ -128,5 +162,25 @@ mod tests {
         }
         assert!(input_of(12).is_err());
         assert!(input_of(spindle_wire::limits::INPUT_BYTES_MAX + 1).is_err());
+    }
+
+    #[test]
+    fn a_spike_changes_the_rate_for_its_spell_only() {
+        let s = Duration::from_secs;
+        let mut load = TenantLoad::parse("1:a:100").unwrap();
+        assert_eq!(load.rate_at(s(5)), 100.0);
+        assert_eq!(load.mean_rate(s(10)), 100.0);
+        load.spike = Some(Spike {
+            at: s(4),
+            lasting: s(2),
+            rate: 600.0,
+        });
+        assert_eq!(load.rate_at(Duration::from_millis(3_999)), 100.0);
+        assert_eq!(load.rate_at(s(4)), 600.0);
+        assert_eq!(load.rate_at(Duration::from_millis(5_999)), 600.0);
+        assert_eq!(load.rate_at(s(6)), 100.0);
+        // 8 s at 100 and 2 s at 600 over 10 s; a window ending inside the spike counts its part.
+        assert_eq!(load.mean_rate(s(10)), 200.0);
+        assert_eq!(load.mean_rate(s(5)), 200.0);
     }
 }
