@@ -65,7 +65,7 @@ pub fn request_key(task: TaskId, attempt_no: u32) -> String {
     format!("spindle-{}-{attempt_no}", task.0)
 }
 
-fn validate(node: &str, batch: &[ClaimRequest]) -> Result<(), InputError> {
+pub(crate) fn validate(node: &str, batch: &[ClaimRequest]) -> Result<(), InputError> {
     check_batch_len(batch.len())?;
     check_text(0, "node", node, NAME_BYTES_MAX)?;
     let mut tasks = BatchTasks::default();
@@ -206,20 +206,32 @@ impl Db {
         check_answered("claim", &rows, batch.len())?;
         rows.iter()
             .zip(batch)
-            .map(|(r, c)| {
-                let outcome: &str = r.get(1);
-                let detail: Option<&str> = r.get(5);
-                match outcome {
-                    "GRANTED" => {
-                        let attempt: i64 = r.get(2);
-                        let token: i64 = r.get(3);
-                        let attempt_no: i32 = r.get(4);
-                        Ok(granted(c.task, attempt, token, attempt_no as u32))
-                    }
-                    refused => Ok(ClaimResult::Refused(refusal(refused, detail)?)),
-                }
-            })
+            .map(|(r, c)| claim_result(c, r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)))
             .collect()
+    }
+}
+
+/// Claim `c`'s row: its outcome, and the attempt, token and attempt number of a grant (or the
+/// detail of a refusal).
+pub(crate) fn claim_result(
+    c: &ClaimRequest,
+    outcome: &str,
+    attempt: Option<i64>,
+    token: Option<i64>,
+    attempt_no: Option<i32>,
+    detail: Option<&str>,
+) -> Result<ClaimResult, StoreError> {
+    match outcome {
+        "GRANTED" => match (attempt, token, attempt_no) {
+            (Some(attempt), Some(token), Some(no)) => {
+                Ok(granted(c.task, attempt, token, no as u32))
+            }
+            _ => Err(StoreError::Corrupt(format!(
+                "claim of {} granted without its attempt",
+                c.task
+            ))),
+        },
+        refused => Ok(ClaimResult::Refused(refusal(refused, detail)?)),
     }
 }
 

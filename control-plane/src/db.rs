@@ -60,6 +60,7 @@ pub(crate) struct Statements {
     pub submit_claim: Statement,
     pub claim: Statement,
     pub report: Statement,
+    pub work: Statement,
     pub renew: Statement,
 }
 
@@ -377,6 +378,12 @@ async fn prepare(client: &Client) -> Result<Statements, StoreError> {
             .await?,
         report: client
             .prepare("SELECT * FROM spindle_report($1, $2, $3, $4, $5, $6, $7, $8)")
+            .await?,
+        work: client
+            .prepare(
+                "SELECT * FROM spindle_work($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
+                 $13, $14, $15, $16, $17, $18, $19)",
+            )
             .await?,
         renew: client
             .prepare("SELECT * FROM spindle_renew($1, $2, $3)")

@@ -26,6 +26,7 @@ pub mod submit;
 pub mod testing;
 pub mod types;
 pub mod warm;
+pub mod work;
 
 pub use claim::{ClaimRefusal, ClaimRequest, ClaimResult, Demand};
 pub use db::{Db, DbConfig};

@@ -122,6 +122,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "cluster_relay_and_shares",
         sql: include_str!("../migrations/0021_cluster_relay_and_shares.sql"),
     },
+    Migration {
+        version: 22,
+        name: "work_call",
+        sql: include_str!("../migrations/0022_work_call.sql"),
+    },
 ];
 
 /// FNV-1a over the migration's text: stable across builds and platforms.

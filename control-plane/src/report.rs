@@ -120,7 +120,7 @@ impl ReportAction {
     }
 }
 
-fn validate(batch: &[Report]) -> Result<(), InputError> {
+pub(crate) fn validate(batch: &[Report]) -> Result<(), InputError> {
     check_batch_len(batch.len())?;
     let mut tasks = BatchTasks::default();
     for (row, r) in batch.iter().enumerate() {
@@ -214,7 +214,7 @@ impl Db {
     /// token is the task's current one (a stale attempt writes nothing), ahead of the finishes
     /// themselves: a finish that then fails leaves a result its next attempt overwrites, and a
     /// repeat writes the same again. No call when no finish carries one.
-    async fn store_results(&self, batch: &[Report]) -> Result<(), StoreError> {
+    pub(crate) async fn store_results(&self, batch: &[Report]) -> Result<(), StoreError> {
         let mut task = Vec::new();
         let mut token = Vec::new();
         let mut result = Vec::new();
@@ -255,87 +255,123 @@ impl Db {
             return Ok(Vec::new());
         }
         self.store_results(batch).await?;
-        let task: Vec<i64> = batch.iter().map(|r| r.task.0 as i64).collect();
-        let token: Vec<Option<i64>> = batch.iter().map(|r| r.token.map(|t| t.0 as i64)).collect();
-        let mode: Vec<&str> = batch.iter().map(|r| r.action.mode()).collect();
-        let to: Vec<Option<&str>> = batch
-            .iter()
-            .map(|r| r.action.target().map(TaskState::name))
-            .collect();
-        let cost: Vec<Option<i64>> = batch
-            .iter()
-            .map(|r| match &r.action {
-                ReportAction::Finish {
-                    cost_actual_milli, ..
-                } => cost_actual_milli.map(|c| c as i64),
-                _ => None,
-            })
-            .collect();
-        let delay: Vec<i64> = batch
-            .iter()
-            .map(|r| match &r.action {
-                ReportAction::Requeue { delay_ms, .. } => *delay_ms as i64,
-                _ => 0,
-            })
-            .collect();
-        let reason: Vec<Option<&str>> = batch
-            .iter()
-            .map(|r| match &r.action {
-                ReportAction::Requeue { reason, .. } => Some(reason.as_str()),
-                ReportAction::Finish { reason, .. } => reason.as_deref(),
-                _ => None,
-            })
-            .collect();
-        let via: Vec<Option<String>> = batch
-            .iter()
-            .map(|r| {
-                (!r.via.is_empty())
-                    .then(|| r.via.iter().map(|s| s.name()).collect::<Vec<_>>().join(">"))
-            })
-            .collect();
+        let columns = ReportColumns::new(batch);
         let rows = self
             .answered(
                 true,
-                self.client().query(
-                    &self.stmts.report,
-                    &[&task, &token, &mode, &to, &cost, &delay, &reason, &via],
-                ),
+                self.client().query(&self.stmts.report, &columns.params()),
             )
             .await?;
         check_answered("report", &rows, batch.len())?;
         rows.iter()
-            .map(|r| {
-                let outcome: &str = r.get(1);
-                let state: Option<&str> = r.get(2);
-                let version: Option<i32> = r.get(3);
-                let released: i32 = r.get(4);
-                let detail: Option<&str> = r.get(5);
-                let corrupt = || StoreError::Corrupt(format!("report {outcome} / {detail:?}"));
-                Ok(match outcome {
-                    "APPLIED" => ReportResult::Applied {
-                        state: parse_state(state.ok_or_else(corrupt)?)?,
-                        version: version.ok_or_else(corrupt)? as u32,
-                        released: released as u32,
-                    },
-                    "STALE_TOKEN" => ReportResult::StaleToken {
-                        current: detail.and_then(|d| d.parse::<u64>().ok()).map(FencingToken),
-                        state: parse_state(state.ok_or_else(corrupt)?)?,
-                    },
-                    "ILLEGAL_TRANSITION" => {
-                        let (from, to) = detail
-                            .and_then(|d| d.split_once(" -> "))
-                            .ok_or_else(corrupt)?;
-                        ReportResult::IllegalTransition {
-                            from: parse_state(from)?,
-                            to: parse_state(to)?,
-                        }
-                    }
-                    "TASK_GONE" => ReportResult::TaskGone,
-                    _ => return Err(corrupt()),
-                })
-            })
+            .map(|r| report_result(r.get(1), r.get(2), r.get(3), r.get(4), r.get(5)))
             .collect()
     }
+}
+
+/// A batch of reports as `spindle_report`'s array arguments (and `spindle_work`'s first
+/// eight).
+pub(crate) struct ReportColumns<'a> {
+    task: Vec<i64>,
+    token: Vec<Option<i64>>,
+    mode: Vec<&'a str>,
+    to: Vec<Option<&'a str>>,
+    cost: Vec<Option<i64>>,
+    delay: Vec<i64>,
+    reason: Vec<Option<&'a str>>,
+    via: Vec<Option<String>>,
+}
+
+impl<'a> ReportColumns<'a> {
+    pub(crate) fn new(batch: &'a [Report]) -> ReportColumns<'a> {
+        ReportColumns {
+            task: batch.iter().map(|r| r.task.0 as i64).collect(),
+            token: batch.iter().map(|r| r.token.map(|t| t.0 as i64)).collect(),
+            mode: batch.iter().map(|r| r.action.mode()).collect(),
+            to: batch
+                .iter()
+                .map(|r| r.action.target().map(TaskState::name))
+                .collect(),
+            cost: batch
+                .iter()
+                .map(|r| match &r.action {
+                    ReportAction::Finish {
+                        cost_actual_milli, ..
+                    } => cost_actual_milli.map(|c| c as i64),
+                    _ => None,
+                })
+                .collect(),
+            delay: batch
+                .iter()
+                .map(|r| match &r.action {
+                    ReportAction::Requeue { delay_ms, .. } => *delay_ms as i64,
+                    _ => 0,
+                })
+                .collect(),
+            reason: batch
+                .iter()
+                .map(|r| match &r.action {
+                    ReportAction::Requeue { reason, .. } => Some(reason.as_str()),
+                    ReportAction::Finish { reason, .. } => reason.as_deref(),
+                    _ => None,
+                })
+                .collect(),
+            via: batch
+                .iter()
+                .map(|r| {
+                    (!r.via.is_empty())
+                        .then(|| r.via.iter().map(|s| s.name()).collect::<Vec<_>>().join(">"))
+                })
+                .collect(),
+        }
+    }
+
+    pub(crate) fn params(&self) -> [&(dyn tokio_postgres::types::ToSql + Sync); 8] {
+        [
+            &self.task,
+            &self.token,
+            &self.mode,
+            &self.to,
+            &self.cost,
+            &self.delay,
+            &self.reason,
+            &self.via,
+        ]
+    }
+}
+
+/// One report's row: its outcome, the state and version it left, the units it released and
+/// the detail of a refusal.
+pub(crate) fn report_result(
+    outcome: &str,
+    state: Option<&str>,
+    version: Option<i32>,
+    released: i32,
+    detail: Option<&str>,
+) -> Result<ReportResult, StoreError> {
+    let corrupt = || StoreError::Corrupt(format!("report {outcome} / {detail:?}"));
+    Ok(match outcome {
+        "APPLIED" => ReportResult::Applied {
+            state: parse_state(state.ok_or_else(corrupt)?)?,
+            version: version.ok_or_else(corrupt)? as u32,
+            released: released as u32,
+        },
+        "STALE_TOKEN" => ReportResult::StaleToken {
+            current: detail.and_then(|d| d.parse::<u64>().ok()).map(FencingToken),
+            state: parse_state(state.ok_or_else(corrupt)?)?,
+        },
+        "ILLEGAL_TRANSITION" => {
+            let (from, to) = detail
+                .and_then(|d| d.split_once(" -> "))
+                .ok_or_else(corrupt)?;
+            ReportResult::IllegalTransition {
+                from: parse_state(from)?,
+                to: parse_state(to)?,
+            }
+        }
+        "TASK_GONE" => ReportResult::TaskGone,
+        _ => return Err(corrupt()),
+    })
 }
 
 /// The whitelist the store enforces, as (from, to, operator_only) rows, from the core.

@@ -57,7 +57,8 @@ const DISPATCH_BUCKETS_US: &[u64] = &[
     120_000_000,
     600_000_000,
 ];
-pub const KINDS: [&str; 4] = ["submit", "claim", "report", "read"];
+/// Control-plane calls by kind ("work": reports and claims together, `Db::work_batch`).
+pub const KINDS: [&str; 5] = ["submit", "claim", "report", "read", "work"];
 /// Provider submit results (withdrawn: its task was canceled before its turn; nothing sent).
 pub const PROVIDER_RESULTS: [&str; 6] = [
     "accepted",
@@ -240,7 +241,7 @@ pub struct Metrics {
     pub http_refused: AtomicU64,
     pub events_pending: AtomicU64,
     pub events_backlogged: AtomicBool,
-    pub batches: [Histogram; 4],
+    pub batches: [Histogram; KINDS.len()],
     pub provider_calls: [AtomicU64; PROVIDER_RESULTS.len()],
     /// Rounds of queries by request key that got no answer at all (each asked again later).
     pub provider_unresolved: AtomicU64,
@@ -262,6 +263,9 @@ pub struct Metrics {
     /// A task's first attempt: admission to its claim committed and the attempt started
     /// (what a provider call waits for), over every lane.
     pub dispatch: Histogram,
+    /// A task's admission (or its requeue) to its provider accepting the attempt (RUNNING):
+    /// what a client waits for its job to start, over every lane.
+    pub running: Histogram,
     pub shards: Vec<ShardGauges>,
     /// Set once the shards' board exists.
     pub split: std::sync::OnceLock<SplitView>,
@@ -329,6 +333,7 @@ impl Metrics {
                 .map(|_| Histogram::new(WAIT_BUCKETS_US))
                 .collect(),
             dispatch: Histogram::new(DISPATCH_BUCKETS_US),
+            running: Histogram::new(DISPATCH_BUCKETS_US),
             shards: (0..shards).map(|_| ShardGauges::default()).collect(),
             split: std::sync::OnceLock::new(),
             live: std::sync::OnceLock::new(),
@@ -836,6 +841,9 @@ impl Metrics {
         let _ = writeln!(w, "# HELP spindle_submit_dispatch_seconds A first attempt's admission to its claim committed and the attempt started.\n# TYPE spindle_submit_dispatch_seconds histogram");
         self.dispatch
             .render(w, "spindle_submit_dispatch_seconds", "attempt=\"first\"");
+        let _ = writeln!(w, "# HELP spindle_submit_running_seconds A task's admission (or requeue) to its provider accepting the attempt (RUNNING).\n# TYPE spindle_submit_running_seconds histogram");
+        self.running
+            .render(w, "spindle_submit_running_seconds", "provider=\"any\"");
         let _ = writeln!(w, "# HELP spindle_tenant_running_units Cost units a tenant runs now, per shard.\n# TYPE spindle_tenant_running_units gauge");
         for (i, g) in self.shards.iter().enumerate() {
             let tenants = g.tenants.lock().map(|t| t.clone()).unwrap_or_default();

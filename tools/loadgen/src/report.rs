@@ -466,6 +466,7 @@ mod tests {
         let mut seconds: Vec<_> = (0..12)
             .map(|s| {
                 json!({"second": s, "acked": 1000 * s, "completed": 900 * s,
+                       "refused": 100 * s,
                        "ack_p50_us": 2_000, "ack_p99_us": 9_000 + 1_000 * s})
             })
             .collect();
@@ -474,19 +475,22 @@ mod tests {
                             "ack_p50_us": 0, "ack_p99_us": 0}));
         let svg = timeline_svg(&json!({"send_window_s": 10.0, "timeline": seconds}));
         let ys = polyline_ys(&svg);
-        // Two lines of thirteen points (throughput), and two of eleven: the latencies of
-        // seconds 1 to 11, the first and the drain's having had no answer.
-        assert_eq!(ys.len(), 2 * 13 + 2 * 11);
+        // Three lines of thirteen points (acknowledged, completed and refused a second), and
+        // two of eleven: the latencies of seconds 1 to 11, the first and the drain's having
+        // had no answer.
+        assert_eq!(ys.len(), 3 * 13 + 2 * 11);
         let (top0, bottom0) = (panel(0).top, panel(0).top + PANEL);
         let (top1, bottom1) = (panel(1).top, panel(1).top + PANEL);
         assert!(
-            ys[..26].iter().all(|y| (top0..=bottom0).contains(y)),
+            ys[..39].iter().all(|y| (top0..=bottom0).contains(y)),
             "{ys:?}"
         );
         assert!(
-            ys[26..].iter().all(|y| (top1..=bottom1).contains(y)),
+            ys[39..].iter().all(|y| (top1..=bottom1).contains(y)),
             "{ys:?}"
         );
+        // The refused line is its own: 1,100 at second 11, under the acknowledged 11,000.
+        assert!(ys[26 + 11] > ys[11], "{ys:?}");
         // The highest value (11,000 tasks/s; an axis to 12k) reaches near the top.
         assert!(ys[11] < top0 + PANEL * 0.1, "{}", ys[11]);
         // The axes say their units and round ticks; the sending's end is marked.

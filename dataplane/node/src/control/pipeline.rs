@@ -4,7 +4,7 @@ use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
 
 use spindle_control::query::StoredTask;
-use spindle_control::{Db, DbConfig, StoreError, WarmUp};
+use spindle_control::{ClaimResult, Db, DbConfig, ReportResult, StoreError, WarmUp};
 use spindle_core::{TaskId, TenantId};
 use tokio::sync::{mpsc, oneshot};
 
@@ -89,8 +89,11 @@ pub async fn pipeline(setup: PipelineSetup, mut rx: mpsc::Receiver<CpMsg>) {
                 }
             }
         }
+        let mixed = group.iter().any(|m| matches!(m, CpMsg::Claim { .. }))
+            && group.iter().any(|m| matches!(m, CpMsg::Report { .. }));
         let kind = match group[0] {
             CpMsg::Submit { .. } => Some(0),
+            CpMsg::Claim { .. } | CpMsg::Report { .. } if mixed => Some(4),
             CpMsg::Claim { .. } => Some(1),
             CpMsg::Report { .. } => Some(2),
             CpMsg::TaskIds { .. }
@@ -264,6 +267,12 @@ fn next_group(backlog: &mut VecDeque<CpMsg>, batch_max: usize) -> Vec<CpMsg> {
             |m| matches!(m, CpMsg::Submit { version, .. } if *version == first_version),
         );
     }
+    if matches!(
+        backlog.front(),
+        Some(CpMsg::Claim { .. } | CpMsg::Report { .. })
+    ) {
+        return work_group(backlog, batch_max);
+    }
     let first = backlog.pop_front().expect("a non-empty backlog");
     let mut group = vec![first];
     let mut rows = group[0].rows();
@@ -279,6 +288,38 @@ fn next_group(backlog: &mut VecDeque<CpMsg>, batch_max: usize) -> Vec<CpMsg> {
         seen.extend(next.tasks());
         group.push(next);
     }
+    group
+}
+
+/// The claims and reports waiting, from the first on, for one call (`Db::work_batch`: the
+/// reports, then the claims, in one transaction), while they fit in `batch_max` rows and name
+/// no task twice. A message is not taken past one left behind that names a task of its — a
+/// task's messages keep their order — and nothing else is taken (renewals and cancels keep
+/// their place). Reports running before claims sent ahead of them changes nothing a claim
+/// could see but the slots they free.
+fn work_group(backlog: &mut VecDeque<CpMsg>, batch_max: usize) -> Vec<CpMsg> {
+    let mut group = Vec::new();
+    let mut rows = 0;
+    let mut taken: HashSet<TaskId> = HashSet::new();
+    let mut left: HashSet<TaskId> = HashSet::new();
+    let mut rest = VecDeque::with_capacity(backlog.len());
+    for m in backlog.drain(..) {
+        let tasks = m.tasks();
+        let fits = group.is_empty() || rows + m.rows() <= batch_max;
+        let kind = matches!(m, CpMsg::Claim { .. } | CpMsg::Report { .. });
+        let free = tasks
+            .iter()
+            .all(|t| !taken.contains(t) && !left.contains(t));
+        if kind && fits && free {
+            rows += m.rows();
+            taken.extend(tasks);
+            group.push(m);
+        } else {
+            left.extend(tasks);
+            rest.push_back(m);
+        }
+    }
+    *backlog = rest;
     group
 }
 
@@ -330,19 +371,27 @@ async fn run_group(db: &Db, node: &str, lease_ms: u32, group: Vec<CpMsg>) -> boo
                 .await;
             answer(result, replies)
         }
-        CpMsg::Claim { .. } => {
-            let (all, replies) = merge(group, |m| match m {
+        CpMsg::Claim { .. } | CpMsg::Report { .. } => {
+            let (claims, reports): (Vec<CpMsg>, Vec<CpMsg>) = group
+                .into_iter()
+                .partition(|m| matches!(m, CpMsg::Claim { .. }));
+            let (claims, claim_replies) = merge(claims, |m| match m {
                 CpMsg::Claim { claims, reply, .. } => Some((claims, reply)),
                 _ => None,
             });
-            answer(db.claim_batch(node, lease_ms, &all).await, replies)
-        }
-        CpMsg::Report { .. } => {
-            let (all, replies) = merge(group, |m| match m {
+            let (reports, report_replies) = merge(reports, |m| match m {
                 CpMsg::Report { reports, reply, .. } => Some((reports, reply)),
                 _ => None,
             });
-            answer(db.report_batch(&all).await, replies)
+            match db.work_batch(node, lease_ms, &reports, &claims).await {
+                Ok((reported, claimed)) => {
+                    answer(Ok(reported), report_replies) & answer(Ok(claimed), claim_replies)
+                }
+                Err(e) => {
+                    answer::<ReportResult>(Err(e.clone()), report_replies)
+                        & answer::<ClaimResult>(Err(e), claim_replies)
+                }
+            }
         }
         CpMsg::Lookup { .. } => {
             let (all, replies) = merge(group, |m| match m {

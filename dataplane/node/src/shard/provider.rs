@@ -290,6 +290,10 @@ pub(super) fn accepted(
     let account = attempt.account.clone();
     let cancel = s.core.task_state(task) == Some(TaskState::Canceled);
     if !was_running && !cancel {
+        if let Some(m) = s.meta.get(&task) {
+            let waited = s.now().since(m.queued_at) / 1_000;
+            s.metrics.running.record(waited, 1);
+        }
         notify(s, task, TaskState::Running);
         send_reports(
             s,
