@@ -28,7 +28,7 @@ async fn a_claim_in_the_same_call_takes_the_slot_its_report_released() {
         .await
         .unwrap();
     assert!(
-        matches!(alone[0], ClaimResult::Refused(ClaimRefusal::PoolFull { .. })),
+        matches!(alone[0], ClaimResult::Refused(ClaimRefusal::PoolFull(_))),
         "{alone:?}"
     );
     // Task 1's finish and task 2's claim in one call: the claim sees the released slot.
