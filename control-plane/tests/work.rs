@@ -104,7 +104,11 @@ async fn each_batch_of_a_work_call_is_answered_in_its_own_order() {
         .collect();
     assert_eq!(
         states,
-        [TaskState::Failed, TaskState::Succeeded, TaskState::Succeeded]
+        [
+            TaskState::Failed,
+            TaskState::Succeeded,
+            TaskState::Succeeded
+        ]
     );
     let keys: Vec<_> = claimed
         .iter()
@@ -117,7 +121,12 @@ async fn each_batch_of_a_work_call_is_answered_in_its_own_order() {
     assert_eq!(db.pool_usage("provider:acme").await.unwrap()[0].used, 3);
     // Either batch empty: the other's own call.
     let (none, alone) = db
-        .work_batch(NODE, LEASE_MS, &[], &[claim(1, 9, &[("provider:acme", 0, 1)])])
+        .work_batch(
+            NODE,
+            LEASE_MS,
+            &[],
+            &[claim(1, 9, &[("provider:acme", 0, 1)])],
+        )
         .await
         .unwrap();
     assert!(none.is_empty());

@@ -776,30 +776,47 @@ mod tests {
         assert!(backlog.is_empty());
     }
 
-    /// Claims and reports run in the order they came, merged while they fit and name no task
-    /// twice; a batch stops at batch_max rows (a message is never split).
+    /// Claims and reports go in one work call, each kind in the order it came, while they fit
+    /// and name no task twice; a message is not taken past one left behind that names a task
+    /// of its, nor is a renewal or cancel taken; a batch stops at batch_max rows (a message
+    /// is never split).
     #[test]
-    fn claims_and_reports_keep_their_order_and_split_where_a_task_repeats() {
+    fn claims_and_reports_share_a_call_and_keep_each_tasks_order() {
         let mut backlog: VecDeque<CpMsg> = [
             claim(&[1, 2]),
             claim(&[3]),
             claim(&[2]),
             report(&[4]),
+            CpMsg::Renew {
+                attempts: vec![(TaskId(6), spindle_core::FencingToken(1))],
+            },
+            report(&[2, 7]),
             report(&[5]),
+            report(&[6]),
         ]
         .into_iter()
         .collect();
         let tasks = |g: Vec<CpMsg>| g.iter().map(CpMsg::tasks).collect::<Vec<_>>();
         let ids = |t: &[u64]| t.iter().copied().map(TaskId).collect::<Vec<_>>();
+        // Task 2's second claim waits for the call after its first; the report naming 2 and 7
+        // waits behind it; task 6's report waits behind the renewal naming 6.
         assert_eq!(
             tasks(next_group(&mut backlog, 256)),
-            [ids(&[1, 2]), ids(&[3])]
+            [ids(&[1, 2]), ids(&[3]), ids(&[4]), ids(&[5])]
         );
         assert_eq!(tasks(next_group(&mut backlog, 256)), [ids(&[2])]);
-        assert_eq!(tasks(next_group(&mut backlog, 1)), [ids(&[4])]);
-        assert_eq!(tasks(next_group(&mut backlog, 256)), [ids(&[5])]);
+        assert_eq!(tasks(next_group(&mut backlog, 256)), [ids(&[6])]);
+        assert_eq!(
+            tasks(next_group(&mut backlog, 256)),
+            [ids(&[2, 7]), ids(&[6])]
+        );
         assert!(backlog.is_empty());
         // A batch stops at batch_max rows (a message is never split).
+        let mut backlog: VecDeque<CpMsg> = [claim(&[1, 2]), report(&[3, 4]), claim(&[5])]
+            .into_iter()
+            .collect();
+        assert_eq!(next_group(&mut backlog, 4).len(), 2);
+        assert_eq!(next_group(&mut backlog, 4).len(), 1);
         let mut backlog: VecDeque<CpMsg> = [submit(0..2), submit(2..4), submit(4..5)]
             .into_iter()
             .collect();
