@@ -51,6 +51,13 @@ const PRIOR_ROW_NS: f64 = 20_000.0;
 /// to `1 / CALL_DECAY` = 32).
 const PRIOR_WEIGHT: f64 = 0.05;
 const CALL_DECAY: f64 = 1.0 / 32.0;
+/// How long the submit path must have been idle before a frame its model would refuse goes
+/// through all the same, to measure it again ([`Gate::judge`]).
+pub const PROBE_AFTER: Duration = Duration::from_millis(250);
+/// How far off the model one call may pull it ([`CallModel::observe`]), once it has seen this
+/// many calls' worth (decayed) to be off from.
+const OUTLIER_FACTOR: f64 = 4.0;
+const CALLS_BEFORE_BOUND: f64 = 8.0;
 /// The model's bounds: a call fixed cost and a row's cost never read as more than this.
 const FIXED_NS_MAX: f64 = 1e9;
 const ROW_NS_MAX: f64 = 1e6;
@@ -79,6 +86,8 @@ pub struct PathGauge {
     /// The call model: ns a call, and ps a row.
     fixed_ns: AtomicU64,
     row_ps: AtomicU64,
+    /// When the last call ended, in ns since `epoch` (0: none yet).
+    last_end: AtomicU64,
     /// The [`Calibration`] ratio its shards learn together (f64 bits): the hops a commit
     /// waits for beyond its calls are much the same for every shard of the pair.
     calibration: AtomicU64,
@@ -86,8 +95,13 @@ pub struct PathGauge {
 
 impl PathGauge {
     pub fn new(batch_max: usize) -> Arc<PathGauge> {
+        PathGauge::since(batch_max, Instant::now())
+    }
+
+    /// A gauge whose clock starts at `epoch`.
+    fn since(batch_max: usize, epoch: Instant) -> Arc<PathGauge> {
         Arc::new(PathGauge {
-            epoch: Instant::now(),
+            epoch,
             batch_max: batch_max.max(1) as u64,
             queued: AtomicI64::new(0),
             in_call_rows: AtomicU64::new(0),
@@ -95,7 +109,17 @@ impl PathGauge {
             fixed_ns: AtomicU64::new(PRIOR_FIXED_NS as u64),
             row_ps: AtomicU64::new((PRIOR_ROW_NS * 1e3) as u64),
             calibration: AtomicU64::new(1f64.to_bits()),
+            last_end: AtomicU64::new(0),
         })
+    }
+
+    /// How long the path has had nothing to do: no call in flight, no row waiting, since its
+    /// last call ended (zero while it works).
+    pub fn idle_for(&self) -> Duration {
+        if self.call_started.load(Relaxed) != 0 || self.queued() > 0 {
+            return Duration::ZERO;
+        }
+        Duration::from_nanos(self.now_ns().saturating_sub(self.last_end.load(Relaxed)))
     }
 
     /// The shared calibration now.
@@ -140,6 +164,7 @@ impl PathGauge {
 
     /// The call in flight ended; `model` is the fit with it.
     pub fn call_ended(&self, model: (f64, f64)) {
+        self.last_end.store(self.now_ns(), Relaxed);
         self.call_started.store(0, Relaxed);
         self.in_call_rows.store(0, Relaxed);
         self.fixed_ns.store(model.0 as u64, Relaxed);
@@ -226,10 +251,22 @@ impl CallModel {
         }
     }
 
-    /// A call of `rows` took `took`; returns the model (ns a call, ns a row).
+    /// A call of `rows` took `took`; returns the model (ns a call, ns a row). A call far off
+    /// the model (a stall of the store, a flush) is taken as at most [`OUTLIER_FACTOR`] times
+    /// off it: one stall must not teach the model a cost that makes the gate refuse nearly
+    /// everything — and so starve it of the calls that would teach it better. (The stall
+    /// itself weighs while it lasts: [`PathGauge::wait`] counts a call past its model.) A
+    /// lasting change still moves the model, by up to that factor every few calls.
     pub fn observe(&mut self, rows: usize, took: Duration) -> (f64, f64) {
         let keep = 1.0 - CALL_DECAY;
-        let (n, d) = (rows as f64, took.as_nanos() as f64);
+        let n = rows as f64;
+        let d = if self.w >= CALLS_BEFORE_BOUND {
+            let (fixed, row) = self.fit();
+            let expected = (fixed + row * n).max(1.0);
+            (took.as_nanos() as f64).clamp(expected / OUTLIER_FACTOR, expected * OUTLIER_FACTOR)
+        } else {
+            took.as_nanos() as f64
+        };
         self.w = self.w * keep + 1.0;
         self.n = self.n * keep + n;
         self.d = self.d * keep + d;
@@ -638,6 +675,12 @@ impl Gate {
             false => 0.0,
         };
         let shed = verdict(p_submit, p_work, x, self.draw())?;
+        if shed != Shed::Behind && self.submits.idle_for() >= PROBE_AFTER {
+            // The submit path is idle, so the wait predicted is the model's alone: a frame
+            // goes through to measure it again (a model taught a cost the store no longer has
+            // would otherwise refuse the very calls that would correct it).
+            return None;
+        }
         let wait = submit.max(work);
         self.refused[shed as usize].fetch_add(rows as u64, Relaxed);
         let budget_ms = self.budget.as_millis();
@@ -718,6 +761,62 @@ mod tests {
         assert!((300e3..700e3).contains(&one), "{one}");
         let full = fixed + 1024.0 * row;
         assert!(full < 40e6, "{full}");
+    }
+
+    #[test]
+    fn a_stall_moves_the_model_a_little_and_a_lasting_change_moves_it_all_the_way() {
+        let mut m = CallModel::new(1024);
+        let call = |m: &CallModel, rows: f64| {
+            let (fixed, row) = m.fit();
+            fixed + row * rows
+        };
+        for i in 0..200 {
+            let rows = 10 + (i * 37) % 500;
+            m.observe(rows, Duration::from_nanos(1_000_000 + 20_000 * rows as u64));
+        }
+        let before = call(&m, 64.0);
+        // One call stalled for 10 s: a 64-row call is still read as a few ms, not seconds.
+        m.observe(64, Duration::from_secs(10));
+        let after = call(&m, 64.0);
+        assert!(after < before * 1.5, "{before} → {after}");
+        // The host slows down three times for good: the model follows within a few hundred
+        // calls.
+        for i in 0..400 {
+            let rows = 10 + (i * 37) % 500;
+            m.observe(
+                rows,
+                Duration::from_nanos(3 * (1_000_000 + 20_000 * rows as u64)),
+            );
+        }
+        let slow = call(&m, 64.0);
+        assert!((slow / before - 3.0).abs() < 0.3, "{before} → {slow}");
+    }
+
+    #[test]
+    fn an_idle_path_lets_a_frame_through_to_measure_a_model_that_refuses_everything() {
+        let submits = PathGauge::since(1024, Instant::now() - Duration::from_secs(1));
+        let work = PathGauge::new(1024);
+        // A model that prices a row at a millisecond: a frame of 64 reads as 65 ms.
+        submits.call_ended((1e6, 1e6));
+        let refused: Arc<[AtomicU64; 3]> = Arc::default();
+        let mut gate = Gate::new(
+            20 * MS,
+            submits.clone(),
+            work,
+            OfferBoard::new(1),
+            0,
+            refused,
+        );
+        let now = Instant::now();
+        let whale = TenantId(1);
+        assert!(gate.judge(now, whale, 1, 64).is_some());
+        // Idle for a while (no call in flight, nothing waiting, none ended for a second): one
+        // gets by.
+        submits.last_end.store(0, Relaxed);
+        assert_eq!(gate.judge(now, whale, 1, 64), None);
+        // Not while anything waits or runs: that wait is real.
+        let _q = submits.enqueue(1);
+        assert!(gate.judge(now, whale, 1, 64).is_some());
     }
 
     #[test]
