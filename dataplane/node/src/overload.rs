@@ -29,8 +29,8 @@
 //! standing queue from a burst): until then — a light load whose store hiccups — every tenant
 //! is admitted up to the whole budget.
 //!
-//! Claims and reports are never refused. The work path's wait is held to twice the budget by
-//! the same levels ([`WORK_BUDGETS`]): when accepted work is not keeping up, new submits are
+//! Claims and reports are never refused. The work path's wait is held to four times the budget
+//! by the same levels ([`WORK_BUDGETS`]): when accepted work is not keeping up, new submits are
 //! refused until it does — the node finishes accepted work before it starts new work ("finish
 //! before start"). A task is refused here or never: once admitted it goes to its commit.
 
@@ -70,7 +70,10 @@ const OFFER_ACTIVE_MIN: f64 = 0.01;
 const RETRY_AFTER_MAX_MS: u64 = 10_000;
 /// The work path's waits are held to this many ack budgets: they delay completions, not
 /// acknowledgements, and a report call waits for a fuller batch (`report_hold_us`) by design.
-pub const WORK_BUDGETS: f64 = 2.0;
+/// At two, the work path's levels held the node's goodput at saturation lower (25,478 against
+/// 28,640 tasks a second at twice the maximum, budget 50 ms, one spell; docs/benchmarks.md,
+/// "Goodput under overload").
+pub const WORK_BUDGETS: f64 = 4.0;
 
 /// One pipeline's load as the shards see it (shared between the pipeline's thread and the
 /// shards' threads: plain atomics).
@@ -413,7 +416,8 @@ pub const LEVEL_MAX: f64 = 2.0;
 
 /// The pure decision for a tenant offering `x` times the node's mean per unit of weight, from
 /// the paths' pressures — `submit`: the submit path's wait over the budget; `work`: the work
-/// path's over twice it (its waits delay completions, not acknowledgements) — and `draw`, a
+/// path's over [`WORK_BUDGETS`] times it (its waits delay completions, not acknowledgements) —
+/// and `draw`, a
 /// number drawn uniformly from [0, 1). On each path a tenant is admitted under its [`level`];
 /// under the whole budget it is refused from twice its level, and in between with a
 /// probability rising in proportion: random early refusal (as RED drops packets), so that
@@ -969,9 +973,9 @@ mod tests {
         assert!(r.reason.contains("refused first"), "{}", r.reason);
         assert_eq!(r.retry_after_ms, 7);
         assert_eq!(gate.judge(now, quiet, 1, 1), None);
-        // The work path past twice its allowance of two budgets: even the quietest tenant is
+        // The work path past twice its allowance of four budgets: even the quietest tenant is
         // refused (finish before start).
-        let _w = work.enqueue(16_000);
+        let _w = work.enqueue(32_000);
         let r = gate.judge(now, quiet, 1, 1).expect("behind");
         assert!(r.reason.contains("finishes them before"), "{}", r.reason);
         assert_eq!(refused[Shed::OverShare as usize].load(Relaxed), 64);
