@@ -585,10 +585,12 @@ fn encode_admission<'a>(
     fbb: &mut FlatBufferBuilder<'a>,
     a: &Admission,
 ) -> WIPOffset<fb::Admission<'a>> {
+    // Shared: a frame refused whole (the node's overload gate) gives every task the same
+    // reason, written once and pointed to by each admission.
     let reason = a
         .reason
         .as_deref()
-        .map(|r| fbb.create_string(truncate(r, MESSAGE_BYTES_MAX)));
+        .map(|r| fbb.create_shared_string(truncate(r, MESSAGE_BYTES_MAX)));
     fb::Admission::create(
         fbb,
         &fb::AdmissionArgs {

@@ -453,3 +453,34 @@ fn every_malformed_case_gets_its_code() {
         assert_eq!(got.code.closes_connection(), m.closes, "{}", m.name);
     }
 }
+
+/// A frame refused whole (the node's overload gate) answers every task with the same reason:
+/// it is written once and shared, so the answer stays small, and reads back the same, with
+/// each admission's retry hint.
+#[test]
+fn a_reason_shared_by_a_batchs_admissions_is_written_once() {
+    let reason = "the node is overloaded: a submit would wait 60 ms for its commit, past the \
+                  50 ms budget";
+    let refused = |task: u64| Admission {
+        task: TaskId(task),
+        decision: Decision::RejectPlatformOverloaded,
+        reason: Some(reason.into()),
+        replay: false,
+        queue_level: 0,
+        expected_start_ms: 0,
+        retry_after_ms: 10,
+    };
+    let frame = ResponseFrame {
+        request_id: 7,
+        body: Response::SubmitBatch((0..BATCH_MAX as u64).map(|_| refused(0)).collect()),
+    };
+    let payload = response_payload(&frame);
+    // Each admission's own fields and offsets, and the reason once (written 1,024 times it
+    // would take over 90 kB).
+    assert!(payload.len() < 40 * BATCH_MAX + 2 * reason.len(), "{}", payload.len());
+    assert_eq!(decode_response(&payload).unwrap(), frame);
+    let Response::SubmitBatch(back) = decode_response(&payload).unwrap().body else {
+        unreachable!()
+    };
+    assert!(back.iter().all(|a| a.retry_after().is_some_and(|d| d.as_millis() == 10)));
+}
