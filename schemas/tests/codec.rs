@@ -477,10 +477,16 @@ fn a_reason_shared_by_a_batchs_admissions_is_written_once() {
     let payload = response_payload(&frame);
     // Each admission's own fields and offsets, and the reason once (written 1,024 times it
     // would take over 90 kB).
-    assert!(payload.len() < 40 * BATCH_MAX + 2 * reason.len(), "{}", payload.len());
+    assert!(
+        payload.len() < 40 * BATCH_MAX + 2 * reason.len(),
+        "{}",
+        payload.len()
+    );
     assert_eq!(decode_response(&payload).unwrap(), frame);
     let Response::SubmitBatch(back) = decode_response(&payload).unwrap().body else {
         unreachable!()
     };
-    assert!(back.iter().all(|a| a.retry_after().is_some_and(|d| d.as_millis() == 10)));
+    assert!(back
+        .iter()
+        .all(|a| a.retry_after().is_some_and(|d| d.as_millis() == 10)));
 }

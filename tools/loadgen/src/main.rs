@@ -57,9 +57,10 @@ struct Common {
     /// Print the JSON report instead of the table.
     #[arg(long)]
     json: bool,
-    /// Send a task the node refused for its load (REJECT_PLATFORM_OVERLOADED) again after the
-    /// refusal's `retry_after_ms`, up to N times (10 when N is left out); the report counts
-    /// tasks retried, accepted on a retry and given up, beside goodput.
+    /// Send a task the node refused for its load (REJECT_PLATFORM_OVERLOADED) again, no sooner
+    /// than the refusal's `retry_after_ms` (doubled at each try, with jitter), up to N times
+    /// (10 when N is left out), within a retry budget of a fifth of the tenant's first sends;
+    /// the report counts tasks retried, accepted on a retry and given up, beside goodput.
     #[arg(long, value_name = "N", num_args = 0..=1, default_missing_value = "10",
           value_parser = clap::value_parser!(u32).range(0..=i64::from(run::RETRIES_MAX)))]
     retry_refused: Option<u32>,

@@ -43,6 +43,14 @@ pub struct Options {
 
 /// The most a task refused for the node's load is sent again (`--retry-refused`).
 pub const RETRIES_MAX: u32 = 100;
+/// A retry budget, as well-behaved clients keep one (Finagle's and gRPC's retry throttling):
+/// each task sent the first time earns a fifth of a retry, and a retry spends one, so retries
+/// add at most a fifth to what a tenant sends however overloaded the node is — retries that
+/// each came back after their hint would otherwise multiply the load they meet (at five times
+/// the maximum, four of five sends are refused: up to ten tries each is a storm of refusals).
+const RETRY_RATIO: f64 = 0.2;
+/// The most retries a tenant saves up.
+const RETRY_TOKENS_MAX: f64 = 10_000.0;
 
 /// How often the committed-success counter is sampled.
 const METRICS_SAMPLE: Duration = Duration::from_millis(100);
@@ -92,6 +100,8 @@ pub struct TenantOutcome {
     pub retried: u64,
     pub accepted_on_retry: u64,
     pub gave_up: u64,
+    /// Retries the tenant may still send ([`RETRY_RATIO`] of its first sends, bounded).
+    retry_tokens: f64,
     pub errors: u64,
     /// What the first request that failed (not a rejection: no answer, or an error) met.
     pub first_error: Option<String>,
@@ -110,6 +120,7 @@ impl TenantOutcome {
             retried: 0,
             accepted_on_retry: 0,
             gave_up: 0,
+            retry_tokens: 0.0,
             errors: 0,
             first_error: None,
             backlog_drops: 0,
@@ -524,7 +535,11 @@ async fn tenant_loop(
             .expect("histogram")
             .saturating_record(late);
         let n = tasks.len() as u64;
-        outcome.lock().expect("outcome").offered += n;
+        {
+            let mut o = outcome.lock().expect("outcome");
+            o.offered += n;
+            o.retry_tokens = (o.retry_tokens + n as f64 * RETRY_RATIO).min(RETRY_TOKENS_MAX);
+        }
         if sends.len() >= INFLIGHT_MAX {
             outcome.lock().expect("outcome").backlog_drops += n;
             continue;
@@ -613,16 +628,27 @@ impl Frame {
                         }
                     }
                 }
-                if again.is_empty() {
+                if again.is_empty() || retries == 0 {
                     return;
                 }
-                if attempt == retries {
-                    o.gave_up += u64::from(retries > 0) * again.len() as u64;
+                // Within the budget only; the rest, and any past their last try, give up.
+                let allowed = if attempt == retries {
+                    0
+                } else {
+                    (o.retry_tokens.floor() as usize).min(again.len())
+                };
+                o.retry_tokens -= allowed as f64;
+                o.gave_up += (again.len() - allowed) as u64;
+                again.truncate(allowed);
+                if again.is_empty() {
                     return;
                 }
                 o.retried += again.len() as u64;
             }
-            tokio::time::sleep(wait).await;
+            // Never sooner than the hint; later by doubling with each try, and by a jitter of
+            // up to half, so that the frames refused together do not come back together.
+            let jitter = 1.0 + 0.5 * (due.elapsed().subsec_nanos() % 1_000) as f64 / 1_000.0;
+            tokio::time::sleep(wait.mul_f64(f64::from(1u32 << attempt.min(16)) * jitter)).await;
             due = Instant::now();
             tasks = again;
         }
