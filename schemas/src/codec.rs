@@ -193,6 +193,15 @@ fn input(value: Option<&str>) -> Result<Option<String>, WireError> {
     if value.len() > INPUT_BYTES_MAX {
         return Err(WireError::too_long("input", value.len(), INPUT_BYTES_MAX));
     }
+    // Before the parse, which would otherwise walk any depth (and the node's later parse for
+    // the provider would stop at serde_json's own limit).
+    let depth = json_depth(value);
+    if depth > INPUT_DEPTH_MAX {
+        return Err(WireError::new(
+            ErrorCode::InvalidInput,
+            format!("`input` nests {depth} levels deep, more than {INPUT_DEPTH_MAX}"),
+        ));
+    }
     serde_json::from_str::<serde::de::IgnoredAny>(value).map_err(|e| {
         WireError::new(
             ErrorCode::InvalidInput,
@@ -200,6 +209,34 @@ fn input(value: Option<&str>) -> Result<Option<String>, WireError> {
         )
     })?;
     Ok(Some(value.to_string()))
+}
+
+/// The deepest nesting of arrays and objects in `json` (brackets inside strings not counted), in
+/// one pass over its bytes; for well-formed JSON, its depth.
+pub fn json_depth(json: &str) -> usize {
+    let (mut depth, mut deepest) = (0usize, 0usize);
+    let (mut in_string, mut escaped) = (false, false);
+    for b in json.bytes() {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match b {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
 }
 
 fn batch(b: Option<fb::SubmitBatch<'_>>) -> Result<Vec<SubmitTask>, WireError> {

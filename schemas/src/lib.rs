@@ -32,7 +32,9 @@ pub mod testkit;
 /// The generated FlatBuffers types (`spindle.wire` namespace).
 pub use generated::spindle::wire as fb;
 
-pub use codec::{decode_request, decode_response, request_id_of, response_id_of, Encoder};
+pub use codec::{
+    decode_request, decode_response, json_depth, request_id_of, response_id_of, Encoder,
+};
 pub use error::{ErrorCode, WireError};
 pub use frame::FrameReader;
 pub use message::*;

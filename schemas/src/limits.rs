@@ -14,6 +14,10 @@ pub const NAME_BYTES_MAX: usize = 64;
 /// Bytes of a task's input (`SubmitTask.input`, one JSON value); a provider's body holds it
 /// with room to spare (`spindle_providers::api::BODY_BYTES_MAX`, 64 KiB).
 pub const INPUT_BYTES_MAX: usize = 16 * 1024;
+/// How deep a task's input may nest arrays and objects: deeper than the node could parse it
+/// back for the provider (serde_json stops at 128) is refused when it arrives, never sent on
+/// as something else.
+pub const INPUT_DEPTH_MAX: usize = 64;
 /// Bytes of a succeeded task's result (`TaskStatus.result`, JSON).
 pub const RESULT_BYTES_MAX: usize = 4096;
 /// Bytes of a reason or error message the node sends.

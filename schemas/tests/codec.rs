@@ -304,6 +304,28 @@ fn semantic_checks_name_the_field() {
         with_input(format!(r#""{}""#, "x".repeat(16 * 1024))),
         "TooLong: `input` is 16386 bytes, more than 16384"
     );
+    // Nested past the bound (8,000 deep was accepted, and later sent to the provider as null):
+    // refused with its depth, whatever the parser would make of it.
+    let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+    assert_eq!(
+        with_input(deep(8_000)),
+        "InvalidInput: `input` nests 8000 levels deep, more than 64"
+    );
+    assert_eq!(
+        with_input(deep(65)),
+        "InvalidInput: `input` nests 65 levels deep, more than 64"
+    );
+    // At the bound it is taken, and brackets inside strings are text.
+    let at_bound = SubmitTask {
+        input: Some(format!(r#"{{"p":"{}","a":{}}}"#, "[".repeat(500), deep(63))),
+        ..submit("deep")
+    };
+    let frame = RequestFrame {
+        request_id: 1,
+        body: Request::Submit(at_bound),
+    };
+    assert_eq!(decode_request(&request_payload(&frame)).unwrap(), frame);
+    assert_eq!(json_depth(r#"{"a":"\"]]]","b":[{}]}"#), 3);
     let mut bad = submit("x");
     bad.spec.width = 0;
     let e = err(&request_payload(&RequestFrame {

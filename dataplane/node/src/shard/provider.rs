@@ -59,12 +59,13 @@ pub(super) async fn submit_to_provider(
         if canceled_before_sent(&mut s, task, token) {
             return;
         }
-        // Checked to be one JSON value when it arrived (`spindle_wire`).
-        let parse = |i: &str| serde_json::from_str(i).unwrap_or(serde_json::Value::Null);
-        let input = match (s.inputs.get(task), stored) {
-            (Input::None, _) => serde_json::Value::Null,
+        // Checked to be one JSON value of bounded depth when it arrived (`spindle_wire`); one
+        // that does not parse all the same is never sent as something else.
+        let parse = |i: &str| serde_json::from_str::<serde_json::Value>(i);
+        let parsed = match (s.inputs.get(task), stored) {
+            (Input::None, _) => Ok(serde_json::Value::Null),
             (Input::Held(i), _) => parse(i),
-            (Input::Stored, Some(Ok(i))) => i.as_deref().map_or(serde_json::Value::Null, parse),
+            (Input::Stored, Some(Ok(i))) => i.as_deref().map_or(Ok(serde_json::Value::Null), parse),
             (Input::Stored, read) => {
                 use spindle_core::shard::Failure;
                 let now = s.now();
@@ -80,6 +81,16 @@ pub(super) async fn submit_to_provider(
                 let why =
                     format!("its input is left in PostgreSQL and could not be read: {unread}");
                 failed(&mut s, now, task, token, failure, &why);
+                return;
+            }
+        };
+        let input = match parsed {
+            Ok(input) => input,
+            Err(e) => {
+                use spindle_core::shard::Failure;
+                let now = s.now();
+                let why = format!("its input cannot be sent to the provider: {e}");
+                failed(&mut s, now, task, token, Failure::NonRetryable, &why);
                 return;
             }
         };
