@@ -121,10 +121,15 @@ impl WireError {
         WireError::new(ErrorCode::FrameEmpty, "frame length is zero")
     }
 
-    pub(crate) fn frame_too_large(len: usize) -> WireError {
+    pub(crate) fn frame_too_large(len: usize, max: usize) -> WireError {
+        let what = if max < FRAME_BYTES_MAX {
+            " before a Hello"
+        } else {
+            ""
+        };
         WireError::new(
             ErrorCode::FrameTooLarge,
-            format!("frame of {len} bytes exceeds the maximum of {FRAME_BYTES_MAX}"),
+            format!("frame of {len} bytes exceeds the maximum of {max}{what}"),
         )
     }
 

@@ -8,15 +8,42 @@ use crate::limits::FRAME_BYTES_MAX;
 const PREFIX: usize = 4;
 
 /// Accumulates a byte stream and cuts it into frames.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct FrameReader {
     buf: Vec<u8>,
     start: usize,
+    /// The largest frame taken now: `FRAME_BYTES_MAX`, or less (the node reads a connection's
+    /// Hello with [`crate::limits::HELLO_FRAME_BYTES_MAX`] so that nothing big is buffered before it knows
+    /// who is sending).
+    limit: usize,
+}
+
+impl Default for FrameReader {
+    fn default() -> FrameReader {
+        FrameReader {
+            buf: Vec::new(),
+            start: 0,
+            limit: FRAME_BYTES_MAX,
+        }
+    }
 }
 
 impl FrameReader {
     pub fn new() -> FrameReader {
         FrameReader::default()
+    }
+
+    /// A reader that takes frames of at most `limit` bytes (at most `FRAME_BYTES_MAX`).
+    pub fn with_limit(limit: usize) -> FrameReader {
+        FrameReader {
+            limit: limit.min(FRAME_BYTES_MAX),
+            ..FrameReader::default()
+        }
+    }
+
+    /// From now on, frames of at most `limit` bytes (at most `FRAME_BYTES_MAX`).
+    pub fn set_limit(&mut self, limit: usize) {
+        self.limit = limit.min(FRAME_BYTES_MAX);
     }
 
     /// Appends bytes read from the connection.
@@ -43,8 +70,8 @@ impl FrameReader {
         if len == 0 {
             return Err(WireError::frame_empty());
         }
-        if len > FRAME_BYTES_MAX {
-            return Err(WireError::frame_too_large(len));
+        if len > self.limit {
+            return Err(WireError::frame_too_large(len, self.limit));
         }
         if avail.len() < PREFIX + len {
             return Ok(None);
@@ -104,5 +131,29 @@ mod tests {
             e.message,
             "frame of 1048577 bytes exceeds the maximum of 1048576"
         );
+    }
+
+    /// Before its Hello a connection's frames are held to a few KiB: a length past it is a
+    /// framing error at once, with nothing of the frame buffered; the limit lifts after.
+    #[test]
+    fn a_reader_with_a_limit_refuses_longer_frames_at_their_prefix() {
+        use crate::limits::HELLO_FRAME_BYTES_MAX;
+        let mut r = FrameReader::with_limit(HELLO_FRAME_BYTES_MAX);
+        r.extend(&((HELLO_FRAME_BYTES_MAX + 1) as u32).to_le_bytes());
+        let e = r.next_frame().unwrap_err();
+        assert_eq!(e.code, ErrorCode::FrameTooLarge);
+        assert_eq!(
+            e.message,
+            "frame of 4097 bytes exceeds the maximum of 4096 before a Hello"
+        );
+        let mut r = FrameReader::with_limit(HELLO_FRAME_BYTES_MAX);
+        let mut stream = Vec::new();
+        write_frame(&mut stream, &[7; 4096]);
+        write_frame(&mut stream, &[8; 10_000]);
+        r.extend(&stream);
+        assert_eq!(r.next_frame().unwrap().map(<[u8]>::len), Some(4096));
+        assert!(r.next_frame().is_err(), "the next is past the limit");
+        r.set_limit(FRAME_BYTES_MAX);
+        assert_eq!(r.next_frame().unwrap().map(<[u8]>::len), Some(10_000));
     }
 }

@@ -3,6 +3,9 @@
 
 /// Bytes of one frame's FlatBuffer (the u32 length prefix not counted).
 pub const FRAME_BYTES_MAX: usize = 1 << 20;
+/// Bytes of the frames a connection may send before its Hello: a Hello is well under 1 KiB, and
+/// nothing bigger is buffered before the node knows who is sending.
+pub const HELLO_FRAME_BYTES_MAX: usize = 4096;
 /// Tasks in one SubmitBatch.
 pub const BATCH_MAX: usize = 1024;
 /// Bytes of an idempotency key.

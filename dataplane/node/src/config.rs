@@ -127,12 +127,28 @@ pub struct Config {
     /// Requests one connection may have in flight.
     #[serde(default = "default_inflight")]
     pub connection_inflight_max: usize,
-    /// Client connections the node holds open at once, greeting or served (1..=1048576). One
-    /// past it is refused, answered `Overloaded` naming the bound (a TLS one after its
-    /// handshake, while its shard's 32 such handshakes a second allow; past them closed at
+    /// Authenticated client connections the node serves at once (1..=1048576). A connection
+    /// that finds it full is refused, answered `Overloaded` naming the bound (a TLS one after
+    /// its handshake, while its shard's 32 such handshakes a second allow; past them closed at
     /// once, so a flood costs little CPU); counted in `spindle_connections_refused_total`.
+    /// Connections still greeting (before their Hello is answered) do not count here: they
+    /// have a budget of their own, `unauthenticated_max`.
     #[serde(default = "default_connections_max")]
     pub connections_max: usize,
+    /// Connections the node lets greet at once (TLS handshake and Hello, 1..=1048576), each
+    /// shard its share, and from one source address (1..=`unauthenticated_max`). A new one
+    /// past either bound closes the oldest still greeting — from its own address when that
+    /// address holds its most — so that idle or slow unauthenticated sockets never keep a
+    /// client that says Hello at once from being served; counted in
+    /// `spindle_connections_evicted_total`.
+    #[serde(default = "default_unauthenticated_max")]
+    pub unauthenticated_max: usize,
+    #[serde(default = "default_unauthenticated_per_address_max")]
+    pub unauthenticated_per_address_max: usize,
+    /// How long a connection may take to complete its TLS handshake and Hello before it is
+    /// closed (100..=60000 ms). Before its Hello a connection's frames are held to 4 KiB.
+    #[serde(default = "default_hello_timeout_ms")]
+    pub hello_timeout_ms: u32,
     /// New client connections taken per second, the node's shards together (0: no bound, the
     /// default), each shard its share, a second's worth at once. Past it a shard holds the
     /// connection it accepted until the rate allows, the next ones waiting in the kernel's
@@ -329,6 +345,15 @@ fn default_inflight() -> usize {
 fn default_connections_max() -> usize {
     16_384
 }
+fn default_unauthenticated_max() -> usize {
+    1_024
+}
+fn default_unauthenticated_per_address_max() -> usize {
+    128
+}
+fn default_hello_timeout_ms() -> u32 {
+    2_000
+}
 fn default_http_connections_max() -> usize {
     1_024
 }
@@ -496,6 +521,22 @@ impl Config {
             (1..=CONNECTIONS_MAX).contains(&self.connections_max),
             "connections_max must be 1..={CONNECTIONS_MAX}, not {}",
             self.connections_max
+        );
+        anyhow::ensure!(
+            (1..=CONNECTIONS_MAX).contains(&self.unauthenticated_max),
+            "unauthenticated_max must be 1..={CONNECTIONS_MAX}, not {}",
+            self.unauthenticated_max
+        );
+        anyhow::ensure!(
+            (1..=self.unauthenticated_max).contains(&self.unauthenticated_per_address_max),
+            "unauthenticated_per_address_max must be 1..=unauthenticated_max ({}), not {}",
+            self.unauthenticated_max,
+            self.unauthenticated_per_address_max
+        );
+        anyhow::ensure!(
+            (100..=60_000).contains(&self.hello_timeout_ms),
+            "hello_timeout_ms must be 100..=60000, not {}",
+            self.hello_timeout_ms
         );
         anyhow::ensure!(
             (1..=HTTP_CONNECTIONS_MAX).contains(&self.http_connections_max),

@@ -415,6 +415,14 @@ fn run_node(config: Config) -> anyhow::Result<()> {
                         server::TLS_REFUSALS_PER_S,
                         std::time::Instant::now(),
                     )),
+                    // Each shard its share of the greeting budgets.
+                    greeting: std::cell::RefCell::new(server::Greeting::new(
+                        config.unauthenticated_max.div_ceil(config.shards as usize),
+                        config
+                            .unauthenticated_per_address_max
+                            .div_ceil(config.shards as usize),
+                    )),
+                    hello_within: std::time::Duration::from_millis(config.hello_timeout_ms.into()),
                 });
                 glommio::spawn_local(server::take_handoffs(handoffs_in, ctx.clone())).detach();
                 server::accept(listener, ctx, accepts_per_s).await;

@@ -237,6 +237,10 @@ pub struct Metrics {
     /// Client connections open (greeting or served), and those refused at `connections_max`.
     pub connections_open: std::sync::atomic::AtomicUsize,
     pub connections_refused: AtomicU64,
+    /// Client connections greeting now (TLS handshake and Hello), and those closed to make
+    /// room for newer ones (`unauthenticated_max`, `unauthenticated_per_address_max`).
+    pub connections_greeting: AtomicU64,
+    pub connections_evicted: AtomicU64,
     /// HTTP port connections refused at `http_connections_max`.
     pub http_refused: AtomicU64,
     pub events_pending: AtomicU64,
@@ -315,6 +319,8 @@ impl Metrics {
             events_refused: AtomicU64::new(0),
             connections_open: std::sync::atomic::AtomicUsize::new(0),
             connections_refused: AtomicU64::new(0),
+            connections_greeting: AtomicU64::new(0),
+            connections_evicted: AtomicU64::new(0),
             http_refused: AtomicU64::new(0),
             events_pending: AtomicU64::new(0),
             events_backlogged: AtomicBool::new(false),
@@ -587,6 +593,12 @@ impl Metrics {
             w,
             "# HELP spindle_connections_refused_total Client connections refused at connections_max.\n# TYPE spindle_connections_refused_total counter\nspindle_connections_refused_total {}",
             self.connections_refused.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            w,
+            "# HELP spindle_connections_greeting Client connections greeting now (TLS handshake and Hello), held to unauthenticated_max.\n# TYPE spindle_connections_greeting gauge\nspindle_connections_greeting {}\n# HELP spindle_connections_evicted_total Greeting connections closed to make room for newer ones (unauthenticated_max, unauthenticated_per_address_max).\n# TYPE spindle_connections_evicted_total counter\nspindle_connections_evicted_total {}",
+            self.connections_greeting.load(Ordering::Relaxed),
+            self.connections_evicted.load(Ordering::Relaxed)
         );
         let _ = writeln!(
             w,

@@ -29,9 +29,9 @@ const OUTBOUND_QUEUE_MAX: usize = 1024;
 const READ_CHUNK: usize = 64 * 1024;
 /// Encoded frames joined into one write while more are queued, up to this many bytes.
 const WRITE_COALESCE_BYTES: usize = 64 * 1024;
-/// A connection that has not completed its Hello (and its TLS handshake) within this is closed:
-/// an idle or slow client holds no task and no descriptor beyond it.
-pub const HELLO_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+/// The read buffer of a connection still greeting: its frames are held to
+/// `HELLO_FRAME_BYTES_MAX` until its Hello is answered, so nothing bigger is read for it.
+const GREETING_READ_CHUNK: usize = spindle_wire::limits::HELLO_FRAME_BYTES_MAX;
 
 type Stream = glommio::net::TcpStream;
 
@@ -80,6 +80,14 @@ impl Connections {
     pub fn max(&self) -> usize {
         self.max
     }
+
+    /// Whether no connection could be served now.
+    pub fn is_full(&self) -> bool {
+        self.metrics
+            .connections_open
+            .load(std::sync::atomic::Ordering::Acquire)
+            >= self.max
+    }
 }
 
 impl Drop for ConnSlot {
@@ -88,6 +96,82 @@ impl Drop for ConnSlot {
             .metrics
             .connections_open
             .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+/// One shard's connections still greeting (TLS handshake and Hello), held to a total and to a
+/// number per source address. A new connection past either closes the oldest still greeting —
+/// its own address's oldest, when that address holds its most — rather than being refused: an
+/// idle or slow unauthenticated socket is the one to go, never the client that says Hello at
+/// once. (Per shard: a connection greets on the shard whose executor accepted it.)
+pub struct Greeting {
+    max: usize,
+    per_address_max: usize,
+    next: u64,
+    /// Oldest first: each greeting connection's id, address, and the sender whose drop tells
+    /// it to close.
+    live: std::collections::VecDeque<(u64, std::net::IpAddr, oneshot::Sender<()>)>,
+}
+
+impl Greeting {
+    pub fn new(max: usize, per_address_max: usize) -> Greeting {
+        Greeting {
+            max: max.max(1),
+            per_address_max: per_address_max.max(1),
+            next: 0,
+            live: std::collections::VecDeque::new(),
+        }
+    }
+
+    /// A place for a connection from `from`: its id, the receiver that resolves if it is
+    /// closed to make room for a newer one, and whether an older one was closed for it.
+    pub fn admit(&mut self, from: std::net::IpAddr) -> (u64, oneshot::Receiver<()>, bool) {
+        let same = self.live.iter().filter(|(_, a, _)| *a == from).count();
+        let evict = if same >= self.per_address_max {
+            self.live.iter().position(|(_, a, _)| *a == from)
+        } else if self.live.len() >= self.max {
+            Some(0)
+        } else {
+            None
+        };
+        // Dropping its sender tells that connection to close.
+        let evicted = evict.and_then(|i| self.live.remove(i)).is_some();
+        let (tx, rx) = oneshot::channel();
+        let id = self.next;
+        self.next += 1;
+        self.live.push_back((id, from, tx));
+        (id, rx, evicted)
+    }
+
+    /// The connection `id` is greeted (or gone).
+    pub fn leave(&mut self, id: u64) {
+        if let Some(i) = self.live.iter().position(|(x, _, _)| *x == id) {
+            self.live.remove(i);
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.live.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.live.is_empty()
+    }
+}
+
+/// A connection's place among its shard's greeting ones, given back when dropped.
+struct Greets {
+    ctx: Rc<ConnCtx>,
+    id: u64,
+}
+
+impl Drop for Greets {
+    fn drop(&mut self) {
+        self.ctx.greeting.borrow_mut().leave(self.id);
+        self.ctx
+            .metrics
+            .connections_greeting
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -156,10 +240,11 @@ pub async fn accept(listener: glommio::net::TcpListener, ctx: Rc<ConnCtx>, per_s
         while let Some(wait) = pace.take(std::time::Instant::now()) {
             glommio::timer::sleep(wait).await;
         }
-        match ctx.connections.try_open() {
-            Some(slot) => glommio::spawn_local(serve(stream, ctx.clone(), slot)).detach(),
-            None => glommio::spawn_local(refuse(stream, ctx.clone())).detach(),
-        };
+        if ctx.connections.is_full() {
+            glommio::spawn_local(refuse(stream, ctx.clone())).detach();
+        } else {
+            glommio::spawn_local(serve(stream, ctx.clone())).detach();
+        }
     }
 }
 
@@ -243,6 +328,9 @@ pub struct ConnCtx {
     pub refusing: std::cell::Cell<usize>,
     /// The refused TLS connections this shard may still handshake with ([`TLS_REFUSALS_PER_S`]).
     pub tls_refusals: std::cell::RefCell<AcceptPace>,
+    /// The connections greeting on this shard, and how long each may take (`hello_timeout_ms`).
+    pub greeting: std::cell::RefCell<Greeting>,
+    pub hello_within: std::time::Duration,
 }
 
 impl ConnCtx {
@@ -350,21 +438,46 @@ fn next_request(frames: &mut FrameReader) -> Next {
 /// Serves one accepted connection: its Hello here, then everything else on the shard that owns
 /// the authenticated tenant — handed over when another shard's executor accepted it, so that
 /// its frames and answers never cross threads.
-pub async fn serve(stream: Stream, ctx: Rc<ConnCtx>, mut slot: ConnSlot) {
+pub async fn serve(stream: Stream, ctx: Rc<ConnCtx>) {
     if let Err(e) = stream.set_nodelay(true) {
         tracing::warn!("TCP_NODELAY: {e}");
     }
+    let from = stream
+        .peer_addr()
+        .map_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), |a| {
+            a.ip()
+        });
+    let (id, evicted, evicting) = ctx.greeting.borrow_mut().admit(from);
+    let relaxed = std::sync::atomic::Ordering::Relaxed;
+    ctx.metrics.connections_greeting.fetch_add(1, relaxed);
+    if evicting {
+        ctx.metrics.connections_evicted.fetch_add(1, relaxed);
+    }
+    let greets = Greets {
+        ctx: ctx.clone(),
+        id,
+    };
     let mut link = Link::plain(stream);
-    let mut frames = FrameReader::new();
-    let greeted = glommio::timer::timeout(HELLO_WITHIN, async {
-        Ok(greet(&mut link, &ctx, &mut frames).await)
+    // Nothing big is buffered before the Hello: its frames are held to a few KiB.
+    let mut frames = FrameReader::with_limit(spindle_wire::limits::HELLO_FRAME_BYTES_MAX);
+    let greeted = glommio::timer::timeout(ctx.hello_within, async {
+        // Closed at once when a newer connection needs its place (see `Greeting`).
+        let greet = std::pin::pin!(greet(&mut link, &ctx, &mut frames));
+        Ok(
+            match futures_util::future::select(greet, std::pin::pin!(evicted)).await {
+                futures_util::future::Either::Left((greeted, _)) => greeted,
+                futures_util::future::Either::Right(_) => None,
+            },
+        )
     })
     .await;
-    let Ok(Some(tenant)) = greeted else {
+    drop(greets);
+    let Ok(Some((tenant, mut slot))) = greeted else {
         // Its end of the stream after the error answer, as a served connection's writer does.
         let _ = link.close().await;
         return;
     };
+    frames.set_limit(FRAME_BYTES_MAX);
     let owner = ctx.owner_of(tenant);
     if owner != ctx.index {
         match hand_over(link, &ctx, owner, tenant, frames, slot) {
@@ -386,7 +499,7 @@ async fn greet(
     link: &mut Link<Stream>,
     ctx: &ConnCtx,
     frames: &mut FrameReader,
-) -> Option<TenantId> {
+) -> Option<(TenantId, ConnSlot)> {
     if let Some(config) = &ctx.tls {
         match link.accept_tls(config.clone()).await {
             Ok(Accepted::Tls) => {}
@@ -407,15 +520,16 @@ async fn greet(
     hello(link, ctx, frames).await
 }
 
-/// Reads up to the Hello and answers it. `Some(tenant)` once authenticated (with the frames
-/// that followed it still in `frames`); `None` when the connection is to close — its error, if
-/// any, already written.
+/// Reads up to the Hello and answers it. `Some(tenant, its place among the served
+/// connections)` once authenticated (with the frames that followed it still in `frames`);
+/// `None` when the connection is to close — its error, if any, already written. Anything but
+/// a Hello that decodes closes the connection.
 async fn hello(
     stream: &mut Link<Stream>,
     ctx: &ConnCtx,
     frames: &mut FrameReader,
-) -> Option<TenantId> {
-    let mut buf = vec![0u8; READ_CHUNK];
+) -> Option<(TenantId, ConnSlot)> {
+    let mut buf = vec![0u8; GREETING_READ_CHUNK];
     loop {
         let n = match stream.read(&mut buf).await {
             Ok(0) | Err(_) => return None,
@@ -426,13 +540,7 @@ async fn hello(
             let request = match next_request(frames) {
                 Next::Request(r) => r,
                 Next::More => break,
-                Next::Refused(answer) => {
-                    if stream.write_all(&answer).await.is_err() {
-                        return None;
-                    }
-                    continue;
-                }
-                Next::Fatal(answer) => {
+                Next::Refused(answer) | Next::Fatal(answer) => {
                     let _ = stream.write_all(&answer).await;
                     return None;
                 }
@@ -473,6 +581,23 @@ async fn hello(
                 let _ = stream.write_all(&frame(id, Response::Error(e))).await;
                 return None;
             }
+            // A place among the served connections, taken once the client is known: one that
+            // filled meanwhile is told so, as at the accept.
+            let Some(slot) = ctx.connections.try_open() else {
+                ctx.metrics
+                    .connections_refused
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let e = WireError::new(
+                    ErrorCode::Overloaded,
+                    format!(
+                        "this node holds its most client connections ({}): connect to another \
+                         node or later",
+                        ctx.connections.max()
+                    ),
+                );
+                let _ = stream.write_all(&frame(id, Response::Error(e))).await;
+                return None;
+            };
             let ok = Response::HelloOk(HelloOk {
                 protocol_version: PROTOCOL_VERSION,
                 node_id: ctx.node_id.clone(),
@@ -483,7 +608,7 @@ async fn hello(
                 .write_all(&frame(id, ok))
                 .await
                 .is_ok()
-                .then_some(h.tenant);
+                .then_some((h.tenant, slot));
         }
     }
 }

@@ -1,0 +1,151 @@
+//! Hostile clients against a real node: nothing big is buffered before a Hello, and sockets
+//! that never say Hello cannot keep the clients that do from being served.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{config_scaled, metric, poll_until, start_with, task};
+use spindle_client::Client;
+use spindle_control::testing::TestDb;
+use spindle_core::TenantId;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The daemon's resident memory, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("VmRSS")
+}
+
+/// 400 connections that each send a partial frame and then nothing: the node holds at most a
+/// few KiB for each (a Hello is tiny; a frame past 4 KiB before one is a framing error and the
+/// connection closes at once). Before, each such connection held its read buffer and up to
+/// 1 MiB of the frame: 71 → 500 MiB for 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_before_their_hello_hold_a_few_kib_each() {
+    let test = TestDb::new().await;
+    let daemon = start_with(
+        &test,
+        &config_scaled(
+            "0.0001",
+            "unauthenticated_max = 1000\nunauthenticated_per_address_max = 1000\n\
+             hello_timeout_ms = 60000",
+        ),
+    )
+    .await;
+    let pid = daemon.child.id();
+    // One served connection first: whatever a shard allocates once is there before we count.
+    let warm = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    assert!(warm
+        .submit(task("warm"))
+        .await
+        .unwrap()
+        .decision
+        .is_accepted());
+    let before = rss_kib(pid);
+    let mut held = Vec::new();
+    for _ in 0..400 {
+        let mut s = tokio::net::TcpStream::connect(daemon.addr).await.unwrap();
+        // A frame of 4,000 bytes announced (within the pre-Hello bound), 3,000 of them sent.
+        s.write_all(&4_000u32.to_le_bytes()).await.unwrap();
+        s.write_all(&[0xAB; 3_000]).await.unwrap();
+        held.push(s);
+    }
+    let greeting = poll_until(
+        Duration::from_secs(20),
+        async || metric(&daemon, "spindle_connections_greeting").await,
+        |&n| n >= 400,
+    )
+    .await;
+    assert_eq!(greeting, 400, "every connection is greeting");
+    let after = rss_kib(pid);
+    let per = after.saturating_sub(before) as f64 / 400.0;
+    assert!(
+        per <= 16.0,
+        "{per:.1} KiB per connection before its Hello ({before} → {after} KiB)"
+    );
+    // One that announces a 1 MiB frame before its Hello is told so and closed at once.
+    let mut big = tokio::net::TcpStream::connect(daemon.addr).await.unwrap();
+    big.write_all(&(1u32 << 20).to_le_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), big.read_to_end(&mut answer))
+        .await
+        .expect("closed")
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&answer).contains("exceeds the maximum of 4096 before a Hello"),
+        "{answer:?}"
+    );
+    drop(held);
+    assert!(warm
+        .submit(task("still"))
+        .await
+        .unwrap()
+        .decision
+        .is_accepted());
+}
+
+/// Twice `connections_max` sockets that connect and say nothing: the clients that say Hello
+/// are served all the same — each new connection past the greeting budget closes the oldest
+/// still greeting — and the idle ones are closed (counted as evicted). Before, 520 idle
+/// sockets against a bound of 500 had legitimate clients told `Overloaded` (2 of 12 got in).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_unauthenticated_sockets_cannot_keep_clients_out() {
+    let test = TestDb::new().await;
+    let daemon = start_with(
+        &test,
+        &config_scaled(
+            "0.0001",
+            "connections_max = 20\nunauthenticated_max = 20\n\
+             unauthenticated_per_address_max = 20\nhello_timeout_ms = 60000",
+        ),
+    )
+    .await;
+    let mut idle = Vec::new();
+    for _ in 0..40 {
+        idle.push(tokio::net::TcpStream::connect(daemon.addr).await.unwrap());
+    }
+    // Each shard greets at most its half of the budget: the rest were closed already.
+    let seen = poll_until(
+        Duration::from_secs(20),
+        async || {
+            metric(&daemon, "spindle_connections_greeting").await
+                + metric(&daemon, "spindle_connections_evicted_total").await
+        },
+        |&n| n >= 40,
+    )
+    .await;
+    assert_eq!(seen, 40);
+    assert!(metric(&daemon, "spindle_connections_greeting").await <= 20);
+    let evicted_before = metric(&daemon, "spindle_connections_evicted_total").await;
+    // Twelve clients, one after another, each served while the idle sockets sit there.
+    let mut served = Vec::new();
+    for i in 0..12 {
+        let c = Client::connect(
+            daemon.addr,
+            TenantId(1 + i % 2),
+            ["one", "two"][i as usize % 2],
+        )
+        .await
+        .unwrap_or_else(|e| panic!("client {i} was not served: {e}"));
+        let a = c.submit(task(&format!("c{i}"))).await.unwrap();
+        assert!(a.decision.is_accepted(), "{a:?}");
+        served.push(c);
+    }
+    assert!(metric(&daemon, "spindle_connections_evicted_total").await >= evicted_before + 12);
+    // Those evicted were closed: reads end.
+    let mut closed = 0;
+    for s in &mut idle {
+        let mut b = [0u8; 1];
+        if let Ok(Ok(0)) = tokio::time::timeout(Duration::from_millis(100), s.read(&mut b)).await {
+            closed += 1;
+        }
+    }
+    assert!(closed >= 12, "{closed} idle sockets closed");
+}
