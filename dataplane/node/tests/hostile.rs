@@ -121,7 +121,9 @@ async fn idle_unauthenticated_sockets_cannot_keep_clients_out() {
         |&n| n >= 40,
     )
     .await;
-    assert_eq!(seen, 40);
+    // (An evicted connection is counted as such at once, and leaves the greeting gauge when
+    // its task ends: the sum may pass 40 for a moment.)
+    assert!(seen >= 40, "greeting and evicted: {seen}");
     assert!(metric(&daemon, "spindle_connections_greeting").await <= 20);
     let evicted_before = metric(&daemon, "spindle_connections_evicted_total").await;
     // Twelve clients, one after another, each served while the idle sockets sit there.
@@ -138,7 +140,13 @@ async fn idle_unauthenticated_sockets_cannot_keep_clients_out() {
         assert!(a.decision.is_accepted(), "{a:?}");
         served.push(c);
     }
-    assert!(metric(&daemon, "spindle_connections_evicted_total").await >= evicted_before + 12);
+    // A client landing on a shard whose greeting places are all held closed the oldest idle
+    // socket there; once greeted it gave its place back, so the next one found room.
+    let evicted = metric(&daemon, "spindle_connections_evicted_total").await;
+    assert!(
+        evicted > evicted_before,
+        "{evicted_before} evicted before the clients, {evicted} after"
+    );
     // Those evicted were closed: reads end.
     let mut closed = 0;
     for s in &mut idle {
@@ -147,5 +155,5 @@ async fn idle_unauthenticated_sockets_cannot_keep_clients_out() {
             closed += 1;
         }
     }
-    assert!(closed >= 12, "{closed} idle sockets closed");
+    assert!(closed > 20, "{closed} idle sockets closed");
 }
