@@ -198,6 +198,8 @@ pub struct ShardGauges {
     /// predicted), in thousandths, and the tenants it counts as offering work (per tick).
     pub gate_calibration_milli: AtomicU64,
     pub gate_tenants: AtomicU64,
+    /// Subscriptions the shard holds (every tick).
+    pub subscriptions: AtomicU64,
 }
 
 pub struct Metrics {
@@ -439,6 +441,13 @@ impl Metrics {
             "How much longer committed submit frames waited than the gate predicted (a decayed \
              mean of the ratio, which scales its predictions), in thousandths.",
             |g| &g.gate_calibration_milli,
+        );
+        self.per_shard(
+            w,
+            "spindle_subscriptions",
+            "gauge",
+            "Subscriptions to live tasks' events the shard holds (a closed connection's go at once).",
+            |g| &g.subscriptions,
         );
         self.per_shard(
             w,

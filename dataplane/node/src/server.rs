@@ -794,7 +794,7 @@ async fn serve_tenant(
     ctx: Rc<ConnCtx>,
     t: TenantId,
     mut frames: FrameReader,
-    _slot: ConnSlot,
+    slot: ConnSlot,
 ) {
     ctx.metrics.shards[ctx.index]
         .connections
@@ -820,6 +820,10 @@ async fn serve_tenant(
     .detach();
     let inflight = Rc::new(glommio::sync::Semaphore::new(ctx.inflight_max as u64));
     let mut buf = vec![0u8; READ_CHUNK];
+    // The tasks this connection subscribed to, for the shard to drop when it closes (`None`:
+    // more than it keeps count of — then every task's subscribers are looked at).
+    let mut subscribed: Option<std::collections::HashSet<spindle_core::TaskId>> =
+        Some(Default::default());
     'conn: loop {
         // Every whole frame received so far (first, those that came with the Hello), then
         // more from the socket.
@@ -870,18 +874,31 @@ async fn serve_tenant(
                     task,
                     reply,
                 }),
-                Request::Subscribe(task) => to_shard(|reply| ShardMsg::Subscribe {
-                    tenant: t,
-                    task,
-                    request_id: id,
-                    out: out_tx.clone(),
-                    reply,
-                }),
-                Request::Unsubscribe(task) => to_shard(|reply| ShardMsg::Unsubscribe {
-                    task,
-                    out: out_tx.clone(),
-                    reply,
-                }),
+                Request::Subscribe(task) => {
+                    if let Some(set) = &mut subscribed {
+                        set.insert(task);
+                        if set.len() > 2 * crate::shard::SUBSCRIPTIONS_PER_TENANT_MAX {
+                            subscribed = None;
+                        }
+                    }
+                    to_shard(|reply| ShardMsg::Subscribe {
+                        tenant: t,
+                        task,
+                        request_id: id,
+                        out: out_tx.clone(),
+                        reply,
+                    })
+                }
+                Request::Unsubscribe(task) => {
+                    if let Some(set) = &mut subscribed {
+                        set.remove(&task);
+                    }
+                    to_shard(|reply| ShardMsg::Unsubscribe {
+                        task,
+                        out: out_tx.clone(),
+                        reply,
+                    })
+                }
             };
             let pending = match route {
                 Route::Answered(body) => {
@@ -950,6 +967,17 @@ async fn serve_tenant(
             let _ = out_tx.try_send(Vec::new());
         }
         frames.extend(&buf[..n]);
+    }
+    // Closed: its place among the served connections is free at once, and its subscriptions
+    // go, so that the writer — and the socket — end once the answers in flight are written.
+    drop(slot);
+    let tasks = subscribed.map(|set| set.into_iter().collect::<Vec<_>>());
+    if tasks.as_ref().is_none_or(|t| !t.is_empty()) {
+        let gone = ShardMsg::Disconnected {
+            tasks,
+            out: out_tx.clone(),
+        };
+        let _ = ctx.shard_of(t).send(gone).await;
     }
     drop(out_tx);
     let _ = writer_task.await;

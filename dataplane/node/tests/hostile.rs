@@ -157,3 +157,68 @@ async fn idle_unauthenticated_sockets_cannot_keep_clients_out() {
     }
     assert!(closed > 20, "{closed} idle sockets closed");
 }
+
+/// 100 connections subscribe to queued tasks and close: within a second their subscriptions
+/// are gone and their places among the served connections free — before, both were held until
+/// each task changed state (its frame queue kept alive by the subscription, and with it the
+/// connection's writer and socket).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_connections_subscriptions_and_place_go_at_once() {
+    let test = TestDb::new().await;
+    // One slot of each provider account: the rest of the tasks stay queued for minutes.
+    let daemon = start_with(&test, &config_scaled("100", "provider_concurrency = 1")).await;
+    let client = Client::connect(daemon.addr, TenantId(1), "one")
+        .await
+        .unwrap();
+    let mut queued = Vec::new();
+    for i in 0..10 {
+        let a = client.submit(task(&format!("q{i}"))).await.unwrap();
+        assert!(a.decision.is_accepted(), "{a:?}");
+        queued.push(a.task);
+    }
+    let open_before = metric(&daemon, "spindle_connections_open").await;
+    let mut subscribers = Vec::new();
+    for i in 0..100 {
+        let c = Client::connect(daemon.addr, TenantId(1), "one")
+            .await
+            .unwrap();
+        c.subscribe(queued[i % queued.len()]).await.unwrap();
+        subscribers.push(c);
+    }
+    let held = poll_until(
+        Duration::from_secs(5),
+        async || metric_sum_of(&daemon, "spindle_subscriptions").await,
+        |&n| n >= 100,
+    )
+    .await;
+    assert!(held >= 100, "{held} subscriptions");
+    assert_eq!(
+        metric(&daemon, "spindle_connections_open").await,
+        open_before + 100
+    );
+    drop(subscribers);
+    let closed = std::time::Instant::now();
+    let left = poll_until(
+        Duration::from_secs(5),
+        async || {
+            (
+                metric_sum_of(&daemon, "spindle_subscriptions").await,
+                metric(&daemon, "spindle_connections_open").await,
+            )
+        },
+        |&(subs, open)| subs == 0 && open == open_before,
+    )
+    .await;
+    assert_eq!(left, (0, open_before), "after {:?}", closed.elapsed());
+    assert!(
+        closed.elapsed() <= Duration::from_secs(1),
+        "released after {:?}",
+        closed.elapsed()
+    );
+}
+
+/// The sum over shards of a per-shard gauge.
+async fn metric_sum_of(daemon: &common::Daemon, name: &str) -> u64 {
+    let (_, text) = common::http_get(daemon.http, "/metrics").await;
+    common::metric_sum(&text, name)
+}

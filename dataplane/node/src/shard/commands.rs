@@ -121,24 +121,17 @@ pub(super) fn subscribe(
             format!("task {task} is not live here (finished or unknown): use GetTask"),
         );
     };
-    let per_task = s.subs.get(&task).map_or(0, Vec::len);
-    if s.subs_total >= SUBSCRIPTIONS_MAX || per_task >= SUBSCRIPTIONS_PER_TASK_MAX {
+    let sub = Subscriber {
+        request_id,
+        out,
+        tenant,
+    };
+    if let Err(why) = s.subs.add(task, sub) {
         drop(s);
-        return answer_error(
-            reply,
-            ErrorCode::TooManySubscriptions,
-            format!(
-                "at most {SUBSCRIPTIONS_PER_TASK_MAX} per task and {SUBSCRIPTIONS_MAX} per shard"
-            ),
-        );
+        return answer_error(reply, ErrorCode::TooManySubscriptions, why);
     }
     // The answer, and the current state as the first event (either may reach the client first).
     let _ = reply.send(Response::Subscribed(task));
-    s.subs
-        .entry(task)
-        .or_default()
-        .push(Subscriber { request_id, out });
-    s.subs_total += 1;
     notify(&mut s, task, current);
 }
 

@@ -48,6 +48,7 @@ mod media;
 mod provider;
 mod reports;
 mod submit;
+mod subscriptions;
 use claims::*;
 use commands::*;
 use inputs::{Input, Inputs};
@@ -124,16 +125,18 @@ pub enum ShardMsg {
         out: mpsc::Sender<Vec<u8>>,
         reply: oneshot::Sender<Response>,
     },
+    /// A connection closed: its subscriptions (of `tasks`, or — `None` — of any task) go at
+    /// once, and with them its frame queue's last senders.
+    Disconnected {
+        tasks: Option<Vec<TaskId>>,
+        out: mpsc::Sender<Vec<u8>>,
+    },
 }
 
-/// Subscriptions one shard holds, and per task.
-pub const SUBSCRIPTIONS_MAX: usize = 100_000;
-pub const SUBSCRIPTIONS_PER_TASK_MAX: usize = 16;
-
-struct Subscriber {
-    request_id: u64,
-    out: mpsc::Sender<Vec<u8>>,
-}
+use subscriptions::{Subscriber, Subscriptions};
+pub use subscriptions::{
+    SUBSCRIPTIONS_MAX, SUBSCRIPTIONS_PER_TASK_MAX, SUBSCRIPTIONS_PER_TENANT_MAX,
+};
 
 /// Progress milestone of a state (DESIGN §5: 10/30/60/90/100).
 fn progress_of(state: TaskState) -> u8 {
@@ -163,9 +166,9 @@ fn notify_at(
     progress_pct: u8,
     result: Option<&str>,
 ) {
-    let Some(subs) = s.subs.get_mut(&task) else {
+    if !s.subs.has(task) {
         return;
-    };
+    }
     let at_ms = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64);
@@ -176,8 +179,7 @@ fn notify_at(
         at_ms,
         result: result.map(str::to_string),
     };
-    let before = subs.len();
-    subs.retain(|sub| {
+    s.subs.retain(task, state.is_terminal(), |sub| {
         let frame = crate::server::frame(sub.request_id, Response::Event(event.clone()));
         match sub.out.try_send(frame) {
             Ok(()) => true,
@@ -187,13 +189,6 @@ fn notify_at(
             }
         }
     });
-    let dropped = before - subs.len();
-    if state.is_terminal() || subs.is_empty() {
-        let left = s.subs.remove(&task).map_or(0, |v| v.len());
-        s.subs_total -= left + dropped;
-    } else {
-        s.subs_total -= dropped;
-    }
 }
 
 /// The shell's record of a live task, beside the core's.
@@ -272,8 +267,7 @@ pub struct ShardState {
     time_scale: f64,
     /// Reports waiting for the next flush (every pump).
     outbox: Vec<Report>,
-    subs: RunMap<TaskId, Vec<Subscriber>>,
-    subs_total: usize,
+    subs: Subscriptions,
     /// Where the local provider appends one "task attempt" line per execution.
     log: Option<std::fs::File>,
     metrics: std::sync::Arc<crate::metrics::Metrics>,
@@ -456,8 +450,7 @@ impl ShardState {
             running: Running::default(),
             time_scale: setup.time_scale,
             outbox: Vec::new(),
-            subs: RunMap::default(),
-            subs_total: 0,
+            subs: Subscriptions::default(),
             log: setup.log,
             metrics: setup.metrics,
             index: setup.index,
@@ -654,6 +647,7 @@ pub async fn run(state: SharedShard, mut inbox: mpsc::Receiver<ShardMsg>) {
                         .store((s.gate.calibration() * 1e3) as u64, relaxed);
                     g.gate_tenants
                         .store(s.gate.active_tenants() as u64, relaxed);
+                    g.subscriptions.store(s.subs.total() as u64, relaxed);
                 }
                 if tick % TENANT_TICKS == 0 {
                     publish_tenants(&state.borrow());
@@ -734,16 +728,15 @@ pub async fn run(state: SharedShard, mut inbox: mpsc::Receiver<ShardMsg>) {
             }
             ShardMsg::Unsubscribe { task, out, reply } => {
                 let mut s = state.borrow_mut();
-                if let Some(subs) = s.subs.get_mut(&task) {
-                    let before = subs.len();
-                    subs.retain(|sub| !sub.out.same_channel(&out));
-                    let gone = before - subs.len();
-                    if subs.is_empty() {
-                        s.subs.remove(&task);
-                    }
-                    s.subs_total -= gone;
-                }
+                s.subs
+                    .retain(task, false, |sub| !sub.out.same_channel(&out));
                 let _ = reply.send(Response::Unsubscribed(task));
+            }
+            ShardMsg::Disconnected { tasks, out } => {
+                state
+                    .borrow_mut()
+                    .subs
+                    .drop_connection(tasks.as_deref(), &out);
             }
         }
         pump(&state).await;
