@@ -166,7 +166,7 @@ async fn idle_unauthenticated_sockets_cannot_keep_clients_out() {
 async fn a_closed_connections_subscriptions_and_place_go_at_once() {
     let test = TestDb::new().await;
     // One slot of each provider account: the rest of the tasks stay queued for minutes.
-    let daemon = start_with(&test, &config_scaled("100", "provider_concurrency = 1")).await;
+    let daemon = start_with(&test, &config_scaled("10", "provider_concurrency = 1")).await;
     let client = Client::connect(daemon.addr, TenantId(1), "one")
         .await
         .unwrap();
