@@ -156,10 +156,11 @@ pub struct Config {
     /// this much of the CPU the running work needs (docs/benchmarks.md).
     #[serde(default)]
     pub connection_rate_max: u32,
-    /// Connections the HTTP port (metrics, probes, admin API, provider callbacks) serves at
-    /// once (1..=65536); each lives at most 5 s. Past it a connection is answered `503` with
-    /// `retry-after: 1` (closed at once over TLS), counted in
-    /// `spindle_http_connections_refused_total`.
+    /// Connections the HTTP port (metrics, probes, admin API, provider callbacks) holds at
+    /// once (1..=65536). A new one past it closes the oldest that is not in a request (idle
+    /// between requests, or still sending its head); with every one in a request it is
+    /// answered `503` with `retry-after: 1` (closed at once over TLS), counted in
+    /// `spindle_http_connections_refused_total` (`crate::http`).
     #[serde(default = "default_http_connections_max")]
     pub http_connections_max: usize,
     /// Backoff before the first retry of a failed attempt (doubling per retry, × a jitter of

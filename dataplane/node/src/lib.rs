@@ -14,6 +14,7 @@ pub mod control;
 pub mod counter_check;
 pub mod dispatch;
 pub mod health;
+pub mod http;
 pub mod live_policy;
 pub mod media;
 pub mod metrics;
@@ -157,7 +158,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
 
     // The control plane thread (and the HTTP endpoints, on its runtime).
     let (started_tx, started_rx) = std_mpsc::channel();
-    let callbacks: metrics::CallbackSink = Default::default();
+    let callbacks: http::CallbackSink = Default::default();
     {
         let config = config.clone();
         let live = live.clone();
@@ -198,13 +199,15 @@ fn run_node(config: Config) -> anyhow::Result<()> {
                         if let Some(certs) = certificates {
                             tokio::spawn(certs.watch());
                         }
-                        tokio::spawn(metrics::serve(
+                        tokio::spawn(http::serve(
                             http,
                             http_tls,
                             config.http_connections_max,
-                            metrics.clone(),
-                            callbacks,
-                            admin,
+                            std::sync::Arc::new(http::Port {
+                                metrics: metrics.clone(),
+                                sink: callbacks,
+                                admin,
+                            }),
                         ));
                         let started = control::start(
                             &config,

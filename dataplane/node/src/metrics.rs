@@ -200,6 +200,8 @@ pub struct ShardGauges {
     pub gate_tenants: AtomicU64,
     /// Subscriptions the shard holds (every tick).
     pub subscriptions: AtomicU64,
+    /// When the shard's loop last ticked, in ms since [`Metrics::started`].
+    pub heartbeat_ms: AtomicU64,
 }
 
 pub struct Metrics {
@@ -243,8 +245,12 @@ pub struct Metrics {
     /// room for newer ones (`unauthenticated_max`, `unauthenticated_per_address_max`).
     pub connections_greeting: AtomicU64,
     pub connections_evicted: AtomicU64,
-    /// HTTP port connections refused at `http_connections_max`.
+    /// HTTP port connections refused at `http_connections_max` (every one in a request), and
+    /// those closed to make room for a new one (idle, or still sending their head).
     pub http_refused: AtomicU64,
+    pub http_evicted: AtomicU64,
+    /// When the node's metrics began: the shards' heartbeats count from it.
+    pub started: std::time::Instant,
     pub events_pending: AtomicU64,
     pub events_backlogged: AtomicBool,
     pub batches: [Histogram; KINDS.len()],
@@ -324,6 +330,8 @@ impl Metrics {
             connections_greeting: AtomicU64::new(0),
             connections_evicted: AtomicU64::new(0),
             http_refused: AtomicU64::new(0),
+            http_evicted: AtomicU64::new(0),
+            started: std::time::Instant::now(),
             events_pending: AtomicU64::new(0),
             events_backlogged: AtomicBool::new(false),
             batches: std::array::from_fn(|_| Histogram::new(LATENCY_BUCKETS_US)),
@@ -393,6 +401,25 @@ impl Metrics {
 
     pub fn stopping(&self) -> bool {
         self.stopping.load(Ordering::Relaxed)
+    }
+
+    /// A shard's loop ticked: its heartbeat, for `/livez`.
+    pub fn beat(&self, shard: usize) {
+        if let Some(g) = self.shards.get(shard) {
+            g.heartbeat_ms
+                .store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// The first shard whose loop has not ticked for `stale` or more, and for how long (a
+    /// shard that never ticked counts from the node's start).
+    pub fn stale_shard(&self, stale: std::time::Duration) -> Option<(usize, std::time::Duration)> {
+        let now = self.started.elapsed();
+        self.shards.iter().enumerate().find_map(|(i, g)| {
+            let beat = std::time::Duration::from_millis(g.heartbeat_ms.load(Ordering::Relaxed));
+            let since = now.saturating_sub(beat);
+            (since >= stale).then_some((i, since))
+        })
     }
 
     pub fn ready(&self) -> bool {
@@ -613,6 +640,11 @@ impl Metrics {
             w,
             "# HELP spindle_http_connections_refused_total HTTP port connections refused at http_connections_max.\n# TYPE spindle_http_connections_refused_total counter\nspindle_http_connections_refused_total {}",
             self.http_refused.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            w,
+            "# HELP spindle_http_connections_evicted_total HTTP port connections closed to make room for a new one at http_connections_max (idle between requests, or still sending their head).\n# TYPE spindle_http_connections_evicted_total counter\nspindle_http_connections_evicted_total {}",
+            self.http_evicted.load(Ordering::Relaxed)
         );
         self.per_shard(
             w,
@@ -961,197 +993,5 @@ impl Metrics {
             u8::from(self.ready())
         );
         out
-    }
-}
-
-/// The operator dashboard: one static page that reads `/metrics` (and, with a viewer token,
-/// the audit log) and redraws every second. No build step, no external assets.
-const DASHBOARD: &str = include_str!("dashboard.html");
-
-/// Bytes of a request's head (request line and headers) the HTTP port reads.
-const HEAD_BYTES_MAX: usize = 8 * 1024;
-
-/// Where provider callbacks go, once the provider thread runs.
-pub type CallbackSink = Arc<std::sync::OnceLock<Arc<crate::dispatch::Dispatcher>>>;
-
-/// What a connection past `http_connections_max` is told before it is closed.
-const HTTP_BUSY: &[u8] =
-    b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
-
-/// Serves `/livez`, `/readyz`, `/metrics` and `POST /v1/provider/callback` until the runtime
-/// stops. One request per connection, bounded head and body, 5 s to send it (and, with `tls`,
-/// to complete its handshake first); at most `connections_max` connections at once, one past
-/// it answered `503` (closed at once over TLS).
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    tls: Option<tokio_rustls::TlsAcceptor>,
-    connections_max: usize,
-    metrics: Arc<Metrics>,
-    sink: CallbackSink,
-    admin: Option<Arc<crate::admin::Admin>>,
-) {
-    let open = Arc::new(tokio::sync::Semaphore::new(connections_max));
-    loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
-            Err(e) => {
-                // Out of descriptors, say: this runtime is the control plane's, so the loop
-                // pauses rather than taking its thread from the pipelines.
-                tracing::warn!("http accept: {e}");
-                tokio::time::sleep(crate::server::ACCEPT_ERROR_PAUSE).await;
-                continue;
-            }
-        };
-        let Ok(place) = open.clone().try_acquire_owned() else {
-            metrics.http_refused.fetch_add(1, Ordering::Relaxed);
-            if tls.is_none() {
-                // Written straight to the socket (a fresh one's buffer takes it whole), not
-                // through the reactor, which may not have seen it writable yet; never waited
-                // for.
-                if let Ok(mut socket) = stream.into_std() {
-                    use std::io::Write;
-                    let _ = socket.write(HTTP_BUSY);
-                }
-            }
-            continue;
-        };
-        let metrics = metrics.clone();
-        let sink = sink.clone();
-        let admin = admin.clone();
-        let tls = tls.clone();
-        tokio::spawn(async move {
-            let served = async {
-                match tls {
-                    None => answer(stream, &metrics, &sink, admin.as_deref()).await,
-                    Some(tls) => match tls.accept(stream).await {
-                        Ok(stream) => answer(stream, &metrics, &sink, admin.as_deref()).await,
-                        Err(e) => tracing::debug!("a TLS handshake on the HTTP port failed: {e}"),
-                    },
-                }
-            };
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), served).await;
-            drop(place);
-        });
-    }
-}
-
-async fn answer<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
-    mut stream: S,
-    metrics: &Metrics,
-    sink: &CallbackSink,
-    admin: Option<&crate::admin::Admin>,
-) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut buf = Vec::with_capacity(2048);
-    let mut chunk = [0u8; 4096];
-    let head_end = loop {
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
-        }
-        if buf.len() > HEAD_BYTES_MAX {
-            return;
-        }
-        match stream.read(&mut chunk).await {
-            Ok(0) | Err(_) => {
-                // HTTP/1.0-style clients without a blank line end: take what came.
-                if buf.is_empty() {
-                    return;
-                }
-                break buf.len();
-            }
-            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-        }
-    };
-    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
-    let mut lines = head.lines();
-    let mut request_line = lines.next().unwrap_or("").split_whitespace();
-    let method = request_line.next().unwrap_or("GET").to_string();
-    let path = request_line.next().unwrap_or("/").to_string();
-    let header = |name: &str| {
-        head.lines().skip(1).find_map(|l| {
-            let (k, v) = l.split_once(':')?;
-            k.trim()
-                .eq_ignore_ascii_case(name)
-                .then(|| v.trim().to_string())
-        })
-    };
-    let len: usize = header("content-length")
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    if len > spindle_providers::api::BODY_BYTES_MAX {
-        let _ = stream
-            .write_all(
-                b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
-            )
-            .await;
-        return;
-    }
-    let mut body = buf[head_end..].to_vec();
-    while body.len() < len {
-        match stream.read(&mut chunk).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => body.extend_from_slice(&chunk[..n]),
-        }
-    }
-    body.truncate(len);
-    let (status, body) = match (method.as_str(), path.as_str()) {
-        ("POST", "/v1/provider/callback") => {
-            callback(metrics, sink, &body, header("x-signature").as_deref()).await
-        }
-        (_, p) if p.starts_with("/admin/") => match admin {
-            Some(a) => {
-                a.handle(&method, p, header("authorization").as_deref(), &body)
-                    .await
-            }
-            None => ("404 Not Found", "no admin tokens configured\n".to_string()),
-        },
-        ("GET", "/dashboard") => ("200 OK", DASHBOARD.to_string()),
-        (_, "/livez") => ("200 OK", "ok\n".to_string()),
-        (_, "/readyz") if metrics.ready() => ("200 OK", "ready\n".to_string()),
-        (_, "/readyz") => (
-            "503 Service Unavailable",
-            "not ready: PostgreSQL unreachable or stopping\n".to_string(),
-        ),
-        (_, "/metrics") => ("200 OK", metrics.render()),
-        _ => ("404 Not Found", "not found\n".to_string()),
-    };
-    let content_type = if path == "/dashboard" {
-        "text/html; charset=utf-8"
-    } else if path.starts_with("/admin/") {
-        "application/json"
-    } else {
-        "text/plain; version=0.0.4"
-    };
-    let response = format!(
-        "HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let _ = stream.write_all(response.as_bytes()).await;
-    // The end of the response: over TLS, its close_notify.
-    let _ = stream.shutdown().await;
-}
-
-/// A provider callback: signature first, then the body.
-async fn callback(
-    metrics: &Metrics,
-    sink: &CallbackSink,
-    body: &[u8],
-    signature: Option<&str>,
-) -> (&'static str, String) {
-    let Some(dispatcher) = sink.get() else {
-        return ("404 Not Found", "no provider configured\n".to_string());
-    };
-    let signed = signature
-        .is_some_and(|s| spindle_providers::signature::verify(dispatcher.secret(), body, s));
-    if !signed {
-        metrics.callback("bad_signature");
-        return ("401 Unauthorized", "bad signature\n".to_string());
-    }
-    match serde_json::from_slice::<spindle_providers::JobView>(body) {
-        Ok(view) => {
-            dispatcher.on_callback(view).await;
-            ("200 OK", "ok\n".to_string())
-        }
-        Err(e) => ("400 Bad Request", format!("unreadable job: {e}\n")),
     }
 }

@@ -1034,7 +1034,7 @@ async fn forged_and_stale_callbacks_change_nothing() {
             use tokio::io::{AsyncReadExt, AsyncWriteExt};
             let mut s = tokio::net::TcpStream::connect(daemon.http).await.unwrap();
             let head = format!(
-                "POST /v1/provider/callback HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nx-signature: {signature}\r\ncontent-length: {}\r\n\r\n",
+                "POST /v1/provider/callback HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-type: application/json\r\nx-signature: {signature}\r\ncontent-length: {}\r\n\r\n",
                 body.len()
             );
             s.write_all(head.as_bytes()).await.unwrap();

@@ -200,7 +200,7 @@ async fn over_tls_tenants_are_served_on_their_shards_and_plain_clients_are_told(
     );
     let mut plain = tokio::net::TcpStream::connect(daemon.http).await.unwrap();
     plain
-        .write_all(b"GET /livez HTTP/1.1\r\nhost: x\r\n\r\n")
+        .write_all(b"GET /livez HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
         .await
         .unwrap();
     let mut text = Vec::new();

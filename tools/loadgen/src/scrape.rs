@@ -19,7 +19,7 @@ pub struct Endpoint {
 
 async fn get_metrics(mut stream: impl AsyncRead + AsyncWrite + Unpin) -> anyhow::Result<String> {
     stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nhost: loadgen\r\n\r\n")
+        .write_all(b"GET /metrics HTTP/1.1\r\nhost: loadgen\r\nconnection: close\r\n\r\n")
         .await?;
     stream.flush().await?;
     let mut text = String::new();

@@ -641,6 +641,7 @@ pub async fn run(state: SharedShard, mut inbox: mpsc::Receiver<ShardMsg>) {
                 {
                     let mut s = state.borrow_mut();
                     s.gate.tick(Instant::now());
+                    s.metrics.beat(s.index);
                     let g = &s.metrics.shards[s.index];
                     let relaxed = std::sync::atomic::Ordering::Relaxed;
                     g.gate_calibration_milli

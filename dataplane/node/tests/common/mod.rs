@@ -247,7 +247,9 @@ pub async fn http_get_on(
 ) -> (String, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     stream
-        .write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes())
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes(),
+        )
         .await
         .unwrap();
     let mut text = String::new();

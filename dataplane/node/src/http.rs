@@ -1,0 +1,444 @@
+//! The node's HTTP port, on hyper: `/livez`, `/readyz`, `/metrics`, `/dashboard`, the admin API
+//! (`/admin/v1/…`) and signed provider callbacks (`POST /v1/provider/callback`), plain or over
+//! TLS. HTTP/1.1 with keep-alive, `HEAD`, and bodies sent whole or chunked (at most
+//! `BODY_BYTES_MAX`, else `413`).
+//!
+//! Connections are held to `http_connections_max`. A new one past it closes the oldest
+//! connection that is not in the middle of a request — idle between requests, or still sending
+//! its head — so that idle or slow sockets never keep a probe, a scrape or a callback from
+//! being answered; only when every connection is being answered is a new one told `503` with
+//! `retry-after: 1`. A request's head must come within [`HEAD_WITHIN`]; each route has its own
+//! time to answer ([`Route::budget`]). `/livez` is the node's liveness as a whole: every
+//! shard's loop must have ticked lately ([`LIVENESS_STALE`]), not only this thread.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::sync::oneshot;
+
+use crate::metrics::Metrics;
+
+/// Where provider callbacks go, once the provider thread runs.
+pub type CallbackSink = Arc<std::sync::OnceLock<Arc<crate::dispatch::Dispatcher>>>;
+
+/// The operator dashboard: one static page that reads `/metrics` (and, signed in with a viewer
+/// token, the audit log) and redraws every second. No build step, no external assets.
+const DASHBOARD: &str = include_str!("dashboard.html");
+
+/// How long a request's head (its line and headers) may take to arrive.
+pub const HEAD_WITHIN: Duration = Duration::from_secs(5);
+/// Bytes of a request's head.
+const HEAD_BYTES_MAX: usize = 8 * 1024;
+/// A shard whose loop has not ticked for this long makes `/livez` fail.
+pub const LIVENESS_STALE: Duration = Duration::from_secs(10);
+
+/// What a connection past the bound, with every connection in a request, is told before it is
+/// closed (written straight to a plain socket; a TLS one is closed at once).
+const HTTP_BUSY: &[u8] =
+    b"HTTP/1.1 503 Service Unavailable\r\nretry-after: 1\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+
+/// What the port answers with.
+pub struct Port {
+    pub metrics: Arc<Metrics>,
+    pub sink: CallbackSink,
+    pub admin: Option<Arc<crate::admin::Admin>>,
+}
+
+/// The connections open on the port, oldest first, each with whether it is in a request and
+/// the sender whose drop closes it.
+struct Pool {
+    max: usize,
+    next: u64,
+    live: VecDeque<(u64, Arc<AtomicBool>, oneshot::Sender<()>)>,
+}
+
+/// A connection's place in the pool.
+struct Place {
+    id: u64,
+    busy: Arc<AtomicBool>,
+    closed: oneshot::Receiver<()>,
+}
+
+impl Pool {
+    /// A place for a new connection: at the bound, the oldest connection not in a request is
+    /// closed for it (`Some(.., true)`); `None` when every one is in a request.
+    fn admit(&mut self) -> Option<(Place, bool)> {
+        let mut evicted = false;
+        if self.live.len() >= self.max {
+            let i = self
+                .live
+                .iter()
+                .position(|(_, busy, _)| !busy.load(Ordering::Acquire))?;
+            // Dropping its sender closes it.
+            self.live.remove(i);
+            evicted = true;
+        }
+        let (tx, rx) = oneshot::channel();
+        let busy = Arc::new(AtomicBool::new(false));
+        let id = self.next;
+        self.next += 1;
+        self.live.push_back((id, busy.clone(), tx));
+        Some((
+            Place {
+                id,
+                busy,
+                closed: rx,
+            },
+            evicted,
+        ))
+    }
+
+    fn leave(&mut self, id: u64) {
+        if let Some(i) = self.live.iter().position(|(x, _, _)| *x == id) {
+            self.live.remove(i);
+        }
+    }
+}
+
+/// Serves the port until the runtime stops.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    connections_max: usize,
+    port: Arc<Port>,
+) {
+    let pool = Arc::new(Mutex::new(Pool {
+        max: connections_max.max(1),
+        next: 0,
+        live: VecDeque::new(),
+    }));
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of descriptors, say: this runtime is the control plane's, so the loop
+                // pauses rather than taking its thread from the pipelines.
+                tracing::warn!("http accept: {e}");
+                tokio::time::sleep(crate::server::ACCEPT_ERROR_PAUSE).await;
+                continue;
+            }
+        };
+        let admitted = pool.lock().unwrap_or_else(|p| p.into_inner()).admit();
+        let Some((place, evicted)) = admitted else {
+            port.metrics.http_refused.fetch_add(1, Ordering::Relaxed);
+            if tls.is_none() {
+                // Written straight to the socket (a fresh one's buffer takes it whole), not
+                // through the reactor, which may not have seen it writable yet; never waited
+                // for.
+                if let Ok(mut socket) = stream.into_std() {
+                    use std::io::Write;
+                    let _ = socket.write(HTTP_BUSY);
+                }
+            }
+            continue;
+        };
+        if evicted {
+            port.metrics.http_evicted.fetch_add(1, Ordering::Relaxed);
+        }
+        let _ = stream.set_nodelay(true);
+        let (port, tls, pool) = (port.clone(), tls.clone(), pool.clone());
+        tokio::spawn(async move {
+            let id = place.id;
+            let closed = place.closed;
+            let served = async {
+                match tls {
+                    None => connection(stream, &port, place.busy).await,
+                    Some(tls) => {
+                        match tokio::time::timeout(HEAD_WITHIN, tls.accept(stream)).await {
+                            Ok(Ok(stream)) => connection(stream, &port, place.busy).await,
+                            Ok(Err(e)) => {
+                                tracing::debug!("a TLS handshake on the HTTP port failed: {e}")
+                            }
+                            Err(_) => tracing::debug!("a TLS handshake on the HTTP port timed out"),
+                        }
+                    }
+                }
+            };
+            // Served to its end, or closed for a newer connection.
+            tokio::select! {
+                () = served => {}
+                _ = closed => {}
+            }
+            pool.lock().unwrap_or_else(|p| p.into_inner()).leave(id);
+        });
+    }
+}
+
+/// Serves one connection's requests (keep-alive) until it closes.
+async fn connection<S>(stream: S, port: &Arc<Port>, busy: Arc<AtomicBool>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let port = port.clone();
+    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+        let (port, busy) = (port.clone(), busy.clone());
+        async move {
+            busy.store(true, Ordering::Release);
+            let answer = handle(&port, req).await;
+            busy.store(false, Ordering::Release);
+            Ok::<_, std::convert::Infallible>(answer)
+        }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEAD_WITHIN)
+        .max_buf_size(HEAD_BYTES_MAX.max(8192))
+        .serve_connection(TokioIo::new(stream), service)
+        .await;
+}
+
+/// What a request is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    Live,
+    Ready,
+    Metrics,
+    Dashboard,
+    Admin,
+    Callback,
+    NotFound,
+}
+
+impl Route {
+    fn of(method: &Method, path: &str) -> Route {
+        let read = method == Method::GET || method == Method::HEAD;
+        match path {
+            "/livez" => Route::Live,
+            "/readyz" => Route::Ready,
+            "/metrics" if read => Route::Metrics,
+            "/dashboard" if read => Route::Dashboard,
+            "/v1/provider/callback" if method == Method::POST => Route::Callback,
+            p if p.starts_with("/admin/") => Route::Admin,
+            _ => Route::NotFound,
+        }
+    }
+
+    /// How long the route may take to answer: the admin API's calls go to PostgreSQL (a
+    /// counter rebuild takes a while); the rest is the node's memory.
+    fn budget(self) -> Duration {
+        match self {
+            Route::Admin => Duration::from_secs(60),
+            Route::Callback => Duration::from_secs(10),
+            _ => Duration::from_secs(5),
+        }
+    }
+}
+
+async fn handle(port: &Port, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    let route = Route::of(req.method(), req.uri().path());
+    match tokio::time::timeout(route.budget(), answer(port, route, req)).await {
+        Ok(response) => response,
+        Err(_) => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("no answer within {:?}\n", route.budget()),
+        ),
+    }
+}
+
+async fn answer(port: &Port, route: Route, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    let metrics = &port.metrics;
+    match route {
+        Route::Live => match metrics.stale_shard(LIVENESS_STALE) {
+            None => text(StatusCode::OK, "ok\n".into()),
+            Some((shard, since)) => text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "shard {shard} has not ticked for {} ms\n",
+                    since.as_millis()
+                ),
+            ),
+        },
+        Route::Ready if metrics.ready() => text(StatusCode::OK, "ready\n".into()),
+        Route::Ready => text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: PostgreSQL unreachable or stopping\n".into(),
+        ),
+        Route::Metrics => {
+            let mut r = text(StatusCode::OK, metrics.render());
+            r.headers_mut().insert(
+                CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4"),
+            );
+            r
+        }
+        Route::Dashboard => dashboard(),
+        Route::NotFound => text(StatusCode::NOT_FOUND, "not found\n".into()),
+        Route::Admin | Route::Callback => {
+            let (parts, body) = req.into_parts();
+            let body = match Limited::new(body, spindle_providers::api::BODY_BYTES_MAX)
+                .collect()
+                .await
+            {
+                Ok(b) => b.to_bytes(),
+                Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                    return text(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        format!(
+                            "a body of at most {} bytes\n",
+                            spindle_providers::api::BODY_BYTES_MAX
+                        ),
+                    )
+                }
+                Err(e) => return text(StatusCode::BAD_REQUEST, format!("reading the body: {e}\n")),
+            };
+            let header = |name: &str| {
+                parts
+                    .headers
+                    .get(name)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_string)
+            };
+            if route == Route::Callback {
+                let (status, body) =
+                    callback(metrics, &port.sink, &body, header("x-signature").as_deref()).await;
+                return text(status, body);
+            }
+            let Some(admin) = &port.admin else {
+                return text(StatusCode::NOT_FOUND, "no admin tokens configured\n".into());
+            };
+            let path = parts
+                .uri
+                .path_and_query()
+                .map_or(parts.uri.path(), |p| p.as_str());
+            let (status, body) = admin
+                .handle(
+                    parts.method.as_str(),
+                    path,
+                    header("authorization").as_deref(),
+                    &body,
+                )
+                .await;
+            let mut r = text(status_of(status), body);
+            r.headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            r
+        }
+    }
+}
+
+/// The dashboard page, with the headers that keep it from being framed or its content sniffed
+/// and a policy that lets it run only its own script and read only this node.
+fn dashboard() -> Response<Full<Bytes>> {
+    let mut r = text(StatusCode::OK, DASHBOARD.into());
+    let h = r.headers_mut();
+    h.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    h.insert("x-frame-options", HeaderValue::from_static("DENY"));
+    h.insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert("referrer-policy", HeaderValue::from_static("no-referrer"));
+    h.insert("cache-control", HeaderValue::from_static("no-store"));
+    r
+}
+
+/// A plain-text answer.
+fn text(status: StatusCode, body: String) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        r.headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    r
+}
+
+/// `"404 Not Found"` → 404 (the admin API's answers name their status so).
+fn status_of(line: &str) -> StatusCode {
+    line.split_whitespace()
+        .next()
+        .and_then(|c| c.parse::<u16>().ok())
+        .and_then(|c| StatusCode::from_u16(c).ok())
+        .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+}
+
+/// A provider callback: signature first, then the body.
+async fn callback(
+    metrics: &Metrics,
+    sink: &CallbackSink,
+    body: &[u8],
+    signature: Option<&str>,
+) -> (StatusCode, String) {
+    let Some(dispatcher) = sink.get() else {
+        return (
+            StatusCode::NOT_FOUND,
+            "no provider configured\n".to_string(),
+        );
+    };
+    let signed = signature
+        .is_some_and(|s| spindle_providers::signature::verify(dispatcher.secret(), body, s));
+    if !signed {
+        metrics.callback("bad_signature");
+        return (StatusCode::UNAUTHORIZED, "bad signature\n".to_string());
+    }
+    match serde_json::from_slice::<spindle_providers::JobView>(body) {
+        Ok(view) => {
+            dispatcher.on_callback(view).await;
+            (StatusCode::OK, "ok\n".to_string())
+        }
+        Err(e) => (StatusCode::BAD_REQUEST, format!("unreadable job: {e}\n")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// At the bound a new connection closes the oldest one not in a request; with every one in
+    /// a request it is refused.
+    #[test]
+    fn the_pool_closes_the_oldest_idle_connection_for_a_new_one() {
+        let mut pool = Pool {
+            max: 3,
+            next: 0,
+            live: VecDeque::new(),
+        };
+        let mut places: Vec<Place> = (0..3).map(|_| pool.admit().unwrap().0).collect();
+        places[0].busy.store(true, Ordering::Release);
+        let (fourth, evicted) = pool.admit().unwrap();
+        assert!(evicted);
+        // The second (the oldest idle one) was told to close; the first (busy) was not.
+        assert_eq!(
+            places[0].closed.try_recv(),
+            Err(oneshot::error::TryRecvError::Empty)
+        );
+        assert_eq!(
+            places[1].closed.try_recv(),
+            Err(oneshot::error::TryRecvError::Closed)
+        );
+        for p in [&places[2], &fourth] {
+            p.busy.store(true, Ordering::Release);
+        }
+        assert!(pool.admit().is_none(), "every connection is in a request");
+        pool.leave(fourth.id);
+        assert!(pool.admit().is_some());
+    }
+
+    #[test]
+    fn routes_and_their_statuses() {
+        assert_eq!(Route::of(&Method::HEAD, "/metrics"), Route::Metrics);
+        assert_eq!(Route::of(&Method::POST, "/metrics"), Route::NotFound);
+        assert_eq!(Route::of(&Method::GET, "/admin/v1/audit"), Route::Admin);
+        assert_eq!(
+            Route::of(&Method::GET, "/v1/provider/callback"),
+            Route::NotFound
+        );
+        assert_eq!(status_of("404 Not Found"), StatusCode::NOT_FOUND);
+        assert_eq!(status_of("nonsense"), StatusCode::INTERNAL_SERVER_ERROR);
+    }
+}
