@@ -665,16 +665,26 @@ async fn the_http_port_serves_a_bounded_number_of_connections() {
         .unwrap_or(0);
     assert_eq!(closed, 0);
     drop(idle);
-    // Two requests in progress (a body announced and not sent): every place is in a request,
-    // so a third connection is refused at once.
+    // Two requests in progress (a body announced and not sent; the node's `100 Continue` says
+    // it is reading it): every place is in a request, so a third connection is refused at once.
     let mut busy = Vec::new();
     for _ in 0..2 {
         let mut s = tokio::net::TcpStream::connect(daemon.http).await.unwrap();
         s.write_all(
-            b"POST /v1/provider/callback HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\r\n{",
+            b"POST /v1/provider/callback HTTP/1.1\r\nhost: x\r\ncontent-length: 1000\r\n\
+              expect: 100-continue\r\n\r\n",
         )
         .await
         .unwrap();
+        let mut continued = [0u8; 25];
+        tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            s.read_exact(&mut continued),
+        )
+        .await
+        .expect("100 Continue")
+        .unwrap();
+        assert!(continued.starts_with(b"HTTP/1.1 100 Continue"));
         busy.push(s);
     }
     let refused = common::poll_until(
@@ -683,7 +693,7 @@ async fn the_http_port_serves_a_bounded_number_of_connections() {
             let mut third = tokio::net::TcpStream::connect(daemon.http).await.unwrap();
             let mut answer = String::new();
             let _ = tokio::time::timeout(
-                std::time::Duration::from_secs(5),
+                std::time::Duration::from_secs(1),
                 third.read_to_string(&mut answer),
             )
             .await;
