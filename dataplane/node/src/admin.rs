@@ -45,7 +45,13 @@ pub struct Admin {
     metrics: Arc<Metrics>,
     live: Arc<LivePolicy>,
     shards: Shards,
+    /// Calls without a valid token, or past their token's role: counted, and a few a second
+    /// logged (never one audit row each: anyone can send them).
+    refusals_logged: std::sync::Mutex<spindle_core::ledger::TokenBucket>,
 }
+
+/// Refused calls logged a second (a second's worth at once); the rest only counted.
+const REFUSALS_LOGGED_PER_S: u64 = 5;
 
 /// How the admin API reaches the shards: requeued tasks go back to the shard that owns them.
 pub struct Shards {
@@ -125,7 +131,38 @@ impl Admin {
             metrics,
             live,
             shards,
+            refusals_logged: std::sync::Mutex::new(spindle_core::ledger::TokenBucket::new(
+                spindle_core::policy::RateSpec {
+                    per_minute: REFUSALS_LOGGED_PER_S * 60,
+                    burst: REFUSALS_LOGGED_PER_S,
+                },
+                spindle_core::Time::ZERO,
+            )),
         }
+    }
+
+    /// Whether `token` is one of the configured ones (the dashboard's sign-in checks it
+    /// before it keeps it in a cookie).
+    pub fn knows(&self, token: &str) -> bool {
+        self.holder(Some(&format!("Bearer {token}"))).is_some()
+    }
+
+    /// A call refused before any holder could be trusted with it (no valid token, or past its
+    /// token's role): counted by why, logged while the sample allows — with the client's path
+    /// escaped — and answered. Nothing is written to PostgreSQL.
+    fn turn_away(&self, status: &'static str, why: &str, what: &str, detail: String) -> Answer {
+        let i = usize::from(status.starts_with("403"));
+        self.metrics.admin_refused[i].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let now = spindle_core::Time::of(std::time::Instant::now(), self.metrics.started);
+        let logged = self
+            .refusals_logged
+            .lock()
+            .map(|mut b| b.take_one(now).is_ok())
+            .unwrap_or(false);
+        if logged {
+            tracing::warn!(status, why, "admin call refused: {what:?}: {detail}");
+        }
+        answer(status, json!({ "error": detail }))
     }
 
     /// The token's holder, compared in constant time against every configured token.
@@ -172,14 +209,12 @@ impl Admin {
     ) -> Answer {
         let what = format!("{method} {}", path.split('?').next().unwrap_or(path));
         let Some(holder) = self.holder(authorization) else {
-            return self
-                .refuse(
-                    "401 Unauthorized",
-                    "anonymous",
-                    &what,
-                    "no valid admin token".into(),
-                )
-                .await;
+            return self.turn_away(
+                "401 Unauthorized",
+                "anonymous",
+                &what,
+                "no valid admin token".into(),
+            );
         };
         let segments: Vec<&str> = path
             .split('?')
@@ -212,7 +247,7 @@ impl Admin {
                 "{} is {:?}; {what} needs {needed:?}",
                 holder.name, holder.role
             );
-            return self.refuse("403 Forbidden", &holder.name, &what, why).await;
+            return self.turn_away("403 Forbidden", "role", &what, why);
         }
         let actor = holder.name.clone();
         match (method, segments.as_slice()) {

@@ -29,9 +29,19 @@ use crate::metrics::Metrics;
 /// Where provider callbacks go, once the provider thread runs.
 pub type CallbackSink = Arc<std::sync::OnceLock<Arc<crate::dispatch::Dispatcher>>>;
 
-/// The operator dashboard: one static page that reads `/metrics` (and, signed in with a viewer
-/// token, the audit log) and redraws every second. No build step, no external assets.
+/// The operator dashboard: one static page, its script and its style, that read `/metrics`
+/// (and, signed in with a viewer token, the audit log) and redraw every second. No build step,
+/// no external assets, no inline code: the policy below lets the page run only its own script.
 const DASHBOARD: &str = include_str!("dashboard.html");
+const DASHBOARD_JS: &str = include_str!("dashboard.js");
+const DASHBOARD_CSS: &str = include_str!("dashboard.css");
+const DASHBOARD_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
+     connect-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; \
+     base-uri 'none'";
+/// The cookie that keeps a signed-in dashboard's viewer token: HttpOnly (its script never sees
+/// it), sent only to this node's admin API, only from its own pages, for an hour.
+const SESSION_COOKIE: &str = "spindle_dashboard";
+const SESSION_S: u32 = 3_600;
 
 /// How long a request's head (its line and headers) may take to arrive.
 pub const HEAD_WITHIN: Duration = Duration::from_secs(5);
@@ -202,6 +212,10 @@ enum Route {
     Ready,
     Metrics,
     Dashboard,
+    DashboardJs,
+    DashboardCss,
+    SignIn,
+    SignOut,
     Admin,
     Callback,
     NotFound,
@@ -215,6 +229,10 @@ impl Route {
             "/readyz" => Route::Ready,
             "/metrics" if read => Route::Metrics,
             "/dashboard" if read => Route::Dashboard,
+            "/dashboard.js" if read => Route::DashboardJs,
+            "/dashboard.css" if read => Route::DashboardCss,
+            "/dashboard/login" if method == Method::POST => Route::SignIn,
+            "/dashboard/logout" if method == Method::POST => Route::SignOut,
             "/v1/provider/callback" if method == Method::POST => Route::Callback,
             p if p.starts_with("/admin/") => Route::Admin,
             _ => Route::NotFound,
@@ -269,9 +287,12 @@ async fn answer(port: &Port, route: Route, req: Request<Incoming>) -> Response<F
             );
             r
         }
-        Route::Dashboard => dashboard(),
+        Route::Dashboard => page(DASHBOARD, "text/html; charset=utf-8"),
+        Route::DashboardJs => page(DASHBOARD_JS, "text/javascript; charset=utf-8"),
+        Route::DashboardCss => page(DASHBOARD_CSS, "text/css; charset=utf-8"),
+        Route::SignOut => signed_in(None),
         Route::NotFound => text(StatusCode::NOT_FOUND, "not found\n".into()),
-        Route::Admin | Route::Callback => {
+        Route::Admin | Route::Callback | Route::SignIn => {
             let (parts, body) = req.into_parts();
             let body = match Limited::new(body, spindle_providers::api::BODY_BYTES_MAX)
                 .collect()
@@ -304,17 +325,36 @@ async fn answer(port: &Port, route: Route, req: Request<Incoming>) -> Response<F
             let Some(admin) = &port.admin else {
                 return text(StatusCode::NOT_FOUND, "no admin tokens configured\n".into());
             };
+            if route == Route::SignIn {
+                return match form_value(&body, "token") {
+                    Some(token) if admin.knows(&token) => signed_in(Some(&token)),
+                    _ => {
+                        let mut r = text(
+                            StatusCode::UNAUTHORIZED,
+                            "not a token of this node\n".into(),
+                        );
+                        r.headers_mut().insert(
+                            "content-security-policy",
+                            HeaderValue::from_static(DASHBOARD_POLICY),
+                        );
+                        r
+                    }
+                };
+            }
+            // A signed-in dashboard reads with its cookie: for reads only (a page elsewhere
+            // cannot send it, and nothing it allows changes anything).
+            let authorization = header("authorization").or_else(|| {
+                (parts.method == Method::GET)
+                    .then(|| session_token(&parts.headers))
+                    .flatten()
+                    .map(|t| format!("Bearer {t}"))
+            });
             let path = parts
                 .uri
                 .path_and_query()
                 .map_or(parts.uri.path(), |p| p.as_str());
             let (status, body) = admin
-                .handle(
-                    parts.method.as_str(),
-                    path,
-                    header("authorization").as_deref(),
-                    &body,
-                )
+                .handle(parts.method.as_str(), path, authorization.as_deref(), &body)
                 .await;
             let mut r = text(status_of(status), body);
             r.headers_mut()
@@ -324,14 +364,16 @@ async fn answer(port: &Port, route: Route, req: Request<Incoming>) -> Response<F
     }
 }
 
-/// The dashboard page, with the headers that keep it from being framed or its content sniffed
-/// and a policy that lets it run only its own script and read only this node.
-fn dashboard() -> Response<Full<Bytes>> {
-    let mut r = text(StatusCode::OK, DASHBOARD.into());
+/// One of the dashboard's files, with the headers that keep it from being framed, its content
+/// sniffed or cached, and a policy that lets it run only its own script and read only this
+/// node.
+fn page(body: &'static str, content_type: &'static str) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
     let h = r.headers_mut();
+    h.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
     h.insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("text/html; charset=utf-8"),
+        "content-security-policy",
+        HeaderValue::from_static(DASHBOARD_POLICY),
     );
     h.insert("x-frame-options", HeaderValue::from_static("DENY"));
     h.insert(
@@ -341,6 +383,76 @@ fn dashboard() -> Response<Full<Bytes>> {
     h.insert("referrer-policy", HeaderValue::from_static("no-referrer"));
     h.insert("cache-control", HeaderValue::from_static("no-store"));
     r
+}
+
+/// Back to the dashboard, signed in with `token` (kept in the session cookie) or — `None` —
+/// signed out (the cookie cleared).
+fn signed_in(token: Option<&str>) -> Response<Full<Bytes>> {
+    let cookie = match token {
+        // Hex: a token may hold what a cookie may not.
+        Some(t) => format!(
+            "{SESSION_COOKIE}={}; Path=/admin/; Max-Age={SESSION_S}; HttpOnly; SameSite=Strict",
+            t.bytes().map(|b| format!("{b:02x}")).collect::<String>()
+        ),
+        None => format!("{SESSION_COOKIE}=; Path=/admin/; Max-Age=0; HttpOnly; SameSite=Strict"),
+    };
+    let mut r = Response::new(Full::new(Bytes::new()));
+    *r.status_mut() = StatusCode::SEE_OTHER;
+    let h = r.headers_mut();
+    h.insert(
+        hyper::header::LOCATION,
+        HeaderValue::from_static("/dashboard"),
+    );
+    if let Ok(v) = HeaderValue::from_str(&cookie) {
+        h.insert(hyper::header::SET_COOKIE, v);
+    }
+    h.insert("cache-control", HeaderValue::from_static("no-store"));
+    r
+}
+
+/// The dashboard's session token from a request's cookies.
+fn session_token(headers: &hyper::HeaderMap) -> Option<String> {
+    headers
+        .get_all(hyper::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .find_map(|c| {
+            let (k, v) = c.trim().split_once('=')?;
+            if k != SESSION_COOKIE || v.is_empty() || v.len() % 2 != 0 {
+                return None;
+            }
+            let bytes: Option<Vec<u8>> = (0..v.len())
+                .step_by(2)
+                .map(|i| u8::from_str_radix(v.get(i..i + 2)?, 16).ok())
+                .collect();
+            String::from_utf8(bytes?).ok()
+        })
+}
+
+/// A field of an `application/x-www-form-urlencoded` body, decoded (`+` a space, `%XX` a
+/// byte); `None` when absent or not UTF-8.
+fn form_value(body: &[u8], name: &str) -> Option<String> {
+    let body = std::str::from_utf8(body).ok()?;
+    body.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=')?;
+        if k != name {
+            return None;
+        }
+        let mut out = Vec::with_capacity(v.len());
+        let mut bytes = v.bytes();
+        while let Some(b) = bytes.next() {
+            match b {
+                b'+' => out.push(b' '),
+                b'%' => {
+                    let hex = [bytes.next()?, bytes.next()?];
+                    out.push(u8::from_str_radix(std::str::from_utf8(&hex).ok()?, 16).ok()?);
+                }
+                b => out.push(b),
+            }
+        }
+        String::from_utf8(out).ok()
+    })
 }
 
 /// A plain-text answer.
@@ -399,6 +511,36 @@ async fn callback(
 mod tests {
     use super::*;
 
+    #[test]
+    fn a_sign_in_form_and_its_cookie_are_read_back() {
+        assert_eq!(
+            form_value(b"a=1&token=ab%2Fc+d", "token"),
+            Some("ab/c d".into())
+        );
+        assert_eq!(form_value(b"token=%zz", "token"), None);
+        assert_eq!(form_value(b"other=1", "token"), None);
+        let mut h = hyper::HeaderMap::new();
+        h.insert(
+            hyper::header::COOKIE,
+            HeaderValue::from_static("x=1; spindle_dashboard=74303b6b; y=2"),
+        );
+        assert_eq!(session_token(&h), Some("t0;k".into()));
+        let set = signed_in(Some("t0;k"));
+        let cookie = set.headers()[hyper::header::SET_COOKIE].to_str().unwrap();
+        assert!(
+            cookie.starts_with("spindle_dashboard=74303b6b;"),
+            "{cookie}"
+        );
+        let cleared = signed_in(None);
+        let cookie = cleared.headers()[hyper::header::SET_COOKIE]
+            .to_str()
+            .unwrap();
+        assert!(
+            cookie.contains("Max-Age=0") && cookie.contains("HttpOnly"),
+            "{cookie}"
+        );
+    }
+
     /// At the bound a new connection closes the oldest one not in a request; with every one in
     /// a request it is refused.
     #[test]
@@ -439,6 +581,8 @@ mod tests {
             Route::NotFound
         );
         assert_eq!(status_of("404 Not Found"), StatusCode::NOT_FOUND);
+        assert_eq!(Route::of(&Method::POST, "/dashboard/login"), Route::SignIn);
+        assert_eq!(Route::of(&Method::GET, "/dashboard/login"), Route::NotFound);
         assert_eq!(status_of("nonsense"), StatusCode::INTERNAL_SERVER_ERROR);
     }
 }

@@ -249,6 +249,8 @@ pub struct Metrics {
     /// those closed to make room for a new one (idle, or still sending their head).
     pub http_refused: AtomicU64,
     pub http_evicted: AtomicU64,
+    /// Admin calls turned away before anything was done: [no valid token, past its role].
+    pub admin_refused: [AtomicU64; 2],
     /// When the node's metrics began: the shards' heartbeats count from it.
     pub started: std::time::Instant,
     pub events_pending: AtomicU64,
@@ -331,6 +333,7 @@ impl Metrics {
             connections_evicted: AtomicU64::new(0),
             http_refused: AtomicU64::new(0),
             http_evicted: AtomicU64::new(0),
+            admin_refused: Default::default(),
             started: std::time::Instant::now(),
             events_pending: AtomicU64::new(0),
             events_backlogged: AtomicBool::new(false),
@@ -645,6 +648,13 @@ impl Metrics {
             w,
             "# HELP spindle_http_connections_evicted_total HTTP port connections closed to make room for a new one at http_connections_max (idle between requests, or still sending their head).\n# TYPE spindle_http_connections_evicted_total counter\nspindle_http_connections_evicted_total {}",
             self.http_evicted.load(Ordering::Relaxed)
+        );
+        counters(
+            w,
+            "spindle_admin_refused_total",
+            "Admin calls turned away before anything was done: anonymous (no valid token), role (past the token's role); a few a second are logged, none written to PostgreSQL.",
+            "why",
+            ["anonymous", "role"].into_iter().zip(self.admin_refused.iter()),
         );
         self.per_shard(
             w,

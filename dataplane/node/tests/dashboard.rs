@@ -1,7 +1,8 @@
 //! The operator dashboard in Debian's headless Chromium against a running node under load: the
 //! page renders the node's numbers, they change as work runs, a policy change made through
-//! spindlectl shows up in its audit list, and a screenshot is kept in
-//! target/test-artifacts/dashboard.png.
+//! spindlectl shows up in its audit list once signed in (the token kept in an HttpOnly cookie,
+//! never in the URL), what a client names is shown as text — a script in an audit reason does
+//! not run — and a screenshot is kept in target/test-artifacts/dashboard.png.
 
 mod common;
 
@@ -51,6 +52,23 @@ fn dump_dom(url: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// The page after signing in with `token`: a local page whose form posts the token to the
+/// node's sign-in, which answers with the session cookie and sends the browser on to the
+/// dashboard — the token in no URL.
+fn dump_signed_in(http: std::net::SocketAddr, token: &str, dir: &std::path::Path) -> String {
+    let page = dir.join("sign-in.html");
+    std::fs::write(
+        &page,
+        format!(
+            "<form method=\"post\" action=\"http://{http}/dashboard/login\">\
+             <input name=\"token\" value=\"{token}\"></form>\
+             <script>document.forms[0].submit()</script>"
+        ),
+    )
+    .unwrap();
+    dump_dom(&format!("file://{}", page.display()))
+}
+
 /// The "completed N" the page shows.
 fn completed(dom: &str) -> u64 {
     dom.split("completed ")
@@ -64,8 +82,10 @@ fn completed(dom: &str) -> u64 {
 async fn the_dashboard_renders_live_numbers_and_the_audit_list_in_chromium() {
     let test = TestDb::new().await;
     let daemon = start_with(&test, &config()).await;
-    let url = format!("http://{}/dashboard#token={VIEWER_TOKEN}", daemon.http);
+    let url = format!("http://{}/dashboard", daemon.http);
     let before = dump_dom(&url);
+    // Not signed in: the sign-in form, no audit list.
+    assert!(before.contains("sign in with a viewer token"), "{before}");
     assert!(
         before.contains("<th>lane</th>") && before.contains("STANDARD"),
         "{before}"
@@ -128,11 +148,51 @@ async fn the_dashboard_renders_live_numbers_and_the_audit_list_in_chromium() {
         .status()
         .unwrap();
     assert!(status.success());
-    let after = dump_dom(&url);
+    let after = dump_signed_in(daemon.http, VIEWER_TOKEN, dir.path());
     assert!(
         after.contains("dashboard-check") && after.contains("<td>otto</td>"),
         "{after}"
     );
+    // A wrong token signs nobody in.
+    let stranger = dump_signed_in(daemon.http, "not-a-token-of-this-node", dir.path());
+    assert!(!stranger.contains("dashboard-check"), "{stranger}");
+
+    // What a client names is text: a reason carrying markup and a script is shown as such, and
+    // nothing of it runs (it would retitle the page).
+    let payload = "<img src=x onerror=\"document.title='pwned'\">";
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_spindlectl"))
+        .arg("--node")
+        .arg(daemon.http.to_string())
+        .args([
+            "--token",
+            OPERATOR_TOKEN,
+            "policy",
+            "set",
+            "tenant_policy",
+            "1",
+        ])
+        .arg("--body")
+        .arg(&body)
+        .args(["--reason", payload])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let shown = dump_signed_in(daemon.http, VIEWER_TOKEN, dir.path());
+    assert!(
+        shown.contains("&lt;img src=x onerror=\"document.title='pwned'\"&gt;"),
+        "{shown}"
+    );
+    assert!(!shown.contains("<img"), "{shown}");
+    assert!(shown.contains("<title>spindle node</title>"), "{shown}");
+    // The page's headers: no framing, no sniffing, only its own script.
+    let (head, _) = raw_get(daemon.http, "/dashboard").await;
+    for h in [
+        "x-frame-options: DENY",
+        "x-content-type-options: nosniff",
+        "content-security-policy: default-src 'none'; script-src 'self'",
+    ] {
+        assert!(head.contains(h), "{h}: {head}");
+    }
 
     // The screenshot, kept as the test's artifact.
     let artifacts = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/test-artifacts");
@@ -163,4 +223,21 @@ async fn the_dashboard_renders_live_numbers_and_the_audit_list_in_chromium() {
         "{} bytes",
         png.len()
     );
+}
+
+/// A GET's response head and body, read to the end.
+async fn raw_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).await.unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    (
+        head.to_ascii_lowercase()
+            .replace("x-frame-options: deny", "x-frame-options: DENY"),
+        body.to_string(),
+    )
 }
