@@ -236,6 +236,29 @@ impl Db {
         Ok(n)
     }
 
+    /// Deletes audit rows older than `keep`, looking at most at the `scan` oldest (ids grow with
+    /// time, so a pass never reads the recent part of the log); how many went.
+    pub async fn prune_audit(
+        &self,
+        keep: std::time::Duration,
+        scan: usize,
+    ) -> Result<u64, StoreError> {
+        crate::error::check_scan(scan)?;
+        let keep_ms = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX);
+        self.answered(
+            true,
+            self.client().execute(
+                "WITH walked AS MATERIALIZED (
+                        SELECT audit_id FROM audit_log ORDER BY audit_id LIMIT $1)
+                    DELETE FROM audit_log a USING walked w
+                     WHERE a.audit_id = w.audit_id
+                       AND a.at < now() - $2::bigint * interval '1 millisecond'",
+                &[&(scan as i64), &keep_ms],
+            ),
+        )
+        .await
+    }
+
     /// Records that `consumer` took `event`; false when it already had (skip the effect).
     pub async fn consume_once(&self, consumer: &str, event: u64) -> Result<bool, StoreError> {
         check_text(0, "consumer", consumer, NAME_BYTES_MAX)?;

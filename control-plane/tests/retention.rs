@@ -310,3 +310,48 @@ async fn with_a_relay_an_ended_task_stays_until_its_end_event_is_sent() {
     assert_eq!(p.tasks, 2, "{p:?}");
     assert_eq!(tasks().await, vec![3]);
 }
+
+/// Audit rows past their window go, oldest first, a bounded number a pass; recent ones stay.
+#[tokio::test]
+async fn old_audit_rows_are_pruned_and_recent_ones_kept() {
+    let (test, mut db) = setup().await;
+    for i in 0..3 {
+        db.audit_action("ada", "refused", &format!("call {i}"), "test")
+            .await
+            .unwrap();
+    }
+    let sql = test.sql().await.unwrap();
+    // All but the newest are two days old.
+    sql.execute(
+        "UPDATE audit_log SET at = now() - interval '2 days'
+          WHERE audit_id <> (SELECT max(audit_id) FROM audit_log)",
+        &[],
+    )
+    .await
+    .unwrap();
+    let count = async || -> i64 {
+        sql.query_one("SELECT count(*) FROM audit_log", &[])
+            .await
+            .unwrap()
+            .get(0)
+    };
+    let before = count().await;
+    let day = Duration::from_secs(86_400);
+    assert_eq!(db.prune_audit(day, 1).await.unwrap(), 1);
+    assert_eq!(db.prune_audit(day, 100).await.unwrap(), 1);
+    assert_eq!(db.prune_audit(day, 100).await.unwrap(), 0);
+    assert_eq!(count().await, before - 2);
+    let newest: String = sql
+        .query_one(
+            "SELECT object_key FROM audit_log ORDER BY audit_id DESC LIMIT 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(newest, "call 2");
+    assert!(matches!(
+        db.prune_audit(day, 0).await,
+        Err(StoreError::Invalid(_))
+    ));
+}

@@ -206,6 +206,10 @@ pub struct Config {
     /// them forever.
     #[serde(default = "default_retention_events_s")]
     pub retention_events_s: u64,
+    /// Seconds the admin API's audit log is kept (default 90 days; each node's retention
+    /// passes remove older rows, oldest first). 0 keeps it forever.
+    #[serde(default = "default_retention_audit_s")]
+    pub retention_audit_s: u64,
     /// The event relay: where the outbox's events are posted. None: events stay in
     /// PostgreSQL (for `retention_events_s`).
     #[serde(default)]
@@ -387,6 +391,9 @@ fn default_retention_failed_s() -> u64 {
 }
 fn default_retention_events_s() -> u64 {
     24 * 3600
+}
+fn default_retention_audit_s() -> u64 {
+    90 * 24 * 3600
 }
 fn default_retention_scan_rows() -> usize {
     5_000

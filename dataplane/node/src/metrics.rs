@@ -227,6 +227,8 @@ pub struct Metrics {
     pub wrong_node: AtomicU64,
     /// Outbox rows (event batches) the retention passes removed.
     pub events_pruned: AtomicU64,
+    /// Audit rows past `retention_audit_s` the retention passes removed.
+    pub audit_pruned: AtomicU64,
     /// Retention rounds run (one after each lease renewal), and the nodes relaying the
     /// cluster's events the last one counted (this one included): while it is above zero,
     /// nothing a relay has yet to send is pruned.
@@ -322,6 +324,7 @@ impl Metrics {
             counter_repairs: AtomicU64::new(0),
             wrong_node: AtomicU64::new(0),
             events_pruned: AtomicU64::new(0),
+            audit_pruned: AtomicU64::new(0),
             retention_rounds: AtomicU64::new(0),
             relaying_nodes: AtomicU64::new(0),
             share_allotments: AtomicU64::new(0),
@@ -607,6 +610,11 @@ impl Metrics {
             w,
             "# HELP spindle_events_pruned_total Outbox rows removed by retention.\n# TYPE spindle_events_pruned_total counter\nspindle_events_pruned_total {}",
             self.events_pruned.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            w,
+            "# HELP spindle_audit_pruned_total Audit rows older than retention_audit_s the retention passes removed.\n# TYPE spindle_audit_pruned_total counter\nspindle_audit_pruned_total {}",
+            self.audit_pruned.load(Ordering::Relaxed)
         );
         let _ = writeln!(
             w,

@@ -148,6 +148,16 @@ impl LeaseLoop {
                 }
             }
         }
+        if let Some(audit) = window(self.config.retention_audit_s) {
+            match self.admin.prune_audit(audit, scan).await {
+                Ok(n) => {
+                    self.metrics
+                        .audit_pruned
+                        .fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+                }
+                Err(e) => tracing::warn!("audit retention pass failed: {e}"),
+            }
+        }
         if keep.finished.is_none() && keep.failed.is_none() {
             return;
         }
