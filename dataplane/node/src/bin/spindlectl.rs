@@ -512,6 +512,27 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A text the node sent, as it is shown on a terminal: control characters (a terminal's escape
+/// sequences among them) and the marks that reorder text written as escapes, so that what a
+/// client named — an audit key, a reason — cannot rewrite the operator's screen.
+fn escaped(text: &str) -> String {
+    text.chars()
+        .map(|c| {
+            let reorders = matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+            if c.is_control() || reorders {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+/// A JSON string field, [`escaped`] ("" when it is not a string).
+fn shown(v: &Value) -> String {
+    escaped(v.as_str().unwrap_or(""))
+}
+
 fn print_human(command: &Command, v: &Value) {
     match command {
         Command::Policy {
@@ -536,7 +557,7 @@ fn print_human(command: &Command, v: &Value) {
                 println!(
                     "  provider {:<3} {:<40} concurrency {:<6} rpm {} (burst {})",
                     p["id"].to_string(),
-                    p["name"].as_str().unwrap_or(""),
+                    shown(&p["name"]),
                     p["concurrency"].to_string(),
                     p["rpm"]["per_minute"],
                     p["rpm"]["burst"]
@@ -546,15 +567,15 @@ fn print_human(command: &Command, v: &Value) {
                 println!(
                     "  model    {:<3} {:<40} providers {}",
                     m["id"].to_string(),
-                    m["name"].as_str().unwrap_or(""),
+                    shown(&m["name"]),
                     m["providers"]
                 );
             }
             for o in v["objects"].as_array().into_iter().flatten() {
                 println!(
                     "  {:<18} {:<40} v{}",
-                    o["object"].as_str().unwrap_or(""),
-                    o["key"].as_str().unwrap_or(""),
+                    shown(&o["object"]),
+                    shown(&o["key"]),
                     o["version"]
                 );
             }
@@ -564,10 +585,10 @@ fn print_human(command: &Command, v: &Value) {
                 println!(
                     "v{:<5} {:<12} {:<18} {:<30} {}",
                     e["version"],
-                    e["actor"].as_str().unwrap_or(""),
-                    e["object"].as_str().unwrap_or(""),
-                    e["key"].as_str().unwrap_or(""),
-                    e["reason"].as_str().unwrap_or("")
+                    shown(&e["actor"]),
+                    shown(&e["object"]),
+                    shown(&e["key"]),
+                    shown(&e["reason"])
                 );
             }
         }
@@ -582,13 +603,13 @@ fn print_human(command: &Command, v: &Value) {
                  estimated, {actual} actual",
                 v["task"],
                 v["tenant"],
-                v["state"].as_str().unwrap_or(""),
+                shown(&v["state"]),
                 v["version"],
                 v["attempt_no"],
                 v["cost_estimate_milli"]
             );
             if let Some(why) = v["failure_reason"].as_str() {
-                println!("  failed: {why}");
+                println!("  failed: {}", escaped(why));
             }
             if !v["result"].is_null() {
                 println!("  result: {}", v["result"]);
@@ -601,7 +622,7 @@ fn print_human(command: &Command, v: &Value) {
                     t["task"],
                     t["tenant"],
                     t["attempt_no"],
-                    t["failure_reason"].as_str().unwrap_or("")
+                    shown(&t["failure_reason"])
                 );
             }
             if let Some(next) = v["next_after"].as_u64() {
@@ -613,14 +634,10 @@ fn print_human(command: &Command, v: &Value) {
             for t in v["tasks"].as_array().into_iter().flatten() {
                 let detail = match &t["detail"] {
                     Value::Null => String::new(),
-                    Value::String(s) => format!(" ({s})"),
+                    Value::String(s) => format!(" ({})", escaped(s)),
                     other => format!(" ({other})"),
                 };
-                println!(
-                    "task {:<10} {}{detail}",
-                    t["task"],
-                    t["outcome"].as_str().unwrap_or("")
-                );
+                println!("task {:<10} {}{detail}", t["task"], shown(&t["outcome"]));
             }
         }
         _ => println!("{v}"),
@@ -651,5 +668,22 @@ fn print_drift(pools: &Value, budgets: &Value) {
             "tenant {} reserved budget: stored {} → derived {}",
             d["tenant"], d["stored"], d["derived"]
         );
+    }
+}
+
+#[cfg(test)]
+mod shown_tests {
+    use super::*;
+
+    /// What a client put in an audit key or a reason reaches the terminal as text: a
+    /// terminal's escape sequence and a mark that reverses the line are written as escapes.
+    #[test]
+    fn a_terminals_escapes_and_reordering_marks_are_shown_escaped() {
+        assert_eq!(
+            escaped("key\u{1b}[2J\u{202e}gnp.exe\n"),
+            "key\\u{1b}[2J\\u{202e}gnp.exe\\u{a}"
+        );
+        assert_eq!(escaped("plain <text> é"), "plain <text> é");
+        assert_eq!(shown(&serde_json::json!(7)), "");
     }
 }
