@@ -8,6 +8,7 @@
 //! completion. Not yet: subscriptions, drain on SIGTERM, queue rebuild on restart, metrics.
 
 pub mod admin;
+pub mod auth_guard;
 pub mod breaker;
 pub mod config;
 pub mod control;
@@ -310,6 +311,9 @@ fn run_node(config: Config) -> anyhow::Result<()> {
     let mut handoff_rxs = handoff_rxs.into_iter();
     let connections = server::Connections::new(config.connections_max, metrics.clone());
     let offers = overload::OfferBoard::new(config.shards as usize);
+    let auth = std::sync::Arc::new(std::sync::Mutex::new(auth_guard::AuthGuard::new(
+        metrics.auth.clone(),
+    )));
     let _ = metrics.paths.set(
         started
             .pipes
@@ -352,6 +356,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
         let metrics = metrics.clone();
         let board = board.clone();
         let offers = offers.clone();
+        let auth = auth.clone();
         let shard_metrics = metrics.clone();
         let ownership = ownership.clone();
         let dispatch = dispatch.clone();
@@ -426,6 +431,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
                             .div_ceil(config.shards as usize),
                     )),
                     hello_within: std::time::Duration::from_millis(config.hello_timeout_ms.into()),
+                    auth,
                 });
                 glommio::spawn_local(server::take_handoffs(handoffs_in, ctx.clone())).detach();
                 server::accept(listener, ctx, accepts_per_s).await;

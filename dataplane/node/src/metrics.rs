@@ -253,6 +253,9 @@ pub struct Metrics {
     pub http_evicted: AtomicU64,
     /// Admin calls turned away before anything was done: [no valid token, past its role].
     pub admin_refused: [AtomicU64; 2],
+    /// Hellos that failed their credential, refused unchecked (their address cooling down),
+    /// and delayed (their tenant guessed at): `crate::auth_guard`.
+    pub auth: Arc<[AtomicU64; 3]>,
     /// When the node's metrics began: the shards' heartbeats count from it.
     pub started: std::time::Instant,
     pub events_pending: AtomicU64,
@@ -337,6 +340,7 @@ impl Metrics {
             http_refused: AtomicU64::new(0),
             http_evicted: AtomicU64::new(0),
             admin_refused: Default::default(),
+            auth: Arc::default(),
             started: std::time::Instant::now(),
             events_pending: AtomicU64::new(0),
             events_backlogged: AtomicBool::new(false),
@@ -663,6 +667,13 @@ impl Metrics {
             "Admin calls turned away before anything was done: anonymous (no valid token), role (past the token's role); a few a second are logged, none written to PostgreSQL.",
             "why",
             ["anonymous", "role"].into_iter().zip(self.admin_refused.iter()),
+        );
+        counters(
+            w,
+            "spindle_hello_guarded_total",
+            "Hellos the credential guard saw: failed (a wrong credential), refused (unchecked: their address failed too often), delayed (their tenant is being guessed at).",
+            "outcome",
+            ["failed", "refused", "delayed"].into_iter().zip(self.auth.iter()),
         );
         self.per_shard(
             w,

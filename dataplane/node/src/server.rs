@@ -331,6 +331,8 @@ pub struct ConnCtx {
     /// The connections greeting on this shard, and how long each may take (`hello_timeout_ms`).
     pub greeting: std::cell::RefCell<Greeting>,
     pub hello_within: std::time::Duration,
+    /// Failed Hellos per address and tenant, node-wide (`crate::auth_guard`).
+    pub auth: std::sync::Arc<std::sync::Mutex<crate::auth_guard::AuthGuard>>,
 }
 
 impl ConnCtx {
@@ -462,7 +464,7 @@ pub async fn serve(stream: Stream, ctx: Rc<ConnCtx>) {
     let mut frames = FrameReader::with_limit(spindle_wire::limits::HELLO_FRAME_BYTES_MAX);
     let greeted = glommio::timer::timeout(ctx.hello_within, async {
         // Closed at once when a newer connection needs its place (see `Greeting`).
-        let greet = std::pin::pin!(greet(&mut link, &ctx, &mut frames));
+        let greet = std::pin::pin!(greet(&mut link, &ctx, &mut frames, from));
         Ok(
             match futures_util::future::select(greet, std::pin::pin!(evicted)).await {
                 futures_util::future::Either::Left((greeted, _)) => greeted,
@@ -499,6 +501,7 @@ async fn greet(
     link: &mut Link<Stream>,
     ctx: &ConnCtx,
     frames: &mut FrameReader,
+    from: std::net::IpAddr,
 ) -> Option<(TenantId, ConnSlot)> {
     if let Some(config) = &ctx.tls {
         match link.accept_tls(config.clone()).await {
@@ -517,7 +520,7 @@ async fn greet(
             }
         }
     }
-    hello(link, ctx, frames).await
+    hello(link, ctx, frames, from).await
 }
 
 /// Reads up to the Hello and answers it. `Some(tenant, its place among the served
@@ -528,6 +531,7 @@ async fn hello(
     stream: &mut Link<Stream>,
     ctx: &ConnCtx,
     frames: &mut FrameReader,
+    from: std::net::IpAddr,
 ) -> Option<(TenantId, ConnSlot)> {
     let mut buf = vec![0u8; GREETING_READ_CHUNK];
     loop {
@@ -555,7 +559,34 @@ async fn hello(
                 let _ = stream.write_all(&no).await;
                 return None;
             };
+            use crate::auth_guard::Before;
+            let arrived = std::time::Instant::now();
+            let verdict = ctx
+                .auth
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .before(from, h.tenant.0, arrived);
+            match verdict {
+                Before::Check => {}
+                Before::Delay(wait) => glommio::timer::sleep(wait).await,
+                Before::Refuse(left) => {
+                    let no = refuse(
+                        ErrorCode::AuthFailed,
+                        format!(
+                            "too many failed Hellos from this address: refused for {} s more",
+                            left.as_secs().max(1)
+                        ),
+                    );
+                    let _ = stream.write_all(&no).await;
+                    return None;
+                }
+            }
             if !ctx.authenticate(h.tenant, &h.credential) {
+                ctx.auth.lock().unwrap_or_else(|p| p.into_inner()).failed(
+                    from,
+                    h.tenant.0,
+                    std::time::Instant::now(),
+                );
                 let no = refuse(
                     ErrorCode::AuthFailed,
                     format!("tenant {} refused", h.tenant),
