@@ -83,6 +83,9 @@ pub enum RejectReason {
     ShardFull,
     /// An operator suspended the tenant (`TenantPolicy::suspended`).
     TenantSuspended,
+    /// The tenant holds `USERS_PER_TENANT_MAX` user records here (users with work or a rate
+    /// still refilling); one more user waits until some go idle.
+    TooManyUsers(usize),
 }
 
 impl fmt::Display for RejectReason {
@@ -110,6 +113,11 @@ impl fmt::Display for RejectReason {
             RejectReason::TenantSuspended => {
                 f.write_str("the tenant is suspended: it takes no new work until it is resumed")
             }
+            RejectReason::TooManyUsers(max) => write!(
+                f,
+                "the tenant has {max} users with work or recent submits here; a new user's \
+                 submits wait until some of them are idle"
+            ),
         }
     }
 }

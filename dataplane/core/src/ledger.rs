@@ -373,6 +373,12 @@ impl SubmitBucket {
         (self.per_minute > 0).then(|| missing.div_ceil(self.per_minute))
     }
 
+    /// Whether the bucket is full at `now` (refilled): forgetting it would give nothing back.
+    pub(crate) fn is_full(&mut self, now: Time) -> bool {
+        self.refill(now);
+        self.level >= self.cap
+    }
+
     pub(crate) fn refund_one(&mut self) {
         self.level = self.level.saturating_add(WINDOW_NS).min(self.cap);
     }

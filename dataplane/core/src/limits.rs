@@ -5,6 +5,11 @@
 pub const TENANTS_MAX: usize = 1 << 20;
 /// Users one shard will hold state for.
 pub const USERS_MAX: usize = 1 << 22;
+/// Users one tenant may have records for on its shard at once: one with work here (queued or
+/// running) or a submit rate still refilling. Records are keyed by tenant and user, and an idle
+/// one is freed (`Shard::sweep_users`), so a tenant cycling user ids holds at most this many
+/// and never reaches another tenant's users or the shard's bound.
+pub const USERS_PER_TENANT_MAX: usize = 1 << 16;
 /// Tasks one shard tracks at once (queued + running + media).
 pub const TASKS_MAX: usize = 1 << 24;
 /// Rows of the model capability matrix.

@@ -61,7 +61,9 @@ impl Shard {
             estimated_start_at: None,
             queue_level: None,
         };
-        if self.tasks.len() >= TASKS_MAX || self.users.len() >= USERS_MAX {
+        if self.tasks.len() >= TASKS_MAX
+            || (self.users.len() >= USERS_MAX && self.free_users.is_empty())
+        {
             let reason = RejectReason::ShardFull;
             return Err(reject(Decision::RejectPlatformOverloaded, reason, lane));
         }
@@ -77,7 +79,10 @@ impl Shard {
             let reason = RejectReason::LaneClosed(lane);
             return Err(reject(Decision::RejectResourceClassDisabled, reason, lane));
         }
-        let user_slot = self.ensure_user(req.user, slot);
+        let Some(user_slot) = self.ensure_user(req.user, slot, false) else {
+            let reason = RejectReason::TooManyUsers(USERS_PER_TENANT_MAX);
+            return Err(reject(Decision::RejectUserRateLimit, reason, lane));
+        };
         // Rate buckets first: a flood of requests spends tokens even when rejected later.
         if let Err(key) = self.take_submit_tokens(slot, user_slot, now) {
             let reason = RejectReason::Limit(key);
@@ -134,6 +139,7 @@ impl Shard {
             .transition(TaskState::Queued, Actor::System)
             .expect("CREATED → QUEUED");
         self.tenants[slot as usize].reserve_cost(est.cost_milli);
+        self.users[user_slot as usize].tasks += 1;
         let entry = self.tasks.insert(req.task, entry, TaskCold::default());
         self.enqueue(slot, lane, band, entry, End::Back);
         let decision = if lane == Lane::BestEffort {
@@ -190,7 +196,11 @@ impl Shard {
             self.estimates.release(estimate);
             return Err(SubmitError::DuplicateTask(req.task));
         }
-        Ok((slot, self.ensure_user(req.user, slot), estimate))
+        // Admitted before: put back past the tenant's bound on users if need be.
+        let user_slot = self
+            .ensure_user(req.user, slot, true)
+            .expect("a forced user record is always made");
+        Ok((slot, user_slot, estimate))
     }
 
     /// Puts back a task that PostgreSQL holds as QUEUED (after a restart or a partition
@@ -225,6 +235,7 @@ impl Shard {
         self.force_gates(&entry);
         let cost = self.estimates.get(estimate).cost_milli;
         self.tenants[slot as usize].reserve_cost(cost);
+        self.users[user_slot as usize].tasks += 1;
         let entry_slot = self.tasks.insert(req.task, entry, TaskCold::default());
         self.enqueue(slot, restore.lane, restore.band, entry_slot, End::Back);
         self.stats.restored += 1;
@@ -294,6 +305,7 @@ impl Shard {
             over_capacity: !fits,
             ..TaskCold::default()
         };
+        self.users[user_slot as usize].tasks += 1;
         self.tasks.insert(req.task, entry, cold);
         self.stats.resumed += 1;
         Ok(*self.estimates.get(estimate))
@@ -418,21 +430,90 @@ impl Shard {
         Ok(slot)
     }
 
-    fn ensure_user(&mut self, user: UserId, tenant_slot: u32) -> u32 {
-        if let Some(&slot) = self.user_slots.get(&user) {
-            return slot;
-        }
+    /// The record of `user` of the tenant in `tenant_slot` (made if need be: in a freed slot
+    /// first); `None` when the tenant holds its most and `force` is not set.
+    fn ensure_user(&mut self, user: UserId, tenant_slot: u32, force: bool) -> Option<u32> {
         let tenant = self.tenants[tenant_slot as usize].id;
+        if let Some(&slot) = self.user_slots.get(&(tenant, user)) {
+            return Some(slot);
+        }
+        let held = self.users_per_tenant.get(&tenant).copied().unwrap_or(0);
+        if held as usize >= USERS_PER_TENANT_MAX && !force {
+            return None;
+        }
         let p = &self.policy.tenants[&tenant].user;
         let record = UserRt {
             submit_rate: SubmitBucket::new(p.submit_rate, Time::ZERO),
             gates: OwnedPair::new((p.queued_tasks_max, p.queued_units_max)),
             running: OwnedPair::new((p.running_tasks_max, p.running_units_max)),
             id: user,
+            tenant,
+            tasks: 0,
+            live: true,
         };
-        let slot = u32::try_from(self.users.len()).expect("users bounded by USERS_MAX");
-        self.users.push(record);
-        self.user_slots.insert(user, slot);
-        slot
+        let slot = match self.free_users.pop() {
+            Some(slot) => {
+                self.users[slot as usize] = record;
+                slot
+            }
+            None => {
+                let slot = u32::try_from(self.users.len()).expect("users bounded by USERS_MAX");
+                self.users.push(record);
+                slot
+            }
+        };
+        self.user_slots.insert((tenant, user), slot);
+        *self.users_per_tenant.entry(tenant).or_default() += 1;
+        Some(slot)
+    }
+
+    /// Frees the idle user records among the next `budget` (from where the last sweep ended):
+    /// those with no task here, holding nothing, whose submit rate is full again at `now` —
+    /// forgetting one gives nothing back. How many were freed. The shell calls it on its
+    /// timer, so that a tenant cycling user ids holds at most `USERS_PER_TENANT_MAX` records.
+    pub fn sweep_users(&mut self, now: Time, budget: usize) -> usize {
+        let n = self.users.len();
+        let mut freed = 0;
+        for _ in 0..budget.min(n) {
+            let i = self.user_sweep % n;
+            self.user_sweep = i + 1;
+            let u = &mut self.users[i];
+            let idle = u.live
+                && u.tasks == 0
+                && u.gates.tasks.used == 0
+                && u.gates.units.used == 0
+                && u.running.tasks.used == 0
+                && u.running.units.used == 0
+                && u.submit_rate.is_full(now);
+            if !idle {
+                continue;
+            }
+            u.live = false;
+            let key = (u.tenant, u.id);
+            self.user_slots.remove(&key);
+            if let Some(held) = self.users_per_tenant.get_mut(&key.0) {
+                *held -= 1;
+                if *held == 0 {
+                    self.users_per_tenant.remove(&key.0);
+                }
+            }
+            self.free_users.push(i as u32);
+            freed += 1;
+        }
+        freed
+    }
+
+    /// User records held now (live ones), in all and of `tenant`.
+    pub fn user_records(&self) -> usize {
+        self.users.len() - self.free_users.len()
+    }
+
+    /// Slots of user records the shard has made, live or free (what its memory holds).
+    pub fn user_record_slots(&self) -> usize {
+        self.users.len()
+    }
+
+    pub fn user_records_of(&self, tenant: TenantId) -> usize {
+        self.users_per_tenant.get(&tenant).copied().unwrap_or(0) as usize
     }
 }

@@ -19,7 +19,7 @@ use crate::ledger::{
 };
 use crate::limits::{
     ATTEMPTS_MAX, DELAYED_MAX, FIT_SCAN_MAX, MEDIA_QUEUE_MAX, TASKS_MAX, TENANTS_MAX,
-    TENANT_VISITS_PER_POLL_MAX, USERS_MAX,
+    TENANT_VISITS_PER_POLL_MAX, USERS_MAX, USERS_PER_TENANT_MAX,
 };
 use crate::policy::{Policy, PolicyError, PolicyPatch, RateSpec, TenantPolicy, WaitOverflow};
 use crate::queue::{Links, LinksMut, TenantQueue, NIL};
@@ -538,6 +538,13 @@ struct UserRt {
     gates: OwnedPair,
     running: OwnedPair,
     id: UserId,
+    /// The tenant whose user it is: records are keyed by both, so two tenants' users with the
+    /// same id never share one.
+    tenant: TenantId,
+    /// Tasks of this record in the shard's table: it is freed only with none.
+    tasks: u32,
+    /// False once freed (its slot on the free list, to be reused).
+    live: bool,
 }
 
 impl UserRt {
@@ -723,7 +730,13 @@ pub struct Shard {
     commands: Vec<commands::CommandRates>,
     tenant_slots: RunMap<TenantId, u32>,
     users: Vec<UserRt>,
-    user_slots: RunMap<UserId, u32>,
+    user_slots: RunMap<(TenantId, UserId), u32>,
+    /// Slots of freed user records, reused first.
+    free_users: Vec<u32>,
+    /// User records each tenant holds (bounded by `USERS_PER_TENANT_MAX`).
+    users_per_tenant: RunMap<TenantId, u32>,
+    /// Where the next sweep for idle user records starts.
+    user_sweep: usize,
     tasks: Tasks,
     estimates: Estimates,
     lanes: [LaneRt; Lane::COUNT],
@@ -987,6 +1000,9 @@ impl Shard {
             tenant_slots: RunMap::default(),
             users: Vec::new(),
             user_slots: RunMap::default(),
+            free_users: Vec::new(),
+            users_per_tenant: RunMap::default(),
+            user_sweep: 0,
             tasks: Tasks::default(),
             estimates: Estimates::default(),
             lanes,

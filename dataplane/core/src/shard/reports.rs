@@ -400,5 +400,6 @@ impl Shard {
         let cost = self.estimates.get(e.estimate).cost_milli;
         self.tenants[e.tenant_slot as usize].release_cost(cost);
         self.estimates.release(e.estimate);
+        self.users[e.user_slot as usize].tasks -= 1;
     }
 }

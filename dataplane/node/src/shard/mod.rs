@@ -67,6 +67,8 @@ const CLAIMS_PER_PUMP_MAX: usize = 512;
 const TICK: Duration = Duration::from_millis(20);
 /// Ticks between two publications of per-tenant running work (every 200 ms).
 const TENANT_TICKS: u64 = 10;
+/// User records the core looks at for idle ones each tick (200,000 a second).
+const USER_SWEEP_PER_TICK: usize = 4_096;
 
 pub enum ShardMsg {
     Submit {
@@ -641,6 +643,9 @@ pub async fn run(state: SharedShard, mut inbox: mpsc::Receiver<ShardMsg>) {
                 {
                     let mut s = state.borrow_mut();
                     s.gate.tick(Instant::now());
+                    // Idle user records go (a tenant cycling user ids holds a bounded number).
+                    let now = s.now();
+                    s.core.sweep_users(now, USER_SWEEP_PER_TICK);
                     s.metrics.beat(s.index);
                     let g = &s.metrics.shards[s.index];
                     let relaxed = std::sync::atomic::Ordering::Relaxed;
