@@ -8,7 +8,8 @@
 //! GET  /v1/jobs/{job_id}                 → 200 JobView | 404
 //! GET  /v1/jobs?account=A&request_key=K  → 200 JobView | 404 (a definite "never accepted")
 //! POST /v1/jobs/{job_id}/cancel          → 200 JobView | 404
-//! callback: POST callback_url, body JobView, header x-signature: sha256=<hex HMAC-SHA256>
+//! callback: POST callback_url, body JobView, header
+//!           x-signature: t=<unix ms>,sha256=<hex HMAC-SHA256(secret, "<t>." body)>
 //! ```
 
 use serde::{Deserialize, Serialize};

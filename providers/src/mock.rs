@@ -717,7 +717,10 @@ async fn callback(shared: &Arc<Shared>, id: &str) {
         _ => 1,
     };
     let body = serde_json::to_vec(&view).unwrap_or_default();
-    let signature = crate::signature::sign(shared.config.secret.as_bytes(), &body);
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let signature = crate::signature::sign_at(shared.config.secret.as_bytes(), now_ms, &body);
     for _ in 0..times {
         let Ok(request) = Request::builder()
             .method(Method::POST)

@@ -1,5 +1,8 @@
-//! Callback signatures: `x-signature: sha256=<hex HMAC-SHA256(secret, body)>`, checked in
-//! constant time.
+//! Signatures, checked in constant time. Event webhooks: `x-signature: sha256=<hex
+//! HMAC-SHA256(secret, body)>`. Provider callbacks are signed over the time they were sent
+//! too — `x-signature: t=<unix ms>,sha256=<hex HMAC-SHA256(secret, "<t>." body)>` — so that a
+//! receiver can refuse one sent outside a window and remember the ones it saw inside it: a
+//! captured callback cannot be replayed later.
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -25,6 +28,68 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
         out.push_str(&format!("{b:02x}"));
     }
     out
+}
+
+/// The signature of a callback `body` sent at `at_ms` (unix ms).
+pub fn sign_at(secret: &[u8], at_ms: u64, body: &[u8]) -> String {
+    let mut m = mac(secret, format!("{at_ms}.").as_bytes());
+    m.update(body);
+    format!("t={at_ms},sha256={}", hex(&m.finalize().into_bytes()))
+}
+
+/// Why a timed signature was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// Not a timed signature of this body under this secret.
+    Bad,
+    /// Sent this many ms away from now, outside the window.
+    OutsideWindow(u64),
+}
+
+/// A timed signature that checked out: when it was sent, and its tag (what a receiver
+/// remembers to refuse it twice).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Signed {
+    pub at_ms: u64,
+    pub tag: [u8; 32],
+}
+
+/// Checks a callback's timed `header` over `body` under `secret`, sent within `window_ms` of
+/// `now_ms` (either side: clocks differ).
+pub fn verify_at(
+    secret: &[u8],
+    body: &[u8],
+    header: &str,
+    now_ms: u64,
+    window_ms: u64,
+) -> Result<Signed, Refused> {
+    let (t, rest) = header
+        .strip_prefix("t=")
+        .and_then(|h| h.split_once(','))
+        .ok_or(Refused::Bad)?;
+    let at_ms: u64 = t.parse().map_err(|_| Refused::Bad)?;
+    let tag = tag_of(rest).ok_or(Refused::Bad)?;
+    let mut m = mac(secret, format!("{at_ms}.").as_bytes());
+    m.update(body);
+    m.verify_slice(&tag).map_err(|_| Refused::Bad)?;
+    let off = now_ms.abs_diff(at_ms);
+    if off > window_ms {
+        return Err(Refused::OutsideWindow(off));
+    }
+    Ok(Signed { at_ms, tag })
+}
+
+/// The 32 bytes of `sha256=<64 hex digits>`.
+fn tag_of(header: &str) -> Option<[u8; 32]> {
+    let hex = header.strip_prefix("sha256=")?;
+    if hex.len() != 64 {
+        return None;
+    }
+    let mut tag = [0u8; 32];
+    for (i, byte) in tag.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(tag)
 }
 
 /// Whether `header` is the signature of `body` under `secret`.
@@ -57,5 +122,37 @@ mod tests {
         assert!(!verify(b"other", b"{\"a\":1}", &s));
         assert!(!verify(b"k", b"{\"a\":1}", "sha256=00"));
         assert!(!verify(b"k", b"{\"a\":1}", &s.replace("sha256=", "md5=")));
+    }
+
+    #[test]
+    fn a_timed_signature_holds_only_for_its_body_and_time_within_the_window() {
+        let s = sign_at(b"k", 1_000_000, b"{}");
+        let ok = verify_at(b"k", b"{}", &s, 1_000_500, 300_000).unwrap();
+        assert_eq!(ok.at_ms, 1_000_000);
+        // Another body, secret or time (the t= part is signed too).
+        assert_eq!(
+            verify_at(b"k", b"{1}", &s, 1_000_000, 300_000),
+            Err(Refused::Bad)
+        );
+        assert_eq!(
+            verify_at(b"x", b"{}", &s, 1_000_000, 300_000),
+            Err(Refused::Bad)
+        );
+        let moved = s.replace("t=1000000", "t=1000001");
+        assert_eq!(
+            verify_at(b"k", b"{}", &moved, 1_000_000, 300_000),
+            Err(Refused::Bad)
+        );
+        // Outside the window, either side.
+        assert_eq!(
+            verify_at(b"k", b"{}", &s, 1_400_000, 300_000),
+            Err(Refused::OutsideWindow(400_000))
+        );
+        assert!(verify_at(b"k", b"{}", &s, 600_000, 300_000).is_err());
+        // The untimed form is not taken for a callback.
+        assert_eq!(
+            verify_at(b"k", b"{}", &sign(b"k", b"{}"), 1_000_000, 300_000),
+            Err(Refused::Bad)
+        );
     }
 }

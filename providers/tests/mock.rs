@@ -198,9 +198,18 @@ async fn receiver() -> (String, Arc<Mutex<Vec<JobView>>>) {
                             .unwrap_or("")
                             .to_string();
                         let body = req.into_body().collect().await.unwrap().to_bytes();
-                        let ok =
-                            spindle_providers::signature::verify(SECRET.as_bytes(), &body, &sig);
-                        assert!(ok, "a callback with a bad signature");
+                        let now = std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .unwrap()
+                            .as_millis() as u64;
+                        let ok = spindle_providers::signature::verify_at(
+                            SECRET.as_bytes(),
+                            &body,
+                            &sig,
+                            now,
+                            60_000,
+                        );
+                        assert!(ok.is_ok(), "a callback with a bad signature: {ok:?}");
                         seen.lock()
                             .unwrap()
                             .push(serde_json::from_slice::<JobView>(&body).unwrap());

@@ -66,11 +66,20 @@ pub struct ProviderConfig {
     /// task ends FAILED with the reason (with the default stages, about 2.8 hours of polling).
     #[serde(default = "default_polls_max")]
     pub polls_max: u32,
+    /// How far from the node's clock a callback's signed time may be (either side): one outside
+    /// it is refused, and one seen inside it is not acted on again (a captured callback cannot
+    /// be replayed).
+    #[serde(default = "default_callback_window_s")]
+    pub callback_window_s: u64,
     /// Calls the node has open at the provider at once (submits, queries, polls, cancels);
     /// more wait for one to end. Bounds the connections and sockets a burst (a restart that
     /// asks about every live attempt, say) opens.
     #[serde(default = "default_requests_max")]
     pub requests_max: usize,
+}
+
+fn default_callback_window_s() -> u64 {
+    300
 }
 
 fn default_requests_max() -> usize {
@@ -109,6 +118,10 @@ impl ProviderConfig {
         anyhow::ensure!(
             (1..=1_000_000).contains(&self.polls_max),
             "provider.polls_max must be 1..=1000000"
+        );
+        anyhow::ensure!(
+            (1..=3_600).contains(&self.callback_window_s),
+            "provider.callback_window_s must be 1..=3600"
         );
         anyhow::ensure!(
             (1..=65_536).contains(&self.requests_max),
@@ -611,6 +624,11 @@ impl Dispatcher {
 
     pub fn secret(&self) -> &[u8] {
         self.config.secret.as_bytes()
+    }
+
+    /// The callbacks' window, in ms.
+    pub fn callback_window_ms(&self) -> u64 {
+        self.config.callback_window_s.saturating_mul(1_000)
     }
 }
 

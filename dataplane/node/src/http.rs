@@ -60,6 +60,45 @@ pub struct Port {
     pub metrics: Arc<Metrics>,
     pub sink: CallbackSink,
     pub admin: Option<Arc<crate::admin::Admin>>,
+    /// The provider callbacks seen within their window (`Replays`).
+    pub seen: Mutex<Replays>,
+}
+
+/// Callbacks remembered at most (past it the oldest are forgotten: a replay then still meets
+/// the window).
+pub const REPLAYS_MAX: usize = 65_536;
+
+/// The signature tags of the callbacks taken within the window, oldest first: one seen again
+/// is not acted on twice.
+#[derive(Default)]
+pub struct Replays {
+    order: VecDeque<(u64, [u8; 32])>,
+    tags: std::collections::HashSet<[u8; 32]>,
+}
+
+impl Replays {
+    /// Whether `signed` is new (then remembered); tags older than `window_ms` before `now_ms`
+    /// are forgotten first.
+    pub fn first_time(
+        &mut self,
+        signed: spindle_providers::signature::Signed,
+        now_ms: u64,
+        window_ms: u64,
+    ) -> bool {
+        while let Some(&(at, tag)) = self.order.front() {
+            if at + window_ms >= now_ms && self.order.len() < REPLAYS_MAX {
+                break;
+            }
+            self.order.pop_front();
+            self.tags.remove(&tag);
+        }
+        if !self.tags.insert(signed.tag) {
+            return false;
+        }
+        // Kept in arrival order; a tag is forgotten a window after it was seen.
+        self.order.push_back((now_ms, signed.tag));
+        true
+    }
 }
 
 /// The connections open on the port, oldest first, each with whether it is in a request and
@@ -318,8 +357,7 @@ async fn answer(port: &Port, route: Route, req: Request<Incoming>) -> Response<F
                     .map(str::to_string)
             };
             if route == Route::Callback {
-                let (status, body) =
-                    callback(metrics, &port.sink, &body, header("x-signature").as_deref()).await;
+                let (status, body) = callback(port, &body, header("x-signature").as_deref()).await;
                 return text(status, body);
             }
             let Some(admin) = &port.admin else {
@@ -479,24 +517,47 @@ fn status_of(line: &str) -> StatusCode {
         .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
-/// A provider callback: signature first, then the body.
-async fn callback(
-    metrics: &Metrics,
-    sink: &CallbackSink,
-    body: &[u8],
-    signature: Option<&str>,
-) -> (StatusCode, String) {
-    let Some(dispatcher) = sink.get() else {
+/// A provider callback: its signature and the time it was signed first — outside the window,
+/// or seen already within it, it changes nothing — then the body.
+async fn callback(port: &Port, body: &[u8], signature: Option<&str>) -> (StatusCode, String) {
+    use spindle_providers::signature::{verify_at, Refused};
+    let metrics = &port.metrics;
+    let Some(dispatcher) = port.sink.get() else {
         return (
             StatusCode::NOT_FOUND,
             "no provider configured\n".to_string(),
         );
     };
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let window_ms = dispatcher.callback_window_ms();
     let signed = signature
-        .is_some_and(|s| spindle_providers::signature::verify(dispatcher.secret(), body, s));
-    if !signed {
-        metrics.callback("bad_signature");
-        return (StatusCode::UNAUTHORIZED, "bad signature\n".to_string());
+        .ok_or(Refused::Bad)
+        .and_then(|s| verify_at(dispatcher.secret(), body, s, now_ms, window_ms));
+    let signed = match signed {
+        Ok(s) => s,
+        Err(Refused::Bad) => {
+            metrics.callback("bad_signature");
+            return (StatusCode::UNAUTHORIZED, "bad signature\n".to_string());
+        }
+        Err(Refused::OutsideWindow(off)) => {
+            metrics.callback("outside_window");
+            return (
+                StatusCode::UNAUTHORIZED,
+                format!("signed {off} ms from now, outside the {window_ms} ms window\n"),
+            );
+        }
+    };
+    let first = port
+        .seen
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .first_time(signed, now_ms, window_ms);
+    if !first {
+        // Taken already: a provider sending it again after a lost answer is told so.
+        metrics.callback("replayed");
+        return (StatusCode::OK, "seen already\n".to_string());
     }
     match serde_json::from_slice::<spindle_providers::JobView>(body) {
         Ok(view) => {
@@ -539,6 +600,24 @@ mod tests {
             cookie.contains("Max-Age=0") && cookie.contains("HttpOnly"),
             "{cookie}"
         );
+    }
+
+    #[test]
+    fn a_callback_is_taken_once_within_its_window() {
+        use spindle_providers::signature::Signed;
+        let mut r = Replays::default();
+        let s = |tag: u8, at_ms| Signed {
+            at_ms,
+            tag: [tag; 32],
+        };
+        assert!(r.first_time(s(1, 1_000), 1_000, 300_000));
+        assert!(!r.first_time(s(1, 1_000), 2_000, 300_000));
+        assert!(r.first_time(s(2, 2_000), 2_000, 300_000));
+        // A window on, the first is forgotten (its signed time is then outside the window
+        // anyway); the second is still remembered.
+        assert!(r.first_time(s(1, 1_000), 301_500, 300_000));
+        assert!(!r.first_time(s(2, 2_000), 301_500, 300_000));
+        assert!(r.order.len() <= REPLAYS_MAX);
     }
 
     /// At the bound a new connection closes the oldest one not in a request; with every one in

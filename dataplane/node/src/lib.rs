@@ -208,6 +208,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
                                 metrics: metrics.clone(),
                                 sink: callbacks,
                                 admin,
+                                seen: Default::default(),
                             }),
                         ));
                         let started = control::start(

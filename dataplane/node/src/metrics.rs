@@ -69,8 +69,17 @@ pub const PROVIDER_RESULTS: [&str; 6] = [
     "withdrawn",
 ];
 /// Provider callbacks and polls: progress, final (ended a watch), ignored (nobody watched:
-/// a duplicate or late one), polled (a poll found the end), bad_signature.
-pub const CALLBACK_KINDS: [&str; 5] = ["progress", "final", "ignored", "polled", "bad_signature"];
+/// a duplicate or late one), polled (a poll found the end), bad_signature, outside_window (its
+/// signed time too far from now), replayed (taken already within the window).
+pub const CALLBACK_KINDS: [&str; 7] = [
+    "progress",
+    "final",
+    "ignored",
+    "polled",
+    "bad_signature",
+    "outside_window",
+    "replayed",
+];
 
 /// A cumulative histogram of microseconds, with a row count for batch histograms.
 pub struct Histogram {

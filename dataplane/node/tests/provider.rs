@@ -1003,9 +1003,10 @@ async fn lost_callbacks_are_covered_by_polling_and_duplicates_change_nothing() {
         count("polled") >= 6,
         "lost callbacks found by polling\n{metrics}"
     );
+    // The mock's second copy carries the same signature: taken once, the copy is a replay.
     assert!(
-        count("ignored") >= 1,
-        "duplicate callbacks ignored\n{metrics}"
+        count("replayed") >= 1,
+        "duplicate callbacks not acted on twice\n{metrics}"
     );
 }
 
@@ -1046,9 +1047,37 @@ async fn forged_and_stale_callbacks_change_nothing() {
     };
     let forged = post("sha256=".to_string() + &"0".repeat(64)).await;
     assert!(forged.starts_with("HTTP/1.1 401"), "{forged}");
-    // Signed, but for an attempt that already ended: nobody watches it.
-    let stale = post(spindle_providers::signature::sign(SECRET.as_bytes(), &body)).await;
+    // Signed without a time (the untimed form): refused.
+    let untimed = post(spindle_providers::signature::sign(SECRET.as_bytes(), &body)).await;
+    assert!(untimed.starts_with("HTTP/1.1 401"), "{untimed}");
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    // Signed ten minutes ago (a captured callback sent again later): refused, the window is
+    // five minutes.
+    let old = spindle_providers::signature::sign_at(SECRET.as_bytes(), now_ms - 600_000, &body);
+    let late = post(old).await;
+    assert!(
+        late.starts_with("HTTP/1.1 401") && late.contains("outside the 300000 ms window"),
+        "{late}"
+    );
+    // Signed now, but for an attempt that already ended: nobody watches it.
+    let signed = spindle_providers::signature::sign_at(SECRET.as_bytes(), now_ms, &body);
+    let stale = post(signed.clone()).await;
     assert!(stale.starts_with("HTTP/1.1 200"), "{stale}");
+    // The same again, within the window: seen already, not acted on.
+    let again = post(signed).await;
+    assert!(again.contains("seen already"), "{again}");
+    let (_, metrics) = http_get(daemon.http, "/metrics").await;
+    for kind in ["outside_window", "replayed"] {
+        assert!(
+            metrics.contains(&format!(
+                "spindle_provider_callbacks_total{{kind=\"{kind}\"}} 1"
+            )),
+            "{kind}: {metrics}"
+        );
+    }
     let sql = test.sql().await.unwrap();
     let state: String = sql
         .query_one(
