@@ -280,6 +280,9 @@ pub enum FetchError {
     TooLarge { url: String, max_bytes: u64 },
     #[error("{url}: {reason}")]
     Failed { url: String, reason: String },
+    /// Not a source media may be fetched from (`crate::sources`).
+    #[error("{url}: refused: {reason}")]
+    Refused { url: String, reason: String },
 }
 
 impl FetchError {
@@ -287,14 +290,15 @@ impl FetchError {
     pub fn is_retryable(&self) -> bool {
         match self {
             FetchError::Status { status, .. } => *status >= 500,
-            FetchError::TooLarge { .. } => false,
+            FetchError::TooLarge { .. } | FetchError::Refused { .. } => false,
             FetchError::Failed { .. } => true,
         }
     }
 }
 
 /// Downloads `url` (http:// or https://, checked against `tls`'s roots) into `dest`, at most
-/// `max_bytes`, within `timeout`. A partial file is removed.
+/// `max_bytes`, within `timeout`, from any host but the addresses no video is served from
+/// (`crate::sources`). A partial file is removed.
 pub async fn download(
     url: &str,
     dest: &std::path::Path,
@@ -302,14 +306,40 @@ pub async fn download(
     timeout: Duration,
     tls: &rustls::ClientConfig,
 ) -> Result<u64, FetchError> {
+    download_from(
+        url,
+        dest,
+        max_bytes,
+        timeout,
+        tls,
+        &crate::sources::Sources::any(),
+    )
+    .await
+}
+
+/// [`download`] from the hosts `sources` allows only.
+pub async fn download_from(
+    url: &str,
+    dest: &std::path::Path,
+    max_bytes: u64,
+    timeout: Duration,
+    tls: &rustls::ClientConfig,
+    sources: &crate::sources::Sources,
+) -> Result<u64, FetchError> {
     use tokio::io::AsyncWriteExt;
     let failed = |reason: String| FetchError::Failed {
         url: url.to_string(),
         reason,
     };
     let fetch = async {
-        let client = crate::tls::client(tls, timeout);
+        let client = crate::tls::guarded_client(tls, timeout);
         let uri: hyper::Uri = url.parse().map_err(|e| failed(format!("bad URL: {e}")))?;
+        if let Some(why) = sources.refusal(&uri) {
+            return Err(FetchError::Refused {
+                url: url.to_string(),
+                reason: why,
+            });
+        }
         let response = client
             .get(uri)
             .await

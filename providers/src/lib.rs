@@ -17,14 +17,15 @@ pub mod object_store;
 pub mod receiver;
 mod serve;
 pub mod signature;
+pub mod sources;
 pub mod sts;
 pub mod temporary_keys;
 pub mod tls;
 pub mod webhook;
 
 pub use adapter::{
-    download, AsyncJobProvider, FetchError, HttpProvider, Lookup, QueryError, Submission,
-    SubmitError,
+    download, download_from, AsyncJobProvider, FetchError, HttpProvider, Lookup, QueryError,
+    Submission, SubmitError,
 };
 pub use api::{Fault, JobState, JobView, ProblemKind, Stats};
 pub use mock::{AccountSpec, MockConfig, MockProvider};

@@ -154,6 +154,27 @@ pub fn client(
         .build(connector)
 }
 
+/// A client like [`client`] whose resolver drops the addresses media is never fetched from
+/// (`crate::sources`).
+pub fn guarded_client(
+    tls: &rustls::ClientConfig,
+    connect_timeout: Duration,
+) -> Client<hyper_rustls::HttpsConnector<HttpConnector<crate::sources::GuardedResolver>>, Full<Bytes>>
+{
+    let mut http = HttpConnector::new_with_resolver(crate::sources::GuardedResolver);
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(connect_timeout));
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls.clone())
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http);
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build(connector)
+}
+
 /// A server's TLS configuration: its certificate chain and private key, PEM.
 pub fn server_config(
     cert_pem: &[u8],

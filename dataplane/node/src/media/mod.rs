@@ -65,6 +65,15 @@ pub struct MediaConfig {
     /// result then names them by their objects' URLs.
     #[serde(default)]
     pub upload: Option<UploadConfig>,
+    /// The hosts (`host` or `host:port`) a provider's video may be fetched from; empty: any.
+    /// Whatever it lists, link-local addresses (the clouds' metadata services), unspecified,
+    /// multicast and broadcast ones are never fetched from (`spindle_providers::sources`).
+    #[serde(default)]
+    pub fetch_hosts: Vec<String>,
+    /// The folder a `file://` video may be read from (the whole path, resolved, must be under
+    /// it); none: `file://` URLs are refused.
+    #[serde(default)]
+    pub fetch_root: Option<PathBuf>,
 }
 
 /// `url`, named `key` in the error, is an `http://` or `https://` URL of at most
@@ -543,6 +552,27 @@ struct Fetch {
     upload: Option<Upload>,
 }
 
+/// The file a `file://` video names, if it lies under `root` (its path resolved: no `..` or
+/// link leads out); why not otherwise.
+fn local_input(path: &str, root: Option<&std::path::Path>) -> Result<PathBuf, String> {
+    let Some(root) = root else {
+        return Err(format!(
+            "file://{path}: local videos are not fetched (media.fetch_root names where they may \
+             be)"
+        ));
+    };
+    let resolved = std::fs::canonicalize(path).map_err(|e| format!("file://{path}: {e}"))?;
+    let root = std::fs::canonicalize(root)
+        .map_err(|e| format!("media.fetch_root {}: {e}", root.display()))?;
+    if !resolved.starts_with(&root) {
+        return Err(format!(
+            "file://{path}: outside media.fetch_root ({})",
+            root.display()
+        ));
+    }
+    Ok(resolved)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run(
     job: &MediaJob,
@@ -570,16 +600,21 @@ fn run(
     let quota = config.quota_mb << 20;
     let fetched = dir.join(format!("input-{}-{}", job.task.0, job.token.0));
     let input = if let Some(path) = job.input_url.strip_prefix("file://") {
-        PathBuf::from(path)
+        match local_input(path, config.fetch_root.as_deref()) {
+            Ok(p) => p,
+            Err(why) => return failed(why, false),
+        }
     } else if spindle_providers::tls::is_http_url(&job.input_url) {
         let timeout = deadline.saturating_duration_since(Instant::now());
         let started = Instant::now();
-        let got = fetch.rt.block_on(spindle_providers::download(
+        let sources = spindle_providers::sources::Sources::only(&config.fetch_hosts);
+        let got = fetch.rt.block_on(spindle_providers::download_from(
             &job.input_url,
             &fetched,
             quota,
             timeout,
             &fetch.tls,
+            &sources,
         ));
         stats.time(STAGE_FETCH, started);
         match got {
@@ -877,6 +912,28 @@ fn transcode_ladder(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A `file://` video is read only from under `media.fetch_root`, its path resolved: none
+    /// set refuses it, and a `..` or a link out of the root is refused too.
+    #[test]
+    fn local_videos_are_read_only_from_under_the_fetch_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("videos");
+        std::fs::create_dir(&root).unwrap();
+        std::fs::write(root.join("a.mp4"), b"x").unwrap();
+        std::fs::write(dir.path().join("secret"), b"x").unwrap();
+        let inside = root.join("a.mp4").display().to_string();
+        let e = local_input(&inside, None).unwrap_err();
+        assert!(e.contains("are not fetched"), "{e}");
+        assert!(local_input(&inside, Some(&root)).is_ok());
+        let escaping = format!("{}/../secret", root.display());
+        let e = local_input(&escaping, Some(&root)).unwrap_err();
+        assert!(e.contains("outside media.fetch_root"), "{e}");
+        std::os::unix::fs::symlink(dir.path().join("secret"), root.join("link")).unwrap();
+        let linked = root.join("link").display().to_string();
+        assert!(local_input(&linked, Some(&root)).is_err());
+        assert!(local_input("/etc/passwd", Some(&root)).is_err());
+    }
 
     fn checked(text: &str) -> anyhow::Result<()> {
         toml::from_str::<MediaConfig>(text)?.check()
