@@ -78,6 +78,10 @@ pub struct EmbeddedPostgres {
     bin: PathBuf,
     port: u16,
     as_postgres: bool,
+    /// The superuser's password: random, made at initdb, in no file but [`Self::pgpass`] (the
+    /// server takes no connection without it — no `trust` — and its socket's folder is the
+    /// server's alone).
+    password: String,
     options: EmbeddedOptions,
     running: bool,
 }
@@ -99,9 +103,13 @@ impl EmbeddedPostgres {
             bin,
             port: 0,
             as_postgres,
+            password: random_password()?,
             options,
             running: false,
         };
+        // initdb reads the password from a file of the server's user, removed right after.
+        let pwfile = pg.dir.path().join("pwfile");
+        write_private(&pwfile, &pg.password)?;
         if as_postgres {
             pg.run("chown", &["-R", "postgres:postgres", pg.dir_str()], false)?;
         }
@@ -116,7 +124,8 @@ impl EmbeddedPostgres {
                 "-U",
                 SUPERUSER,
                 "-A",
-                "trust",
+                "scram-sha-256",
+                &format!("--pwfile={}", path_str(&pwfile)),
                 "-E",
                 "UTF8",
                 "--locale=C",
@@ -124,8 +133,28 @@ impl EmbeddedPostgres {
             ],
             true,
         )?;
+        let _ = std::fs::remove_file(&pwfile);
+        // For psql and other libpq tools of the node's user: PGPASSFILE=<pgpass>.
+        write_private(
+            &pg.pgpass(),
+            &format!("127.0.0.1:*:*:{SUPERUSER}:{}\n", pg.password),
+        )?;
         pg.start_server()?;
         Ok(pg)
+    }
+
+    /// A libpq password file (`PGPASSFILE`) with the superuser's password, readable by the
+    /// node's user alone.
+    pub fn pgpass(&self) -> PathBuf {
+        self.dir.path().join("pgpass")
+    }
+
+    /// [`Self::conninfo`] without the password: what may be logged or printed.
+    pub fn conninfo_public(&self, dbname: &str) -> String {
+        format!(
+            "host=127.0.0.1 port={} user={SUPERUSER} dbname={dbname}",
+            self.port
+        )
     }
 
     /// (Re)starts a stopped server: on its previous port when it had one (clients reconnect
@@ -195,11 +224,12 @@ impl EmbeddedPostgres {
         self.port
     }
 
-    /// A libpq connection string for `dbname` on this server.
+    /// A libpq connection string for `dbname` on this server, its password included (never
+    /// log it: [`Self::conninfo_public`]).
     pub fn conninfo(&self, dbname: &str) -> String {
         format!(
-            "host=127.0.0.1 port={} user={SUPERUSER} dbname={dbname}",
-            self.port
+            "host=127.0.0.1 port={} user={SUPERUSER} password={} dbname={dbname}",
+            self.port, self.password
         )
     }
 
@@ -249,6 +279,35 @@ impl EmbeddedPostgres {
         }
         Ok(output)
     }
+}
+
+/// 32 hex digits from the kernel's random source.
+fn random_password() -> Result<String, EmbedError> {
+    use std::io::Read;
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(|source| EmbedError::Io {
+            what: "reading /dev/urandom for the server's password".into(),
+            source,
+        })?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Writes `text` to a new file `path` only its owner may read (0600).
+fn write_private(path: &std::path::Path, text: &str) -> Result<(), EmbedError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .and_then(|mut f| f.write_all(text.as_bytes()))
+        .map_err(|source| EmbedError::Io {
+            what: format!("writing {}", path.display()),
+            source,
+        })
 }
 
 impl Drop for EmbeddedPostgres {

@@ -36,9 +36,26 @@ async fn main() -> Result<()> {
     let conninfo = pg.conninfo("postgres");
     // Write then rename: a reader never sees half a line.
     let tmp = ready_file.with_extension("partial");
-    std::fs::write(&tmp, format!("{conninfo}\n")).context("writing the ready file")?;
+    // It holds the server's password: readable by this user alone.
+    {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        let _ = std::fs::remove_file(&tmp);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .and_then(|mut f| f.write_all(format!("{conninfo}\n").as_bytes()))
+            .context("writing the ready file")?;
+    }
     std::fs::rename(&tmp, &ready_file).context("publishing the ready file")?;
-    eprintln!("spindle-pg: serving {conninfo}");
+    eprintln!(
+        "spindle-pg: serving {} (password in {} and PGPASSFILE={})",
+        pg.conninfo_public("postgres"),
+        ready_file.display(),
+        pg.pgpass().display()
+    );
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}

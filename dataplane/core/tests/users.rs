@@ -65,7 +65,7 @@ fn a_tenant_cycling_a_million_user_ids_holds_a_bounded_number_of_records() {
         .queued_tasks_max = 0;
     let mut shard = Shard::new(policy, 1, Time::ZERO);
     let mut task = 0u64;
-    let mut other = |shard: &mut Shard, now: Time, task: &mut u64| {
+    let other = |shard: &mut Shard, now: Time, task: &mut u64| {
         *task += 1;
         let b = submit(shard, now, *task, 2, 7);
         assert!(b.decision.is_accepted(), "tenant 2: {b:?}");

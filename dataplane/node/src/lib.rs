@@ -129,7 +129,11 @@ fn run_node(config: Config) -> anyhow::Result<()> {
         let pg = EmbeddedPostgres::start(EmbeddedOptions::default())
             .context("starting the embedded PostgreSQL")?;
         let c = pg.conninfo("postgres");
-        tracing::info!("embedded PostgreSQL at {c}");
+        tracing::info!(
+            "embedded PostgreSQL at {} (its password in PGPASSFILE={})",
+            pg.conninfo_public("postgres"),
+            pg.pgpass().display()
+        );
         // Kept where the stop path can reach it: process::exit runs no destructors.
         *EMBEDDED.lock().unwrap_or_else(|p| p.into_inner()) = Some(pg);
         c

@@ -540,107 +540,105 @@ async fn hello(
             Ok(n) => n,
         };
         frames.extend(&buf[..n]);
-        loop {
-            let request = match next_request(frames) {
-                Next::Request(r) => r,
-                Next::More => break,
-                Next::Refused(answer) | Next::Fatal(answer) => {
-                    let _ = stream.write_all(&answer).await;
-                    return None;
-                }
-            };
-            let id = request.request_id;
-            let refuse = |code, why: String| frame(id, Response::Error(WireError::new(code, why)));
-            let Request::Hello(h) = request.body else {
-                let no = refuse(
-                    ErrorCode::NotAuthenticated,
-                    "the first request must be Hello".into(),
-                );
-                let _ = stream.write_all(&no).await;
+        let request = match next_request(frames) {
+            Next::Request(r) => r,
+            Next::More => continue,
+            Next::Refused(answer) | Next::Fatal(answer) => {
+                let _ = stream.write_all(&answer).await;
                 return None;
-            };
-            use crate::auth_guard::Before;
-            let arrived = std::time::Instant::now();
-            let verdict = ctx
-                .auth
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .before(from, h.tenant.0, arrived);
-            match verdict {
-                Before::Check => {}
-                Before::Delay(wait) => glommio::timer::sleep(wait).await,
-                Before::Refuse(left) => {
-                    let no = refuse(
-                        ErrorCode::AuthFailed,
-                        format!(
-                            "too many failed Hellos from this address: refused for {} s more",
-                            left.as_secs().max(1)
-                        ),
-                    );
-                    let _ = stream.write_all(&no).await;
-                    return None;
-                }
             }
-            if !ctx.authenticate(h.tenant, &h.credential) {
-                ctx.auth.lock().unwrap_or_else(|p| p.into_inner()).failed(
-                    from,
-                    h.tenant.0,
-                    std::time::Instant::now(),
-                );
+        };
+        let id = request.request_id;
+        let refuse = |code, why: String| frame(id, Response::Error(WireError::new(code, why)));
+        let Request::Hello(h) = request.body else {
+            let no = refuse(
+                ErrorCode::NotAuthenticated,
+                "the first request must be Hello".into(),
+            );
+            let _ = stream.write_all(&no).await;
+            return None;
+        };
+        use crate::auth_guard::Before;
+        let arrived = std::time::Instant::now();
+        let verdict = ctx
+            .auth
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .before(from, h.tenant.0, arrived);
+        match verdict {
+            Before::Check => {}
+            Before::Delay(wait) => glommio::timer::sleep(wait).await,
+            Before::Refuse(left) => {
                 let no = refuse(
                     ErrorCode::AuthFailed,
-                    format!("tenant {} refused", h.tenant),
+                    format!(
+                        "too many failed Hellos from this address: refused for {} s more",
+                        left.as_secs().max(1)
+                    ),
                 );
                 let _ = stream.write_all(&no).await;
                 return None;
             }
-            if let Some(left) = ctx
-                .metrics
-                .suspensions
-                .left(h.tenant, std::time::Instant::now())
-            {
-                let e = crate::breaker::suspended_error(h.tenant, left);
-                let _ = stream.write_all(&frame(id, Response::Error(e))).await;
-                return None;
-            }
-            let partition = crate::config::partition_of(h.tenant.0, ctx.partitions);
-            if !ctx.ownership.owns(partition) {
-                let e = ctx.ownership.refusal(h.tenant.0, partition);
-                ctx.metrics
-                    .wrong_node
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let _ = stream.write_all(&frame(id, Response::Error(e))).await;
-                return None;
-            }
-            // A place among the served connections, taken once the client is known: one that
-            // filled meanwhile is told so, as at the accept.
-            let Some(slot) = ctx.connections.try_open() else {
-                ctx.metrics
-                    .connections_refused
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let e = WireError::new(
-                    ErrorCode::Overloaded,
-                    format!(
-                        "this node holds its most client connections ({}): connect to another \
-                         node or later",
-                        ctx.connections.max()
-                    ),
-                );
-                let _ = stream.write_all(&frame(id, Response::Error(e))).await;
-                return None;
-            };
-            let ok = Response::HelloOk(HelloOk {
-                protocol_version: PROTOCOL_VERSION,
-                node_id: ctx.node_id.clone(),
-                frame_bytes_max: FRAME_BYTES_MAX as u32,
-                batch_max: BATCH_MAX as u32,
-            });
-            return stream
-                .write_all(&frame(id, ok))
-                .await
-                .is_ok()
-                .then_some((h.tenant, slot));
         }
+        if !ctx.authenticate(h.tenant, &h.credential) {
+            ctx.auth.lock().unwrap_or_else(|p| p.into_inner()).failed(
+                from,
+                h.tenant.0,
+                std::time::Instant::now(),
+            );
+            let no = refuse(
+                ErrorCode::AuthFailed,
+                format!("tenant {} refused", h.tenant),
+            );
+            let _ = stream.write_all(&no).await;
+            return None;
+        }
+        if let Some(left) = ctx
+            .metrics
+            .suspensions
+            .left(h.tenant, std::time::Instant::now())
+        {
+            let e = crate::breaker::suspended_error(h.tenant, left);
+            let _ = stream.write_all(&frame(id, Response::Error(e))).await;
+            return None;
+        }
+        let partition = crate::config::partition_of(h.tenant.0, ctx.partitions);
+        if !ctx.ownership.owns(partition) {
+            let e = ctx.ownership.refusal(h.tenant.0, partition);
+            ctx.metrics
+                .wrong_node
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let _ = stream.write_all(&frame(id, Response::Error(e))).await;
+            return None;
+        }
+        // A place among the served connections, taken once the client is known: one that
+        // filled meanwhile is told so, as at the accept.
+        let Some(slot) = ctx.connections.try_open() else {
+            ctx.metrics
+                .connections_refused
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let e = WireError::new(
+                ErrorCode::Overloaded,
+                format!(
+                    "this node holds its most client connections ({}): connect to another \
+                     node or later",
+                    ctx.connections.max()
+                ),
+            );
+            let _ = stream.write_all(&frame(id, Response::Error(e))).await;
+            return None;
+        };
+        let ok = Response::HelloOk(HelloOk {
+            protocol_version: PROTOCOL_VERSION,
+            node_id: ctx.node_id.clone(),
+            frame_bytes_max: FRAME_BYTES_MAX as u32,
+            batch_max: BATCH_MAX as u32,
+        });
+        return stream
+            .write_all(&frame(id, ok))
+            .await
+            .is_ok()
+            .then_some((h.tenant, slot));
     }
 }
 

@@ -420,8 +420,9 @@ fn demo(quiet_rate: f64, spike: Option<workload::Spike>, common: &Common) -> any
     );
     let config: spindle_node::config::Config = toml_config(&config_text, &ready)?;
     println!(
-        "demo: PostgreSQL {} ; spindled with 10 tenants (tenant 1 sends {:.0}/s, nine others {quiet_rate}/s each) for {} s",
-        pg.conninfo("postgres"),
+        "demo: PostgreSQL {} (PGPASSFILE={}) ; spindled with 10 tenants (tenant 1 sends {:.0}/s, nine others {quiet_rate}/s each) for {} s",
+        pg.conninfo_public("postgres"),
+        pg.pgpass().display(),
         quiet_rate * 100.0,
         common.duration
     );
