@@ -312,13 +312,12 @@ const KEEPALIVE_PROBES: u32 = 3;
 const TCP_USER_TIMEOUT: Duration = Duration::from_secs(20);
 
 async fn connect(config: &DbConfig) -> Result<(Client, JoinHandle<()>), StoreError> {
+    let tls = crate::pg_tls::parse(&config.conninfo)
+        .map_err(|e| StoreError::Unavailable(format!("bad conninfo: {e}")))?;
     let mut pg: tokio_postgres::Config =
-        config
-            .conninfo
-            .parse()
-            .map_err(|e: tokio_postgres::Error| {
-                StoreError::Unavailable(format!("bad conninfo: {e}"))
-            })?;
+        tls.conninfo.parse().map_err(|e: tokio_postgres::Error| {
+            StoreError::Unavailable(format!("bad conninfo: {e}"))
+        })?;
     // A peer that went away without closing (a partition, a failover that left the socket
     // half open) is found by the kernel on every call (see `KEEPALIVE_*`), and within the
     // answer deadline on the calls that go through `Db::answered`.
@@ -336,14 +335,51 @@ async fn connect(config: &DbConfig) -> Result<(Client, JoinHandle<()>), StoreErr
             config.idle_in_transaction_timeout_ms,
             config.lock_timeout_ms
         ));
-    let (client, connection) = pg.connect(NoTls).await?;
-    let handle = tokio::spawn(async move {
-        // Logged here; callers see it through the client (every call then fails `Unavailable`).
+    let (client, handle) = match tls.tls {
+        None => {
+            let (client, connection) = pg.connect(NoTls).await?;
+            (client, watch(connection))
+        }
+        Some(config) => {
+            // A refused handshake (an unknown certificate, a server without TLS) is named
+            // with its cause: it is the operator's to fix, and retried like any unreachable
+            // server meanwhile.
+            let (client, connection) = pg
+                .connect(crate::pg_tls::MakeRustls(config))
+                .await
+                .map_err(|e| match e.as_db_error() {
+                    Some(_) => StoreError::from(e),
+                    None => StoreError::Unavailable(error_chain(&e)),
+                })?;
+            (client, watch(connection))
+        }
+    };
+    Ok((client, handle))
+}
+
+/// Runs a connection's I/O; its end is logged here, and callers see it through the client
+/// (every call then fails `Unavailable`).
+fn watch<F>(connection: F) -> JoinHandle<()>
+where
+    F: std::future::Future<Output = Result<(), tokio_postgres::Error>> + Send + 'static,
+{
+    tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::warn!("connection to PostgreSQL ended: {e}");
         }
-    });
-    Ok((client, handle))
+    })
+}
+
+/// An error and its causes, one after the other.
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
 }
 
 impl Statements {

@@ -15,6 +15,7 @@ pub mod events;
 pub mod lease;
 pub mod limits;
 pub mod migrate;
+pub mod pg_tls;
 pub mod policy;
 pub mod pools;
 pub mod query;

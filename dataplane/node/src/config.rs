@@ -41,6 +41,10 @@ pub struct Args {
     /// file (for scripts and tests).
     #[arg(long, env = "SPINDLE_READY_FILE")]
     pub ready_file: Option<PathBuf>,
+    /// Read a tenant credential from standard input, check its strength and print the
+    /// `sha256:…` form to write as the tenant's `credential`; then exit.
+    #[arg(long)]
+    pub hash_credential: bool,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -263,7 +267,9 @@ pub struct Config {
 #[serde(deny_unknown_fields)]
 pub struct TenantConfig {
     pub id: u32,
-    /// The tenant's credential, presented in Hello and compared in constant time.
+    /// The tenant's credential, presented in Hello: `sha256:<hex>` of it (`spindled
+    /// --hash-credential`), or the secret itself, at least 16 characters of some variety
+    /// (`crate::credential`).
     pub credential: String,
     #[serde(default = "default_lane")]
     pub lane: Lane,
@@ -429,6 +435,7 @@ impl Args {
             shards: None,
             node_id: None,
             ready_file,
+            hash_credential: false,
         }
     }
 }
@@ -655,6 +662,9 @@ impl Config {
         anyhow::ensure!(ids.len() == self.tenants.len(), "a tenant id appears twice");
         anyhow::ensure!(!ids.contains(&0), "tenant id 0 is reserved");
         for t in &self.tenants {
+            if let Err(e) = crate::credential::Credential::parse(&t.credential) {
+                anyhow::bail!("tenant {}: credential: {e}", t.id);
+            }
             anyhow::ensure!(
                 t.submit_per_minute
                     .is_none_or(|r| (1..=1_000_000_000).contains(&r)),
@@ -814,12 +824,35 @@ mod tests {
 
     #[test]
     fn a_bad_tenant_limit_is_named() {
-        let e = load_text("[[tenants]]\nid = 3\ncredential = \"x\"\nsubmit_per_minute = 0\n")
-            .unwrap_err();
+        let e = load_text(
+            "[[tenants]]\nid = 3\ncredential = \"tenant-3-credential\"\nsubmit_per_minute = 0\n",
+        )
+        .unwrap_err();
         assert_eq!(
             e.to_string(),
             "tenant 3: submit_per_minute must be 1..=1000000000"
         );
+    }
+
+    #[test]
+    fn a_weak_credential_is_refused_at_load_by_tenant_without_repeating_it() {
+        let e = load_text("[[tenants]]\nid = 4\ncredential = \"hunter2\"\n").unwrap_err();
+        let e = e.to_string();
+        assert!(
+            e.starts_with("tenant 4: credential: a credential must have at least 16"),
+            "{e}"
+        );
+        assert!(!e.contains("hunter2"), "{e}");
+        let e = load_text("[[tenants]]\nid = 4\ncredential = \"sha256:00\"\n").unwrap_err();
+        assert!(e.to_string().contains("64 hex digits"), "{e}");
+        // The hashed form of a strong secret, and the secret itself, both load.
+        let hashed = crate::credential::hashed_for_config("tenant-4-credential").unwrap();
+        for credential in [hashed.as_str(), "tenant-4-credential"] {
+            load_text(&format!(
+                "[[tenants]]\nid = 4\ncredential = \"{credential}\"\n"
+            ))
+            .unwrap();
+        }
     }
 
     #[test]
@@ -991,7 +1024,9 @@ mod tests {
 
     #[test]
     fn abuse_limits_and_calibration_outside_their_bounds_are_named() {
-        let tenant = |extra: &str| format!("[[tenants]]\nid = 1\ncredential = \"c\"\n{extra}\n");
+        let tenant = |extra: &str| {
+            format!("[[tenants]]\nid = 1\ncredential = \"tenant-1-credential\"\n{extra}\n")
+        };
         let cases = [
             (
                 tenant("cancel_per_minute = 0"),

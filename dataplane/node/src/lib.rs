@@ -13,6 +13,7 @@ pub mod breaker;
 pub mod config;
 pub mod control;
 pub mod counter_check;
+pub mod credential;
 pub mod dispatch;
 pub mod health;
 pub mod http;
@@ -294,11 +295,27 @@ fn run_node(config: Config) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let credentials: HashMap<u32, String> = config
+    let credentials: HashMap<u32, credential::Credential> = config
         .tenants
         .iter()
-        .map(|t| (t.id, t.credential.clone()))
+        .map(|t| {
+            credential::Credential::parse(&t.credential)
+                .map(|c| (t.id, c))
+                .map_err(|e| anyhow::anyhow!("tenant {}: credential: {e}", t.id))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let clear: Vec<u32> = config
+        .tenants
+        .iter()
+        .filter(|t| credentials.get(&t.id).is_some_and(|c| c.in_the_clear))
+        .map(|t| t.id)
         .collect();
+    if !clear.is_empty() {
+        tracing::warn!(
+            "the credentials of tenants {clear:?} are in the configuration in the clear: \
+             write them as `sha256:…` (spindled --hash-credential prints it)"
+        );
+    }
 
     let split = started
         .split

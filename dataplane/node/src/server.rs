@@ -310,7 +310,8 @@ pub struct ConnCtx {
     pub shards: Vec<mpsc::Sender<ShardMsg>>,
     /// Each shard's queue of connections handed over to it.
     pub handoffs: Vec<mpsc::Sender<Handoff>>,
-    pub credentials: HashMap<u32, String>,
+    /// Each tenant's credential, as its digest (`crate::credential`).
+    pub credentials: HashMap<u32, crate::credential::Credential>,
     pub partitions: u32,
     pub inflight_max: usize,
     pub metrics: std::sync::Arc<crate::metrics::Metrics>,
@@ -345,22 +346,14 @@ impl ConnCtx {
         &self.shards[self.owner_of(tenant)]
     }
 
-    /// Constant-time over the presented credential: the time taken says nothing about how
-    /// much of it matched (an unknown tenant compares against an empty string).
+    /// Constant-time over the presented credential's digest: the time taken says nothing
+    /// about how much of it matched, nor whether the tenant is known.
     fn authenticate(&self, tenant: TenantId, presented: &str) -> bool {
-        let expected = self.credentials.get(&tenant.0).map_or("", String::as_str);
-        let known = self.credentials.contains_key(&tenant.0);
-        constant_time_eq(expected.as_bytes(), presented.as_bytes()) & known
+        match self.credentials.get(&tenant.0) {
+            Some(credential) => credential.matches(presented),
+            None => crate::credential::Credential::compare_unknown(presented),
+        }
     }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    let mut diff = (a.len() ^ b.len()) as u64;
-    for (i, y) in b.iter().enumerate() {
-        let x = a.get(i).copied().unwrap_or(0);
-        diff |= u64::from(x ^ y);
-    }
-    diff == 0
 }
 
 /// What the tenant breaker counts as refused in an answer given without PostgreSQL: a

@@ -19,7 +19,7 @@ partitions = 8
 
 [[tenants]]
 id = 1
-credential = "one"
+credential = "tenant-1-credential"
 "#;
 
 /// The node with the admin API's three roles.
@@ -176,9 +176,13 @@ async fn roles_reasons_versions_and_refusals_are_all_audited() {
 async fn a_policy_change_reaches_the_running_node_within_two_seconds() {
     let test = TestDb::new().await;
     let daemon = start_with(&test, &config()).await;
-    let client = spindle_client::Client::connect(daemon.addr, spindle_core::TenantId(1), "one")
-        .await
-        .unwrap();
+    let client = spindle_client::Client::connect(
+        daemon.addr,
+        spindle_core::TenantId(1),
+        "tenant-1-credential",
+    )
+    .await
+    .unwrap();
     let a = client.submit(common::task("before")).await.unwrap();
     assert!(a.decision.is_accepted(), "{a:?}");
 
@@ -412,9 +416,13 @@ async fn an_operator_cancels_a_tenants_tasks_and_a_viewer_may_not() {
     ) + &admin_tokens();
     let daemon = start_with(&test, &config).await;
     let http = daemon.http;
-    let client = spindle_client::Client::connect(daemon.addr, spindle_core::TenantId(1), "one")
-        .await
-        .unwrap();
+    let client = spindle_client::Client::connect(
+        daemon.addr,
+        spindle_core::TenantId(1),
+        "tenant-1-credential",
+    )
+    .await
+    .unwrap();
     let mut tasks = Vec::new();
     for i in 0..3 {
         tasks.push(
@@ -507,9 +515,10 @@ async fn a_node_names_the_node_that_serves_a_task_it_does_not() {
     // A owns every partition once it serves; B, started after, owns none while A lives.
     let a = start_with(&test, &config("node-a")).await;
     let b = start_with(&test, &config("node-b")).await;
-    let client = spindle_client::Client::connect(a.addr, spindle_core::TenantId(1), "one")
-        .await
-        .unwrap();
+    let client =
+        spindle_client::Client::connect(a.addr, spindle_core::TenantId(1), "tenant-1-credential")
+            .await
+            .unwrap();
     let task = client.submit(common::task("elsewhere")).await.unwrap().task;
     let id = task.0.to_string();
     let (ok, out) = ctl(

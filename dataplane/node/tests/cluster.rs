@@ -46,7 +46,9 @@ poll_ms = [200, 400]
 "#
     );
     for t in 1..=TENANTS {
-        c.push_str(&format!("\n[[tenants]]\nid = {t}\ncredential = \"t{t}\"\n"));
+        c.push_str(&format!(
+            "\n[[tenants]]\nid = {t}\ncredential = \"tenant-{t}-credential\"\n"
+        ));
     }
     c
 }
@@ -114,7 +116,7 @@ async fn three_nodes_share_one_provider_without_a_violation() {
     let mut ids = Vec::new();
     for t in 1..=TENANTS {
         let node = &nodes[((t % 6) / 2) as usize];
-        let client = Client::connect(node.addr, TenantId(t), &format!("t{t}"))
+        let client = Client::connect(node.addr, TenantId(t), &format!("tenant-{t}-credential"))
             .await
             .unwrap();
         let batch: Vec<_> = (0..20).map(|i| task(&format!("c{t}-{i}"))).collect();
@@ -224,11 +226,11 @@ poll_ms = [200, 400]
 
 [[tenants]]
 id = 1
-credential = "t1"
+credential = "tenant-1-credential"
 
 [[tenants]]
 id = 2
-credential = "t2"
+credential = "tenant-2-credential"
 "#
     )
 }

@@ -23,7 +23,7 @@ local_provider_time_scale = 0.01
 
 [[tenants]]
 id = 1
-credential = "one"
+credential = "tenant-1-credential"
 "#;
 
 /// The node with the admin API's three roles.
@@ -92,7 +92,7 @@ async fn the_dashboard_renders_live_numbers_and_the_audit_list_in_chromium() {
     );
 
     // Load: the numbers move.
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     let batch: Vec<_> = (0..40).map(|i| task(&format!("d{i}"))).collect();

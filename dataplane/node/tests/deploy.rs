@@ -83,7 +83,40 @@ fn the_kubernetes_manifests_are_consistent_with_the_node() {
         str_at(key, &["name"]),
         str_at(secret, &["metadata", "name"])
     );
-    assert!(secret["stringData"][str_at(key, &["key"])].is_string());
+    // The database is another host: reached over TLS, its certificate checked against a CA
+    // file the pod mounts from the same Secret.
+    let conninfo = str_at(secret, &["stringData", str_at(key, &["key"])]);
+    let tls = spindle_control::pg_tls::parse(
+        conninfo
+            .replace("/etc/spindle-postgres/ca.pem", "/x")
+            .as_str(),
+    );
+    assert!(tls.is_err(), "sslrootcert is read: {conninfo}");
+    assert!(conninfo.contains("sslmode=verify-full"), "{conninfo}");
+    let root = conninfo
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("sslrootcert="))
+        .expect("sslrootcert");
+    let (folder, file) = root.rsplit_once('/').unwrap();
+    let mount = c["volumeMounts"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"].as_str() == Some(folder))
+        .unwrap_or_else(|| panic!("{folder} is not mounted"));
+    let volume = pod["volumes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .unwrap();
+    assert_eq!(
+        str_at(volume, &["secret", "secretName"]),
+        str_at(secret, &["metadata", "name"])
+    );
+    let item = &volume["secret"]["items"][0];
+    assert_eq!(str_at(item, &["path"]), file);
+    assert!(str_at(secret, &["stringData", str_at(item, &["key"])]).contains("BEGIN CERTIFICATE"));
     // Probes hit the node's real endpoints on a declared port that is the configured one.
     let ports = c["ports"].as_sequence().unwrap();
     let port = |name: &str| {

@@ -29,10 +29,10 @@ drain_ms = 20000
 
 [[tenants]]
 id = 1
-credential = "one"
+credential = "tenant-1-credential"
 "#;
     let mut daemon = start_with(&test, config).await;
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     let batch: Vec<_> = (0..20).map(|i| task(&format!("d{i}"))).collect();

@@ -16,7 +16,7 @@ use spindle_wire::ErrorCode;
 async fn submit_ack_complete_and_idempotent_resubmit() {
     let test = TestDb::new().await;
     let daemon = start(&test).await;
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     assert_eq!(client.hello().node_id, "test-node");
@@ -77,7 +77,7 @@ async fn task_inputs_are_part_of_the_request_and_held_within_a_bound_per_shard()
     // Tasks run for their modelled time (tens of seconds): every one stays live.
     let config = common::config_scaled("1.0", "task_inputs_mb = 1");
     let daemon = common::start_with(&test, &config).await;
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     let with_input = |key: &str, input: &str| {
@@ -148,7 +148,7 @@ async fn task_inputs_are_part_of_the_request_and_held_within_a_bound_per_shard()
 async fn tenants_are_isolated_and_credentials_checked() {
     let test = TestDb::new().await;
     let daemon = start(&test).await;
-    let wrong = Client::connect(daemon.addr, TenantId(1), "two").await;
+    let wrong = Client::connect(daemon.addr, TenantId(1), "tenant-2-credential").await;
     assert!(
         matches!(wrong, Err(ClientError::Refused(ref e)) if e.code == ErrorCode::AuthFailed),
         "{:?}",
@@ -177,7 +177,7 @@ async fn tenants_are_isolated_and_credentials_checked() {
 async fn a_batch_refused_for_one_task_leaves_nothing_of_the_others_behind() {
     let test = TestDb::new().await;
     let daemon = start(&test).await;
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     let mut batch: Vec<_> = (0..3).map(|i| task(&format!("fine{i}"))).collect();
@@ -223,7 +223,7 @@ async fn health_and_metrics_are_served() {
     let daemon = start(&test).await;
     assert_eq!(http_get(daemon.http, "/livez").await.0, "HTTP/1.1 200 OK");
     assert_eq!(http_get(daemon.http, "/readyz").await.0, "HTTP/1.1 200 OK");
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     let a = client.submit(task("metered")).await.unwrap();
@@ -293,7 +293,7 @@ async fn subscribers_receive_progress_until_the_task_ends() {
 async fn batches_across_task_id_blocks_all_complete() {
     let test = TestDb::new().await;
     let daemon = start(&test).await;
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     let mut acked = Vec::new();
@@ -351,14 +351,14 @@ local_provider_time_scale = 10.0
 
 [[tenants]]
 id = 1
-credential = "one"
+credential = "tenant-1-credential"
 
 [[tenants]]
 id = 2
-credential = "two"
+credential = "tenant-2-credential"
 "#;
     let daemon = common::start_with(&test, config).await;
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     let batch: Vec<_> = (0..12).map(|i| task(&format!("w{i}"))).collect();
@@ -419,11 +419,11 @@ local_provider_time_scale = 0.0001
 
 [[tenants]]
 id = 1
-credential = "one"
+credential = "tenant-1-credential"
 submit_per_minute = 60
 "#;
     let daemon = common::start_with(&test, config).await;
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     let mut accepted = 0;
@@ -469,7 +469,7 @@ async fn ended_tasks_leave_postgres_after_their_retention_window() {
         "partitions = 8\nlease_ms = 1000\nretention_finished_s = 1\n",
     );
     let daemon = common::start_with(&test, &config).await;
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     let done: Vec<_> = client
@@ -534,7 +534,7 @@ async fn a_running_attempts_lease_is_renewed_while_it_runs() {
     // Tasks take ~4 s at the provider; leases last 1.5 s.
     let config = common::config_scaled("0.13", "lease_ms = 1500");
     let daemon = common::start_with(&test, &config).await;
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     let a = client.submit(task("long")).await.unwrap();
@@ -578,7 +578,7 @@ async fn consecutive_submit_calls_of_a_shard_charge_different_pool_rows() {
             "local_provider_time_scale = 1.0",
         );
     let daemon = common::start_with(&test, &config).await;
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     let mut ids = Vec::new();
@@ -615,7 +615,7 @@ async fn connections_are_served_on_the_shard_that_owns_their_tenant() {
     let daemon = start(&test).await;
     let mut clients = Vec::new();
     for i in 0..6 {
-        for (tenant, credential) in [(1, "one"), (2, "two")] {
+        for (tenant, credential) in [(1, "tenant-1-credential"), (2, "tenant-2-credential")] {
             let client = Client::connect(daemon.addr, TenantId(tenant), credential)
                 .await
                 .unwrap();

@@ -35,7 +35,7 @@ pending_max = {pending_max}
 
 [[tenants]]
 id = 1
-credential = "one"
+credential = "tenant-1-credential"
 "#
     )
 }
@@ -46,7 +46,7 @@ async fn receiver() -> EventReceiver {
 }
 
 async fn submit(daemon: &Daemon, prefix: &str, n: usize) -> Vec<spindle_wire::Admission> {
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     let batch: Vec<_> = (0..n).map(|i| task(&format!("{prefix}{i}"))).collect();
@@ -246,7 +246,7 @@ retention_events_s = 1
 
 [[tenants]]
 id = 1
-credential = "one"
+credential = "tenant-1-credential"
 "#,
     )
     .await;

@@ -39,7 +39,7 @@ async fn connections_before_their_hello_hold_a_few_kib_each() {
     .await;
     let pid = daemon.child.id();
     // One served connection first: whatever a shard allocates once is there before we count.
-    let warm = Client::connect(daemon.addr, TenantId(1), "one")
+    let warm = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     assert!(warm
@@ -132,7 +132,7 @@ async fn idle_unauthenticated_sockets_cannot_keep_clients_out() {
         let c = Client::connect(
             daemon.addr,
             TenantId(1 + i % 2),
-            ["one", "two"][i as usize % 2],
+            ["tenant-1-credential", "tenant-2-credential"][i as usize % 2],
         )
         .await
         .unwrap_or_else(|e| panic!("client {i} was not served: {e}"));
@@ -167,7 +167,7 @@ async fn a_closed_connections_subscriptions_and_place_go_at_once() {
     let test = TestDb::new().await;
     // One slot of each provider account: the rest of the tasks stay queued for minutes.
     let daemon = start_with(&test, &config_scaled("10", "provider_concurrency = 1")).await;
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     let mut queued = Vec::new();
@@ -179,7 +179,7 @@ async fn a_closed_connections_subscriptions_and_place_go_at_once() {
     let open_before = metric(&daemon, "spindle_connections_open").await;
     let mut subscribers = Vec::new();
     for i in 0..100 {
-        let c = Client::connect(daemon.addr, TenantId(1), "one")
+        let c = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
             .await
             .unwrap();
         c.subscribe(queued[i % queued.len()]).await.unwrap();
@@ -379,7 +379,7 @@ async fn guessing_credentials_from_one_address_is_cut_to_a_few_checks_a_second()
         refused
     );
     // The address is refused unchecked while it cools down, the right credential too.
-    match Client::connect(daemon.addr, TenantId(1), "one").await {
+    match Client::connect(daemon.addr, TenantId(1), "tenant-1-credential").await {
         Err(spindle_client::ClientError::Refused(e)) => {
             assert!(e.message.contains("too many failed Hellos"), "{e:?}")
         }

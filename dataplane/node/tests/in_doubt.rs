@@ -65,7 +65,7 @@ async fn rig(config: &str) -> Rig {
     let proxy = Proxy::start(&test.config().conninfo);
     let daemon = start_on(proxy.conninfo(), config).await;
     let sql = test.sql().await.unwrap();
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     Rig {

@@ -32,7 +32,7 @@ role = "admin"
 
 [[tenants]]
 id = 1
-credential = "one"
+credential = "tenant-1-credential"
 "#;
 
 const PROVIDER: &str = "vendor-0:acct-1:us:video-model-0";
@@ -106,7 +106,7 @@ async fn lanes_providers_and_models_change_on_a_running_node() {
     let test = TestDb::new().await;
     let daemon = start_with(&test, CONFIG).await;
     let http = daemon.http;
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     let sql = test.sql().await.unwrap();
@@ -312,7 +312,7 @@ async fn a_provider_account_and_a_model_added_while_running_take_work() {
     let test = TestDb::new().await;
     let daemon = start_with(&test, CONFIG).await;
     let http = daemon.http;
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     let sql = test.sql().await.unwrap();
@@ -423,7 +423,7 @@ async fn a_suspended_tenant_takes_no_work_and_starts_none_until_it_is_resumed() 
     let test = TestDb::new().await;
     let daemon = start_with(&test, CONFIG).await;
     let http = daemon.http;
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     let accounts = |concurrency: u64| async move {

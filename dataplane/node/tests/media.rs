@@ -40,7 +40,7 @@ output_dir = "{}"
 
 [[tenants]]
 id = 1
-credential = "one"
+credential = "tenant-1-credential"
 "#,
         m.base_url(),
         out.display()
@@ -311,7 +311,7 @@ async fn a_cancel_stops_a_running_media_job() {
         "renditions = [1080, 720]\ndeclaration = \"correct\"",
     )
     .await;
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     let a = client.submit(task("long")).await.unwrap();
@@ -370,7 +370,7 @@ async fn subscribers_hear_the_media_stage_milestone() {
     let media = "renditions = [240, 120]\ndeclaration = \"correct\"\n\
                  output_url = \"https://cdn.example.com/renditions/\"";
     let daemon = media_node(&test, &m, &dir.path().join("out"), media).await;
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     let a = client.submit(task("followed")).await.unwrap();
@@ -625,7 +625,7 @@ async fn caught_mid_upload(
     let media = format!("renditions = {renditions}\n{}", upload_config(bucket));
     let daemon = media_node(test, m, &dir.path().join("out"), &media).await;
     bucket.hold_puts(true);
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     let a = client.submit(task(name)).await.unwrap();
@@ -810,7 +810,7 @@ async fn renditions_are_uploaded_to_an_s3_bucket_and_named_by_url() {
     let daemon = media_node(&test, &m, &out, &media).await;
     let (ids, states) = run(&daemon, &test, "upload", 2).await;
     assert!(states.iter().all(|s| s == "SUCCEEDED"), "{states:?}");
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     assert_eq!(bucket.keys().len(), 4, "two tasks × two renditions");
@@ -883,7 +883,7 @@ async fn renditions_are_uploaded_to_an_s3_bucket_and_named_by_url() {
     let daemon = media_node(&test, &m, &out, &cdn).await;
     let (ids, states) = run(&daemon, &test, "cdn", 1).await;
     assert_eq!(states, ["SUCCEEDED"]);
-    let status = Client::connect(daemon.addr, TenantId(1), "one")
+    let status = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap()
         .get(ids[0])

@@ -18,7 +18,7 @@ async fn readyz(addr: std::net::SocketAddr) -> String {
 async fn a_postgres_outage_rejects_paid_work_and_the_node_resumes_by_itself() {
     let mut pg = EmbeddedPostgres::start(EmbeddedOptions::default()).unwrap();
     let daemon = start_on(&pg.conninfo("postgres"), CONFIG).await;
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     let a = client.submit(task("before")).await.unwrap();
@@ -83,7 +83,7 @@ async fn a_cancel_that_cannot_be_stored_is_refused_and_cancels_nothing() {
     // The local provider runs a task for about 6 s.
     let config = config_scaled("0.2", "");
     let daemon = start_on(&pg.conninfo("postgres"), &config).await;
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     let a = client.submit(task("long")).await.unwrap();

@@ -17,7 +17,7 @@ async fn a_stalled_store_is_met_with_fast_refusals_and_acceptance_resumes_by_its
     let test = TestDb::new().await;
     let daemon = start_with(&test, &config_scaled("0.0001", "ack_budget_ms = 200")).await;
     let client = std::sync::Arc::new(
-        Client::connect(daemon.addr, TenantId(1), "one")
+        Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
             .await
             .unwrap(),
     );
@@ -130,7 +130,12 @@ fn python(addr: std::net::SocketAddr, mode: &str, key: &str) -> String {
     );
     let out = std::process::Command::new("python3")
         .arg(script)
-        .args([&addr.ip().to_string(), &addr.port().to_string(), "1", "one"])
+        .args([
+            &addr.ip().to_string(),
+            &addr.port().to_string(),
+            "1",
+            "tenant-1-credential",
+        ])
         .args([mode, key])
         .output()
         .expect("python3 runs (the test command installs the flatbuffers runtime)");

@@ -81,11 +81,11 @@ impl Raw {
 async fn malformed_frames_are_answered_and_other_connections_keep_working() {
     let test = TestDb::new().await;
     let daemon = start(&test).await;
-    let bystander = Client::connect(daemon.addr, TenantId(2), "two")
+    let bystander = Client::connect(daemon.addr, TenantId(2), "tenant-2-credential")
         .await
         .unwrap();
     for case in malformed() {
-        let mut raw = Raw::connect(daemon.addr, 1, "one").await;
+        let mut raw = Raw::connect(daemon.addr, 1, "tenant-1-credential").await;
         raw.stream.write_all(&case.frame).await.unwrap();
         let answer = raw
             .read()
@@ -134,7 +134,7 @@ async fn malformed_frames_are_answered_and_other_connections_keep_working() {
 async fn a_refused_request_is_answered_under_its_own_id() {
     let test = TestDb::new().await;
     let daemon = start(&test).await;
-    let mut raw = Raw::connect(daemon.addr, 1, "one").await;
+    let mut raw = Raw::connect(daemon.addr, 1, "tenant-1-credential").await;
     let mut out = Vec::new();
     let mut bad_fps = task("bad-fps");
     bad_fps.spec.fps = 0;
@@ -179,7 +179,7 @@ async fn a_task_that_ends_while_its_cancel_is_stored_is_answered_has_ended() {
     let config = common::config_scaled("0.05", "");
     let daemon = common::start_with(&test, &config).await;
     let client = std::sync::Arc::new(
-        Client::connect(daemon.addr, TenantId(1), "one")
+        Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
             .await
             .unwrap(),
     );
@@ -231,7 +231,7 @@ async fn a_task_that_ends_while_its_cancel_is_stored_is_answered_has_ended() {
 async fn cancel_racing_dispatch_never_runs_a_canceled_task() {
     let test = TestDb::new().await;
     let daemon = start(&test).await;
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     let mut tasks = Vec::new();
@@ -262,7 +262,7 @@ async fn requests_pipelined_behind_the_hello_are_answered() {
     let test = TestDb::new().await;
     let daemon = start(&test).await;
     for i in 0..8u64 {
-        for (tenant, credential) in [(1u32, "one"), (2, "two")] {
+        for (tenant, credential) in [(1u32, "tenant-1-credential"), (2, "tenant-2-credential")] {
             let mut stream = TcpStream::connect(daemon.addr).await.unwrap();
             let mut out = hello_frame(tenant, credential);
             // Two lookups of a task that does not exist, in the same write as the Hello.
@@ -295,8 +295,8 @@ async fn a_tenant_past_its_cancel_and_read_rates_is_refused_and_the_others_are_n
     let test = TestDb::new().await;
     // Tasks that run for their modelled time (seconds): each stays live to be canceled.
     let config = common::config_scaled("1.0", "").replace(
-        "credential = \"one\"",
-        "credential = \"one\"\ncancel_per_minute = 20\nstore_reads_per_minute = 1",
+        "credential = \"tenant-1-credential\"",
+        "credential = \"tenant-1-credential\"\ncancel_per_minute = 20\nstore_reads_per_minute = 1",
     );
     let daemon = common::start_with(&test, &config).await;
     let (one, two) = common::both_tenants(&daemon).await;
@@ -393,8 +393,8 @@ async fn a_tenant_refused_too_fast_is_suspended_for_a_cooldown_and_the_others_ar
     let config = format!(
         "{}\n[breaker]\nrefusals_per_s = 20\nburst_s = 1\ncooldown_ms = 3000\ncooldown_max_ms = 6000\n",
         common::CONFIG.replace(
-            "credential = \"one\"",
-            "credential = \"one\"\nsubmit_per_minute = 1"
+            "credential = \"tenant-1-credential\"",
+            "credential = \"tenant-1-credential\"\nsubmit_per_minute = 1"
         )
     );
     let daemon = common::start_with(&test, &config).await;
@@ -428,7 +428,7 @@ async fn a_tenant_refused_too_fast_is_suspended_for_a_cooldown_and_the_others_ar
         rejected >= 20 && rejected as f64 <= 21.0 + 20.0 * elapsed,
         "suspended after {rejected} rejections in {elapsed:.2} s"
     );
-    match Client::connect(daemon.addr, TenantId(1), "one").await {
+    match Client::connect(daemon.addr, TenantId(1), "tenant-1-credential").await {
         Err(spindle_client::ClientError::Refused(e)) => assert!(suspended(&e), "{e}"),
         Ok(_) => panic!("a suspended tenant's Hello was accepted"),
         Err(other) => panic!("{other}"),
@@ -444,7 +444,7 @@ async fn a_tenant_refused_too_fast_is_suspended_for_a_cooldown_and_the_others_ar
     // After the cooldown the tenant is served again (its submits still past its rate).
     let again = common::poll_until(
         Duration::from_secs(15),
-        async || Client::connect(daemon.addr, TenantId(1), "one").await,
+        async || Client::connect(daemon.addr, TenantId(1), "tenant-1-credential").await,
         Result::is_ok,
     )
     .await
@@ -468,18 +468,19 @@ async fn connections_past_the_nodes_bound_are_refused_and_their_places_come_back
         &common::config_scaled("0.0001", "connections_max = 4"),
     )
     .await;
-    let overloaded = async || match Client::connect(daemon.addr, TenantId(1), "one").await {
-        Err(spindle_client::ClientError::Refused(e)) => {
-            assert_eq!(e.code, ErrorCode::Overloaded, "{e:?}");
-            assert!(e.message.contains("most client connections (4)"), "{e:?}");
-        }
-        Err(other) => panic!("refused without a word: {other}"),
-        Ok(_) => panic!("a connection past the bound was served"),
-    };
+    let overloaded =
+        async || match Client::connect(daemon.addr, TenantId(1), "tenant-1-credential").await {
+            Err(spindle_client::ClientError::Refused(e)) => {
+                assert_eq!(e.code, ErrorCode::Overloaded, "{e:?}");
+                assert!(e.message.contains("most client connections (4)"), "{e:?}");
+            }
+            Err(other) => panic!("refused without a word: {other}"),
+            Ok(_) => panic!("a connection past the bound was served"),
+        };
     // Both tenants: the kernel spreads connections over the shards, so some are handed over.
     let mut clients = Vec::new();
     for i in 0..4 {
-        let (tenant, credential) = [(1, "one"), (2, "two")][i % 2];
+        let (tenant, credential) = [(1, "tenant-1-credential"), (2, "tenant-2-credential")][i % 2];
         let client = Client::connect(daemon.addr, TenantId(tenant), credential)
             .await
             .unwrap();
@@ -503,7 +504,7 @@ async fn connections_past_the_nodes_bound_are_refused_and_their_places_come_back
     .await;
     assert_eq!(open, 2, "places given back");
     for i in 0..2 {
-        let client = Client::connect(daemon.addr, TenantId(2), "two")
+        let client = Client::connect(daemon.addr, TenantId(2), "tenant-2-credential")
             .await
             .unwrap_or_else(|e| panic!("a place freed, connection {i}: {e}"));
         let a = client.submit(task(&format!("again-{i}"))).await.unwrap();
@@ -534,7 +535,7 @@ async fn new_connections_are_taken_no_faster_than_the_configured_rate() {
     let daemon = common::start_with(&test, &config).await;
     let started = std::time::Instant::now();
     for i in 0..12 {
-        Client::connect(daemon.addr, TenantId(1), "one")
+        Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
             .await
             .unwrap_or_else(|e| panic!("connection {i}: {e}"));
     }
@@ -559,12 +560,12 @@ async fn a_cluster_client_refused_for_want_of_a_place_connects_once_one_frees() 
         &common::config_scaled("0.0001", "connections_max = 1"),
     )
     .await;
-    let holder = Client::connect(daemon.addr, TenantId(2), "two")
+    let holder = Client::connect(daemon.addr, TenantId(2), "tenant-2-credential")
         .await
         .unwrap();
     let seeds = [daemon.addr.to_string()];
     let connecting = tokio::spawn(async move {
-        spindle_client::ClusterClient::connect(&seeds, TenantId(1), "one").await
+        spindle_client::ClusterClient::connect(&seeds, TenantId(1), "tenant-1-credential").await
     });
     // Refused at least once while the holder keeps the one place.
     let refused = common::poll_until(
@@ -601,7 +602,7 @@ async fn a_node_out_of_file_descriptors_pauses_its_accepts_and_serves_once_some_
     let test = TestDb::new().await;
     let config = common::CONFIG.replace("shards = 2", "shards = 1");
     let daemon = common::start_with(&test, &config).await;
-    let before = Client::connect(daemon.addr, TenantId(1), "one")
+    let before = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     let a = before.submit(task("before")).await.unwrap();
@@ -687,7 +688,7 @@ async fn a_node_out_of_file_descriptors_pauses_its_accepts_and_serves_once_some_
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     let client = tokio::time::timeout(
         Duration::from_secs(30),
-        Client::connect(daemon.addr, TenantId(1), "one"),
+        Client::connect(daemon.addr, TenantId(1), "tenant-1-credential"),
     )
     .await
     .expect("a connection served once descriptors are there")

@@ -48,7 +48,7 @@ poll_ms = [100, 200]
 
 [[tenants]]
 id = 1
-credential = "one"
+credential = "tenant-1-credential"
 "#,
         provider.base_url()
     )
@@ -114,7 +114,7 @@ async fn a_tasks_input_and_model_reach_the_provider_as_the_client_sent_them() {
         t
     };
     let daemon = node(&test, &m).await;
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     let with = client
@@ -181,7 +181,7 @@ async fn a_tasks_input_and_model_reach_the_provider_as_the_client_sent_them() {
     drop(client);
     drop(daemon);
     let daemon = node(&test, &m).await;
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     for t in running {
@@ -199,7 +199,7 @@ async fn inputs_node(test: &TestDb, m: &MockProvider) -> (Daemon, Client, String
         1,
     );
     let daemon = start_with(test, &config).await;
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     (daemon, client, config)
@@ -344,7 +344,7 @@ async fn a_succeeded_task_tells_where_its_video_is() {
     let daemon = node(&test, &m).await;
     let (ids, states) = run(&daemon, &test, "video", 1).await;
     assert_eq!(states, ["SUCCEEDED"]);
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     let status = client.get(ids[0]).await.unwrap();
@@ -436,7 +436,7 @@ async fn repeated_kills_under_load_lose_no_task_and_submit_no_job_twice() {
     let mut acked: Vec<TaskId> = Vec::new();
     for round in 0..ROUNDS {
         let mut daemon = node(&test, &m).await;
-        let client = Client::connect(daemon.addr, TenantId(1), "one")
+        let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
             .await
             .unwrap();
         for b in 0..BATCHES {
@@ -531,7 +531,7 @@ async fn an_answered_cancel_outlives_its_node() {
     let mut canceled = in_state(&["QUEUED"]).await;
     canceled.extend(in_state(&["DISPATCHING", "SUBMIT_UNKNOWN", "RUNNING"]).await);
     assert_eq!(canceled.len(), 4, "two queued and two at the provider");
-    let client = Client::connect(first.addr, TenantId(1), "one")
+    let client = Client::connect(first.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     for &t in &canceled {
@@ -1099,7 +1099,7 @@ async fn a_cancel_racing_the_callback_ends_canceled_with_nothing_held() {
     let test = TestDb::new().await;
     let (m, admin) = mock(300).await;
     let daemon = node(&test, &m).await;
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     let mut ids = Vec::new();
@@ -1172,7 +1172,7 @@ async fn a_submit_waiting_its_turn_is_not_sent_once_its_task_is_canceled() {
     let (m, admin) = mock(10_000).await;
     set_fault(&admin, Fault::TimeoutAfterAccept).await;
     let daemon = doubting_node(&test, &m, "requests_max = 1").await;
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     let ids = submit(&daemon, "turn", 2).await;
@@ -1239,7 +1239,7 @@ async fn estimates_follow_what_the_provider_really_charges() {
         1,
     );
     let daemon = start_with(&test, &config).await;
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     let mut seen = Vec::new();
@@ -1358,7 +1358,7 @@ async fn the_provider_is_reached_over_https_trusting_the_configured_ca() {
     let (ids, states) = run(&daemon, &test, "tls", 6).await;
     assert!(states.iter().all(|s| s == "SUCCEEDED"), "{states:?}");
     // Each task's rendition was made from the video fetched over HTTPS.
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     for t in &ids {

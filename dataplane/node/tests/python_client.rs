@@ -31,7 +31,7 @@ fn python(script: &str, addr: SocketAddr, extra: &[&str]) -> Vec<String> {
         .arg(addr.ip().to_string())
         .arg(addr.port().to_string())
         .arg("1")
-        .arg("one")
+        .arg("tenant-1-credential")
         .args(extra)
         .output()
         .expect("python3 runs (the test command installs the flatbuffers runtime)");
@@ -122,7 +122,7 @@ async fn the_python_client_speaks_tls_to_a_node_whose_port_does() {
         .arg(script)
         .arg(daemon.addr.ip().to_string())
         .arg(daemon.addr.port().to_string())
-        .args(["1", "one"])
+        .args(["1", "tenant-1-credential"])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -186,7 +186,12 @@ async fn the_python_cluster_client_fails_over_when_its_node_dies() {
     );
     let mut child = Command::new("python3")
         .arg(script)
-        .args(["1", "one", &a.addr.to_string(), &b.addr.to_string()])
+        .args([
+            "1",
+            "tenant-1-credential",
+            &a.addr.to_string(),
+            &b.addr.to_string(),
+        ])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -25,17 +25,23 @@ local_provider_log = "{}"
 
 [[tenants]]
 id = 1
-credential = "one"
+credential = "tenant-1-credential"
 
 [[tenants]]
 id = 2
-credential = "two"
+credential = "tenant-2-credential"
 "#,
         log.display()
     );
 
     let mut daemon = start_with(&test, &config).await;
-    let acked = submit_accepted(daemon.addr, &[(1, "one"), (2, "two")], 2, 30).await;
+    let acked = submit_accepted(
+        daemon.addr,
+        &[(1, "tenant-1-credential"), (2, "tenant-2-credential")],
+        2,
+        30,
+    )
+    .await;
     // Killed while tasks are queued, claimed and running.
     daemon.child.kill().unwrap();
     daemon.child.wait().unwrap();
@@ -101,11 +107,14 @@ provider_concurrency = {concurrency}
         )
     };
     let both =
-        "[[tenants]]\nid = 1\ncredential = \"one\"\n\n[[tenants]]\nid = 2\ncredential = \"two\"\n";
+        "[[tenants]]\nid = 1\ncredential = \"tenant-1-credential\"\n\n[[tenants]]\nid = 2\ncredential = \"tenant-2-credential\"\n";
     // Slow jobs and two slots: most of the work is QUEUED when the node dies.
     let mut daemon = start_with(&test, &config(both, 10.0, 2)).await;
     let mut acked = [Vec::new(), Vec::new()];
-    for (i, (tenant, credential)) in [(1u32, "one"), (2, "two")].into_iter().enumerate() {
+    for (i, (tenant, credential)) in [(1u32, "tenant-1-credential"), (2, "tenant-2-credential")]
+        .into_iter()
+        .enumerate()
+    {
         let client = Client::connect(daemon.addr, TenantId(tenant), credential)
             .await
             .unwrap();
@@ -133,7 +142,7 @@ provider_concurrency = {concurrency}
         .get(0);
 
     // Restarted without tenant 2, with fast jobs.
-    let only_one = "[[tenants]]\nid = 1\ncredential = \"one\"\n";
+    let only_one = "[[tenants]]\nid = 1\ncredential = \"tenant-1-credential\"\n";
     let restarted = start_with(&test, &config(only_one, 0.001, 100)).await;
     let served: Vec<i64> = acked[0].iter().copied().filter(|&t| t != broken).collect();
     assert_eq!(
@@ -200,7 +209,7 @@ provider_concurrency = {concurrency}
     );
 
     // And the node serves new work.
-    let client = Client::connect(restarted.addr, TenantId(1), "one")
+    let client = Client::connect(restarted.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     let a = client.submit(task("after")).await.unwrap();

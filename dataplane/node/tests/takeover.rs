@@ -29,11 +29,11 @@ local_provider_log = "{}"
 
 [[tenants]]
 id = 1
-credential = "one"
+credential = "tenant-1-credential"
 
 [[tenants]]
 id = 2
-credential = "two"
+credential = "tenant-2-credential"
 "#,
         log.display()
     )
@@ -60,7 +60,7 @@ async fn a_second_node_takes_over_after_the_first_dies_and_completes_every_acked
     let b = start_with(&test, &config("node-b", &log_b)).await;
 
     // B owns nothing while A lives: it sends tenants to A.
-    match Client::connect(b.addr, TenantId(1), "one").await {
+    match Client::connect(b.addr, TenantId(1), "tenant-1-credential").await {
         Err(ClientError::Refused(e)) => {
             assert_eq!(e.code, ErrorCode::WrongNode, "{e:?}");
             assert!(
@@ -72,9 +72,10 @@ async fn a_second_node_takes_over_after_the_first_dies_and_completes_every_acked
         other => panic!("node B served a tenant of node A: {:?}", other.map(|_| ())),
     }
     // A client of the cluster that asks B is sent on to A, and served there.
-    let through_b = Client::connect_cluster(&b.addr.to_string(), TenantId(1), "one")
-        .await
-        .unwrap();
+    let through_b =
+        Client::connect_cluster(&b.addr.to_string(), TenantId(1), "tenant-1-credential")
+            .await
+            .unwrap();
     assert_eq!(through_b.hello().node_id, "node-a");
     let through_b_task = through_b.submit(task("through-b")).await.unwrap().task;
     drop(through_b);
@@ -83,13 +84,19 @@ async fn a_second_node_takes_over_after_the_first_dies_and_completes_every_acked
 
     // A cluster client (seeds A and B) is served by A until A dies.
     let seeds = [a.addr.to_string(), b.addr.to_string()];
-    let cluster = ClusterClient::connect(&seeds, TenantId(2), "two")
+    let cluster = ClusterClient::connect(&seeds, TenantId(2), "tenant-2-credential")
         .await
         .unwrap();
     assert_eq!(cluster.client().await.unwrap().hello().node_id, "node-a");
     let before_kill = cluster.submit(task("cluster-before")).await.unwrap();
 
-    let mut acked = common::submit_accepted(a.addr, &[(1, "one"), (2, "two")], 2, 30).await;
+    let mut acked = common::submit_accepted(
+        a.addr,
+        &[(1, "tenant-1-credential"), (2, "tenant-2-credential")],
+        2,
+        30,
+    )
+    .await;
     acked.extend([through_b_task, before_kill.task]);
     a.child.kill().unwrap();
     a.child.wait().unwrap();
@@ -106,7 +113,7 @@ async fn a_second_node_takes_over_after_the_first_dies_and_completes_every_acked
     acked.push(after_kill.task);
 
     // B serves tenant 1 once it holds its partition: the lease (1.5 s) must lapse first.
-    let client = once_served(&b, 1, "one").await;
+    let client = once_served(&b, 1, "tenant-1-credential").await;
     // And it takes new work for it.
     let fresh = client.submit(task("after-takeover")).await.unwrap();
     assert!(fresh.decision.is_accepted(), "{fresh:?}");
@@ -160,7 +167,7 @@ async fn a_cluster_clients_subscription_follows_the_takeover() {
     let mut a = start_with(&test, &slow("node-a", &dir.path().join("a.log"))).await;
     let b = start_with(&test, &slow("node-b", &dir.path().join("b.log"))).await;
     let seeds = [a.addr.to_string(), b.addr.to_string()];
-    let cluster = ClusterClient::connect(&seeds, TenantId(1), "one")
+    let cluster = ClusterClient::connect(&seeds, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     let watched = cluster.submit(task("watched")).await.unwrap().task;
@@ -191,7 +198,7 @@ async fn a_cluster_clients_subscription_follows_the_takeover() {
 async fn a_submit_into_a_partition_whose_lease_moved_is_refused_and_not_written() {
     let test = TestDb::new().await;
     let daemon = common::start(&test).await;
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     let before = client.submit(task("before")).await.unwrap();
@@ -254,12 +261,12 @@ local_provider_log = "{}"
 
 [[tenants]]
 id = 1
-credential = "one"
+credential = "tenant-1-credential"
 "#,
         log.display()
     );
     let daemon = start_with(&test, &config).await;
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     let batch: Vec<_> = (0..20).map(|i| task(&format!("l{i}"))).collect();
@@ -315,14 +322,16 @@ provider_concurrency = {concurrency}
 
 [[tenants]]
 id = 1
-credential = "one"
+credential = "tenant-1-credential"
 "#
         )
     };
     // Slow jobs and two slots on A: most of its work stays QUEUED.
     let mut a = start_with(&test, &node("node-a", 10.0, 2)).await;
     let b = start_with(&test, &node("node-b", 0.001, 100)).await;
-    let client = Client::connect(a.addr, TenantId(1), "one").await.unwrap();
+    let client = Client::connect(a.addr, TenantId(1), "tenant-1-credential")
+        .await
+        .unwrap();
     let batch: Vec<_> = (0..10).map(|k| task(&format!("r-{k}"))).collect();
     let mut acked: Vec<i64> = Vec::new();
     for adm in client.submit_batch(batch).await.unwrap() {
@@ -345,7 +354,7 @@ credential = "one"
     a.child.kill().unwrap();
     a.child.wait().unwrap();
 
-    let client = once_served(&b, 1, "one").await;
+    let client = once_served(&b, 1, "tenant-1-credential").await;
     let rest: Vec<i64> = acked.iter().copied().filter(|&t| t != broken).collect();
     assert_eq!(
         common::wait_all_succeeded(&sql, &rest).await,
@@ -395,7 +404,7 @@ async fn nodes_killed_in_turn_lose_no_acknowledged_task() {
     let mut acked = Vec::new();
     let mut serving = 0;
     for round in 0..3 {
-        for (tenant, credential) in [(1, "one"), (2, "two")] {
+        for (tenant, credential) in [(1, "tenant-1-credential"), (2, "tenant-2-credential")] {
             let client = once_served(&nodes[serving], tenant, credential).await;
             for batch in 0..2 {
                 let tasks: Vec<_> = (0..20)
@@ -411,8 +420,8 @@ async fn nodes_killed_in_turn_lose_no_acknowledged_task() {
         nodes[serving].child.wait().unwrap();
         let other = 1 - serving;
         // The other node serves both tenants once the leases lapse; the killed one comes back.
-        once_served(&nodes[other], 1, "one").await;
-        once_served(&nodes[other], 2, "two").await;
+        once_served(&nodes[other], 1, "tenant-1-credential").await;
+        once_served(&nodes[other], 2, "tenant-2-credential").await;
         nodes[serving] = start_with(&test, &config(names[serving], &logs[serving])).await;
         serving = other;
     }

@@ -79,7 +79,7 @@ async fn over_tls_tenants_are_served_on_their_shards_and_plain_clients_are_told(
     // their sessions (2^-16 that none is).
     let mut clients = Vec::new();
     for round in 0..8 {
-        for (tenant, credential) in [(1, "one"), (2, "two")] {
+        for (tenant, credential) in [(1, "tenant-1-credential"), (2, "tenant-2-credential")] {
             let client =
                 Client::connect_with(&addr, TenantId(tenant), credential, WITHIN, Some(&tls))
                     .await
@@ -137,7 +137,7 @@ async fn over_tls_tenants_are_served_on_their_shards_and_plain_clients_are_told(
     }
 
     // Without TLS, the node says what it wants, in a frame the client reads.
-    match Client::connect(daemon.addr, TenantId(1), "one").await {
+    match Client::connect(daemon.addr, TenantId(1), "tenant-1-credential").await {
         Err(ClientError::Refused(e)) => {
             assert_eq!(e.code, ErrorCode::NotAuthenticated);
             assert!(e.message.contains("speaks TLS"), "{e:?}");
@@ -150,7 +150,7 @@ async fn over_tls_tenants_are_served_on_their_shards_and_plain_clients_are_told(
     let refused = Client::connect_with(
         &addr,
         TenantId(1),
-        "one",
+        "tenant-1-credential",
         WITHIN,
         Some(&trusting(&other_ca)),
     )
@@ -165,23 +165,35 @@ async fn over_tls_tenants_are_served_on_their_shards_and_plain_clients_are_told(
     );
     // The certificate names localhost: reached by that name it checks out too.
     let by_name = format!("localhost:{}", daemon.addr.port());
-    let named = Client::connect_with(&by_name, TenantId(2), "two", WITHIN, Some(&tls))
-        .await
-        .unwrap();
+    let named = Client::connect_with(
+        &by_name,
+        TenantId(2),
+        "tenant-2-credential",
+        WITHIN,
+        Some(&tls),
+    )
+    .await
+    .unwrap();
     assert_eq!(named.get(ids[1]).await.unwrap().state, TaskState::Succeeded);
     // A name the certificate does not carry is refused.
     let misnamed = tls.clone().server_name("elsewhere.example").unwrap();
-    let e = Client::connect_with(&addr, TenantId(2), "two", WITHIN, Some(&misnamed))
-        .await
-        .map(|_| ())
-        .unwrap_err();
+    let e = Client::connect_with(
+        &addr,
+        TenantId(2),
+        "tenant-2-credential",
+        WITHIN,
+        Some(&misnamed),
+    )
+    .await
+    .map(|_| ())
+    .unwrap_err();
     assert!(e.to_string().contains("not valid for name"), "{e}");
 
     // The cluster client over TLS.
     let cluster = spindle_client::ClusterClient::connect_with(
         std::slice::from_ref(&addr),
         TenantId(1),
-        "one",
+        "tenant-1-credential",
         WITHIN,
         Some(tls.clone()),
     )
@@ -228,15 +240,16 @@ async fn over_tls_a_redirect_reaches_the_node_that_serves_the_tenant() {
     let b = start_with(&test, &config("node-b")).await;
     let tls = trusting(&ca);
     let seed = b.addr.to_string();
-    let client = Client::connect_cluster_with(&seed, TenantId(1), "one", Some(&tls))
-        .await
-        .unwrap();
+    let client =
+        Client::connect_cluster_with(&seed, TenantId(1), "tenant-1-credential", Some(&tls))
+            .await
+            .unwrap();
     assert_eq!(client.hello().node_id, "node-a");
     let id = client.submit(task("redirected")).await.unwrap().task;
     let cluster = spindle_client::ClusterClient::connect_with(
         &[seed, a.addr.to_string()],
         TenantId(1),
-        "one",
+        "tenant-1-credential",
         WITHIN,
         Some(tls),
     )
@@ -268,16 +281,28 @@ async fn with_a_client_ca_only_clients_holding_its_certificates_are_served() {
     let daemon = start_with(&test, &format!("{CONFIG}{section}")).await;
     let addr = daemon.addr.to_string();
     let with_cert = trusting(&ca).with_client_cert_files(&cert, &key).unwrap();
-    let client = Client::connect_with(&addr, TenantId(1), "one", WITHIN, Some(&with_cert))
-        .await
-        .unwrap();
+    let client = Client::connect_with(
+        &addr,
+        TenantId(1),
+        "tenant-1-credential",
+        WITHIN,
+        Some(&with_cert),
+    )
+    .await
+    .unwrap();
     let a = client.submit(task("mtls")).await.unwrap();
     assert!(a.decision.is_accepted());
     // No certificate: the node's alert ends the connection before the Hello is answered.
-    let refused = Client::connect_with(&addr, TenantId(1), "one", WITHIN, Some(&trusting(&ca)))
-        .await
-        .map(|_| ())
-        .unwrap_err();
+    let refused = Client::connect_with(
+        &addr,
+        TenantId(1),
+        "tenant-1-credential",
+        WITHIN,
+        Some(&trusting(&ca)),
+    )
+    .await
+    .map(|_| ())
+    .unwrap_err();
     assert!(!matches!(refused, ClientError::Refused(_)), "{refused}");
     // Another CA's client certificate: refused the same way.
     let other = tempfile::tempdir().unwrap();
@@ -285,10 +310,16 @@ async fn with_a_client_ca_only_clients_holding_its_certificates_are_served() {
     let stranger = trusting(&ca)
         .with_client_cert_files(&other_cert, &other_key)
         .unwrap();
-    let refused = Client::connect_with(&addr, TenantId(1), "one", WITHIN, Some(&stranger))
-        .await
-        .map(|_| ())
-        .unwrap_err();
+    let refused = Client::connect_with(
+        &addr,
+        TenantId(1),
+        "tenant-1-credential",
+        WITHIN,
+        Some(&stranger),
+    )
+    .await
+    .map(|_| ())
+    .unwrap_err();
     assert!(!matches!(refused, ClientError::Refused(_)), "{refused}");
     // The first client is served throughout; the HTTP port takes no client certificate.
     assert_eq!(client.get(a.task).await.unwrap().task, a.task);
@@ -314,7 +345,7 @@ async fn requests_sent_with_the_handshakes_last_message_are_answered() {
                 body: Request::Hello(Hello {
                     protocol_version: PROTOCOL_VERSION,
                     tenant: TenantId(1),
-                    credential: "one".into(),
+                    credential: "tenant-1-credential".into(),
                     client_name: None,
                 }),
             },
@@ -397,7 +428,7 @@ async fn a_connection_silent_past_the_hello_bound_is_closed() {
     let served = Client::connect_with(
         &daemon.addr.to_string(),
         TenantId(1),
-        "one",
+        "tenant-1-credential",
         WITHIN,
         Some(&trusting(&ca)),
     )
@@ -457,9 +488,15 @@ async fn a_renewed_certificate_is_served_without_a_restart() {
     let first = dir.join("first.pem");
     std::fs::copy(&served, &first).unwrap();
     let old = trusting(&first);
-    let up = Client::connect_with(&addr, TenantId(1), "one", WITHIN, Some(&old))
-        .await
-        .unwrap();
+    let up = Client::connect_with(
+        &addr,
+        TenantId(1),
+        "tenant-1-credential",
+        WITHIN,
+        Some(&old),
+    )
+    .await
+    .unwrap();
 
     // The renewal, made aside: first only its certificate is put in place (its key not yet).
     let renewed = tempfile::tempdir().unwrap();
@@ -472,11 +509,15 @@ async fn a_renewed_certificate_is_served_without_a_restart() {
     // client resumes its earlier TLS sessions, which are not certificate checks.)
     let started = std::time::Instant::now();
     while started.elapsed() < 2 * spindle_node::tls::RELOAD_EVERY {
-        Client::connect_with(&addr, TenantId(2), "two", WITHIN, Some(&trusting(&first)))
-            .await
-            .unwrap_or_else(|e| {
-                panic!("after {:?} of a half-renewed pair: {e}", started.elapsed())
-            });
+        Client::connect_with(
+            &addr,
+            TenantId(2),
+            "tenant-2-credential",
+            WITHIN,
+            Some(&trusting(&first)),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("after {:?} of a half-renewed pair: {e}", started.elapsed()));
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     assert_eq!(std::fs::read(dir.join("node.key")).unwrap(), key_now);
@@ -486,18 +527,30 @@ async fn a_renewed_certificate_is_served_without_a_restart() {
     let reached = common::poll_until(
         3 * spindle_node::tls::RELOAD_EVERY,
         async || {
-            Client::connect_with(&addr, TenantId(2), "two", WITHIN, Some(&trusting(&second)))
-                .await
-                .is_ok()
+            Client::connect_with(
+                &addr,
+                TenantId(2),
+                "tenant-2-credential",
+                WITHIN,
+                Some(&trusting(&second)),
+            )
+            .await
+            .is_ok()
         },
         |ok| *ok,
     )
     .await;
     assert!(reached, "the renewed certificate was not served");
-    let e = Client::connect_with(&addr, TenantId(2), "two", WITHIN, Some(&trusting(&first)))
-        .await
-        .map(|_| ())
-        .unwrap_err();
+    let e = Client::connect_with(
+        &addr,
+        TenantId(2),
+        "tenant-2-credential",
+        WITHIN,
+        Some(&trusting(&first)),
+    )
+    .await
+    .map(|_| ())
+    .unwrap_err();
     assert!(e.to_string().contains("invalid peer certificate"), "{e}");
     // The connection made before the renewal is served as before.
     let a = up.submit(task("across-the-renewal")).await.unwrap();
@@ -534,7 +587,15 @@ async fn past_the_connection_bound_a_tls_connection_is_told_why_at_a_bounded_rat
     let daemon = start_with(&test, &config).await;
     let tls = trusting(&ca);
     let addr = daemon.addr.to_string();
-    let connect = || Client::connect_with(&addr, TenantId(1), "one", WITHIN, Some(&tls));
+    let connect = || {
+        Client::connect_with(
+            &addr,
+            TenantId(1),
+            "tenant-1-credential",
+            WITHIN,
+            Some(&tls),
+        )
+    };
     let held = connect().await.unwrap();
     let told = |outcome: Result<Client, ClientError>| match outcome {
         Err(ClientError::Refused(e)) => {

@@ -405,11 +405,11 @@ fn demo(quiet_rate: f64, spike: Option<workload::Spike>, common: &Common) -> any
         // the provider's slots drain is refused at once, with the reason, instead of queued
         // for minutes.
         tenants_toml.push_str(&format!(
-            "[[tenants]]\nid = {t}\ncredential = \"demo-{t}\"\nqueued_tasks_max = {DEMO_QUEUED_MAX}\n\n"
+            "[[tenants]]\nid = {t}\ncredential = \"demo-credential-{t}\"\nqueued_tasks_max = {DEMO_QUEUED_MAX}\n\n"
         ));
         loads.push(TenantLoad {
             tenant: t,
-            credential: format!("demo-{t}"),
+            credential: format!("demo-credential-{t}"),
             rate,
             spike: if t == 1 { spike } else { None },
         });

@@ -55,7 +55,7 @@ poll_ms = [500, 1000]
         );
         for t in 1..=TENANTS {
             text.push_str(&format!(
-                "\n[[tenants]]\nid = {t}\ncredential = \"soak-{t}\"\n"
+                "\n[[tenants]]\nid = {t}\ncredential = \"soak-credential-{t}\"\n"
             ));
         }
         let config = crate::toml_config_at(&text, &ready, &format!("spindled-{n}.toml"))?;
@@ -74,7 +74,8 @@ poll_ms = [500, 1000]
         // Every tenant asks the first node, which sends those of the others' partitions on
         // (tenant t's partition t % TENANTS is owned by node (t % TENANTS) / 2).
         let seed = addrs[0].to_string();
-        let client = Client::connect_cluster(&seed, TenantId(t), &format!("soak-{t}")).await?;
+        let client =
+            Client::connect_cluster(&seed, TenantId(t), &format!("soak-credential-{t}")).await?;
         let expected = format!("soak-{}", (t % TENANTS) / 2);
         anyhow::ensure!(
             client.hello().node_id == expected,

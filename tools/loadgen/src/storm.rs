@@ -60,13 +60,13 @@ poll_ms = [500, 1000]
 
 [[tenants]]
 id = 1
-credential = "storm"
+credential = "storm-credential-1"
 "#,
         mock.base_url()
     );
     let config = crate::toml_config(&config_text, &ready)?;
     let addr = crate::start_node("spindled", config, &ready)?.client;
-    let client = Client::connect(addr, TenantId(1), "storm").await?;
+    let client = Client::connect(addr, TenantId(1), "storm-credential-1").await?;
     let real = 2 * RPM / 2 / 60;
     println!(
         "storm: 2 accounts, contract {RPM}/min each, real limit {}/min each ({real}/s together); \

@@ -17,6 +17,19 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
+    if args.hash_credential {
+        let mut secret = String::new();
+        std::io::stdin().read_line(&mut secret)?;
+        let secret = secret.strip_suffix('\n').unwrap_or(&secret);
+        let secret = secret.strip_suffix('\r').unwrap_or(secret);
+        match spindle_node::credential::hashed_for_config(secret) {
+            Ok(line) => {
+                println!("{line}");
+                return Ok(());
+            }
+            Err(e) => anyhow::bail!("{e}"),
+        }
+    }
     let config = Config::load(&args)?;
     spindle_node::run(config)
 }

@@ -93,7 +93,7 @@ pub async fn results_of<T: serde::de::DeserializeOwned>(
     ids: &[TaskId],
     field: &str,
 ) -> Vec<T> {
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     let mut all = Vec::new();
@@ -121,7 +121,7 @@ pub async fn run(
 
 /// Submits `n` tasks as tenant 1, all of which must be accepted.
 pub async fn submit(daemon: &Daemon, prefix: &str, n: usize) -> Vec<TaskId> {
-    let client = Client::connect(daemon.addr, TenantId(1), "one")
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
     let batch: Vec<_> = (0..n).map(|i| task(&format!("{prefix}{i}"))).collect();

@@ -46,11 +46,11 @@ local_provider_time_scale = 0.0001
 
 [[tenants]]
 id = 1
-credential = "one"
+credential = "tenant-1-credential"
 
 [[tenants]]
 id = 2
-credential = "two"
+credential = "tenant-2-credential"
 "#;
 
 /// `CONFIG` with the local provider's time scale set to `scale` (its tasks then take their
@@ -148,10 +148,10 @@ pub async fn poll_until<T>(
 
 /// Clients of `CONFIG`'s two tenants on `daemon`.
 pub async fn both_tenants(daemon: &Daemon) -> (Client, Client) {
-    let one = Client::connect(daemon.addr, TenantId(1), "one")
+    let one = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
-    let two = Client::connect(daemon.addr, TenantId(2), "two")
+    let two = Client::connect(daemon.addr, TenantId(2), "tenant-2-credential")
         .await
         .unwrap();
     (one, two)
