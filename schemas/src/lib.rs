@@ -24,6 +24,7 @@ pub mod error;
 pub mod frame;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod greeting;
 pub mod limits;
 pub mod message;
 #[doc(hidden)]

@@ -454,7 +454,7 @@ pub async fn serve(stream: Stream, ctx: Rc<ConnCtx>) {
     };
     let mut link = Link::plain(stream);
     // Nothing big is buffered before the Hello: its frames are held to a few KiB.
-    let mut frames = FrameReader::with_limit(spindle_wire::limits::HELLO_FRAME_BYTES_MAX);
+    let mut frames = spindle_wire::greeting::reader();
     let greeted = glommio::timer::timeout(ctx.hello_within, async {
         // Closed at once when a newer connection needs its place (see `Greeting`).
         let greet = std::pin::pin!(greet(&mut link, &ctx, &mut frames, from));
@@ -533,24 +533,22 @@ async fn hello(
             Ok(n) => n,
         };
         frames.extend(&buf[..n]);
-        let request = match next_request(frames) {
-            Next::Request(r) => r,
-            Next::More => continue,
-            Next::Refused(answer) | Next::Fatal(answer) => {
-                let _ = stream.write_all(&answer).await;
+        use spindle_wire::greeting::FirstRequest;
+        let (id, h) = match spindle_wire::greeting::first_request(frames) {
+            FirstRequest::More => continue,
+            FirstRequest::Hello { request_id, hello } => (request_id, hello),
+            FirstRequest::Refused { request_id, error } => {
+                let _ = stream
+                    .write_all(&frame(request_id, Response::Error(error)))
+                    .await;
+                return None;
+            }
+            FirstRequest::Fatal(error) => {
+                let _ = stream.write_all(&frame(0, Response::Error(error))).await;
                 return None;
             }
         };
-        let id = request.request_id;
         let refuse = |code, why: String| frame(id, Response::Error(WireError::new(code, why)));
-        let Request::Hello(h) = request.body else {
-            let no = refuse(
-                ErrorCode::NotAuthenticated,
-                "the first request must be Hello".into(),
-            );
-            let _ = stream.write_all(&no).await;
-            return None;
-        };
         use crate::auth_guard::Before;
         let arrived = std::time::Instant::now();
         let verdict = ctx
