@@ -8,7 +8,7 @@
 //! its head — so that idle or slow sockets never keep a probe, a scrape or a callback from
 //! being answered; only when every connection is being answered is a new one told `503` with
 //! `retry-after: 1`. A request's head must come within [`HEAD_WITHIN`]; each route has its own
-//! time to answer ([`Route::budget`]). `/livez` is the node's liveness as a whole: every
+//! time to answer (`Route::budget`). `/livez` is the node's liveness as a whole: every
 //! shard's loop must have ticked lately ([`LIVENESS_STALE`]), not only this thread.
 
 use std::collections::VecDeque;

@@ -255,7 +255,7 @@ impl CallModel {
     }
 
     /// A call of `rows` took `took`; returns the model (ns a call, ns a row). A call far off
-    /// the model (a stall of the store, a flush) is taken as at most [`OUTLIER_FACTOR`] times
+    /// the model (a stall of the store, a flush) is taken as at most `OUTLIER_FACTOR` times
     /// off it: one stall must not teach the model a cost that makes the gate refuse nearly
     /// everything — and so starve it of the calls that would teach it better. (The stall
     /// itself weighs while it lasts: [`PathGauge::wait`] counts a call past its model.) A
