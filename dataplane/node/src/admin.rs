@@ -474,7 +474,7 @@ impl Admin {
                 self.metrics
                     .stopping
                     .store(true, std::sync::atomic::Ordering::Relaxed);
-                tracing::warn!("{reason} (by {})", holder.name);
+                tracing::warn!("drain: {reason:?} (by {:?})", holder.name);
                 answer("200 OK", json!({ "draining": true }))
             }
             _ => answer("404 Not Found", json!({ "error": what })),
