@@ -274,7 +274,7 @@ async fn assert_each_ran_once(
 
 /// Submits tasks `r{tenant}-{from..from + n}` of `tenant` to `node`, all accepted: their ids.
 async fn submit_range(node: &Daemon, tenant: u32, from: usize, n: usize) -> Vec<i64> {
-    let client = Client::connect(node.addr, TenantId(tenant), &format!("t{tenant}"))
+    let client = Client::connect(node.addr, TenantId(tenant), &format!("tenant-{tenant}-credential"))
         .await
         .unwrap();
     let batch: Vec<_> = (from..from + n)
