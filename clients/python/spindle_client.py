@@ -1,7 +1,7 @@
 """A small synchronous Python client for spindle's protocol, built on the code flatc generates
 from the same schema (schemas/fbs/spindle.fbs) and the flatbuffers runtime from PyPI.
 
-    client = Client.connect("127.0.0.1", 7070, tenant=1, credential="secret")
+    client = Client.connect("127.0.0.1", 7070, tenant=1, credential="tenant-1-credential")
     admission = client.submit("order-17", user=3, model=0, width=1280, height=720,
                               duration_ms=5000, fps=24)
     status = client.get(admission["task_id"])
