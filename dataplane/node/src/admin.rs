@@ -67,14 +67,6 @@ fn answer(status: &'static str, body: Value) -> Answer {
     (status, format!("{body}\n"))
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    let mut diff = (a.len() ^ b.len()) as u64;
-    for (i, y) in b.iter().enumerate() {
-        diff |= u64::from(a.get(i).copied().unwrap_or(0) ^ y);
-    }
-    diff == 0
-}
-
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ChangeBody {
@@ -170,7 +162,7 @@ impl Admin {
         let presented = authorization?.strip_prefix("Bearer ")?.trim();
         let mut found = None;
         for t in &self.tokens {
-            if constant_time_eq(t.token.as_bytes(), presented.as_bytes()) {
+            if crate::credential::matches_configured(&t.token, presented) {
                 found = Some(t);
             }
         }

@@ -634,6 +634,11 @@ impl Config {
                 "admin token of {} is shorter than 16 bytes",
                 t.name
             );
+            anyhow::ensure!(
+                crate::credential::hashed_form_ok(&t.token) != Some(false),
+                "admin token of {}: sha256: must be followed by 64 hex digits",
+                t.name
+            );
             anyhow::ensure!(!t.name.is_empty(), "an admin token needs a name");
         }
         anyhow::ensure!(

@@ -71,6 +71,25 @@ impl Credential {
     }
 }
 
+/// Whether `presented` is the secret `configured` names — `sha256:<hex>` of it, or the secret
+/// itself — by digests compared in constant time, without a strength check (the admin API's
+/// tokens, whose length the configuration checks; a malformed digest matches nothing).
+pub fn matches_configured(configured: &str, presented: &str) -> bool {
+    let expected = match configured.strip_prefix(HASHED_PREFIX) {
+        Some(hex) => parse_digest(hex),
+        None => Some(digest(configured.as_bytes())),
+    };
+    let got = digest(presented.as_bytes());
+    digests_equal(&expected.unwrap_or([0; 32]), &got) & expected.is_some()
+}
+
+/// Whether `configured` is a well-formed `sha256:<hex>` (None: not of that form at all).
+pub fn hashed_form_ok(configured: &str) -> Option<bool> {
+    configured
+        .strip_prefix(HASHED_PREFIX)
+        .map(|hex| parse_digest(hex).is_some())
+}
+
 /// What `spindled --hash-credential` prints for `secret`: `sha256:<hex>`, once the secret has
 /// passed the strength check.
 pub fn hashed_for_config(secret: &str) -> Result<String, String> {
@@ -218,6 +237,13 @@ mod tests {
                 .contains("64 hex digits"));
         }
         assert!(hashed_for_config("short").is_err());
+        assert!(matches_configured(&line, STRONG));
+        assert!(matches_configured(STRONG, STRONG));
+        assert!(!matches_configured(&line, &line));
+        assert!(!matches_configured("sha256:zz", "sha256:zz"));
+        assert_eq!(hashed_form_ok(&line), Some(true));
+        assert_eq!(hashed_form_ok("sha256:12"), Some(false));
+        assert_eq!(hashed_form_ok(STRONG), None);
         assert_eq!(format!("{hashed:?}"), "Credential(…)");
     }
 }

@@ -340,12 +340,13 @@ pub const OPERATOR_TOKEN: &str = "operator-token-0123456789";
 pub const ADMIN_TOKEN: &str = "admin-token-0123456789";
 
 /// `[[admin_tokens]]` for a viewer (vera), an operator (otto) and an admin (ada), to append to a
-/// node configuration.
+/// node configuration. The admin's is written as its SHA-256, as an operator would keep it.
 pub fn admin_tokens() -> String {
+    let hashed = spindle_node::credential::hashed_for_config(ADMIN_TOKEN).unwrap();
     [
         ("vera", VIEWER_TOKEN, "viewer"),
         ("otto", OPERATOR_TOKEN, "operator"),
-        ("ada", ADMIN_TOKEN, "admin"),
+        ("ada", hashed.as_str(), "admin"),
     ]
     .iter()
     .map(|(name, token, role)| {
