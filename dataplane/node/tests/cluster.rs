@@ -274,9 +274,13 @@ async fn assert_each_ran_once(
 
 /// Submits tasks `r{tenant}-{from..from + n}` of `tenant` to `node`, all accepted: their ids.
 async fn submit_range(node: &Daemon, tenant: u32, from: usize, n: usize) -> Vec<i64> {
-    let client = Client::connect(node.addr, TenantId(tenant), &format!("tenant-{tenant}-credential"))
-        .await
-        .unwrap();
+    let client = Client::connect(
+        node.addr,
+        TenantId(tenant),
+        &format!("tenant-{tenant}-credential"),
+    )
+    .await
+    .unwrap();
     let batch: Vec<_> = (from..from + n)
         .map(|i| task(&format!("r{tenant}-{i}")))
         .collect();

@@ -405,7 +405,10 @@ fn demo(quiet_rate: f64, spike: Option<workload::Spike>, common: &Common) -> any
         // the provider's slots drain is refused at once, with the reason, instead of queued
         // for minutes.
         tenants_toml.push_str(&format!(
-            "[[tenants]]\nid = {t}\ncredential = \"demo-credential-{t}\"\nqueued_tasks_max = {DEMO_QUEUED_MAX}\n\n"
+            "[[tenants]]\nid = {t}\ncredential = \"{}\"\nqueued_tasks_max = {DEMO_QUEUED_MAX}\n\n",
+            // Kept as its SHA-256, as a configuration should keep it.
+            spindle_node::credential::hashed_for_config(&format!("demo-credential-{t}"))
+                .map_err(|e| anyhow::anyhow!("demo credential: {e}"))?
         ));
         loads.push(TenantLoad {
             tenant: t,
