@@ -220,6 +220,22 @@ impl EmbeddedPostgres {
         Ok(())
     }
 
+    /// Crashes the server (immediate shutdown: no checkpoint, the next start recovers from
+    /// the WAL, as after a power loss); the files stay.
+    pub fn crash_server(&mut self) -> Result<(), EmbedError> {
+        if !self.running {
+            return Ok(());
+        }
+        let data = self.data_dir();
+        self.run(
+            "pg_ctl",
+            &["-D", path_str(&data), "-m", "immediate", "-w", "stop"],
+            true,
+        )?;
+        self.running = false;
+        Ok(())
+    }
+
     pub fn port(&self) -> u16 {
         self.port
     }

@@ -312,6 +312,8 @@ pub struct Metrics {
     pub policy_skipped: AtomicU64,
     /// Reports queued or sent whose answer has not come back (what a drain also waits for).
     pub reports_pending: AtomicU64,
+    /// Reports PostgreSQL answered without applying (stale token, illegal step, task gone).
+    pub reports_refused: AtomicU64,
     /// Tasks the overload gate refused, by `crate::overload::Shed` (over their tenant's share
     /// while the durable path was past half its budget; past all of it).
     pub overload_refused: Arc<[AtomicU64; 3]>,
@@ -379,6 +381,7 @@ impl Metrics {
             live_nodes: AtomicU64::new(1),
             policy_version: AtomicU64::new(0),
             policy_skipped: AtomicU64::new(0),
+            reports_refused: AtomicU64::new(0),
             reports_pending: AtomicU64::new(0),
             overload_refused: Arc::default(),
             paths: std::sync::OnceLock::new(),
@@ -1019,6 +1022,12 @@ impl Metrics {
             w,
             "# TYPE spindle_policy_objects_skipped gauge\nspindle_policy_objects_skipped {}",
             self.policy_skipped.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            w,
+            "# HELP spindle_reports_pending Reports queued or sent and not yet answered.\n# TYPE spindle_reports_pending gauge\nspindle_reports_pending {}\n# HELP spindle_reports_refused_total Reports PostgreSQL answered without applying them.\n# TYPE spindle_reports_refused_total counter\nspindle_reports_refused_total {}",
+            self.reports_pending.load(Ordering::Relaxed),
+            self.reports_refused.load(Ordering::Relaxed)
         );
         let _ = writeln!(
             w,

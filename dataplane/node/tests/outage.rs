@@ -124,3 +124,134 @@ async fn a_cancel_that_cannot_be_stored_is_refused_and_cancels_nothing() {
     .await;
     assert_eq!(ended, 1, "{}", daemon.log_tail(20));
 }
+
+/// PostgreSQL crashes (immediate shutdown, as a power loss) while the HTTP provider runs the
+/// node's jobs, and jobs end while it is away: once it is back, every task reaches its final
+/// state, no slot or reservation stays held and no job was submitted twice. The reports made
+/// during the outage apply in the order they were made (a finish never overtakes the RUNNING
+/// that failed before it, which left a task RUNNING with its slot held).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_crash_with_provider_jobs_in_flight_leaves_every_task_final_and_no_slot_held() {
+    use common::mock::{mock, mock_total, ACCOUNTS, SECRET};
+    let mut pg = EmbeddedPostgres::start(EmbeddedOptions::default()).unwrap();
+    let (m, admin) = mock(400).await;
+    let config = format!(
+        r#"
+node_id = "crash"
+lease_ms = 3000
+listen = "127.0.0.1:0"
+http_listen = "127.0.0.1:0"
+shards = 2
+partitions = 8
+provider_concurrency = 4
+provider_rpm = 6000
+lane_capacity_units = 100000
+retry_backoff_base_ms = 20
+retry_backoff_max_ms = 200
+
+[provider]
+url = "{}"
+secret = "{SECRET}"
+timeout_ms = 400
+poll_ms = [100, 200]
+
+[[tenants]]
+id = 1
+credential = "tenant-1-credential"
+"#,
+        m.base_url()
+    );
+    let daemon = start_on(&pg.conninfo("postgres"), &config).await;
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
+        .await
+        .unwrap();
+    let batch: Vec<_> = (0..24).map(|i| task(&format!("crash{i}"))).collect();
+    let ids: Vec<i64> = client
+        .submit_batch(batch)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|a| {
+            assert!(a.decision.is_accepted(), "{a:?}");
+            a.task.0 as i64
+        })
+        .collect();
+    // Jobs running at the provider, then the crash; jobs end while PostgreSQL is away.
+    let running = poll_until(
+        Duration::from_secs(20),
+        async || mock_total(&admin, |s| s.accepted).await,
+        |&n| n >= 4,
+    )
+    .await;
+    assert!(running >= 4, "{}", daemon.log_tail(20));
+    pg.crash_server().unwrap();
+    let completed = mock_total(&admin, |s| s.completed).await;
+    let ended = poll_until(
+        Duration::from_secs(20),
+        async || mock_total(&admin, |s| s.completed).await,
+        |&n| n >= completed + 4,
+    )
+    .await;
+    assert!(ended >= completed + 4, "jobs ended during the outage");
+    pg.start_server().unwrap();
+
+    let (sql, connection) =
+        tokio_postgres::connect(&pg.conninfo("postgres"), tokio_postgres::NoTls)
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let open = poll_until(
+        Duration::from_secs(90),
+        async || {
+            sql.query_one(
+                "SELECT count(*) FROM task WHERE task_id = ANY ($1)
+                    AND state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELED', 'EXPIRED')",
+                &[&ids],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+        },
+        |&n| n == 0,
+    )
+    .await;
+    let stuck = sql
+        .query(
+            "SELECT task_id, state FROM task WHERE task_id = ANY ($1)
+                AND state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELED', 'EXPIRED')",
+            &[&ids],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| format!("{}:{}", r.get::<_, i64>(0), r.get::<_, String>(1)))
+        .collect::<Vec<_>>();
+    assert_eq!(open, 0, "not final: {stuck:?}\n{}", daemon.log_tail(40));
+    let held = poll_until(
+        Duration::from_secs(30),
+        async || {
+            let row = sql
+                .query_one(
+                    "SELECT (SELECT count(*) FROM resource_reservation WHERE status = 'ACTIVE'),
+                            (SELECT coalesce(sum(used), 0)::bigint FROM resource_pool_shard)",
+                    &[],
+                )
+                .await
+                .unwrap();
+            (row.get::<_, i64>(0), row.get::<_, i64>(1))
+        },
+        |&held| held == (0, 0),
+    )
+    .await;
+    assert_eq!(
+        held,
+        (0, 0),
+        "reservations and slots held after every task ended"
+    );
+    let stats = admin.mock_stats().await.unwrap();
+    for a in ACCOUNTS {
+        let s = &stats.accounts[a];
+        assert_eq!(s.duplicate_keys, 0, "{a}: a job submitted twice: {s:?}");
+        assert_eq!(s.concurrency_violations, 0, "{a}: {s:?}");
+    }
+}

@@ -86,8 +86,8 @@ pub(super) async fn pump(state: &SharedShard) {
         }
     };
     // Spawned only now that the borrow is gone: glommio may run a new task at once.
-    if let Some(rounds) = reports {
-        glommio::spawn_local(send_rounds(state.clone(), rounds)).detach();
+    if let Some(reports) = reports {
+        glommio::spawn_local(send_reports_now(state.clone(), reports)).detach();
     }
     if claims.is_empty() {
         return;

@@ -269,6 +269,10 @@ pub struct ShardState {
     time_scale: f64,
     /// Reports waiting for the next flush (every pump).
     outbox: Vec<Report>,
+    /// Tasks with a report sent and not yet answered: their next report waits in the outbox
+    /// until then, so that a task's reports are applied in the order they were made even
+    /// when a batch fails and is sent again (`reports::take_reports`).
+    reporting: RunSet<TaskId>,
     subs: Subscriptions,
     /// Where the local provider appends one "task attempt" line per execution.
     log: Option<std::fs::File>,
@@ -452,6 +456,7 @@ impl ShardState {
             running: Running::default(),
             time_scale: setup.time_scale,
             outbox: Vec::new(),
+            reporting: RunSet::default(),
             subs: Subscriptions::default(),
             log: setup.log,
             metrics: setup.metrics,

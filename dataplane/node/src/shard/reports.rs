@@ -36,38 +36,60 @@ pub(super) fn send_reports(s: &mut ShardState, reports: impl IntoIterator<Item =
     );
 }
 
-/// Rows of one report message (the control plane's batch limit is higher).
-pub(super) const REPORTS_PER_MESSAGE_MAX: usize = 1024;
-
-/// Sends every queued report as few messages and rows as possible. A task's consecutive steps
-/// of one attempt fold into one multi-step report (RUNNING → … → SUCCEEDED in one row); what
-/// does not fold goes in rounds: round k holds each task's k-th report, so a batch never names
-/// a task twice and each task's reports stay in order (the pipeline executes messages in the
-/// order they were sent). Answers matter only when they fail (logged; the reconciler repairs
-/// what a lost report leaves behind).
+/// Takes what may be sent of the outbox: each task's reports folded where one attempt's steps
+/// follow each other (RUNNING → … → SUCCEEDED in one row), and of those each task's first —
+/// unless a report of that task is still unanswered. A task's later reports wait in the
+/// outbox, in order, for the answer to the one before: a batch that fails while PostgreSQL is
+/// away goes back to the front of the outbox, and a finish sent meanwhile would otherwise be
+/// refused as an illegal step (it would overtake the RUNNING it follows) and the task left
+/// RUNNING with its slot held after its job ended.
 ///
-/// Takes the outbox under the caller's borrow; `send_rounds` must be spawned only after that
-/// borrow ends (glommio may run a spawned task at once, and it borrows the shard).
-pub(super) fn take_reports(s: &mut ShardState) -> Option<Vec<Vec<Report>>> {
+/// Takes the outbox under the caller's borrow; `send_reports_now` must be spawned only after
+/// that borrow ends (glommio may run a spawned task at once, and it borrows the shard).
+pub(super) fn take_reports(s: &mut ShardState) -> Option<Vec<Report>> {
     if s.outbox.is_empty() {
         return None;
     }
     let queued = s.outbox.len();
     let rounds = fold_reports(s.outbox.drain(..));
     let folded = queued - rounds.iter().map(Vec::len).sum::<usize>();
-    for r in rounds.iter().flatten() {
+    s.metrics
+        .reports_pending
+        .fetch_sub(folded as u64, std::sync::atomic::Ordering::Relaxed);
+    let (send, wait) = next_in_order(rounds, &s.reporting);
+    s.outbox = wait;
+    for r in &send {
+        s.reporting.insert(r.task);
         if let Some(m) = s.meta.get_mut(&r.task) {
             m.pending_reports += 1;
         }
     }
-    s.metrics
-        .reports_pending
-        .fetch_sub(folded as u64, std::sync::atomic::Ordering::Relaxed);
-    Some(rounds)
+    (!send.is_empty()).then_some(send)
 }
 
-/// Sends report rounds down the work pipeline and handles the answers.
-pub(super) async fn send_rounds(shared: SharedShard, rounds: Vec<Vec<Report>>) {
+/// Of `rounds` (`fold_reports`), the reports that may go now — each task's first, where none
+/// of its reports is `in_flight` — and those that wait, each task's in their order.
+fn next_in_order(
+    rounds: Vec<Vec<Report>>,
+    in_flight: &RunSet<TaskId>,
+) -> (Vec<Report>, Vec<Report>) {
+    let mut rounds = rounds.into_iter();
+    let (send, mut wait): (Vec<Report>, Vec<Report>) = rounds
+        .next()
+        .unwrap_or_default()
+        .into_iter()
+        .partition(|r| !in_flight.contains(&r.task));
+    wait.extend(rounds.flatten());
+    (send, wait)
+}
+
+/// Rows of one report message (the control plane's batch limit is higher).
+pub(super) const REPORTS_PER_MESSAGE_MAX: usize = 1024;
+
+/// Sends reports down the work pipeline and handles the answers. Answers matter only when
+/// they fail: a batch PostgreSQL did not take goes back to the front of the outbox; a report
+/// refused is logged and counted (`spindle_reports_refused_total`).
+pub(super) async fn send_reports_now(shared: SharedShard, reports: Vec<Report>) {
     let (cp, gauge, metrics) = {
         let s = shared.borrow();
         (
@@ -76,73 +98,97 @@ pub(super) async fn send_rounds(shared: SharedShard, rounds: Vec<Vec<Report>>) {
             s.metrics.clone(),
         )
     };
-    {
-        let pending = |n: usize| {
-            metrics
-                .reports_pending
-                .fetch_sub(n as u64, std::sync::atomic::Ordering::Relaxed)
-        };
-        let mut answers = Vec::new();
-        let mut unsent: usize = rounds.iter().map(Vec::len).sum();
-        for round in rounds {
-            let mut round = round.into_iter().peekable();
-            while round.peek().is_some() {
-                let reports: Vec<Report> = round.by_ref().take(REPORTS_PER_MESSAGE_MAX).collect();
-                let n = reports.len();
-                let (tx, rx) = oneshot::channel();
-                if cp
-                    .send(CpMsg::Report {
-                        reports: reports.clone(),
-                        reply: tx,
-                        queued: gauge.enqueue(n),
-                    })
-                    .await
-                    .is_err()
-                {
-                    tracing::warn!("control plane stopped; reports wait for the reconciler");
-                    pending(unsent);
-                    return;
-                }
-                unsent -= n;
-                answers.push((reports, rx));
-            }
+    let pending = |n: usize| {
+        metrics
+            .reports_pending
+            .fetch_sub(n as u64, std::sync::atomic::Ordering::Relaxed)
+    };
+    let mut answers = Vec::new();
+    let mut unsent = reports.len();
+    let mut reports = reports.into_iter().peekable();
+    while reports.peek().is_some() {
+        let batch: Vec<Report> = reports.by_ref().take(REPORTS_PER_MESSAGE_MAX).collect();
+        let n = batch.len();
+        let (tx, rx) = oneshot::channel();
+        if cp
+            .send(CpMsg::Report {
+                reports: batch.clone(),
+                reply: tx,
+                queued: gauge.enqueue(n),
+            })
+            .await
+            .is_err()
+        {
+            tracing::warn!("control plane stopped; reports wait for the reconciler");
+            pending(unsent);
+            return;
         }
-        // Batches PostgreSQL did not take (it was unreachable) go back to the front of the
-        // outbox, in order, and are sent again with the next flush after it returns.
-        let mut retry: Vec<Report> = Vec::new();
-        for (reports, rx) in answers {
-            let n = reports.len();
-            let answer = rx.await;
-            pending(n);
-            answered(
-                &shared,
-                &reports,
-                answer.as_ref().ok().and_then(|a| a.as_ref().ok()),
-            );
-            match answer {
-                Ok(Ok(results)) => {
-                    for r in results {
-                        if !matches!(r, ReportResult::Applied { .. }) {
-                            tracing::warn!("report not applied: {r:?}");
+        unsent -= n;
+        answers.push((batch, rx));
+    }
+    // Batches PostgreSQL did not take (it was unreachable) go back to the front of the
+    // outbox, in order, and are sent again with the next flush after it returns; their tasks'
+    // later reports wait behind them.
+    let mut retry: Vec<Report> = Vec::new();
+    for (batch, rx) in answers {
+        let n = batch.len();
+        let answer = rx.await;
+        pending(n);
+        answered(
+            &shared,
+            &batch,
+            answer.as_ref().ok().and_then(|a| a.as_ref().ok()),
+        );
+        let settled = match answer {
+            Ok(Ok(results)) => {
+                let refused = results
+                    .iter()
+                    .filter(|r| !matches!(r, ReportResult::Applied { .. }))
+                    .count();
+                if refused > 0 {
+                    metrics
+                        .reports_refused
+                        .fetch_add(refused as u64, std::sync::atomic::Ordering::Relaxed);
+                    for (r, result) in batch.iter().zip(&results) {
+                        if !matches!(result, ReportResult::Applied { .. }) {
+                            tracing::warn!("report for task {} not applied: {result:?}", r.task);
                         }
                     }
                 }
-                Ok(Err(e)) if e.is_retryable() => {
-                    tracing::warn!("reports failed, kept for a retry: {e}");
-                    retry.extend(reports);
-                }
-                Ok(Err(e)) => tracing::warn!("reports refused: {e}"),
-                Err(_) => tracing::warn!("control plane dropped a report batch"),
+                true
             }
-        }
-        if !retry.is_empty() {
+            Ok(Err(e)) if e.is_retryable() => {
+                tracing::warn!("reports failed, kept for a retry: {e}");
+                false
+            }
+            Ok(Err(e)) => {
+                tracing::warn!("reports refused: {e}");
+                true
+            }
+            Err(_) => {
+                tracing::warn!("control plane dropped a report batch");
+                true
+            }
+        };
+        if settled {
             let mut s = shared.borrow_mut();
-            s.metrics
-                .reports_pending
-                .fetch_add(retry.len() as u64, std::sync::atomic::Ordering::Relaxed);
-            retry.append(&mut s.outbox);
-            s.outbox = retry;
+            for r in &batch {
+                s.reporting.remove(&r.task);
+            }
+        } else {
+            retry.extend(batch);
         }
+    }
+    if !retry.is_empty() {
+        let mut s = shared.borrow_mut();
+        s.metrics
+            .reports_pending
+            .fetch_add(retry.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        for r in &retry {
+            s.reporting.remove(&r.task);
+        }
+        retry.append(&mut s.outbox);
+        s.outbox = retry;
     }
 }
 
@@ -247,6 +293,50 @@ pub(super) fn fold_reports(reports: impl Iterator<Item = Report>) -> Vec<Vec<Rep
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tasks_next_report_waits_for_the_answer_to_the_one_before() {
+        use TaskState as S;
+        // Task 1's RUNNING went out in a batch that failed; its finish was made meanwhile.
+        let mut in_flight = RunSet::default();
+        in_flight.insert(TaskId(1));
+        let rounds = fold_reports(
+            vec![
+                finish(TaskId(1), Some(FencingToken(7)), S::Succeeded, None),
+                advance(2, 8, S::Running),
+                Report::new(TaskId(2), Some(FencingToken(9)), ReportAction::Release),
+                advance(3, 4, S::Running),
+            ]
+            .into_iter(),
+        );
+        let (send, wait) = next_in_order(rounds, &in_flight);
+        assert_eq!(
+            send,
+            vec![advance(2, 8, S::Running), advance(3, 4, S::Running)],
+            "one report a task, none for a task whose report is unanswered"
+        );
+        assert_eq!(
+            wait,
+            vec![
+                finish(TaskId(1), Some(FencingToken(7)), S::Succeeded, None),
+                Report::new(TaskId(2), Some(FencingToken(9)), ReportAction::Release),
+            ]
+        );
+        // The failed batch back at the front: RUNNING, then the finish, folded into one.
+        let mut outbox = vec![advance(1, 7, S::Running)];
+        outbox.extend(wait);
+        let (send, wait) = next_in_order(fold_reports(outbox.into_iter()), &RunSet::default());
+        let mut whole = finish(TaskId(1), Some(FencingToken(7)), S::Succeeded, None);
+        whole.via = vec![S::Running];
+        assert_eq!(
+            send,
+            vec![
+                whole,
+                Report::new(TaskId(2), Some(FencingToken(9)), ReportAction::Release)
+            ]
+        );
+        assert!(wait.is_empty());
+    }
 
     fn advance(task: u64, token: u64, to: TaskState) -> Report {
         Report::new(
