@@ -214,6 +214,11 @@ pub struct Config {
     /// passes remove older rows, oldest first). 0 keeps it forever.
     #[serde(default = "default_retention_audit_s")]
     pub retention_audit_s: u64,
+    /// Seconds a starting node waits for PostgreSQL to answer, trying again with backoff (not
+    /// ready meanwhile, saying why on `/readyz` and in the log), before it exits. 0: as long
+    /// as it takes.
+    #[serde(default)]
+    pub postgres_wait_s: u64,
     /// The event relay: where the outbox's events are posted. None: events stay in
     /// PostgreSQL (for `retention_events_s`).
     #[serde(default)]
@@ -628,6 +633,10 @@ impl Config {
         if let Some(t) = &self.tls {
             t.server()?;
         }
+        anyhow::ensure!(
+            self.postgres_wait_s <= 7 * 86_400,
+            "postgres_wait_s must be 0..=604800"
+        );
         for t in &self.admin_tokens {
             anyhow::ensure!(
                 t.token.len() >= 16,

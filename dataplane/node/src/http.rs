@@ -316,7 +316,7 @@ async fn answer(port: &Port, route: Route, req: Request<Incoming>) -> Response<F
         Route::Ready if metrics.ready() => text(StatusCode::OK, "ready\n".into()),
         Route::Ready => text(
             StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: PostgreSQL unreachable or stopping\n".into(),
+            format!("not ready: {}\n", metrics.not_ready_why()),
         ),
         Route::Metrics => {
             let mut r = text(StatusCode::OK, metrics.render());

@@ -479,6 +479,9 @@ fn run_node(config: Config) -> anyhow::Result<()> {
         "serving on {addr} with {} shards; /metrics, /livez, /readyz on {http_addr}",
         config.shards
     );
+    metrics
+        .serving
+        .store(true, std::sync::atomic::Ordering::Relaxed);
     systemd::notify(&format!("READY=1\nSTATUS=serving on {addr}"));
     if let Some(path) = &config.ready_file {
         // Written aside and renamed: a reader never sees half of it.

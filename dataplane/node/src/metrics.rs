@@ -304,6 +304,10 @@ pub struct Metrics {
     /// The last control-plane call reached PostgreSQL.
     pub postgres_ok: AtomicBool,
     pub stopping: AtomicBool,
+    /// Set once the node serves; until then it is starting (alive, not ready).
+    pub serving: AtomicBool,
+    /// What a starting node waits for, as `/readyz` tells it.
+    pub starting: std::sync::Mutex<String>,
     /// Live nodes of the cluster as this node last counted them.
     pub live_nodes: AtomicU64,
     /// The policy store's version this node has applied.
@@ -378,6 +382,8 @@ impl Metrics {
             media: std::sync::OnceLock::new(),
             postgres_ok: AtomicBool::new(true),
             stopping: AtomicBool::new(false),
+            serving: AtomicBool::new(false),
+            starting: std::sync::Mutex::new("starting".into()),
             live_nodes: AtomicU64::new(1),
             policy_version: AtomicU64::new(0),
             policy_skipped: AtomicU64::new(0),
@@ -436,6 +442,10 @@ impl Metrics {
     /// The first shard whose loop has not ticked for `stale` or more, and for how long (a
     /// shard that never ticked counts from the node's start).
     pub fn stale_shard(&self, stale: std::time::Duration) -> Option<(usize, std::time::Duration)> {
+        // A starting node's shards beat once it serves (it may wait for PostgreSQL first).
+        if !self.serving.load(Ordering::Relaxed) {
+            return None;
+        }
         let now = self.started.elapsed();
         self.shards.iter().enumerate().find_map(|(i, g)| {
             let beat = std::time::Duration::from_millis(g.heartbeat_ms.load(Ordering::Relaxed));
@@ -445,7 +455,21 @@ impl Metrics {
     }
 
     pub fn ready(&self) -> bool {
-        self.postgres_ok.load(Ordering::Relaxed) && !self.stopping.load(Ordering::Relaxed)
+        self.serving.load(Ordering::Relaxed)
+            && self.postgres_ok.load(Ordering::Relaxed)
+            && !self.stopping.load(Ordering::Relaxed)
+    }
+
+    /// Why the node is not ready, for `/readyz`.
+    pub fn not_ready_why(&self) -> String {
+        if !self.serving.load(Ordering::Relaxed) {
+            let why = self.starting.lock().map(|w| w.clone()).unwrap_or_default();
+            return format!("starting: {why}");
+        }
+        if self.stopping.load(Ordering::Relaxed) {
+            return "stopping".into();
+        }
+        "PostgreSQL unreachable".into()
     }
 
     /// A series with one value per shard: `name{shard="i"} value`, after its HELP and TYPE.

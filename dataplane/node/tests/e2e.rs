@@ -726,3 +726,29 @@ async fn the_http_port_serves_a_bounded_number_of_connections() {
     assert!(common::metric_sum(&served, "spindle_http_connections_refused_total") >= 1);
     assert!(common::metric_sum(&served, "spindle_http_connections_evicted_total") >= 1);
 }
+
+/// The expected start an admission carries is ms from the answer (the schema's word), not the
+/// shard's clock: on a node up for seconds, a task that can start at once is told it starts
+/// within a second, at the shortest queue level.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_expected_start_is_counted_from_the_answer() {
+    let test = TestDb::new().await;
+    let daemon = start(&test).await;
+    let up = std::time::Instant::now();
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
+        .await
+        .unwrap();
+    let first = client.submit(task("first")).await.unwrap();
+    wait_for(&client, first.task, TaskState::Succeeded).await;
+    // Not a wait for an event: the node must be older than the bound below, so that a start
+    // counted on its clock (its uptime plus the wait) would exceed it.
+    tokio::time::sleep_until((up + Duration::from_secs(3)).into()).await;
+    let second = client.submit(task("second")).await.unwrap();
+    assert!(second.decision.is_accepted(), "{second:?}");
+    assert!(
+        second.expected_start_ms < 1_000,
+        "an idle lane's task is told it starts in {} ms",
+        second.expected_start_ms
+    );
+    assert_eq!(second.queue_level, 0, "{second:?}");
+}

@@ -255,3 +255,71 @@ credential = "tenant-1-credential"
         assert_eq!(s.concurrency_violations, 0, "{a}: {s:?}");
     }
 }
+
+/// (status line, body) of a GET, or empty strings while nothing listens on `addr`.
+async fn try_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
+    match tokio::net::TcpStream::connect(addr).await {
+        Ok(stream) => common::http_get_on(stream, path).await,
+        Err(_) => (String::new(), String::new()),
+    }
+}
+
+/// The seconds a starting node says it has waited (`… (attempt N, S s): …`), 0 if it says none.
+fn waited_s(readyz: &str) -> u64 {
+    readyz
+        .split_once(", ")
+        .and_then(|(_, rest)| rest.split_once(" s)"))
+        .and_then(|(s, _)| s.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A node started while its PostgreSQL is down waits for it — alive, not ready, saying why —
+/// and serves once the server is up, without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_started_before_its_postgres_serves_once_the_server_is_up() {
+    let mut pg = EmbeddedPostgres::start(EmbeddedOptions::default()).unwrap();
+    let conninfo = pg.conninfo("postgres");
+    pg.stop_server().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let http: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let config = CONFIG.replace(
+        "http_listen = \"127.0.0.1:0\"",
+        &format!("http_listen = \"{http}\""),
+    );
+    let starting = common::spawn_on(&conninfo, &config);
+    // Longer than the ~9 s of connection attempts after which a node used to exit.
+    let waiting = poll_until(
+        Duration::from_secs(30),
+        async || try_get(http, "/readyz").await,
+        |(_, body)| waited_s(body) >= 10,
+    )
+    .await;
+    assert_eq!(waiting.0, "HTTP/1.1 503 Service Unavailable", "{waiting:?}");
+    assert!(
+        waiting
+            .1
+            .starts_with("not ready: starting: waiting for PostgreSQL"),
+        "{waiting:?}"
+    );
+    assert_eq!(try_get(http, "/livez").await.0, "HTTP/1.1 200 OK");
+
+    pg.start_server().unwrap();
+    let daemon = starting.serving(Duration::from_secs(60)).await;
+    let ready = poll_until(
+        Duration::from_secs(30),
+        async || readyz(daemon.http).await,
+        |status| status == "HTTP/1.1 200 OK",
+    )
+    .await;
+    assert_eq!(ready, "HTTP/1.1 200 OK");
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
+        .await
+        .unwrap();
+    let a = client.submit(task("after the wait")).await.unwrap();
+    assert!(a.decision.is_accepted(), "{a:?}");
+    wait_for(&client, a.task, TaskState::Succeeded).await;
+}

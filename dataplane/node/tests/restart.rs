@@ -216,3 +216,80 @@ provider_concurrency = {concurrency}
     assert!(a.decision.is_accepted(), "{a:?}");
     common::wait_for(&client, a.task, spindle_core::TaskState::Succeeded).await;
 }
+
+/// A queued task keeps its deadline across a restart: counted from its submission, so a task
+/// whose deadline passed while its node was down is expired, durably, by the node that puts
+/// it back — not run (restored tasks used to come back without a deadline). Another tenant's
+/// long tasks hold every provider slot until the kill, so that the task is still queued then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_tasks_deadline_survives_a_restart_and_it_expires_unrun() {
+    use spindle_core::TaskState;
+    let test = TestDb::new().await;
+    // One slot per provider account, and long tasks that hold them for the length of the test.
+    let config = r#"
+node_id = "deadline-node"
+listen = "127.0.0.1:0"
+http_listen = "127.0.0.1:0"
+shards = 2
+partitions = 8
+provider_concurrency = 1
+local_provider_time_scale = 10.0
+
+[[tenants]]
+id = 1
+credential = "tenant-1-credential"
+
+[[tenants]]
+id = 2
+credential = "tenant-2-credential"
+"#;
+    let mut daemon = start_with(&test, config).await;
+    let busy = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
+        .await
+        .unwrap();
+    let mut long = Vec::new();
+    for i in 0..8 {
+        let a = busy.submit(task(&format!("long{i}"))).await.unwrap();
+        assert!(a.decision.is_accepted(), "{a:?}");
+        long.push(a.task);
+    }
+    common::wait_for(&busy, long[0], TaskState::Running).await;
+    let client = Client::connect(daemon.addr, TenantId(2), "tenant-2-credential")
+        .await
+        .unwrap();
+    let mut waiting = task("waiting");
+    waiting.deadline_ms = Some(2_000);
+    let waiting = client.submit(waiting).await.unwrap();
+    assert!(waiting.decision.is_accepted(), "{waiting:?}");
+    let submitted = std::time::Instant::now();
+    assert_eq!(
+        client.get(waiting.task).await.unwrap().state,
+        TaskState::Queued
+    );
+    daemon.child.kill().unwrap();
+    daemon.child.wait().unwrap();
+    drop(daemon);
+    assert!(
+        submitted.elapsed() < std::time::Duration::from_millis(2_000),
+        "the node was killed after the deadline: nothing shown"
+    );
+    // Not a wait for an event: the deadline must have passed while the node was down.
+    tokio::time::sleep_until((submitted + std::time::Duration::from_millis(2_500)).into()).await;
+
+    let restarted = start_with(&test, config).await;
+    let sql = test.sql().await.unwrap();
+    let key = waiting.task.0 as i64;
+    let state = common::poll_until(
+        std::time::Duration::from_secs(30),
+        async || common::mock::state_of(&sql, key).await,
+        |s| s == "EXPIRED",
+    )
+    .await;
+    assert_eq!(state, "EXPIRED", "{}", restarted.log_tail(20));
+    let attempts: i32 = sql
+        .query_one("SELECT attempt_no FROM task WHERE task_id = $1", &[&key])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(attempts, 0, "a task past its deadline never started");
+}

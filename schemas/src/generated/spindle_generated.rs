@@ -2195,7 +2195,8 @@ impl<'a> Admission<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<bool>(Admission::VT_REPLAY, Some(false)).unwrap()}
   }
-  /// Queued position hint: 0 low, 1 medium, 2 high; expected start in ms from now.
+  /// For an accepted task, how long it is expected to wait: 0 under a second, 1 under a
+  /// minute, 2 under ten minutes, 3 longer. 0 for a refusal.
   #[inline]
   pub fn queue_level(&self) -> u8 {
     // Safety:
@@ -2203,6 +2204,7 @@ impl<'a> Admission<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<u8>(Admission::VT_QUEUE_LEVEL, Some(0)).unwrap()}
   }
+  /// For an accepted task, when it is expected to start: ms from this answer. 0 for a refusal.
   #[inline]
   pub fn expected_start_ms(&self) -> u32 {
     // Safety:

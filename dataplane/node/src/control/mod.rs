@@ -148,6 +148,63 @@ pub struct Pipes {
     pub work_gauge: Arc<PathGauge>,
 }
 
+/// The first connection of a starting node: tried again with backoff while PostgreSQL does
+/// not answer (down, starting up, recovering), for `wait_s` seconds (0: as long as it takes).
+/// Meanwhile `/readyz` says what the node waits for, and the log does every
+/// [`STORE_WAIT_LOG`].
+async fn wait_for_store(
+    db_config: &DbConfig,
+    metrics: &Metrics,
+    wait_s: u64,
+) -> anyhow::Result<Db> {
+    let began = std::time::Instant::now();
+    let mut delay =
+        std::time::Duration::from_millis(u64::from(db_config.backoff_initial_ms).max(10));
+    let delay_max = std::time::Duration::from_millis(u64::from(db_config.backoff_max_ms))
+        .clamp(delay, STORE_WAIT_DELAY_MAX);
+    let mut logged: Option<std::time::Instant> = None;
+    for attempt in 1u64.. {
+        match Db::open(db_config).await {
+            Ok(db) => {
+                if attempt > 1 {
+                    tracing::info!(
+                        "PostgreSQL answered after {attempt} attempts ({} s)",
+                        began.elapsed().as_secs()
+                    );
+                }
+                return Ok(db);
+            }
+            Err(e) if e.is_unavailable() => {
+                let waited = began.elapsed();
+                anyhow::ensure!(
+                    wait_s == 0 || waited < std::time::Duration::from_secs(wait_s),
+                    "PostgreSQL did not answer within postgres_wait_s ({wait_s} s): {e}"
+                );
+                let why = format!(
+                    "waiting for PostgreSQL (attempt {attempt}, {} s): {e}",
+                    waited.as_secs()
+                );
+                if logged.is_none_or(|at| at.elapsed() >= STORE_WAIT_LOG) {
+                    tracing::warn!("{why}");
+                    logged = Some(std::time::Instant::now());
+                }
+                if let Ok(mut w) = metrics.starting.lock() {
+                    *w = why;
+                }
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(delay_max);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    unreachable!("the attempts are unbounded")
+}
+
+/// How often a node waiting for PostgreSQL at its start says so in the log.
+const STORE_WAIT_LOG: std::time::Duration = std::time::Duration::from_secs(10);
+/// The longest pause between two attempts of a starting node to reach PostgreSQL.
+const STORE_WAIT_DELAY_MAX: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Opens the pipelines' connections (migrating on the first), registers the node, takes the
 /// partitions and the pools, and starts the pipelines on `rt`.
 pub async fn start(
@@ -158,7 +215,7 @@ pub async fn start(
     ownership: &Arc<Ownership>,
     shard_inboxes: Vec<mpsc::Sender<crate::shard::ShardMsg>>,
 ) -> anyhow::Result<Started> {
-    let mut admin = Db::open_with_backoff(db_config).await?;
+    let mut admin = wait_for_store(db_config, metrics, config.postgres_wait_s).await?;
     let policy = live.load(&mut admin, metrics).await?;
     admin
         .register_node(&config.node_id, &config.client_address(config.listen))

@@ -13,19 +13,23 @@ pub struct Restore {
     pub cancel: bool,
     /// What to generate, for the provider, if the client sent it (`SubmitTask.input`).
     pub input: Option<Box<str>>,
+    /// When its deadline passes (its submission's time plus the deadline it was sent with):
+    /// a queued task put back still expires then, and at once if that is past.
+    pub deadline_at: Option<std::time::SystemTime>,
 }
 
 impl Restore {
     /// A stored task as its shard takes it back, queued (a live attempt and a stored cancel
     /// are the caller's to add); `Err` when its stored request cannot be read.
     pub(crate) fn queued(q: &spindle_control::reconcile::QueuedTask) -> anyhow::Result<Restore> {
-        let (request, input) = restore_request(q)?;
+        let (request, input, deadline_at) = restore_request(q)?;
         Ok(Restore {
             request,
             version: q.version,
             live: None,
             cancel: false,
             input,
+            deadline_at,
         })
     }
 }
@@ -200,10 +204,14 @@ async fn recover_page(
     Ok(changed)
 }
 
-/// A stored task as its shard's core takes it back, and its input.
+/// A stored task as its shard's core takes it back, its input, and when its deadline passes.
 fn restore_request(
     q: &spindle_control::reconcile::QueuedTask,
-) -> anyhow::Result<(spindle_core::RestoreRequest, Option<Box<str>>)> {
+) -> anyhow::Result<(
+    spindle_core::RestoreRequest,
+    Option<Box<str>>,
+    Option<std::time::SystemTime>,
+)> {
     let stored: crate::shard::StoredRequest = serde_json::from_slice(&q.payload)
         .map_err(|e| anyhow::anyhow!("task {}: unreadable payload: {e}", q.task))?;
     let lane = *spindle_core::Lane::ALL
@@ -219,15 +227,17 @@ fn restore_request(
             user: spindle_core::UserId(q.user),
             spec: stored.spec,
             band_hint: stored.band_hint,
-            // A deadline counts from the original submission, which a restart does not
-            // reset: restored tasks keep none rather than a wrong one.
+            // Set by the shard, on its clock, from `Restore::deadline_at`.
             deadline: None,
         },
         lane,
         band,
         attempts_before: q.attempt_no,
     };
-    Ok((request, stored.input.map(|i| i.get().into())))
+    let deadline_at = stored
+        .deadline_ms
+        .map(|ms| q.created_at + std::time::Duration::from_millis(u64::from(ms)));
+    Ok((request, stored.input.map(|i| i.get().into()), deadline_at))
 }
 
 /// Every task of `mine` to put back, as restores per shard: the QUEUED ones, and the live

@@ -562,7 +562,18 @@ impl ShardState {
             stored_stage: None,
         };
         match r.live {
-            None => self.core.handle_restore(now, r.request)?,
+            None => {
+                // A deadline counts from the submission: what is left of it now, on this
+                // shard's clock (none left: the core expires the task at its next poll).
+                let mut request = r.request;
+                if let Some(at) = r.deadline_at {
+                    let left = at
+                        .duration_since(std::time::SystemTime::now())
+                        .unwrap_or_default();
+                    request.submit.deadline = Some(now.plus_ns(left.as_nanos() as u64));
+                }
+                self.core.handle_restore(now, request)?
+            }
             Some(live) => {
                 // Past the provider stage the job is found again like a running one: its
                 // end at the provider hands the media step its video once more.

@@ -247,7 +247,7 @@ fn decide(
             }
         };
         if !admission.decision.is_accepted() {
-            answers.push(Some(wire_admission(&admission, false)));
+            answers.push(Some(wire_admission(&admission, false, now)));
             continue;
         }
         let partition = PartitionId(crate::config::partition_of(tenant.0, s.partitions));
@@ -283,7 +283,7 @@ fn decide(
             cost_estimate_milli: admission.estimate.cost_milli,
             fairness_milli: admission.estimate.fairness.milli(),
         });
-        answers.push(Some(wire_admission(&admission, false)));
+        answers.push(Some(wire_admission(&admission, false, now)));
     }
     if commit.is_empty() {
         return Decided::Answered(respond(&s, answers, batch));
@@ -567,16 +567,18 @@ fn resolve_submits_later(state: SharedShard, tasks: Vec<TaskId>) {
     .detach();
 }
 
-fn wire_admission(a: &spindle_core::Admission, replay: bool) -> Admission {
+/// The core's admission as the client reads it: the expected start in ms from `now` (the
+/// answer), not the shard's clock.
+fn wire_admission(a: &spindle_core::Admission, replay: bool, now: Time) -> Admission {
     Admission {
         task: a.task,
         decision: a.decision,
         reason: a.reason.map(|r| r.to_string()),
         replay,
         queue_level: a.queue_level.map_or(0, |l| l as u8),
-        expected_start_ms: a
-            .estimated_start_at
-            .map_or(0, |t| u32::try_from(t.as_ms()).unwrap_or(u32::MAX)),
+        expected_start_ms: a.estimated_start_at.map_or(0, |t| {
+            u32::try_from(t.since(now) / 1_000_000).unwrap_or(u32::MAX)
+        }),
         retry_after_ms: 0,
     }
 }

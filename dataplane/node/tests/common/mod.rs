@@ -74,6 +74,20 @@ pub async fn start_with(test: &TestDb, config_text: &str) -> Daemon {
 
 /// Starts spindled with `config` (TOML) on the database `conninfo` names.
 pub async fn start_on(conninfo: &str, config_text: &str) -> Daemon {
+    spawn_on(conninfo, config_text)
+        .serving(Duration::from_secs(30))
+        .await
+}
+
+/// A spindled process started and not yet known to serve.
+pub struct Starting {
+    child: Child,
+    dir: tempfile::TempDir,
+    ready: std::path::PathBuf,
+}
+
+/// Starts spindled with `config` (TOML) on the database `conninfo` names, without waiting.
+pub fn spawn_on(conninfo: &str, config_text: &str) -> Starting {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("spindled.toml");
     // The overload gate's commit-wait budget is a latency target; a debug build sharing two
@@ -86,7 +100,7 @@ pub async fn start_on(conninfo: &str, config_text: &str) -> Daemon {
     };
     std::fs::write(&config, config_text).unwrap();
     let ready = dir.path().join("ready");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_spindled"))
+    let child = Command::new(env!("CARGO_BIN_EXE_spindled"))
         .arg("--config")
         .arg(&config)
         .arg("--postgres")
@@ -99,27 +113,38 @@ pub async fn start_on(conninfo: &str, config_text: &str) -> Daemon {
         .stderr(std::fs::File::create(dir.path().join("stderr.log")).unwrap())
         .spawn()
         .unwrap();
-    for _ in 0..3_000 {
-        if let Ok(text) = std::fs::read_to_string(&ready) {
-            if let Some(Ok(addr)) = text.lines().next().map(str::parse) {
-                let Some(Ok(http)) = text.lines().nth(1).map(str::parse) else {
-                    panic!("the ready file has no HTTP address: {text:?}");
-                };
-                return Daemon {
-                    child,
-                    addr,
-                    http,
-                    _dir: dir,
-                };
+    Starting { child, dir, ready }
+}
+
+impl Starting {
+    /// Waits (bounded by `within`) until the node serves.
+    pub async fn serving(mut self, within: Duration) -> Daemon {
+        let began = std::time::Instant::now();
+        while began.elapsed() < within {
+            if let Ok(text) = std::fs::read_to_string(&self.ready) {
+                if let Some(Ok(addr)) = text.lines().next().map(str::parse) {
+                    let Some(Ok(http)) = text.lines().nth(1).map(str::parse) else {
+                        panic!("the ready file has no HTTP address: {text:?}");
+                    };
+                    return Daemon {
+                        child: self.child,
+                        addr,
+                        http,
+                        _dir: self.dir,
+                    };
+                }
             }
+            if let Some(status) = self.child.try_wait().unwrap() {
+                let err =
+                    std::fs::read_to_string(self.dir.path().join("stderr.log")).unwrap_or_default();
+                panic!("spindled exited ({status}): {err}");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        if let Some(status) = child.try_wait().unwrap() {
-            let err = std::fs::read_to_string(dir.path().join("stderr.log")).unwrap_or_default();
-            panic!("spindled exited ({status}): {err}");
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        let _ = self.child.kill();
+        let err = std::fs::read_to_string(self.dir.path().join("stderr.log")).unwrap_or_default();
+        panic!("spindled did not get ready in {within:?}: {err}");
     }
-    panic!("spindled did not get ready in 30 s");
 }
 
 pub fn task(key: &str) -> SubmitTask {

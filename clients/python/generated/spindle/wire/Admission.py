@@ -59,7 +59,8 @@ class Admission(object):
             return bool(self._tab.Get(flatbuffers.number_types.BoolFlags, o + self._tab.Pos))
         return False
 
-    # Queued position hint: 0 low, 1 medium, 2 high; expected start in ms from now.
+    # For an accepted task, how long it is expected to wait: 0 under a second, 1 under a
+    # minute, 2 under ten minutes, 3 longer. 0 for a refusal.
     # Admission
     def QueueLevel(self):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(12))
@@ -67,6 +68,7 @@ class Admission(object):
             return self._tab.Get(flatbuffers.number_types.Uint8Flags, o + self._tab.Pos)
         return 0
 
+    # For an accepted task, when it is expected to start: ms from this answer. 0 for a refusal.
     # Admission
     def ExpectedStartMs(self):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(14))
