@@ -411,6 +411,22 @@ impl Db {
             .await
     }
 
+    /// Tasks in the dead-letter list (ended FAILED, kept until requeued or past retention):
+    /// the nodes count them every `counter_check_s` (`spindle_dead_letters`). No index holds
+    /// states, so it walks the task table once, like the counter check beside it.
+    pub async fn dead_letter_count(&mut self) -> Result<u64, StoreError> {
+        let deadline = self.within(1);
+        deadline
+            .run(false, async {
+                let row = self
+                    .client()
+                    .query_one("SELECT count(*) FROM task WHERE state = 'FAILED'", &[])
+                    .await?;
+                Ok(row.get::<_, i64>(0).max(0) as u64)
+            })
+            .await
+    }
+
     /// One page of the tasks of `partitions` a node puts back after a restart or a takeover,
     /// in task id order after `after`: the QUEUED ones (its in-memory queues are rebuilt from
     /// them) and those with a live attempt (resumed, asking the provider about each job instead

@@ -56,7 +56,16 @@ pub async fn run(db_config: DbConfig, checks: Checks, metrics: Arc<Metrics>) {
                     repair(&mut db, &checks.node, &metrics).await;
                 }
             }
-            Err(e) => tracing::warn!("checking the pool counters and budgets failed: {e}"),
+            Err(e) => {
+                metrics
+                    .counter_check_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                tracing::warn!("checking the pool counters and budgets failed: {e}");
+            }
+        }
+        match db.dead_letter_count().await {
+            Ok(n) => metrics.dead_letters.store(n, Ordering::Relaxed),
+            Err(e) => tracing::warn!("counting the dead letters failed: {e}"),
         }
     }
 }

@@ -228,6 +228,10 @@ pub struct Metrics {
     pub restore_failed: AtomicU64,
     /// Counter checks done, and the pool shards and budgets the last one found drifted.
     pub counter_checks: AtomicU64,
+    /// Counter checks that failed (the store unreachable, a timeout).
+    pub counter_check_failures: AtomicU64,
+    /// Tasks in the dead-letter list at the last check.
+    pub dead_letters: AtomicU64,
     pub counter_drift_shards: AtomicU64,
     pub counter_drift_budgets: AtomicU64,
     /// Repairs the periodic check made of what it found drifted (`counter_repair`).
@@ -337,6 +341,8 @@ impl Metrics {
             retention_pruned: AtomicU64::new(0),
             restore_failed: AtomicU64::new(0),
             counter_checks: AtomicU64::new(0),
+            counter_check_failures: AtomicU64::new(0),
+            dead_letters: AtomicU64::new(0),
             counter_drift_shards: AtomicU64::new(0),
             counter_drift_budgets: AtomicU64::new(0),
             counter_repairs: AtomicU64::new(0),
@@ -615,6 +621,12 @@ impl Metrics {
             w,
             "# HELP spindle_counter_checks_total Checks of the pool counters against their reservations.\n# TYPE spindle_counter_checks_total counter\nspindle_counter_checks_total {}",
             self.counter_checks.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            w,
+            "# HELP spindle_counter_check_failures_total Counter checks that failed (the store unreachable or too slow).\n# TYPE spindle_counter_check_failures_total counter\nspindle_counter_check_failures_total {}\n# HELP spindle_dead_letters Tasks in the dead-letter list (ended FAILED) at the last check.\n# TYPE spindle_dead_letters gauge\nspindle_dead_letters {}",
+            self.counter_check_failures.load(Ordering::Relaxed),
+            self.dead_letters.load(Ordering::Relaxed)
         );
         let _ = writeln!(
             w,

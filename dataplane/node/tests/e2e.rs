@@ -752,3 +752,38 @@ async fn the_expected_start_is_counted_from_the_answer() {
     );
     assert_eq!(second.queue_level, 0, "{second:?}");
 }
+
+/// The shipped alert rules (deploy/prometheus) name only series a node serves: a renamed
+/// metric would leave an alert that can never fire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_alert_rules_name_only_metrics_a_node_serves() {
+    let test = TestDb::new().await;
+    let daemon = start(&test).await;
+    let rules = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../deploy/prometheus/spindle-alerts.yml"),
+    )
+    .unwrap();
+    let (_, metrics) = http_get(daemon.http, "/metrics").await;
+    let served = |name: &str| {
+        metrics
+            .lines()
+            .any(|l| l.starts_with(&format!("{name} ")) || l.starts_with(&format!("{name}{{")))
+    };
+    let mut named = 0;
+    for line in rules
+        .lines()
+        .filter(|l| l.trim_start().starts_with("expr:"))
+    {
+        for word in line.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            if word.starts_with("spindle_") {
+                named += 1;
+                assert!(
+                    served(word),
+                    "the rules name {word}, which the node does not serve"
+                );
+            }
+        }
+    }
+    assert!(named >= 6, "{named} metric names in the rules");
+}

@@ -924,7 +924,15 @@ async fn refusals_fail_at_once_and_refund_the_budget() {
     .await
     .unwrap();
     let (m, admin) = mock(30).await;
-    let daemon = node(&test, &m).await;
+    // Checked every second: the dead-letter count follows the failures.
+    let daemon = start_with(
+        &test,
+        &format!(
+            "counter_check_s = 1\n{}",
+            node_config("provider-node", &m, "")
+        ),
+    )
+    .await;
     for (fault, class) in [
         (Fault::Auth, "Auth"),
         (Fault::Balance, "Balance"),
@@ -973,6 +981,13 @@ async fn refusals_fail_at_once_and_refund_the_budget() {
         .unwrap()
         .get(0);
     assert_eq!(spent, 0, "nothing was charged");
+    let dead = poll_until(
+        std::time::Duration::from_secs(10),
+        async || common::metric(&daemon, "spindle_dead_letters").await,
+        |&n| n == 8,
+    )
+    .await;
+    assert_eq!(dead, 8, "every failed task in the dead-letter count");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
