@@ -157,6 +157,16 @@ pub struct QueuedTask {
     pub next_eligible_at: Option<std::time::SystemTime>,
 }
 
+/// QUEUED tasks of one lane and band that may start now (`Db::queue_ages`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueueAge {
+    pub lane: i16,
+    pub band: i16,
+    pub queued: u64,
+    /// Seconds the oldest of them has waited since its submission.
+    pub oldest_s: f64,
+}
+
 /// A task a node that (re)starts owning its partition puts back, as [`Db::load_owned`] reads
 /// it: QUEUED, or with a live attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -423,6 +433,38 @@ impl Db {
                     .query_one("SELECT count(*) FROM task WHERE state = 'FAILED'", &[])
                     .await?;
                 Ok(row.get::<_, i64>(0).max(0) as u64)
+            })
+            .await
+    }
+
+    /// The QUEUED tasks that may start now (not backing off), by lane and band: how many,
+    /// and how long the oldest has waited since its submission — the cluster's queue ages,
+    /// for the starvation signal (`spindle_queued_oldest_seconds`). Walks the task table once.
+    pub async fn queue_ages(&mut self) -> Result<Vec<QueueAge>, StoreError> {
+        let deadline = self.within(1);
+        deadline
+            .run(false, async {
+                let rows = self
+                    .client()
+                    .query(
+                        "SELECT lane, band, count(*),
+                                extract(epoch FROM now() - min(created_at))::float8
+                           FROM task
+                          WHERE state = 'QUEUED'
+                            AND (next_eligible_at IS NULL OR next_eligible_at <= now())
+                          GROUP BY lane, band ORDER BY lane, band",
+                        &[],
+                    )
+                    .await?;
+                Ok(rows
+                    .iter()
+                    .map(|r| QueueAge {
+                        lane: r.get(0),
+                        band: r.get(1),
+                        queued: r.get::<_, i64>(2).max(0) as u64,
+                        oldest_s: r.get::<_, f64>(3).max(0.0),
+                    })
+                    .collect())
             })
             .await
     }

@@ -67,6 +67,14 @@ pub async fn run(db_config: DbConfig, checks: Checks, metrics: Arc<Metrics>) {
             Ok(n) => metrics.dead_letters.store(n, Ordering::Relaxed),
             Err(e) => tracing::warn!("counting the dead letters failed: {e}"),
         }
+        match db.queue_ages().await {
+            Ok(ages) => {
+                if let Ok(mut a) = metrics.queue_ages.lock() {
+                    *a = ages;
+                }
+            }
+            Err(e) => tracing::warn!("reading the queues' ages failed: {e}"),
+        }
     }
 }
 

@@ -232,6 +232,8 @@ pub struct Metrics {
     pub counter_check_failures: AtomicU64,
     /// Tasks in the dead-letter list at the last check.
     pub dead_letters: AtomicU64,
+    /// The cluster's QUEUED tasks by lane and band at the last check, and their oldest's wait.
+    pub queue_ages: std::sync::Mutex<Vec<spindle_control::reconcile::QueueAge>>,
     pub counter_drift_shards: AtomicU64,
     pub counter_drift_budgets: AtomicU64,
     /// Repairs the periodic check made of what it found drifted (`counter_repair`).
@@ -343,6 +345,7 @@ impl Metrics {
             counter_checks: AtomicU64::new(0),
             counter_check_failures: AtomicU64::new(0),
             dead_letters: AtomicU64::new(0),
+            queue_ages: std::sync::Mutex::new(Vec::new()),
             counter_drift_shards: AtomicU64::new(0),
             counter_drift_budgets: AtomicU64::new(0),
             counter_repairs: AtomicU64::new(0),
@@ -628,6 +631,32 @@ impl Metrics {
             self.counter_check_failures.load(Ordering::Relaxed),
             self.dead_letters.load(Ordering::Relaxed)
         );
+        {
+            let _ = writeln!(
+                w,
+                "# HELP spindle_queued_tasks QUEUED tasks that may start now, the cluster's, by lane and band (at the last check).\n# TYPE spindle_queued_tasks gauge\n# HELP spindle_queued_oldest_seconds How long the oldest of them has waited since its submission.\n# TYPE spindle_queued_oldest_seconds gauge"
+            );
+            let ages = self
+                .queue_ages
+                .lock()
+                .map(|a| a.clone())
+                .unwrap_or_default();
+            for a in ages {
+                let lane = spindle_core::Lane::ALL.get(a.lane as usize);
+                let band = spindle_core::Band::ALL.get(a.band as usize);
+                let (Some(lane), Some(band)) = (lane, band) else {
+                    continue;
+                };
+                let _ = writeln!(
+                    w,
+                    "spindle_queued_tasks{{lane=\"{}\",band=\"{band}\"}} {}\nspindle_queued_oldest_seconds{{lane=\"{}\",band=\"{band}\"}} {:.3}",
+                    lane.name(),
+                    a.queued,
+                    lane.name(),
+                    a.oldest_s
+                );
+            }
+        }
         let _ = writeln!(
             w,
             "# HELP spindle_counter_drift_shards Pool shards whose counter differed from their reservations at the last check.\n# TYPE spindle_counter_drift_shards gauge\nspindle_counter_drift_shards {}",

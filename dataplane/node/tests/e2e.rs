@@ -766,9 +766,11 @@ async fn the_alert_rules_name_only_metrics_a_node_serves() {
     .unwrap();
     let (_, metrics) = http_get(daemon.http, "/metrics").await;
     let served = |name: &str| {
-        metrics
-            .lines()
-            .any(|l| l.starts_with(&format!("{name} ")) || l.starts_with(&format!("{name}{{")))
+        metrics.lines().any(|l| {
+            l.starts_with(&format!("{name} "))
+                || l.starts_with(&format!("{name}{{"))
+                || l.starts_with(&format!("# TYPE {name} "))
+        })
     };
     let mut named = 0;
     for line in rules
@@ -786,4 +788,41 @@ async fn the_alert_rules_name_only_metrics_a_node_serves() {
         }
     }
     assert!(named >= 6, "{named} metric names in the rules");
+}
+
+/// The queues' ages, for the starvation alert: QUEUED tasks that wait behind busy slots are
+/// counted by lane and band, with how long the oldest has waited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_tasks_and_the_oldest_wait_are_exported_by_lane_and_band() {
+    let test = TestDb::new().await;
+    let config = common::CONFIG.replace(
+        "local_provider_time_scale = 0.0001",
+        "local_provider_time_scale = 10.0\nprovider_concurrency = 1\ncounter_check_s = 1",
+    );
+    let daemon = common::start_with(&test, &config).await;
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
+        .await
+        .unwrap();
+    for i in 0..8 {
+        let a = client.submit(task(&format!("busy{i}"))).await.unwrap();
+        assert!(a.decision.is_accepted(), "{a:?}");
+    }
+    let series = "spindle_queued_tasks{lane=\"STANDARD\",band=\"P3\"}";
+    let queued = poll_until(
+        Duration::from_secs(10),
+        async || metric(&daemon, series).await,
+        |&n| n >= 4,
+    )
+    .await;
+    assert!(queued >= 4, "{queued} queued behind the busy slots");
+    let (_, text) = http_get(daemon.http, "/metrics").await;
+    let oldest: f64 = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("spindle_queued_oldest_seconds{lane=\"STANDARD\",band=\"P3\"} ")?
+                .parse()
+                .ok()
+        })
+        .expect("the oldest wait of the queue");
+    assert!(oldest > 0.0 && oldest < 60.0, "{oldest}");
 }
