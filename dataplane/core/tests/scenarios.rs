@@ -720,6 +720,33 @@ fn cancel_of_queued_and_deadline_expiry() {
     );
 }
 
+/// A deadline holds wherever the task waits: behind another task of its tenant, while
+/// nothing can be dispatched (the lane's one unit is taken), it is expired at its deadline.
+#[test]
+fn a_deadline_expires_a_task_behind_others_while_nothing_can_start() {
+    check(
+        "
+        lane STANDARD capacity=1
+        tenant 1
+        submit t1 tenant=1
+        dispatch
+        submit t2 tenant=1
+        submit t3 tenant=1 deadline=100
+        tick 200
+        dispatch
+        cancel t3
+        ",
+        expect![[r#"
+            1: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Immediate
+            dispatch 1 tenant=1 lane=STANDARD provider=0 mode=Normal attempt=1
+            2: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Immediate
+            3: ACCEPTED lane=STANDARD band=P3 fairness=1.000u level=Short
+            expired 3
+            cancel 3: Err(UnknownTask(TaskId(3)))
+        "#]],
+    );
+}
+
 #[test]
 fn fairness_debt_from_underestimated_work_is_paid_out_of_later_quanta() {
     // Quantum 5, 10 slots. Tenant 1's first two tasks cost 5 units each instead of 1: a debt of

@@ -140,8 +140,10 @@ impl Shard {
             .expect("CREATED → QUEUED");
         self.tenants[slot as usize].reserve_cost(est.cost_milli);
         self.users[user_slot as usize].tasks += 1;
+        let deadline = entry.deadline;
         let entry = self.tasks.insert(req.task, entry, TaskCold::default());
         self.enqueue(slot, lane, band, entry, End::Back);
+        self.watch_deadline(deadline, req.task);
         let decision = if lane == Lane::BestEffort {
             Decision::AcceptedBestEffort
         } else {
@@ -236,8 +238,10 @@ impl Shard {
         let cost = self.estimates.get(estimate).cost_milli;
         self.tenants[slot as usize].reserve_cost(cost);
         self.users[user_slot as usize].tasks += 1;
+        let deadline = entry.deadline;
         let entry_slot = self.tasks.insert(req.task, entry, TaskCold::default());
         self.enqueue(slot, restore.lane, restore.band, entry_slot, End::Back);
+        self.watch_deadline(deadline, req.task);
         self.stats.restored += 1;
         Ok(())
     }

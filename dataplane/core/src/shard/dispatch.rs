@@ -8,6 +8,10 @@ impl Shard {
     /// tenants, then bands with aging and a bounded fit-scan inside the tenant.
     pub fn poll_dispatch(&mut self, now: Time) -> Poll {
         self.promote_delayed(now);
+        if let Some(task) = self.expire_due(now) {
+            self.stats.expired += 1;
+            return Poll::Expired(task);
+        }
         let mut visits = 0usize;
         // Lanes tried in this poll, one bit each.
         let mut tried = 0u8;

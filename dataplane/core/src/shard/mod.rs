@@ -744,6 +744,11 @@ pub struct Shard {
     /// instead of every lane.
     ringed: u8,
     delayed: BinaryHeap<Reverse<(Time, TaskId)>>,
+    /// Queued tasks' deadlines, soonest first: a task is expired at its deadline wherever it
+    /// waits in its queue, and whether or not anything can be dispatched (`expire_due`).
+    /// Entries of tasks that left the queue are dropped when they come due, or by a
+    /// compaction once they outnumber the shard's tasks (`DEADLINES_SLACK`).
+    deadlines: BinaryHeap<Reverse<(Time, TaskId)>>,
     media_queue: VecDeque<TaskId>,
     media_head_skips: u32,
     stats: ShardStats,
@@ -1008,6 +1013,7 @@ impl Shard {
             lanes,
             ringed: 0,
             delayed: BinaryHeap::new(),
+            deadlines: BinaryHeap::new(),
             media_queue: VecDeque::new(),
             media_head_skips: 0,
             stats: ShardStats::default(),

@@ -115,4 +115,71 @@ impl Shard {
             self.enqueue(e.tenant_slot, e.lane, e.band, entry, End::Front);
         }
     }
+
+    /// Remembers a queued task's deadline (none: nothing to remember), compacting the index
+    /// once entries of tasks that left outnumber the shard's tasks.
+    pub(super) fn watch_deadline(&mut self, deadline: Time, task: TaskId) {
+        if deadline == NO_DEADLINE {
+            return;
+        }
+        self.deadlines.push(Reverse((deadline, task)));
+        if self.deadlines.len() > 2 * self.tasks.len() + DEADLINES_SLACK {
+            let tasks = &self.tasks;
+            self.deadlines.retain(|Reverse((_, t))| {
+                tasks
+                    .slot(*t)
+                    .is_some_and(|e| tasks.at(e).state.state == TaskState::Queued)
+            });
+        }
+    }
+
+    /// The first queued task whose deadline has passed, expired: taken out of its queue (or
+    /// its retry delay), its gates and cost released. `None` when no deadline is due.
+    pub(super) fn expire_due(&mut self, now: Time) -> Option<TaskId> {
+        while let Some(&Reverse((at, task))) = self.deadlines.peek() {
+            if at > now {
+                return None;
+            }
+            self.deadlines.pop();
+            let Some(slot) = self.tasks.slot(task) else {
+                continue;
+            };
+            let e = self.tasks.at(slot).clone();
+            // Started meanwhile (its deadline was for the wait), or requeued with another.
+            if e.state.state != TaskState::Queued || e.deadline != at {
+                continue;
+            }
+            match e.place {
+                Place::Band => {
+                    let cost_milli = self.fairness_milli(slot);
+                    let tenant = &mut self.tenants[e.tenant_slot as usize];
+                    let weight = u64::from(tenant.weight);
+                    let mut bands = Bands {
+                        tasks: &mut self.tasks,
+                        estimates: &self.estimates,
+                    };
+                    let found = tenant
+                        .queue_mut(e.lane)
+                        .remove_task(&mut bands, e.band, slot);
+                    assert!(found, "a queued task is in its band");
+                    self.dequeued(e.tenant_slot, e.lane, slot, cost_milli, weight);
+                    self.release_gates(&e);
+                }
+                // Its retry delay's heap entry is skipped when it comes due.
+                Place::Delayed => {}
+                _ => continue,
+            }
+            self.tasks
+                .at_mut(slot)
+                .state
+                .transition(TaskState::Expired, Actor::System)
+                .expect("QUEUED → EXPIRED");
+            self.finish(task);
+            return Some(task);
+        }
+        None
+    }
 }
+
+/// Deadline index entries allowed past twice the shard's tasks before a compaction.
+const DEADLINES_SLACK: usize = 4096;
