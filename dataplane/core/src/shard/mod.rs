@@ -1037,6 +1037,11 @@ impl Shard {
         &self.stats
     }
 
+    /// Entries of the deadline index, stale ones included (bounded: `watch_deadline`).
+    pub fn deadline_entries(&self) -> usize {
+        self.deadlines.len()
+    }
+
     pub fn task_count(&self) -> usize {
         self.tasks.len()
     }
