@@ -159,11 +159,14 @@ async fn wait_for_store(
 ) -> anyhow::Result<Db> {
     let began = std::time::Instant::now();
     let mut delay =
-        std::time::Duration::from_millis(u64::from(db_config.backoff_initial_ms).max(10));
+        std::time::Duration::from_millis(u64::from(db_config.backoff_initial_ms).max(10))
+            .min(STORE_WAIT_DELAY_MAX);
     let delay_max = std::time::Duration::from_millis(u64::from(db_config.backoff_max_ms))
         .clamp(delay, STORE_WAIT_DELAY_MAX);
     let mut logged: Option<std::time::Instant> = None;
-    for attempt in 1u64.. {
+    let mut attempt = 0u64;
+    loop {
+        attempt += 1;
         match Db::open(db_config).await {
             Ok(db) => {
                 if attempt > 1 {
@@ -197,7 +200,6 @@ async fn wait_for_store(
             Err(e) => return Err(e.into()),
         }
     }
-    unreachable!("the attempts are unbounded")
 }
 
 /// How often a node waiting for PostgreSQL at its start says so in the log.

@@ -26,10 +26,16 @@ pub(super) fn stored_reason(why: &str) -> String {
         .collect()
 }
 
-/// Queues `reports` for the next flush, in order.
+/// Queues `reports` for the next flush, in order. Each counts in its task's
+/// `pending_reports` from now until it is answered (a claim of the task waits for them all).
 pub(super) fn send_reports(s: &mut ShardState, reports: impl IntoIterator<Item = Report>) {
     let before = s.outbox.len();
-    s.outbox.extend(reports);
+    for r in reports {
+        if let Some(m) = s.meta.get_mut(&r.task) {
+            m.pending_reports += 1;
+        }
+        s.outbox.push(r);
+    }
     s.metrics.reports_pending.fetch_add(
         (s.outbox.len() - before) as u64,
         std::sync::atomic::Ordering::Relaxed,
@@ -51,18 +57,26 @@ pub(super) fn take_reports(s: &mut ShardState) -> Option<Vec<Report>> {
         return None;
     }
     let queued = s.outbox.len();
-    let rounds = fold_reports(s.outbox.drain(..));
-    let folded = queued - rounds.iter().map(Vec::len).sum::<usize>();
-    s.metrics
-        .reports_pending
-        .fetch_sub(folded as u64, std::sync::atomic::Ordering::Relaxed);
+    let mut folded_into = Vec::new();
+    let rounds = fold_reports_noting(s.outbox.drain(..), |task| folded_into.push(task));
+    s.metrics.reports_pending.fetch_sub(
+        folded_into.len() as u64,
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    debug_assert_eq!(
+        queued - folded_into.len(),
+        rounds.iter().map(Vec::len).sum::<usize>()
+    );
+    // A report folded into the one before is answered with it.
+    for task in folded_into {
+        if let Some(m) = s.meta.get_mut(&task) {
+            m.pending_reports = m.pending_reports.saturating_sub(1);
+        }
+    }
     let (send, wait) = next_in_order(rounds, &s.reporting);
     s.outbox = wait;
     for r in &send {
         s.reporting.insert(r.task);
-        if let Some(m) = s.meta.get_mut(&r.task) {
-            m.pending_reports += 1;
-        }
     }
     (!send.is_empty()).then_some(send)
 }
@@ -186,6 +200,10 @@ pub(super) async fn send_reports_now(shared: SharedShard, reports: Vec<Report>) 
             .fetch_add(retry.len() as u64, std::sync::atomic::Ordering::Relaxed);
         for r in &retry {
             s.reporting.remove(&r.task);
+            // Pending again until it is answered (`answered` counted this answer).
+            if let Some(m) = s.meta.get_mut(&r.task) {
+                m.pending_reports += 1;
+            }
         }
         retry.append(&mut s.outbox);
         s.outbox = retry;
@@ -268,14 +286,26 @@ pub(super) fn answered(
 
 /// Folds each task's consecutive reports where they fold (`Report::then`) and puts the rest in
 /// rounds: round k holds each task's k-th remaining report.
+#[cfg(test)]
 pub(super) fn fold_reports(reports: impl Iterator<Item = Report>) -> Vec<Vec<Report>> {
+    fold_reports_noting(reports, |_| {})
+}
+
+/// [`fold_reports`], telling `folded` the task of each report folded into the one before.
+fn fold_reports_noting(
+    reports: impl Iterator<Item = Report>,
+    mut folded: impl FnMut(TaskId),
+) -> Vec<Vec<Report>> {
     let mut rounds: Vec<Vec<Report>> = Vec::new();
     // Per task: (its last round, the index of its report there).
     let mut last: RunMap<TaskId, (usize, usize)> = RunMap::default();
     for r in reports {
         let r = match last.get(&r.task) {
             Some(&(k, i)) => match rounds[k][i].then(r) {
-                Ok(()) => continue,
+                Ok(()) => {
+                    folded(rounds[k][i].task);
+                    continue;
+                }
                 Err(r) => r,
             },
             None => r,
