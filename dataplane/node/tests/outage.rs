@@ -132,35 +132,10 @@ async fn a_cancel_that_cannot_be_stored_is_refused_and_cancels_nothing() {
 /// that failed before it, which left a task RUNNING with its slot held).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_postgres_crash_with_provider_jobs_in_flight_leaves_every_task_final_and_no_slot_held() {
-    use common::mock::{mock, mock_total, ACCOUNTS, SECRET};
+    use common::mock::{mock, mock_total, ACCOUNTS};
     let mut pg = EmbeddedPostgres::start(EmbeddedOptions::default()).unwrap();
     let (m, admin) = mock(400).await;
-    let config = format!(
-        r#"
-node_id = "crash"
-lease_ms = 3000
-listen = "127.0.0.1:0"
-http_listen = "127.0.0.1:0"
-shards = 2
-partitions = 8
-provider_concurrency = 4
-provider_rpm = 6000
-lane_capacity_units = 100000
-retry_backoff_base_ms = 20
-retry_backoff_max_ms = 200
-
-[provider]
-url = "{}"
-secret = "{SECRET}"
-timeout_ms = 400
-poll_ms = [100, 200]
-
-[[tenants]]
-id = 1
-credential = "tenant-1-credential"
-"#,
-        m.base_url()
-    );
+    let config = common::mock::node_config("crash", &m, "");
     let daemon = start_on(&pg.conninfo("postgres"), &config).await;
     let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await

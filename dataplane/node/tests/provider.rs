@@ -23,37 +23,6 @@ async fn node_named(test: &TestDb, provider: &MockProvider, id: &str) -> Daemon 
     start_with(test, &node_config(id, provider, "")).await
 }
 
-/// The provider tests' node configuration, with `provider_extra` in its `[provider]` section.
-fn node_config(id: &str, provider: &MockProvider, provider_extra: &str) -> String {
-    format!(
-        r#"
-node_id = "{id}"
-lease_ms = 3000
-listen = "127.0.0.1:0"
-http_listen = "127.0.0.1:0"
-shards = 2
-partitions = 8
-provider_concurrency = 4
-provider_rpm = 6000
-lane_capacity_units = 100000
-retry_backoff_base_ms = 20
-retry_backoff_max_ms = 200
-
-[provider]
-url = "{}"
-secret = "{SECRET}"
-timeout_ms = 400
-poll_ms = [100, 200]
-{provider_extra}
-
-[[tenants]]
-id = 1
-credential = "tenant-1-credential"
-"#,
-        provider.base_url()
-    )
-}
-
 /// A node whose submits to a mock hanging on them (`Fault::TimeoutAfterAccept`: it answers
 /// after 1.5 s) give up after 1 s, leaving a second of doubt to act in; `provider_extra` as in
 /// `node_config`.

@@ -116,6 +116,24 @@ impl Shard {
         }
     }
 
+    /// Takes the queued task at `slot` (its entry `e`) out of its band wherever it stands, with
+    /// the queue's bookkeeping, and releases its queue gates (a cancel, an expiry).
+    pub(super) fn take_out_of_band(&mut self, slot: u32, e: &TaskEntry) {
+        let cost_milli = self.fairness_milli(slot);
+        let tenant = &mut self.tenants[e.tenant_slot as usize];
+        let weight = u64::from(tenant.weight);
+        let mut bands = Bands {
+            tasks: &mut self.tasks,
+            estimates: &self.estimates,
+        };
+        let found = tenant
+            .queue_mut(e.lane)
+            .remove_task(&mut bands, e.band, slot);
+        assert!(found, "a queued task is in its band");
+        self.dequeued(e.tenant_slot, e.lane, slot, cost_milli, weight);
+        self.release_gates(e);
+    }
+
     /// Remembers a queued task's deadline (none: nothing to remember), compacting the index
     /// once entries of tasks that left outnumber the shard's tasks.
     pub(super) fn watch_deadline(&mut self, deadline: Time, task: TaskId) {
@@ -150,21 +168,7 @@ impl Shard {
                 continue;
             }
             match e.place {
-                Place::Band => {
-                    let cost_milli = self.fairness_milli(slot);
-                    let tenant = &mut self.tenants[e.tenant_slot as usize];
-                    let weight = u64::from(tenant.weight);
-                    let mut bands = Bands {
-                        tasks: &mut self.tasks,
-                        estimates: &self.estimates,
-                    };
-                    let found = tenant
-                        .queue_mut(e.lane)
-                        .remove_task(&mut bands, e.band, slot);
-                    assert!(found, "a queued task is in its band");
-                    self.dequeued(e.tenant_slot, e.lane, slot, cost_milli, weight);
-                    self.release_gates(&e);
-                }
+                Place::Band => self.take_out_of_band(slot, &e),
                 // Its retry delay's heap entry is skipped when it comes due.
                 Place::Delayed => {}
                 _ => continue,

@@ -354,19 +354,7 @@ impl Shard {
         self.stats.canceled += 1;
         match e.place {
             Place::Band => {
-                let cost_milli = self.fairness_milli(slot);
-                let tenant = &mut self.tenants[e.tenant_slot as usize];
-                let weight = u64::from(tenant.weight);
-                let mut bands = Bands {
-                    tasks: &mut self.tasks,
-                    estimates: &self.estimates,
-                };
-                let found = tenant
-                    .queue_mut(e.lane)
-                    .remove_task(&mut bands, e.band, slot);
-                assert!(found, "a queued task is in its band");
-                self.dequeued(e.tenant_slot, e.lane, slot, cost_milli, weight);
-                self.release_gates(&e);
+                self.take_out_of_band(slot, &e);
                 self.finish(task);
                 Ok(CancelOutcome::Canceled)
             }

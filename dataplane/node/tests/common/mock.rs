@@ -248,3 +248,34 @@ pub async fn submitted(admin: &HttpProvider, task: TaskId) -> spindle_providers:
     .await;
     found.unwrap_or_else(|| panic!("no account has a job for {key}"))
 }
+
+/// The provider tests' node configuration, with `provider_extra` in its `[provider]` section.
+pub fn node_config(id: &str, provider: &MockProvider, provider_extra: &str) -> String {
+    format!(
+        r#"
+node_id = "{id}"
+lease_ms = 3000
+listen = "127.0.0.1:0"
+http_listen = "127.0.0.1:0"
+shards = 2
+partitions = 8
+provider_concurrency = 4
+provider_rpm = 6000
+lane_capacity_units = 100000
+retry_backoff_base_ms = 20
+retry_backoff_max_ms = 200
+
+[provider]
+url = "{}"
+secret = "{SECRET}"
+timeout_ms = 400
+poll_ms = [100, 200]
+{provider_extra}
+
+[[tenants]]
+id = 1
+credential = "tenant-1-credential"
+"#,
+        provider.base_url()
+    )
+}
