@@ -140,18 +140,7 @@ pub fn client(
     tls: &rustls::ClientConfig,
     connect_timeout: Duration,
 ) -> Client<Connector, Full<Bytes>> {
-    let mut http = HttpConnector::new();
-    http.enforce_http(false);
-    http.set_nodelay(true);
-    http.set_connect_timeout(Some(connect_timeout));
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls.clone())
-        .https_or_http()
-        .enable_http1()
-        .wrap_connector(http);
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(30))
-        .build(connector)
+    over(HttpConnector::new(), tls, connect_timeout)
 }
 
 /// A client like [`client`] whose resolver drops the addresses media is never fetched from
@@ -161,7 +150,23 @@ pub fn guarded_client(
     connect_timeout: Duration,
 ) -> Client<hyper_rustls::HttpsConnector<HttpConnector<crate::sources::GuardedResolver>>, Full<Bytes>>
 {
-    let mut http = HttpConnector::new_with_resolver(crate::sources::GuardedResolver);
+    over(
+        HttpConnector::new_with_resolver(crate::sources::GuardedResolver),
+        tls,
+        connect_timeout,
+    )
+}
+
+/// [`client`]'s settings over `http`, whatever resolves its names.
+fn over<R>(
+    mut http: HttpConnector<R>,
+    tls: &rustls::ClientConfig,
+    connect_timeout: Duration,
+) -> Client<hyper_rustls::HttpsConnector<HttpConnector<R>>, Full<Bytes>>
+where
+    hyper_rustls::HttpsConnector<HttpConnector<R>>:
+        hyper_util::client::legacy::connect::Connect + Clone + Send + Sync + 'static,
+{
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(Some(connect_timeout));
