@@ -311,7 +311,7 @@ fn random_password() -> Result<String, EmbedError> {
 }
 
 /// Writes `text` to a new file `path` only its owner may read (0600).
-fn write_private(path: &std::path::Path, text: &str) -> Result<(), EmbedError> {
+pub fn write_private(path: &std::path::Path, text: &str) -> Result<(), EmbedError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
     std::fs::OpenOptions::new()

@@ -37,18 +37,9 @@ async fn main() -> Result<()> {
     // Write then rename: a reader never sees half a line.
     let tmp = ready_file.with_extension("partial");
     // It holds the server's password: readable by this user alone.
-    {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        let _ = std::fs::remove_file(&tmp);
-        std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)
-            .and_then(|mut f| f.write_all(format!("{conninfo}\n").as_bytes()))
-            .context("writing the ready file")?;
-    }
+    let _ = std::fs::remove_file(&tmp);
+    spindle_control::embedded::write_private(&tmp, &format!("{conninfo}\n"))
+        .context("writing the ready file")?;
     std::fs::rename(&tmp, &ready_file).context("publishing the ready file")?;
     eprintln!(
         "spindle-pg: serving {} (password in {} and PGPASSFILE={})",

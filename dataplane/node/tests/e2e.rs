@@ -795,10 +795,7 @@ async fn the_alert_rules_name_only_metrics_a_node_serves() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn queued_tasks_and_the_oldest_wait_are_exported_by_lane_and_band() {
     let test = TestDb::new().await;
-    let config = common::CONFIG.replace(
-        "local_provider_time_scale = 0.0001",
-        "local_provider_time_scale = 10.0\nprovider_concurrency = 1\ncounter_check_s = 1",
-    );
+    let config = common::config_scaled("10.0", "provider_concurrency = 1\ncounter_check_s = 1");
     let daemon = common::start_with(&test, &config).await;
     let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await

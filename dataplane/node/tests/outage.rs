@@ -177,16 +177,7 @@ async fn a_postgres_crash_with_provider_jobs_in_flight_leaves_every_task_final_a
     tokio::spawn(connection);
     let open = poll_until(
         Duration::from_secs(90),
-        async || {
-            sql.query_one(
-                "SELECT count(*) FROM task WHERE task_id = ANY ($1)
-                    AND state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELED', 'EXPIRED')",
-                &[&ids],
-            )
-            .await
-            .unwrap()
-            .get::<_, i64>(0)
-        },
+        async || common::mock::unfinished(&sql, &ids).await,
         |&n| n == 0,
     )
     .await;
@@ -205,15 +196,8 @@ async fn a_postgres_crash_with_provider_jobs_in_flight_leaves_every_task_final_a
     let held = poll_until(
         Duration::from_secs(30),
         async || {
-            let row = sql
-                .query_one(
-                    "SELECT (SELECT count(*) FROM resource_reservation WHERE status = 'ACTIVE'),
-                            (SELECT coalesce(sum(used), 0)::bigint FROM resource_pool_shard)",
-                    &[],
-                )
-                .await
-                .unwrap();
-            (row.get::<_, i64>(0), row.get::<_, i64>(1))
+            let (reservations, used, _) = common::mock::held(&sql).await;
+            (reservations, used)
         },
         |&held| held == (0, 0),
     )

@@ -194,19 +194,8 @@ provider_concurrency = {concurrency}
         common::metric(&restarted, "spindle_restore_failed_total").await,
         11
     );
-    let row = sql
-        .query_one(
-            "SELECT (SELECT count(*) FROM resource_reservation WHERE status = 'ACTIVE'),
-                    (SELECT coalesce(sum(used), 0)::bigint FROM resource_pool_shard)",
-            &[],
-        )
-        .await
-        .unwrap();
-    assert_eq!(
-        (row.get::<_, i64>(0), row.get::<_, i64>(1)),
-        (0, 0),
-        "nothing held"
-    );
+    let (reservations, used, _) = common::mock::held(&sql).await;
+    assert_eq!((reservations, used), (0, 0), "nothing held");
 
     // And the node serves new work.
     let client = Client::connect(restarted.addr, TenantId(1), "tenant-1-credential")
@@ -226,23 +215,7 @@ async fn a_queued_tasks_deadline_survives_a_restart_and_it_expires_unrun() {
     use spindle_core::TaskState;
     let test = TestDb::new().await;
     // One slot per provider account, and long tasks that hold them for the length of the test.
-    let config = r#"
-node_id = "deadline-node"
-listen = "127.0.0.1:0"
-http_listen = "127.0.0.1:0"
-shards = 2
-partitions = 8
-provider_concurrency = 1
-local_provider_time_scale = 10.0
-
-[[tenants]]
-id = 1
-credential = "tenant-1-credential"
-
-[[tenants]]
-id = 2
-credential = "tenant-2-credential"
-"#;
+    let config = &common::config_scaled("10.0", "provider_concurrency = 1");
     let mut daemon = start_with(&test, config).await;
     let busy = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await

@@ -151,22 +151,39 @@ pub async fn state_of(sql: &tokio_postgres::Client, key: i64) -> String {
         .get(0)
 }
 
+/// How many of the tasks `keys` are not in a final state.
+pub async fn unfinished(sql: &tokio_postgres::Client, keys: &[i64]) -> i64 {
+    sql.query_one(
+        "SELECT count(*) FROM task WHERE task_id = ANY ($1)
+            AND state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELED', 'EXPIRED')",
+        &[&keys],
+    )
+    .await
+    .unwrap()
+    .get(0)
+}
+
+/// What is held now: ACTIVE reservations, pool usage, budget reserved.
+pub async fn held(sql: &tokio_postgres::Client) -> (i64, i64, i64) {
+    let row = sql
+        .query_one(
+            "SELECT (SELECT count(*) FROM resource_reservation WHERE status = 'ACTIVE'),
+                    (SELECT coalesce(sum(used), 0)::bigint FROM resource_pool_shard),
+                    (SELECT coalesce(sum(reserved_milli), 0)::bigint FROM tenant_quota)",
+            &[],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1), row.get(2))
+}
+
 /// Waits (bounded) until every one of `ids` is in a final state; returns the states in order.
 pub async fn wait_final(test: &TestDb, ids: &[TaskId]) -> Vec<String> {
     let keys: Vec<i64> = ids.iter().map(|t| t.0 as i64).collect();
     let sql = test.sql().await.unwrap();
     poll_until(
         Duration::from_secs(30),
-        async || {
-            sql.query_one(
-                "SELECT count(*) FROM task WHERE task_id = ANY ($1)
-                    AND state NOT IN ('SUCCEEDED', 'FAILED', 'CANCELED', 'EXPIRED')",
-                &[&keys],
-            )
-            .await
-            .unwrap()
-            .get::<_, i64>(0)
-        },
+        async || unfinished(&sql, &keys).await,
         |&open| open == 0,
     )
     .await;
@@ -184,21 +201,8 @@ pub async fn wait_final(test: &TestDb, ids: &[TaskId]) -> Vec<String> {
 /// Nothing held, nothing reserved from the budget, no contract broken, no key sent twice.
 pub async fn assert_clean(test: &TestDb, admin: &HttpProvider) -> AccountStats {
     let sql = test.sql().await.unwrap();
-    let row = sql
-        .query_one(
-            "SELECT (SELECT count(*) FROM resource_reservation WHERE status = 'ACTIVE'),
-                    (SELECT coalesce(sum(used), 0)::bigint FROM resource_pool_shard),
-                    (SELECT coalesce(sum(reserved_milli), 0)::bigint FROM tenant_quota)",
-            &[],
-        )
-        .await
-        .unwrap();
     assert_eq!(
-        (
-            row.get::<_, i64>(0),
-            row.get::<_, i64>(1),
-            row.get::<_, i64>(2)
-        ),
+        held(&sql).await,
         (0, 0, 0),
         "reservations, pool usage and budget reservations all given back"
     );
