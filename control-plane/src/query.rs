@@ -145,7 +145,7 @@ impl Db {
 
     /// `columns` of the rows of `tasks` (`t`), one row per task in their order, NULLs for a
     /// task that is not stored.
-    async fn rows_in_order(
+    pub(crate) async fn rows_in_order(
         &self,
         what: &str,
         columns: &str,

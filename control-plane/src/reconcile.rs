@@ -1,41 +1,29 @@
-//! Reconciler jobs. Each is one function a node runs periodically; each is bounded by
-//! `SCAN_MAX` rows per pass and safe to run on several nodes at once (every write goes through
-//! the fenced batch functions or locks what it changes).
+//! The reconcilers' queries (the node schedules them: `spindle_node::reconciler`). Each is
+//! bounded by `SCAN_MAX` rows per pass and safe to run on several nodes at once: they read, and
+//! what a reconciler changes goes through the fenced batch functions or locks what it changes.
 //!
-//! An expired lease is not a release: the provider is asked first, by request key, and only a
-//! definite "not found" (or a failure) gives the capacity back.
-
-use std::future::Future;
+//! A lapsed lease is not a release: the node hands the attempt to its shard, which asks the
+//! provider by request key, and only a definite "not found" (or a failure) gives the capacity
+//! back.
 
 use spindle_core::{AttemptId, FencingToken, TaskId, TaskState, TenantId};
 
 use crate::db::Db;
 use crate::error::StoreError;
 use crate::limits::SCAN_MAX;
-use crate::report::{Report, ReportAction, ReportResult};
 use crate::types::{parse_state, PartitionId, PoolShard};
 
-/// What a provider says about an attempt when asked by its request key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ProviderView {
-    /// It has the job and is working on it.
-    Running,
-    /// It finished the job successfully.
-    Succeeded,
-    /// It had the job and the job failed.
-    Failed { reason: String },
-    /// It never received this request key.
-    NotFound,
-    /// It could not be asked (down, timed out): decide nothing.
-    Unknown,
+/// The columns [`queued_task`] reads, first in a row (a macro, so that longer column lists
+/// can `concat!` it).
+macro_rules! queued_columns {
+    () => {
+        "task_id, tenant_id, user_id, partition, lane, band, version,
+         policy_version, cost_estimate_milli, fairness_milli, payload,
+         created_at, next_eligible_at, attempt_no"
+    };
 }
 
-/// The provider-lookup hook: the dispatch layer implements it over the provider adapters.
-pub trait ProviderLookup {
-    fn lookup(&self, provider: &str, request_key: &str) -> impl Future<Output = ProviderView>;
-}
-
-/// A live attempt the reconciler looks at.
+/// A live attempt, as a node (re)starting to own its partition resolves it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LiveAttempt {
     pub task: TaskId,
@@ -44,19 +32,6 @@ pub struct LiveAttempt {
     pub token: FencingToken,
     pub provider: String,
     pub request_key: String,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ReconcileReport {
-    /// The provider has the work: lease extended (and the task moved to RUNNING or
-    /// PROVIDER_SUCCEEDED where it lagged behind).
-    pub resumed: u32,
-    /// The provider never got it, or it failed there: released and requeued.
-    pub requeued: u32,
-    /// The provider could not say: left as it was (reservations kept), asked again next pass.
-    pub in_doubt: u32,
-    /// Someone else changed the task meanwhile (fenced): nothing done.
-    pub raced: u32,
 }
 
 /// Each pool shard's stored `used` beside what its ACTIVE reservations add up to (the CTEs
@@ -188,6 +163,16 @@ pub struct LiveOf {
     pub request_key: String,
 }
 
+/// A succeeded task's settled cost and where to ask the provider about it
+/// ([`Db::settled_costs`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settled {
+    pub task: TaskId,
+    pub provider: String,
+    pub request_key: String,
+    pub cost_milli: u64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Starved {
     pub task: TaskId,
@@ -215,25 +200,6 @@ fn live_attempt(r: &tokio_postgres::Row) -> Result<LiveAttempt, StoreError> {
 }
 
 impl Db {
-    /// Live attempts whose lease ran out (their node stopped renewing), oldest first.
-    pub async fn expired_attempts(&self, limit: usize) -> Result<Vec<LiveAttempt>, StoreError> {
-        let rows = self
-            .answered(
-                false,
-                self.client().query(
-                    &format!(
-                        "SELECT {LIVE_ATTEMPT_COLUMNS}
-                             FROM task t
-                            WHERE t.current_attempt IS NOT NULL AND t.attempt_lease_until < now()
-                            ORDER BY t.attempt_lease_until LIMIT $1"
-                    ),
-                    &[&(limit.min(SCAN_MAX) as i64)],
-                ),
-            )
-            .await?;
-        rows.iter().map(live_attempt).collect()
-    }
-
     /// One page of the live attempts of tasks in `partitions`, in task id order after `after`:
     /// what a node that (re)starts owning them must resolve before it schedules (its previous
     /// incarnation's work, or a dead node's).
@@ -260,92 +226,6 @@ impl Db {
             )
             .await?;
         rows.iter().map(live_attempt).collect()
-    }
-
-    /// Claims that sat in DISPATCHING or SUBMIT_UNKNOWN for longer than `older_than_ms`: the
-    /// node died between claim and provider answer, or the answer never came.
-    pub async fn stuck_attempts(
-        &self,
-        older_than_ms: u32,
-        limit: usize,
-    ) -> Result<Vec<LiveAttempt>, StoreError> {
-        let rows = self
-            .answered(
-                false,
-                self.client().query(
-                    &format!(
-                        "SELECT {LIVE_ATTEMPT_COLUMNS}
-                             FROM task t
-                            WHERE t.current_attempt IS NOT NULL
-                              AND t.state IN ('DISPATCHING', 'SUBMIT_UNKNOWN')
-                              AND t.updated_at < now() - $1::float8 * interval '1 millisecond'
-                            ORDER BY t.updated_at LIMIT $2"
-                    ),
-                    &[&f64::from(older_than_ms), &(limit.min(SCAN_MAX) as i64)],
-                ),
-            )
-            .await?;
-        rows.iter().map(live_attempt).collect()
-    }
-
-    /// Asks the provider about each attempt and acts on the answer (see `ProviderView`).
-    /// `lease_ms` is the new lease of resumed attempts.
-    pub async fn reconcile_attempts(
-        &self,
-        attempts: &[LiveAttempt],
-        lookup: &impl ProviderLookup,
-        lease_ms: u32,
-    ) -> Result<ReconcileReport, StoreError> {
-        let mut report = ReconcileReport::default();
-        for a in attempts.iter().take(SCAN_MAX) {
-            let view = lookup.lookup(&a.provider, &a.request_key).await;
-            let action = match &view {
-                ProviderView::Unknown => {
-                    report.in_doubt += 1;
-                    continue;
-                }
-                ProviderView::Running | ProviderView::Succeeded => {
-                    let renewed = self.renew_attempts(&[(a.task, a.token)], lease_ms).await?;
-                    if renewed.is_empty() {
-                        report.raced += 1;
-                        continue;
-                    }
-                    let target = if view == ProviderView::Running {
-                        TaskState::Running
-                    } else {
-                        TaskState::ProviderSucceeded
-                    };
-                    if !catches_up(a.state, target) {
-                        report.resumed += 1;
-                        continue;
-                    }
-                    ReportAction::Advance(target)
-                }
-                ProviderView::NotFound => ReportAction::Requeue {
-                    delay_ms: 0,
-                    reason: "reconciler: provider does not know the attempt".into(),
-                },
-                ProviderView::Failed { reason } => ReportAction::Requeue {
-                    delay_ms: 0,
-                    reason: format!("reconciler: provider reports failure: {reason}"),
-                },
-            };
-            let requeue = matches!(action, ReportAction::Requeue { .. });
-            let result = self
-                .report_batch(&[Report {
-                    task: a.task,
-                    token: Some(a.token),
-                    via: Vec::new(),
-                    action,
-                }])
-                .await?;
-            match result.first() {
-                Some(ReportResult::Applied { .. }) if requeue => report.requeued += 1,
-                Some(ReportResult::Applied { .. }) => report.resumed += 1,
-                _ => report.raced += 1,
-            }
-        }
-        Ok(report)
     }
 
     /// Recomputes every pool shard's `used` from its ACTIVE reservations (invariant 5) and
@@ -488,46 +368,129 @@ impl Db {
                 false,
                 self.client().query(
                     &format!(
-                    "SELECT {QUEUED_COLUMNS}, state, current_attempt IS NOT NULL, current_fencing,
-                            attempt_provider, 'spindle-' || task_id || '-' || attempt_no,
-                            cancel_requested
+                        "SELECT {OWNED_COLUMNS}
                        FROM task
                       WHERE task_id > $2 AND partition = ANY ($1)
                         AND (state = 'QUEUED' OR current_attempt IS NOT NULL)
                       ORDER BY task_id
                       LIMIT $3"
-                ),
+                    ),
                     &[&parts, &after_task, &(limit.min(SCAN_MAX) as i64)],
                 ),
             )
             .await?;
-        rows.iter()
-            .map(|r| {
-                let live = match r.get::<_, bool>(15) {
-                    false => None,
-                    true => Some(LiveOf {
-                        state: parse_state(r.get(14))?,
-                        token: FencingToken(r.get::<_, i64>(16) as u64),
-                        provider: r.get(17),
-                        request_key: r.get(18),
-                    }),
-                };
-                Ok(OwnedTask {
-                    task: queued_task(r),
-                    live,
-                    cancel_requested: r.get(19),
-                })
-            })
-            .collect()
+        rows.iter().map(owned_task).collect()
     }
 
-    /// QUEUED tasks (eligible, not backing off) that have waited longer than `max_wait_ms`:
-    /// the starvation detector's evidence, longest wait first.
+    /// Live attempts of tasks in `partitions` that nobody follows any more as far as
+    /// PostgreSQL can tell — their lease lapsed (their node stopped renewing it) — or that sat
+    /// in DISPATCHING or SUBMIT_UNKNOWN for longer than `stuck_after_ms`, lapsed ones first,
+    /// at most `limit`: what the owner's attempts reconciler hands its shards (a shard that
+    /// holds one already is following it; one nobody holds is followed from here, asking the
+    /// provider by request key). Read like [`Db::load_owned`]'s rows.
+    pub async fn lapsed_owned(
+        &self,
+        partitions: &[PartitionId],
+        stuck_after_ms: u32,
+        limit: usize,
+    ) -> Result<Vec<OwnedTask>, StoreError> {
+        let (parts, _) = page_args(partitions, None)?;
+        let rows = self
+            .answered(
+                false,
+                self.client().query(
+                    &format!(
+                        "SELECT {OWNED_COLUMNS}
+                           FROM task
+                          WHERE partition = ANY ($1) AND current_attempt IS NOT NULL
+                            AND (attempt_lease_until < now()
+                                 OR (state IN ('DISPATCHING', 'SUBMIT_UNKNOWN')
+                                     AND updated_at < now() - $2::float8 * interval '1 millisecond'))
+                          ORDER BY attempt_lease_until
+                          LIMIT $3"
+                    ),
+                    &[
+                        &parts,
+                        &f64::from(stuck_after_ms),
+                        &(limit.min(SCAN_MAX) as i64),
+                    ],
+                ),
+            )
+            .await?;
+        rows.iter().map(owned_task).collect()
+    }
+
+    /// For each of `tasks` (in order), its partition and whether attempt `attempt_no` of it
+    /// is its live attempt now; `None` for a task with no row (pruned, or never stored). The
+    /// orphan reconciler's question about a job it found at the provider.
+    pub async fn attempt_owners(
+        &self,
+        tasks: &[(TaskId, u32)],
+    ) -> Result<Vec<Option<(PartitionId, bool)>>, StoreError> {
+        let ids: Vec<TaskId> = tasks.iter().map(|&(t, _)| t).collect();
+        let rows = self
+            .rows_in_order(
+                "attempt owners",
+                "t.partition, t.attempt_no, t.current_attempt IS NOT NULL",
+                &ids,
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .zip(tasks)
+            .map(|(r, &(_, attempt_no))| {
+                let partition = r.get::<_, Option<i32>>(0)?;
+                let live = r.get::<_, Option<bool>>(2) == Some(true)
+                    && r.get::<_, Option<i32>>(1) == Some(attempt_no as i32);
+                Some((PartitionId(partition as u32), live))
+            })
+            .collect())
+    }
+
+    /// One page of the SUCCEEDED tasks of `partitions` with a settled cost, in task id order
+    /// after `after` (`None`: from the first), for the provider cost check: each with the
+    /// provider account and request key of the attempt that succeeded.
+    pub async fn settled_costs(
+        &self,
+        partitions: &[PartitionId],
+        after: Option<TaskId>,
+        limit: usize,
+    ) -> Result<Vec<Settled>, StoreError> {
+        let (parts, after_task) = page_args(partitions, after)?;
+        let rows = self
+            .answered(
+                false,
+                self.client().query(
+                    "SELECT task_id, attempt_provider,
+                            'spindle-' || task_id || '-' || attempt_no, cost_actual_milli
+                       FROM task
+                      WHERE task_id > $2 AND partition = ANY ($1) AND state = 'SUCCEEDED'
+                        AND cost_actual_milli IS NOT NULL AND attempt_provider IS NOT NULL
+                      ORDER BY task_id LIMIT $3",
+                    &[&parts, &after_task, &(limit.min(SCAN_MAX) as i64)],
+                ),
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| Settled {
+                task: TaskId(r.get::<_, i64>(0) as u64),
+                provider: r.get(1),
+                request_key: r.get(2),
+                cost_milli: r.get::<_, i64>(3).max(0) as u64,
+            })
+            .collect())
+    }
+
+    /// QUEUED tasks of `partitions` (eligible, not backing off) that have waited longer than
+    /// `max_wait_ms`: the starvation detector's evidence, longest wait first.
     pub async fn starved_tasks(
         &self,
+        partitions: &[PartitionId],
         max_wait_ms: u32,
         limit: usize,
     ) -> Result<Vec<Starved>, StoreError> {
+        let (parts, _) = page_args(partitions, None)?;
         let rows = self
             .answered(
                 false,
@@ -535,11 +498,15 @@ impl Db {
                     "SELECT task_id, tenant_id,
                               (extract(epoch FROM now() - created_at) * 1000)::bigint
                          FROM task
-                        WHERE state = 'QUEUED'
+                        WHERE state = 'QUEUED' AND partition = ANY ($3)
                           AND created_at < now() - $1::float8 * interval '1 millisecond'
                           AND (next_eligible_at IS NULL OR next_eligible_at <= now())
                         ORDER BY created_at LIMIT $2",
-                    &[&f64::from(max_wait_ms), &(limit.min(SCAN_MAX) as i64)],
+                    &[
+                        &f64::from(max_wait_ms),
+                        &(limit.min(SCAN_MAX) as i64),
+                        &parts,
+                    ],
                 ),
             )
             .await?;
@@ -565,11 +532,32 @@ fn page_args(
     Ok((parts, after.map_or(-1, |t| t.0 as i64)))
 }
 
+/// The columns [`owned_task`] reads.
+const OWNED_COLUMNS: &str = concat!(
+    queued_columns!(),
+    ", state, current_attempt IS NOT NULL, current_fencing,
+     attempt_provider, 'spindle-' || task_id || '-' || attempt_no, cancel_requested"
+);
+
+fn owned_task(r: &tokio_postgres::Row) -> Result<OwnedTask, StoreError> {
+    let live = match r.get::<_, bool>(15) {
+        false => None,
+        true => Some(LiveOf {
+            state: parse_state(r.get(14))?,
+            token: FencingToken(r.get::<_, i64>(16) as u64),
+            provider: r.get(17),
+            request_key: r.get(18),
+        }),
+    };
+    Ok(OwnedTask {
+        task: queued_task(r),
+        live,
+        cancel_requested: r.get(19),
+    })
+}
+
 /// The columns [`queued_task`] reads, first in a row.
-pub(crate) const QUEUED_COLUMNS: &str =
-    "task_id, tenant_id, user_id, partition, lane, band, version,
-                              policy_version, cost_estimate_milli, fairness_milli, payload,
-                              created_at, next_eligible_at, attempt_no";
+pub(crate) const QUEUED_COLUMNS: &str = queued_columns!();
 
 pub(crate) fn queued_task(r: &tokio_postgres::Row) -> QueuedTask {
     QueuedTask {
@@ -587,14 +575,5 @@ pub(crate) fn queued_task(r: &tokio_postgres::Row) -> QueuedTask {
         created_at: r.get(11),
         next_eligible_at: r.get(12),
         attempt_no: r.get::<_, i32>(13) as u32,
-    }
-}
-
-/// Whether the provider's answer moves the task forward (never backward).
-fn catches_up(state: TaskState, target: TaskState) -> bool {
-    match target {
-        TaskState::Running => matches!(state, TaskState::Dispatching | TaskState::SubmitUnknown),
-        TaskState::ProviderSucceeded => state == TaskState::Running,
-        _ => false,
     }
 }

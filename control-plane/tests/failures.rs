@@ -411,7 +411,11 @@ async fn every_store_call_gives_up_on_a_silent_server_within_its_deadline() {
     // Single statements of the node's start, stop and background work.
     gives_up_on_silence!(test, b"INSERT", |db| db.register_node(NODE, "127.0.0.1:1"));
     gives_up_on_silence!(test, b"UPDATE", |db| db.release_partitions(NODE));
-    gives_up_on_silence!(test, b"attempt_provider", |db| db.expired_attempts(10));
+    gives_up_on_silence!(test, b"attempt_provider", |db| db.lapsed_owned(
+        &[spindle_control::PartitionId(0)],
+        1_000,
+        10
+    ));
     gives_up_on_silence!(test, b"DELETE", |db| db.prune_events(
         std::time::Duration::ZERO,
         false,

@@ -134,13 +134,13 @@ async fn attempt_leases_renew_in_one_batch_and_only_for_the_current_token() {
         .unwrap();
     assert_eq!(renewed, vec![a1]);
     let expired: Vec<_> = db
-        .expired_attempts(10)
+        .lapsed_owned(&[spindle_control::PartitionId(1)], 3_600_000, 10)
         .await
         .unwrap()
         .iter()
-        .map(|a| a.attempt)
+        .map(|o| o.task.task)
         .collect();
-    assert_eq!(expired, vec![a2]);
+    assert_eq!(expired, vec![spindle_core::TaskId(2)], "{a2:?}");
     let sql = test.sql().await.unwrap();
     sql.execute(
         "UPDATE node SET heartbeat_at = '2000-01-01' WHERE node_id = $1",

@@ -1,53 +1,17 @@
-//! Reconciler jobs, one test each: counter rebuild, expired leases asked of the provider, stuck
-//! claims, the QUEUED rebuild, the starvation detector, and the outbox relay.
+//! Reconciler jobs' queries, one test each: counter rebuild, lapsed and stuck attempts, the
+//! QUEUED rebuild, the starvation detector, and the outbox relay.
 
 mod common;
-
-use std::cell::RefCell;
-use std::collections::HashMap;
 
 use common::{
     age_live_attempts, assert_counters_derived, claim, finish, setup, task, LEASE_MS, NODE,
 };
 use spindle_control::events::{Event, EventSink};
-use spindle_control::reconcile::{
-    BudgetDrift, Counters, ProviderLookup, ProviderView, ReconcileReport,
-};
+use spindle_control::reconcile::{BudgetDrift, Counters};
 use spindle_control::{ClaimResult, PartitionId, Report, ReportAction, ReportResult};
 use spindle_core::{PolicyVersion, TaskId, TaskState, TenantId};
 
 const V1: PolicyVersion = PolicyVersion(1);
-
-/// A provider that answers from a table by request key, and counts the questions.
-#[derive(Default)]
-struct Answers {
-    by_key: HashMap<String, ProviderView>,
-    asked: RefCell<Vec<String>>,
-}
-
-impl ProviderLookup for Answers {
-    async fn lookup(&self, _provider: &str, request_key: &str) -> ProviderView {
-        self.asked.borrow_mut().push(request_key.to_string());
-        self.by_key
-            .get(request_key)
-            .cloned()
-            .unwrap_or(ProviderView::Unknown)
-    }
-}
-
-async fn state_of(test: &spindle_control::testing::TestDb, id: u64) -> (String, i64) {
-    let sql = test.sql().await.unwrap();
-    let r = sql
-        .query_one(
-            "SELECT state, (SELECT count(*) FROM resource_reservation
-                             WHERE task_id = $1 AND status = 'ACTIVE')
-               FROM task WHERE task_id = $1",
-            &[&(id as i64)],
-        )
-        .await
-        .unwrap();
-    (r.get(0), r.get(1))
-}
 
 #[tokio::test]
 async fn drifted_counters_are_rebuilt_from_active_reservations() {
@@ -174,11 +138,21 @@ async fn a_drifted_reserved_budget_is_found_and_rebuilt_from_the_open_ledger_cyc
     assert_counters_derived(&test).await;
 }
 
+/// The attempts reconciler's question: of the owned partitions' live attempts, those whose
+/// lease lapsed (lapsed first) and those stuck in DISPATCHING or SUBMIT_UNKNOWN past the
+/// threshold even with a renewed lease — never a fresh one, one of another partition, one that
+/// ended, or more than the bound.
 #[tokio::test]
-async fn expired_leases_are_resolved_by_asking_the_provider_never_by_expiry_alone() {
+async fn lapsed_and_stuck_attempts_of_owned_partitions_are_found_and_no_others() {
     let (test, db) = setup().await;
     db.set_pool("provider:acme", 10, 1).await.unwrap();
-    let batch: Vec<_> = (1..=4).map(|i| task(i, 1, &format!("k{i}"))).collect();
+    // Tenant 1's tasks are in partition 1, tenant 2's in partition 2.
+    let batch = [
+        task(1, 1, "a"),
+        task(2, 1, "b"),
+        task(3, 1, "c"),
+        task(4, 2, "d"),
+    ];
     db.submit_batch(&batch, V1).await.unwrap();
     let claims: Vec<_> = (1..=4)
         .map(|i| claim(i, 0, &[("provider:acme", 0, 1)]))
@@ -188,139 +162,57 @@ async fn expired_leases_are_resolved_by_asking_the_provider_never_by_expiry_alon
         ClaimResult::Granted { token, .. } => *token,
         other => panic!("{other:?}"),
     };
-    // Task 2 had reached RUNNING before the node died.
-    db.report_batch(&[Report {
-        task: TaskId(2),
-        token: Some(token(1)),
-        via: Vec::new(),
-        action: ReportAction::Advance(TaskState::Running),
-    }])
+    let mine = [PartitionId(1)];
+    let found = async |stuck_ms: u32, limit: usize| -> Vec<u64> {
+        db.lapsed_owned(&mine, stuck_ms, limit)
+            .await
+            .unwrap()
+            .iter()
+            .map(|o| o.task.task.0)
+            .collect()
+    };
+    assert!(found(60_000, 100).await.is_empty(), "fresh attempts");
+    // Task 2 reached RUNNING; then the node stopped renewing.
+    db.report_batch(&[Report::new(
+        TaskId(2),
+        Some(token(1)),
+        ReportAction::Advance(TaskState::Running),
+    )])
     .await
     .unwrap();
-    // The node died after that: its leases ran out.
     age_live_attempts(&test, LEASE_MS + 1_000).await;
-
-    let expired = db.expired_attempts(100).await.unwrap();
-    assert_eq!(expired.len(), 4);
-    let answers = Answers {
-        by_key: HashMap::from([
-            ("spindle-1-1".to_string(), ProviderView::NotFound),
-            ("spindle-2-1".to_string(), ProviderView::Succeeded),
-            ("spindle-3-1".to_string(), ProviderView::Running),
-            // spindle-4-1: the provider cannot be reached → Unknown
-        ]),
-        ..Default::default()
-    };
-    let report = db
-        .reconcile_attempts(&expired, &answers, LEASE_MS)
-        .await
-        .unwrap();
-    assert_eq!(
-        report,
-        ReconcileReport {
-            resumed: 2,
-            requeued: 1,
-            in_doubt: 1,
-            raced: 0
-        }
-    );
-    assert_eq!(
-        answers.asked.borrow().len(),
-        4,
-        "every expired attempt is asked about"
-    );
-    assert_eq!(
-        state_of(&test, 1).await,
-        ("QUEUED".into(), 0),
-        "not found: released, requeued"
-    );
-    assert_eq!(state_of(&test, 2).await, ("PROVIDER_SUCCEEDED".into(), 1));
-    assert_eq!(state_of(&test, 3).await, ("RUNNING".into(), 1));
-    assert_eq!(
-        state_of(&test, 4).await,
-        ("DISPATCHING".into(), 1),
-        "in doubt: reservation kept"
-    );
-    // Resumed attempts have fresh leases; the unknown one is still expired.
-    let still: Vec<TaskId> = db
-        .expired_attempts(100)
-        .await
-        .unwrap()
-        .iter()
-        .map(|a| a.task)
-        .collect();
-    assert_eq!(still, vec![TaskId(4)]);
-    assert_counters_derived(&test).await;
-}
-
-#[tokio::test]
-async fn stuck_claims_go_back_to_the_queue_only_on_a_definite_not_found() {
-    let (test, db) = setup().await;
-    db.set_pool("provider:acme", 10, 1).await.unwrap();
-    db.submit_batch(&[task(1, 1, "a"), task(2, 1, "b")], V1)
-        .await
-        .unwrap();
-    let claims = [
-        claim(1, 0, &[("provider:acme", 0, 1)]),
-        claim(2, 0, &[("provider:acme", 0, 1)]),
-    ];
-    db.claim_batch(NODE, LEASE_MS, &claims).await.unwrap();
-    // Claims younger than the threshold are left alone.
-    assert!(db.stuck_attempts(60_000, 100).await.unwrap().is_empty());
-    age_live_attempts(&test, 61_000).await;
-    let stuck = db.stuck_attempts(60_000, 100).await.unwrap();
-    assert_eq!(stuck.len(), 2);
-    let answers = Answers {
-        by_key: HashMap::from([
-            ("spindle-1-1".to_string(), ProviderView::NotFound),
-            ("spindle-2-1".to_string(), ProviderView::Running),
-        ]),
-        ..Default::default()
-    };
-    let report = db
-        .reconcile_attempts(&stuck, &answers, LEASE_MS)
-        .await
-        .unwrap();
-    assert_eq!((report.requeued, report.resumed), (1, 1));
-    assert_eq!(state_of(&test, 1).await, ("QUEUED".into(), 0));
-    assert_eq!(state_of(&test, 2).await, ("RUNNING".into(), 1));
-}
-
-#[tokio::test]
-async fn a_stale_reconciler_is_fenced_like_any_writer() {
-    let (test, db) = setup().await;
-    db.set_pool("provider:acme", 10, 1).await.unwrap();
-    db.submit_batch(&[task(1, 1, "a")], V1).await.unwrap();
-    db.claim_batch(NODE, LEASE_MS, &[claim(1, 0, &[("provider:acme", 0, 1)])])
-        .await
-        .unwrap();
-    age_live_attempts(&test, LEASE_MS + 1_000).await;
-    let expired = db.expired_attempts(10).await.unwrap();
-    assert_eq!(expired.len(), 1);
-    // Meanwhile the owning node came back and finished the task.
-    db.report_batch(&[Report {
-        task: TaskId(1),
-        token: Some(expired[0].token),
-        via: Vec::new(),
-        action: ReportAction::Finish {
+    let mut lapsed = found(3_600_000, 100).await;
+    lapsed.sort_unstable();
+    assert_eq!(lapsed, [1, 2, 3]);
+    assert_eq!(found(3_600_000, 2).await.len(), 2, "bounded");
+    // Task 3 ended meanwhile; task 1's lease is renewed but it sat in DISPATCHING too long.
+    db.report_batch(&[Report::new(
+        TaskId(3),
+        Some(token(2)),
+        ReportAction::Finish {
             state: TaskState::Canceled,
             cost_actual_milli: None,
             reason: None,
             result: None,
         },
-    }])
+    )])
     .await
     .unwrap();
-    let answers = Answers {
-        by_key: HashMap::from([("spindle-1-1".to_string(), ProviderView::NotFound)]),
-        ..Default::default()
-    };
-    let report = db
-        .reconcile_attempts(&expired, &answers, LEASE_MS)
+    db.renew_attempts(&[(TaskId(1), token(0))], LEASE_MS)
         .await
         .unwrap();
-    assert_eq!(report.raced, 1);
-    assert_eq!(state_of(&test, 1).await, ("CANCELED".into(), 0));
+    assert_eq!(found(3_600_000, 100).await, [2], "lapsed only");
+    assert_eq!(
+        found(1_000, 100).await,
+        [2, 1],
+        "the lapsed one first, then the stuck one"
+    );
+    let live = db.lapsed_owned(&mine, 1_000, 100).await.unwrap();
+    let of_1 = live[1].live.as_ref().expect("a live attempt");
+    assert_eq!(
+        (of_1.state, of_1.token, of_1.request_key.as_str()),
+        (TaskState::Dispatching, token(0), "spindle-1-1")
+    );
 }
 
 #[tokio::test]
@@ -466,7 +358,10 @@ async fn the_starvation_detector_reports_long_waits_but_not_backoffs() {
     )
     .await
     .unwrap();
-    let starved = db.starved_tasks(60_000, 100).await.unwrap();
+    let starved = db
+        .starved_tasks(&(0..4).map(PartitionId).collect::<Vec<_>>(), 60_000, 100)
+        .await
+        .unwrap();
     assert_eq!(starved.len(), 1);
     assert_eq!(starved[0].task, TaskId(1));
     assert!(starved[0].waited_ms >= 600_000, "{starved:?}");

@@ -195,6 +195,36 @@ impl HttpProvider {
     }
 }
 
+impl HttpProvider {
+    /// One page of `account`'s queued and running jobs after job `after` (`None`: from the
+    /// first), at most `limit` (1..=[`crate::api::JOB_PAGE_MAX`]): what the orphan reconciler
+    /// walks to find jobs no live attempt owns.
+    pub async fn live_jobs(
+        &self,
+        account: &str,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<crate::api::JobPage, QueryError> {
+        let mut path = format!(
+            "/v1/jobs?account={}&live=true&limit={}",
+            encode(account),
+            limit.clamp(1, crate::api::JOB_PAGE_MAX)
+        );
+        if let Some(after) = after {
+            path.push_str(&format!("&after={}", encode(after)));
+        }
+        match self.call("GET", &path, None).await {
+            Sent::Answer(StatusCode::OK, body) => serde_json::from_slice(&body)
+                .map_err(|e| QueryError(format!("unreadable job page: {e}"))),
+            Sent::Answer(status, body) => Err(QueryError(format!(
+                "{status}: {}",
+                String::from_utf8_lossy(&body)
+            ))),
+            Sent::Unsent(e) | Sent::NoAnswer(e) => Err(QueryError(e)),
+        }
+    }
+}
+
 /// What a submit's exchange says about the job.
 fn submit_answer(sent: Sent) -> Result<JobView, SubmitError> {
     match sent {

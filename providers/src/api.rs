@@ -7,6 +7,9 @@
 //!                                        | 400/401/402/422 Problem (never retry) | 5xx
 //! GET  /v1/jobs/{job_id}                 → 200 JobView | 404
 //! GET  /v1/jobs?account=A&request_key=K  → 200 JobView | 404 (a definite "never accepted")
+//! GET  /v1/jobs?account=A&live=true&after=J&limit=N
+//!                                        → 200 JobPage: the account's queued and running jobs
+//!                                        in job order after J, at most N (1..=1000)
 //! POST /v1/jobs/{job_id}/cancel          → 200 JobView | 404
 //! callback: POST callback_url, body JobView, header
 //!           x-signature: t=<unix ms>,sha256=<hex HMAC-SHA256(secret, "<t>." body)>
@@ -70,6 +73,17 @@ pub struct JobView {
     pub output_url: Option<String>,
 }
 
+/// Most jobs one page of a listing holds.
+pub const JOB_PAGE_MAX: usize = 1_000;
+
+/// One page of an account's live jobs (`GET /v1/jobs?account=A&live=true`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobPage {
+    pub jobs: Vec<JobView>,
+    /// Where the next page starts (`after=`); `None`: this was the last.
+    pub next: Option<String>,
+}
+
 /// The error classes a provider answers with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -123,6 +137,10 @@ pub struct AccountStats {
     pub callbacks_sent: u64,
     pub in_flight: u64,
     pub max_in_flight: u64,
+    /// Live jobs stopped by a cancel (a cancel of an ended job changes nothing, and is not
+    /// counted).
+    #[serde(default)]
+    pub canceled: u64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

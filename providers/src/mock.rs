@@ -19,8 +19,8 @@ use hyper::{Method, Request, Response, StatusCode};
 
 use crate::adapter::{encode, HttpProvider, QueryError, Sent};
 use crate::api::{
-    AccountStats, Fault, FaultBody, JobState, JobView, Problem, ProblemKind, Stats, SubmitBody,
-    BODY_BYTES_MAX, REQUEST_KEY_BYTES_MAX,
+    AccountStats, Fault, FaultBody, JobPage, JobState, JobView, Problem, ProblemKind, Stats,
+    SubmitBody, BODY_BYTES_MAX, JOB_PAGE_MAX, REQUEST_KEY_BYTES_MAX,
 };
 
 /// What a job was submitted with, as the mock received it (`HttpProvider::mock_submission`).
@@ -381,6 +381,9 @@ async fn job_route(
             if queries_down(shared, &account) {
                 return problem(ProblemKind::Unavailable, "queries are down", None);
             }
+            if query_param(query, "live").as_deref() == Some("true") {
+                return live_jobs(shared, &account, query);
+            }
             by_key(shared, query)
         }
         (&Method::GET, ["v1", "jobs", id]) => {
@@ -480,6 +483,44 @@ fn with_job_by_key(
         Some(j) => answer(j),
         None => problem(ProblemKind::NotFound, format!("no job for key {key}"), None),
     }
+}
+
+/// One page of `account`'s queued and running jobs, in job order (`job-N` by N) after the
+/// query's `after`.
+fn live_jobs(shared: &Shared, account: &str, query: &str) -> Response<Full<Bytes>> {
+    let limit = match query_param(query, "limit").map(|l| l.parse::<usize>()) {
+        None => JOB_PAGE_MAX,
+        Some(Ok(n)) if (1..=JOB_PAGE_MAX).contains(&n) => n,
+        Some(_) => {
+            return problem(
+                ProblemKind::InvalidParameters,
+                format!("limit must be 1..={JOB_PAGE_MAX}"),
+                None,
+            )
+        }
+    };
+    let number = |id: &str| id.strip_prefix("job-").and_then(|n| n.parse::<u64>().ok());
+    let after = query_param(query, "after")
+        .and_then(|a| number(&a))
+        .unwrap_or(0);
+    let s = shared.lock();
+    let mut live: Vec<(u64, &JobView)> = s
+        .jobs
+        .values()
+        .filter(|j| j.view.account == account && !j.view.state.is_final())
+        .filter_map(|j| number(&j.view.job_id).map(|n| (n, &j.view)))
+        .filter(|&(n, _)| n > after)
+        .collect();
+    live.sort_unstable_by_key(|&(n, _)| n);
+    let more = live.len() > limit;
+    live.truncate(limit);
+    let page = JobPage {
+        next: more
+            .then(|| live.last().map(|(_, v)| v.job_id.clone()))
+            .flatten(),
+        jobs: live.into_iter().map(|(_, v)| v.clone()).collect(),
+    };
+    json(StatusCode::OK, &page)
 }
 
 fn by_key(shared: &Shared, query: &str) -> Response<Full<Bytes>> {
@@ -647,6 +688,7 @@ async fn finish(shared: &Arc<Shared>, id: &str, state: JobState) -> Option<JobVi
             match state {
                 JobState::Succeeded => a.stats.completed += 1,
                 JobState::Failed => a.stats.failed += 1,
+                JobState::Canceled => a.stats.canceled += 1,
                 _ => {}
             }
         }

@@ -397,3 +397,40 @@ async fn over_https_the_adapter_trusts_the_roots_it_is_given_and_no_others() {
     let e = tls::with_roots_file(&dir.path().join("missing.pem")).unwrap_err();
     assert!(e.to_string().contains("missing.pem"), "{e}");
 }
+
+/// The listing pages an account's live jobs in job order, leaves out ended ones and other
+/// accounts', and a cancel of a live job is counted (once: a second cancel of it changes
+/// nothing).
+#[tokio::test]
+async fn live_jobs_are_listed_in_pages_and_cancels_counted() {
+    let m = mock(60_000).await;
+    let p = m.client(Duration::from_secs(2));
+    let mut ids = Vec::new();
+    for k in ["k1", "k2"] {
+        ids.push(p.submit(&job("acme", k, None)).await.unwrap().job_id);
+    }
+    p.submit(&job("slowpoke", "k9", None)).await.unwrap();
+    let first = p.live_jobs("acme", None, 1).await.unwrap();
+    assert_eq!(
+        first.jobs.iter().map(|j| &j.job_id).collect::<Vec<_>>(),
+        [&ids[0]]
+    );
+    let second = p.live_jobs("acme", first.next.as_deref(), 1).await.unwrap();
+    assert_eq!(
+        second.jobs.iter().map(|j| &j.job_id).collect::<Vec<_>>(),
+        [&ids[1]]
+    );
+    assert_eq!(second.next, None, "the last page says so");
+
+    p.cancel("acme", &ids[0]).await.unwrap();
+    p.cancel("acme", &ids[0]).await.unwrap();
+    until_final(&p, "acme", "k1").await;
+    let left = p.live_jobs("acme", None, 10).await.unwrap();
+    assert_eq!(
+        left.jobs.iter().map(|j| &j.job_id).collect::<Vec<_>>(),
+        [&ids[1]],
+        "a canceled job is no longer live"
+    );
+    assert_eq!(p.mock_stats().await.unwrap().accounts["acme"].canceled, 1);
+    assert!(p.live_jobs("acme", None, 0).await.is_ok(), "clamped to 1");
+}

@@ -239,6 +239,10 @@ pub struct Config {
     /// counted, for an admin's `spindlectl rebuild-counters`.
     #[serde(default = "default_counter_repair")]
     pub counter_repair: bool,
+    /// The reconcilers' periods and bounds (`crate::reconciler`): lapsed and stuck attempts,
+    /// orphan provider jobs, provider cost drift, starving tasks.
+    #[serde(default)]
+    pub reconcile: crate::reconciler::ReconcileConfig,
     /// Completions with a reported cost a model needs before its new tasks are priced at what
     /// its tasks really cost (the 95th percentile of reported over estimated cost of its last
     /// 64, within ×0.5..×4: `spindle_core::policy::CalibrationPolicy`); 0 turns it off.
@@ -621,6 +625,7 @@ impl Config {
             self.counter_check_s <= COUNTER_CHECK_S_MAX,
             "counter_check_s must be 0..={COUNTER_CHECK_S_MAX}"
         );
+        self.reconcile.check()?;
         if let Some(p) = &self.provider {
             p.check()?;
         }

@@ -22,6 +22,7 @@ pub mod media;
 pub mod metrics;
 pub mod overload;
 pub mod ownership;
+pub mod reconciler;
 pub mod relay;
 pub mod server;
 pub mod shard;

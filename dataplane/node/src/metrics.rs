@@ -232,6 +232,8 @@ pub struct Metrics {
     pub counter_check_failures: AtomicU64,
     /// Tasks in the dead-letter list at the last check.
     pub dead_letters: AtomicU64,
+    /// The reconcilers' passes, by job ([`crate::reconciler::Job`]).
+    pub reconcilers: [ReconcilerCounts; crate::reconciler::Job::COUNT],
     /// The cluster's QUEUED tasks by lane and band at the last check, and their oldest's wait.
     pub queue_ages: std::sync::Mutex<Vec<spindle_control::reconcile::QueueAge>>,
     pub counter_drift_shards: AtomicU64,
@@ -345,6 +347,7 @@ impl Metrics {
             counter_checks: AtomicU64::new(0),
             counter_check_failures: AtomicU64::new(0),
             dead_letters: AtomicU64::new(0),
+            reconcilers: Default::default(),
             queue_ages: std::sync::Mutex::new(Vec::new()),
             counter_drift_shards: AtomicU64::new(0),
             counter_drift_budgets: AtomicU64::new(0),
@@ -570,6 +573,49 @@ impl Metrics {
         }
     }
 
+    fn render_reconcilers(&self, w: &mut String) {
+        type Read = fn(&ReconcilerCounts) -> u64;
+        let series: [(&str, &str, &str, Read); 5] = [
+            (
+                "spindle_reconciler_runs_total",
+                "counter",
+                "Reconciler passes that completed, by job.",
+                |c| c.runs.load(Ordering::Relaxed),
+            ),
+            (
+                "spindle_reconciler_failures_total",
+                "counter",
+                "Reconciler passes that failed (the store or the provider unreachable), by job.",
+                |c| c.failures.load(Ordering::Relaxed),
+            ),
+            (
+                "spindle_reconciler_findings_total",
+                "counter",
+                "What the reconcilers found wrong, by job: lapsed attempts nobody followed, orphan provider jobs, cost drift, starving tasks.",
+                |c| c.findings.load(Ordering::Relaxed),
+            ),
+            (
+                "spindle_reconciler_repairs_total",
+                "counter",
+                "What the reconcilers repaired, by job: attempts followed again, requeued or ended; orphan jobs canceled.",
+                |c| c.repairs.load(Ordering::Relaxed),
+            ),
+            (
+                "spindle_reconciler_last_findings",
+                "gauge",
+                "What the last pass of each reconciler found.",
+                |c| c.last_findings.load(Ordering::Relaxed),
+            ),
+        ];
+        for (name, kind, help, read) in series {
+            let _ = writeln!(w, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for job in crate::reconciler::Job::ALL {
+                let c = &self.reconcilers[job as usize];
+                let _ = writeln!(w, "{name}{{job=\"{}\"}} {}", job.name(), read(c));
+            }
+        }
+    }
+
     /// Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut out = String::new();
@@ -631,6 +677,7 @@ impl Metrics {
             self.counter_check_failures.load(Ordering::Relaxed),
             self.dead_letters.load(Ordering::Relaxed)
         );
+        self.render_reconcilers(w);
         {
             let _ = writeln!(
                 w,
@@ -1106,4 +1153,15 @@ impl Metrics {
         );
         out
     }
+}
+
+/// One reconciler's counts (`spindle_reconciler_*{job}`).
+#[derive(Debug, Default)]
+pub struct ReconcilerCounts {
+    pub runs: AtomicU64,
+    pub failures: AtomicU64,
+    pub findings: AtomicU64,
+    pub repairs: AtomicU64,
+    /// What the last completed pass found.
+    pub last_findings: AtomicU64,
 }

@@ -20,6 +20,7 @@ use leases::LeaseLoop;
 use pipeline::reader;
 pub(crate) use pipeline::reconnect;
 pub use pipeline::{pipeline, InputUnread, PipelineSetup, ReadMsg, StoredInput, READ_QUEUE_MAX};
+pub(crate) use restore::owned_restore;
 use restore::{load_restores, recover_attempts, Followed};
 pub use restore::{LiveRestore, Restore, ShardRestores, Unrestorable};
 use spindle_control::cluster_shares::Want;
@@ -374,6 +375,18 @@ pub async fn start(
         metrics.clone(),
         shard_inboxes.clone(),
     ));
+    tokio::spawn(
+        crate::reconciler::Reconcilers {
+            db_config: db_config.clone(),
+            config: config.clone(),
+            metrics: metrics.clone(),
+            ownership: ownership.clone(),
+            live: live.clone(),
+            shards: shard_inboxes.clone(),
+            provider: crate::reconciler::Reconcilers::provider_client(config)?,
+        }
+        .run(),
+    );
     tokio::spawn(lease.run(shard_inboxes));
     tokio::spawn(rates::run(
         db_config.clone(),

@@ -270,7 +270,7 @@ pub(super) async fn load_restores(
 }
 
 /// One stored task as its shard takes it back, or why it cannot be.
-fn owned_restore(
+pub(crate) fn owned_restore(
     policy: &spindle_core::Policy,
     o: spindle_control::reconcile::OwnedTask,
 ) -> Result<Restore, Unrestorable> {

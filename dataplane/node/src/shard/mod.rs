@@ -46,6 +46,7 @@ mod commands;
 mod inputs;
 mod media;
 mod provider;
+mod reconcile;
 mod reports;
 mod submit;
 mod subscriptions;
@@ -54,6 +55,7 @@ use commands::*;
 use inputs::{Input, Inputs};
 use media::*;
 use provider::*;
+pub use reconcile::Reconciled;
 use reports::*;
 pub use submit::StoredRequest;
 use submit::*;
@@ -106,6 +108,13 @@ pub enum ShardMsg {
     /// Stored tasks to put back (of partitions this node just took over, or requeued by an
     /// operator), and those to fail as not restorable.
     Restore(crate::control::ShardRestores),
+    /// Live attempts the attempts reconciler found lapsed or stuck in PostgreSQL: those this
+    /// shard does not hold are followed again, or ended or requeued where they cannot be
+    /// ([`ShardState::reconcile`]).
+    Reconcile {
+        found: crate::control::ShardRestores,
+        reply: oneshot::Sender<Reconciled>,
+    },
     /// An answer from the provider thread.
     Provider(crate::dispatch::ProviderEvent),
     /// A media job ended.
@@ -747,6 +756,10 @@ pub async fn run(state: SharedShard, mut inbox: mpsc::Receiver<ShardMsg>) {
                 let mut s = state.borrow_mut();
                 let done = s.restore(restores);
                 s.send_calls(done.calls);
+            }
+            ShardMsg::Reconcile { found, reply } => {
+                let done = state.borrow_mut().reconcile(found);
+                let _ = reply.send(done);
             }
             ShardMsg::Unsubscribe { task, out, reply } => {
                 let mut s = state.borrow_mut();
