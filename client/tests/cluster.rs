@@ -219,6 +219,7 @@ async fn one_shot(listener: TcpListener, name: &'static str, took_over: Option<S
                 cost_actual_milli: 900,
                 failure_reason: None,
                 result: Some(r#"{"outputs":["/m/9.mp4"]}"#.into()),
+                expected_start_ms: 0,
             })],
             false,
         ),

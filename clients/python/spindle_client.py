@@ -298,6 +298,9 @@ class Client:
             "attempt_no": s.AttemptNo(),
             "progress_pct": s.ProgressPct(),
             "result": json.loads(s.Result()) if s.Result() else None,
+            # For a queued task its node holds: ms from this answer until it is expected to
+            # start (0 otherwise).
+            "expected_start_ms": s.ExpectedStartMs(),
         }
 
     def cancel(self, task_id):

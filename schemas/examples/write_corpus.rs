@@ -85,6 +85,7 @@ fn main() -> std::io::Result<()> {
                 cost_actual_milli: 0,
                 failure_reason: None,
                 result: Some(r#"{"outputs":["/media/task-9-7-720p.mp4"]}"#.into()),
+                expected_start_ms: 0,
             }),
         ),
         (

@@ -321,6 +321,7 @@ pub fn decode_response(payload: &[u8]) -> Result<ResponseFrame, WireError> {
                     MESSAGE_BYTES_MAX,
                 )?,
                 result: optional_text(s.result(), "result", RESULT_BYTES_MAX)?,
+                expected_start_ms: s.expected_start_ms(),
             })
         }
         fb::Response::Canceled => {
@@ -516,6 +517,7 @@ impl Encoder {
                     cost_actual_milli: s.cost_actual_milli,
                     failure_reason,
                     result,
+                    expected_start_ms: s.expected_start_ms,
                 };
                 (
                     fb::Response::TaskStatus,

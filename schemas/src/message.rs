@@ -110,6 +110,9 @@ pub struct TaskStatus {
     pub failure_reason: Option<String>,
     /// What a SUCCEEDED task produced (JSON, at most `RESULT_BYTES_MAX`).
     pub result: Option<String>,
+    /// For a QUEUED task its node holds live: when it is expected to start, in ms from this
+    /// answer; 0 otherwise.
+    pub expected_start_ms: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -113,6 +113,7 @@ fn every_response_round_trips() {
             cost_actual_milli: 0,
             failure_reason: None,
             result: Some(r#"{"outputs":["/media/task-9-7-720p.mp4"]}"#.into()),
+            expected_start_ms: 1_500,
         }),
         Response::Canceled {
             task: TaskId(9),

@@ -1398,3 +1398,78 @@ async fn a_backlog_a_stall_left_at_the_pacer_drains_while_the_account_stays_busy
     let total = assert_clean(&test, &admin).await;
     assert_eq!(total.accepted, 320, "each task accepted once");
 }
+
+/// The wait a client is told is true: in a steady lane (eight provider slots always busy with
+/// jobs of 400 ms, the node's rate measured over its last completions), a batch submitted
+/// behind a standing queue is told when each of its tasks will start — on the admission, and
+/// again on a GetTask while it waits — and the deepest task starts within a tenth of both.
+/// (Before, the admission said "the shard's uptime plus the wait" and GetTask said nothing; a
+/// rate measured in 5 s buckets and folded slowly into an average is off by far more here.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_expected_start_on_the_wire_is_within_a_tenth_of_the_actual_start() {
+    let test = TestDb::new().await;
+    let (m, _admin) = mock(400).await;
+    // Every task priced alike throughout (a calibration would price the later ones at what
+    // the provider reports, not what the earlier ones were counted at).
+    let config = node_config("provider-node", &m, "").replace(
+        "retry_backoff_max_ms = 200\n",
+        "retry_backoff_max_ms = 200\ncost_calibration_samples = 0\n",
+    );
+    let daemon = start_with(&test, &config).await;
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
+        .await
+        .unwrap();
+    let sql = test.sql().await.unwrap();
+    // The standing queue: 8 run, the rest wait; the rate is measured once 40 have finished.
+    let warm: Vec<_> = (0..72).map(|i| task(&format!("warm{i}"))).collect();
+    common::accepted_ids(client.submit_batch(warm).await);
+    let done = poll_until(
+        Duration::from_secs(60),
+        async || {
+            common::read_i64(&sql, "SELECT count(*) FROM task WHERE state = 'SUCCEEDED'").await
+        },
+        |&n| n >= 40,
+    )
+    .await;
+    assert!(done >= 40, "{}", daemon.log_tail(20));
+
+    let batch: Vec<_> = (0..40).map(|i| task(&format!("timed{i}"))).collect();
+    let answers = client.submit_batch(batch).await.unwrap();
+    let answered = std::time::Instant::now();
+    assert!(
+        answers.iter().all(|a| a.decision.is_accepted()),
+        "{answers:?}"
+    );
+    let told: Vec<u32> = answers.iter().map(|a| a.expected_start_ms).collect();
+    assert!(
+        told.windows(2).all(|w| w[0] <= w[1]),
+        "later tasks of the batch wait longer: {told:?}"
+    );
+    let last = answers.last().unwrap().task;
+    let told_at_answer = Duration::from_millis(u64::from(*told.last().unwrap()));
+    // Asked again a second into its wait.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let status = client.get(last).await.unwrap();
+    let asked = std::time::Instant::now();
+    assert_eq!(status.state, TaskState::Queued, "{status:?}");
+    let told_when_asked = Duration::from_millis(u64::from(status.expected_start_ms));
+    assert!(told_when_asked > Duration::ZERO, "{status:?}");
+    let started = poll_until(
+        Duration::from_secs(60),
+        async || client.get(last).await.unwrap().state,
+        |&s| s != TaskState::Queued,
+    )
+    .await;
+    assert_ne!(started, TaskState::Queued);
+    let (since_answer, since_asked) = (answered.elapsed(), asked.elapsed());
+    let within_a_tenth = |told: Duration, actual: Duration| {
+        let diff = told.abs_diff(actual);
+        assert!(
+            diff * 10 <= actual,
+            "told {told:?}, started after {actual:?} (admissions: {told:?}) {}",
+            daemon.log_tail(45)
+        );
+    };
+    within_a_tenth(told_at_answer, since_answer);
+    within_a_tenth(told_when_asked, since_asked);
+}

@@ -259,10 +259,21 @@ async fn a_queued_tasks_deadline_survives_a_restart_and_it_expires_unrun() {
     )
     .await;
     assert_eq!(state, "EXPIRED", "{}", restarted.log_tail(20));
-    let attempts: i32 = sql
-        .query_one("SELECT attempt_no FROM task WHERE task_id = $1", &[&key])
+    let row = sql
+        .query_one(
+            "SELECT attempt_no, failure_reason FROM task WHERE task_id = $1",
+            &[&key],
+        )
         .await
-        .unwrap()
-        .get(0);
-    assert_eq!(attempts, 0, "a task past its deadline never started");
+        .unwrap();
+    assert_eq!(
+        row.get::<_, i32>(0),
+        0,
+        "a task past its deadline never started"
+    );
+    assert_eq!(
+        row.get::<_, Option<String>>(1).as_deref(),
+        Some("its deadline passed before it started"),
+        "expired with the reason"
+    );
 }

@@ -2447,6 +2447,7 @@ impl<'a> TaskStatus<'a> {
   pub const VT_COST_ACTUAL_MILLI: ::flatbuffers::VOffsetT = 16;
   pub const VT_FAILURE_REASON: ::flatbuffers::VOffsetT = 18;
   pub const VT_RESULT: ::flatbuffers::VOffsetT = 20;
+  pub const VT_EXPECTED_START_MS: ::flatbuffers::VOffsetT = 22;
 
   #[inline]
   pub unsafe fn init_from_table(table: ::flatbuffers::Table<'a>) -> Self {
@@ -2461,6 +2462,7 @@ impl<'a> TaskStatus<'a> {
     builder.add_cost_actual_milli(args.cost_actual_milli);
     builder.add_cost_estimate_milli(args.cost_estimate_milli);
     builder.add_task_id(args.task_id);
+    builder.add_expected_start_ms(args.expected_start_ms);
     if let Some(x) = args.result { builder.add_result(x); }
     if let Some(x) = args.failure_reason { builder.add_failure_reason(x); }
     builder.add_attempt_no(args.attempt_no);
@@ -2537,6 +2539,16 @@ impl<'a> TaskStatus<'a> {
     // which contains a valid value in this slot
     unsafe { self._tab.get::<::flatbuffers::ForwardsUOffset<&str>>(TaskStatus::VT_RESULT, None)}
   }
+  /// For a QUEUED task held live by its node, when it is expected to start: ms from this
+  /// answer — the units queued ahead of it in its lane over the lane's measured rate. 0 for a
+  /// task that is not queued there (and for one expected to start now).
+  #[inline]
+  pub fn expected_start_ms(&self) -> u32 {
+    // Safety:
+    // Created from valid Table for this object
+    // which contains a valid value in this slot
+    unsafe { self._tab.get::<u32>(TaskStatus::VT_EXPECTED_START_MS, Some(0)).unwrap()}
+  }
 }
 
 impl ::flatbuffers::Verifiable for TaskStatus<'_> {
@@ -2554,6 +2566,7 @@ impl ::flatbuffers::Verifiable for TaskStatus<'_> {
      .visit_field::<u64>("cost_actual_milli", Self::VT_COST_ACTUAL_MILLI, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("failure_reason", Self::VT_FAILURE_REASON, false)?
      .visit_field::<::flatbuffers::ForwardsUOffset<&str>>("result", Self::VT_RESULT, false)?
+     .visit_field::<u32>("expected_start_ms", Self::VT_EXPECTED_START_MS, false)?
      .finish();
     Ok(())
   }
@@ -2568,6 +2581,7 @@ pub struct TaskStatusArgs<'a> {
     pub cost_actual_milli: u64,
     pub failure_reason: Option<::flatbuffers::WIPOffset<&'a str>>,
     pub result: Option<::flatbuffers::WIPOffset<&'a str>>,
+    pub expected_start_ms: u32,
 }
 impl<'a> Default for TaskStatusArgs<'a> {
   #[inline]
@@ -2582,6 +2596,7 @@ impl<'a> Default for TaskStatusArgs<'a> {
       cost_actual_milli: 0,
       failure_reason: None,
       result: None,
+      expected_start_ms: 0,
     }
   }
 }
@@ -2628,6 +2643,10 @@ impl<'a: 'b, 'b, A: ::flatbuffers::Allocator + 'a> TaskStatusBuilder<'a, 'b, A> 
     self.fbb_.push_slot_always::<::flatbuffers::WIPOffset<_>>(TaskStatus::VT_RESULT, result);
   }
   #[inline]
+  pub fn add_expected_start_ms(&mut self, expected_start_ms: u32) {
+    self.fbb_.push_slot::<u32>(TaskStatus::VT_EXPECTED_START_MS, expected_start_ms, 0);
+  }
+  #[inline]
   pub fn new(_fbb: &'b mut ::flatbuffers::FlatBufferBuilder<'a, A>) -> TaskStatusBuilder<'a, 'b, A> {
     let start = _fbb.start_table();
     TaskStatusBuilder {
@@ -2654,6 +2673,7 @@ impl ::core::fmt::Debug for TaskStatus<'_> {
       ds.field("cost_actual_milli", &self.cost_actual_milli());
       ds.field("failure_reason", &self.failure_reason());
       ds.field("result", &self.result());
+      ds.field("expected_start_ms", &self.expected_start_ms());
       ds.finish()
   }
 }

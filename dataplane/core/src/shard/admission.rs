@@ -98,7 +98,7 @@ impl Shard {
             return Err(reject(Decision::RejectCostBudget, reason, lane));
         }
         let (max_wait_ms, overflow) = (tenant.max_wait_ms(), tenant.wait_overflow);
-        let mut wait_ms = self.expected_wait_ms(lane, now);
+        let mut wait_ms = self.expected_lane_wait_ms(lane, now);
         if wait_ms > max_wait_ms {
             let overflow_to_be = overflow == WaitOverflow::BestEffort
                 && self.policy.lane(Lane::BestEffort).open
@@ -111,7 +111,7 @@ impl Shard {
                 return Err(reject(Decision::RejectExpectedWaitTooLong, reason, lane));
             }
             lane = Lane::BestEffort;
-            wait_ms = self.expected_wait_ms(lane, now);
+            wait_ms = self.expected_lane_wait_ms(lane, now);
         }
         let mut entry = TaskEntry {
             enqueued_at: now,
@@ -316,34 +316,9 @@ impl Shard {
     }
 
     /// Queued units ahead in the lane over its measured service rate (seed 000 §18.11.3).
-    fn expected_wait_ms(&mut self, lane: Lane, now: Time) -> u64 {
-        self.roll_rate(lane, now);
+    fn expected_lane_wait_ms(&self, lane: Lane, now: Time) -> u64 {
         let rt = &self.lanes[lane.index()];
-        let rate = rt.rate_milli_per_s.max(1);
-        rt.queued_units_milli.saturating_mul(1000) / rate
-    }
-
-    pub(super) fn roll_rate(&mut self, lane: Lane, now: Time) {
-        let rt = &mut self.lanes[lane.index()];
-        let elapsed = now.since(rt.rate_bucket_start);
-        if elapsed < RATE_BUCKET_NS {
-            return;
-        }
-        let buckets = elapsed / RATE_BUCKET_NS;
-        // Idle lanes keep their rate: no work running is not a slow lane.
-        if rt.running_tasks > 0 || rt.rate_bucket_milli > 0 {
-            let sample = rt.rate_bucket_milli * NANOS_PER_S / RATE_BUCKET_NS;
-            rt.rate_milli_per_s =
-                rt.rate_milli_per_s - rt.rate_milli_per_s / RATE_EWMA_DIV + sample / RATE_EWMA_DIV;
-            for _ in 1..buckets.min(16) {
-                if rt.running_tasks == 0 {
-                    break;
-                }
-                rt.rate_milli_per_s -= rt.rate_milli_per_s / RATE_EWMA_DIV;
-            }
-        }
-        rt.rate_bucket_milli = 0;
-        rt.rate_bucket_start = rt.rate_bucket_start.plus_ns(buckets * RATE_BUCKET_NS);
+        wait_ms(rt.queued_units_milli, rt.rate_milli_per_s(now))
     }
 
     /// One object of a newer policy version, checked first ([`Policy::check`]; on an error

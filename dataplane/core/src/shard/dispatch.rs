@@ -185,6 +185,7 @@ impl Shard {
                             self.stats.fit_scan_skips += 1;
                         }
                         self.dequeue(slot, lane, band, prev, cand);
+                        self.lanes[lane.index()].started.record(now, cost_milli);
                         // The tenant's next visit reads the task behind this one.
                         self.tasks.prefetch(next);
                         return TurnResult::Dispatched(cand);
@@ -230,7 +231,7 @@ impl Shard {
             for i in 0..n_providers {
                 let provider = self.policy.models[model].providers[i];
                 let Err(key) = self.try_provider_stage(entry, provider, mode, now) else {
-                    self.started(entry, provider, mode);
+                    self.started(entry, provider, mode, now);
                     return Ok(());
                 };
                 block = match (key, key.scope()) {
@@ -244,7 +245,7 @@ impl Shard {
     }
 
     /// QUEUED → DISPATCHING once the provider-stage demand is held.
-    fn started(&mut self, entry: u32, provider: ProviderId, mode: CapacityMode) {
+    fn started(&mut self, entry: u32, provider: ProviderId, mode: CapacityMode, now: Time) {
         let e = self.tasks.at(entry).clone();
         self.release_gates(&e);
         debug_assert!(
@@ -265,6 +266,7 @@ impl Shard {
         );
         let lane = e.lane;
         self.lanes[lane.index()].running_tasks += 1;
+        self.tasks.cold_mut(entry).mark = now.as_nanos().max(1);
     }
 
     /// What the shell is told of the task in `entry`, which has just started.

@@ -32,10 +32,59 @@ use crate::units::Units;
 /// A lane whose every tenant was blocked is not rescanned until something is released, capacity
 /// changes, work arrives, or this much time passes (token buckets refill on their own).
 pub const STALL_RETRY_NS: u64 = 50 * NANOS_PER_MS;
-/// Service-rate measurement: completions are summed per bucket, then folded into an EWMA.
-const RATE_BUCKET_NS: u64 = 5 * NANOS_PER_S;
-/// EWMA weight of the newest bucket, as 1/RATE_EWMA_DIV.
-const RATE_EWMA_DIV: u64 = 4;
+/// Service-rate measurement: a lane's rate is how fast its last `RATE_WINDOW` starts drained
+/// its queues, once it has seen `RATE_SAMPLES_MIN` of them (the policy's initial rate until
+/// then).
+const RATE_WINDOW: usize = 32;
+const RATE_SAMPLES_MIN: usize = 4;
+
+/// A lane's last starts (when, and the queued units each took out of its queues), for its
+/// measured service rate: in the units its queue is counted in, so that units ahead over it
+/// is a wait, whatever the work turned out to cost.
+#[derive(Debug, Clone, Default)]
+struct Starts {
+    at: [Time; RATE_WINDOW],
+    units_milli: [u64; RATE_WINDOW],
+    /// Where the next one goes.
+    next: usize,
+    len: usize,
+}
+
+impl Starts {
+    fn record(&mut self, now: Time, units_milli: u64) {
+        self.at[self.next] = now;
+        self.units_milli[self.next] = units_milli;
+        self.next = (self.next + 1) % RATE_WINDOW;
+        self.len = (self.len + 1).min(RATE_WINDOW);
+    }
+
+    /// The mean units of the window's starts; `None` before `RATE_SAMPLES_MIN` starts.
+    fn mean_units_milli(&self) -> Option<u64> {
+        (self.len >= RATE_SAMPLES_MIN)
+            .then(|| self.units_milli.iter().take(self.len).sum::<u64>() / self.len as u64)
+    }
+
+    /// Milli-units a second: the units of the window's starts after its oldest over the time
+    /// from the oldest to `until` (now while work waits — a lane that stopped starting work
+    /// slows down as it waits — else the newest start: an idle lane keeps its rate). `None`
+    /// before `RATE_SAMPLES_MIN` starts.
+    fn rate_milli_per_s(&self, until: Option<Time>) -> Option<u64> {
+        if self.len < RATE_SAMPLES_MIN {
+            return None;
+        }
+        let oldest = (self.next + RATE_WINDOW - self.len) % RATE_WINDOW;
+        let newest = (self.next + RATE_WINDOW - 1) % RATE_WINDOW;
+        let units: u64 = (1..self.len)
+            .map(|i| self.units_milli[(oldest + i) % RATE_WINDOW])
+            .sum();
+        let end = until.unwrap_or(self.at[newest]).max(self.at[newest]);
+        let span = end.since(self.at[oldest]);
+        (span > 0).then(|| {
+            (u128::from(units) * u128::from(NANOS_PER_S) / u128::from(span))
+                .min(u128::from(u64::MAX)) as u64
+        })
+    }
+}
 
 /// How a dispatched task holds lane capacity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -611,6 +660,16 @@ struct TaskCold {
     /// A resumed attempt that did not fit the capacity it came back to (see
     /// [`Shard::handle_resume`]): its provider stage was taken past the capacity.
     over_capacity: bool,
+    /// While it is queued: its lane's `dequeued_milli` plus the units queued ahead of it when
+    /// it joined (`LaneRt::dequeued_milli`). Once it started its provider stage: when (ns; 0
+    /// for an attempt resumed after a restart, whose start this shard did not see).
+    mark: u64,
+}
+
+/// `ahead_milli` units at `rate` milli-units a second, in ms.
+fn wait_ms(ahead_milli: u64, rate_milli_per_s: u64) -> u64 {
+    (u128::from(ahead_milli) * 1_000 / u128::from(rate_milli_per_s.max(1)))
+        .min(u128::from(u64::MAX)) as u64
 }
 
 type Tasks = TaskTable<TaskEntry, TaskCold>;
@@ -665,9 +724,62 @@ struct LaneRt {
     swrr_current: i64,
     blocked_streak: usize,
     stalled_until: Option<Time>,
-    rate_milli_per_s: u64,
-    rate_bucket_start: Time,
-    rate_bucket_milli: u64,
+    /// The policy's initial rate, until `started` measures one.
+    initial_rate_milli_per_s: u64,
+    started: Starts,
+    /// How long its provider stages hold their capacity (those that succeed).
+    service: ServiceTime,
+    /// Units that ever left its queues: a queued task's units ahead of it are its
+    /// `TaskCold::ahead_mark` less this (the lane's queues seen as one line).
+    dequeued_milli: u64,
+}
+
+impl LaneRt {
+    /// Its measured service rate (the initial one until it has one), never zero. While work
+    /// runs, by Little's law: the tasks running over how long one holds its capacity, times
+    /// the units a start takes out of the queue — steady however bunched the starts are (slots
+    /// that free together are refilled together). Idle, how fast its last starts drained it.
+    fn rate_milli_per_s(&self, now: Time) -> u64 {
+        let until = (self.queued_tasks > 0).then_some(now);
+        let little = match (self.service.mean_ns(), self.started.mean_units_milli()) {
+            (Some(service_ns), Some(units)) if self.running_tasks > 0 => {
+                let rate =
+                    u128::from(self.running_tasks) * u128::from(units) * u128::from(NANOS_PER_S)
+                        / u128::from(service_ns.max(1));
+                Some(rate.min(u128::from(u64::MAX)) as u64)
+            }
+            _ => None,
+        };
+        little
+            .or_else(|| self.started.rate_milli_per_s(until))
+            .unwrap_or(self.initial_rate_milli_per_s)
+            .max(1)
+    }
+}
+
+/// A lane's mean service time: how long a provider stage holds its capacity, an average
+/// weighted 1/`SERVICE_EWMA_DIV` to the newest.
+#[derive(Debug, Clone, Copy, Default)]
+struct ServiceTime {
+    mean_ns: u64,
+    samples: u32,
+}
+
+const SERVICE_EWMA_DIV: u64 = 8;
+
+impl ServiceTime {
+    fn record(&mut self, ns: u64) {
+        self.mean_ns = match self.samples {
+            0 => ns,
+            _ => self.mean_ns - self.mean_ns / SERVICE_EWMA_DIV + ns / SERVICE_EWMA_DIV,
+        };
+        self.samples = self.samples.saturating_add(1);
+    }
+
+    /// `None` before `RATE_SAMPLES_MIN` samples.
+    fn mean_ns(&self) -> Option<u64> {
+        (self.samples as usize >= RATE_SAMPLES_MIN).then_some(self.mean_ns)
+    }
 }
 
 enum TurnResult {
@@ -989,8 +1101,7 @@ impl Shard {
         let mut lanes: [LaneRt; Lane::COUNT] = Default::default();
         for lane in Lane::ALL {
             let rt = &mut lanes[lane.index()];
-            rt.rate_milli_per_s = policy.lane(lane).initial_rate_milli_per_s;
-            rt.rate_bucket_start = now;
+            rt.initial_rate_milli_per_s = policy.lane(lane).initial_rate_milli_per_s;
         }
         Shard {
             policy,
@@ -1082,9 +1193,23 @@ impl Shard {
             .map_or(0, |q| q.tasks())
     }
 
-    /// Measured service rate of a lane, milli-units per second.
-    pub fn service_rate_milli_per_s(&self, lane: Lane) -> u64 {
-        self.lanes[lane.index()].rate_milli_per_s
+    /// Measured service rate of a lane at `now`, milli-units per second.
+    pub fn service_rate_milli_per_s(&self, lane: Lane, now: Time) -> u64 {
+        self.lanes[lane.index()].rate_milli_per_s(now)
+    }
+
+    /// How long queued `task` is expected to wait from `now` before it starts: the units
+    /// queued ahead of it in its lane over the lane's measured service rate. `None` for a task
+    /// not in a queue (unknown, backing off, or past its queue).
+    pub fn expected_wait_ms(&self, task: TaskId, now: Time) -> Option<u64> {
+        let slot = self.tasks.slot(task)?;
+        let e = self.tasks.at(slot);
+        if e.place != Place::Band {
+            return None;
+        }
+        let rt = &self.lanes[e.lane.index()];
+        let ahead = self.tasks.cold(slot).mark.saturating_sub(rt.dequeued_milli);
+        Some(wait_ms(ahead, rt.rate_milli_per_s(now)))
     }
 
     /// The node-wide limits worth splitting, with their full capacity: those that can bind

@@ -27,6 +27,11 @@ impl Shard {
             End::Front => q.push_front(&mut bands, band, entry),
         }
         let rt = &mut self.lanes[lane.index()];
+        // Units ahead of it, counted from what has left the lane's queues so far.
+        let mark = match end {
+            End::Back => rt.dequeued_milli + rt.queued_units_milli,
+            End::Front => rt.dequeued_milli,
+        };
         rt.queued_tasks += 1;
         rt.queued_units_milli += cost_milli;
         if !q.in_ring {
@@ -40,6 +45,7 @@ impl Shard {
         }
         rt.stalled_until = None;
         rt.blocked_streak = 0;
+        self.tasks.cold_mut(entry).mark = mark;
     }
 
     /// Takes `entry`, which follows `prev` (`NIL`: it is the head), out of tenant `slot`'s
@@ -69,6 +75,7 @@ impl Shard {
         let rt = &mut self.lanes[lane.index()];
         rt.queued_tasks -= 1;
         rt.queued_units_milli -= cost_milli;
+        rt.dequeued_milli += cost_milli;
         let q = self.tenants[slot as usize].queue_mut(lane);
         if q.skipped_head == entry {
             q.skipped_head = NIL;

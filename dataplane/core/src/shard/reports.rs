@@ -245,8 +245,15 @@ impl Shard {
             return Ok(CompleteOutcome::Canceled);
         }
         self.transition(task, TaskState::ProviderSucceeded)?;
-        self.release_provider_hold(task);
         let slot = self.tasks.slot(task).expect("entry");
+        let started = self.tasks.cold(slot).mark;
+        if started > 0 {
+            let lane = self.tasks.at(slot).lane;
+            self.lanes[lane.index()]
+                .service
+                .record(now.since(Time(started)));
+        }
+        self.release_provider_hold(task);
         let e = self.tasks.at(slot);
         let (tenant_slot, lane) = (e.tenant_slot, e.lane);
         let est = *self.estimates.get(e.estimate);
@@ -256,8 +263,6 @@ impl Shard {
         let cap = self.policy.drr.debt_cap_per_task.milli() as i64;
         let delta = (actual.milli() as i64 - estimated).clamp(-cap, cap);
         self.tenants[tenant_slot as usize].queue_mut(lane).debt += delta;
-        self.roll_rate(lane, now);
-        self.lanes[lane.index()].rate_bucket_milli += actual.milli();
         self.tasks.at_mut(slot).place = Place::MediaQueue;
         assert!(
             self.media_queue.len() < MEDIA_QUEUE_MAX,

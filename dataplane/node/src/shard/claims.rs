@@ -69,7 +69,7 @@ pub(super) async fn pump(state: &SharedShard) {
                         let committed = remove_meta(s, &task).is_some_and(|m| m.committed);
                         notify(s, task, TaskState::Expired);
                         if committed {
-                            send_reports(s, [finish(task, None, TaskState::Expired, None)]);
+                            send_reports(s, [expired(task)]);
                         } else {
                             // Its submit is still on the way (on another connection): the end is
                             // reported once it committed.

@@ -44,6 +44,10 @@ pub(super) async fn get(
                     cost_actual_milli: 0,
                     failure_reason: None,
                     result: None,
+                    expected_start_ms: s
+                        .core
+                        .expected_wait_ms(task, s.now())
+                        .map_or(0, |ms| u32::try_from(ms).unwrap_or(u32::MAX)),
                 })
             });
         (live, s.reads.clone())
@@ -86,6 +90,7 @@ pub(super) async fn get(
             cost_actual_milli: t.cost_actual_milli.unwrap_or(0),
             failure_reason: t.failure_reason,
             result: t.result,
+            expected_start_ms: 0,
         }),
         Ok(Ok(None)) => Response::Error(WireError::new(
             ErrorCode::NotFound,

@@ -18,6 +18,17 @@ pub(super) fn finish(
     Report::new(task, token, action)
 }
 
+/// The end of a task whose deadline passed while it waited to start, with the reason.
+pub(super) fn expired(task: TaskId) -> Report {
+    let action = ReportAction::Finish {
+        state: TaskState::Expired,
+        cost_actual_milli: None,
+        reason: Some("its deadline passed before it started".into()),
+        result: None,
+    };
+    Report::new(task, None, action)
+}
+
 /// A failure's reason as a report carries it: at most `REASON_BYTES_MAX` bytes whatever the
 /// characters (four bytes each at most).
 pub(super) fn stored_reason(why: &str) -> String {

@@ -527,7 +527,7 @@ fn committed(s: &mut ShardState, task: TaskId) {
         s.ready_claims.push(claim);
     }
     if s.expired_uncommitted.remove(&task) {
-        send_reports(s, [finish(task, None, TaskState::Expired, None)]);
+        send_reports(s, [expired(task)]);
     }
 }
 

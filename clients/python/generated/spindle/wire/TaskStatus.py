@@ -94,8 +94,18 @@ class TaskStatus(object):
             return self._tab.String(o + self._tab.Pos)
         return None
 
+    # For a QUEUED task held live by its node, when it is expected to start: ms from this
+    # answer — the units queued ahead of it in its lane over the lane's measured rate. 0 for a
+    # task that is not queued there (and for one expected to start now).
+    # TaskStatus
+    def ExpectedStartMs(self):
+        o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(22))
+        if o != 0:
+            return self._tab.Get(flatbuffers.number_types.Uint32Flags, o + self._tab.Pos)
+        return 0
+
 def TaskStatusStart(builder):
-    builder.StartObject(9)
+    builder.StartObject(10)
 
 def Start(builder):
     TaskStatusStart(builder)
@@ -153,6 +163,12 @@ def TaskStatusAddResult(builder, result):
 
 def AddResult(builder, result):
     TaskStatusAddResult(builder, result)
+
+def TaskStatusAddExpectedStartMs(builder, expectedStartMs):
+    builder.PrependUint32Slot(9, expectedStartMs, 0)
+
+def AddExpectedStartMs(builder, expectedStartMs):
+    TaskStatusAddExpectedStartMs(builder, expectedStartMs)
 
 def TaskStatusEnd(builder):
     return builder.EndObject()
