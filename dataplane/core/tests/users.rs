@@ -108,3 +108,71 @@ fn a_tenant_cycling_a_million_user_ids_holds_a_bounded_number_of_records() {
     assert_eq!(shard.user_records_of(TenantId(1)), 0);
     shard.check_invariants();
 }
+
+mod independence {
+    use super::*;
+    use proptest::prelude::*;
+    use spindle_core::policy::RateSpec;
+
+    /// One submit: by (tenant, user), `gap_ms` after the one before.
+    #[derive(Debug, Clone, Copy)]
+    struct Step {
+        tenant: u32,
+        user: u32,
+        gap_ms: u64,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        (1u32..=3, 1u32..=4, 0u64..400).prop_map(|(tenant, user, gap_ms)| Step {
+            tenant,
+            user,
+            gap_ms,
+        })
+    }
+
+    /// Tenant 1's decisions when the steps run as given, and when the other tenants' submits
+    /// are left out (their time still passes).
+    fn tenant_1_decisions(steps: &[Step], with_others: bool) -> Vec<Decision> {
+        let mut policy = presets::with_tenants(presets::small_node(), 3);
+        for t in policy.tenants.values_mut() {
+            // Tight limits per user: a record shared across tenants would show at once.
+            t.user.queued_tasks_max = 2;
+            t.user.submit_rate = RateSpec {
+                per_minute: 120,
+                burst: 2,
+            };
+        }
+        let mut shard = Shard::new(policy, 1, Time::ZERO);
+        let mut now = Time::ZERO;
+        let mut decisions = Vec::new();
+        for (i, s) in steps.iter().enumerate() {
+            now = now.plus_ns(s.gap_ms * 1_000_000);
+            if s.tenant != 1 && !with_others {
+                continue;
+            }
+            let a = submit(&mut shard, now, i as u64 + 1, s.tenant, s.user);
+            if s.tenant == 1 {
+                decisions.push(a.decision);
+            }
+        }
+        shard.check_invariants();
+        decisions
+    }
+
+    proptest! {
+        /// For any sequence of submits of three tenants whose users share ids (each user held
+        /// to two queued tasks and two submits at once), tenant 1's admission decisions are
+        /// the same with the other tenants' submits as without them. Keyed by user id alone
+        /// (as before issue 9), tenant 2's user 1 spent tenant 1's user 1's limits, and this
+        /// fails.
+        #[test]
+        fn no_tenants_admission_depends_on_another_tenants_users(
+            steps in proptest::collection::vec(step(), 1..160)
+        ) {
+            prop_assert_eq!(
+                tenant_1_decisions(&steps, true),
+                tenant_1_decisions(&steps, false)
+            );
+        }
+    }
+}

@@ -255,6 +255,10 @@ pub struct Config {
     /// of half a second's worth).
     #[serde(default = "default_provider_rpm")]
     pub provider_rpm: u64,
+    /// Cost (milli cost units) a minute the node may start over all its tenants, a tenth of
+    /// it at once: work past it waits in its queue (unlimited when absent).
+    #[serde(default)]
+    pub platform_cost_per_minute_milli: Option<u64>,
     /// Concurrent units each lane may run (the enterprise reserve keeps its preset share).
     #[serde(default = "default_lane_capacity")]
     pub lane_capacity_units: u64,
@@ -301,6 +305,56 @@ pub struct TenantConfig {
     /// every task it submitted (the loadgen does) reads them all.
     #[serde(default)]
     pub store_reads_per_minute: Option<u64>,
+    /// Cost (milli cost units) a minute the tenant may start, a tenth of it at once: work past
+    /// it waits in its queue (unlimited when absent).
+    #[serde(default)]
+    pub cost_per_minute_milli: Option<u64>,
+    /// The limits each of the tenant's users gets (unlimited where absent).
+    #[serde(default)]
+    pub user: UserLimits,
+}
+
+/// A tenant's limits for each of its users (`[tenants.user]`): unlimited where absent.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UserLimits {
+    /// Submits a minute a user may make, a sixtieth of it at once (at least one): more are
+    /// rejected `RejectUserRateLimit`.
+    pub submit_per_minute: Option<u64>,
+    /// Tasks a user may have queued; more are rejected `RejectTenantQueueFull` naming the
+    /// user's limit.
+    pub queued_tasks_max: Option<u64>,
+    /// Units of work a user may have queued.
+    pub queued_units_max: Option<u64>,
+    /// Tasks a user may have running: more wait in the queue (the tenant's other users' work
+    /// goes past them).
+    pub running_tasks_max: Option<u64>,
+    /// Units of work a user may have running.
+    pub running_units_max: Option<u64>,
+}
+
+impl UserLimits {
+    /// These limits over `user` (the preset's, unlimited).
+    pub fn apply(&self, user: &mut spindle_core::policy::UserPolicy) {
+        if let Some(per_minute) = self.submit_per_minute {
+            user.submit_rate = spindle_core::policy::RateSpec {
+                per_minute,
+                burst: (per_minute / 60).max(1),
+            };
+        }
+        if let Some(n) = self.queued_tasks_max {
+            user.queued_tasks_max = n;
+        }
+        if let Some(n) = self.queued_units_max {
+            user.queued_units_max = spindle_core::Units::whole(n);
+        }
+        if let Some(n) = self.running_tasks_max {
+            user.running_tasks_max = n;
+        }
+        if let Some(n) = self.running_units_max {
+            user.running_units_max = spindle_core::Units::whole(n);
+        }
+    }
 }
 
 fn default_cancel_per_minute() -> u64 {

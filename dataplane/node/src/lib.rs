@@ -73,6 +73,12 @@ pub fn policy(config: &Config) -> Policy {
         policy.lanes[lane.index()].capacity =
             spindle_core::Units::whole(config.lane_capacity_units);
     }
+    if let Some(per_minute) = config.platform_cost_per_minute_milli {
+        policy.node.platform_cost_per_minute = spindle_core::policy::RateSpec {
+            per_minute,
+            burst: (per_minute / 10).max(1),
+        };
+    }
     policy.calibration.samples_min = config.cost_calibration_samples;
     policy.retry.backoff_base_ms = config.retry_backoff_base_ms;
     policy.retry.backoff_max_ms = config.retry_backoff_max_ms;
@@ -92,6 +98,10 @@ pub fn policy(config: &Config) -> Policy {
             burst: (per_minute / 10).max(1),
         };
         tenant.cancel_rate = tenth(t.cancel_per_minute);
+        if let Some(per_minute) = t.cost_per_minute_milli {
+            tenant.cost_per_minute = tenth(per_minute);
+        }
+        t.user.apply(&mut tenant.user);
         if let Some(per_minute) = t.store_reads_per_minute {
             tenant.store_read_rate = tenth(per_minute);
         }

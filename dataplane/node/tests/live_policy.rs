@@ -515,3 +515,93 @@ async fn a_suspended_tenant_takes_no_work_and_starts_none_until_it_is_resumed() 
     assert_eq!(a.decision, Decision::Accepted, "{a:?}");
     assert_eq!(effective(http)["tenants"]["1"]["suspended"], false);
 }
+
+/// A task of `user`.
+fn of_user(key: &str, user: u32) -> spindle_wire::SubmitTask {
+    let mut t = task(key);
+    t.user = spindle_core::UserId(user);
+    t
+}
+
+/// A tenant's user limits from the config bind per user — a user's second submit within its
+/// rate is refused while the tenant's other user is served, and a user's second task waits
+/// while its first runs — and never touch another tenant's users of the same ids. Raised
+/// through the policy store, they reach the users the node already knows at once: the waiting
+/// task starts. Without `[tenants.user]` nothing is refused or held; without the live update
+/// of known users (`Shard::set_tenant_policy`) the waiting task stays queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_tenants_user_limits_bind_per_user_and_change_live() {
+    let test = TestDb::new().await;
+    // Long tasks: a running one holds its user's running slot for the length of the test.
+    let config = CONFIG
+        .replace(
+            "local_provider_time_scale = 0.0001",
+            "local_provider_time_scale = 10.0",
+        )
+        .replace(
+            "credential = \"tenant-1-credential\"\n",
+            "credential = \"tenant-1-credential\"\n\n[tenants.user]\nsubmit_per_minute = 60\n\
+             running_tasks_max = 1\n\n[[tenants]]\nid = 2\ncredential = \"tenant-2-credential\"\n",
+        );
+    let daemon = start_with(&test, &config).await;
+    let http = daemon.http;
+    let one = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
+        .await
+        .unwrap();
+    let two = Client::connect(daemon.addr, TenantId(2), "tenant-2-credential")
+        .await
+        .unwrap();
+    let first = one.submit(of_user("u1-a", 1)).await.unwrap();
+    assert_eq!(first.decision, Decision::Accepted, "{first:?}");
+    let again = one.submit(of_user("u1-b", 1)).await.unwrap();
+    assert_eq!(again.decision, Decision::RejectUserRateLimit, "{again:?}");
+    let other_user = one.submit(of_user("u2-a", 2)).await.unwrap();
+    assert_eq!(other_user.decision, Decision::Accepted, "{other_user:?}");
+    // Tenant 2's user 1 is not tenant 1's: three at once, all taken.
+    for i in 0..3 {
+        let a = two.submit(of_user(&format!("t2-{i}"), 1)).await.unwrap();
+        assert_eq!(a.decision, Decision::Accepted, "{a:?}");
+    }
+    assert_eq!(
+        effective(http)["tenants"]["1"]["user"]["running_tasks_max"],
+        1
+    );
+
+    // A second of user 1's: taken once its rate gives a submit back (one a second).
+    let mut n = 0;
+    let mut second = None;
+    within("user 1 may submit again", async || {
+        n += 1;
+        let a = one.submit(of_user(&format!("u1-b{n}"), 1)).await.unwrap();
+        let taken = a.decision == Decision::Accepted;
+        if taken {
+            second = Some(a.task);
+        }
+        taken
+    })
+    .await;
+    let second = second.unwrap();
+    wait_for(&one, first.task, TaskState::Running).await;
+    wait_for(&one, other_user.task, TaskState::Running).await;
+    let waited = poll_until(
+        Duration::from_millis(1_500),
+        async || one.get(second).await.unwrap().state,
+        |&s| s != TaskState::Queued,
+    )
+    .await;
+    assert_eq!(waited, TaskState::Queued, "user 1 runs one task at a time");
+
+    let mut tenant = effective(http)["tenants"]["1"].clone();
+    tenant["user"]["running_tasks_max"] = 2.into();
+    let (ok, out) = set(http, "tenant_policy", "1", &tenant);
+    assert!(ok, "{out}");
+    within("the raised limit reaches the waiting task", async || {
+        one.get(second).await.unwrap().state != TaskState::Queued
+    })
+    .await;
+    assert_eq!(
+        one.get(first.task).await.unwrap().state,
+        TaskState::Running,
+        "its first still runs beside it"
+    );
+}

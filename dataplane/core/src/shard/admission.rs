@@ -383,6 +383,21 @@ impl Shard {
         }
         t.set_policy(&policy, now);
         self.commands[slot as usize].set_policy(&policy, now);
+        // Its users' records take the tenant's user limits now, like the tenant its own (a
+        // walk of the shard's user records: policy changes are rare).
+        if self.policy.tenants.get(&tenant).map(|p| &p.user) != Some(&policy.user) {
+            let p = &policy.user;
+            for u in self
+                .users
+                .iter_mut()
+                .filter(|u| u.live && u.tenant == tenant)
+            {
+                u.submit_rate.set_rate(p.submit_rate, now);
+                u.gates.set_capacity(p.queued_tasks_max, p.queued_units_max);
+                u.running
+                    .set_capacity(p.running_tasks_max, p.running_units_max);
+            }
+        }
         self.policy.tenants.insert(tenant, policy);
         // More room may let a stalled lane go on.
         self.unstall_all();
