@@ -84,7 +84,7 @@ pub struct ReconcileConfig {
 impl Default for ReconcileConfig {
     fn default() -> Self {
         ReconcileConfig {
-            attempts_every_ms: 15_000,
+            attempts_every_ms: 60_000,
             attempts_rows_max: 256,
             stuck_after_ms: 300_000,
             orphans_every_ms: 60_000,

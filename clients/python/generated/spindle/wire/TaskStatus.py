@@ -96,7 +96,8 @@ class TaskStatus(object):
 
     # For a QUEUED task held live by its node, when it is expected to start: ms from this
     # answer — the units queued ahead of it in its lane over the lane's measured rate. 0 for a
-    # task that is not queued there (and for one expected to start now).
+    # task that is not in a queue there (ended, running, another node's, or backing off after a
+    # failure until its retry is due) and for one expected to start now.
     # TaskStatus
     def ExpectedStartMs(self):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(22))
