@@ -173,6 +173,19 @@ pub struct Settled {
     pub cost_milli: u64,
 }
 
+/// What ended tasks of one tenant, user and model submitted in one minute consumed
+/// ([`Db::quota_consumed`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Consumed {
+    pub tenant: TenantId,
+    pub user: u32,
+    pub model: u16,
+    /// The minute's start.
+    pub at_unix_ms: u64,
+    pub cost_milli: u64,
+    pub tasks: u64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Starved {
     pub task: TaskId,
@@ -418,6 +431,50 @@ impl Db {
             )
             .await?;
         rows.iter().map(owned_task).collect()
+    }
+
+    /// What the SUCCEEDED tasks of `tenants` in `partitions` submitted since `since`
+    /// consumed, per tenant, user, model and minute of submission: what a node that starts
+    /// owning them counts in the tenants' periodic quotas (their live tasks it counts as it puts
+    /// them back). Cost is the settled one where there is one, else the estimate. Walks the
+    /// task table once.
+    pub async fn quota_consumed(
+        &self,
+        partitions: &[PartitionId],
+        tenants: &[TenantId],
+        since: std::time::SystemTime,
+    ) -> Result<Vec<Consumed>, StoreError> {
+        let (parts, _) = page_args(partitions, None)?;
+        crate::error::check_batch_len(tenants.len())?;
+        let tenants: Vec<i32> = tenants.iter().map(|t| t.0 as i32).collect();
+        let rows = self
+            .answered(
+                false,
+                self.client().query(
+                    "SELECT tenant_id, user_id,
+                            (convert_from(payload, 'UTF8')::jsonb #>> '{spec,model}')::int,
+                            (extract(epoch FROM date_trunc('minute', created_at)) * 1000)::bigint,
+                            sum(coalesce(cost_actual_milli, cost_estimate_milli))::bigint,
+                            count(*)
+                       FROM task
+                      WHERE partition = ANY ($1) AND tenant_id = ANY ($2)
+                        AND state = 'SUCCEEDED' AND created_at >= $3
+                      GROUP BY 1, 2, 3, 4",
+                    &[&parts, &tenants, &since],
+                ),
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| Consumed {
+                tenant: TenantId(r.get::<_, i32>(0) as u32),
+                user: r.get::<_, i32>(1) as u32,
+                model: r.get::<_, Option<i32>>(2).unwrap_or(0).max(0) as u16,
+                at_unix_ms: r.get::<_, i64>(3).max(0) as u64,
+                cost_milli: r.get::<_, i64>(4).max(0) as u64,
+                tasks: r.get::<_, i64>(5).max(0) as u64,
+            })
+            .collect())
     }
 
     /// For each of `tasks` (in order), its partition and whether attempt `attempt_no` of it

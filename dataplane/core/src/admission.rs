@@ -24,10 +24,13 @@ pub enum Decision {
     /// Not the core's: the store found the idempotency key already used by another request
     /// (retrying it changes nothing, unlike an overload).
     RejectIdempotencyConflict,
+    /// A periodic quota of the tenant, of its user, or of its use of the model is spent for
+    /// this period (`crate::quota`); the reason names it and when it resets.
+    RejectQuotaExhausted,
 }
 
 impl Decision {
-    pub const ALL: [Decision; 9] = [
+    pub const ALL: [Decision; 10] = [
         Decision::Accepted,
         Decision::AcceptedBestEffort,
         Decision::RejectUserRateLimit,
@@ -37,6 +40,7 @@ impl Decision {
         Decision::RejectResourceClassDisabled,
         Decision::RejectPlatformOverloaded,
         Decision::RejectIdempotencyConflict,
+        Decision::RejectQuotaExhausted,
     ];
 
     pub fn is_accepted(self) -> bool {
@@ -54,6 +58,7 @@ impl Decision {
             Decision::RejectResourceClassDisabled => "REJECT_RESOURCE_CLASS_DISABLED",
             Decision::RejectPlatformOverloaded => "REJECT_PLATFORM_OVERLOADED",
             Decision::RejectIdempotencyConflict => "REJECT_IDEMPOTENCY_CONFLICT",
+            Decision::RejectQuotaExhausted => "REJECT_QUOTA_EXHAUSTED",
         }
     }
 }
@@ -86,6 +91,11 @@ pub enum RejectReason {
     /// The tenant holds `USERS_PER_TENANT_MAX` user records here (users with work or a rate
     /// still refilling); one more user waits until some go idle.
     TooManyUsers(usize),
+    /// A periodic quota is spent for this period.
+    Quota(crate::quota::Exhausted),
+    /// The shard counts `QUOTA_USAGE_MAX` quota periods already: a new user's or model's
+    /// count waits until past periods' are let go.
+    QuotaBooksFull(usize),
 }
 
 impl fmt::Display for RejectReason {
@@ -117,6 +127,12 @@ impl fmt::Display for RejectReason {
                 f,
                 "the tenant has {max} users with work or recent submits here; a new user's \
                  submits wait until some of them are idle"
+            ),
+            RejectReason::Quota(exhausted) => write!(f, "{exhausted}"),
+            RejectReason::QuotaBooksFull(max) => write!(
+                f,
+                "the shard counts {max} quota periods already; a new user's or model's count \
+                 waits until past periods are let go"
             ),
         }
     }

@@ -21,6 +21,7 @@ pub mod policy;
 mod prefetch;
 pub mod presets;
 mod queue;
+pub mod quota;
 pub mod shard;
 pub mod share;
 pub mod state;

@@ -102,6 +102,13 @@ pub struct TenantPolicy {
     /// cancel its tasks.
     #[serde(default)]
     pub suspended: bool,
+    /// Periodic quotas (`crate::quota`): cost and task counts per minute, day or month, of the
+    /// tenant, each of its users, or one model. None where a stored policy predates them.
+    #[serde(default)]
+    pub quotas: Vec<crate::quota::Quota>,
+    /// The tenant's time zone for its quotas' periods, in minutes from UTC.
+    #[serde(default)]
+    pub utc_offset_min: i32,
 }
 
 fn unlimited_rate() -> RateSpec {
@@ -570,7 +577,31 @@ fn check_tenant(tenant: TenantId, t: &TenantPolicy) -> Result<(), PolicyError> {
         t.weight.into(),
         1,
         WEIGHT_MAX.into(),
-    )
+    )?;
+    range(
+        format!("tenants.{tenant}.quotas"),
+        t.quotas.len() as u64,
+        0,
+        crate::quota::QUOTAS_PER_TENANT_MAX as u64,
+    )?;
+    let max = crate::quota::UTC_OFFSET_MIN_MAX;
+    range(
+        format!("tenants.{tenant}.utc_offset_min (+{max})"),
+        (i64::from(t.utc_offset_min) + i64::from(max)) as u64,
+        0,
+        2 * max as u64,
+    )?;
+    for (i, q) in t.quotas.iter().enumerate() {
+        if q.cost_milli.is_none() && q.tasks.is_none() {
+            return Err(PolicyError::Range {
+                field: format!("tenants.{tenant}.quotas[{i}]: neither cost_milli nor tasks"),
+                value: 0,
+                min: 1,
+                max: 1,
+            });
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

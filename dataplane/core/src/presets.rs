@@ -62,6 +62,8 @@ pub fn tenant(lane: Lane, weight: u32) -> TenantPolicy {
         cancel_rate: UNLIMITED_RATE,
         store_read_rate: UNLIMITED_RATE,
         suspended: false,
+        quotas: Vec::new(),
+        utc_offset_min: 0,
     }
 }
 

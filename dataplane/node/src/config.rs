@@ -312,6 +312,13 @@ pub struct TenantConfig {
     /// The limits each of the tenant's users gets (unlimited where absent).
     #[serde(default)]
     pub user: UserLimits,
+    /// Periodic quotas (`[[tenants.quotas]]`: `scope` = "tenant", "user" or "model" with
+    /// `model`, `period` = "minute", "day" or "month", `cost_milli` and/or `tasks`).
+    #[serde(default)]
+    pub quotas: Vec<spindle_core::quota::Quota>,
+    /// The tenant's time zone for its quotas' periods, in minutes from UTC.
+    #[serde(default)]
+    pub utc_offset_min: i32,
 }
 
 /// A tenant's limits for each of its users (`[tenants.user]`): unlimited where absent.
@@ -680,6 +687,27 @@ impl Config {
             "counter_check_s must be 0..={COUNTER_CHECK_S_MAX}"
         );
         self.reconcile.check()?;
+        // What the tenants' sections make of the policy (their quotas, say) is checked as the
+        // policy store checks it.
+        crate::policy(self)
+            .validate()
+            .map_err(|e| anyhow::anyhow!("the configured policy: {e}"))?;
+        // A restart or takeover counts the current periods' consumption from the ended tasks
+        // PostgreSQL still holds: they must outlive the longest period a quota counts.
+        for t in &self.tenants {
+            let longest = t.quotas.iter().map(|q| q.period.longest_ms() / 1_000).max();
+            if let (Some(s), true) = (longest, self.retention_finished_s > 0) {
+                anyhow::ensure!(
+                    self.retention_finished_s >= s + 86_400,
+                    "tenant {}: a quota counts periods of up to {s} s, but retention_finished_s \
+                     ({}) would prune the ended tasks a restart counts them from: set it to at \
+                     least {}",
+                    t.id,
+                    self.retention_finished_s,
+                    s + 86_400
+                );
+            }
+        }
         if let Some(p) = &self.provider {
             p.check()?;
         }
@@ -905,6 +933,62 @@ mod tests {
             e.to_string(),
             "tenant 3: submit_per_minute must be 1..=1000000000"
         );
+    }
+
+    /// A month's quota needs the ended tasks it is counted from (after a restart or a
+    /// takeover) kept a month and a day; the default week is refused by name.
+    #[test]
+    fn a_quota_longer_than_the_retention_is_refused() {
+        let tenant = "[[tenants]]\nid = 3\ncredential = \"tenant-3-credential\"\n\
+                      [[tenants.quotas]]\nscope = \"tenant\"\nperiod = \"month\"\ntasks = 9\n";
+        let e = load_text(tenant).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "tenant 3: a quota counts periods of up to 2678400 s, but retention_finished_s \
+             (604800) would prune the ended tasks a restart counts them from: set it to at least \
+             2764800"
+        );
+        let kept = load_text(&format!("retention_finished_s = 2764800\n{tenant}")).unwrap();
+        assert_eq!(kept.tenants[0].quotas.len(), 1);
+        let kept = |quota: &str| {
+            load_text(&format!(
+                "retention_finished_s = 2764800\n[[tenants]]\nid = 3\n\
+                 credential = \"tenant-3-credential\"\n[[tenants.quotas]]\n{quota}"
+            ))
+        };
+        let model =
+            kept("scope = \"model\"\nmodel = 0\nperiod = \"day\"\ncost_milli = 5\n").unwrap();
+        assert_eq!(
+            model.tenants[0].quotas[0].scope,
+            spindle_core::quota::QuotaScope::Model {
+                model: spindle_core::ModelId(0)
+            }
+        );
+        for (bad, why) in [
+            (
+                "scope = \"model\"\nperiod = \"day\"\ntasks = 1\n",
+                "names its `model`",
+            ),
+            (
+                "scope = \"user\"\nmodel = 1\nperiod = \"day\"\ntasks = 1\n",
+                "only a model",
+            ),
+            (
+                "scope = \"tenant\"\nperiod = \"day\"\ntaks = 1\n",
+                "unknown field `taks`",
+            ),
+            (
+                "scope = \"tenant\"\nperiod = \"week\"\ntasks = 1\n",
+                "unknown variant `week`",
+            ),
+            (
+                "scope = \"tenant\"\nperiod = \"day\"\n",
+                "neither cost_milli nor tasks",
+            ),
+        ] {
+            let e = format!("{:#}", kept(bad).unwrap_err());
+            assert!(e.contains(why), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -102,6 +102,8 @@ pub fn policy(config: &Config) -> Policy {
             tenant.cost_per_minute = tenth(per_minute);
         }
         t.user.apply(&mut tenant.user);
+        tenant.quotas = t.quotas.clone();
+        tenant.utc_offset_min = t.utc_offset_min;
         if let Some(per_minute) = t.store_reads_per_minute {
             tenant.store_read_rate = tenth(per_minute);
         }

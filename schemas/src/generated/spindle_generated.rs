@@ -198,10 +198,10 @@ impl ::flatbuffers::SimpleToVerifyInSlice for ErrorCode {}
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 pub const ENUM_MIN_DECISION: u8 = 0;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
-pub const ENUM_MAX_DECISION: u8 = 8;
+pub const ENUM_MAX_DECISION: u8 = 9;
 #[deprecated(since = "2.0.0", note = "Use associated constants instead. This will no longer be generated in 2021.")]
 #[allow(non_camel_case_types)]
-pub const ENUM_VALUES_DECISION: [Decision; 9] = [
+pub const ENUM_VALUES_DECISION: [Decision; 10] = [
   Decision::Accepted,
   Decision::AcceptedBestEffort,
   Decision::RejectUserRateLimit,
@@ -211,6 +211,7 @@ pub const ENUM_VALUES_DECISION: [Decision; 9] = [
   Decision::RejectResourceClassDisabled,
   Decision::RejectPlatformOverloaded,
   Decision::RejectIdempotencyConflict,
+  Decision::RejectQuotaExhausted,
 ];
 
 /// Admission decisions (DESIGN §4), in the core's order.
@@ -230,9 +231,12 @@ impl Decision {
   /// The idempotency key was used by another request (Admission.task_id is that task's):
   /// sending it again changes nothing.
   pub const RejectIdempotencyConflict: Self = Self(8);
+  /// A periodic quota of the tenant, its user, or its use of the model is spent for this
+  /// period: the reason names it and when it resets (retrying before then changes nothing).
+  pub const RejectQuotaExhausted: Self = Self(9);
 
   pub const ENUM_MIN: u8 = 0;
-  pub const ENUM_MAX: u8 = 8;
+  pub const ENUM_MAX: u8 = 9;
   pub const ENUM_VALUES: &'static [Self] = &[
     Self::Accepted,
     Self::AcceptedBestEffort,
@@ -243,6 +247,7 @@ impl Decision {
     Self::RejectResourceClassDisabled,
     Self::RejectPlatformOverloaded,
     Self::RejectIdempotencyConflict,
+    Self::RejectQuotaExhausted,
   ];
   /// Returns the variant's name or "" if unknown.
   pub fn variant_name(self) -> Option<&'static str> {
@@ -256,6 +261,7 @@ impl Decision {
       Self::RejectResourceClassDisabled => Some("RejectResourceClassDisabled"),
       Self::RejectPlatformOverloaded => Some("RejectPlatformOverloaded"),
       Self::RejectIdempotencyConflict => Some("RejectIdempotencyConflict"),
+      Self::RejectQuotaExhausted => Some("RejectQuotaExhausted"),
       _ => None,
     }
   }

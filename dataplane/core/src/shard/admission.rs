@@ -98,6 +98,12 @@ impl Shard {
             return Err(reject(Decision::RejectCostBudget, reason, lane));
         }
         let (max_wait_ms, overflow) = (tenant.max_wait_ms(), tenant.wait_overflow);
+        let at_ms = self.wall_ms(now);
+        if let Err(reason) =
+            self.check_quotas(slot, req.user, req.spec.model, est.cost_milli, at_ms)
+        {
+            return Err(reject(Decision::RejectQuotaExhausted, reason, lane));
+        }
         let mut wait_ms = self.expected_lane_wait_ms(lane, now);
         if wait_ms > max_wait_ms {
             let overflow_to_be = overflow == WaitOverflow::BestEffort
@@ -142,6 +148,7 @@ impl Shard {
         self.users[user_slot as usize].tasks += 1;
         let deadline = entry.deadline;
         let entry = self.tasks.insert(req.task, entry, TaskCold::default());
+        self.charge_task_quotas(entry, at_ms);
         self.enqueue(slot, lane, band, entry, End::Back);
         self.watch_deadline(deadline, req.task);
         let decision = if lane == Lane::BestEffort {

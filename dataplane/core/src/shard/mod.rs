@@ -664,6 +664,10 @@ struct TaskCold {
     /// it joined (`LaneRt::dequeued_milli`). Once it started its provider stage: when (ns; 0
     /// for an attempt resumed after a restart, whose start this shard did not see).
     mark: u64,
+    /// The minute (unix) its tenant's quotas were charged for it; 0: not charged.
+    quota_at_min: u32,
+    /// Its provider billed it: its quota charge is settled, and not given back.
+    quota_settled: bool,
 }
 
 /// `ahead_milli` units at `rate` milli-units a second, in ms.
@@ -868,6 +872,10 @@ pub struct Shard {
     /// new work cannot take what they hold above it, and the capacity checks of
     /// `check_invariants` allow the excess).
     over_capacity: u32,
+    /// The unix time (ms) of `Time::ZERO`: quotas count civil periods.
+    wall_epoch_ms: u64,
+    /// The quotas' counters, each of one tenant (or user, or model) and period (`quotas.rs`).
+    quota_usage: RunMap<crate::quota::UsageKey, crate::quota::Usage>,
 }
 
 const _: () = assert!(
@@ -1129,6 +1137,8 @@ impl Shard {
             media_head_skips: 0,
             stats: ShardStats::default(),
             over_capacity: 0,
+            wall_epoch_ms: 0,
+            quota_usage: RunMap::default(),
         }
     }
 
@@ -1329,6 +1339,7 @@ mod dispatch;
 mod invariants;
 mod limits;
 mod queues;
+mod quotas;
 mod reports;
 
 #[cfg(test)]

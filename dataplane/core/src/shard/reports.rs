@@ -384,6 +384,9 @@ impl Shard {
 
     /// Drops a task that left the shard for good, settling its cost reservation.
     pub(super) fn finish(&mut self, task: TaskId) {
+        if let Some(slot) = self.tasks.slot(task) {
+            self.refund_quotas(slot);
+        }
         let e = self.tasks.remove(&task).expect("entry");
         assert!(
             e.state.state.is_terminal(),

@@ -16,6 +16,8 @@ pub struct Restore {
     /// When its deadline passes (its submission's time plus the deadline it was sent with):
     /// a queued task put back still expires then, and at once if that is past.
     pub deadline_at: Option<std::time::SystemTime>,
+    /// When it was submitted: its tenant's quotas count it in that period.
+    pub submitted_at: std::time::SystemTime,
 }
 
 impl Restore {
@@ -30,6 +32,7 @@ impl Restore {
             cancel: false,
             input,
             deadline_at,
+            submitted_at: q.created_at,
         })
     }
 }
@@ -51,6 +54,11 @@ pub struct Unrestorable {
 pub struct ShardRestores {
     pub tasks: Vec<Restore>,
     pub unrestorable: Vec<Unrestorable>,
+    /// Tenants with periodic quotas whose partitions come back: their counts start again from
+    /// what PostgreSQL holds — the tasks put back, and `consumed`.
+    pub quota_tenants: Vec<spindle_core::TenantId>,
+    /// What their ended tasks consumed in the periods still running.
+    pub consumed: Vec<spindle_control::reconcile::Consumed>,
 }
 
 impl ShardRestores {
@@ -60,7 +68,7 @@ impl ShardRestores {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.tasks.is_empty() && self.unrestorable.is_empty()
+        self.tasks.is_empty() && self.unrestorable.is_empty() && self.quota_tenants.is_empty()
     }
 }
 
@@ -250,6 +258,7 @@ pub(super) async fn load_restores(
     mine: &[PartitionId],
 ) -> anyhow::Result<Vec<ShardRestores>> {
     let mut per_shard = ShardRestores::per_shard(config.shards);
+    load_quota_consumption(admin, config, policy, mine, &mut per_shard).await?;
     let mut after = None;
     loop {
         let page = admin
@@ -267,6 +276,48 @@ pub(super) async fn load_restores(
             }
         }
     }
+}
+
+/// The tenants of `mine` with periodic quotas, and what their ended tasks consumed in the
+/// periods still running, for their shards.
+async fn load_quota_consumption(
+    admin: &Db,
+    config: &crate::config::Config,
+    policy: &spindle_core::Policy,
+    mine: &[PartitionId],
+    per_shard: &mut [ShardRestores],
+) -> anyhow::Result<()> {
+    let tenants: Vec<(spindle_core::TenantId, u64)> = policy
+        .tenants
+        .iter()
+        .filter(|(t, p)| {
+            !p.quotas.is_empty()
+                && mine.contains(&PartitionId(crate::config::partition_of(
+                    t.0,
+                    config.partitions,
+                )))
+        })
+        .map(|(&t, p)| {
+            let longest = p.quotas.iter().map(|q| q.period.longest_ms()).max();
+            (t, longest.unwrap_or(0))
+        })
+        .collect();
+    let Some(longest) = tenants.iter().map(|&(_, ms)| ms).max() else {
+        return Ok(());
+    };
+    for &(t, _) in &tenants {
+        per_shard[config.shard_of(t.0)].quota_tenants.push(t);
+    }
+    // A period's start is at most its longest length (plus a time zone's offset) ago.
+    let since =
+        std::time::SystemTime::now() - std::time::Duration::from_millis(longest + 86_400_000);
+    let ids: Vec<spindle_core::TenantId> = tenants.iter().map(|&(t, _)| t).collect();
+    for chunk in ids.chunks(spindle_control::limits::BATCH_MAX) {
+        for c in admin.quota_consumed(mine, chunk, since).await? {
+            per_shard[config.shard_of(c.tenant.0)].consumed.push(c);
+        }
+    }
+    Ok(())
 }
 
 /// One stored task as its shard takes it back, or why it cannot be.

@@ -419,7 +419,13 @@ fn shared_limit(
 impl ShardState {
     pub fn new(setup: ShardSetup) -> ShardState {
         let epoch = Instant::now();
-        let core = Shard::new(setup.policy.clone(), setup.shards, Time::ZERO);
+        let mut core = Shard::new(setup.policy.clone(), setup.shards, Time::ZERO);
+        // The quotas count civil periods: the wall clock at the shard's zero.
+        core.set_wall_epoch_ms(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+        );
         let split_limits = core.node_limits();
         let provider_rpm = core
             .ledger()
@@ -490,6 +496,21 @@ impl ShardState {
     pub fn restore(&mut self, restores: crate::control::ShardRestores) -> Restored {
         let now = self.now();
         let mut done = Restored::default();
+        // Their quotas count again from what PostgreSQL holds: the tasks put back (as each
+        // comes back) and what the ended ones consumed.
+        for &tenant in &restores.quota_tenants {
+            self.core.clear_quota_usage(tenant);
+        }
+        for c in &restores.consumed {
+            self.core.charge_ended_quotas(
+                c.tenant,
+                spindle_core::UserId(c.user),
+                spindle_core::ModelId(c.model),
+                c.at_unix_ms,
+                c.cost_milli,
+                c.tasks,
+            );
+        }
         let mut unrestorable = restores.unrestorable;
         for r in restores.tasks {
             let task = r.request.submit.task;
@@ -634,6 +655,11 @@ impl ShardState {
         if let Some(input) = r.input {
             self.inputs.keep(task, input);
         }
+        let submitted_ms = r
+            .submitted_at
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        self.core.charge_restored_quotas(task, submitted_ms);
         Ok(resolve)
     }
 

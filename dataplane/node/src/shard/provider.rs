@@ -510,6 +510,11 @@ pub(super) fn provider_succeeded(
         }
         _ => e.fairness.milli(),
     });
+    let current = s.meta.get(&task).is_some_and(|m| m.token == Some(token));
+    if let (Some(billed), true) = (actual, current) {
+        // Its quotas count what the provider billed, and keep it whatever happens next.
+        s.core.settle_quota_cost(task, billed);
+    }
     match s
         .core
         .handle_provider_succeeded(now, task, token, Units(units))

@@ -15,3 +15,6 @@ class Decision(object):
     # The idempotency key was used by another request (Admission.task_id is that task's):
     # sending it again changes nothing.
     RejectIdempotencyConflict = 8
+    # A periodic quota of the tenant, its user, or its use of the model is spent for this
+    # period: the reason names it and when it resets (retrying before then changes nothing).
+    RejectQuotaExhausted = 9
