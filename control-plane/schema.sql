@@ -1717,6 +1717,16 @@ ALTER SEQUENCE public.quota_ledger_entry_id_seq OWNED BY public.quota_ledger.ent
 
 
 --
+-- Name: quota_reset; Type: TABLE; Schema: public; Owner: -
+--
+
+CREATE TABLE public.quota_reset (
+    tenant_id integer NOT NULL,
+    reset_at timestamp with time zone NOT NULL
+);
+
+
+--
 -- Name: resource_pool_shard; Type: TABLE; Schema: public; Owner: -
 --
 
@@ -1967,6 +1977,14 @@ ALTER TABLE ONLY public.quota_ledger
 
 ALTER TABLE ONLY public.quota_ledger
     ADD CONSTRAINT quota_ledger_task_id_kind_key UNIQUE (task_id, kind);
+
+
+--
+-- Name: quota_reset quota_reset_pkey; Type: CONSTRAINT; Schema: public; Owner: -
+--
+
+ALTER TABLE ONLY public.quota_reset
+    ADD CONSTRAINT quota_reset_pkey PRIMARY KEY (tenant_id);
 
 
 --

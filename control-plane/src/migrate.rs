@@ -127,6 +127,11 @@ pub const MIGRATIONS: &[Migration] = &[
         name: "work_call",
         sql: include_str!("../migrations/0022_work_call.sql"),
     },
+    Migration {
+        version: 23,
+        name: "quota_reset",
+        sql: include_str!("../migrations/0023_quota_reset.sql"),
+    },
 ];
 
 /// FNV-1a over the migration's text: stable across builds and platforms.

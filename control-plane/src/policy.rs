@@ -336,6 +336,53 @@ impl Db {
             .await
     }
 
+    /// Resets `tenant`'s periodic quota counts: nothing it submitted before now counts again
+    /// (the floor is stored, for the node that counts them next), audited with `reason`.
+    /// Returns the floor.
+    pub async fn reset_quotas(
+        &mut self,
+        tenant: spindle_core::TenantId,
+        actor: &str,
+        reason: &str,
+    ) -> Result<std::time::SystemTime, StoreError> {
+        check_text(0, "actor", actor, NAME_BYTES_MAX)?;
+        check_text(0, "reason", reason, REASON_BYTES_MAX)?;
+        let deadline = self.within(4);
+        deadline
+            .run(true, async {
+                let tx = self.client_mut().transaction().await?;
+                let at: std::time::SystemTime = tx
+                    .query_one(
+                        "INSERT INTO quota_reset (tenant_id, reset_at) VALUES ($1, now())
+                         ON CONFLICT (tenant_id) DO UPDATE SET reset_at = EXCLUDED.reset_at
+                         RETURNING reset_at",
+                        &[&(tenant.0 as i32)],
+                    )
+                    .await?
+                    .get(0);
+                let version: i64 = tx
+                    .query_one("SELECT version FROM policy_version", &[])
+                    .await?
+                    .get(0);
+                audit(
+                    &tx,
+                    Audit {
+                        actor,
+                        object: "quota",
+                        key: &tenant.0.to_string(),
+                        old: None,
+                        new: Some(&Value::from("reset")),
+                        reason,
+                        version: PolicyVersion(version as u64),
+                    },
+                )
+                .await?;
+                tx.commit().await?;
+                Ok(at)
+            })
+            .await
+    }
+
     /// Sets a tenant's cost budget (creating it), audited like a policy change.
     pub async fn set_tenant_budget(
         &mut self,

@@ -180,7 +180,8 @@ pub struct Consumed {
     pub tenant: TenantId,
     pub user: u32,
     pub model: u16,
-    /// The minute's start.
+    /// When the last of them was submitted (periods are whole minutes: all of them count in
+    /// the periods it does).
     pub at_unix_ms: u64,
     pub cost_milli: u64,
     pub tasks: u64,
@@ -453,12 +454,16 @@ impl Db {
                 self.client().query(
                     "SELECT tenant_id, user_id,
                             (convert_from(payload, 'UTF8')::jsonb #>> '{spec,model}')::int,
-                            (extract(epoch FROM date_trunc('minute', created_at)) * 1000)::bigint,
+                            date_trunc('minute', created_at) AS minute,
+                            (extract(epoch FROM max(created_at)) * 1000)::bigint,
                             sum(coalesce(cost_actual_milli, cost_estimate_milli))::bigint,
                             count(*)
                        FROM task
                       WHERE partition = ANY ($1) AND tenant_id = ANY ($2)
                         AND state = 'SUCCEEDED' AND created_at >= $3
+                        AND created_at >= coalesce((SELECT r.reset_at FROM quota_reset r
+                                                     WHERE r.tenant_id = task.tenant_id),
+                                                   '-infinity')
                       GROUP BY 1, 2, 3, 4",
                     &[&parts, &tenants, &since],
                 ),
@@ -470,10 +475,33 @@ impl Db {
                 tenant: TenantId(r.get::<_, i32>(0) as u32),
                 user: r.get::<_, i32>(1) as u32,
                 model: r.get::<_, Option<i32>>(2).unwrap_or(0).max(0) as u16,
-                at_unix_ms: r.get::<_, i64>(3).max(0) as u64,
-                cost_milli: r.get::<_, i64>(4).max(0) as u64,
-                tasks: r.get::<_, i64>(5).max(0) as u64,
+                at_unix_ms: r.get::<_, i64>(4).max(0) as u64,
+                cost_milli: r.get::<_, i64>(5).max(0) as u64,
+                tasks: r.get::<_, i64>(6).max(0) as u64,
             })
+            .collect())
+    }
+
+    /// When each of `tenants` last had its quota counts reset ([`Db::reset_quotas`]), for
+    /// those that ever had.
+    pub async fn quota_resets(
+        &self,
+        tenants: &[TenantId],
+    ) -> Result<Vec<(TenantId, std::time::SystemTime)>, StoreError> {
+        crate::error::check_batch_len(tenants.len())?;
+        let tenants: Vec<i32> = tenants.iter().map(|t| t.0 as i32).collect();
+        let rows = self
+            .answered(
+                false,
+                self.client().query(
+                    "SELECT tenant_id, reset_at FROM quota_reset WHERE tenant_id = ANY ($1)",
+                    &[&tenants],
+                ),
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| (TenantId(r.get::<_, i32>(0) as u32), r.get(1)))
             .collect())
     }
 

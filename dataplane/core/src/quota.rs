@@ -277,12 +277,12 @@ fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
 pub struct Exhausted {
     pub scope: QuotaScope,
     pub period: QuotaPeriod,
-    /// What is counted: "cost" (milli cost units) or "tasks".
-    pub what: &'static str,
+    /// Its cost is spent (else its task count).
+    pub cost: bool,
+    /// What is used of it (milli cost units, or tasks), and its bound: the task did not fit
+    /// in what is left.
     pub used: u64,
     pub limit: u64,
-    /// The task's share of it (its estimate, or one task).
-    pub needed: u64,
     /// When the period ends and the quota is whole again (unix ms).
     pub resets_at_ms: u64,
 }
@@ -291,13 +291,12 @@ impl fmt::Display for Exhausted {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "quota exhausted: {} {} per {} ({} used of {}, this task needs {}); it resets at {}",
+            "quota exhausted: {} {} per {} ({} used of {}); it resets at {}",
             self.scope,
-            self.what,
+            if self.cost { "cost" } else { "tasks" },
             self.period.name(),
             self.used,
             self.limit,
-            self.needed,
             utc_text(self.resets_at_ms)
         )
     }

@@ -180,6 +180,128 @@ impl Admin {
         f(slot.as_mut().expect("opened above")).await
     }
 
+    /// The shard inbox of `tenant` when this node serves it; else the answer that says who does.
+    fn serving(
+        &self,
+        tenant: &str,
+    ) -> Result<
+        (
+            spindle_core::TenantId,
+            &tokio::sync::mpsc::Sender<crate::shard::ShardMsg>,
+        ),
+        Answer,
+    > {
+        let config = &self.shards.config;
+        let Some(tenant) = tenant
+            .parse::<u32>()
+            .ok()
+            .filter(|t| config.tenants.iter().any(|c| c.id == *t))
+        else {
+            let why = format!("{tenant:?} is not a tenant of this node's configuration");
+            return Err(answer("404 Not Found", json!({ "error": why })));
+        };
+        let partition = crate::config::partition_of(tenant, config.partitions);
+        if !self.shards.ownership.owns(partition) {
+            let owner = self.shards.ownership.owner_of(partition);
+            let why = match &owner {
+                Some(node) => format!("tenant {tenant} is served by node {node}: ask it"),
+                None => format!("tenant {tenant}'s partition is not served now"),
+            };
+            return Err(answer(
+                "409 Conflict",
+                json!({ "error": why, "node": owner }),
+            ));
+        }
+        let inbox = &self.shards.inboxes[config.shard_of(tenant)];
+        Ok((spindle_core::TenantId(tenant), inbox))
+    }
+
+    /// `GET /admin/v1/quotas/{tenant}`: each of its quotas with what is consumed of it in the
+    /// running period and when that ends, from the node that serves it.
+    async fn quotas(&self, tenant: &str) -> Answer {
+        let (tenant, inbox) = match self.serving(tenant) {
+            Ok(s) => s,
+            Err(answer) => return answer,
+        };
+        let (reply, report) = tokio::sync::oneshot::channel();
+        let asked = inbox
+            .send(crate::shard::ShardMsg::Quotas { tenant, reply })
+            .await;
+        let (Ok(()), Ok((now_ms, report))) = (asked, report.await) else {
+            return answer(
+                "503 Service Unavailable",
+                json!({ "error": "a shard stopped" }),
+            );
+        };
+        let quotas: Vec<Value> = report
+            .iter()
+            .map(|r| {
+                let mut q = serde_json::to_value(r.quota).unwrap_or(Value::Null);
+                q["used_cost_milli"] = r.cost_milli.into();
+                q["used_tasks"] = r.tasks.into();
+                if r.quota.scope == spindle_core::quota::QuotaScope::User {
+                    q["users_counted"] = r.users.into();
+                }
+                q["resets_at"] = spindle_core::quota::utc_text(r.resets_at_ms).into();
+                q
+            })
+            .collect();
+        answer(
+            "200 OK",
+            json!({
+                "tenant": tenant.0,
+                "at": spindle_core::quota::utc_text(now_ms),
+                "quotas": quotas,
+            }),
+        )
+    }
+
+    /// `POST /admin/v1/quotas/{tenant}/reset {reason}`: the tenant's quota counts start again
+    /// from zero; nothing submitted before now counts again, here or on the next node to serve
+    /// it (the floor is stored, and audited with the reason).
+    async fn reset_quotas(&self, tenant: &str, actor: &str, what: &str, body: &[u8]) -> Answer {
+        let Ok(request) = serde_json::from_slice::<ReasonBody>(body) else {
+            let why = "expected {reason}".to_string();
+            return self.refuse("400 Bad Request", actor, what, why).await;
+        };
+        if request.reason.trim().is_empty() {
+            let why = "a reset needs a reason".to_string();
+            return self.refuse("400 Bad Request", actor, what, why).await;
+        }
+        let (tenant, inbox) = match self.serving(tenant) {
+            Ok(s) => s,
+            Err(answer) => return answer,
+        };
+        let stored = self
+            .with_db(async |db| db.reset_quotas(tenant, actor, &request.reason).await)
+            .await;
+        let at = match stored {
+            Ok(at) => at,
+            Err(e) => return answer("503 Service Unavailable", json!({ "error": e.to_string() })),
+        };
+        let floor_unix_ms = at
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let (reply, done) = tokio::sync::oneshot::channel();
+        let sent = inbox
+            .send(crate::shard::ShardMsg::ResetQuotas {
+                tenant,
+                floor_unix_ms,
+                reply,
+            })
+            .await;
+        if sent.is_err() || done.await.is_err() {
+            return answer(
+                "503 Service Unavailable",
+                json!({ "error": "a shard stopped" }),
+            );
+        }
+        answer(
+            "200 OK",
+            json!({ "tenant": tenant.0, "reset_at": spindle_core::quota::utc_text(floor_unix_ms) }),
+        )
+    }
+
     /// Refuses a call and audits the refusal.
     async fn refuse(&self, status: &'static str, actor: &str, what: &str, why: String) -> Answer {
         if let Err(e) = self
@@ -218,6 +340,8 @@ impl Admin {
         let needed = match (method, segments.as_slice()) {
             ("GET", ["admin", "v1", "policy" | "audit" | "counters"]) => Role::Viewer,
             ("GET", ["admin", "v1", "tasks", _] | ["admin", "v1", "dead-letters"]) => Role::Viewer,
+            ("GET", ["admin", "v1", "quotas", _]) => Role::Viewer,
+            ("POST", ["admin", "v1", "quotas", _, "reset"]) => Role::Operator,
             ("PUT" | "DELETE", ["admin", "v1", "policy", kind, _]) => match object(kind) {
                 Some(PolicyObject::Tenant | PolicyObject::Lane) => Role::Operator,
                 Some(_) => Role::Admin,
@@ -357,6 +481,10 @@ impl Admin {
                     }
                     Err(e) => answer("400 Bad Request", json!({ "error": e.to_string() })),
                 }
+            }
+            ("GET", [_, _, "quotas", tenant]) => self.quotas(tenant).await,
+            ("POST", [_, _, "quotas", tenant, "reset"]) => {
+                self.reset_quotas(tenant, &actor, &what, body).await
             }
             ("POST", [_, _, "tasks", "requeue"]) => self.requeue(&actor, &what, body).await,
             ("POST", [_, _, "tasks", "cancel"]) => self.cancel(&actor, &what, body).await,

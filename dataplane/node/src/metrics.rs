@@ -232,6 +232,9 @@ pub struct Metrics {
     pub counter_check_failures: AtomicU64,
     /// Tasks in the dead-letter list at the last check.
     pub dead_letters: AtomicU64,
+    /// Submits a periodic quota refused, by the quota's scope (tenant, user, model) and period
+    /// (minute, day, month).
+    pub quota_refused: [[AtomicU64; 3]; 3],
     /// The reconcilers' passes, by job ([`crate::reconciler::Job`]).
     pub reconcilers: [ReconcilerCounts; crate::reconciler::Job::COUNT],
     /// The cluster's QUEUED tasks by lane and band at the last check, and their oldest's wait.
@@ -348,6 +351,7 @@ impl Metrics {
             counter_check_failures: AtomicU64::new(0),
             dead_letters: AtomicU64::new(0),
             reconcilers: Default::default(),
+            quota_refused: Default::default(),
             queue_ages: std::sync::Mutex::new(Vec::new()),
             counter_drift_shards: AtomicU64::new(0),
             counter_drift_budgets: AtomicU64::new(0),
@@ -426,6 +430,21 @@ impl Metrics {
     /// A task of `lane` and `band` waited `us` from admission to dispatch.
     pub fn waited(&self, lane: Lane, band: Band, us: u64) {
         self.waits[lane.index() * Band::COUNT + band.index()].record(us, 1);
+    }
+
+    /// A submit refused by a quota of `scope` and `period`.
+    pub fn quota_refused(
+        &self,
+        scope: spindle_core::quota::QuotaScope,
+        period: spindle_core::quota::QuotaPeriod,
+    ) {
+        use spindle_core::quota::QuotaScope;
+        let s = match scope {
+            QuotaScope::Tenant => 0,
+            QuotaScope::User => 1,
+            QuotaScope::Model { .. } => 2,
+        };
+        self.quota_refused[s][period as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn admitted(&self, d: Decision) {
@@ -678,6 +697,20 @@ impl Metrics {
             self.dead_letters.load(Ordering::Relaxed)
         );
         self.render_reconcilers(w);
+        let _ = writeln!(
+            w,
+            "# HELP spindle_quota_refused_total Submits a periodic quota refused, by its scope and period.\n# TYPE spindle_quota_refused_total counter"
+        );
+        for (s, scope) in ["tenant", "user", "model"].iter().enumerate() {
+            for period in spindle_core::quota::QuotaPeriod::ALL {
+                let _ = writeln!(
+                    w,
+                    "spindle_quota_refused_total{{scope=\"{scope}\",period=\"{}\"}} {}",
+                    period.name(),
+                    self.quota_refused[s][period as usize].load(Ordering::Relaxed)
+                );
+            }
+        }
         {
             let _ = writeln!(
                 w,

@@ -100,10 +100,13 @@ async fn each_quota_refuses_by_name_with_when_it_resets() {
     }
     // Refusals are counted by decision.
     let (_, metrics) = common::http_get(daemon.http, "/metrics").await;
-    assert!(
-        metrics.contains("spindle_admissions_total{decision=\"REJECT_QUOTA_EXHAUSTED\"} 2"),
-        "{metrics}"
-    );
+    for line in [
+        "spindle_admissions_total{decision=\"REJECT_QUOTA_EXHAUSTED\"} 2",
+        "spindle_quota_refused_total{scope=\"user\",period=\"minute\"} 1",
+        "spindle_quota_refused_total{scope=\"tenant\",period=\"day\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line}: {metrics}");
+    }
 }
 
 /// A task that ends without its provider billing it gives its quota back: tenant 1 may submit
@@ -198,4 +201,120 @@ async fn a_quota_consumed_on_one_node_is_honoured_by_the_node_that_takes_over() 
         .reason
         .unwrap()
         .starts_with("quota exhausted: tenant tasks per day (3 used of 3"),);
+}
+
+/// An operator reads a tenant's consumption (`spindlectl quota show`), resets it (`quota reset`,
+/// audited), and the reset holds across a restart: the node counts again from the rows only
+/// what came after it. `quota set` replaces the tenant's quotas live. Without the stored floor
+/// the restarted node counts the day's three tasks and refuses at once, and this fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_sees_resets_and_sets_a_tenants_quotas() {
+    use common::{ctl, OPERATOR_TOKEN, VIEWER_TOKEN};
+    let test = TestDb::new().await;
+    let text = format!(
+        "{}{}",
+        config(
+            "ops-node",
+            "\n[[tenants.quotas]]\nscope = \"tenant\"\nperiod = \"day\"\ntasks = 2\n",
+        ),
+        common::admin_tokens()
+    );
+    let mut daemon = start_with(&test, &text).await;
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
+        .await
+        .unwrap();
+    for i in 0..2 {
+        let a = client.submit(task(&format!("d{i}"))).await.unwrap();
+        assert_eq!(a.decision, Decision::Accepted, "{a:?}");
+        wait_for(&client, a.task, TaskState::Succeeded).await;
+    }
+    let refused = client.submit(task("d2")).await.unwrap();
+    assert_eq!(refused.decision, Decision::RejectQuotaExhausted);
+    let (ok, out) = ctl(daemon.http, VIEWER_TOKEN, &["quota", "show", "1"]);
+    assert!(ok, "{out}");
+    let shown: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(shown["quotas"][0]["used_tasks"], 2, "{shown}");
+    assert_eq!(shown["quotas"][0]["tasks"], 2, "{shown}");
+    assert!(
+        shown["quotas"][0]["resets_at"]
+            .as_str()
+            .unwrap()
+            .ends_with("T00:00:00Z"),
+        "{shown}"
+    );
+    let (ok, out) = ctl(
+        daemon.http,
+        VIEWER_TOKEN,
+        &["quota", "reset", "1", "--reason", "x"],
+    );
+    assert!(!ok, "a viewer may not reset: {out}");
+    let (ok, out) = ctl(
+        daemon.http,
+        OPERATOR_TOKEN,
+        &[
+            "quota",
+            "reset",
+            "1",
+            "--reason",
+            "ticket 42: double-billed",
+        ],
+    );
+    assert!(ok, "{out}");
+    let after = client.submit(task("d3")).await.unwrap();
+    assert_eq!(after.decision, Decision::Accepted, "{after:?}");
+    wait_for(&client, after.task, TaskState::Succeeded).await;
+    let (ok, out) = ctl(daemon.http, VIEWER_TOKEN, &["audit"]);
+    assert!(ok && out.contains("ticket 42: double-billed"), "{out}");
+
+    // A restart counts from the rows: the three tasks of the day, less the two before the reset.
+    daemon.child.kill().unwrap();
+    daemon.child.wait().unwrap();
+    drop(daemon);
+    let daemon = start_with(&test, &text).await;
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
+        .await
+        .unwrap();
+    let second = client.submit(task("d4")).await.unwrap();
+    assert_eq!(
+        second.decision,
+        Decision::Accepted,
+        "{second:?}: {}",
+        daemon.log_tail(10)
+    );
+    let over = client.submit(task("d5")).await.unwrap();
+    assert_eq!(over.decision, Decision::RejectQuotaExhausted, "{over:?}");
+
+    // Raised through the policy store: taken at once.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("quotas.json");
+    std::fs::write(
+        &file,
+        r#"[{"scope": "tenant", "period": "day", "tasks": 10}]"#,
+    )
+    .unwrap();
+    let (ok, out) = ctl(
+        daemon.http,
+        OPERATOR_TOKEN,
+        &[
+            "quota",
+            "set",
+            "1",
+            "--body",
+            file.to_str().unwrap(),
+            "--reason",
+            "upgraded plan",
+        ],
+    );
+    assert!(ok, "{out}");
+    let mut n = 0;
+    let raised = poll_until(
+        Duration::from_secs(10),
+        async || {
+            n += 1;
+            client.submit(task(&format!("d-raised-{n}"))).await.unwrap()
+        },
+        |a| a.decision == Decision::Accepted,
+    )
+    .await;
+    assert_eq!(raised.decision, Decision::Accepted, "{raised:?}");
 }

@@ -40,6 +40,11 @@ impl Shard {
     }
 
     /// Admission proper: every check in order, then the queue. `Err` is the rejection.
+    ///
+    /// Both sides are the same `Admission`, returned by value as the caller answers it:
+    /// boxing the rejection would cost an allocation per refusal, which under overload is most
+    /// submits.
+    #[allow(clippy::result_large_err)]
     fn admit(
         &mut self,
         now: Time,

@@ -407,6 +407,8 @@ struct TenantRt {
     home_lane: Lane,
     /// `TenantPolicy::suspended`: nothing admitted, nothing started.
     suspended: bool,
+    /// It has periodic quotas (`quotas.rs`): without, admission never looks them up.
+    has_quotas: bool,
     // line 1 from byte 32, into line 2
     home: TenantQueue,
     // line 2
@@ -462,6 +464,7 @@ impl TenantRt {
             classes: ClassSet::of(&policy.allowed_classes),
             home_lane: policy.lane,
             suspended: policy.suspended,
+            has_quotas: !policy.quotas.is_empty(),
             home: TenantQueue::default(),
             away: None,
             id,
@@ -502,6 +505,7 @@ impl TenantRt {
         self.wait_overflow = policy.wait_overflow;
         self.classes = ClassSet::of(&policy.allowed_classes);
         self.suspended = policy.suspended;
+        self.has_quotas = !policy.quotas.is_empty();
         self.max_wait_ms = u32::try_from(policy.max_wait_ms).unwrap_or(u32::MAX);
         let reserved = self.cost_reserved_milli();
         self.cost_quota_milli = quota_milli(policy);
@@ -664,8 +668,8 @@ struct TaskCold {
     /// it joined (`LaneRt::dequeued_milli`). Once it started its provider stage: when (ns; 0
     /// for an attempt resumed after a restart, whose start this shard did not see).
     mark: u64,
-    /// The minute (unix) its tenant's quotas were charged for it; 0: not charged.
-    quota_at_min: u32,
+    /// When (unix seconds) its tenant's quotas were charged for it; 0: not charged.
+    quota_at_s: u32,
     /// Its provider billed it: its quota charge is settled, and not given back.
     quota_settled: bool,
 }
@@ -876,6 +880,9 @@ pub struct Shard {
     wall_epoch_ms: u64,
     /// The quotas' counters, each of one tenant (or user, or model) and period (`quotas.rs`).
     quota_usage: RunMap<crate::quota::UsageKey, crate::quota::Usage>,
+    /// Per tenant whose counts an operator reset: nothing submitted before this (unix ms)
+    /// counts in its quotas.
+    quota_floor_ms: RunMap<TenantId, u64>,
 }
 
 const _: () = assert!(
@@ -1139,6 +1146,7 @@ impl Shard {
             over_capacity: 0,
             wall_epoch_ms: 0,
             quota_usage: RunMap::default(),
+            quota_floor_ms: RunMap::default(),
         }
     }
 
@@ -1335,6 +1343,7 @@ mod admission;
 mod calibration;
 mod commands;
 pub use commands::{Command, CommandLimited};
+pub use quotas::{QuotaReport, QUOTA_USAGE_MAX};
 mod dispatch;
 mod invariants;
 mod limits;

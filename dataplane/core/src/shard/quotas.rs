@@ -13,6 +13,19 @@ use crate::quota::{period_end_ms, period_index, usage_key, Exhausted, Usage, Usa
 /// Past it, a submit that would need a new counter is refused by name.
 pub const QUOTA_USAGE_MAX: usize = 1 << 20;
 
+/// What one quota of a tenant holds now ([`Shard::quota_report`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuotaReport {
+    pub quota: crate::quota::Quota,
+    /// Consumed in the running period (for the user scope: the most any one user did).
+    pub cost_milli: u64,
+    pub tasks: u64,
+    /// For the user scope: the users counted in the running period.
+    pub users: u64,
+    /// When the running period ends (unix ms).
+    pub resets_at_ms: u64,
+}
+
 /// How one charge moves a counter.
 #[derive(Clone, Copy)]
 enum Move {
@@ -47,6 +60,14 @@ impl Shard {
         let Some(p) = self.policy.tenants.get(&tenant) else {
             return Vec::new();
         };
+        // Compared in whole seconds: what a task records of its charge's time.
+        if self
+            .quota_floor_ms
+            .get(&tenant)
+            .is_some_and(|&floor| at_ms / 1_000 < floor / 1_000)
+        {
+            return Vec::new(); // before an operator's reset: not counted
+        }
         let mut keys: Vec<(UsageKey, u32)> = Vec::new();
         for q in &p.quotas {
             let Some(key) = usage_key(tenant, q, user, model) else {
@@ -69,11 +90,12 @@ impl Shard {
         cost_milli: u64,
         at_ms: u64,
     ) -> Result<(), RejectReason> {
-        let tenant = self.tenants[slot as usize].id;
-        let p = &self.policy.tenants[&tenant];
-        if p.quotas.is_empty() {
+        let t = &self.tenants[slot as usize];
+        if !t.has_quotas {
             return Ok(());
         }
+        let tenant = t.id;
+        let p = &self.policy.tenants[&tenant];
         let mut new_counters = 0;
         for q in &p.quotas {
             let Some(key) = usage_key(tenant, q, user, model) else {
@@ -87,26 +109,23 @@ impl Shard {
                     Usage::default()
                 }
             };
-            let exhausted = |what, used: u64, limit, needed| Exhausted {
+            let exhausted = |cost, used: u64, limit| Exhausted {
                 scope: q.scope,
                 period: q.period,
-                what,
+                cost,
                 used,
                 limit,
-                needed,
                 resets_at_ms: period_end_ms(q.period, index, p.utc_offset_min),
             };
             if let Some(limit) = q.cost_milli {
                 if used.cost_milli.saturating_add(cost_milli) > limit {
-                    let e = exhausted("cost", used.cost_milli, limit, cost_milli);
+                    let e = exhausted(true, used.cost_milli, limit);
                     return Err(RejectReason::Quota(e));
                 }
             }
             if let Some(limit) = q.tasks {
                 if used.tasks + 1 > limit {
-                    return Err(RejectReason::Quota(exhausted(
-                        "tasks", used.tasks, limit, 1,
-                    )));
+                    return Err(RejectReason::Quota(exhausted(false, used.tasks, limit)));
                 }
             }
         }
@@ -164,6 +183,9 @@ impl Shard {
     /// tenant's quotas, and notes on it when, for its settlement or refund.
     pub(super) fn charge_task_quotas(&mut self, entry: u32, at_ms: u64) {
         let e = self.tasks.at(entry);
+        if !self.tenants[e.tenant_slot as usize].has_quotas {
+            return;
+        }
         let (tenant, user) = (
             self.tenants[e.tenant_slot as usize].id,
             self.users[e.user_slot as usize].id,
@@ -182,7 +204,7 @@ impl Shard {
             },
         );
         let cold = self.tasks.cold_mut(entry);
-        cold.quota_at_min = (at_ms / 60_000).max(1) as u32;
+        cold.quota_at_s = (at_ms / 1_000).clamp(1, u64::from(u32::MAX)) as u32;
         cold.quota_settled = false;
     }
 
@@ -219,10 +241,10 @@ impl Shard {
             return;
         };
         let cold = self.tasks.cold(slot);
-        if cold.quota_at_min == 0 || cold.quota_settled {
+        if cold.quota_at_s == 0 || cold.quota_settled {
             return;
         }
-        let at_ms = u64::from(cold.quota_at_min) * 60_000;
+        let at_ms = u64::from(cold.quota_at_s) * 1_000;
         let e = self.tasks.at(slot);
         let estimate = self.estimates.get(e.estimate).cost_milli;
         let (tenant, user) = (
@@ -239,15 +261,18 @@ impl Shard {
     /// A task in `slot` leaves the shard: one that did not succeed and was never billed gives
     /// its charge back.
     pub(super) fn refund_quotas(&mut self, slot: u32) {
+        if !self.tenants[self.tasks.at(slot).tenant_slot as usize].has_quotas {
+            return;
+        }
         let cold = self.tasks.cold(slot);
-        if cold.quota_at_min == 0 || cold.quota_settled {
+        if cold.quota_at_s == 0 || cold.quota_settled {
             return;
         }
         let e = self.tasks.at(slot);
         if e.state.state == TaskState::Succeeded {
             return;
         }
-        let at_ms = u64::from(cold.quota_at_min) * 60_000;
+        let at_ms = u64::from(cold.quota_at_s) * 1_000;
         let (tenant, user) = (
             self.tenants[e.tenant_slot as usize].id,
             self.users[e.user_slot as usize].id,
@@ -264,43 +289,70 @@ impl Shard {
         );
     }
 
-    /// What `tenant` consumed of each of its quotas in the period running at `now`: (quota,
-    /// cost, tasks) — for the tenant as a whole and per model; the user scope's counts are
-    /// per user and are not summed here.
-    pub fn quota_consumption(
-        &self,
-        tenant: TenantId,
-        now: Time,
-    ) -> Vec<(crate::quota::Quota, u64, u64)> {
+    /// What `tenant` consumed of each of its quotas in the period running at `now`, in the
+    /// quotas' order. For the user scope, the most any one user consumed, and how many users
+    /// are counted.
+    pub fn quota_report(&self, tenant: TenantId, now: Time) -> Vec<QuotaReport> {
+        use crate::quota::{QuotaScope, UsageOf};
         let Some(p) = self.policy.tenants.get(&tenant) else {
             return Vec::new();
         };
         let at_ms = self.wall_ms(now);
         p.quotas
             .iter()
-            .filter_map(|q| {
-                let of = match q.scope {
-                    crate::quota::QuotaScope::Tenant => crate::quota::UsageOf::Tenant,
-                    crate::quota::QuotaScope::Model { model } => {
-                        crate::quota::UsageOf::Model(model)
-                    }
-                    crate::quota::QuotaScope::User => return None,
-                };
-                let key = UsageKey {
-                    tenant,
-                    of,
-                    period: q.period,
-                };
+            .map(|q| {
                 let index = period_index(q.period, at_ms, p.utc_offset_min);
-                let u = self
-                    .quota_usage
-                    .get(&key)
-                    .copied()
-                    .unwrap_or_default()
-                    .at(index);
-                Some((*q, u.cost_milli, u.tasks))
+                let mut r = QuotaReport {
+                    quota: *q,
+                    cost_milli: 0,
+                    tasks: 0,
+                    users: 0,
+                    resets_at_ms: period_end_ms(q.period, index, p.utc_offset_min),
+                };
+                let current = |key: &UsageKey| {
+                    self.quota_usage
+                        .get(key)
+                        .copied()
+                        .unwrap_or_default()
+                        .at(index)
+                };
+                match q.scope {
+                    QuotaScope::Tenant | QuotaScope::Model { .. } => {
+                        let of = match q.scope {
+                            QuotaScope::Model { model } => UsageOf::Model(model),
+                            _ => UsageOf::Tenant,
+                        };
+                        let u = current(&UsageKey {
+                            tenant,
+                            of,
+                            period: q.period,
+                        });
+                        (r.cost_milli, r.tasks) = (u.cost_milli, u.tasks);
+                    }
+                    QuotaScope::User => {
+                        for (key, u) in self.quota_usage.iter() {
+                            let mine = key.tenant == tenant
+                                && key.period == q.period
+                                && matches!(key.of, UsageOf::User(_));
+                            if mine && u.index == index {
+                                r.users += 1;
+                                r.cost_milli = r.cost_milli.max(u.cost_milli);
+                                r.tasks = r.tasks.max(u.tasks);
+                            }
+                        }
+                    }
+                }
+                r
             })
             .collect()
+    }
+
+    /// An operator reset `tenant`'s quota counts as of `floor_unix_ms`: they start again from
+    /// zero, and nothing submitted before it counts (set again from the stored floor when its
+    /// partition comes back to a node).
+    pub fn set_quota_floor(&mut self, tenant: TenantId, floor_unix_ms: u64) {
+        self.clear_quota_usage(tenant);
+        self.quota_floor_ms.insert(tenant, floor_unix_ms);
     }
 
     /// Forgets `tenant`'s quota counts (its partition comes back to this node: they are

@@ -71,6 +71,13 @@ enum Command {
         #[command(subcommand)]
         action: TenantAction,
     },
+    /// A tenant's periodic quotas: what it consumed in each running period (`show`, asked of
+    /// the node that serves it), its quotas replaced (`set`, a JSON array of quotas: see
+    /// docs/operations.md "Quotas"), or its counts started again from zero (`reset`).
+    Quota {
+        #[command(subcommand)]
+        action: QuotaAction,
+    },
     /// Add a provider account or a model to the running nodes: it takes the next id, and the
     /// values not given are copied from an existing one (`--like`, else the first).
     Add {
@@ -138,6 +145,26 @@ enum LaneAction {
     },
     Close {
         lane: String,
+        #[arg(long)]
+        reason: String,
+    },
+}
+
+#[derive(Subcommand)]
+enum QuotaAction {
+    Show {
+        tenant: u32,
+    },
+    Set {
+        tenant: u32,
+        /// A file holding the tenant's quotas: a JSON array (an empty one removes them).
+        #[arg(long)]
+        body: std::path::PathBuf,
+        #[arg(long)]
+        reason: String,
+    },
+    Reset {
+        tenant: u32,
         #[arg(long)]
         reason: String,
     },
@@ -316,7 +343,7 @@ fn switch(
     cli: &Cli,
     effective: impl Fn(&Value) -> Value,
     field: &str,
-    on: bool,
+    value: Value,
     path: &str,
     reason: &str,
 ) -> anyhow::Result<(u16, Value)> {
@@ -328,7 +355,7 @@ fn switch(
     if !body.is_object() {
         anyhow::bail!("not in the node's effective policy");
     }
-    body[field] = Value::Bool(on);
+    body[field] = value;
     call(
         cli,
         "PUT",
@@ -434,7 +461,7 @@ fn main() -> anyhow::Result<()> {
                 .with_context(|| format!("no lane {lane:?}; lanes are {}", LANES.join(", ")))?;
             let path = format!("/admin/v1/policy/lane/{lane}");
             let effective = |p: &Value| p["lanes"][index].clone();
-            switch(&cli, effective, "open", open, &path, reason)
+            switch(&cli, effective, "open", open.into(), &path, reason)
                 .with_context(|| format!("lane {lane}"))?
         }
         Command::Tenant { action } => {
@@ -444,9 +471,46 @@ fn main() -> anyhow::Result<()> {
             };
             let path = format!("/admin/v1/policy/tenant_policy/{tenant}");
             let effective = |p: &Value| p["tenants"][tenant.to_string()].clone();
-            switch(&cli, effective, "suspended", suspended, &path, reason)
-                .with_context(|| format!("tenant {tenant}"))?
+            switch(
+                &cli,
+                effective,
+                "suspended",
+                suspended.into(),
+                &path,
+                reason,
+            )
+            .with_context(|| format!("tenant {tenant}"))?
         }
+        Command::Quota { action } => match action {
+            QuotaAction::Show { tenant } => {
+                call(&cli, "GET", &format!("/admin/v1/quotas/{tenant}"), None)?
+            }
+            QuotaAction::Set {
+                tenant,
+                body,
+                reason,
+            } => {
+                let text = std::fs::read_to_string(body)
+                    .with_context(|| format!("reading {}", body.display()))?;
+                let quotas: Value = serde_json::from_str(&text)
+                    .with_context(|| format!("{}: not JSON", body.display()))?;
+                anyhow::ensure!(
+                    quotas.is_array(),
+                    "{}: expected a JSON array",
+                    body.display()
+                );
+                let path = format!("/admin/v1/policy/tenant_policy/{tenant}");
+                let effective = |p: &Value| p["tenants"][tenant.to_string()].clone();
+                switch(&cli, effective, "quotas", quotas, &path, reason)
+                    .with_context(|| format!("tenant {tenant}"))?
+            }
+            QuotaAction::Reset { tenant, reason } => call(
+                &cli,
+                "POST",
+                &format!("/admin/v1/quotas/{tenant}/reset"),
+                Some(&json!({ "reason": reason })),
+            )?,
+        },
         Command::Add { what } => {
             let (status, policy) = call(&cli, "GET", "/admin/v1/policy", None)?;
             if !(200..300).contains(&status) {

@@ -59,6 +59,9 @@ pub struct ShardRestores {
     pub quota_tenants: Vec<spindle_core::TenantId>,
     /// What their ended tasks consumed in the periods still running.
     pub consumed: Vec<spindle_control::reconcile::Consumed>,
+    /// For those whose counts an operator reset: the floor (unix ms) before which nothing
+    /// counts.
+    pub quota_floors: Vec<(spindle_core::TenantId, u64)>,
 }
 
 impl ShardRestores {
@@ -313,6 +316,12 @@ async fn load_quota_consumption(
         std::time::SystemTime::now() - std::time::Duration::from_millis(longest + 86_400_000);
     let ids: Vec<spindle_core::TenantId> = tenants.iter().map(|&(t, _)| t).collect();
     for chunk in ids.chunks(spindle_control::limits::BATCH_MAX) {
+        for (t, at) in admin.quota_resets(chunk).await? {
+            let ms = at
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64);
+            per_shard[config.shard_of(t.0)].quota_floors.push((t, ms));
+        }
         for c in admin.quota_consumed(mine, chunk, since).await? {
             per_shard[config.shard_of(c.tenant.0)].consumed.push(c);
         }

@@ -115,6 +115,17 @@ pub enum ShardMsg {
         found: crate::control::ShardRestores,
         reply: oneshot::Sender<Reconciled>,
     },
+    /// What `tenant` consumed of its quotas in the running periods (the admin API).
+    Quotas {
+        tenant: TenantId,
+        reply: oneshot::Sender<(u64, Vec<spindle_core::shard::QuotaReport>)>,
+    },
+    /// An operator reset `tenant`'s quota counts as of `floor_unix_ms` (stored already).
+    ResetQuotas {
+        tenant: TenantId,
+        floor_unix_ms: u64,
+        reply: oneshot::Sender<()>,
+    },
     /// An answer from the provider thread.
     Provider(crate::dispatch::ProviderEvent),
     /// A media job ended.
@@ -501,6 +512,9 @@ impl ShardState {
         for &tenant in &restores.quota_tenants {
             self.core.clear_quota_usage(tenant);
         }
+        for &(tenant, floor) in &restores.quota_floors {
+            self.core.set_quota_floor(tenant, floor);
+        }
         for c in &restores.consumed {
             self.core.charge_ended_quotas(
                 c.tenant,
@@ -786,6 +800,22 @@ pub async fn run(state: SharedShard, mut inbox: mpsc::Receiver<ShardMsg>) {
             ShardMsg::Reconcile { found, reply } => {
                 let done = state.borrow_mut().reconcile(found);
                 let _ = reply.send(done);
+            }
+            ShardMsg::Quotas { tenant, reply } => {
+                let s = state.borrow();
+                let now = s.now();
+                let _ = reply.send((s.core.quota_clock_ms(now), s.core.quota_report(tenant, now)));
+            }
+            ShardMsg::ResetQuotas {
+                tenant,
+                floor_unix_ms,
+                reply,
+            } => {
+                state
+                    .borrow_mut()
+                    .core
+                    .set_quota_floor(tenant, floor_unix_ms);
+                let _ = reply.send(());
             }
             ShardMsg::Unsubscribe { task, out, reply } => {
                 let mut s = state.borrow_mut();

@@ -247,6 +247,9 @@ fn decide(
             }
         };
         if !admission.decision.is_accepted() {
+            if let Some(spindle_core::RejectReason::Quota(e)) = admission.reason {
+                s.metrics.quota_refused(e.scope, e.period);
+            }
             answers.push(Some(wire_admission(&admission, false, now)));
             continue;
         }
