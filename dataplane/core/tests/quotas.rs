@@ -2,11 +2,12 @@
 //! billed held, settles at the billed cost, counts what a restart reads back, and names the
 //! quota and its reset when it refuses.
 
+mod common;
+
+use common::submit;
+
 use spindle_core::quota::{Quota, QuotaPeriod, QuotaScope};
-use spindle_core::shard::SubmitRequest;
-use spindle_core::{
-    presets, Admission, Decision, ModelId, Shard, TaskId, TaskSpec, TenantId, Time, UserId,
-};
+use spindle_core::{presets, Decision, ModelId, Shard, TaskId, TaskSpec, TenantId, Time, UserId};
 
 /// 2026-12-07T10:00:30Z, the shard's `Time::ZERO` on the wall.
 const EPOCH_MS: u64 = 1_796_637_630_000;
@@ -17,21 +18,6 @@ fn shard(quotas: Vec<Quota>) -> Shard {
     let mut s = Shard::new(policy, 1, Time::ZERO);
     s.set_wall_epoch_ms(EPOCH_MS);
     s
-}
-
-fn submit(s: &mut Shard, now: Time, task: u64, tenant: u32, user: u32) -> Admission {
-    s.handle_submit(
-        now,
-        SubmitRequest {
-            task: TaskId(task),
-            tenant: TenantId(tenant),
-            user: UserId(user),
-            spec: TaskSpec::clip_720p(ModelId(0)),
-            band_hint: None,
-            deadline: None,
-        },
-    )
-    .unwrap()
 }
 
 fn cost_of_one() -> u64 {

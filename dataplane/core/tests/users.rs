@@ -2,27 +2,12 @@
 //! when idle — so one tenant's user ids never reach another tenant's limits, and a tenant
 //! cycling user ids holds a bounded number of records.
 
-use spindle_core::limits::USERS_PER_TENANT_MAX;
-use spindle_core::shard::SubmitRequest;
-use spindle_core::{
-    presets, Admission, Decision, ModelId, Shard, TaskId, TaskSpec, TenantId, Time, UserId,
-};
+mod common;
 
-fn submit(shard: &mut Shard, now: Time, task: u64, tenant: u32, user: u32) -> Admission {
-    shard
-        .handle_submit(
-            now,
-            SubmitRequest {
-                task: TaskId(task),
-                tenant: TenantId(tenant),
-                user: UserId(user),
-                spec: TaskSpec::clip_720p(ModelId(0)),
-                band_hint: None,
-                deadline: None,
-            },
-        )
-        .unwrap()
-}
+use common::submit;
+
+use spindle_core::limits::USERS_PER_TENANT_MAX;
+use spindle_core::{presets, Decision, Shard, TenantId, Time};
 
 /// Two tenants whose clients both say user 5: each has its own record and limits. (Keyed by
 /// the user id alone, tenant 1's user 5 filled tenant 2's user 5's queue.)

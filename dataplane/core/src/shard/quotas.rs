@@ -179,20 +179,29 @@ impl Shard {
         }
     }
 
+    /// The counters the task in `slot` counts in as of `at_ms`, and its estimated cost.
+    fn task_counters(&self, slot: u32, at_ms: u64) -> (Vec<(UsageKey, u32)>, u64) {
+        let e = self.tasks.at(slot);
+        let tenant = self.tenants[e.tenant_slot as usize].id;
+        let user = self.users[e.user_slot as usize].id;
+        let model = self.estimates.model(e.estimate);
+        let counters = self.quota_counters(tenant, user, model, at_ms);
+        (counters, self.estimates.get(e.estimate).cost_milli)
+    }
+
+    /// When the task in `slot` was charged (unix ms), unless it was not or is settled.
+    fn unsettled_charge_ms(&self, slot: u32) -> Option<u64> {
+        let cold = self.tasks.cold(slot);
+        (cold.quota_at_s != 0 && !cold.quota_settled).then(|| u64::from(cold.quota_at_s) * 1_000)
+    }
+
     /// Charges the task in `entry` (just admitted or put back, submitted at `at_ms`) to its
     /// tenant's quotas, and notes on it when, for its settlement or refund.
     pub(super) fn charge_task_quotas(&mut self, entry: u32, at_ms: u64) {
-        let e = self.tasks.at(entry);
-        if !self.tenants[e.tenant_slot as usize].has_quotas {
+        if !self.tenants[self.tasks.at(entry).tenant_slot as usize].has_quotas {
             return;
         }
-        let (tenant, user) = (
-            self.tenants[e.tenant_slot as usize].id,
-            self.users[e.user_slot as usize].id,
-        );
-        let model = self.estimates.model(e.estimate);
-        let cost_milli = self.estimates.get(e.estimate).cost_milli;
-        let counters = self.quota_counters(tenant, user, model, at_ms);
+        let (counters, cost_milli) = self.task_counters(entry, at_ms);
         if counters.is_empty() {
             return;
         }
@@ -240,19 +249,10 @@ impl Shard {
         let Some(slot) = self.tasks.slot(task) else {
             return;
         };
-        let cold = self.tasks.cold(slot);
-        if cold.quota_at_s == 0 || cold.quota_settled {
+        let Some(at_ms) = self.unsettled_charge_ms(slot) else {
             return;
-        }
-        let at_ms = u64::from(cold.quota_at_s) * 1_000;
-        let e = self.tasks.at(slot);
-        let estimate = self.estimates.get(e.estimate).cost_milli;
-        let (tenant, user) = (
-            self.tenants[e.tenant_slot as usize].id,
-            self.users[e.user_slot as usize].id,
-        );
-        let model = self.estimates.model(e.estimate);
-        let counters = self.quota_counters(tenant, user, model, at_ms);
+        };
+        let (counters, estimate) = self.task_counters(slot, at_ms);
         let delta = actual_cost_milli as i64 - estimate as i64;
         self.move_quotas(&counters, Move::Adjust(delta));
         self.tasks.cold_mut(slot).quota_settled = true;
@@ -261,25 +261,15 @@ impl Shard {
     /// A task in `slot` leaves the shard: one that did not succeed and was never billed gives
     /// its charge back.
     pub(super) fn refund_quotas(&mut self, slot: u32) {
-        if !self.tenants[self.tasks.at(slot).tenant_slot as usize].has_quotas {
-            return;
-        }
-        let cold = self.tasks.cold(slot);
-        if cold.quota_at_s == 0 || cold.quota_settled {
-            return;
-        }
         let e = self.tasks.at(slot);
-        if e.state.state == TaskState::Succeeded {
+        if !self.tenants[e.tenant_slot as usize].has_quotas || e.state.state == TaskState::Succeeded
+        {
             return;
         }
-        let at_ms = u64::from(cold.quota_at_s) * 1_000;
-        let (tenant, user) = (
-            self.tenants[e.tenant_slot as usize].id,
-            self.users[e.user_slot as usize].id,
-        );
-        let model = self.estimates.model(e.estimate);
-        let cost_milli = self.estimates.get(e.estimate).cost_milli;
-        let counters = self.quota_counters(tenant, user, model, at_ms);
+        let Some(at_ms) = self.unsettled_charge_ms(slot) else {
+            return;
+        };
+        let (counters, cost_milli) = self.task_counters(slot, at_ms);
         self.move_quotas(
             &counters,
             Move::Sub {
