@@ -224,10 +224,7 @@ impl Db {
         deadline
             .run(false, async {
                 let tx = self.read_snapshot().await?;
-                let version: i64 = tx
-                    .query_one("SELECT version FROM policy_version", &[])
-                    .await?
-                    .get(0);
+                let version = current_version(&tx).await?;
                 let mut rows = Vec::new();
                 for object in PolicyObject::ALL {
                     let (table, key_col, _) = object.table();
@@ -249,7 +246,7 @@ impl Db {
                     }
                 }
                 tx.commit().await?;
-                Ok((PolicyVersion(version as u64), rows))
+                Ok((version, rows))
             })
             .await
     }
@@ -309,10 +306,7 @@ impl Db {
         deadline
             .run(true, async {
                 let tx = self.client_mut().transaction().await?;
-                let version: i64 = tx
-                    .query_one("SELECT version FROM policy_version", &[])
-                    .await?
-                    .get(0);
+                let version = current_version(&tx).await?;
                 audit(
                     &tx,
                     Audit {
@@ -326,7 +320,7 @@ impl Db {
                         old: None,
                         new: None,
                         reason: &why,
-                        version: PolicyVersion(version as u64),
+                        version,
                     },
                 )
                 .await?;
@@ -360,10 +354,7 @@ impl Db {
                     )
                     .await?
                     .get(0);
-                let version: i64 = tx
-                    .query_one("SELECT version FROM policy_version", &[])
-                    .await?
-                    .get(0);
+                let version = current_version(&tx).await?;
                 audit(
                     &tx,
                     Audit {
@@ -373,7 +364,7 @@ impl Db {
                         old: None,
                         new: Some(&Value::from("reset")),
                         reason,
-                        version: PolicyVersion(version as u64),
+                        version,
                     },
                 )
                 .await?;
@@ -433,6 +424,16 @@ impl Db {
 }
 
 /// Takes the next global policy version inside the caller's transaction.
+/// The policy version now, as `tx` reads it (what an audit row of an action that changes no
+/// policy object is stamped with).
+pub(crate) async fn current_version(tx: &Transaction<'_>) -> Result<PolicyVersion, StoreError> {
+    let version: i64 = tx
+        .query_one("SELECT version FROM policy_version", &[])
+        .await?
+        .get(0);
+    Ok(PolicyVersion(version as u64))
+}
+
 async fn bump_version(tx: &Transaction<'_>) -> Result<PolicyVersion, StoreError> {
     let version: i64 = tx
         .query_one(

@@ -258,10 +258,7 @@ impl Db {
                     )
                     .await?;
                 }
-                let version: i64 = tx
-                    .query_one("SELECT version FROM policy_version", &[])
-                    .await?
-                    .get(0);
+                let version = crate::policy::current_version(&tx).await?;
                 let key: String = format!("{chosen_ids:?}")
                     .chars()
                     .take(NAME_BYTES_MAX)
@@ -274,7 +271,7 @@ impl Db {
                         &actor,
                         &key,
                         &why.chars().take(REASON_BYTES_MAX).collect::<String>(),
-                        &version,
+                        &(version.0 as i64),
                     ],
                 )
                 .await?;

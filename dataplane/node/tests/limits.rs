@@ -61,12 +61,7 @@ async fn a_tenants_cost_per_minute_holds_its_work_and_no_one_elses() {
         ),
     );
     let daemon = start_with(&test, &config).await;
-    let limited = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
-        .await
-        .unwrap();
-    let free = Client::connect(daemon.addr, TenantId(2), "tenant-2-credential")
-        .await
-        .unwrap();
+    let (limited, free) = common::both_tenants(&daemon).await;
     let held = submit_n(&limited, "held", 3).await;
     let others = submit_n(&free, "free", 3).await;
     wait_for(&limited, held[0], TaskState::Succeeded).await;

@@ -516,13 +516,6 @@ async fn a_suspended_tenant_takes_no_work_and_starts_none_until_it_is_resumed() 
     assert_eq!(effective(http)["tenants"]["1"]["suspended"], false);
 }
 
-/// A task of `user`.
-fn of_user(key: &str, user: u32) -> spindle_wire::SubmitTask {
-    let mut t = task(key);
-    t.user = spindle_core::UserId(user);
-    t
-}
-
 /// A tenant's user limits from the config bind per user — a user's second submit within its
 /// rate is refused while the tenant's other user is served, and a user's second task waits
 /// while its first runs — and never touch another tenant's users of the same ids. Raised
@@ -545,21 +538,19 @@ async fn each_tenants_user_limits_bind_per_user_and_change_live() {
         );
     let daemon = start_with(&test, &config).await;
     let http = daemon.http;
-    let one = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
-        .await
-        .unwrap();
-    let two = Client::connect(daemon.addr, TenantId(2), "tenant-2-credential")
-        .await
-        .unwrap();
-    let first = one.submit(of_user("u1-a", 1)).await.unwrap();
+    let (one, two) = common::both_tenants(&daemon).await;
+    let first = one.submit(common::task_of("u1-a", 1)).await.unwrap();
     assert_eq!(first.decision, Decision::Accepted, "{first:?}");
-    let again = one.submit(of_user("u1-b", 1)).await.unwrap();
+    let again = one.submit(common::task_of("u1-b", 1)).await.unwrap();
     assert_eq!(again.decision, Decision::RejectUserRateLimit, "{again:?}");
-    let other_user = one.submit(of_user("u2-a", 2)).await.unwrap();
+    let other_user = one.submit(common::task_of("u2-a", 2)).await.unwrap();
     assert_eq!(other_user.decision, Decision::Accepted, "{other_user:?}");
     // Tenant 2's user 1 is not tenant 1's: three at once, all taken.
     for i in 0..3 {
-        let a = two.submit(of_user(&format!("t2-{i}"), 1)).await.unwrap();
+        let a = two
+            .submit(common::task_of(&format!("t2-{i}"), 1))
+            .await
+            .unwrap();
         assert_eq!(a.decision, Decision::Accepted, "{a:?}");
     }
     assert_eq!(
@@ -572,7 +563,10 @@ async fn each_tenants_user_limits_bind_per_user_and_change_live() {
     let mut second = None;
     within("user 1 may submit again", async || {
         n += 1;
-        let a = one.submit(of_user(&format!("u1-b{n}"), 1)).await.unwrap();
+        let a = one
+            .submit(common::task_of(&format!("u1-b{n}"), 1))
+            .await
+            .unwrap();
         let taken = a.decision == Decision::Accepted;
         if taken {
             second = Some(a.task);

@@ -9,14 +9,8 @@ use std::time::Duration;
 use common::{poll_until, start_with, task, wait_for};
 use spindle_client::{Client, ClientError};
 use spindle_control::testing::TestDb;
-use spindle_core::{Decision, TaskState, TenantId, UserId};
-use spindle_wire::{ErrorCode, SubmitTask};
-
-fn of_user(key: &str, user: u32) -> SubmitTask {
-    let mut t = task(key);
-    t.user = UserId(user);
-    t
-}
+use spindle_core::{Decision, TaskState, TenantId};
+use spindle_wire::ErrorCode;
 
 /// A node whose tenant 1 has `quotas` (TOML of `[[tenants.quotas]]` tables), with short leases
 /// (a takeover is quick) and ended tasks kept long enough for a month's quota.
@@ -60,15 +54,10 @@ async fn each_quota_refuses_by_name_with_when_it_resets() {
         ),
     )
     .await;
-    let one = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
-        .await
-        .unwrap();
-    let two = Client::connect(daemon.addr, TenantId(2), "tenant-2-credential")
-        .await
-        .unwrap();
-    let first = one.submit(of_user("a1", 1)).await.unwrap();
+    let (one, two) = common::both_tenants(&daemon).await;
+    let first = one.submit(common::task_of("a1", 1)).await.unwrap();
     assert_eq!(first.decision, Decision::Accepted, "{first:?}");
-    let again = one.submit(of_user("a2", 1)).await.unwrap();
+    let again = one.submit(common::task_of("a2", 1)).await.unwrap();
     assert_eq!(again.decision, Decision::RejectQuotaExhausted, "{again:?}");
     let reason = again.reason.unwrap();
     assert!(
@@ -77,12 +66,12 @@ async fn each_quota_refuses_by_name_with_when_it_resets() {
     );
     for user in [2, 3] {
         let a = one
-            .submit(of_user(&format!("b{user}"), user))
+            .submit(common::task_of(&format!("b{user}"), user))
             .await
             .unwrap();
         assert_eq!(a.decision, Decision::Accepted, "{a:?}");
     }
-    let fourth = one.submit(of_user("c4", 4)).await.unwrap();
+    let fourth = one.submit(common::task_of("c4", 4)).await.unwrap();
     assert_eq!(
         fourth.decision,
         Decision::RejectQuotaExhausted,
@@ -95,7 +84,10 @@ async fn each_quota_refuses_by_name_with_when_it_resets() {
         "{reason}"
     );
     for i in 0..5 {
-        let a = two.submit(of_user(&format!("t2-{i}"), 1)).await.unwrap();
+        let a = two
+            .submit(common::task_of(&format!("t2-{i}"), 1))
+            .await
+            .unwrap();
         assert_eq!(a.decision, Decision::Accepted, "{a:?}");
     }
     // Refusals are counted by decision.
@@ -127,12 +119,7 @@ async fn a_canceled_task_gives_its_quota_back() {
         ),
     )
     .await;
-    let one = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
-        .await
-        .unwrap();
-    let two = Client::connect(daemon.addr, TenantId(2), "tenant-2-credential")
-        .await
-        .unwrap();
+    let (one, two) = common::both_tenants(&daemon).await;
     for i in 0..2 {
         let blocker = two.submit(task(&format!("long{i}"))).await.unwrap();
         wait_for(&two, blocker.task, TaskState::Running).await;

@@ -104,6 +104,16 @@ async fn state(sql: &tokio_postgres::Client, task: u64) -> (String, i32) {
     (r.get(0), r.get(1))
 }
 
+/// `task`'s state and attempt once it SUCCEEDED, or as they are after 30 s.
+async fn until_succeeded(sql: &tokio_postgres::Client, task: u64) -> (String, i32) {
+    poll_until(
+        Duration::from_secs(30),
+        async || state(sql, task).await,
+        |(s, _)| s == "SUCCEEDED",
+    )
+    .await
+}
+
 /// With the local provider, an attempt nobody holds (its lease lapsed, the node otherwise
 /// idle, no request sent to it) is requeued by the scheduled job within two of its periods,
 /// runs again through the RECOVERY lane, and nothing stays held. Without the scheduled job
@@ -125,12 +135,7 @@ async fn a_lapsed_attempt_nobody_holds_is_requeued_through_the_recovery_lane() {
     assert_eq!(state(&sql, PLANTED).await.0, "DISPATCHING");
     let lapsed = std::time::Instant::now() + Duration::from_millis(200);
 
-    let (done, attempt) = poll_until(
-        Duration::from_secs(30),
-        async || state(&sql, PLANTED).await,
-        |(s, _)| s == "SUCCEEDED",
-    )
-    .await;
+    let (done, attempt) = until_succeeded(&sql, PLANTED).await;
     assert_eq!(done, "SUCCEEDED", "{}", daemon.log_tail(20));
     assert_eq!(attempt, 2, "a new attempt ran it");
     assert!(
@@ -186,12 +191,7 @@ async fn a_dispatching_task_whose_answer_was_lost_is_found_by_its_request_key() 
         .await
         .unwrap();
     let sql = test.sql().await.unwrap();
-    let (done, attempt) = poll_until(
-        Duration::from_secs(30),
-        async || state(&sql, PLANTED).await,
-        |(s, _)| s == "SUCCEEDED",
-    )
-    .await;
+    let (done, attempt) = until_succeeded(&sql, PLANTED).await;
     assert_eq!(done, "SUCCEEDED", "{}", daemon.log_tail(20));
     assert_eq!(attempt, 1, "the job the provider had, not a new attempt");
     let stats = mock::assert_clean(&test, &admin).await;

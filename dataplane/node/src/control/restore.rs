@@ -49,6 +49,21 @@ pub struct Unrestorable {
     pub reason: String,
 }
 
+impl Unrestorable {
+    /// `task` (with its live attempt's `token`, if it had one), refused by the shard's core.
+    pub fn refused(
+        task: spindle_core::TaskId,
+        token: Option<spindle_core::FencingToken>,
+        why: impl std::fmt::Display,
+    ) -> Unrestorable {
+        Unrestorable {
+            task,
+            token,
+            reason: format!("task {task}: {why}"),
+        }
+    }
+}
+
 /// What one shard takes back from PostgreSQL.
 #[derive(Default)]
 pub struct ShardRestores {

@@ -533,12 +533,8 @@ impl ShardState {
             match self.restore_one(now, r) {
                 Ok(call) => {
                     done.calls.extend(call);
-                    // Canceled by its client before this node had it: a queued task ends
-                    // here; a live attempt's job is canceled once the query finds it.
                     if cancel {
-                        if let Err(e) = cancel_held(self, task) {
-                            tracing::warn!("canceling {task} put back: {e}");
-                        }
+                        self.cancel_put_back(task);
                     }
                 }
                 // Held here already (an operator's requeue asked again, a lease re-taken after
@@ -546,15 +542,20 @@ impl ShardState {
                 Err(spindle_core::SubmitError::DuplicateTask(_)) => {
                     tracing::debug!("{task} is here already");
                 }
-                Err(e) => unrestorable.push(crate::control::Unrestorable {
-                    task,
-                    token,
-                    reason: format!("task {task}: {e}"),
-                }),
+                Err(e) => unrestorable.push(crate::control::Unrestorable::refused(task, token, e)),
             }
         }
         self.fail_unrestorable(unrestorable);
         done
+    }
+
+    /// A task put back whose client canceled it before this node had it (the cancel stored,
+    /// not yet carried out): a queued task ends here; a live attempt's job is canceled once
+    /// the query by request key finds it.
+    fn cancel_put_back(&mut self, task: TaskId) {
+        if let Err(e) = cancel_held(self, task) {
+            tracing::warn!("canceling {task} put back: {e}");
+        }
     }
 
     /// Fails each task in `tasks` in PostgreSQL (QUEUED, or its live attempt, → FAILED), with

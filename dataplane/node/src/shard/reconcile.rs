@@ -7,6 +7,7 @@
 //! the tenants' own lanes.
 
 use super::*;
+use crate::control::Unrestorable;
 
 /// What one shard did with the attempts the reconciler handed it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -73,16 +74,10 @@ impl ShardState {
                         calls.extend(call);
                         done.resumed += 1;
                         if cancel {
-                            if let Err(e) = cancel_held(self, task) {
-                                tracing::warn!("canceling {task} put back: {e}");
-                            }
+                            self.cancel_put_back(task);
                         }
                     }
-                    Err(e) => unrestorable.push(crate::control::Unrestorable {
-                        task,
-                        token: Some(token),
-                        reason: format!("task {task}: {e}"),
-                    }),
+                    Err(e) => unrestorable.push(Unrestorable::refused(task, Some(token), e)),
                 }
                 continue;
             }
@@ -117,16 +112,10 @@ impl ShardState {
                     send_reports(self, [Report::new(task, Some(token), requeue)]);
                     done.requeued += 1;
                     if cancel {
-                        if let Err(e) = cancel_held(self, task) {
-                            tracing::warn!("canceling {task} put back: {e}");
-                        }
+                        self.cancel_put_back(task);
                     }
                 }
-                Err(e) => unrestorable.push(crate::control::Unrestorable {
-                    task,
-                    token: Some(token),
-                    reason: format!("task {task}: {e}"),
-                }),
+                Err(e) => unrestorable.push(Unrestorable::refused(task, Some(token), e)),
             }
         }
         done.failed = unrestorable.len() as u32;

@@ -158,6 +158,13 @@ pub fn task(key: &str) -> SubmitTask {
     }
 }
 
+/// `task(key)` submitted by `user`.
+pub fn task_of(key: &str, user: u32) -> SubmitTask {
+    let mut t = task(key);
+    t.user = UserId(user);
+    t
+}
+
 /// How often `poll_until` reads.
 pub const POLL_EVERY: Duration = Duration::from_millis(5);
 
