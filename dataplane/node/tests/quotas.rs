@@ -235,6 +235,22 @@ async fn an_operator_sees_resets_and_sets_a_tenants_quotas() {
         &["quota", "reset", "1", "--reason", "x"],
     );
     assert!(!ok, "a viewer may not reset: {out}");
+    // Refused by name: a tenant the node does not have, a reset without a reason.
+    let (ok, out) = ctl(
+        daemon.http,
+        VIEWER_TOKEN,
+        &["--json", "quota", "show", "99"],
+    );
+    assert!(
+        !ok && out.contains(r#"\"99\" is not a tenant of this node's configuration"#),
+        "{out}"
+    );
+    let (ok, out) = ctl(
+        daemon.http,
+        OPERATOR_TOKEN,
+        &["--json", "quota", "reset", "1", "--reason", " "],
+    );
+    assert!(!ok && out.contains("a reset needs a reason"), "{out}");
     let (ok, out) = ctl(
         daemon.http,
         OPERATOR_TOKEN,
