@@ -75,6 +75,12 @@ pub enum LimitKey {
     GpuMemMb,
     CpuUnits,
     TempDiskMb,
+    /// A lane's own cost budget ([`crate::policy::LanePolicy::cost_per_minute`]).
+    LaneCostPerMinute(Lane),
+    /// A lane's own media workers ([`crate::policy::LanePolicy::media_workers`]).
+    LaneMediaWorkers(Lane),
+    /// The media workers the lanes without their own share.
+    SharedMediaWorkers,
 }
 
 /// Who a limit is shared by.
@@ -161,6 +167,9 @@ impl fmt::Display for LimitKey {
             LimitKey::GpuMemMb => write!(f, "media:gpu_mem_mb"),
             LimitKey::CpuUnits => write!(f, "media:cpu_units"),
             LimitKey::TempDiskMb => write!(f, "media:temp_disk_mb"),
+            LimitKey::LaneCostPerMinute(l) => write!(f, "lane:{l}:cost_per_minute"),
+            LimitKey::LaneMediaWorkers(l) => write!(f, "lane:{l}:media_workers"),
+            LimitKey::SharedMediaWorkers => write!(f, "media:shared_workers"),
         }
     }
 }

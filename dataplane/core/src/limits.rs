@@ -36,6 +36,8 @@ pub const BURST_ROUNDS_MAX: u32 = 64;
 pub const WEIGHT_MAX: u32 = 10_000;
 /// Attempts per task, whatever the lane says.
 pub const ATTEMPTS_MAX: u32 = 64;
+/// Longest execution timeout a lane may set (a week).
+pub const EXECUTION_TIMEOUT_MS_MAX: u64 = 7 * 24 * 3_600_000;
 /// Longest output a task may ask for.
 pub const DURATION_MS_MAX: u32 = 10 * 60 * 1000;
 /// Largest output frame a task may ask for (8K).

@@ -42,6 +42,19 @@ pub struct LanePolicy {
     pub rate_limit_retries_max: u32,
     /// Service rate assumed before the first completion is measured (milli-units per second).
     pub initial_rate_milli_per_s: u64,
+    /// A cost budget of the lane's own: cost (milli units) a minute its tasks may start. No other
+    /// lane draws on it, and the lane draws on nothing else (the node's platform budget less
+    /// every lane's own is what the lanes without one share). `None`: it shares that rest.
+    #[serde(default)]
+    pub cost_per_minute: Option<RateSpec>,
+    /// How long one provider job of the lane may run, from its attempt's start, before it is
+    /// canceled at the provider and its task fails with that reason; 0: no limit of its own.
+    #[serde(default)]
+    pub execution_timeout_ms: u64,
+    /// Media workers of the lane's own: its media jobs run at most this many at once, on
+    /// workers no other lane uses. `None`: it shares the node's workers less every lane's own.
+    #[serde(default)]
+    pub media_workers: Option<u64>,
 }
 
 /// The enterprise reserve: other lanes may borrow it up to `borrow_limit` while at least
@@ -176,6 +189,14 @@ pub struct NodePolicy {
     pub gpu_mem_mb: u64,
     pub cpu_units: u64,
     pub temp_disk_mb: u64,
+    /// Media jobs the node runs at once, over every lane (its media workers): lanes with
+    /// workers of their own ([`LanePolicy::media_workers`]) take theirs out of it.
+    #[serde(default = "unbounded")]
+    pub media_workers: u64,
+}
+
+fn unbounded() -> u64 {
+    crate::presets::UNBOUNDED
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -302,6 +323,76 @@ impl Policy {
         &self.lanes[lane.index()]
     }
 
+    /// What the lanes without a cost budget of their own share: the platform's budget less
+    /// every lane's own (checked by [`Policy::validate`] to leave some when a lane shares it).
+    pub fn shared_cost_per_minute(&self) -> RateSpec {
+        let platform = self.node.platform_cost_per_minute;
+        let own = |f: fn(&RateSpec) -> u64| -> u64 {
+            self.lanes
+                .iter()
+                .filter_map(|l| l.cost_per_minute.as_ref().map(f))
+                .sum()
+        };
+        RateSpec {
+            per_minute: platform.per_minute.saturating_sub(own(|r| r.per_minute)),
+            burst: platform.burst.saturating_sub(own(|r| r.burst)),
+        }
+    }
+
+    /// The media workers the lanes without workers of their own share: the node's less every
+    /// lane's own.
+    pub fn shared_media_workers(&self) -> u64 {
+        let own: u64 = self.lanes.iter().filter_map(|l| l.media_workers).sum();
+        self.node.media_workers.saturating_sub(own)
+    }
+
+    /// The lanes' own budgets and workers fit in the node's, and leave some (one or more)
+    /// for the lanes that share the rest.
+    fn check_lane_shares(&self) -> Result<(), PolicyError> {
+        let sum = |values: &mut dyn Iterator<Item = u64>| values.fold(0u64, u64::saturating_add);
+        let own_cost: Vec<RateSpec> = self
+            .lanes
+            .iter()
+            .filter_map(|l| l.cost_per_minute)
+            .collect();
+        let left_min = u64::from(own_cost.len() < self.lanes.len());
+        let platform = self.node.platform_cost_per_minute;
+        for (what, all, own) in [
+            (
+                "per_minute",
+                platform.per_minute,
+                sum(&mut own_cost.iter().map(|r| r.per_minute)),
+            ),
+            (
+                "burst",
+                platform.burst,
+                sum(&mut own_cost.iter().map(|r| r.burst)),
+            ),
+        ] {
+            range(
+                format!(
+                    "lanes.*.cost_per_minute.{what} (their sum: within the platform's {all}, \
+                     leaving {left_min} or more to the lanes without a budget of their own)"
+                ),
+                own,
+                0,
+                all.saturating_sub(left_min),
+            )?;
+        }
+        let own_workers: Vec<u64> = self.lanes.iter().filter_map(|l| l.media_workers).collect();
+        let left_min = u64::from(own_workers.len() < self.lanes.len());
+        let all = self.node.media_workers;
+        range(
+            format!(
+                "lanes.*.media_workers (their sum: within the node's {all}, leaving {left_min} \
+                 or more to the lanes without workers of their own)"
+            ),
+            sum(&mut own_workers.into_iter()),
+            0,
+            all.saturating_sub(left_min),
+        )
+    }
+
     pub fn validate(&self) -> Result<(), PolicyError> {
         if self.lanes.len() != Lane::COUNT {
             return Err(PolicyError::LaneCount(self.lanes.len()));
@@ -309,6 +400,7 @@ impl Policy {
         for lane in Lane::ALL {
             check_lane(lane, self.lane(lane))?;
         }
+        self.check_lane_shares()?;
         range(
             "drr.base_quantum",
             self.drr.base_quantum.milli(),
@@ -432,7 +524,21 @@ impl Policy {
                 }
                 check_tenant(*tenant, t)
             }
-            PolicyPatch::Lane(lane, l) => check_lane(*lane, l),
+            PolicyPatch::Lane(lane, l) => {
+                check_lane(*lane, l)?;
+                let old = self.lane(*lane);
+                if old.cost_per_minute.is_some() != l.cost_per_minute.is_some()
+                    || old.media_workers.is_some() != l.media_workers.is_some()
+                {
+                    return Err(PolicyError::NotLive(format!(
+                        "lane {lane}: a cost budget or media workers of its own may change \
+                         live, not appear or go (that needs the configuration and a restart)"
+                    )));
+                }
+                let mut after = self.clone();
+                after.lanes[lane.index()] = l.clone();
+                after.check_lane_shares()
+            }
             PolicyPatch::Provider(p) => match self.providers.get(p.id.0 as usize) {
                 Some(old) if old.name == p.name => Ok(()),
                 Some(old) => Err(PolicyError::NotLive(format!(
@@ -568,7 +674,31 @@ fn check_lane(lane: Lane, l: &LanePolicy) -> Result<(), PolicyError> {
         l.weight.into(),
         1,
         WEIGHT_MAX.into(),
-    )
+    )?;
+    range(
+        format!("lanes.{lane}.execution_timeout_ms"),
+        l.execution_timeout_ms,
+        0,
+        crate::limits::EXECUTION_TIMEOUT_MS_MAX,
+    )?;
+    if let Some(n) = l.media_workers {
+        range(format!("lanes.{lane}.media_workers"), n, 1, u64::MAX)?;
+    }
+    if let Some(r) = l.cost_per_minute {
+        range(
+            format!("lanes.{lane}.cost_per_minute.per_minute"),
+            r.per_minute,
+            1,
+            u64::MAX,
+        )?;
+        range(
+            format!("lanes.{lane}.cost_per_minute.burst"),
+            r.burst,
+            1,
+            u64::MAX,
+        )?;
+    }
+    Ok(())
 }
 
 fn check_tenant(tenant: TenantId, t: &TenantPolicy) -> Result<(), PolicyError> {

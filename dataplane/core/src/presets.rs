@@ -28,6 +28,9 @@ fn lane(capacity_units: u64, weight: u32) -> LanePolicy {
         retries_max: 3,
         rate_limit_retries_max: 20,
         initial_rate_milli_per_s: 1_000,
+        cost_per_minute: None,
+        execution_timeout_ms: 0,
+        media_workers: None,
     }
 }
 
@@ -113,6 +116,7 @@ pub fn small_node() -> Policy {
             gpu_mem_mb: 32_768,
             cpu_units: 16,
             temp_disk_mb: 100_000,
+            media_workers: UNBOUNDED,
         },
         cost_bases: CostBases::default(),
         calibration: Default::default(),
@@ -154,6 +158,7 @@ pub fn lift_node_limits(policy: &mut Policy) {
     n.gpu_mem_mb = UNBOUNDED;
     n.cpu_units = UNBOUNDED;
     n.temp_disk_mb = UNBOUNDED;
+    n.media_workers = UNBOUNDED;
 }
 
 /// `small_node` with tenants `1..=n` in STANDARD at weight 1.

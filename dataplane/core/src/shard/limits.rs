@@ -99,8 +99,8 @@ impl Shard {
     }
 
     /// The node limits the provider stage holds, in id order: running counts and units per lane,
-    /// model, provider and high-cost class (semaphores), then RPM and platform cost tokens
-    /// (buckets). The tenant's and user's running limits and the tenant's cost bucket are its
+    /// model, provider and high-cost class (semaphores), then RPM and cost tokens — the lane's
+    /// own budget's, or the platform's — (buckets). The tenant's and user's running limits and the tenant's cost bucket are its
     /// other part. A need that does not apply (no borrowing, not high-cost) is there with zero,
     /// which always fits and releases nothing, so the shape is fixed and built in place.
     #[inline]
@@ -131,7 +131,7 @@ impl Shard {
             ],
             buckets: [
                 Need::new(n.provider_rpm[p], 1),
-                Need::new(n.platform_cost, est.cost_milli),
+                Need::new(n.cost_bucket[e.lane.index()], est.cost_milli),
             ],
         }
     }
@@ -200,6 +200,7 @@ impl Shard {
         d.add(self.node.gpu_mem_mb, m.gpu_mem_mb.into());
         d.add(self.node.cpu_units, m.cpu_units.into());
         d.add(self.node.temp_disk_mb, m.temp_disk_mb.into());
+        d.add(self.node.media_pool[e.lane.index()], 1);
         d
     }
 

@@ -270,11 +270,15 @@ struct NodeIds {
     provider_concurrency: Vec<LimitId>,
     provider_rpm: Vec<LimitId>,
     high_cost: LimitId,
-    platform_cost: LimitId,
     gpu_units: LimitId,
     gpu_mem_mb: LimitId,
     cpu_units: LimitId,
     temp_disk_mb: LimitId,
+    /// Per lane, the cost bucket its provider stage draws on: its own, or the platform's
+    /// (what the lanes without their own share).
+    cost_bucket: [LimitId; Lane::COUNT],
+    /// Per lane, the media workers its media stage holds one of: its own, or the shared ones.
+    media_pool: [LimitId; Lane::COUNT],
 }
 
 /// A task count and units an owner — a tenant or a user — holds for itself: its queue gates or
@@ -869,8 +873,7 @@ pub struct Shard {
     /// Entries of tasks that left the queue are dropped when they come due, or by a
     /// compaction once they outnumber the shard's tasks (`DEADLINES_SLACK`).
     deadlines: BinaryHeap<Reverse<(Time, TaskId)>>,
-    media_queue: VecDeque<TaskId>,
-    media_head_skips: u32,
+    media: media::MediaQueues,
     stats: ShardStats,
     /// Resumed attempts holding their provider stage past a capacity (until they release it,
     /// new work cannot take what they hold above it, and the capacity checks of
@@ -971,11 +974,17 @@ pub fn node_capacity(policy: &Policy, key: LimitKey) -> Option<NodeCapacity> {
         LimitKey::ProviderConcurrency(p) => slots(policy.providers[p.0 as usize].concurrency),
         LimitKey::ProviderRpm(p) => Some(NodeCapacity::Rate(policy.providers[p.0 as usize].rpm)),
         LimitKey::HighCostConcurrency => slots(n.high_cost_concurrency),
-        LimitKey::PlatformCostPerMinute => Some(NodeCapacity::Rate(n.platform_cost_per_minute)),
+        LimitKey::PlatformCostPerMinute => {
+            Some(NodeCapacity::Rate(policy.shared_cost_per_minute()))
+        }
         LimitKey::GpuUnits => slots(n.gpu_units),
         LimitKey::GpuMemMb => slots(n.gpu_mem_mb),
         LimitKey::CpuUnits => slots(n.cpu_units),
         LimitKey::TempDiskMb => slots(n.temp_disk_mb),
+        // Registered only for a lane with its own (a live change cannot take it away).
+        LimitKey::LaneCostPerMinute(l) => policy.lane(l).cost_per_minute.map(NodeCapacity::Rate),
+        LimitKey::LaneMediaWorkers(l) => policy.lane(l).media_workers.map(NodeCapacity::Slots),
+        LimitKey::SharedMediaWorkers => slots(policy.shared_media_workers()),
         _ => None,
     }
 }
@@ -1091,6 +1100,22 @@ impl Shard {
             .iter()
             .map(|p| add(&mut ledger, LimitKey::ProviderRpm(p.id)))
             .collect();
+        let platform_cost = add(&mut ledger, LimitKey::PlatformCostPerMinute);
+        let gpu_units = add(&mut ledger, LimitKey::GpuUnits);
+        let gpu_mem_mb = add(&mut ledger, LimitKey::GpuMemMb);
+        let cpu_units = add(&mut ledger, LimitKey::CpuUnits);
+        let temp_disk_mb = add(&mut ledger, LimitKey::TempDiskMb);
+        // A lane's own budget and media workers, after every other node limit: the media
+        // demand adds its pool last, in id order.
+        let cost_bucket = Lane::ALL.map(|l| match policy.lane(l).cost_per_minute {
+            Some(_) => add(&mut ledger, LimitKey::LaneCostPerMinute(l)),
+            None => platform_cost,
+        });
+        let shared_media = add(&mut ledger, LimitKey::SharedMediaWorkers);
+        let media_pool = Lane::ALL.map(|l| match policy.lane(l).media_workers {
+            Some(_) => add(&mut ledger, LimitKey::LaneMediaWorkers(l)),
+            None => shared_media,
+        });
         let node = NodeIds {
             lane_queued_tasks,
             lane_queued_units,
@@ -1106,11 +1131,12 @@ impl Shard {
             high_cost: add(&mut ledger, LimitKey::HighCostConcurrency),
             global_running_tasks: add(&mut ledger, LimitKey::GlobalRunningTasks),
             global_running_units: add(&mut ledger, LimitKey::GlobalRunningUnits),
-            platform_cost: add(&mut ledger, LimitKey::PlatformCostPerMinute),
-            gpu_units: add(&mut ledger, LimitKey::GpuUnits),
-            gpu_mem_mb: add(&mut ledger, LimitKey::GpuMemMb),
-            cpu_units: add(&mut ledger, LimitKey::CpuUnits),
-            temp_disk_mb: add(&mut ledger, LimitKey::TempDiskMb),
+            gpu_units,
+            gpu_mem_mb,
+            cpu_units,
+            temp_disk_mb,
+            cost_bucket,
+            media_pool,
         };
         let node_limit_ids = ledger.ids().map(|(id, _)| id).collect();
         let mut lanes: [LaneRt; Lane::COUNT] = Default::default();
@@ -1140,8 +1166,7 @@ impl Shard {
             ringed: 0,
             delayed: BinaryHeap::new(),
             deadlines: BinaryHeap::new(),
-            media_queue: VecDeque::new(),
-            media_head_skips: 0,
+            media: Default::default(),
             stats: ShardStats::default(),
             over_capacity: 0,
             wall_epoch_ms: 0,
@@ -1285,8 +1310,15 @@ impl Shard {
             // The media stage's slots are wanted by the tasks whose provider stage is done, not
             // by the lanes' backlog: a shard with only media waiters must not split to nothing.
             LimitKey::GpuUnits | LimitKey::GpuMemMb | LimitKey::CpuUnits | LimitKey::TempDiskMb => {
-                self.media_queue.len() as u64
+                self.media.len() as u64
             }
+            LimitKey::LaneMediaWorkers(l) => self.media.lane_len(l) as u64,
+            LimitKey::SharedMediaWorkers => Lane::ALL
+                .iter()
+                .filter(|l| self.node.media_pool[l.index()] == id)
+                .map(|&l| self.media.lane_len(l) as u64)
+                .sum(),
+            LimitKey::LaneCostPerMinute(l) => lane_w(l),
             _ => Lane::ALL.iter().map(|&l| lane_w(l)).sum(),
         }
     }
@@ -1347,6 +1379,7 @@ pub use quotas::{QuotaReport, QUOTA_USAGE_MAX};
 mod dispatch;
 mod invariants;
 mod limits;
+mod media;
 mod queues;
 mod quotas;
 mod reports;

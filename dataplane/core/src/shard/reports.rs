@@ -199,7 +199,8 @@ impl Shard {
             self.tenants[e.tenant_slot as usize]
                 .cost_per_minute
                 .refund(cost);
-            self.ledger.refund(self.node.platform_cost, cost);
+            self.ledger
+                .refund(self.node.cost_bucket[e.lane.index()], cost);
         }
         let exhausted = retry_no > limit || e.attempt_no >= ATTEMPTS_MAX;
         if exhausted {
@@ -264,45 +265,31 @@ impl Shard {
         let delta = (actual.milli() as i64 - estimated).clamp(-cap, cap);
         self.tenants[tenant_slot as usize].queue_mut(lane).debt += delta;
         self.tasks.at_mut(slot).place = Place::MediaQueue;
-        assert!(
-            self.media_queue.len() < MEDIA_QUEUE_MAX,
-            "media queue bounded by TASKS_MAX"
-        );
-        self.media_queue.push_back(task);
+        self.media.push(lane, task);
         Ok(CompleteOutcome::AwaitingMedia)
     }
 
-    /// Starts the next media job whose slots fit, FIFO with a bounded fit-scan.
+    /// Starts the next media job whose slots fit: the lanes in turn, each FIFO with a bounded
+    /// fit-scan.
     pub fn poll_media(&mut self, now: Time) -> Option<MediaStart> {
-        let skips_max = self.policy.aging.skips_max;
-        let scan = if self.media_head_skips >= skips_max {
-            1
-        } else {
-            FIT_SCAN_MAX + 1
-        };
-        for pos in 0..scan.min(self.media_queue.len()) {
-            let task = self.media_queue[pos];
-            let demand = self.media_demand(&self.tasks[&task]);
-            if self.ledger.try_acquire(&demand, now).is_err() {
-                continue;
+        if self.media.len() == 0 {
+            return None;
+        }
+        for lane in self.media.turns() {
+            if let Some(task) = self.take_fitting_media(lane, now) {
+                self.media.turn_after(lane);
+                self.transition(task, TaskState::MediaProcessing)
+                    .expect("PROVIDER_SUCCEEDED → MEDIA_PROCESSING");
+                let slot = self.tasks.slot(task).expect("entry");
+                let e = self.tasks.at_mut(slot);
+                e.place = Place::Media;
+                let (tenant_slot, estimate) = (e.tenant_slot, e.estimate);
+                return Some(MediaStart {
+                    task,
+                    tenant: self.tenants[tenant_slot as usize].id,
+                    estimate: *self.estimates.get(estimate),
+                });
             }
-            self.media_queue.remove(pos);
-            self.media_head_skips = if pos == 0 {
-                0
-            } else {
-                self.media_head_skips + 1
-            };
-            self.transition(task, TaskState::MediaProcessing)
-                .expect("PROVIDER_SUCCEEDED → MEDIA_PROCESSING");
-            let slot = self.tasks.slot(task).expect("entry");
-            let e = self.tasks.at_mut(slot);
-            e.place = Place::Media;
-            let (tenant_slot, estimate) = (e.tenant_slot, e.estimate);
-            return Some(MediaStart {
-                task,
-                tenant: self.tenants[tenant_slot as usize].id,
-                estimate: *self.estimates.get(estimate),
-            });
         }
         None
     }
@@ -369,12 +356,7 @@ impl Shard {
                 Ok(CancelOutcome::Canceled)
             }
             Place::MediaQueue => {
-                let pos = self
-                    .media_queue
-                    .iter()
-                    .position(|&t| t == task)
-                    .expect("in media queue");
-                self.media_queue.remove(pos);
+                assert!(self.media.remove(e.lane, task), "in the media queue");
                 self.finish(task);
                 Ok(CancelOutcome::Canceled)
             }
