@@ -161,6 +161,8 @@ pub struct LiveOf {
     /// The provider (account) the attempt went to.
     pub provider: String,
     pub request_key: String,
+    /// How long ago the attempt started, by the server's clock (ms).
+    pub running_ms: u64,
 }
 
 /// A succeeded task's settled cost and where to ask the provider about it
@@ -621,7 +623,8 @@ fn page_args(
 const OWNED_COLUMNS: &str = concat!(
     queued_columns!(),
     ", state, current_attempt IS NOT NULL, current_fencing,
-     attempt_provider, 'spindle-' || task_id || '-' || attempt_no, cancel_requested"
+     attempt_provider, 'spindle-' || task_id || '-' || attempt_no, cancel_requested,
+     coalesce((extract(epoch FROM now() - attempt_started_at) * 1000)::bigint, 0)"
 );
 
 fn owned_task(r: &tokio_postgres::Row) -> Result<OwnedTask, StoreError> {
@@ -632,6 +635,7 @@ fn owned_task(r: &tokio_postgres::Row) -> Result<OwnedTask, StoreError> {
             token: FencingToken(r.get::<_, i64>(16) as u64),
             provider: r.get(17),
             request_key: r.get(18),
+            running_ms: r.get::<_, i64>(20).max(0) as u64,
         }),
     };
     Ok(OwnedTask {

@@ -84,6 +84,13 @@ pub enum RejectReason {
         needed_milli: u64,
         remaining_milli: u64,
     },
+    /// The task costs more than its cost budget (`limit`: its lane's own, or the platform's)
+    /// can ever let start at once on this shard, so it could never start.
+    CostBurst {
+        limit: LimitKey,
+        needed_milli: u64,
+        burst_milli: u64,
+    },
     /// The shard holds `TASKS_MAX` tasks.
     ShardFull,
     /// An operator suspended the tenant (`TenantPolicy::suspended`).
@@ -118,6 +125,15 @@ impl fmt::Display for RejectReason {
             } => write!(
                 f,
                 "cost quota: task needs {needed_milli} milli-cost, {remaining_milli} remain"
+            ),
+            RejectReason::CostBurst {
+                limit,
+                needed_milli,
+                burst_milli,
+            } => write!(
+                f,
+                "the task's cost ({needed_milli} milli) is more than {limit} lets start at once \
+                 ({burst_milli} milli): it could never start"
             ),
             RejectReason::ShardFull => write!(f, "the shard holds its maximum number of tasks"),
             RejectReason::TenantSuspended => {

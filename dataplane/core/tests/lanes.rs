@@ -22,21 +22,22 @@ fn cost_of(policy: &Policy, spec: &TaskSpec) -> u64 {
         .cost_milli
 }
 
+/// Submits `spec` as `task` of tenant 1.
+fn try_submit(shard: &mut Shard, task: u64, spec: TaskSpec) -> spindle_core::Admission {
+    let request = SubmitRequest {
+        task: TaskId(task),
+        tenant: TenantId(1),
+        user: UserId(1),
+        spec,
+        band_hint: None,
+        deadline: None,
+    };
+    shard.handle_submit(Time::ZERO, request).unwrap()
+}
+
 /// Submits `spec` as `task` of tenant 1; it must be accepted into `lane`.
 fn submit(shard: &mut Shard, task: u64, spec: TaskSpec, lane: Lane) {
-    let a = shard
-        .handle_submit(
-            Time::ZERO,
-            SubmitRequest {
-                task: TaskId(task),
-                tenant: TenantId(1),
-                user: UserId(1),
-                spec,
-                band_hint: None,
-                deadline: None,
-            },
-        )
-        .unwrap();
+    let a = try_submit(shard, task, spec);
     assert!(a.decision.is_accepted(), "{a:?}");
     assert_eq!(a.lane, lane);
     shard.check_invariants();
@@ -240,4 +241,32 @@ fn a_lanes_own_budget_or_workers_past_the_nodes_or_switched_live_is_refused_by_n
         .unwrap_err()
         .to_string();
     assert!(err.contains("lane STANDARD"), "{err}");
+}
+
+/// A task that costs more than its lane's budget can ever let start at once is refused at
+/// admission, naming the budget, instead of waiting forever; the standard lane, sharing the
+/// platform's rest, takes its own tasks. Without the check the expensive task is accepted and
+/// never starts, and this fails.
+#[test]
+fn a_task_costing_more_than_its_lanes_budget_lets_start_at_once_is_refused_by_name() {
+    let mut policy = one_tenant();
+    let exp_cost = cost_of(&policy, &EXPENSIVE);
+    policy.lanes[Lane::Expensive.index()].cost_per_minute = Some(RateSpec {
+        per_minute: 100 * exp_cost,
+        burst: exp_cost - 1,
+    });
+    let mut shard = Shard::new(policy, 1, Time::ZERO);
+    submit(&mut shard, 1, STANDARD, Lane::Standard);
+    let a = try_submit(&mut shard, 2, EXPENSIVE);
+    assert_eq!(
+        a.decision,
+        spindle_core::Decision::RejectCostBudget,
+        "{a:?}"
+    );
+    let reason = a.reason.unwrap().to_string();
+    assert!(
+        reason.contains("lane:EXPENSIVE:cost_per_minute") && reason.contains("never start"),
+        "{reason}"
+    );
+    shard.check_invariants();
 }

@@ -149,6 +149,28 @@ fn a_task_that_never_billed_gives_its_charge_back_and_a_billed_one_settles() {
     );
 }
 
+/// A video the media stage found longer than declared is priced as probed: the quotas count
+/// the difference on top of what was billed, or on top of the estimate when nothing was. Without
+/// `charge_quota_extra` the month's cost stays at the bill, and this fails.
+#[test]
+fn a_task_priced_as_probed_counts_the_difference_in_its_quotas() {
+    let cost = cost_of_one();
+    let mut s = shard(vec![quota(
+        QuotaScope::Tenant,
+        QuotaPeriod::Month,
+        Some(10 * cost),
+        None,
+    )]);
+    let t0 = Time::ZERO;
+    assert!(submit(&mut s, t0, 1, 1, 1).decision.is_accepted());
+    assert!(submit(&mut s, t0, 2, 1, 1).decision.is_accepted());
+    s.settle_quota_cost(TaskId(1), 2 * cost);
+    s.charge_quota_extra(TaskId(1), 3 * cost);
+    s.charge_quota_extra(TaskId(2), cost);
+    let used = s.quota_report(TenantId(1), t0);
+    assert_eq!(used[0].cost_milli, (2 + 3) * cost + (1 + 1) * cost);
+}
+
 #[test]
 fn a_reset_starts_the_counts_again_and_nothing_before_it_counts() {
     let mut s = shard(vec![
@@ -219,4 +241,43 @@ fn a_quota_without_a_bound_or_a_far_time_zone_is_refused_by_name() {
         .unwrap_err()
         .to_string()
         .contains("utc_offset_min"));
+}
+
+/// The shard's quota books are bounded: with a per-user quota, each user of the minute is a
+/// counter, and once `QUOTA_USAGE_MAX` of them are open a submit that needs another is refused
+/// by name (a user already counted still fits); the next minute's first submit lets the ended
+/// minute's counters go and is taken. Without the bound the books grow with every user id a
+/// tenant sends, and the refusal here never comes.
+#[test]
+fn the_quota_books_are_bounded_and_a_new_period_frees_them() {
+    use spindle_core::shard::QUOTA_USAGE_MAX;
+    let mut s = shard(vec![quota(
+        QuotaScope::User,
+        QuotaPeriod::Minute,
+        None,
+        Some(1_000),
+    )]);
+    // 20 µs apart: all within the minute the shard's clock starts in (it has 29.5 s left).
+    let at = |i: u64| Time(i * 20_000);
+    for i in 0..QUOTA_USAGE_MAX as u64 {
+        let a = submit(&mut s, at(i), i + 1, 1, i as u32);
+        assert!(a.decision.is_accepted(), "{i}: {a:?}");
+        s.handle_cancel(TaskId(i + 1)).unwrap();
+        if i % 4_096 == 0 {
+            // The users' records go (as the shell's timer sweeps them); their counts stay.
+            s.sweep_users(at(i), 8_192);
+        }
+    }
+    let next = QUOTA_USAGE_MAX as u64 + 1;
+    let t0 = at(next);
+    let full = submit(&mut s, t0, next, 1, u32::MAX);
+    assert_eq!(full.decision, Decision::RejectQuotaExhausted, "{full:?}");
+    let reason = full.reason.unwrap().to_string();
+    assert!(reason.contains(&QUOTA_USAGE_MAX.to_string()), "{reason}");
+    let counted = submit(&mut s, t0, next + 1, 1, 7);
+    assert!(counted.decision.is_accepted(), "{counted:?}");
+    let minute_later = Time::from_secs(60);
+    let fresh = submit(&mut s, minute_later, next + 2, 1, u32::MAX);
+    assert!(fresh.decision.is_accepted(), "{fresh:?}");
+    s.check_invariants();
 }

@@ -452,9 +452,16 @@ impl Admin {
                             )
                         }
                     };
-                    let checked = kind
-                        .patch(key, body)
-                        .and_then(|p| self.live.check_over(stored.0, &stored.1, &p));
+                    let checked = kind.patch(key, body).and_then(|p| {
+                        self.live.check_over(stored.0, &stored.1, &p)?;
+                        match &p {
+                            spindle_core::policy::PolicyPatch::Tenant(t, policy) => self
+                                .shards
+                                .config
+                                .check_quota_retention(t.0, &policy.quotas),
+                            _ => Ok(()),
+                        }
+                    });
                     if let Err(why) = checked {
                         let why = format!("{} {key}: {why}", kind.name());
                         return self.refuse("400 Bad Request", &actor, &what, why).await;

@@ -262,6 +262,10 @@ pub struct Config {
     /// Concurrent units each lane may run (the enterprise reserve keeps its preset share).
     #[serde(default = "default_lane_capacity")]
     pub lane_capacity_units: u64,
+    /// One lane's own settings, by its name (`[lanes.EXPENSIVE]`): over `lane_capacity_units`
+    /// and the presets, and under the policy store's `lane/NAME` objects.
+    #[serde(default)]
+    pub lanes: std::collections::BTreeMap<Lane, LaneConfig>,
     #[serde(default)]
     pub tenants: Vec<TenantConfig>,
     /// The tenant breaker: a tenant whose requests are refused faster than this for longer
@@ -274,6 +278,61 @@ pub struct Config {
     pub tls: Option<crate::tls::TlsConfig>,
     #[serde(skip)]
     pub ready_file: Option<PathBuf>,
+}
+
+/// A lane's own settings (`[lanes.NAME]`); the preset's where absent.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LaneConfig {
+    /// Concurrent units the lane may run (its pool).
+    #[serde(default)]
+    pub capacity_units: Option<u64>,
+    /// Tasks the lane may run at once.
+    #[serde(default)]
+    pub running_tasks_max: Option<u64>,
+    /// Retries of a task after retryable failures.
+    #[serde(default)]
+    pub retries_max: Option<u32>,
+    /// A cost budget of its own (milli cost units a minute, a tenth of it at once): its tasks
+    /// wait past it, and no other lane's draw on it; the lanes without one share what is left
+    /// of `platform_cost_per_minute_milli`.
+    #[serde(default)]
+    pub cost_per_minute_milli: Option<u64>,
+    /// How long one of its provider jobs may run from its attempt's start: past it the job is
+    /// canceled at the provider and the task fails, with that reason.
+    #[serde(default)]
+    pub execution_timeout_ms: Option<u64>,
+    /// Media workers of its own: its media jobs run at most this many at once, and no other
+    /// lane's on them; the lanes without share what is left of `media.workers`.
+    #[serde(default)]
+    pub media_workers: Option<u64>,
+}
+
+impl LaneConfig {
+    /// Sets what this section names in `lane`.
+    pub fn apply(&self, lane: &mut spindle_core::policy::LanePolicy) {
+        if let Some(units) = self.capacity_units {
+            lane.capacity = spindle_core::Units::whole(units);
+        }
+        if let Some(n) = self.running_tasks_max {
+            lane.running_tasks_max = n;
+        }
+        if let Some(n) = self.retries_max {
+            lane.retries_max = n;
+        }
+        if let Some(per_minute) = self.cost_per_minute_milli {
+            lane.cost_per_minute = Some(spindle_core::policy::RateSpec {
+                per_minute,
+                burst: (per_minute / 10).max(1),
+            });
+        }
+        if let Some(ms) = self.execution_timeout_ms {
+            lane.execution_timeout_ms = ms;
+        }
+        if self.media_workers.is_some() {
+            lane.media_workers = self.media_workers;
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -556,6 +615,26 @@ impl Config {
             .unwrap_or(self.shards.div_ceil(SHARDS_PER_PIPELINES))
     }
 
+    /// Whether ended tasks are kept long enough for `tenant`'s `quotas`: a restart or takeover
+    /// counts the current periods' consumption from the ended tasks PostgreSQL still holds, so
+    /// they must outlive the longest period a quota counts (and a day for time zones).
+    pub fn check_quota_retention(
+        &self,
+        tenant: u32,
+        quotas: &[spindle_core::quota::Quota],
+    ) -> Result<(), String> {
+        let longest = quotas.iter().map(|q| q.period.longest_ms() / 1_000).max();
+        match (longest, self.retention_finished_s) {
+            (Some(s), kept) if kept > 0 && kept < s + 86_400 => Err(format!(
+                "tenant {tenant}: a quota counts periods of up to {s} s, but retention_finished_s \
+                 ({kept}) would prune the ended tasks a restart counts them from: set it to at \
+                 least {}",
+                s + 86_400
+            )),
+            _ => Ok(()),
+        }
+    }
+
     fn check(&self) -> anyhow::Result<()> {
         if let Some(a) = &self.advertise {
             anyhow::ensure!(
@@ -687,7 +766,15 @@ impl Config {
             "counter_check_s must be 0..={COUNTER_CHECK_S_MAX}"
         );
         self.reconcile.check()?;
-        // What the tenants' sections make of the policy (their quotas, say) is checked as the
+        for (lane, l) in &self.lanes {
+            if let Some(units) = l.capacity_units {
+                anyhow::ensure!(
+                    (1..=1_000_000).contains(&units),
+                    "lanes.{lane}.capacity_units must be 1..=1000000, not {units}"
+                );
+            }
+        }
+        // What the tenants' (and lanes') sections make of the policy (their quotas, say) is checked as the
         // policy store checks it.
         crate::policy(self)
             .validate()
@@ -695,18 +782,8 @@ impl Config {
         // A restart or takeover counts the current periods' consumption from the ended tasks
         // PostgreSQL still holds: they must outlive the longest period a quota counts.
         for t in &self.tenants {
-            let longest = t.quotas.iter().map(|q| q.period.longest_ms() / 1_000).max();
-            if let (Some(s), true) = (longest, self.retention_finished_s > 0) {
-                anyhow::ensure!(
-                    self.retention_finished_s >= s + 86_400,
-                    "tenant {}: a quota counts periods of up to {s} s, but retention_finished_s \
-                     ({}) would prune the ended tasks a restart counts them from: set it to at \
-                     least {}",
-                    t.id,
-                    self.retention_finished_s,
-                    s + 86_400
-                );
-            }
+            self.check_quota_retention(t.id, &t.quotas)
+                .map_err(anyhow::Error::msg)?;
         }
         if let Some(p) = &self.provider {
             p.check()?;

@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use spindle_core::ledger::TokenBucket;
 use spindle_core::policy::RateSpec;
@@ -170,6 +170,9 @@ pub enum Call {
         account: String,
         job_id: String,
         cancel: bool,
+        /// The job's lane's execution timeout: past this instant the job is canceled at the
+        /// provider and its attempt fails for the reason given (unless it succeeded first).
+        timeout: Option<(std::time::Instant, String)>,
     },
     /// Best effort: the task was canceled while the provider ran it.
     Cancel { account: String, job_id: String },
@@ -237,9 +240,9 @@ struct Watched {
     shard: usize,
     task: TaskId,
     token: FencingToken,
-    /// The job outlived `polls_max` polls and was canceled: any end but success is then the
-    /// attempt's failure, for that reason.
-    stuck: bool,
+    /// The job was given up — it outlived `polls_max` polls, or its lane's execution timeout —
+    /// and canceled: any end but success is then the attempt's failure, for this reason.
+    given_up: Option<String>,
 }
 
 /// The provider thread's shared state: the client, the shards' inboxes, the watched jobs.
@@ -480,6 +483,7 @@ impl Dispatcher {
                 account,
                 job_id,
                 cancel,
+                timeout,
             } => {
                 // Watched before the cancel goes out: the callback it causes finds the watch.
                 self.lock().insert(
@@ -488,7 +492,7 @@ impl Dispatcher {
                         shard,
                         task,
                         token,
-                        stuck: false,
+                        given_up: None,
                     },
                 );
                 if cancel {
@@ -497,7 +501,7 @@ impl Dispatcher {
                         tracing::warn!("canceling {job_id} at the provider: {e}");
                     }
                 }
-                self.poll(&account, &job_id).await;
+                self.poll(&account, &job_id, timeout).await;
             }
             Call::Cancel { account, job_id } => {
                 let canceled = self.provider.cancel(&account, &job_id).await;
@@ -541,19 +545,35 @@ impl Dispatcher {
 
     /// The `i`-th staged wait, jittered.
     async fn pause(&self, i: u32, seed: u64) {
+        tokio::time::sleep(self.stage(i, seed)).await;
+    }
+
+    fn stage(&self, i: u32, seed: u64) -> Duration {
         let stages = &self.config.poll_ms;
         let base = stages[(i as usize).min(stages.len() - 1)];
-        let ms = base * jitter_milli(seed ^ u64::from(i)) / 1_000;
-        tokio::time::sleep(Duration::from_millis(ms)).await;
+        Duration::from_millis(base * jitter_milli(seed ^ u64::from(i)) / 1_000)
     }
 
     /// Polls `job_id` in stages until it is final or a callback ended the watch. A job still not
-    /// final after `polls_max` polls is canceled at the provider, and polled until the provider
-    /// shows it ended.
-    async fn poll(&self, account: &str, job_id: &str) {
+    /// final after `polls_max` polls, or at its execution `timeout`, is given up: canceled at the
+    /// provider, and polled until the provider shows it ended.
+    async fn poll(&self, account: &str, job_id: &str, mut timeout: Option<(Instant, String)>) {
         let polls_max = self.config.polls_max;
-        for i in 0..polls_max + POLLS_AFTER_CANCEL_MAX {
-            self.pause(i, job_id.len() as u64 ^ u64::from(i)).await;
+        let mut last = polls_max + POLLS_AFTER_CANCEL_MAX;
+        let mut i = 0;
+        while i < last {
+            let wait = self.stage(i, job_id.len() as u64 ^ u64::from(i));
+            if let Some((at, why)) = timeout.take_if(|(at, _)| *at <= Instant::now() + wait) {
+                tokio::time::sleep_until(at.into()).await;
+                if !self.lock().contains_key(job_id) {
+                    return; // a callback finished it
+                }
+                tracing::warn!("{job_id}: {why}; canceling it");
+                self.give_up(account, job_id, why).await;
+                last = last.min(i + POLLS_AFTER_CANCEL_MAX);
+                continue;
+            }
+            tokio::time::sleep(wait).await;
             if !self.lock().contains_key(job_id) {
                 return; // a callback finished it
             }
@@ -567,15 +587,12 @@ impl Dispatcher {
                 Ok(_) => {}
                 Err(e) => tracing::warn!("polling {job_id}: {e}"),
             }
-            if i + 1 == polls_max {
+            i += 1;
+            if i == polls_max {
                 tracing::warn!("{job_id}: no final state after {polls_max} polls; canceling it");
-                if let Some(w) = self.lock().get_mut(job_id) {
-                    w.stuck = true;
-                }
-                let canceled = self.provider.cancel(account, job_id).await;
-                if let Err(e) = canceled {
-                    tracing::warn!("canceling stuck job {job_id}: {e}");
-                }
+                let why =
+                    format!("no final state after {polls_max} polls: canceled at the provider");
+                self.give_up(account, job_id, why).await;
             }
         }
         tracing::warn!(
@@ -585,18 +602,29 @@ impl Dispatcher {
         self.lock().remove(job_id);
     }
 
+    /// Gives the watched job up, for `why` (the first reason stands), and cancels it at the
+    /// provider.
+    async fn give_up(&self, account: &str, job_id: &str, why: String) {
+        if let Some(w) = self.lock().get_mut(job_id) {
+            w.given_up.get_or_insert(why);
+        }
+        let canceled = self.provider.cancel(account, job_id).await;
+        if let Err(e) = canceled {
+            tracing::warn!("canceling {job_id} at the provider: {e}");
+        }
+    }
+
     /// Ends the watch of a final job (once) and tells its shard.
     async fn finish(&self, mut view: JobView) {
         let Some(w) = self.lock().remove(&view.job_id) else {
             return;
         };
-        if w.stuck && view.state != spindle_providers::JobState::Succeeded {
-            view.state = spindle_providers::JobState::Failed;
-            view.retryable = false;
-            view.error = Some(format!(
-                "no final state after {} polls: canceled at the provider",
-                self.config.polls_max
-            ));
+        if let Some(why) = w.given_up {
+            if view.state != spindle_providers::JobState::Succeeded {
+                view.state = spindle_providers::JobState::Failed;
+                view.retryable = false;
+                view.error = Some(why);
+            }
         }
         self.send(
             w.shard,

@@ -73,6 +73,12 @@ pub fn policy(config: &Config) -> Policy {
         policy.lanes[lane.index()].capacity =
             spindle_core::Units::whole(config.lane_capacity_units);
     }
+    for (lane, section) in &config.lanes {
+        section.apply(&mut policy.lanes[lane.index()]);
+    }
+    if let Some(media) = &config.media {
+        policy.node.media_workers = media.workers as u64;
+    }
     if let Some(per_minute) = config.platform_cost_per_minute_milli {
         policy.node.platform_cost_per_minute = spindle_core::policy::RateSpec {
             per_minute,

@@ -211,6 +211,10 @@ pub struct ShardGauges {
     pub subscriptions: AtomicU64,
     /// When the shard's loop last ticked, in ms since [`Metrics::started`].
     pub heartbeat_ms: AtomicU64,
+    /// What admitted work moved into its tenants' periodic quotas and out of them (the core's
+    /// `ShardStats::quota_charged` / `quota_returned`): tasks, then milli cost.
+    pub quota_charged: [AtomicU64; 2],
+    pub quota_returned: [AtomicU64; 2],
 }
 
 pub struct Metrics {
@@ -697,6 +701,24 @@ impl Metrics {
             self.dead_letters.load(Ordering::Relaxed)
         );
         self.render_reconcilers(w);
+        for (name, help, moves) in [
+            (
+                "spindle_quota_charged_total",
+                "What admitted tasks added to their tenants' periodic quotas: tasks, and milli cost (estimates, then what bills and probed videos added).",
+                (|g: &ShardGauges| &g.quota_charged) as fn(&ShardGauges) -> &[AtomicU64; 2],
+            ),
+            (
+                "spindle_quota_returned_total",
+                "What came back to tenants' periodic quotas: tasks that ended unbilled, and bills under the estimate.",
+                |g: &ShardGauges| &g.quota_returned,
+            ),
+        ] {
+            let _ = writeln!(w, "# HELP {name} {help}\n# TYPE {name} counter");
+            for (i, unit) in ["tasks", "cost_milli"].iter().enumerate() {
+                let sum: u64 = self.shards.iter().map(|g| moves(g)[i].load(Ordering::Relaxed)).sum();
+                let _ = writeln!(w, "{name}{{unit=\"{unit}\"}} {sum}");
+            }
+        }
         let _ = writeln!(
             w,
             "# HELP spindle_quota_refused_total Submits a periodic quota refused, by its scope and period.\n# TYPE spindle_quota_refused_total counter"

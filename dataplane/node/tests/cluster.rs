@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{poll_until, start_with, task, wait_all_succeeded, Daemon};
+use common::{poll_until, task, wait_all_succeeded, Daemon};
 use spindle_client::Client;
 use spindle_control::testing::TestDb;
 use spindle_core::TenantId;
@@ -97,11 +97,15 @@ async fn three_nodes_share_one_provider_without_a_violation() {
     let test = TestDb::new().await;
     let mock = mock(3, 600, 150).await;
     let url = mock.base_url();
-    let nodes = [
-        start_with(&test, &config("n1", "[0, 1]", &url)).await,
-        start_with(&test, &config("n2", "[2, 3]", &url)).await,
-        start_with(&test, &config("n3", "[4, 5]", &url)).await,
-    ];
+    let nodes = common::start_together(
+        &test,
+        &[
+            config("n1", "[0, 1]", &url),
+            config("n2", "[2, 3]", &url),
+            config("n3", "[4, 5]", &url),
+        ],
+    )
+    .await;
     // Every node counts the others before load starts (their RPM shares depend on it).
     for n in &nodes {
         let seen = poll_until(
@@ -246,8 +250,9 @@ async fn pair(
     let mock = mock(slots, 60_000, job_ms).await;
     let url = mock.base_url();
     let config = |i: usize| pair_config(&url, names[i], i as u32, slots, 60_000);
-    let first = start_with(test, &config(0)).await;
-    let second = start_with(test, &config(1)).await;
+    let mut nodes = common::start_together(test, &[config(0), config(1)]).await;
+    let second = nodes.pop().expect("two nodes");
+    let first = nodes.pop().expect("two nodes");
     (mock, first, second)
 }
 

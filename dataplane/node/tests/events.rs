@@ -229,10 +229,7 @@ async fn a_node_without_a_relay_keeps_what_another_nodes_relay_has_to_send() {
         "partitions = 8\n",
         "partitions = 2\nowned_partitions = [0]\nlease_ms = 1000\n",
     );
-    let relay = start_with(&test, &relay_config).await;
-    let plain = start_with(
-        &test,
-        r#"
+    let plain_config = r#"
 node_id = "plain-node"
 listen = "127.0.0.1:0"
 http_listen = "127.0.0.1:0"
@@ -247,9 +244,9 @@ retention_events_s = 1
 [[tenants]]
 id = 1
 credential = "tenant-1-credential"
-"#,
-    )
-    .await;
+"#;
+    let mut nodes = common::start_together(&test, &[relay_config, plain_config.to_string()]).await;
+    let (plain, relay) = (nodes.pop().unwrap(), nodes.pop().unwrap());
     // Tenant 1 lives on partition 1: the plain node's.
     let ids: Vec<i64> = submit(&plain, "k", 20)
         .await

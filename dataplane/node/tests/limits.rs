@@ -12,22 +12,36 @@ use spindle_client::Client;
 use spindle_control::testing::TestDb;
 use spindle_core::{ModelId, TaskId, TaskSpec, TaskState, TenantId};
 
-/// What one of the tests' tasks is priced at (milli cost units): the node's model, unchanged.
-fn task_cost_milli() -> u64 {
+/// A clip the node's model prices as expensive (the standard clip with audio): it goes to the
+/// EXPENSIVE lane.
+const EXPENSIVE: TaskSpec = TaskSpec {
+    audio: true,
+    ..TaskSpec::clip_720p(ModelId(0))
+};
+
+/// What `spec` is priced at (milli cost units): the node's model, unchanged.
+fn cost_milli(spec: &TaskSpec) -> u64 {
     let p = spindle_core::presets::small_node();
-    spindle_core::cost::estimate(
-        &TaskSpec::clip_720p(ModelId(0)),
-        &p.models[0],
-        &p.cost_bases,
-    )
-    .unwrap()
-    .cost_milli
+    spindle_core::cost::estimate(spec, &p.models[0], &p.cost_bases)
+        .unwrap()
+        .cost_milli
+}
+
+/// What one of the tests' (standard) tasks is priced at.
+fn task_cost_milli() -> u64 {
+    cost_milli(&TaskSpec::clip_720p(ModelId(0)))
 }
 
 async fn submit_n(client: &Client, prefix: &str, n: usize) -> Vec<TaskId> {
+    submit_specs(client, prefix, n, TaskSpec::clip_720p(ModelId(0))).await
+}
+
+async fn submit_specs(client: &Client, prefix: &str, n: usize, spec: TaskSpec) -> Vec<TaskId> {
     let mut ids = Vec::new();
     for i in 0..n {
-        let a = client.submit(task(&format!("{prefix}{i}"))).await.unwrap();
+        let mut t = task(&format!("{prefix}{i}"));
+        t.spec = spec;
+        let a = client.submit(t).await.unwrap();
         assert!(a.decision.is_accepted(), "{a:?}");
         ids.push(a.task);
     }
@@ -112,6 +126,44 @@ async fn the_platforms_cost_per_minute_holds_work_past_it() {
     );
     // Held, not dropped.
     for &t in &ids {
+        wait_for(&client, t, TaskState::Succeeded).await;
+    }
+}
+
+/// The expensive lane has a cost budget of its own, one and a half expensive tasks' cost at
+/// once; the platform's adds as much of standard tasks' cost for the other lanes. Three
+/// standard tasks submitted before three expensive ones, of one tenant: the first of each
+/// runs at once and the second of each waits in its queue — the expensive lane's budget holds
+/// its own work, and the standard tasks, picked first, take none of it. Without the lane's own
+/// budget (one platform budget for every lane) the second standard task starts at once, and
+/// this fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_expensive_lanes_own_budget_holds_its_work_and_no_other_lane_takes_it() {
+    let test = TestDb::new().await;
+    let (standard, expensive) = (task_cost_milli(), cost_milli(&EXPENSIVE));
+    let config = config_scaled(
+        "0.0001",
+        &format!(
+            "platform_cost_per_minute_milli = {}\n\n[lanes.EXPENSIVE]\ncost_per_minute_milli = {}\n",
+            15 * (standard + expensive),
+            15 * expensive
+        ),
+    );
+    let daemon = start_with(&test, &config).await;
+    let (client, _) = common::both_tenants(&daemon).await;
+    let standards = submit_n(&client, "standard", 3).await;
+    let expensives = submit_specs(&client, "expensive", 3, EXPENSIVE).await;
+    wait_for(&client, standards[0], TaskState::Succeeded).await;
+    wait_for(&client, expensives[0], TaskState::Succeeded).await;
+    for held in [standards[1], expensives[1]] {
+        assert!(
+            stays_queued(&client, held, Duration::from_secs(2)).await,
+            "{held} started within the first tenth of its budget's minute: {}",
+            daemon.log_tail(10)
+        );
+    }
+    // Held, not dropped.
+    for &t in standards.iter().chain(&expensives) {
         wait_for(&client, t, TaskState::Succeeded).await;
     }
 }

@@ -18,7 +18,13 @@ use spindle_providers::MockProvider;
 
 /// spindled with the mock at `m` and a media stage writing to `out`.
 async fn media_node(test: &TestDb, m: &MockProvider, out: &std::path::Path, media: &str) -> Daemon {
-    let config = format!(
+    start_with(test, &media_config(m, out, media)).await
+}
+
+/// The media tests' node configuration: the mock at `m`, renditions into `out`, `media` in
+/// its `[media]` section; tenant 1's section last.
+fn media_config(m: &MockProvider, out: &std::path::Path, media: &str) -> String {
+    format!(
         r#"
 node_id = "media-node"
 listen = "127.0.0.1:0"
@@ -44,8 +50,7 @@ credential = "tenant-1-credential"
 "#,
         m.base_url(),
         out.display()
-    );
-    start_with(test, &config).await
+    )
 }
 
 /// The rendition files each task's result names (`outputs`), as its client reads them.
@@ -292,6 +297,48 @@ async fn a_restart_during_the_media_step_runs_it_again_from_the_providers_video(
         let (frames, fw, fh) = spindle_transcode::decode_all(&file).unwrap();
         assert_eq!((frames, fw, fh), (125, w, h), "{file:?}");
     }
+}
+
+/// A video larger than its task declared is charged as probed, and the tenant's quotas count
+/// what it was charged, not the provider's bill alone: the month's cost `quota show` reports is
+/// the task's stored actual cost. Without the probed difference charged to the quotas it is
+/// the bill (10: the provider here bills less than the video is worth), and this fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_charged_as_probed_counts_that_in_its_quotas() {
+    let dir = tempfile::tempdir().unwrap();
+    let large = dir.path().join("large.mp4");
+    make_clip(&large, (1920, 1080), 25, 1, 23);
+    let test = TestDb::new().await;
+    let mut cheap = mock_config(20, "4:6000", Some(large));
+    cheap.cost_milli = 10;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let m = MockProvider::serve(listener, cheap);
+    let admin = m.client(Duration::from_secs(5));
+    let media = "renditions = [240]\ndeclaration = \"correct\"";
+    let config = media_config(&m, &dir.path().join("out"), media).replace(
+        "partitions = 8\n",
+        "partitions = 8\nretention_finished_s = 3000000\n",
+    )
+        + "[[tenants.quotas]]\nscope = \"tenant\"\nperiod = \"month\"\ncost_milli = 100000000\n"
+        + &common::admin_tokens();
+    let daemon = start_with(&test, &config).await;
+    let (ids, states) = run(&daemon, &test, "probed", 1).await;
+    assert_eq!(states, ["SUCCEEDED"]);
+    let sql = test.sql().await.unwrap();
+    let actual = common::read_i64(
+        &sql,
+        &format!(
+            "SELECT cost_actual_milli FROM task WHERE task_id = {}",
+            ids[0].0
+        ),
+    )
+    .await;
+    assert!(actual > 10, "charged as probed, above the bill: {actual}");
+    let (ok, out) = common::ctl(daemon.http, common::VIEWER_TOKEN, &["quota", "show", "1"]);
+    assert!(ok, "{out}");
+    let shown: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(shown["quotas"][0]["used_cost_milli"], actual, "{shown}");
+    assert_clean(&test, &admin).await;
 }
 
 /// A client's cancel stops the task's running media job: the task ends CANCELED, its partial

@@ -687,6 +687,55 @@ async fn a_job_stuck_at_the_provider_is_canceled_after_its_polls_and_fails_with_
     );
 }
 
+/// The expensive lane's execution timeout (400 ms) binds on its jobs and on no other lane's:
+/// of two tasks whose jobs run 2 s at the provider, the expensive one (a clip with audio) is
+/// canceled there at its timeout and ends FAILED with the reason, not run again; the standard
+/// one succeeds. Without the lane's `execution_timeout_ms` both succeed, and this fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_expensive_lanes_execution_timeout_cancels_its_jobs_and_no_others() {
+    let test = TestDb::new().await;
+    let (m, admin) = mock(2_000).await;
+    let config =
+        node_config("timeout-node", &m, "") + "\n[lanes.EXPENSIVE]\nexecution_timeout_ms = 400\n";
+    let daemon = start_with(&test, &config).await;
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
+        .await
+        .unwrap();
+    let mut expensive = task("expensive");
+    expensive.spec.audio = true;
+    let mut ids = Vec::new();
+    for t in [expensive, task("standard")] {
+        let a = client.submit(t).await.unwrap();
+        assert!(a.decision.is_accepted(), "{a:?}");
+        ids.push(a.task);
+    }
+    wait_final(&test, &ids).await;
+    let sql = test.sql().await.unwrap();
+    let ended = |task: TaskId| {
+        let sql = &sql;
+        async move {
+            let row = sql
+                .query_one(
+                    "SELECT state, coalesce(failure_reason, '') FROM task WHERE task_id = $1",
+                    &[&(task.0 as i64)],
+                )
+                .await
+                .unwrap();
+            (row.get::<_, String>(0), row.get::<_, String>(1))
+        }
+    };
+    let (state, reason) = ended(ids[0]).await;
+    assert_eq!(state, "FAILED", "{}", daemon.log_tail(10));
+    assert!(
+        reason.contains("EXPENSIVE lane's execution timeout (400 ms): canceled at the provider"),
+        "{reason}"
+    );
+    assert_eq!(ended(ids[1]).await.0, "SUCCEEDED");
+    let total = assert_clean(&test, &admin).await;
+    assert_eq!(total.accepted, 2, "a timed-out job is not run again");
+    assert_eq!(mock_total(&admin, |s| s.canceled).await, 1);
+}
+
 /// Dead letters from a provider that refused every submit: once it is fixed, an operator
 /// requeues them (`spindlectl requeue`) and they run — each accepted once, as its next attempt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{poll_until, start_with, task, wait_for};
+use common::{metric, poll_until, start_with, task, wait_for};
 use spindle_client::{Client, ClientError};
 use spindle_control::testing::TestDb;
 use spindle_core::{Decision, TaskState, TenantId};
@@ -132,6 +132,23 @@ async fn a_canceled_task_gives_its_quota_back() {
     assert_eq!(one.cancel(first.task).await.unwrap(), TaskState::Canceled);
     let after = one.submit(task("w3")).await.unwrap();
     assert_eq!(after.decision, Decision::Accepted, "{after:?}");
+    // The metrics count both charges and the one refund (the gauges follow the shard's ticks).
+    let (charged, returned) = (
+        "spindle_quota_charged_total{unit=\"tasks\"}",
+        "spindle_quota_returned_total{unit=\"tasks\"}",
+    );
+    let moved = poll_until(
+        std::time::Duration::from_secs(5),
+        async || {
+            (
+                metric(&daemon, charged).await,
+                metric(&daemon, returned).await,
+            )
+        },
+        |&m| m == (2, 1),
+    )
+    .await;
+    assert_eq!(moved, (2, 1), "charged and returned tasks");
 }
 
 /// Tenant 1 may run three tasks a day. Two run to their end on node A; A is killed and node B
@@ -205,6 +222,11 @@ async fn an_operator_sees_resets_and_sets_a_tenants_quotas() {
             "\n[[tenants.quotas]]\nscope = \"tenant\"\nperiod = \"day\"\ntasks = 2\n",
         ),
         common::admin_tokens()
+    )
+    // Ended tasks kept a week: enough for its day quotas, not for a month's.
+    .replace(
+        "retention_finished_s = 3000000",
+        "retention_finished_s = 604800",
     );
     let mut daemon = start_with(&test, &text).await;
     let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
@@ -287,27 +309,33 @@ async fn an_operator_sees_resets_and_sets_a_tenants_quotas() {
     let over = client.submit(task("d5")).await.unwrap();
     assert_eq!(over.decision, Decision::RejectQuotaExhausted, "{over:?}");
 
-    // Raised through the policy store: taken at once.
+    // Raised through the policy store: taken at once — but not a month's quota, which the
+    // week of ended tasks kept could not count again after a restart.
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("quotas.json");
-    std::fs::write(
-        &file,
-        r#"[{"scope": "tenant", "period": "day", "tasks": 10}]"#,
-    )
-    .unwrap();
-    let (ok, out) = ctl(
-        daemon.http,
-        OPERATOR_TOKEN,
-        &[
+    let set = |quotas: &str| {
+        std::fs::write(&file, quotas).unwrap();
+        let args = [
+            "--json",
             "quota",
             "set",
             "1",
             "--body",
             file.to_str().unwrap(),
-            "--reason",
-            "upgraded plan",
-        ],
+        ];
+        let reason = ["--reason", "upgraded plan"];
+        ctl(
+            daemon.http,
+            OPERATOR_TOKEN,
+            &[&args[..], &reason[..]].concat(),
+        )
+    };
+    let (ok, out) = set(r#"[{"scope": "tenant", "period": "month", "tasks": 100}]"#);
+    assert!(
+        !ok && out.contains("retention_finished_s (604800)") && out.contains("2764800"),
+        "{out}"
     );
+    let (ok, out) = set(r#"[{"scope": "tenant", "period": "day", "tasks": 10}]"#);
     assert!(ok, "{out}");
     let mut n = 0;
     let raised = poll_until(

@@ -302,8 +302,8 @@ async fn each_partitions_attempts_are_reconciled_by_its_owner_only() {
              [[tenants]]\nid = 2\ncredential = \"tenant-2-credential\"\n",
             )
     };
-    let a = common::start_with(&test, &node("node-a", p1)).await;
-    let b = common::start_with(&test, &node("node-b", p2)).await;
+    let mut nodes = common::start_together(&test, &[node("node-a", p1), node("node-b", p2)]).await;
+    let (b, a) = (nodes.pop().unwrap(), nodes.pop().unwrap());
     plant_attempt(&test, "node-a", 1, PLANTED, ACCOUNTS[0], 200).await;
     plant_attempt(&test, "node-b", 2, PLANTED + 1, ACCOUNTS[0], 200).await;
     let sql = test.sql().await.unwrap();

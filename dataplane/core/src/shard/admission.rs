@@ -124,6 +124,15 @@ impl Shard {
             lane = Lane::BestEffort;
             wait_ms = self.expected_lane_wait_ms(lane, now);
         }
+        let burst_milli = self.lane_cost_burst[lane.index()];
+        if est.cost_milli > burst_milli {
+            let reason = RejectReason::CostBurst {
+                limit: self.ledger.key(self.node.cost_bucket[lane.index()]),
+                needed_milli: est.cost_milli,
+                burst_milli,
+            };
+            return Err(reject(Decision::RejectCostBudget, reason, lane));
+        }
         let mut entry = TaskEntry {
             enqueued_at: now,
             deadline: req.deadline.unwrap_or(NO_DEADLINE),
@@ -153,7 +162,9 @@ impl Shard {
         self.users[user_slot as usize].tasks += 1;
         let deadline = entry.deadline;
         let entry = self.tasks.insert(req.task, entry, TaskCold::default());
-        self.charge_task_quotas(entry, at_ms);
+        if self.charge_task_quotas(entry, at_ms) {
+            self.count_quota_move(true, 1, est.cost_milli);
+        }
         self.enqueue(slot, lane, band, entry, End::Back);
         self.watch_deadline(deadline, req.task);
         let decision = if lane == Lane::BestEffort {
@@ -365,6 +376,7 @@ impl Shard {
                 if let Some(id) = new {
                     self.add_provider_limits(id, now);
                 }
+                self.lane_cost_burst = lane_cost_bursts(&self.policy, self.shards);
                 // A lane opened or reweighted may go on.
                 self.unstall_all();
             }
@@ -440,7 +452,7 @@ impl Shard {
     /// first); `None` when the tenant holds its most and `force` is not set.
     fn ensure_user(&mut self, user: UserId, tenant_slot: u32, force: bool) -> Option<u32> {
         let tenant = self.tenants[tenant_slot as usize].id;
-        if let Some(&slot) = self.user_slots.get(&(tenant, user)) {
+        if let Some(&slot) = self.user_slots.get(&user_key(tenant, user)) {
             return Some(slot);
         }
         let held = self.users_per_tenant.get(&tenant).copied().unwrap_or(0);
@@ -468,7 +480,7 @@ impl Shard {
                 slot
             }
         };
-        self.user_slots.insert((tenant, user), slot);
+        self.user_slots.insert(user_key(tenant, user), slot);
         *self.users_per_tenant.entry(tenant).or_default() += 1;
         Some(slot)
     }
@@ -495,12 +507,12 @@ impl Shard {
                 continue;
             }
             u.live = false;
-            let key = (u.tenant, u.id);
-            self.user_slots.remove(&key);
-            if let Some(held) = self.users_per_tenant.get_mut(&key.0) {
+            let tenant = u.tenant;
+            self.user_slots.remove(&user_key(tenant, u.id));
+            if let Some(held) = self.users_per_tenant.get_mut(&tenant) {
                 *held -= 1;
                 if *held == 0 {
-                    self.users_per_tenant.remove(&key.0);
+                    self.users_per_tenant.remove(&tenant);
                 }
             }
             self.free_users.push(i as u32);

@@ -833,6 +833,19 @@ pub struct ShardStats {
     pub restored: u64,
     /// Live attempts put back by `handle_resume`.
     pub resumed: u64,
+    /// What admitted tasks added to their tenants' periodic quotas (tasks, milli cost: the
+    /// estimate, then what billing or the media stage's probe added), and what came back
+    /// (refunds of tasks that ended unbilled, bills under the estimate). Counts read back by a
+    /// start or a takeover are not in them.
+    pub quota_charged: QuotaMoves,
+    pub quota_returned: QuotaMoves,
+}
+
+/// Tasks and cost moved in periodic quotas ([`ShardStats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QuotaMoves {
+    pub tasks: u64,
+    pub cost_milli: u64,
 }
 
 /// One shard of the scheduling core.
@@ -854,7 +867,9 @@ pub struct Shard {
     commands: Vec<commands::CommandRates>,
     tenant_slots: RunMap<TenantId, u32>,
     users: Vec<UserRt>,
-    user_slots: RunMap<(TenantId, UserId), u32>,
+    /// By [`user_key`]: a pair hashed by `RunHasher` would hash as its user id alone, and
+    /// every tenant's user 0 would share one bucket chain.
+    user_slots: RunMap<u64, u32>,
     /// Slots of freed user records, reused first.
     free_users: Vec<u32>,
     /// User records each tenant holds (bounded by `USERS_PER_TENANT_MAX`).
@@ -874,6 +889,9 @@ pub struct Shard {
     /// compaction once they outnumber the shard's tasks (`DEADLINES_SLACK`).
     deadlines: BinaryHeap<Reverse<(Time, TaskId)>>,
     media: media::MediaQueues,
+    /// Per lane, the most cost its budget can let start at once on this shard
+    /// ([`lane_cost_bursts`]): a task costing more is refused, as it could never start.
+    lane_cost_burst: [u64; Lane::COUNT],
     stats: ShardStats,
     /// Resumed attempts holding their provider stage past a capacity (until they release it,
     /// new work cannot take what they hold above it, and the capacity checks of
@@ -882,7 +900,9 @@ pub struct Shard {
     /// The unix time (ms) of `Time::ZERO`: quotas count civil periods.
     wall_epoch_ms: u64,
     /// The quotas' counters, each of one tenant (or user, or model) and period (`quotas.rs`).
-    quota_usage: RunMap<crate::quota::UsageKey, crate::quota::Usage>,
+    /// Hashed with every part of the key mixed in: `RunHasher` keeps only the last integer
+    /// written (here the period), and a million users' counters would share a bucket chain.
+    quota_usage: crate::hash::IdMap<crate::quota::UsageKey, crate::quota::Usage>,
     /// Per tenant whose counts an operator reset: nothing submitted before this (unix ms)
     /// counts in its quotas.
     quota_floor_ms: RunMap<TenantId, u64>,
@@ -1026,6 +1046,26 @@ impl Shard {
     }
 }
 
+/// Per lane, the most cost its budget (its own, or the platform's rest) can let start at once
+/// on one shard of `shards`: the burst less what the split keeps for the other shards while
+/// they are idle (`share::STANDBY_DIV`).
+fn lane_cost_bursts(policy: &Policy, shards: u32) -> [u64; Lane::COUNT] {
+    let shared = policy.shared_cost_per_minute();
+    let n = u64::from(shards.max(1));
+    Lane::ALL.map(|l| {
+        let burst = policy.lane(l).cost_per_minute.unwrap_or(shared).burst;
+        let standby = burst.div_ceil(n * crate::share::STANDBY_DIV);
+        burst.saturating_sub(standby * (n - 1))
+    })
+}
+
+/// The key of `tenant`'s user `user` in the shard's user index: both ids in one integer, the
+/// tenant's in the high half (a tenant's users stay in runs; one user id of many tenants is
+/// scattered).
+fn user_key(tenant: TenantId, user: UserId) -> u64 {
+    (u64::from(tenant.0) << 32) | u64::from(user.0)
+}
+
 /// Registers node limit `key` in `ledger` with `1/shards` of its capacity (the share before the
 /// first split; a single-queue scheduler passes 1).
 pub fn register_node_limit(
@@ -1139,6 +1179,7 @@ impl Shard {
             media_pool,
         };
         let node_limit_ids = ledger.ids().map(|(id, _)| id).collect();
+        let lane_cost_burst = lane_cost_bursts(&policy, shards);
         let mut lanes: [LaneRt; Lane::COUNT] = Default::default();
         for lane in Lane::ALL {
             let rt = &mut lanes[lane.index()];
@@ -1167,10 +1208,11 @@ impl Shard {
             delayed: BinaryHeap::new(),
             deadlines: BinaryHeap::new(),
             media: Default::default(),
+            lane_cost_burst,
             stats: ShardStats::default(),
             over_capacity: 0,
             wall_epoch_ms: 0,
-            quota_usage: RunMap::default(),
+            quota_usage: Default::default(),
             quota_floor_ms: RunMap::default(),
         }
     }
@@ -1213,6 +1255,11 @@ impl Shard {
     /// The provider a dispatched task's attempt goes to.
     pub fn task_provider(&self, task: TaskId) -> Option<ProviderId> {
         self.tasks.get(&task).and_then(|e| e.provider)
+    }
+
+    /// The lane the task was admitted to (or put back in).
+    pub fn task_lane(&self, task: TaskId) -> Option<Lane> {
+        self.tasks.get(&task).map(|e| e.lane)
     }
 
     pub fn queued_tasks(&self, lane: Lane) -> u64 {

@@ -197,13 +197,14 @@ impl Shard {
 
     /// Charges the task in `entry` (just admitted or put back, submitted at `at_ms`) to its
     /// tenant's quotas, and notes on it when, for its settlement or refund.
-    pub(super) fn charge_task_quotas(&mut self, entry: u32, at_ms: u64) {
+    /// Whether it counts in any.
+    pub(super) fn charge_task_quotas(&mut self, entry: u32, at_ms: u64) -> bool {
         if !self.tenants[self.tasks.at(entry).tenant_slot as usize].has_quotas {
-            return;
+            return false;
         }
         let (counters, cost_milli) = self.task_counters(entry, at_ms);
         if counters.is_empty() {
-            return;
+            return false;
         }
         self.move_quotas(
             &counters,
@@ -215,6 +216,18 @@ impl Shard {
         let cold = self.tasks.cold_mut(entry);
         cold.quota_at_s = (at_ms / 1_000).clamp(1, u64::from(u32::MAX)) as u32;
         cold.quota_settled = false;
+        true
+    }
+
+    /// Counts `cost_milli` (and `tasks`) moved into tenants' quotas (`charged`) or out of them.
+    pub(super) fn count_quota_move(&mut self, charged: bool, tasks: u64, cost_milli: u64) {
+        let moves = if charged {
+            &mut self.stats.quota_charged
+        } else {
+            &mut self.stats.quota_returned
+        };
+        moves.tasks += tasks;
+        moves.cost_milli = moves.cost_milli.saturating_add(cost_milli);
     }
 
     /// Counts a task put back by a restart or a takeover (`handle_restore`,
@@ -255,7 +268,25 @@ impl Shard {
         let (counters, estimate) = self.task_counters(slot, at_ms);
         let delta = actual_cost_milli as i64 - estimate as i64;
         self.move_quotas(&counters, Move::Adjust(delta));
+        self.count_quota_move(delta > 0, 0, delta.unsigned_abs());
         self.tasks.cold_mut(slot).quota_settled = true;
+    }
+
+    /// The media stage found `task`'s video worth `extra_milli` more than it was charged (it is
+    /// priced as probed): its quotas count that too, within the period the charge was made in,
+    /// whether or not the provider billed it. Nothing for a task not charged.
+    pub fn charge_quota_extra(&mut self, task: TaskId, extra_milli: u64) {
+        let Some(slot) = self.tasks.slot(task) else {
+            return;
+        };
+        let at_s = self.tasks.cold(slot).quota_at_s;
+        if at_s == 0 || extra_milli == 0 {
+            return;
+        }
+        let (counters, _) = self.task_counters(slot, u64::from(at_s) * 1_000);
+        let extra = i64::try_from(extra_milli).unwrap_or(i64::MAX);
+        self.move_quotas(&counters, Move::Adjust(extra));
+        self.count_quota_move(true, 0, extra_milli);
     }
 
     /// A task in `slot` leaves the shard: one that did not succeed and was never billed gives
@@ -277,6 +308,7 @@ impl Shard {
                 tasks: 1,
             },
         );
+        self.count_quota_move(false, 1, cost_milli);
     }
 
     /// What `tenant` consumed of each of its quotas in the period running at `now`, in the

@@ -98,6 +98,8 @@ pub struct LiveRestore {
     /// MEDIA_PROCESSING.
     pub stored: spindle_core::TaskState,
     pub request_key: String,
+    /// How long ago the attempt started (its lane's execution timeout counts from then).
+    pub running_ms: u64,
 }
 
 /// Which live attempts a (re)starting owner follows instead of ending them.
@@ -370,6 +372,7 @@ pub(crate) fn owned_restore(
                 token: l.token,
                 stored: l.state,
                 request_key: l.request_key,
+                running_ms: l.running_ms,
             })
         }
     };

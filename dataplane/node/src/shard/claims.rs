@@ -9,6 +9,10 @@ pub(super) async fn pump(state: &SharedShard) {
         let mut guard = state.borrow_mut();
         // Through a plain reference, so that fields borrow apart (the live tasks and their count).
         let s = &mut *guard;
+        // Media jobs waiting for a worker that came free (a job ended, a split moved one
+        // here) start first: their reports go out with this pump's.
+        let now = s.now();
+        crate::shard::media::start_media(s, now);
         let reports = take_reports(s);
         publish_gauges(s);
         if s.metrics.stopping() {
@@ -16,7 +20,6 @@ pub(super) async fn pump(state: &SharedShard) {
             // still go out.
             (Vec::new(), reports)
         } else {
-            let now = s.now();
             let ready = s.ready_claims.len().min(CLAIMS_PER_PUMP_MAX);
             let mut claims: Vec<ClaimRequest> = s.ready_claims.drain(..ready).collect();
             while claims.len() < CLAIMS_PER_PUMP_MAX {

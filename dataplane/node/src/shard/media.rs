@@ -152,7 +152,10 @@ pub(super) fn media_event(s: &mut ShardState, event: crate::media::MediaEvent) {
                 .get_mut(&event.task)
                 .and_then(|m| m.estimate.as_mut())
             {
-                e.cost_milli = e.cost_milli.max(corrected);
+                let extra = corrected.saturating_sub(e.cost_milli);
+                e.cost_milli += extra;
+                // Its quotas count what it is charged, as its bill does.
+                s.core.charge_quota_extra(event.task, extra);
             }
             Ok(produced)
         }

@@ -249,9 +249,37 @@ struct ProviderAttempt {
     withdrawn: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// The provider's video, once the job succeeded: the media stage's input.
     output_url: Option<String>,
+    /// When the attempt started (its claim; for one put back, as long before as PostgreSQL
+    /// says it has run): its lane's execution timeout counts from here.
+    started: std::time::Instant,
+}
+
+/// The instant `ms` ago (now, where the clock does not reach that far back).
+fn started_before(ms: u64) -> std::time::Instant {
+    let now = std::time::Instant::now();
+    now.checked_sub(std::time::Duration::from_millis(ms))
+        .unwrap_or(now)
 }
 
 impl ProviderAttempt {
+    /// The execution timeout of `lane` (`policy`), if it sets one, from the attempt's start.
+    fn timeout(
+        &self,
+        policy: &spindle_core::Policy,
+        lane: spindle_core::Lane,
+    ) -> Option<(std::time::Instant, String)> {
+        let ms = policy.lane(lane).execution_timeout_ms;
+        (ms > 0).then(|| {
+            (
+                self.started + std::time::Duration::from_millis(ms),
+                format!(
+                    "ran past the {lane} lane's execution timeout ({ms} ms): canceled at the \
+                     provider"
+                ),
+            )
+        })
+    }
+
     /// The query by request key that finds this attempt's job at the provider.
     fn resolve(&self, shard: usize, task: TaskId, token: FencingToken) -> crate::dispatch::Call {
         crate::dispatch::Call::Resolve {
@@ -656,6 +684,7 @@ impl ShardState {
                     job_id: None,
                     withdrawn: Default::default(),
                     output_url: None,
+                    started: started_before(live.running_ms),
                 };
                 resolve = Some(attempt.resolve(self.index, task, live.token));
                 meta.attempt = Some(Box::new(attempt));
@@ -1154,6 +1183,14 @@ fn publish_gauges(s: &ShardState) {
     g.input_bytes.store(s.inputs.bytes() as u64, Relaxed);
     g.inputs_stored.store(s.inputs.stored() as u64, Relaxed);
     g.running_tasks.store(s.running.total, Relaxed);
+    let stats = s.core.stats();
+    for (to, from) in [
+        (&g.quota_charged, stats.quota_charged),
+        (&g.quota_returned, stats.quota_returned),
+    ] {
+        to[0].store(from.tasks, Relaxed);
+        to[1].store(from.cost_milli, Relaxed);
+    }
 }
 
 #[cfg(test)]

@@ -112,6 +112,7 @@ pub(super) async fn submit_to_provider(
             job_id: None,
             withdrawn: withdrawn.clone(),
             output_url: None,
+            started: std::time::Instant::now(),
         }));
         // Paced where it leaves at this shard's part of the account's RPM now (a burst of at
         // least one, as a shard with work waiting is given).
@@ -296,9 +297,11 @@ pub(super) fn accepted(
             return None;
         }
     }
+    let lane = s.core.task_lane(task)?;
     let attempt = s.meta.get_mut(&task).and_then(|m| m.attempt.as_mut())?;
     attempt.job_id = Some(view.job_id.clone());
     let account = attempt.account.clone();
+    let timeout = attempt.timeout(s.core.policy(), lane);
     let cancel = s.core.task_state(task) == Some(TaskState::Canceled);
     if !was_running && !cancel {
         if let Some(m) = s.meta.get(&task) {
@@ -322,6 +325,7 @@ pub(super) fn accepted(
         account,
         job_id: view.job_id,
         cancel,
+        timeout,
     })
 }
 

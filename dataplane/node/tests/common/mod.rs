@@ -79,6 +79,20 @@ pub async fn start_on(conninfo: &str, config_text: &str) -> Daemon {
         .await
 }
 
+/// Starts one spindled per configuration on `test`'s database, every one before any is waited
+/// for (bounded), in order. Nodes of one cluster come up together this way: a node takes any
+/// free partition after one lease of uptime, and one slow to start (a busy machine) would
+/// find the partitions it prefers taken by those started before it.
+pub async fn start_together(test: &TestDb, configs: &[String]) -> Vec<Daemon> {
+    let conninfo = &test.config().conninfo;
+    let starting: Vec<Starting> = configs.iter().map(|c| spawn_on(conninfo, c)).collect();
+    let mut nodes = Vec::new();
+    for s in starting {
+        nodes.push(s.serving(Duration::from_secs(30)).await);
+    }
+    nodes
+}
+
 /// A spindled process started and not yet known to serve.
 pub struct Starting {
     child: Child,
