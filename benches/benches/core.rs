@@ -62,18 +62,24 @@ fn bench_shape(c: &mut Criterion, tenants: u32, queued: u64) {
     // Never pick more than the backlog holds between two restores.
     let chunk = CHUNK.min(queued);
     group.sample_size(50);
+    let admit = |l: &mut Loaded| {
+        l.admit();
+        None
+    };
+    let restore = |l: &mut Loaded, n: u64| {
+        for _ in 0..n {
+            let t = l.pick();
+            l.complete(t);
+        }
+    };
     group.bench_function("admit", |b| {
         let mut loaded = Loaded::new(tenants, queued);
-        let admit = |l: &mut Loaded| {
-            l.admit();
-            None
-        };
-        let restore = |l: &mut Loaded, n: u64| {
-            for _ in 0..n {
-                let t = l.pick();
-                l.complete(t);
-            }
-        };
+        b.iter_custom(|iters| timed(&mut loaded, chunk, iters, admit, restore));
+    });
+    // Every tenant's tasks from its user 1: one user id in every tenant (the user index must
+    // not hash it alone).
+    group.bench_function("admit_one_user_id", |b| {
+        let mut loaded = Loaded::one_user_id(tenants, queued);
         b.iter_custom(|iters| timed(&mut loaded, chunk, iters, admit, restore));
     });
     group.bench_function("pick", |b| {

@@ -35,6 +35,9 @@ pub struct Loaded {
     pub tenants: u32,
     pub next_task: u64,
     pub next_tenant: u32,
+    /// Every tenant submits as its user 1 (a platform whose tenants each have one user, or
+    /// number their users from 1), not as a user id of its own.
+    pub one_user_id: bool,
     /// The shard's clock: 500 ns on at every admission and pick, as a node's clock moves between
     /// calls, so that bucket refills and rate windows run as they do there (with a clock that
     /// stood still — the benches before 2026-12-02 — every refill returned at once).
@@ -53,8 +56,19 @@ impl Loaded {
             tenants,
             next_task: 0,
             next_tenant: 0,
+            one_user_id: false,
             now: Time::ZERO,
         };
+        for _ in 0..queued {
+            loaded.admit();
+        }
+        loaded
+    }
+
+    /// `new` with every tenant submitting as its user 1 ([`Loaded::one_user_id`]).
+    pub fn one_user_id(tenants: u32, queued: u64) -> Loaded {
+        let mut loaded = Loaded::new(tenants, 0);
+        loaded.one_user_id = true;
         for _ in 0..queued {
             loaded.admit();
         }
@@ -69,7 +83,11 @@ impl Loaded {
         let req = SubmitRequest {
             task,
             tenant: TenantId(self.next_tenant),
-            user: UserId(self.next_tenant),
+            user: UserId(if self.one_user_id {
+                1
+            } else {
+                self.next_tenant
+            }),
             spec: spec(),
             band_hint: None,
             deadline: None,

@@ -867,9 +867,7 @@ pub struct Shard {
     commands: Vec<commands::CommandRates>,
     tenant_slots: RunMap<TenantId, u32>,
     users: Vec<UserRt>,
-    /// By [`user_key`]: a pair hashed by `RunHasher` would hash as its user id alone, and
-    /// every tenant's user 0 would share one bucket chain.
-    user_slots: RunMap<u64, u32>,
+    user_slots: RunMap<UserKey, u32>,
     /// Slots of freed user records, reused first.
     free_users: Vec<u32>,
     /// User records each tenant holds (bounded by `USERS_PER_TENANT_MAX`).
@@ -888,7 +886,8 @@ pub struct Shard {
     /// Entries of tasks that left the queue are dropped when they come due, or by a
     /// compaction once they outnumber the shard's tasks (`DEADLINES_SLACK`).
     deadlines: BinaryHeap<Reverse<(Time, TaskId)>>,
-    media: media::MediaQueues,
+    /// Boxed: the media stage's lines are touched per finished provider job, not per pick.
+    media: Box<media::MediaQueues>,
     /// Per lane, the most cost its budget can let start at once on this shard
     /// ([`lane_cost_bursts`]): a task costing more is refused, as it could never start.
     lane_cost_burst: [u64; Lane::COUNT],
@@ -1059,11 +1058,26 @@ fn lane_cost_bursts(policy: &Policy, shards: u32) -> [u64; Lane::COUNT] {
     })
 }
 
-/// The key of `tenant`'s user `user` in the shard's user index: both ids in one integer, the
-/// tenant's in the high half (a tenant's users stay in runs; one user id of many tenants is
-/// scattered).
-fn user_key(tenant: TenantId, user: UserId) -> u64 {
-    (u64::from(tenant.0) << 32) | u64::from(user.0)
+/// The key of a tenant's user in the shard's user index: both ids (8 bytes, so an entry stays
+/// 12), hashed as one integer, one-to-one — the tenant's id in the low half, the user's xor the
+/// tenant's in the high one. A pair hashed field by field by `RunHasher` would hash as its user
+/// id alone, and every tenant's user 1 would share one bucket chain; this way one user id of
+/// many tenants is scattered over the table, and a user numbered as its tenant (one-user
+/// tenants) keys as the tenant, in the runs of tenants the hasher keeps together.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct UserKey {
+    tenant: TenantId,
+    user: UserId,
+}
+
+impl std::hash::Hash for UserKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_u64(u64::from(self.tenant.0) | (u64::from(self.user.0 ^ self.tenant.0) << 32));
+    }
+}
+
+fn user_key(tenant: TenantId, user: UserId) -> UserKey {
+    UserKey { tenant, user }
 }
 
 /// Registers node limit `key` in `ledger` with `1/shards` of its capacity (the share before the
