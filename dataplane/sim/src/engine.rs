@@ -55,13 +55,17 @@ impl PolicyKind {
         }
     }
 
-    fn build(self, scenario: &Scenario, policy: Policy) -> Box<dyn Scheduler> {
+    fn build(self, scenario: &Scenario, policy: Policy, options: RunOptions) -> Box<dyn Scheduler> {
         match self {
-            PolicyKind::Spindle => Box::new(SpindleNode::new(
-                policy,
-                *scenario.shards.get_ref() as usize,
-                scenario.resplit_ms * NANOS_PER_MS,
-            )),
+            PolicyKind::Spindle => {
+                let mut node = SpindleNode::new(
+                    policy,
+                    *scenario.shards.get_ref() as usize,
+                    scenario.resplit_ms * NANOS_PER_MS,
+                );
+                node.split_unchanged = options.split_unchanged;
+                Box::new(node)
+            }
             PolicyKind::Fifo => Box::new(Baseline::new(Order::Fifo, policy)),
             PolicyKind::WrrCount => Box::new(Baseline::new(Order::WrrCount, policy)),
             PolicyKind::GlobalPriority => Box::new(Baseline::new(Order::GlobalPriority, policy)),
@@ -74,6 +78,9 @@ impl PolicyKind {
 pub struct RunOptions {
     /// Call every scheduler's `check_invariants` after this many events (0: only at the end).
     pub check_every: u64,
+    /// Split every node-wide limit at every re-split, even one whose shards' loads have not
+    /// changed since its last split (spindle's node; the result is the same, only slower).
+    pub split_unchanged: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -181,7 +188,7 @@ struct Run<'a> {
 
 pub fn run(scenario: &Scenario, kind: PolicyKind, options: RunOptions) -> PolicyReport {
     let policy = scenario.policy();
-    let sched = kind.build(scenario, policy.clone());
+    let sched = kind.build(scenario, policy.clone(), options);
     let seed = scenario.seed;
     let tenants: Vec<TenantSim> = scenario
         .tenant_ids()

@@ -77,6 +77,7 @@ fn run_file(path: &Path, args: &Args, kinds: &[PolicyKind]) -> Result<ScenarioRe
     }
     let options = RunOptions {
         check_every: args.check_every,
+        ..RunOptions::default()
     };
     let mut policies = Vec::new();
     for &kind in kinds {

@@ -59,6 +59,11 @@ pub struct SpindleNode {
     resplit_ns: u64,
     last_resplit: Option<Time>,
     split_ids: Option<Vec<(LimitId, NodeCapacity)>>,
+    /// Per split limit, the shards' loads its last split was computed from: a limit whose
+    /// loads are the same again is skipped ([`SpindleNode::resplit`]).
+    last_loads: Vec<Vec<ShardLoad>>,
+    /// Split limits whose loads did not change too (`RunOptions::split_unchanged`).
+    pub split_unchanged: bool,
 }
 
 /// Tenant → shard: a fixed mix so neighbouring ids spread.
@@ -77,6 +82,8 @@ impl SpindleNode {
             resplit_ns,
             last_resplit: None,
             split_ids: None,
+            last_loads: Vec::new(),
+            split_unchanged: false,
         }
     }
 
@@ -93,15 +100,32 @@ impl SpindleNode {
         f(&mut self.shards[i])
     }
 
-    /// The split rule of DESIGN §3 applied to every node-wide limit that can bind.
+    /// The split rule of DESIGN §3 applied to every node-wide limit that can bind — except a
+    /// limit whose shards bring the same loads (used, weight, share) as its last split was
+    /// computed from: the split is a function of them, and the shares it gave are those loads'
+    /// (theirs unchanged), so it would set every share to what it already is. Setting a share
+    /// to its own value changes nothing (a bucket's refill does not depend on when it runs).
     fn resplit(&mut self, now: Time) {
         let limits = match self.split_ids.take() {
             Some(limits) => limits,
             None => self.shards[0].bounded_node_limits(),
         };
-        for &(id, capacity) in &limits {
-            let loads: Vec<ShardLoad> = self.shards.iter().map(|s| s.split_load(id)).collect();
-            let targets = capacity.split_targets(&loads);
+        self.last_loads.resize(limits.len(), Vec::new());
+        for (k, &(id, capacity)) in limits.iter().enumerate() {
+            let last = &mut self.last_loads[k];
+            let same = !self.split_unchanged
+                && last.len() == self.shards.len()
+                && self
+                    .shards
+                    .iter()
+                    .zip(last.iter())
+                    .all(|(s, l)| s.split_load(id) == *l);
+            if same {
+                continue;
+            }
+            last.clear();
+            last.extend(self.shards.iter().map(|s| s.split_load(id)));
+            let targets = capacity.split_targets(last);
             for (shard, units) in self.shards.iter_mut().zip(targets) {
                 shard.set_share(id, capacity.part(units), now);
             }

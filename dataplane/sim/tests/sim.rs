@@ -37,7 +37,16 @@ fn check(toml: &str, expected: Expect) {
     let scenario = Scenario::parse(Path::new("inline.toml"), toml).unwrap();
     let out: Vec<String> = PolicyKind::ALL
         .iter()
-        .map(|&k| summary(&run(&scenario, k, RunOptions { check_every: 50 })))
+        .map(|&k| {
+            summary(&run(
+                &scenario,
+                k,
+                RunOptions {
+                    check_every: 50,
+                    ..RunOptions::default()
+                },
+            ))
+        })
         .collect();
     expected.assert_eq(&(out.join("\n") + "\n"));
 }
@@ -212,7 +221,10 @@ mix = [{ res = "720p", duration_s = 5 }]
     let r = run(
         &scenario,
         PolicyKind::Spindle,
-        RunOptions { check_every: 50 },
+        RunOptions {
+            check_every: 50,
+            ..RunOptions::default()
+        },
     );
     assert_eq!(r.tasks_completed, r.tasks_accepted);
     assert_eq!(r.limit_overshoots, 0);
@@ -232,6 +244,24 @@ fn same_seed_same_run_other_seed_other_run() {
     scenario.seed += 1;
     let c = run(&scenario, PolicyKind::Spindle, RunOptions::default());
     assert_ne!(a, c, "another seed must give another trace");
+}
+
+/// Skipping the splits whose inputs did not change is only a saving: every report is the one
+/// that splitting every limit every time gives (a scenario with 429 penalties on its rates, and
+/// one whose shards' work differs). A skip that changed what a split would have set fails this.
+#[test]
+fn skipping_unchanged_splits_changes_no_result() {
+    for name in ["provider_429_storm", "cost_skew", "priority_flood"] {
+        let scenario = shipped(name);
+        let every = RunOptions {
+            split_unchanged: true,
+            ..RunOptions::default()
+        };
+        let mut a = run(&scenario, PolicyKind::Spindle, RunOptions::default());
+        let mut b = run(&scenario, PolicyKind::Spindle, every);
+        (a.sim_wall_ms, b.sim_wall_ms) = (0, 0);
+        assert_eq!(a, b, "{name}");
+    }
 }
 
 #[test]
@@ -256,7 +286,10 @@ fn assert_spindle_targets(name: &str) -> PolicyReport {
     let r = run(
         &scenario,
         PolicyKind::Spindle,
-        RunOptions { check_every: 5_000 },
+        RunOptions {
+            check_every: 5_000,
+            ..RunOptions::default()
+        },
     );
     assert_eq!(
         r.limit_overshoots, 0,
