@@ -7,6 +7,7 @@
 
 pub mod engine;
 pub mod metrics;
+pub mod random;
 pub mod report;
 pub mod rng;
 pub mod scenario;

@@ -35,6 +35,73 @@ struct Args {
     /// Check every scheduler invariant every N events (0: at the end only).
     #[arg(long, default_value_t = 0)]
     check_every: u64,
+    /// Draw N scenarios at random (`spindle_sim::random`: its docs give the space) with
+    /// `--seed` (default 1), run spindle's policy on each and check its promises: no limit
+    /// exceeded, no job submitted twice, no task starved, service gaps within DRR's bound.
+    /// Exits 1 if one was broken, naming the scenario (`--print-random I` prints it).
+    #[arg(long, conflicts_with_all = ["scenario", "all"])]
+    random: Option<u64>,
+    /// Print the TOML of random scenario I (of `--seed`) and exit.
+    #[arg(long)]
+    print_random: Option<u64>,
+}
+
+/// Runs `n` random scenarios of `seed` through spindle's policy; whether every promise held.
+fn run_random(n: u64, seed: u64, args: &Args) -> Result<bool> {
+    let options = RunOptions {
+        check_every: args.check_every,
+        ..RunOptions::default()
+    };
+    let mut all_kept = true;
+    let mut rows = Vec::new();
+    for index in 0..n {
+        let scenario = spindle_sim::random::scenario(seed, index)?;
+        let started = Instant::now();
+        let outcome = std::panic::catch_unwind(|| run(&scenario, PolicyKind::Spindle, options));
+        let (report, broken) = match outcome {
+            Ok(mut report) => {
+                report.sim_wall_ms = started.elapsed().as_millis() as u64;
+                let broken = spindle_sim::random::broken_promises(&report);
+                (Some(report), broken)
+            }
+            Err(_) => (
+                None,
+                vec!["the run panicked (an invariant broke)".to_string()],
+            ),
+        };
+        all_kept &= broken.is_empty();
+        let tenants: u64 = scenario.tenants.iter().map(|g| *g.count.get_ref()).sum();
+        let shards = *scenario.shards.get_ref();
+        if args.json {
+            rows.push(serde_json::json!({
+                "index": index, "shards": shards, "tenants": tenants,
+                "report": report, "broken": broken,
+            }));
+        } else {
+            let r = report.as_ref();
+            println!(
+                "{index:>5} shards={shards} tenants={tenants:>4} share_error={:.3} gap={:.1}/{:.1} \
+                 completed={} wall_ms={} {}",
+                r.map_or(f64::NAN, |r| r.share_error_max),
+                r.map_or(f64::NAN, |r| r.service_gap_max_units),
+                r.map_or(f64::NAN, |r| r.drr_bound_units),
+                r.map_or(0, |r| r.tasks_completed),
+                r.map_or(0, |r| r.sim_wall_ms),
+                if broken.is_empty() {
+                    "ok".to_string()
+                } else {
+                    format!("BROKEN: {} (--print-random {index} --seed {seed})", broken.join("; "))
+                },
+            );
+        }
+    }
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&rows).expect("rows serialize")
+        );
+    }
+    Ok(all_kept)
 }
 
 fn scenario_files(args: &Args) -> Result<Vec<PathBuf>> {
@@ -111,6 +178,21 @@ fn run_file(path: &Path, args: &Args, kinds: &[PolicyKind]) -> Result<ScenarioRe
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    let seed = args.seed.unwrap_or(1);
+    if let Some(index) = args.print_random {
+        print!("{}", spindle_sim::random::scenario_toml(seed, index));
+        return ExitCode::SUCCESS;
+    }
+    if let Some(n) = args.random {
+        return match run_random(n, seed, &args) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::FAILURE,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let result = (|| -> Result<Report> {
         let kinds = policies(&args)?;
         let mut scenarios = Vec::new();
