@@ -16,9 +16,11 @@
 //! | run | 600–1,800 s of arrivals, the first fifth a warm-up |
 //!
 //! Both lanes the tasks use (STANDARD; EXPENSIVE for the expensive ones) get the drawn capacity,
-//! and expensive tasks may run as many at once. Every scenario's starvation bound is what DRR
-//! promises a backlogged tenant whatever the load: one turn of the whole ring — every tenant's
-//! largest task, one after the other, on the lane's capacity — doubled, and at least 900 s.
+//! and expensive tasks may run as many at once. DRR's quantum is the largest task's units, as in
+//! the shipped scenarios. Every scenario's starvation bound is what DRR promises a backlogged
+//! tenant whatever the load: one turn of the whole ring — each tenant's turn at most its weight ×
+//! the quantum × the burst rounds, plus a task, held for the most slot-seconds a unit of the
+//! scenario's tasks takes, on the lane's capacity — doubled, and at least 900 s.
 
 use crate::metrics::PolicyReport;
 use crate::rng::Rng;
@@ -32,8 +34,63 @@ const DURATIONS_S: [u64; 4] = [5, 10, 20, 60];
 const PROVIDER_S_PER_OUTPUT_S: f64 = 6.0;
 
 /// The `index`-th scenario drawn with `seed`, as the TOML a file would hold (so it is checked
-/// like one).
+/// like one). DRR's quantum is the largest task's units (as the shipped scenarios have it), and
+/// the starvation bound follows from it (see the module's docs).
 pub fn scenario_toml(seed: u64, index: u64) -> String {
+    let drawn = draw(seed, index);
+    let parsed = Scenario::parse(
+        std::path::Path::new("drawn.toml"),
+        &format!("starvation_bound_s = 1\n{drawn}"),
+    )
+    .expect("a drawn scenario parses");
+    let policy = parsed.policy();
+    let model = &policy.models[0];
+    // Per group: its weight, its largest task's units, and slot-seconds per unit at most.
+    let mut largest_milli = 1_000;
+    let mut slot_s_per_unit: f64 = 0.0;
+    for g in &parsed.tenants {
+        for m in g.mix.get_ref() {
+            let (width, height) = m.res.size();
+            let spec = spindle_core::TaskSpec {
+                model: spindle_core::ModelId(0),
+                width,
+                height,
+                duration_ms: m.duration_s * 1000,
+                fps: m.fps,
+                audio: m.audio,
+                references: m.references,
+            };
+            let e = spindle_core::cost::estimate(&spec, model, &policy.cost_bases)
+                .expect("the space's tasks are priced");
+            largest_milli = largest_milli.max(e.fairness.milli());
+            let slot_s = e.provider_ms as f64 / 1000.0 * e.slots.milli() as f64 / 1000.0;
+            slot_s_per_unit = slot_s_per_unit.max(slot_s / (e.fairness.milli() as f64 / 1000.0));
+        }
+    }
+    let quantum = largest_milli.div_ceil(1_000);
+    let burst_rounds = u64::from(policy.drr.burst_rounds);
+    // One ring turn: each tenant's turn at most weight × quantum × burst rounds, plus a task.
+    let turn_units: f64 = parsed
+        .tenants
+        .iter()
+        .map(|g| {
+            let per = (u64::from(*g.weight.get_ref()) * quantum * burst_rounds + quantum) as f64;
+            per * *g.count.get_ref() as f64
+        })
+        .sum();
+    let capacity = parsed.lanes[&spindle_core::Lane::Standard]
+        .capacity
+        .unwrap_or(1) as f64;
+    let ring_turn_s = turn_units * slot_s_per_unit / capacity;
+    let starvation_bound_s = (2.0 * ring_turn_s).max(900.0).ceil() as u64;
+    format!(
+        "starvation_bound_s = {starvation_bound_s}\n{drawn}\n[drr]\nbase_quantum = {quantum}\n\
+         initial_burst_credit = {quantum}\n"
+    )
+}
+
+/// The scenario's fields but its starvation bound and DRR settings.
+fn draw(seed: u64, index: u64) -> String {
     let mut rng = Rng::fork(seed, index);
     let shards = 1 + rng.below(8);
     let tenants = (2.0 * 1000f64.powf(rng.unit())).round().clamp(2.0, 2000.0) as u64;
@@ -48,7 +105,6 @@ pub fn scenario_toml(seed: u64, index: u64) -> String {
         duration_s / 5,
     );
     let mut body = String::new();
-    let mut longest_hold_s: f64 = 0.0;
     // Each group's tenants offer an equal part of the load.
     for g in 0..groups {
         let count = tenants / groups + u64::from(g < tenants % groups);
@@ -60,7 +116,6 @@ pub fn scenario_toml(seed: u64, index: u64) -> String {
             let (res, factor, slots) = KINDS[rng.below(3) as usize];
             let duration = DURATIONS_S[rng.below(4) as usize];
             let hold_s = duration as f64 * PROVIDER_S_PER_OUTPUT_S * factor;
-            longest_hold_s = longest_hold_s.max(hold_s * slots as f64);
             mean_hold_units_s += hold_s * slots as f64 / kinds as f64;
             mix.push(format!("{{ res = \"{res}\", duration_s = {duration} }}"));
         }
@@ -91,11 +146,8 @@ pub fn scenario_toml(seed: u64, index: u64) -> String {
             mix.join(", ")
         ));
     }
-    // One ring turn of every tenant's largest task on the lane's capacity, doubled.
-    let ring_turn_s = tenants as f64 * longest_hold_s / capacity as f64;
-    let starvation_bound_s = (2.0 * ring_turn_s).max(900.0).ceil() as u64;
     out.push_str(&format!(
-        "starvation_bound_s = {starvation_bound_s}\n\n[lanes.STANDARD]\ncapacity = {capacity}\n\n\
+        "\n[lanes.STANDARD]\ncapacity = {capacity}\n\n\
          [lanes.EXPENSIVE]\ncapacity = {capacity}\n\n[node]\nglobal_queued_tasks_max = 10000000\n\
          high_cost_concurrency = {capacity}\n"
     ));

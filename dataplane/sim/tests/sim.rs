@@ -373,3 +373,25 @@ fn enterprise_reserve_borrowing_and_429_storm_and_big_head() {
     );
     assert_spindle_targets("big_head");
 }
+
+/// Fifty scenarios drawn from the random space (`spindle_sim::random`): spindle keeps every
+/// promise the space checks on each — no limit exceeded, no job submitted twice, no task
+/// starved past a doubled DRR ring turn, per-shard service gaps within DRR's bound — with the
+/// core's invariants checked along the way. A run longer than the test command's is recorded
+/// in docs/benchmarks.md (`spindle-sim --random 1000 --seed 1`).
+#[test]
+fn fifty_random_scenarios_keep_spindles_promises() {
+    let options = RunOptions {
+        check_every: 10_000,
+        ..RunOptions::default()
+    };
+    let mut broken = Vec::new();
+    for index in 0..50 {
+        let scenario = spindle_sim::random::scenario(1, index).unwrap();
+        let report = run(&scenario, PolicyKind::Spindle, options);
+        for b in spindle_sim::random::broken_promises(&report) {
+            broken.push(format!("{}: {b}", scenario.name));
+        }
+    }
+    assert!(broken.is_empty(), "{broken:#?}");
+}
