@@ -27,6 +27,19 @@ fn spec(duration_s: u32) -> TaskSpec {
 /// completes the oldest running task whenever the lane is full. Returns the largest pairwise
 /// service gap in units (normalized by weight) and the bound.
 fn max_gap(tenants: &[(u32, u32)], capacity: u64, quantum: u64, dispatches: usize) -> (f64, f64) {
+    max_gap_refusing(tenants, capacity, quantum, dispatches, None)
+}
+
+/// `max_gap`, with every `n`-th attempt of tenant `t` (`refuse = Some((t, n))`) answered with a
+/// rate limit by the provider: never accepted, so never service; the task waits out its
+/// backoff (the clock stands still here: it never comes back) while the tenant's others go on.
+fn max_gap_refusing(
+    tenants: &[(u32, u32)],
+    capacity: u64,
+    quantum: u64,
+    dispatches: usize,
+    refuse: Option<(usize, usize)>,
+) -> (f64, f64) {
     let mut policy = presets::small_node();
     policy.lanes[Lane::Standard.index()].capacity = Units::whole(capacity);
     policy.reserve.borrow_limit = Units::ZERO;
@@ -67,8 +80,9 @@ fn max_gap(tenants: &[(u32, u32)], capacity: u64, quantum: u64, dispatches: usiz
         }
     }
     let mut gaps = GapTracker::new(tenants.len());
-    let mut running: VecDeque<(TaskId, usize)> = VecDeque::new();
+    let mut running: VecDeque<(TaskId, Units)> = VecDeque::new();
     let mut max_cost: f64 = 0.0;
+    let mut attempts = vec![0usize; tenants.len()];
     for _ in 0..dispatches {
         let d = loop {
             match shard.poll_dispatch(Time::ZERO) {
@@ -76,9 +90,13 @@ fn max_gap(tenants: &[(u32, u32)], capacity: u64, quantum: u64, dispatches: usiz
                 Poll::Yield => continue,
                 Poll::Expired(_) => unreachable!(),
                 Poll::Idle => {
-                    let (task, _) = running.pop_front().expect("a full lane has running work");
+                    let (task, units) = running.pop_front().expect("a full lane has running work");
+                    // Without refusals, as the bound tests always ran (every task 1 milli-unit:
+                    // equal debts); with them, each task takes what it was estimated to, so
+                    // that the only debt is what refused attempts give back.
+                    let actual = if refuse.is_some() { units } else { Units(1) };
                     shard
-                        .handle_provider_succeeded(Time::ZERO, task, FencingToken(task.0), Units(1))
+                        .handle_provider_succeeded(Time::ZERO, task, FencingToken(task.0), actual)
                         .unwrap();
                     while let Some(m) = shard.poll_media(Time::ZERO) {
                         shard
@@ -91,12 +109,25 @@ fn max_gap(tenants: &[(u32, u32)], capacity: u64, quantum: u64, dispatches: usiz
         shard
             .handle_claim_granted(d.task, FencingToken(d.task.0))
             .unwrap();
+        let t = d.tenant.0 as usize - 1;
+        attempts[t] += 1;
+        submit(&mut shard, t);
+        if refuse.is_some_and(|(r, n)| r == t && attempts[t] % n == 0) {
+            let refused = shard.handle_provider_failed(
+                Time::ZERO,
+                d.task,
+                FencingToken(d.task.0),
+                spindle_core::Failure::RateLimited,
+                1_000,
+            );
+            assert!(refused.is_ok(), "{refused:?}");
+            shard.check_invariants();
+            continue;
+        }
         shard
             .handle_provider_accepted(d.task, FencingToken(d.task.0))
             .unwrap();
-        let t = d.tenant.0 as usize - 1;
-        running.push_back((d.task, t));
-        submit(&mut shard, t);
+        running.push_back((d.task, d.estimate.fairness));
         let cost = d.estimate.fairness.as_f64();
         max_cost = max_cost.max(cost);
         gaps.serve(t, cost / f64::from(tenants[t].0));
@@ -114,5 +145,15 @@ fn equal_tenants_equal_costs() {
 #[test]
 fn weighted_tenants_mixed_costs() {
     let (gap, bound) = max_gap(&[(1, 5), (2, 5), (1, 20), (3, 10)], 20, 8, 3000);
+    assert!(gap <= bound, "gap {gap} above bound {bound}");
+}
+
+/// A tenant whose every second attempt the provider answers with a rate limit: those attempts
+/// were never accepted, so DRR gives their charge back (as fairness debt the tenant is owed),
+/// and the tenants' accepted service stays within the bound. Without the give-back the refused
+/// tenant pays twice for half its tasks and falls behind without end, and this fails.
+#[test]
+fn attempts_the_provider_never_accepted_are_not_charged() {
+    let (gap, bound) = max_gap_refusing(&[(1, 5); 3], 6, 2, 3000, Some((0, 2)));
     assert!(gap <= bound, "gap {gap} above bound {bound}");
 }

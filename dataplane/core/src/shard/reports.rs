@@ -144,8 +144,22 @@ impl Shard {
         }
         self.transition(task, TaskState::Queued)?;
         self.release_provider_hold(task);
+        self.give_back_drr_charge(task);
         self.requeue_at(task, now);
         Ok(FailOutcome::Requeued { eligible_at: now })
+    }
+
+    /// An attempt of `task` the provider never accepted (a rate limit, or a submit it never
+    /// received) used nothing: what DRR charged its tenant for it comes back as fairness debt
+    /// the tenant is owed (paid out of its next quanta, within the per-task cap like any
+    /// correction), so a tenant whose attempts are refused is not charged twice for its tasks.
+    fn give_back_drr_charge(&mut self, task: TaskId) {
+        let slot = self.tasks.slot(task).expect("entry");
+        let e = self.tasks.at(slot);
+        let (tenant_slot, lane) = (e.tenant_slot, e.lane);
+        let charged = self.estimates.get(e.estimate).fairness.milli() as i64;
+        let cap = self.policy.drr.debt_cap_per_task.milli() as i64;
+        self.tenants[tenant_slot as usize].queue_mut(lane).debt -= charged.min(cap);
     }
 
     /// A provider attempt failed. `jitter_milli` (700..=1300) comes from the shell's RNG so the
@@ -192,6 +206,7 @@ impl Shard {
         };
         let provider = e.provider.expect("a failed attempt had a provider");
         if failure == Failure::RateLimited {
+            self.give_back_drr_charge(task);
             // Not accepted, so not billed: refund cost tokens; slow the provider's bucket down.
             let cost = self.estimates.get(e.estimate).cost_milli;
             let rpm = self.node.provider_rpm[provider.0 as usize];
