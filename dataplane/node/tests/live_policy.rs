@@ -380,15 +380,33 @@ async fn a_provider_account_and_a_model_added_while_running_take_work() {
         .get(0);
     assert_eq!(pool, Some(2), "the account's pool rows");
 
-    let mut t = task("on-the-new-model");
-    t.spec.model = spindle_core::ModelId(models as u16);
-    let a = client.submit(t).await.unwrap();
-    assert_eq!(a.decision, Decision::Accepted, "{a:?}");
-    wait_for(&client, a.task, TaskState::Succeeded).await;
+    // Each shard takes the new model when its own copy of the policy does: the one serving
+    // tenant 1 may come a moment after the node's view that `policy show` reads. Until it
+    // does, a task of the model is refused as not in the matrix.
+    let mut n = 0;
+    let mut accepted = None;
+    within(
+        "the tenant's shard takes tasks of the new model",
+        async || {
+            n += 1;
+            let mut t = task(&format!("on-the-new-model-{n}"));
+            t.spec.model = spindle_core::ModelId(models as u16);
+            match client.submit(t).await {
+                Ok(a) if a.decision == Decision::Accepted => {
+                    accepted = Some(a.task);
+                    true
+                }
+                _ => false,
+            }
+        },
+    )
+    .await;
+    let a_task = accepted.expect("accepted within the bound");
+    wait_for(&client, a_task, TaskState::Succeeded).await;
     let ran_on: Option<String> = sql
         .query_one(
             "SELECT attempt_provider FROM task WHERE task_id = $1",
-            &[&(a.task.0 as i64)],
+            &[&(a_task.0 as i64)],
         )
         .await
         .unwrap()

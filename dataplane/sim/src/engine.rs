@@ -13,8 +13,7 @@ use spindle_core::shard::{
 };
 use spindle_core::time::{NANOS_PER_MS, NANOS_PER_S};
 use spindle_core::{
-    FencingToken, Lane, ModelId, Policy, ResourceClass, TaskId, TaskSpec, TenantId, Time, Units,
-    UserId,
+    FencingToken, Lane, Policy, ResourceClass, TaskId, TenantId, Time, Units, UserId,
 };
 
 use crate::metrics::{Collector, PolicyReport};
@@ -394,16 +393,7 @@ impl Run<'_> {
         let t = &mut self.tenants[i];
         let m = Self::pick_mix(&mut t.rng, group.mix.get_ref());
         let user = UserId(t.id.0 * 1000 + t.rng.below(u64::from(t.users)) as u32);
-        let (width, height) = m.res.size();
-        let spec = TaskSpec {
-            model: ModelId(0),
-            width,
-            height,
-            duration_ms: m.duration_s * 1000,
-            fps: m.fps,
-            audio: m.audio,
-            references: m.references,
-        };
+        let spec = m.spec();
         let run_multiplier = 1.0;
         let task = TaskId(self.tasks.len() as u64 + 1);
         let req = SubmitRequest {

@@ -50,17 +50,7 @@ pub fn scenario_toml(seed: u64, index: u64) -> String {
     let mut slot_s_per_unit: f64 = 0.0;
     for g in &parsed.tenants {
         for m in g.mix.get_ref() {
-            let (width, height) = m.res.size();
-            let spec = spindle_core::TaskSpec {
-                model: spindle_core::ModelId(0),
-                width,
-                height,
-                duration_ms: m.duration_s * 1000,
-                fps: m.fps,
-                audio: m.audio,
-                references: m.references,
-            };
-            let e = spindle_core::cost::estimate(&spec, model, &policy.cost_bases)
+            let e = spindle_core::cost::estimate(&m.spec(), model, &policy.cost_bases)
                 .expect("the space's tasks are priced");
             largest_milli = largest_milli.max(e.fairness.milli());
             let slot_s = e.provider_ms as f64 / 1000.0 * e.slots.milli() as f64 / 1000.0;

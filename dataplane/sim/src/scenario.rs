@@ -210,6 +210,22 @@ pub struct MixEntry {
     pub band: Option<Band>,
 }
 
+impl MixEntry {
+    /// The task this entry submits, of the scenarios' one model.
+    pub fn spec(&self) -> spindle_core::TaskSpec {
+        let (width, height) = self.res.size();
+        spindle_core::TaskSpec {
+            model: spindle_core::ModelId(0),
+            width,
+            height,
+            duration_ms: self.duration_s * 1000,
+            fps: self.fps,
+            audio: self.audio,
+            references: self.references,
+        }
+    }
+}
+
 fn one_u32() -> u32 {
     1
 }
