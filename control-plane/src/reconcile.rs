@@ -448,8 +448,7 @@ impl Db {
         since: std::time::SystemTime,
     ) -> Result<Vec<Consumed>, StoreError> {
         let (parts, _) = page_args(partitions, None)?;
-        crate::error::check_batch_len(tenants.len())?;
-        let tenants: Vec<i32> = tenants.iter().map(|t| t.0 as i32).collect();
+        let tenants = tenant_args(tenants)?;
         let rows = self
             .answered(
                 false,
@@ -490,8 +489,7 @@ impl Db {
         &self,
         tenants: &[TenantId],
     ) -> Result<Vec<(TenantId, std::time::SystemTime)>, StoreError> {
-        crate::error::check_batch_len(tenants.len())?;
-        let tenants: Vec<i32> = tenants.iter().map(|t| t.0 as i32).collect();
+        let tenants = tenant_args(tenants)?;
         let rows = self
             .answered(
                 false,
@@ -617,6 +615,12 @@ fn page_args(
     crate::error::check_batch_len(partitions.len())?;
     let parts = partitions.iter().map(|p| p.0 as i32).collect();
     Ok((parts, after.map_or(-1, |t| t.0 as i64)))
+}
+
+/// `tenants` as SQL integers, within a batch's bound.
+fn tenant_args(tenants: &[TenantId]) -> Result<Vec<i32>, StoreError> {
+    crate::error::check_batch_len(tenants.len())?;
+    Ok(tenants.iter().map(|t| t.0 as i32).collect())
 }
 
 /// The columns [`owned_task`] reads.

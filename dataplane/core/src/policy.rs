@@ -346,53 +346,6 @@ impl Policy {
         self.node.media_workers.saturating_sub(own)
     }
 
-    /// The lanes' own budgets and workers fit in the node's, and leave some (one or more)
-    /// for the lanes that share the rest.
-    fn check_lane_shares(&self) -> Result<(), PolicyError> {
-        let sum = |values: &mut dyn Iterator<Item = u64>| values.fold(0u64, u64::saturating_add);
-        let own_cost: Vec<RateSpec> = self
-            .lanes
-            .iter()
-            .filter_map(|l| l.cost_per_minute)
-            .collect();
-        let left_min = u64::from(own_cost.len() < self.lanes.len());
-        let platform = self.node.platform_cost_per_minute;
-        for (what, all, own) in [
-            (
-                "per_minute",
-                platform.per_minute,
-                sum(&mut own_cost.iter().map(|r| r.per_minute)),
-            ),
-            (
-                "burst",
-                platform.burst,
-                sum(&mut own_cost.iter().map(|r| r.burst)),
-            ),
-        ] {
-            range(
-                format!(
-                    "lanes.*.cost_per_minute.{what} (their sum: within the platform's {all}, \
-                     leaving {left_min} or more to the lanes without a budget of their own)"
-                ),
-                own,
-                0,
-                all.saturating_sub(left_min),
-            )?;
-        }
-        let own_workers: Vec<u64> = self.lanes.iter().filter_map(|l| l.media_workers).collect();
-        let left_min = u64::from(own_workers.len() < self.lanes.len());
-        let all = self.node.media_workers;
-        range(
-            format!(
-                "lanes.*.media_workers (their sum: within the node's {all}, leaving {left_min} \
-                 or more to the lanes without workers of their own)"
-            ),
-            sum(&mut own_workers.into_iter()),
-            0,
-            all.saturating_sub(left_min),
-        )
-    }
-
     pub fn validate(&self) -> Result<(), PolicyError> {
         if self.lanes.len() != Lane::COUNT {
             return Err(PolicyError::LaneCount(self.lanes.len()));
@@ -400,7 +353,7 @@ impl Policy {
         for lane in Lane::ALL {
             check_lane(lane, self.lane(lane))?;
         }
-        self.check_lane_shares()?;
+        check_lane_shares(&self.lanes, &self.node)?;
         range(
             "drr.base_quantum",
             self.drr.base_quantum.milli(),
@@ -535,9 +488,9 @@ impl Policy {
                          live, not appear or go (that needs the configuration and a restart)"
                     )));
                 }
-                let mut after = self.clone();
-                after.lanes[lane.index()] = l.clone();
-                after.check_lane_shares()
+                let mut lanes = self.lanes.clone();
+                lanes[lane.index()] = l.clone();
+                check_lane_shares(&lanes, &self.node)
             }
             PolicyPatch::Provider(p) => match self.providers.get(p.id.0 as usize) {
                 Some(old) if old.name == p.name => Ok(()),
@@ -666,6 +619,49 @@ pub enum PolicyPatch {
     Lane(Lane, LanePolicy),
     Provider(ProviderPolicy),
     Model(ModelCapability),
+}
+
+/// `lanes`' own budgets and workers fit in `node`'s, and leave some (one or more) for the
+/// lanes that share the rest.
+fn check_lane_shares(lanes: &[LanePolicy], node: &NodePolicy) -> Result<(), PolicyError> {
+    let sum = |values: &mut dyn Iterator<Item = u64>| values.fold(0u64, u64::saturating_add);
+    let own_cost: Vec<RateSpec> = lanes.iter().filter_map(|l| l.cost_per_minute).collect();
+    let left_min = u64::from(own_cost.len() < lanes.len());
+    let platform = node.platform_cost_per_minute;
+    for (what, all, own) in [
+        (
+            "per_minute",
+            platform.per_minute,
+            sum(&mut own_cost.iter().map(|r| r.per_minute)),
+        ),
+        (
+            "burst",
+            platform.burst,
+            sum(&mut own_cost.iter().map(|r| r.burst)),
+        ),
+    ] {
+        range(
+            format!(
+                "lanes.*.cost_per_minute.{what} (their sum: within the platform's {all}, \
+                 leaving {left_min} or more to the lanes without a budget of their own)"
+            ),
+            own,
+            0,
+            all.saturating_sub(left_min),
+        )?;
+    }
+    let own_workers: Vec<u64> = lanes.iter().filter_map(|l| l.media_workers).collect();
+    let left_min = u64::from(own_workers.len() < lanes.len());
+    let all = node.media_workers;
+    range(
+        format!(
+            "lanes.*.media_workers (their sum: within the node's {all}, leaving {left_min} \
+             or more to the lanes without workers of their own)"
+        ),
+        sum(&mut own_workers.into_iter()),
+        0,
+        all.saturating_sub(left_min),
+    )
 }
 
 fn check_lane(lane: Lane, l: &LanePolicy) -> Result<(), PolicyError> {

@@ -496,19 +496,11 @@ impl Dispatcher {
                     },
                 );
                 if cancel {
-                    let canceled = self.provider.cancel(&account, &job_id).await;
-                    if let Err(e) = canceled {
-                        tracing::warn!("canceling {job_id} at the provider: {e}");
-                    }
+                    self.cancel(&account, &job_id).await;
                 }
                 self.poll(&account, &job_id, timeout).await;
             }
-            Call::Cancel { account, job_id } => {
-                let canceled = self.provider.cancel(&account, &job_id).await;
-                if let Err(e) = canceled {
-                    tracing::warn!("canceling {job_id} at the provider: {e}");
-                }
-            }
+            Call::Cancel { account, job_id } => self.cancel(&account, &job_id).await,
         }
     }
 
@@ -602,14 +594,22 @@ impl Dispatcher {
         self.lock().remove(job_id);
     }
 
-    /// Gives the watched job up, for `why` (the first reason stands), and cancels it at the
-    /// provider.
+    /// Gives the watched job up for `why` and cancels it at the provider — once: a job given up
+    /// already (its timeout, then its polls) keeps its first reason and is not canceled again.
     async fn give_up(&self, account: &str, job_id: &str, why: String) {
-        if let Some(w) = self.lock().get_mut(job_id) {
+        let first = self.lock().get_mut(job_id).is_some_and(|w| {
+            let first = w.given_up.is_none();
             w.given_up.get_or_insert(why);
+            first
+        });
+        if first {
+            self.cancel(account, job_id).await;
         }
-        let canceled = self.provider.cancel(account, job_id).await;
-        if let Err(e) = canceled {
+    }
+
+    /// Asks the provider to stop `job_id` (best effort: a failure is logged).
+    async fn cancel(&self, account: &str, job_id: &str) {
+        if let Err(e) = self.provider.cancel(account, job_id).await {
             tracing::warn!("canceling {job_id} at the provider: {e}");
         }
     }

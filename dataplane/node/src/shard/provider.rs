@@ -547,5 +547,5 @@ pub(super) fn provider_succeeded(
             }
         }
     }
-    start_media(s, now);
+    // Its media step starts at the pump that follows every provider event.
 }
