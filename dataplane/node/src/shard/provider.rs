@@ -547,5 +547,6 @@ pub(super) fn provider_succeeded(
             }
         }
     }
-    // Its media step starts at the pump that follows every provider event.
+    // Its media step starts now: the local provider's completion is followed by no pump.
+    start_media(s, now);
 }
