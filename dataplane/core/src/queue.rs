@@ -40,6 +40,9 @@ pub(crate) struct TenantQueue {
     pub in_ring: bool,
     /// The tenant is due a quantum on its next visit (its last turn ended for lack of credit).
     pub needs_quantum: bool,
+    /// The lane's DRR round (wrapping) in which it last got its quantum (see
+    /// `shard::LaneRt::round`).
+    pub round: u16,
     heads: [u32; Band::COUNT],
     /// The head (a task slot) the fit-scan has skipped, and how often; `NIL` when none. It is
     /// always a task of this queue: it is cleared when that task leaves.
@@ -67,6 +70,7 @@ impl Default for TenantQueue {
             deficit: 0,
             debt: 0,
             needs_quantum: false,
+            round: 0,
             in_ring: false,
             skipped_head: NIL,
             skips: 0,

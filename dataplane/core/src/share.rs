@@ -21,6 +21,136 @@ pub struct ShardLoad {
     pub weight: u64,
     /// The shard's share from the previous split.
     pub share: u64,
+    /// The shard's DRR virtual time for the resource: the base quantum times the rounds its
+    /// lanes' rings began (a wrapping counter: only differences between two splits mean
+    /// anything). A tenant backlogged throughout is served its weight times this, within DRR's
+    /// bound. [`Lags`] reads it; the split itself does not.
+    pub vtime: u64,
+}
+
+/// Weights are scaled by this before [`Lags::weigh`] corrects them, so a correction can be a
+/// fraction of a tenant's weight.
+pub const WEIGHT_SCALE: u64 = 1 << 10;
+
+/// Stored lags stay within this many gains.
+pub const LAG_CAP_GAINS: i64 = 2;
+
+/// A node-wide virtual time over shards, kept per split limit by whoever splits it.
+///
+/// Inside a shard, DRR serves every backlogged tenant its weight times the shard's virtual time
+/// ([`ShardLoad::vtime`]: the base quantum per round). So the node is as fair as one shard
+/// exactly when every backlogged shard's virtual time advances at the same pace, whatever its
+/// tenants' task sizes, run times or churn. Each shard's *lag* is how far its virtual time is
+/// behind (+) or ahead of (−) the node's, over the time it has been backlogged: between two
+/// splits the backlogged shards' virtual times moved by `ΔV_i`; the node's moved by their mean
+/// weighted by backlogged weight, `ΔV̄ = Σ W_i ΔV_i / Σ W_i`, and each lag by `ΔV̄ − ΔV_i`. A shard
+/// that stops being backlogged forgets its lag (as DRR forgets a deficit when a queue empties).
+///
+/// The split then targets capacity by *corrected* weight ([`Lags::weigh`]):
+/// `W'_i = W_i × (1 + lag_i / G)`, within `(0, 2 W_i]`, where the gain `G` is two base quanta
+/// ([`lag_gain_milli`]). A shard a gain behind gets twice its weight's part of what is free; one
+/// a gain ahead gets no new capacity (it keeps what it holds: nothing is taken back) until the
+/// others catch up. A shard whose units turn over slowly (long tasks), or whose tenants' tasks
+/// are large, is so corrected by feedback instead of keeping a standing error.
+///
+/// The bound, next to DRR's (`L_max + 2Q` per unit of weight between two tenants backlogged in
+/// one shard): between tenants of two shards, add the two shards' lags, each held near `±G` by
+/// the correction (past it, every new unit goes to the shards behind); a lag moves past `G` only
+/// by what a shard starts out of the headroom it already held when it crossed (what a split
+/// gave it before), so the measured node-wide gap is `2Q + L_max + 2G` plus that headroom over
+/// the shard's weight. Stored lags are clamped to `±LAG_CAP_GAINS × G`, so a shard kept from its
+/// capacity by something else (its tenants' own limits) banks no unbounded claim.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Lags {
+    /// Per shard: its virtual time at the last update.
+    vtime: Vec<u64>,
+    /// Per shard: its backlogged weight at the last update.
+    weight: Vec<u64>,
+    /// Per shard: how far its virtual time is behind the node's (milli units per weight).
+    lag: Vec<i64>,
+}
+
+/// The gain a policy's splits use (milli units per weight): two base quanta, the part of DRR's
+/// own bound that does not depend on task sizes.
+pub fn lag_gain_milli(policy: &crate::Policy) -> u64 {
+    2 * policy.drr.base_quantum.milli()
+}
+
+impl Lags {
+    /// Each shard's lag now (milli units per weight; empty before the first update).
+    pub fn lags(&self) -> &[i64] {
+        &self.lag
+    }
+
+    /// Folds in the virtual times since the last update and returns the loads with their
+    /// weights corrected by the lags and scaled by [`WEIGHT_SCALE`] (the split reads only ratios
+    /// of weights, and zero as idle, which stays zero). `gain_milli` zero turns the correction
+    /// off.
+    pub fn weigh(&mut self, loads: &[ShardLoad], gain_milli: u64) -> Vec<ShardLoad> {
+        if self.vtime.len() != loads.len() {
+            self.vtime = loads.iter().map(|l| l.vtime).collect();
+            self.weight = loads.iter().map(|l| l.weight).collect();
+            self.lag = vec![0; loads.len()];
+        } else {
+            let delta: Vec<i128> = loads
+                .iter()
+                .zip(&self.vtime)
+                .map(|(l, &last)| i128::from(l.vtime.wrapping_sub(last) as i64))
+                .collect();
+            let (mut moved, mut weight) = (0i128, 0i128);
+            for (i, d) in delta.iter().enumerate() {
+                let w = i128::from(self.weight[i]);
+                moved += w * d;
+                weight += w;
+            }
+            let mut lags: Vec<i128> = delta
+                .iter()
+                .enumerate()
+                .map(|(i, d)| {
+                    if self.weight[i] > 0 && loads[i].weight > 0 {
+                        i128::from(self.lag[i]) + moved / weight - d
+                    } else {
+                        0
+                    }
+                })
+                .collect();
+            // Only lags relative to each other mean anything: centred on the backlogged shards'
+            // weighted mean, so a shard that forgets its lag (it stopped being backlogged)
+            // leaves no drift in the others'.
+            let (mut sum, mut weight) = (0i128, 0i128);
+            for (lag, l) in lags.iter().zip(loads) {
+                sum += lag * i128::from(l.weight);
+                weight += i128::from(l.weight);
+            }
+            let mean = if weight > 0 { sum / weight } else { 0 };
+            let cap = i128::from(LAG_CAP_GAINS) * i128::from(gain_milli);
+            for (i, lag) in lags.iter_mut().enumerate() {
+                if loads[i].weight > 0 {
+                    *lag -= mean;
+                }
+                self.lag[i] = (*lag).clamp(-cap, cap) as i64;
+                self.vtime[i] = loads[i].vtime;
+                self.weight[i] = loads[i].weight;
+            }
+        }
+        loads
+            .iter()
+            .zip(&self.lag)
+            .map(|(l, &lag)| {
+                let w = i128::from(l.weight) * i128::from(WEIGHT_SCALE);
+                let weight = if l.weight == 0 || gain_milli == 0 {
+                    w
+                } else {
+                    // Never idle while backlogged: the least a backlogged shard weighs is one.
+                    (w + w * i128::from(lag) / i128::from(gain_milli)).clamp(1, 2 * w)
+                };
+                ShardLoad {
+                    weight: u64::try_from(weight).unwrap_or(u64::MAX),
+                    ..*l
+                }
+            })
+            .collect()
+    }
 }
 
 /// A shard with nothing waiting, while others wait, keeps `1 / STANDBY_DIV` of an even part of a
@@ -141,6 +271,7 @@ mod tests {
             used,
             weight,
             share,
+            vtime: 0,
         }
     }
 
@@ -194,7 +325,110 @@ mod tests {
         assert_eq!(targets(320, [3u64, 1, 0].into_iter()), vec![235, 78, 6]);
     }
 
+    fn at(weight: u64, vtime: u64) -> ShardLoad {
+        ShardLoad {
+            used: 0,
+            weight,
+            share: 0,
+            vtime,
+        }
+    }
+
+    #[test]
+    fn a_shard_whose_virtual_time_falls_behind_weighs_more_until_it_catches_up() {
+        let gain = 4_000;
+        let mut lags = Lags::default();
+        // The first update only records where the virtual times stand.
+        let w = lags.weigh(&[at(1, 0), at(3, 0)], gain);
+        assert_eq!(weights(&w), vec![WEIGHT_SCALE, 3 * WEIGHT_SCALE]);
+        // Shard 0 began one round of 2 units, shard 1 two: the node's pace is their weighted
+        // mean (0.25 × 2 + 0.75 × 4 = 3.5); shard 0 is 1.5 behind, shard 1 0.5 ahead.
+        let w = lags.weigh(&[at(1, 2_000), at(3, 4_000)], gain);
+        assert_eq!(lags.lags(), &[1_500, -500]);
+        // W' = W × (1 + lag / gain): 1 × 1.375 and 3 × 0.875.
+        assert_eq!(weights(&w), vec![1_408, 2_688]);
+        // It catches up (3 units against 1; the node's pace 1.5): both are level again, and
+        // weigh by weight alone.
+        let w = lags.weigh(&[at(1, 5_000), at(3, 5_000)], gain);
+        assert_eq!(lags.lags(), &[0, 0]);
+        assert_eq!(weights(&w), vec![WEIGHT_SCALE, 3 * WEIGHT_SCALE]);
+    }
+
+    #[test]
+    fn lags_stop_at_twice_the_gain_and_the_correction_at_double_or_nothing() {
+        let gain = 1_000;
+        let mut lags = Lags::default();
+        lags.weigh(&[at(1, 0), at(1, 0)], gain);
+        let w = lags.weigh(&[at(1, 0), at(1, 100_000)], gain);
+        assert_eq!(lags.lags(), &[2_000, -2_000]);
+        // The one behind weighs twice its weight; the one ahead the least a backlogged shard can.
+        assert_eq!(weights(&w), vec![2 * WEIGHT_SCALE, 1]);
+        // Off, the weights are the backlogged weights (scaled), whatever the lags.
+        let w = lags.weigh(&[at(1, 0), at(1, 100_000)], 0);
+        assert_eq!(weights(&w), vec![WEIGHT_SCALE, WEIGHT_SCALE]);
+    }
+
+    #[test]
+    fn a_shard_that_goes_idle_forgets_its_lag_and_leaves_no_drift() {
+        let gain = 4_000;
+        let mut lags = Lags::default();
+        lags.weigh(&[at(1, 0), at(1, 0), at(1, 0)], gain);
+        // Shard 2 makes no progress (its one tenant waits for capacity): it falls behind, and
+        // the two others are ahead of the node's pace by as much between them.
+        lags.weigh(&[at(1, 3_000), at(1, 3_000), at(1, 0)], gain);
+        assert_eq!(lags.lags(), &[-1_000, -1_000, 2_000]);
+        // It goes idle: its lag is forgotten, and the others' are centred again (level).
+        let w = lags.weigh(&[at(1, 3_000), at(1, 3_000), at(0, 0)], gain);
+        assert_eq!(lags.lags(), &[0, 0, 0]);
+        assert_eq!(weights(&w), vec![WEIGHT_SCALE, WEIGHT_SCALE, 0]);
+    }
+
+    fn weights(loads: &[ShardLoad]) -> Vec<u64> {
+        loads.iter().map(|l| l.weight).collect()
+    }
+
     proptest! {
+        /// Whatever the virtual times do: lags stay centred on the backlogged shards (their
+        /// weighted sum is zero but for rounding), within the cap; an idle shard keeps weight
+        /// zero and no lag; a backlogged one weighs between the least and twice its weight.
+        #[test]
+        fn lags_stay_centred_capped_and_weights_in_range(
+            steps in prop::collection::vec(
+                prop::collection::vec((0u64..4, 0u64..20_000), 3), 1..20),
+        ) {
+            let gain = 4_000u64;
+            let mut lags = Lags::default();
+            let mut vtime = [0u64; 3];
+            for step in steps {
+                let loads: Vec<ShardLoad> = step
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &(w, dv))| {
+                        vtime[i] = vtime[i].wrapping_add(dv);
+                        at(w, vtime[i])
+                    })
+                    .collect();
+                let weighed = lags.weigh(&loads, gain);
+                let cap = LAG_CAP_GAINS * gain as i64;
+                let mut sum = 0i128;
+                for ((l, w), &lag) in loads.iter().zip(&weighed).zip(lags.lags()) {
+                    prop_assert!(lag.abs() <= cap);
+                    sum += i128::from(lag) * i128::from(l.weight);
+                    if l.weight == 0 {
+                        prop_assert_eq!(w.weight, 0);
+                        prop_assert_eq!(lag, 0);
+                    } else {
+                        prop_assert!(w.weight >= 1 && w.weight <= 2 * l.weight * WEIGHT_SCALE);
+                    }
+                }
+                // Clamping can leave them off-centre only when a lag hit the cap.
+                if lags.lags().iter().all(|l| l.abs() < cap) {
+                    let total: u64 = loads.iter().map(|l| l.weight).sum();
+                    prop_assert!(sum.abs() <= i128::from(total), "sum {sum}");
+                }
+            }
+        }
+
         #[test]
         fn shares_respect_capacity_and_holdings(
             capacity in 0u64..10_000,
@@ -202,7 +436,7 @@ mod tests {
         ) {
             let loads: Vec<ShardLoad> = loads
                 .into_iter()
-                .map(|(used, weight, extra)| ShardLoad { used, weight, share: used + extra })
+                .map(|(used, weight, extra)| ShardLoad { used, weight, share: used + extra, vtime: 0 })
                 .collect();
             let shares = split(capacity, &loads);
             let used: u64 = loads.iter().map(|l| l.used).sum();

@@ -63,6 +63,7 @@ impl PolicyKind {
                     scenario.resplit_ms * NANOS_PER_MS,
                 );
                 node.split_unchanged = options.split_unchanged;
+                node.uncorrected_split = options.uncorrected_split;
                 Box::new(node)
             }
             PolicyKind::Fifo => Box::new(Baseline::new(Order::Fifo, policy)),
@@ -80,6 +81,10 @@ pub struct RunOptions {
     /// Split every node-wide limit at every re-split, even one whose shards' loads have not
     /// changed since its last split (spindle's node; the result is the same, only slower).
     pub split_unchanged: bool,
+    /// Split node-wide limits by backlogged weight alone, without the correction for the
+    /// shards' lags behind the node's virtual time (`spindle_core::share::Lags`): the split
+    /// before it, kept to show what the correction is for.
+    pub uncorrected_split: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -608,6 +613,7 @@ impl Run<'_> {
         }
         let t = &self.tasks[idx(task)];
         let actual = Units((t.estimate.fairness.milli() as f64 * t.run_multiplier) as u64);
+        self.collector.on_succeeded(t, actual);
         self.sched.succeeded(now, task, token, actual);
     }
 

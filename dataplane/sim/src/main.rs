@@ -44,12 +44,17 @@ struct Args {
     /// Print the TOML of random scenario I (of `--seed`) and exit.
     #[arg(long)]
     print_random: Option<u64>,
+    /// Split node-wide limits by backlogged weight alone, without correcting for the shards'
+    /// lags behind the node's virtual time (the split before issue 53, to compare with).
+    #[arg(long)]
+    uncorrected_split: bool,
 }
 
 /// Runs `n` random scenarios of `seed` through spindle's policy; whether every promise held.
 fn run_random(n: u64, seed: u64, args: &Args) -> Result<bool> {
     let options = RunOptions {
         check_every: args.check_every,
+        uncorrected_split: args.uncorrected_split,
         ..RunOptions::default()
     };
     let mut all_kept = true;
@@ -144,6 +149,7 @@ fn run_file(path: &Path, args: &Args, kinds: &[PolicyKind]) -> Result<ScenarioRe
     }
     let options = RunOptions {
         check_every: args.check_every,
+        uncorrected_split: args.uncorrected_split,
         ..RunOptions::default()
     };
     let mut policies = Vec::new();

@@ -38,11 +38,23 @@ pub struct PolicyReport {
     pub tasks_failed: u64,
     pub jain_index: f64,
     pub share_error_max: f64,
+    /// The share error over the tenants entitled to at least `LARGE_ENTITLEMENT_BOUNDS` DRR
+    /// bounds in the window (0 when none is): where a share can be judged against its bound.
+    pub share_error_max_large: f64,
+    /// The largest |served − entitled| / weight of a backlogged tenant (units).
+    pub share_deviation_max_units: f64,
     pub backlogged_tenants: u64,
     pub starved_tasks: u64,
     pub limit_overshoots: u64,
     pub overshoot_keys: Vec<String>,
+    /// The largest service gap between two tenants of one shard and lane, over the intervals
+    /// in which both were backlogged throughout (DRR's bound applies).
     pub service_gap_max_units: f64,
+    /// The same across the node's shards (tenants of one lane, whichever their shards).
+    pub node_service_gap_max_units: f64,
+    /// Runs in the window whose fairness units differed from the estimate: each leaves a
+    /// fairness debt DRR pays later, a quantum at a time, which DRR's bound does not cover.
+    pub corrected_runs: u64,
     pub drr_bound_units: f64,
     pub wait_ms: WaitMs,
     pub rejected: BTreeMap<String, u64>,
@@ -65,6 +77,10 @@ pub struct TenantShare {
     pub served_units: f64,
     pub entitled_units: f64,
 }
+
+/// A tenant's share is judged by `share_error_max_large` when it was entitled to at least this
+/// many DRR bounds in the window.
+pub const LARGE_ENTITLEMENT_BOUNDS: f64 = 50.0;
 
 /// Tenants listed in a report's `backlogged`.
 const TENANTS_SHOWN: usize = 32;
@@ -133,7 +149,13 @@ pub(crate) struct Collector {
     queued: Vec<u32>,
     backlogged: Vec<u8>,
     served: Vec<u64>,
+    /// (when, tenant, lane, units): each start's estimate.
     service_events: Vec<(Time, u32, u8, u64)>,
+    /// (when, tenant, lane, backlogged): each time a tenant's queue in a lane became non-empty
+    /// or empty (before the window's end), for the service gap over exact intervals.
+    backlog_events: Vec<(Time, u32, u8, bool)>,
+    debt_cap_milli: i64,
+    corrected_runs: u64,
     heads: HashMap<usize, (BTreeSet<(Time, TaskId)>, Time)>,
     queued_at: HashMap<TaskId, Time>,
     starved: u64,
@@ -253,11 +275,14 @@ impl Collector {
             backlogged: vec![0; tenants.len() * Lane::COUNT],
             served: vec![0; tenants.len() * Lane::COUNT],
             service_events: Vec::new(),
+            backlog_events: Vec::new(),
             heads: HashMap::new(),
             queued_at: HashMap::new(),
             starved: 0,
             max_cost_milli: 0,
             drr_bound_base_milli: 2 * quantum,
+            debt_cap_milli: policy.drr.debt_cap_per_task.milli() as i64,
+            corrected_runs: 0,
         }
     }
 
@@ -369,6 +394,10 @@ impl Collector {
     pub fn on_queued(&mut self, t: &SimTask, task: TaskId, at: Time) {
         let key = tl(t.tenant, t.lane);
         self.queued[key] += 1;
+        if self.queued[key] == 1 && at < self.window.1 {
+            self.backlog_events
+                .push((at, t.tenant, t.lane.index() as u8, true));
+        }
         let (set, head_since) = self
             .heads
             .entry(key)
@@ -384,6 +413,10 @@ impl Collector {
     pub fn on_dequeued(&mut self, t: &SimTask, task: TaskId, now: Time) {
         let key = tl(t.tenant, t.lane);
         self.queued[key] -= 1;
+        if self.queued[key] == 0 && now < self.window.1 {
+            self.backlog_events
+                .push((now, t.tenant, t.lane.index() as u8, false));
+        }
         let at = self
             .queued_at
             .remove(&task)
@@ -414,6 +447,23 @@ impl Collector {
         }
     }
 
+    /// The provider ran the task's accepted attempt for `actual` units: what it took over (or
+    /// under) the estimate counts as service too, within the per-task cap DRR's fairness debt
+    /// applies (the tenant is charged so), at the attempt's dispatch if that was in the window.
+    /// (Shares count it; the service gap does not: DRR's bound is over what it charges at
+    /// dispatch, and the debt is paid later, a quantum at a time.)
+    pub fn on_succeeded(&mut self, t: &SimTask, actual: spindle_core::Units) {
+        let at = t.attempt_dispatched;
+        if at >= self.window.0 && at < self.window.1 {
+            let est = t.estimate.fairness.milli() as i64;
+            let delta =
+                (actual.milli() as i64 - est).clamp(-self.debt_cap_milli, self.debt_cap_milli);
+            let key = tl(t.tenant, t.lane);
+            self.served[key] = self.served[key].saturating_add_signed(delta);
+            self.corrected_runs += u64::from(delta != 0);
+        }
+    }
+
     pub fn on_completed(&mut self) {
         self.completed += 1;
     }
@@ -440,9 +490,22 @@ impl Collector {
                 }
             }
         }
+        let drr_bound_units = (self.max_cost_milli + self.drr_bound_base_milli) as f64 / 1000.0;
         let (share_error_max, jain_index, backlogged) = self.fairness();
+        let large = |b: &&TenantShare| {
+            b.entitled_units > 0.0 && b.entitled_units >= LARGE_ENTITLEMENT_BOUNDS * drr_bound_units
+        };
+        let share_error_max_large = backlogged
+            .iter()
+            .filter(large)
+            .map(|b| (b.served_units - b.entitled_units).abs() / b.entitled_units)
+            .fold(0.0, f64::max);
+        let share_deviation_max_units = backlogged
+            .iter()
+            .map(|b| (b.served_units - b.entitled_units).abs() / f64::from(b.weight))
+            .fold(0.0, f64::max);
         let backlogged_tenants = backlogged.len() as u64;
-        let service_gap = self.service_gap();
+        let (service_gap, node_service_gap) = self.service_gaps();
         self.waits_ms.sort_unstable();
         let pct = |p: f64| -> f64 {
             if self.waits_ms.is_empty() {
@@ -468,6 +531,8 @@ impl Collector {
             tasks_failed: self.failed,
             jain_index,
             share_error_max,
+            share_error_max_large,
+            share_deviation_max_units,
             backlogged_tenants,
             starved_tasks: self.starved,
             limit_overshoots: self.overshoots,
@@ -478,7 +543,9 @@ impl Collector {
                 .cloned()
                 .collect(),
             service_gap_max_units: service_gap,
-            drr_bound_units: (self.max_cost_milli + self.drr_bound_base_milli) as f64 / 1000.0,
+            node_service_gap_max_units: node_service_gap,
+            corrected_runs: self.corrected_runs,
+            drr_bound_units,
             wait_ms: WaitMs {
                 p50: pct(0.5),
                 p99: pct(0.99),
@@ -549,42 +616,95 @@ impl Collector {
         (share_error_max, jain, shares)
     }
 
-    /// Largest |ΔS_i − ΔS_j| over any interval of the window, S = served units / weight, among up
-    /// to `GAP_TENANTS_MAX` backlogged tenants per (shard, lane): the quantity DRR bounds.
-    fn service_gap(&self) -> f64 {
-        let mut groups: BTreeMap<(usize, u8), Vec<u32>> = BTreeMap::new();
-        for t in 0..self.tenants.len() as u32 {
-            for lane in Lane::ALL {
-                if self.backlogged[tl(t, lane)] == 1 {
-                    let g = groups
-                        .entry((self.shard_of[t as usize], lane.index() as u8))
-                        .or_default();
-                    if g.len() < GAP_TENANTS_MAX {
-                        g.push(t);
+    /// Largest |ΔS_i − ΔS_j| over any interval of the window in which both tenants were
+    /// backlogged throughout (event by event, not sampled), S = served units / weight: the
+    /// quantity DRR bounds. Per (shard, lane) — DRR's promise — and, as the second value, per
+    /// lane across the node's shards (the split's). Among up to `GAP_TENANTS_MAX` tenants per
+    /// group, those backlogged at some time in the window, lowest ids first.
+    fn service_gaps(&self) -> (f64, f64) {
+        let (start, end) = self.window;
+        let mut in_window = BTreeSet::new();
+        for &(at, tenant, lane, backlogged) in &self.backlog_events {
+            if backlogged && at < end {
+                in_window.insert((tenant, lane));
+            }
+        }
+        // A tenant backlogged since before the window is backlogged in it too.
+        let mut state: HashMap<(u32, u8), bool> = HashMap::new();
+        for &(at, tenant, lane, backlogged) in &self.backlog_events {
+            if at <= start {
+                state.insert((tenant, lane), backlogged);
+            }
+        }
+        in_window.extend(state.iter().filter(|(_, &b)| b).map(|(&k, _)| k));
+        let mut shard_groups: BTreeMap<(usize, u8), Vec<u32>> = BTreeMap::new();
+        let mut lane_groups: BTreeMap<u8, Vec<u32>> = BTreeMap::new();
+        for &(tenant, lane) in &in_window {
+            let g = shard_groups
+                .entry((self.shard_of[tenant as usize], lane))
+                .or_default();
+            if g.len() < GAP_TENANTS_MAX {
+                g.push(tenant);
+            }
+            let g = lane_groups.entry(lane).or_default();
+            if g.len() < GAP_TENANTS_MAX {
+                g.push(tenant);
+            }
+        }
+        let shard_gap = shard_groups
+            .iter()
+            .map(|(&(_, lane), members)| self.gap_of(lane, members))
+            .fold(0.0, f64::max);
+        let node_gap = lane_groups
+            .iter()
+            .map(|(&lane, members)| self.gap_of(lane, members))
+            .fold(0.0, f64::max);
+        (shard_gap, node_gap)
+    }
+
+    /// The largest joint-interval gap among `members` (tenants) in `lane`.
+    fn gap_of(&self, lane: u8, members: &[u32]) -> f64 {
+        if members.len() < 2 {
+            return 0.0;
+        }
+        let pos: HashMap<u32, usize> = members.iter().enumerate().map(|(i, &t)| (t, i)).collect();
+        // At one instant: queues that filled, then starts, then queues that emptied (a start
+        // that empties its tenant's queue is served while it is backlogged). Before the window,
+        // only where each queue stood when it began.
+        let (start, end) = self.window;
+        let mut at_start = vec![false; members.len()];
+        let mut events: Vec<(Time, u8, usize, f64)> = Vec::new();
+        for &(at, tenant, l, backlogged) in &self.backlog_events {
+            if l == lane {
+                if let Some(&i) = pos.get(&tenant) {
+                    if at <= start {
+                        at_start[i] = backlogged;
+                    } else {
+                        events.push((at, if backlogged { 0 } else { 2 }, i, 0.0));
                     }
                 }
             }
         }
-        let mut gap_max: f64 = 0.0;
-        for ((shard, lane), members) in groups {
-            if members.len() < 2 {
-                continue;
-            }
-            let pos: HashMap<u32, usize> =
-                members.iter().enumerate().map(|(i, &t)| (t, i)).collect();
-            let mut gaps = GapTracker::new(members.len());
-            for &(_, tenant, l, units) in &self.service_events {
-                if l != lane || self.shard_of[tenant as usize] != shard {
-                    continue;
-                }
-                let Some(&i) = pos.get(&tenant) else { continue };
-                gaps.serve(
-                    i,
-                    units as f64 / 1000.0 / f64::from(self.tenants[tenant as usize].1),
-                );
-            }
-            gap_max = gap_max.max(gaps.max_gap());
+        let mut gaps = GapTracker::new(members.len());
+        for (i, &backlogged) in at_start.iter().enumerate() {
+            gaps.set_backlogged(i, backlogged);
         }
-        gap_max
+        for &(at, tenant, l, units) in &self.service_events {
+            if l == lane && at >= start && at < end {
+                if let Some(&i) = pos.get(&tenant) {
+                    let w = f64::from(self.tenants[tenant as usize].1);
+                    events.push((at, 1, i, units as f64 / 1000.0 / w));
+                }
+            }
+        }
+        events.sort_by(|a, b| (a.0, a.1, a.2).cmp(&(b.0, b.1, b.2)));
+        for (_, order, i, units) in events {
+            match order {
+                0 => gaps.set_backlogged(i, true),
+                1 => gaps.serve(i, units),
+                _ => gaps.set_backlogged(i, false),
+            }
+        }
+        gaps.max_gap()
     }
 }

@@ -187,7 +187,21 @@ pub fn broken_promises(report: &PolicyReport) -> Vec<String> {
     if report.starved_tasks > 0 {
         broken.push(format!("{} starved tasks", report.starved_tasks));
     }
-    if report.service_gap_max_units > report.drr_bound_units {
+    if report.share_error_max_large > 0.02 {
+        broken.push(format!(
+            "share error {:.3} of a tenant entitled to {}+ DRR bounds (over 0.02)",
+            report.share_error_max_large,
+            crate::metrics::LARGE_ENTITLEMENT_BOUNDS
+        ));
+    }
+    if report.share_deviation_max_units > 2.0 * report.drr_bound_units {
+        broken.push(format!(
+            "a tenant {:.1} units per weight off its share (over twice DRR's bound {:.1})",
+            report.share_deviation_max_units, report.drr_bound_units
+        ));
+    }
+    // DRR's bound covers what it charges at dispatch; a run's correction is paid later.
+    if report.corrected_runs == 0 && report.service_gap_max_units > report.drr_bound_units {
         broken.push(format!(
             "service gap {:.1} units over DRR's bound {:.1}",
             report.service_gap_max_units, report.drr_bound_units

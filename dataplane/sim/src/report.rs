@@ -48,16 +48,23 @@ pub fn human(report: &Report) -> String {
         }
         out.push('\n');
         type Row = (&'static str, fn(&PolicyReport) -> String);
-        let rows: [Row; 16] = [
+        let rows: [Row; 19] = [
             ("tasks_submitted", |p| p.tasks_submitted.to_string()),
             ("tasks_completed", |p| p.tasks_completed.to_string()),
             ("tasks_failed", |p| p.tasks_failed.to_string()),
             ("jain_index", |p| f(p.jain_index)),
             ("share_error_max", |p| f(p.share_error_max)),
+            ("share_error_max_large", |p| f(p.share_error_max_large)),
+            ("share_deviation_max_units", |p| {
+                f(p.share_deviation_max_units)
+            }),
             ("backlogged_tenants", |p| p.backlogged_tenants.to_string()),
             ("starved_tasks", |p| p.starved_tasks.to_string()),
             ("limit_overshoots", |p| p.limit_overshoots.to_string()),
             ("service_gap_max_units", |p| f(p.service_gap_max_units)),
+            ("node_service_gap_max_units", |p| {
+                f(p.node_service_gap_max_units)
+            }),
             ("drr_bound_units", |p| f(p.drr_bound_units)),
             ("wait_ms_p50", |p| f(p.wait_ms.p50)),
             ("wait_ms_p99", |p| f(p.wait_ms.p99)),

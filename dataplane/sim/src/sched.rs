@@ -15,7 +15,7 @@ use spindle_core::shard::{
     register_node_limit, CapacityMode, ClaimOutcome, Dispatch, FailOutcome, Failure, MediaStart,
     NodeCapacity, Poll, SubmitRequest,
 };
-use spindle_core::share::ShardLoad;
+use spindle_core::share::{Lags, ShardLoad};
 use spindle_core::{Band, FencingToken, Lane, Policy, Shard, TaskId, TenantId, Time, Units};
 
 /// Tasks a baseline looks at per pick before giving up (they are work-conserving within it).
@@ -62,8 +62,13 @@ pub struct SpindleNode {
     /// Per split limit, the shards' loads its last split was computed from: a limit whose
     /// loads are the same again is skipped ([`SpindleNode::resplit`]).
     last_loads: Vec<Vec<ShardLoad>>,
+    /// Per split limit, the shards' lags behind their weighted service (`share::Lags`).
+    lags: Vec<Lags>,
     /// Split limits whose loads did not change too (`RunOptions::split_unchanged`).
     pub split_unchanged: bool,
+    /// Split by backlogged weight alone, without correcting for the shards' lags
+    /// (`RunOptions::uncorrected_split`: the split before issue 53, to compare with).
+    pub uncorrected_split: bool,
 }
 
 /// Tenant → shard: a fixed mix so neighbouring ids spread.
@@ -83,7 +88,9 @@ impl SpindleNode {
             last_resplit: None,
             split_ids: None,
             last_loads: Vec::new(),
+            lags: Vec::new(),
             split_unchanged: false,
+            uncorrected_split: false,
         }
     }
 
@@ -112,6 +119,12 @@ impl SpindleNode {
             None => self.shards[0].bounded_node_limits(),
         };
         self.last_loads.resize(limits.len(), Vec::new());
+        self.lags.resize(limits.len(), Lags::default());
+        let gain = if self.uncorrected_split {
+            0
+        } else {
+            spindle_core::share::lag_gain_milli(self.shards[0].policy())
+        };
         for (k, &(id, capacity)) in limits.iter().enumerate() {
             let last = &mut self.last_loads[k];
             let same = !self.split_unchanged
@@ -126,7 +139,8 @@ impl SpindleNode {
             }
             last.clear();
             last.extend(self.shards.iter().map(|s| s.split_load(id)));
-            let targets = capacity.split_targets(last);
+            let weighed = self.lags[k].weigh(last, gain);
+            let targets = capacity.split_targets(&weighed);
             for (shard, units) in self.shards.iter_mut().zip(targets) {
                 shard.set_share(id, capacity.part(units), now);
             }

@@ -26,6 +26,9 @@ pub struct Load {
     pub used: u64,
     /// The summed weight of the shard's backlogged tenants that could use the limit.
     pub weight: u64,
+    /// The shard's DRR virtual time for the limit (a wrapping counter; see
+    /// `spindle_core::share::Lags`).
+    pub vtime: u64,
     /// The shard's holding.
     pub held: u64,
 }
@@ -36,6 +39,7 @@ struct Slot {
     held: AtomicU64,
     used: AtomicU64,
     weight: AtomicU64,
+    vtime: AtomicU64,
     /// Set by the shard's first `publish`.
     published: AtomicBool,
     /// Written by the coordinator.
@@ -82,6 +86,7 @@ impl ShareBoard {
                             held: AtomicU64::new(part),
                             used: AtomicU64::new(0),
                             weight: AtomicU64::new(0),
+                            vtime: AtomicU64::new(0),
                             published: AtomicBool::new(false),
                             target: AtomicU64::new(part),
                         }
@@ -174,11 +179,13 @@ impl ShareBoard {
         self.limits[limit].free.load(Ordering::Acquire)
     }
 
-    /// `shard` says how much of `limit` it uses and how much weight wants it.
-    pub fn publish(&self, limit: usize, shard: usize, used: u64, weight: u64) {
+    /// `shard` says how much of `limit` it uses, how much weight wants it, and its virtual
+    /// time for it.
+    pub fn publish(&self, limit: usize, shard: usize, used: u64, weight: u64, vtime: u64) {
         let s = &self.limits[limit].shards[shard];
         s.used.store(used, Ordering::Release);
         s.weight.store(weight, Ordering::Release);
+        s.vtime.store(vtime, Ordering::Release);
         s.published.store(true, Ordering::Release);
     }
 
@@ -196,6 +203,7 @@ impl ShareBoard {
                 .map(|s| Load {
                     used: s.used.load(Ordering::Acquire),
                     weight: s.weight.load(Ordering::Acquire),
+                    vtime: s.vtime.load(Ordering::Acquire),
                     held: s.held.load(Ordering::Acquire),
                 })
                 .collect(),
@@ -324,9 +332,9 @@ mod tests {
     #[test]
     fn holdings_follow_targets_through_the_free_pool() {
         let board = ShareBoard::new(&[10], 2);
-        board.publish(0, 0, 0, 1);
+        board.publish(0, 0, 0, 1, 0);
         assert_eq!(board.loads(0), None, "shard 1 has not published yet");
-        board.publish(0, 1, 0, 1);
+        board.publish(0, 1, 0, 1, 0);
         let loads = board.loads(0).expect("both published");
         assert_eq!(loads.iter().map(|l| l.held).sum::<u64>(), 10);
         // Shard 1 should get 8, but shard 0 still uses 4 of its 5.

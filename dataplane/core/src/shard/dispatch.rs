@@ -104,6 +104,13 @@ impl Shard {
             let pay = q.debt.clamp(-quantum, quantum);
             q.debt -= pay;
             q.deficit = (q.deficit + quantum - pay).min(cap);
+            let rt = &mut self.lanes[lane.index()];
+            if q.round == rt.round {
+                // Its second quantum of this round: the next round begins.
+                rt.round = rt.round.wrapping_add(1);
+                rt.vtime_milli = rt.vtime_milli.wrapping_add(drr.base_quantum.milli());
+            }
+            q.round = rt.round;
         }
         let result = self.tenant_turn(slot, lane, now, cap);
         let rt = &mut self.lanes[lane.index()];

@@ -744,6 +744,14 @@ struct LaneRt {
     /// Units that ever left its queues: a queued task's units ahead of it are its
     /// `TaskCold::ahead_mark` less this (the lane's queues seen as one line).
     dequeued_milli: u64,
+    /// DRR rounds begun (wrapping): a round begins when a tenant gets its second quantum since
+    /// the last one began (a tenant joining the ring joins the round under way).
+    round: u16,
+    /// The lane's virtual time: the base quantum times the rounds begun, wrapping. A tenant
+    /// backlogged throughout is served its weight times this (within DRR's bound) whatever else
+    /// happens in the lane, and a tenant served on arrival out of its burst credit moves it not
+    /// at all; so it is what the node-wide split compares shards by ([`crate::share::Lags`]).
+    vtime_milli: u64,
 }
 
 impl LaneRt {
@@ -1342,6 +1350,47 @@ impl Shard {
             used: self.ledger.used(id),
             weight: self.split_weight(id),
             share: self.ledger.capacity(id),
+            vtime: self.split_vtime(id),
+        }
+    }
+
+    /// This shard's virtual time for node limit `id` (wrapping): the summed virtual times of the
+    /// lanes whose weight [`Shard::split_weight`] counts; zero for the limits split by something
+    /// else than the lanes' backlog (queue gates, media slots).
+    pub fn split_vtime(&self, id: LimitId) -> u64 {
+        let lanes = |ls: &[Lane]| {
+            ls.iter().fold(0u64, |sum, l| {
+                sum.wrapping_add(self.lanes[l.index()].vtime_milli)
+            })
+        };
+        match self.ledger.key(id) {
+            LimitKey::LaneQueuedTasks(_)
+            | LimitKey::LaneQueuedUnits(_)
+            | LimitKey::GlobalQueuedTasks
+            | LimitKey::GlobalQueuedUnits
+            | LimitKey::GpuUnits
+            | LimitKey::GpuMemMb
+            | LimitKey::CpuUnits
+            | LimitKey::TempDiskMb
+            | LimitKey::LaneMediaWorkers(_)
+            | LimitKey::SharedMediaWorkers => 0,
+            LimitKey::LaneUnits(Lane::PaidShared) | LimitKey::LaneUnits(Lane::Standard) => {
+                lanes(&[Lane::PaidShared, Lane::Standard, Lane::BestEffort])
+            }
+            LimitKey::LaneUnits(Lane::EnterpriseReserved) => lanes(&[
+                Lane::EnterpriseReserved,
+                Lane::PaidShared,
+                Lane::Standard,
+                Lane::BestEffort,
+                Lane::Expensive,
+            ]),
+            LimitKey::LaneUnits(l)
+            | LimitKey::LaneRunningTasks(l)
+            | LimitKey::LaneCostPerMinute(l) => lanes(&[l]),
+            LimitKey::EnterpriseBorrowed => {
+                lanes(&[Lane::PaidShared, Lane::Standard, Lane::Expensive])
+            }
+            _ => lanes(&Lane::ALL),
         }
     }
 

@@ -39,6 +39,8 @@ impl Shard {
             q.in_ring = true;
             q.deficit = q.deficit.min(initial_credit);
             q.needs_quantum = true;
+            // Its first quantum joins the round under way; it does not start one.
+            q.round = rt.round.wrapping_sub(1);
             rt.ring.push_back(slot);
             rt.backlog_weight += weight;
             self.ringed |= 1 << lane.index();

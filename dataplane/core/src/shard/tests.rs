@@ -56,6 +56,7 @@ fn an_idle_shard_keeps_a_standby_part_of_a_rate() {
         used: 0,
         weight,
         share: 0,
+        vtime: 0,
     };
     let targets = rate.split_targets(&[load(2), load(0)]);
     assert_eq!(targets, vec![6_200, 200]);

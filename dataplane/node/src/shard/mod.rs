@@ -332,6 +332,9 @@ pub struct ShardState {
     /// Node-wide limits sub-leased among the shards, and which of the core's limits they are.
     board: std::sync::Arc<ShareBoard>,
     split_limits: Vec<(LimitId, NodeCapacity)>,
+    /// Shard 0 (which sets every shard's targets): per split limit, the shards' lags behind
+    /// the node's virtual time that correct the split (`spindle_core::share::Lags`).
+    split_lags: Vec<spindle_core::share::Lags>,
     /// Each provider account's RPM bucket in the core, with the account's name.
     provider_rpm: Vec<(LimitId, String)>,
     ownership: std::sync::Arc<crate::ownership::Ownership>,
@@ -490,6 +493,7 @@ impl ShardState {
             node: setup.node.into(),
             board: setup.board,
             split_limits,
+            split_lags: Vec::new(),
             provider_rpm,
             ownership: setup.ownership,
             dispatch: setup.dispatch,
@@ -1012,7 +1016,7 @@ fn resplit(s: &mut ShardState) {
             NodeCapacity::Slots(_) => load.used,
             NodeCapacity::Rate(_) => 0,
         };
-        s.board.publish(k, s.index, used, load.weight);
+        s.board.publish(k, s.index, used, load.weight, load.vtime);
         if s.index == 0 {
             if let Some(loads) = s.board.loads(k) {
                 let loads: Vec<ShardLoad> = loads
@@ -1021,9 +1025,15 @@ fn resplit(s: &mut ShardState) {
                         used: l.used,
                         weight: l.weight,
                         share: l.held,
+                        vtime: l.vtime,
                     })
                     .collect();
-                s.board.set_targets(k, &capacity.split_targets(&loads));
+                if s.split_lags.len() <= k {
+                    s.split_lags.resize(k + 1, Default::default());
+                }
+                let gain = spindle_core::share::lag_gain_milli(s.core.policy());
+                let weighed = s.split_lags[k].weigh(&loads, gain);
+                s.board.set_targets(k, &capacity.split_targets(&weighed));
             }
         }
         let mut held = s.board.rebalance(k, s.index, used);
