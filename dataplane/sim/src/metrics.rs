@@ -697,7 +697,7 @@ impl Collector {
                 }
             }
         }
-        events.sort_by(|a, b| (a.0, a.1, a.2).cmp(&(b.0, b.1, b.2)));
+        events.sort_by_key(|e| (e.0, e.1, e.2));
         for (_, order, i, units) in events {
             match order {
                 0 => gaps.set_backlogged(i, true),
