@@ -68,6 +68,8 @@ pub struct Lags {
     weight: Vec<u64>,
     /// Per shard: how far its virtual time is behind the node's (milli units per weight).
     lag: Vec<i64>,
+    /// The largest |lag| any update found before clamping it (milli units per weight).
+    peak: i64,
 }
 
 /// The gain a policy's splits use (milli units per weight): two base quanta, the part of DRR's
@@ -80,6 +82,12 @@ impl Lags {
     /// Each shard's lag now (milli units per weight; empty before the first update).
     pub fn lags(&self) -> &[i64] {
         &self.lag
+    }
+
+    /// The largest |lag| an update found so far, before clamping (milli units per weight): two
+    /// tenants of two shards drift apart by at most DRR's bound plus twice this.
+    pub fn peak(&self) -> i64 {
+        self.peak
     }
 
     /// Folds in the virtual times since the last update and returns the loads with their
@@ -128,6 +136,7 @@ impl Lags {
                 if loads[i].weight > 0 {
                     *lag -= mean;
                 }
+                self.peak = self.peak.max(i64::try_from(lag.abs()).unwrap_or(i64::MAX));
                 self.lag[i] = (*lag).clamp(-cap, cap) as i64;
                 self.vtime[i] = loads[i].vtime;
                 self.weight[i] = loads[i].weight;

@@ -246,7 +246,8 @@ pub fn run(scenario: &Scenario, kind: PolicyKind, options: RunOptions) -> Policy
     run.main_loop(options);
     run.sched.check_invariants();
     let name = run.sched.name();
-    run.collector.finish(name, run.now)
+    let lag_peak = run.sched.lag_peak();
+    run.collector.finish(name, run.now, lag_peak)
 }
 
 impl Run<'_> {
@@ -613,8 +614,13 @@ impl Run<'_> {
         }
         let t = &self.tasks[idx(task)];
         let actual = Units((t.estimate.fairness.milli() as f64 * t.run_multiplier) as u64);
-        self.collector.on_succeeded(t, actual);
+        self.collector.on_succeeded(t, actual, now);
         self.sched.succeeded(now, task, token, actual);
+        let t = &self.tasks[idx(task)];
+        let debt = self
+            .sched
+            .fairness_debt(self.tenants[t.tenant as usize].id, t.lane);
+        self.collector.on_debt(t, debt);
     }
 
     fn release_provider(&mut self, task: TaskId) {

@@ -37,7 +37,9 @@ struct Args {
     check_every: u64,
     /// Draw N scenarios at random (`spindle_sim::random`: its docs give the space) with
     /// `--seed` (default 1), run spindle's policy on each and check its promises: no limit
-    /// exceeded, no job submitted twice, no task starved, service gaps within DRR's bound.
+    /// exceeded, no job submitted twice, no task starved, service gaps within their bounds
+    /// (per shard and node-wide), shares of tenants entitled to 50+ of their DRR bounds
+    /// within 0.02.
     /// Exits 1 if one was broken, naming the scenario (`--print-random I` prints it).
     #[arg(long, conflicts_with_all = ["scenario", "all"])]
     random: Option<u64>,

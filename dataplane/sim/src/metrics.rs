@@ -38,8 +38,9 @@ pub struct PolicyReport {
     pub tasks_failed: u64,
     pub jain_index: f64,
     pub share_error_max: f64,
-    /// The share error over the tenants entitled to at least `LARGE_ENTITLEMENT_BOUNDS` DRR
-    /// bounds in the window (0 when none is): where a share can be judged against its bound.
+    /// The share error over the tenants entitled to at least `LARGE_ENTITLEMENT_BOUNDS` of their
+    /// DRR bounds in the window (DRR's bound times the tenant's weight; 0 when none is): where
+    /// a share can be judged against the bound (one bound off is 1/50 = 0.02).
     pub share_error_max_large: f64,
     /// The largest |served − entitled| / weight of a backlogged tenant (units).
     pub share_deviation_max_units: f64,
@@ -52,9 +53,15 @@ pub struct PolicyReport {
     pub service_gap_max_units: f64,
     /// The same across the node's shards (tenants of one lane, whichever their shards).
     pub node_service_gap_max_units: f64,
-    /// Runs in the window whose fairness units differed from the estimate: each leaves a
-    /// fairness debt DRR pays later, a quantum at a time, which DRR's bound does not cover.
-    pub corrected_runs: u64,
+    /// What DRR's bound grows by where runs take other than their estimates: DRR charges a
+    /// run's correction as fairness debt paid later, a quantum at a time, while the gap counts it
+    /// when the run ends; two tenants drift apart by at most their debts' ranges (per weight),
+    /// twice the largest (units).
+    pub debt_allowance_units: f64,
+    /// What the node-wide gap's bound adds to the per-shard one: two shards' virtual times
+    /// drift apart by at most their two lags behind the node's (`share::Lags`), twice the
+    /// largest the splits saw (units per weight; 0 with one shard).
+    pub lag_allowance_units: f64,
     pub drr_bound_units: f64,
     pub wait_ms: WaitMs,
     pub rejected: BTreeMap<String, u64>,
@@ -68,6 +75,20 @@ pub struct PolicyReport {
     pub sim_wall_ms: u64,
 }
 
+impl PolicyReport {
+    /// The bound the per-shard service gap is held to: DRR's, plus what the runs' corrections
+    /// add while DRR still owes or is owed them (`debt_allowance_units`).
+    pub fn gap_bound_units(&self) -> f64 {
+        self.drr_bound_units + self.debt_allowance_units
+    }
+
+    /// The bound the node-wide service gap is held to: the per-shard one plus the shards'
+    /// drift (`lag_allowance_units`).
+    pub fn node_gap_bound_units(&self) -> f64 {
+        self.gap_bound_units() + self.lag_allowance_units
+    }
+}
+
 /// One backlogged tenant's service in the measurement window.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct TenantShare {
@@ -79,7 +100,7 @@ pub struct TenantShare {
 }
 
 /// A tenant's share is judged by `share_error_max_large` when it was entitled to at least this
-/// many DRR bounds in the window.
+/// many of its DRR bounds (DRR's bound per weight × its weight) in the window.
 pub const LARGE_ENTITLEMENT_BOUNDS: f64 = 50.0;
 
 /// Tenants listed in a report's `backlogged`.
@@ -149,13 +170,14 @@ pub(crate) struct Collector {
     queued: Vec<u32>,
     backlogged: Vec<u8>,
     served: Vec<u64>,
-    /// (when, tenant, lane, units): each start's estimate.
-    service_events: Vec<(Time, u32, u8, u64)>,
+    /// (when, tenant, lane, units): each start's estimate, each run's correction.
+    service_events: Vec<(Time, u32, u8, i64)>,
+    /// Per tenant-lane, the lowest and highest fairness debt the scheduler held (milli).
+    debt_range: Vec<(i64, i64)>,
     /// (when, tenant, lane, backlogged): each time a tenant's queue in a lane became non-empty
     /// or empty (before the window's end), for the service gap over exact intervals.
     backlog_events: Vec<(Time, u32, u8, bool)>,
     debt_cap_milli: i64,
-    corrected_runs: u64,
     heads: HashMap<usize, (BTreeSet<(Time, TaskId)>, Time)>,
     queued_at: HashMap<TaskId, Time>,
     starved: u64,
@@ -282,7 +304,7 @@ impl Collector {
             max_cost_milli: 0,
             drr_bound_base_milli: 2 * quantum,
             debt_cap_milli: policy.drr.debt_cap_per_task.milli() as i64,
-            corrected_runs: 0,
+            debt_range: vec![(0, 0); tenants.len() * Lane::COUNT],
         }
     }
 
@@ -443,25 +465,33 @@ impl Collector {
             let units = t.estimate.fairness.milli();
             self.served[tl(t.tenant, t.lane)] += units;
             self.service_events
-                .push((at, t.tenant, t.lane.index() as u8, units));
+                .push((at, t.tenant, t.lane.index() as u8, units as i64));
         }
     }
 
     /// The provider ran the task's accepted attempt for `actual` units: what it took over (or
     /// under) the estimate counts as service too, within the per-task cap DRR's fairness debt
-    /// applies (the tenant is charged so), at the attempt's dispatch if that was in the window.
-    /// (Shares count it; the service gap does not: DRR's bound is over what it charges at
-    /// dispatch, and the debt is paid later, a quantum at a time.)
-    pub fn on_succeeded(&mut self, t: &SimTask, actual: spindle_core::Units) {
+    /// applies (the tenant is charged so): in its share if the attempt started in the window,
+    /// and at `now` in the service gap.
+    pub fn on_succeeded(&mut self, t: &SimTask, actual: spindle_core::Units, now: Time) {
+        let est = t.estimate.fairness.milli() as i64;
+        let delta = (actual.milli() as i64 - est).clamp(-self.debt_cap_milli, self.debt_cap_milli);
         let at = t.attempt_dispatched;
         if at >= self.window.0 && at < self.window.1 {
-            let est = t.estimate.fairness.milli() as i64;
-            let delta =
-                (actual.milli() as i64 - est).clamp(-self.debt_cap_milli, self.debt_cap_milli);
             let key = tl(t.tenant, t.lane);
             self.served[key] = self.served[key].saturating_add_signed(delta);
-            self.corrected_runs += u64::from(delta != 0);
         }
+        if delta != 0 && now < self.window.1 {
+            self.service_events
+                .push((now, t.tenant, t.lane.index() as u8, delta));
+        }
+    }
+
+    /// The scheduler's fairness debt with the task's tenant in its lane is `debt` now (after a
+    /// run's correction: a debt is largest then, and only paid down, toward zero, after).
+    pub fn on_debt(&mut self, t: &SimTask, debt: i64) {
+        let range = &mut self.debt_range[tl(t.tenant, t.lane)];
+        *range = (range.0.min(debt), range.1.max(debt));
     }
 
     pub fn on_completed(&mut self) {
@@ -481,7 +511,8 @@ impl Collector {
         }
     }
 
-    pub fn finish(mut self, policy: &str, end: Time) -> PolicyReport {
+    /// The report; `lag_peak`: the scheduler's `Scheduler::lag_peak`.
+    pub fn finish(mut self, policy: &str, end: Time, lag_peak: i64) -> PolicyReport {
         // Tasks still waiting at the end: each one whose head wait already passed the bound.
         for (set, head_since) in self.heads.values() {
             for &(at, _) in set {
@@ -492,8 +523,12 @@ impl Collector {
         }
         let drr_bound_units = (self.max_cost_milli + self.drr_bound_base_milli) as f64 / 1000.0;
         let (share_error_max, jain_index, backlogged) = self.fairness();
+        // DRR's bound is per unit of weight: a weight-w tenant may drift w bounds from its
+        // share in units, so its share is judged once it is entitled to 50 of *its* bounds.
         let large = |b: &&TenantShare| {
-            b.entitled_units > 0.0 && b.entitled_units >= LARGE_ENTITLEMENT_BOUNDS * drr_bound_units
+            b.entitled_units > 0.0
+                && b.entitled_units
+                    >= LARGE_ENTITLEMENT_BOUNDS * drr_bound_units * f64::from(b.weight)
         };
         let share_error_max_large = backlogged
             .iter()
@@ -544,7 +579,8 @@ impl Collector {
                 .collect(),
             service_gap_max_units: service_gap,
             node_service_gap_max_units: node_service_gap,
-            corrected_runs: self.corrected_runs,
+            debt_allowance_units: self.debt_allowance(),
+            lag_allowance_units: 2.0 * lag_peak as f64 / 1000.0,
             drr_bound_units,
             wait_ms: WaitMs {
                 p50: pct(0.5),
@@ -660,6 +696,18 @@ impl Collector {
             .map(|(&lane, members)| self.gap_of(lane, members))
             .fold(0.0, f64::max);
         (shard_gap, node_gap)
+    }
+
+    /// Twice the largest range of a tenant's fairness debt, per weight (units).
+    fn debt_allowance(&self) -> f64 {
+        let mut worst: f64 = 0.0;
+        for (t, &(_, weight, _)) in self.tenants.iter().enumerate() {
+            for lane in Lane::ALL {
+                let (lo, hi) = self.debt_range[tl(t as u32, lane)];
+                worst = worst.max((hi - lo) as f64 / 1000.0 / f64::from(weight));
+            }
+        }
+        2.0 * worst
     }
 
     /// The largest joint-interval gap among `members` (tenants) in `lane`.

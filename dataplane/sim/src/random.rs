@@ -189,7 +189,7 @@ pub fn broken_promises(report: &PolicyReport) -> Vec<String> {
     }
     if report.share_error_max_large > 0.02 {
         broken.push(format!(
-            "share error {:.3} of a tenant entitled to {}+ DRR bounds (over 0.02)",
+            "share error {:.3} of a tenant entitled to {}+ of its DRR bounds (over 0.02)",
             report.share_error_max_large,
             crate::metrics::LARGE_ENTITLEMENT_BOUNDS
         ));
@@ -200,11 +200,21 @@ pub fn broken_promises(report: &PolicyReport) -> Vec<String> {
             report.share_deviation_max_units, report.drr_bound_units
         ));
     }
-    // DRR's bound covers what it charges at dispatch; a run's correction is paid later.
-    if report.corrected_runs == 0 && report.service_gap_max_units > report.drr_bound_units {
+    if report.service_gap_max_units > report.gap_bound_units() {
         broken.push(format!(
-            "service gap {:.1} units over DRR's bound {:.1}",
-            report.service_gap_max_units, report.drr_bound_units
+            "service gap {:.1} units over its bound {:.1} (DRR's {:.1} + debts' {:.1})",
+            report.service_gap_max_units,
+            report.gap_bound_units(),
+            report.drr_bound_units,
+            report.debt_allowance_units
+        ));
+    }
+    if report.node_service_gap_max_units > report.node_gap_bound_units() {
+        broken.push(format!(
+            "node-wide service gap {:.1} units over its bound {:.1} (+ lags' {:.1})",
+            report.node_service_gap_max_units,
+            report.node_gap_bound_units(),
+            report.lag_allowance_units
         ));
     }
     broken

@@ -48,7 +48,7 @@ pub fn human(report: &Report) -> String {
         }
         out.push('\n');
         type Row = (&'static str, fn(&PolicyReport) -> String);
-        let rows: [Row; 19] = [
+        let rows: [Row; 21] = [
             ("tasks_submitted", |p| p.tasks_submitted.to_string()),
             ("tasks_completed", |p| p.tasks_completed.to_string()),
             ("tasks_failed", |p| p.tasks_failed.to_string()),
@@ -66,6 +66,8 @@ pub fn human(report: &Report) -> String {
                 f(p.node_service_gap_max_units)
             }),
             ("drr_bound_units", |p| f(p.drr_bound_units)),
+            ("debt_allowance_units", |p| f(p.debt_allowance_units)),
+            ("lag_allowance_units", |p| f(p.lag_allowance_units)),
             ("wait_ms_p50", |p| f(p.wait_ms.p50)),
             ("wait_ms_p99", |p| f(p.wait_ms.p99)),
             ("wait_ms_max", |p| f(p.wait_ms.max)),

@@ -47,6 +47,16 @@ pub trait Scheduler {
     fn wake_at(&self) -> Option<Time>;
     /// The shard a tenant lives on (0 for single-queue baselines).
     fn shard_of(&self, tenant: TenantId) -> usize;
+    /// The fairness debt the scheduler still has to settle with a tenant in a lane (milli
+    /// units; the baselines keep none).
+    fn fairness_debt(&self, _tenant: TenantId, _lane: Lane) -> i64 {
+        0
+    }
+    /// The largest lag of a shard behind the node's virtual time its splits saw (milli units
+    /// per weight; `share::Lags::peak`; 0 with one queue).
+    fn lag_peak(&self) -> i64 {
+        0
+    }
     fn check_invariants(&self);
 }
 
@@ -252,6 +262,14 @@ impl Scheduler for SpindleNode {
 
     fn shard_of(&self, tenant: TenantId) -> usize {
         shard_for(tenant, self.shards.len())
+    }
+
+    fn fairness_debt(&self, tenant: TenantId, lane: Lane) -> i64 {
+        self.shards[shard_for(tenant, self.shards.len())].fairness_debt(tenant, lane)
+    }
+
+    fn lag_peak(&self) -> i64 {
+        self.lags.iter().map(Lags::peak).max().unwrap_or(0)
     }
 
     fn check_invariants(&self) {

@@ -1305,6 +1305,16 @@ impl Shard {
             .map_or(0, |q| q.tasks())
     }
 
+    /// The fairness debt DRR still has to settle with one tenant in one lane (milli-units;
+    /// positive: its runs took more than their estimates; 0 for an unknown tenant). Each run's
+    /// correction adds to it, and each quantum pays at most one quantum of it.
+    pub fn fairness_debt(&self, tenant: TenantId, lane: Lane) -> i64 {
+        self.tenant_slots
+            .get(&tenant)
+            .and_then(|&s| self.tenants[s as usize].queue(lane))
+            .map_or(0, |q| q.debt)
+    }
+
     /// Measured service rate of a lane at `now`, milli-units per second.
     pub fn service_rate_milli_per_s(&self, lane: Lane, now: Time) -> u64 {
         self.lanes[lane.index()].rate_milli_per_s(now)
