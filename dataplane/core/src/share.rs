@@ -26,6 +26,10 @@ pub struct ShardLoad {
     /// anything). A tenant backlogged throughout is served its weight times this, within DRR's
     /// bound. [`Lags`] reads it; the split itself does not.
     pub vtime: u64,
+    /// How many of the shard's picks were refused for want of this limit (a wrapping counter):
+    /// a shard refused since the last split competes for the capacity even if part of its
+    /// share is free (a fragment smaller than its next task).
+    pub refused: u64,
 }
 
 /// Weights are scaled by this before [`Lags::weigh`] corrects them, so a correction can be a
@@ -66,6 +70,11 @@ pub struct Lags {
     vtime: Vec<u64>,
     /// Per shard: its backlogged weight at the last update.
     weight: Vec<u64>,
+    /// Per shard: its refusals at the last update, and the update that last saw them grow.
+    refused: Vec<u64>,
+    refused_at: Vec<u64>,
+    /// Updates so far.
+    updates: u64,
     /// Per shard: how far its virtual time is behind the node's (milli units per weight).
     lag: Vec<i64>,
     /// The largest |lag| any update found before clamping it (milli units per weight).
@@ -98,48 +107,69 @@ impl Lags {
         if self.vtime.len() != loads.len() {
             self.vtime = loads.iter().map(|l| l.vtime).collect();
             self.weight = loads.iter().map(|l| l.weight).collect();
+            self.refused = loads.iter().map(|l| l.refused).collect();
+            // Nobody was refused before the first update.
+            self.refused_at = vec![self.updates.wrapping_sub(REFUSED_MEMORY); loads.len()];
             self.lag = vec![0; loads.len()];
         } else {
+            // Who competes for the capacity: backlogged over the interval, and held back by
+            // it — a pick refused for want of it since the last update, or no part of its share
+            // left unused. A shard whose tenants wait on their own limits leaves its share
+            // unused and is refused nothing here: the split cannot help it, and owes it nothing.
+            let competes: Vec<bool> = loads
+                .iter()
+                .enumerate()
+                .map(|(i, l)| {
+                    let refused = l.refused != self.refused[i]
+                        || self.updates.wrapping_sub(self.refused_at[i]) < REFUSED_MEMORY;
+                    self.weight[i] > 0 && l.weight > 0 && (refused || !slack(l))
+                })
+                .collect();
             let delta: Vec<i128> = loads
                 .iter()
                 .zip(&self.vtime)
                 .map(|(l, &last)| i128::from(l.vtime.wrapping_sub(last) as i64))
                 .collect();
             let (mut moved, mut weight) = (0i128, 0i128);
-            for (i, d) in delta.iter().enumerate() {
-                let w = i128::from(self.weight[i]);
-                moved += w * d;
-                weight += w;
+            for i in (0..loads.len()).filter(|&i| competes[i]) {
+                moved += i128::from(self.weight[i]) * delta[i];
+                weight += i128::from(self.weight[i]);
             }
-            let mut lags: Vec<i128> = delta
-                .iter()
-                .enumerate()
-                .map(|(i, d)| {
-                    if self.weight[i] > 0 && loads[i].weight > 0 {
-                        i128::from(self.lag[i]) + moved / weight - d
+            let mut lags: Vec<i128> = (0..loads.len())
+                .map(|i| {
+                    let lag = i128::from(self.lag[i]);
+                    if competes[i] {
+                        lag + moved / weight - delta[i]
+                    } else if loads[i].weight > 0 {
+                        // Not held back now: its lag stands until it competes again.
+                        lag
                     } else {
                         0
                     }
                 })
                 .collect();
-            // Only lags relative to each other mean anything: centred on the backlogged shards'
-            // weighted mean, so a shard that forgets its lag (it stopped being backlogged)
-            // leaves no drift in the others'.
+            // Only lags relative to each other mean anything: centred on the competing shards'
+            // weighted mean, so a shard that forgets its lag leaves no drift in the others'.
             let (mut sum, mut weight) = (0i128, 0i128);
-            for (lag, l) in lags.iter().zip(loads) {
-                sum += lag * i128::from(l.weight);
-                weight += i128::from(l.weight);
+            for i in (0..loads.len()).filter(|&i| competes[i]) {
+                sum += lags[i] * i128::from(loads[i].weight);
+                weight += i128::from(loads[i].weight);
             }
             let mean = if weight > 0 { sum / weight } else { 0 };
+            self.updates = self.updates.wrapping_add(1);
             let cap = i128::from(LAG_CAP_GAINS) * i128::from(gain_milli);
             for (i, lag) in lags.iter_mut().enumerate() {
-                if loads[i].weight > 0 {
+                if competes[i] {
                     *lag -= mean;
                 }
                 self.peak = self.peak.max(i64::try_from(lag.abs()).unwrap_or(i64::MAX));
                 self.lag[i] = (*lag).clamp(-cap, cap) as i64;
                 self.vtime[i] = loads[i].vtime;
                 self.weight[i] = loads[i].weight;
+                if loads[i].refused != self.refused[i] {
+                    self.refused[i] = loads[i].refused;
+                    self.refused_at[i] = self.updates;
+                }
             }
         }
         loads
@@ -150,8 +180,9 @@ impl Lags {
                 let weight = if l.weight == 0 || gain_milli == 0 {
                     w
                 } else {
-                    // Never idle while backlogged: the least a backlogged shard weighs is one.
-                    (w + w * i128::from(lag) / i128::from(gain_milli)).clamp(1, 2 * w)
+                    // Never below half its weight: a shard ahead slows down, it does not stop
+                    // (the others may be held back by something the split cannot see).
+                    (w + w * i128::from(lag) / i128::from(gain_milli)).clamp(w / 2, 2 * w)
                 };
                 ShardLoad {
                     weight: u64::try_from(weight).unwrap_or(u64::MAX),
@@ -161,6 +192,18 @@ impl Lags {
             .collect()
     }
 }
+
+/// Whether a shard leaves part of its share unused: at least `1 / SLACK_DIV` of it.
+fn slack(l: &ShardLoad) -> bool {
+    l.share - l.used.min(l.share) >= l.share.div_ceil(SLACK_DIV).max(1)
+}
+
+/// See [`slack`].
+pub const SLACK_DIV: u64 = 8;
+
+/// Updates after its last refusal for which a shard still counts as held back by the split
+/// (about a second of the node's 10 ms splits): refusals come once per time its share fills.
+pub const REFUSED_MEMORY: u64 = 100;
 
 /// A shard with nothing waiting, while others wait, keeps `1 / STANDBY_DIV` of an even part of a
 /// node limit (slots or a rate): enough for its next arrivals to start at once, and at most
@@ -281,6 +324,7 @@ mod tests {
             weight,
             share,
             vtime: 0,
+            refused: 0,
         }
     }
 
@@ -340,6 +384,7 @@ mod tests {
             weight,
             share: 0,
             vtime,
+            refused: 0,
         }
     }
 
@@ -364,14 +409,14 @@ mod tests {
     }
 
     #[test]
-    fn lags_stop_at_twice_the_gain_and_the_correction_at_double_or_nothing() {
+    fn lags_stop_at_twice_the_gain_and_the_correction_at_double_or_half() {
         let gain = 1_000;
         let mut lags = Lags::default();
         lags.weigh(&[at(1, 0), at(1, 0)], gain);
         let w = lags.weigh(&[at(1, 0), at(1, 100_000)], gain);
         assert_eq!(lags.lags(), &[2_000, -2_000]);
-        // The one behind weighs twice its weight; the one ahead the least a backlogged shard can.
-        assert_eq!(weights(&w), vec![2 * WEIGHT_SCALE, 1]);
+        // The one behind weighs twice its weight; the one ahead half its weight.
+        assert_eq!(weights(&w), vec![2 * WEIGHT_SCALE, WEIGHT_SCALE / 2]);
         // Off, the weights are the backlogged weights (scaled), whatever the lags.
         let w = lags.weigh(&[at(1, 0), at(1, 100_000)], 0);
         assert_eq!(weights(&w), vec![WEIGHT_SCALE, WEIGHT_SCALE]);
@@ -392,6 +437,33 @@ mod tests {
         assert_eq!(weights(&w), vec![WEIGHT_SCALE, WEIGHT_SCALE, 0]);
     }
 
+    #[test]
+    fn a_shard_its_tenants_own_limits_hold_back_is_owed_nothing() {
+        let gain = 4_000;
+        let mut lags = Lags::default();
+        // Shard 0 leaves most of its share unused and is refused nothing (its tenants wait on
+        // their own limits); shard 1 uses all of its share.
+        let load = |used, share, refused, vtime| ShardLoad {
+            used,
+            weight: 1,
+            share,
+            vtime,
+            refused,
+        };
+        lags.weigh(&[load(2, 10, 0, 0), load(10, 10, 0, 0)], gain);
+        let w = lags.weigh(&[load(2, 10, 0, 0), load(10, 10, 0, 6_000)], gain);
+        // Its virtual time stood still, but the split cannot help it: no lag, no extra weight
+        // (which would only have it hold more capacity it cannot use).
+        assert_eq!(lags.lags(), &[0, 0]);
+        assert_eq!(weights(&w), vec![WEIGHT_SCALE, WEIGHT_SCALE]);
+        // Once a pick of its is refused for want of the share, it competes: it is behind.
+        lags.weigh(&[load(2, 10, 1, 0), load(10, 10, 0, 12_000)], gain);
+        assert_eq!(lags.lags(), &[3_000, -3_000]);
+        // And a shard ahead is slowed, never stopped: half its weight at the least.
+        let w = lags.weigh(&[load(2, 10, 1, 0), load(10, 10, 0, 20_000)], gain);
+        assert_eq!(weights(&w), vec![2 * WEIGHT_SCALE, WEIGHT_SCALE / 2]);
+    }
+
     fn weights(loads: &[ShardLoad]) -> Vec<u64> {
         loads.iter().map(|l| l.weight).collect()
     }
@@ -399,7 +471,7 @@ mod tests {
     proptest! {
         /// Whatever the virtual times do: lags stay centred on the backlogged shards (their
         /// weighted sum is zero but for rounding), within the cap; an idle shard keeps weight
-        /// zero and no lag; a backlogged one weighs between the least and twice its weight.
+        /// zero and no lag; a backlogged one weighs between half and twice its weight.
         #[test]
         fn lags_stay_centred_capped_and_weights_in_range(
             steps in prop::collection::vec(
@@ -427,7 +499,8 @@ mod tests {
                         prop_assert_eq!(w.weight, 0);
                         prop_assert_eq!(lag, 0);
                     } else {
-                        prop_assert!(w.weight >= 1 && w.weight <= 2 * l.weight * WEIGHT_SCALE);
+                        let full = l.weight * WEIGHT_SCALE;
+                        prop_assert!(w.weight >= full / 2 && w.weight <= 2 * full);
                     }
                 }
                 // Clamping can leave them off-centre only when a lag hit the cap.
@@ -445,7 +518,7 @@ mod tests {
         ) {
             let loads: Vec<ShardLoad> = loads
                 .into_iter()
-                .map(|(used, weight, extra)| ShardLoad { used, weight, share: used + extra, vtime: 0 })
+                .map(|(used, weight, extra)| ShardLoad { used, weight, share: used + extra, vtime: 0, refused: 0 })
                 .collect();
             let shares = split(capacity, &loads);
             let used: u64 = loads.iter().map(|l| l.used).sum();

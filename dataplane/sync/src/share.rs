@@ -26,9 +26,10 @@ pub struct Load {
     pub used: u64,
     /// The summed weight of the shard's backlogged tenants that could use the limit.
     pub weight: u64,
-    /// The shard's DRR virtual time for the limit (a wrapping counter; see
-    /// `spindle_core::share::Lags`).
+    /// The shard's DRR virtual time for the limit, and how many of its picks a node limit
+    /// refused (wrapping counters; see `spindle_core::share::Lags`).
     pub vtime: u64,
+    pub refused: u64,
     /// The shard's holding.
     pub held: u64,
 }
@@ -40,6 +41,7 @@ struct Slot {
     used: AtomicU64,
     weight: AtomicU64,
     vtime: AtomicU64,
+    refused: AtomicU64,
     /// Set by the shard's first `publish`.
     published: AtomicBool,
     /// Written by the coordinator.
@@ -87,6 +89,7 @@ impl ShareBoard {
                             used: AtomicU64::new(0),
                             weight: AtomicU64::new(0),
                             vtime: AtomicU64::new(0),
+                            refused: AtomicU64::new(0),
                             published: AtomicBool::new(false),
                             target: AtomicU64::new(part),
                         }
@@ -179,13 +182,14 @@ impl ShareBoard {
         self.limits[limit].free.load(Ordering::Acquire)
     }
 
-    /// `shard` says how much of `limit` it uses, how much weight wants it, and its virtual
-    /// time for it.
-    pub fn publish(&self, limit: usize, shard: usize, used: u64, weight: u64, vtime: u64) {
+    /// `shard` says how much of `limit` it uses, how much weight wants it, its virtual time for
+    /// it and how many of its picks were refused (`load.held` is not read: the board keeps it).
+    pub fn publish(&self, limit: usize, shard: usize, load: Load) {
         let s = &self.limits[limit].shards[shard];
-        s.used.store(used, Ordering::Release);
-        s.weight.store(weight, Ordering::Release);
-        s.vtime.store(vtime, Ordering::Release);
+        s.used.store(load.used, Ordering::Release);
+        s.weight.store(load.weight, Ordering::Release);
+        s.vtime.store(load.vtime, Ordering::Release);
+        s.refused.store(load.refused, Ordering::Release);
         s.published.store(true, Ordering::Release);
     }
 
@@ -204,6 +208,7 @@ impl ShareBoard {
                     used: s.used.load(Ordering::Acquire),
                     weight: s.weight.load(Ordering::Acquire),
                     vtime: s.vtime.load(Ordering::Acquire),
+                    refused: s.refused.load(Ordering::Acquire),
                     held: s.held.load(Ordering::Acquire),
                 })
                 .collect(),
@@ -329,12 +334,23 @@ fn pay_owed(owed: &AtomicU64, give: u64) -> u64 {
 mod tests {
     use super::*;
 
+    /// A load of nothing used and `weight` waiting.
+    fn waiting(weight: u64) -> Load {
+        Load {
+            used: 0,
+            weight,
+            vtime: 0,
+            refused: 0,
+            held: 0,
+        }
+    }
+
     #[test]
     fn holdings_follow_targets_through_the_free_pool() {
         let board = ShareBoard::new(&[10], 2);
-        board.publish(0, 0, 0, 1, 0);
+        board.publish(0, 0, waiting(1));
         assert_eq!(board.loads(0), None, "shard 1 has not published yet");
-        board.publish(0, 1, 0, 1, 0);
+        board.publish(0, 1, waiting(1));
         let loads = board.loads(0).expect("both published");
         assert_eq!(loads.iter().map(|l| l.held).sum::<u64>(), 10);
         // Shard 1 should get 8, but shard 0 still uses 4 of its 5.

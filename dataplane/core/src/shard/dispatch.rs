@@ -122,10 +122,14 @@ impl Shard {
                 self.tenants[slot as usize].queue_mut(lane).needs_quantum = true;
             }
             TurnResult::Blocked(Block::LanePool) => {
+                rt.node_refusals = rt.node_refusals.wrapping_add(1);
                 rt.stalled_until = Some(now.plus_ns(STALL_RETRY_NS));
                 return None;
             }
-            TurnResult::Blocked(Block::Tenant | Block::Resource) => {
+            TurnResult::Blocked(block @ (Block::Tenant | Block::Resource)) => {
+                if *block == Block::Resource {
+                    rt.node_refusals = rt.node_refusals.wrapping_add(1);
+                }
                 rt.blocked_streak += 1;
                 rt.ring.rotate_left(1);
             }

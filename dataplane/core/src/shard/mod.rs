@@ -752,6 +752,9 @@ struct LaneRt {
     /// happens in the lane, and a tenant served on arrival out of its burst credit moves it not
     /// at all; so it is what the node-wide split compares shards by ([`crate::share::Lags`]).
     vtime_milli: u64,
+    /// Picks refused for want of a node-wide limit's share (wrapping): a shard that was refused
+    /// competes for the split's capacity ([`crate::share::ShardLoad::refused`]).
+    node_refusals: u64,
 }
 
 impl LaneRt {
@@ -1360,18 +1363,20 @@ impl Shard {
             used: self.ledger.used(id),
             weight: self.split_weight(id),
             share: self.ledger.capacity(id),
-            vtime: self.split_vtime(id),
+            vtime: self.split_lanes(id, |rt| rt.vtime_milli),
+            // A pick is refused by the first node limit in a fixed order, which need not be the
+            // one it would have waited longest for: any refusal counts for every split.
+            refused: self.split_lanes(id, |rt| rt.node_refusals),
         }
     }
 
-    /// This shard's virtual time for node limit `id` (wrapping): the summed virtual times of the
-    /// lanes whose weight [`Shard::split_weight`] counts; zero for the limits split by something
-    /// else than the lanes' backlog (queue gates, media slots).
-    pub fn split_vtime(&self, id: LimitId) -> u64 {
+    /// `of` summed (wrapping) over the lanes whose weight [`Shard::split_weight`] counts for node
+    /// limit `id`; zero for the limits split by something else than the lanes' backlog (queue
+    /// gates, media slots). With `of` a lane's virtual time: the shard's for the limit.
+    fn split_lanes(&self, id: LimitId, of: impl Fn(&LaneRt) -> u64) -> u64 {
         let lanes = |ls: &[Lane]| {
-            ls.iter().fold(0u64, |sum, l| {
-                sum.wrapping_add(self.lanes[l.index()].vtime_milli)
-            })
+            ls.iter()
+                .fold(0u64, |sum, l| sum.wrapping_add(of(&self.lanes[l.index()])))
         };
         match self.ledger.key(id) {
             LimitKey::LaneQueuedTasks(_)

@@ -57,6 +57,7 @@ fn an_idle_shard_keeps_a_standby_part_of_a_rate() {
         weight,
         share: 0,
         vtime: 0,
+        refused: 0,
     };
     let targets = rate.split_targets(&[load(2), load(0)]);
     assert_eq!(targets, vec![6_200, 200]);

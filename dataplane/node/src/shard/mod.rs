@@ -1016,7 +1016,17 @@ fn resplit(s: &mut ShardState) {
             NodeCapacity::Slots(_) => load.used,
             NodeCapacity::Rate(_) => 0,
         };
-        s.board.publish(k, s.index, used, load.weight, load.vtime);
+        s.board.publish(
+            k,
+            s.index,
+            spindle_sync::Load {
+                used,
+                weight: load.weight,
+                vtime: load.vtime,
+                refused: load.refused,
+                held: 0,
+            },
+        );
         if s.index == 0 {
             if let Some(loads) = s.board.loads(k) {
                 let loads: Vec<ShardLoad> = loads
@@ -1026,6 +1036,7 @@ fn resplit(s: &mut ShardState) {
                         weight: l.weight,
                         share: l.held,
                         vtime: l.vtime,
+                        refused: l.refused,
                     })
                     .collect();
                 if s.split_lags.len() <= k {
