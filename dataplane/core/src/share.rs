@@ -42,28 +42,39 @@ pub const LAG_CAP_GAINS: i64 = 2;
 /// A node-wide virtual time over shards, kept per split limit by whoever splits it.
 ///
 /// Inside a shard, DRR serves every backlogged tenant its weight times the shard's virtual time
-/// ([`ShardLoad::vtime`]: the base quantum per round). So the node is as fair as one shard
-/// exactly when every backlogged shard's virtual time advances at the same pace, whatever its
-/// tenants' task sizes, run times or churn. Each shard's *lag* is how far its virtual time is
-/// behind (+) or ahead of (−) the node's, over the time it has been backlogged: between two
-/// splits the backlogged shards' virtual times moved by `ΔV_i`; the node's moved by their mean
-/// weighted by backlogged weight, `ΔV̄ = Σ W_i ΔV_i / Σ W_i`, and each lag by `ΔV̄ − ΔV_i`. A shard
-/// that stops being backlogged forgets its lag (as DRR forgets a deficit when a queue empties).
+/// ([`ShardLoad::vtime`]: the base quantum per round), within DRR's bound. So the node is as
+/// fair as one shard exactly when every backlogged shard's virtual time advances at the same
+/// pace, whatever its tenants' task sizes, run times or churn (a tenant served at once out of
+/// its burst credit begins no round, so light tenants do not count). Weight alone does not give
+/// that pace: a shard whose units turn over slowly (long tasks), whose tasks are large, or whose
+/// light tenants take part of its share, serves less per unit of weight.
+///
+/// Each shard's *lag* is how far its virtual time is behind (+) or ahead of (−) the node's:
+/// between two updates the shards that *compete* moved by `ΔV_i`; the node's moved by their
+/// mean weighted by backlogged weight, `ΔV̄ = Σ W_i ΔV_i / Σ W_i`, and each competing shard's lag
+/// by `ΔV̄ − ΔV_i`; lags are then centred on the competing shards (only differences mean
+/// anything). A shard competes while backlogged and held back by the split: a pick of its was
+/// refused for want of a node limit in the last [`REFUSED_MEMORY`] updates, or it leaves no part
+/// of its share unused ([`SLACK_DIV`]). Otherwise its lag stands (its tenants wait on their own
+/// limits, say: the split cannot help it, and more weight would only have it hold capacity it
+/// cannot use); a shard that stops being backlogged forgets its lag, as DRR forgets a deficit.
 ///
 /// The split then targets capacity by *corrected* weight ([`Lags::weigh`]):
-/// `W'_i = W_i × (1 + lag_i / G)`, within `(0, 2 W_i]`, where the gain `G` is two base quanta
+/// `W'_i = W_i × (1 + lag_i / G)` within `[W_i / 2, 2 W_i]`, the gain `G` two base quanta
 /// ([`lag_gain_milli`]). A shard a gain behind gets twice its weight's part of what is free; one
-/// a gain ahead gets no new capacity (it keeps what it holds: nothing is taken back) until the
-/// others catch up. A shard whose units turn over slowly (long tasks), or whose tenants' tasks
-/// are large, is so corrected by feedback instead of keeping a standing error.
+/// a gain ahead half (slowed, never stopped: a shard stopped until others caught up starved
+/// tasks when the others were held back by something the split cannot see).
 ///
-/// The bound, next to DRR's (`L_max + 2Q` per unit of weight between two tenants backlogged in
-/// one shard): between tenants of two shards, add the two shards' lags, each held near `±G` by
-/// the correction (past it, every new unit goes to the shards behind); a lag moves past `G` only
-/// by what a shard starts out of the headroom it already held when it crossed (what a split
-/// gave it before), so the measured node-wide gap is `2Q + L_max + 2G` plus that headroom over
-/// the shard's weight. Stored lags are clamped to `±LAG_CAP_GAINS × G`, so a shard kept from its
-/// capacity by something else (its tenants' own limits) banks no unbounded claim.
+/// The bounds, next to DRR's (`L_max + 2Q` per unit of weight between two tenants backlogged in
+/// one shard; `drr_bound` in the core's tests): a tenant's service as DRR charges it is its
+/// weight times its shard's virtual time within that bound, so two tenants of two shards drift
+/// apart by at most DRR's bound plus the two shards' lags — the feedback holds a lag near `±G`
+/// while the shard competes, past which the correction is at its stop and the lag moves only by
+/// what the shard starts out of headroom it already held. Stored lags are clamped to
+/// `±LAG_CAP_GAINS × G`, so no shard banks an unbounded claim; [`Lags::peak`] reports the largest
+/// lag an update found before clamping, and the simulator checks the node-wide gap against DRR's
+/// bound plus twice it (plus the fairness debts both bounds carry when runs take other than their
+/// estimates: `spindle_sim`'s `debt_allowance_units`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Lags {
     /// Per shard: its virtual time at the last update.
@@ -94,7 +105,7 @@ impl Lags {
     }
 
     /// The largest |lag| an update found so far, before clamping (milli units per weight): two
-    /// tenants of two shards drift apart by at most DRR's bound plus twice this.
+    /// tenants of two shards drift apart by at most DRR's bound plus twice this (see above).
     pub fn peak(&self) -> i64 {
         self.peak
     }
@@ -193,12 +204,13 @@ impl Lags {
     }
 }
 
-/// Whether a shard leaves part of its share unused: at least `1 / SLACK_DIV` of it.
+/// Whether a shard leaves part of its share unused ([`SLACK_DIV`]).
 fn slack(l: &ShardLoad) -> bool {
     l.share - l.used.min(l.share) >= l.share.div_ceil(SLACK_DIV).max(1)
 }
 
-/// See [`slack`].
+/// A shard leaves part of its share unused when at least `1 / SLACK_DIV` of it is free (less is
+/// what a task larger than the rest leaves over).
 pub const SLACK_DIV: u64 = 8;
 
 /// Updates after its last refusal for which a shard still counts as held back by the split

@@ -64,11 +64,10 @@ fn run_random(n: u64, seed: u64, args: &Args) -> Result<bool> {
     for index in 0..n {
         let scenario = spindle_sim::random::scenario(seed, index)?;
         let started = Instant::now();
-        let outcome = std::panic::catch_unwind(|| run(&scenario, PolicyKind::Spindle, options));
+        let outcome = std::panic::catch_unwind(|| spindle_sim::random::check(&scenario, options));
         let (report, broken) = match outcome {
-            Ok(mut report) => {
+            Ok((mut report, broken)) => {
                 report.sim_wall_ms = started.elapsed().as_millis() as u64;
-                let broken = spindle_sim::random::broken_promises(&report);
                 (Some(report), broken)
             }
             Err(_) => (

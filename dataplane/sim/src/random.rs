@@ -25,6 +25,7 @@
 use crate::metrics::PolicyReport;
 use crate::rng::Rng;
 use crate::scenario::{Scenario, ScenarioError};
+use crate::{run, PolicyKind, RunOptions};
 
 /// A task kind of the space: resolution, output seconds, provider hold per output second
 /// (the example model's 6 s at 720p, × its tier factor) and slot units.
@@ -167,9 +168,34 @@ pub fn scenario(seed: u64, index: u64) -> Result<Scenario, ScenarioError> {
     Scenario::parse(std::path::Path::new(&name), &scenario_toml(seed, index))
 }
 
+/// Runs `scenario` through spindle's policy and, when it has several shards, through one shard
+/// too; returns the report and the promises it broke ([`broken_promises`], and a worst share
+/// error of the tenants entitled to 50 of their DRR bounds more than 0.01 above the one-shard
+/// run's: a node is as fair as one shard).
+pub fn check(scenario: &Scenario, options: RunOptions) -> (PolicyReport, Vec<String>) {
+    let report = run(scenario, PolicyKind::Spindle, options);
+    let mut broken = broken_promises(&report);
+    if *scenario.shards.get_ref() > 1 {
+        let mut one = scenario.clone();
+        one.shards = toml::Spanned::new(0..0, 1);
+        let single = run(&one, PolicyKind::Spindle, options);
+        if report.share_error_max_large > single.share_error_max_large + 0.01 {
+            broken.push(format!(
+                "share error {:.3} of tenants entitled to {}+ of their DRR bounds, against \
+                 {:.3} on one shard (over 0.01 worse)",
+                report.share_error_max_large,
+                crate::metrics::LARGE_ENTITLEMENT_BOUNDS,
+                single.share_error_max_large
+            ));
+        }
+    }
+    (report, broken)
+}
+
 /// What spindle's policy broke of its promises in `report` (empty: none): no limit exceeded,
-/// no provider job submitted twice, no task starved past the scenario's bound, and the service
-/// gap between two backlogged tenants of a shard within DRR's bound.
+/// no provider job submitted twice, no task starved past the scenario's bound, service gaps
+/// within their bounds per shard and node-wide, the share of every tenant entitled to 50 of its
+/// DRR bounds within 0.02, and nobody further from its share than twice DRR's bound per weight.
 pub fn broken_promises(report: &PolicyReport) -> Vec<String> {
     let mut broken = Vec::new();
     if report.limit_overshoots > 0 {

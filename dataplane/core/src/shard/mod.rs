@@ -985,6 +985,41 @@ impl NodeCapacity {
     }
 }
 
+/// The lanes whose backlog a node limit is split by (its weight, and its DRR virtual time):
+/// those whose work can use it. `None` for the limits split otherwise — queue gates evenly,
+/// media slots and workers by the media jobs waiting.
+fn split_lanes_of(key: LimitKey) -> Option<&'static [Lane]> {
+    use Lane::*;
+    Some(match key {
+        LimitKey::LaneQueuedTasks(_)
+        | LimitKey::LaneQueuedUnits(_)
+        | LimitKey::GlobalQueuedTasks
+        | LimitKey::GlobalQueuedUnits
+        | LimitKey::GpuUnits
+        | LimitKey::GpuMemMb
+        | LimitKey::CpuUnits
+        | LimitKey::TempDiskMb
+        | LimitKey::LaneMediaWorkers(_)
+        | LimitKey::SharedMediaWorkers => return None,
+        // Best-effort work borrows these lanes' leftovers.
+        LimitKey::LaneUnits(PaidShared) | LimitKey::LaneUnits(Standard) => {
+            &[PaidShared, Standard, BestEffort]
+        }
+        LimitKey::LaneUnits(EnterpriseReserved) => &[
+            EnterpriseReserved,
+            PaidShared,
+            Standard,
+            BestEffort,
+            Expensive,
+        ],
+        LimitKey::LaneUnits(l) | LimitKey::LaneRunningTasks(l) | LimitKey::LaneCostPerMinute(l) => {
+            std::slice::from_ref(&Lane::ALL[l.index()])
+        }
+        LimitKey::EnterpriseBorrowed => &[PaidShared, Standard, Expensive],
+        _ => &Lane::ALL,
+    })
+}
+
 /// The node-wide capacity `policy` gives `key`; `None` for shard-scoped keys.
 pub fn node_capacity(policy: &Policy, key: LimitKey) -> Option<NodeCapacity> {
     let n = &policy.node;
@@ -1370,68 +1405,26 @@ impl Shard {
         }
     }
 
-    /// `of` summed (wrapping) over the lanes whose weight [`Shard::split_weight`] counts for node
-    /// limit `id`; zero for the limits split by something else than the lanes' backlog (queue
-    /// gates, media slots). With `of` a lane's virtual time: the shard's for the limit.
+    /// `of` summed (wrapping) over the lanes node limit `id` is split by ([`split_lanes_of`]);
+    /// zero for a limit split otherwise.
     fn split_lanes(&self, id: LimitId, of: impl Fn(&LaneRt) -> u64) -> u64 {
-        let lanes = |ls: &[Lane]| {
-            ls.iter()
+        split_lanes_of(self.ledger.key(id)).map_or(0, |lanes| {
+            lanes
+                .iter()
                 .fold(0u64, |sum, l| sum.wrapping_add(of(&self.lanes[l.index()])))
-        };
-        match self.ledger.key(id) {
-            LimitKey::LaneQueuedTasks(_)
-            | LimitKey::LaneQueuedUnits(_)
-            | LimitKey::GlobalQueuedTasks
-            | LimitKey::GlobalQueuedUnits
-            | LimitKey::GpuUnits
-            | LimitKey::GpuMemMb
-            | LimitKey::CpuUnits
-            | LimitKey::TempDiskMb
-            | LimitKey::LaneMediaWorkers(_)
-            | LimitKey::SharedMediaWorkers => 0,
-            LimitKey::LaneUnits(Lane::PaidShared) | LimitKey::LaneUnits(Lane::Standard) => {
-                lanes(&[Lane::PaidShared, Lane::Standard, Lane::BestEffort])
-            }
-            LimitKey::LaneUnits(Lane::EnterpriseReserved) => lanes(&[
-                Lane::EnterpriseReserved,
-                Lane::PaidShared,
-                Lane::Standard,
-                Lane::BestEffort,
-                Lane::Expensive,
-            ]),
-            LimitKey::LaneUnits(l)
-            | LimitKey::LaneRunningTasks(l)
-            | LimitKey::LaneCostPerMinute(l) => lanes(&[l]),
-            LimitKey::EnterpriseBorrowed => {
-                lanes(&[Lane::PaidShared, Lane::Standard, Lane::Expensive])
-            }
-            _ => lanes(&Lane::ALL),
-        }
+        })
     }
 
     /// The weight this shard brings to the split of node limit `id`: the summed weight of its
     /// backlogged tenants that could use it (media slots: its waiting media jobs). Queue gates
     /// split evenly.
     pub fn split_weight(&self, id: LimitId) -> u64 {
-        let lane_w = |l: Lane| self.lanes[l.index()].backlog_weight;
-        match self.ledger.key(id) {
+        let key = self.ledger.key(id);
+        match key {
             LimitKey::LaneQueuedTasks(_)
             | LimitKey::LaneQueuedUnits(_)
             | LimitKey::GlobalQueuedTasks
             | LimitKey::GlobalQueuedUnits => 1,
-            LimitKey::LaneUnits(Lane::PaidShared) | LimitKey::LaneUnits(Lane::Standard) => {
-                // Best-effort work borrows these lanes' leftovers.
-                lane_w(Lane::PaidShared) + lane_w(Lane::Standard) + lane_w(Lane::BestEffort)
-            }
-            LimitKey::LaneUnits(Lane::EnterpriseReserved) => Lane::ALL
-                .iter()
-                .filter(|&&l| l != Lane::Recovery)
-                .map(|&l| lane_w(l))
-                .sum(),
-            LimitKey::LaneUnits(l) | LimitKey::LaneRunningTasks(l) => lane_w(l),
-            LimitKey::EnterpriseBorrowed => {
-                lane_w(Lane::PaidShared) + lane_w(Lane::Standard) + lane_w(Lane::Expensive)
-            }
             // The media stage's slots are wanted by the tasks whose provider stage is done, not
             // by the lanes' backlog: a shard with only media waiters must not split to nothing.
             LimitKey::GpuUnits | LimitKey::GpuMemMb | LimitKey::CpuUnits | LimitKey::TempDiskMb => {
@@ -1443,8 +1436,7 @@ impl Shard {
                 .filter(|l| self.node.media_pool[l.index()] == id)
                 .map(|&l| self.media.lane_len(l) as u64)
                 .sum(),
-            LimitKey::LaneCostPerMinute(l) => lane_w(l),
-            _ => Lane::ALL.iter().map(|&l| lane_w(l)).sum(),
+            _ => self.split_lanes(id, |rt| rt.backlog_weight),
         }
     }
 
