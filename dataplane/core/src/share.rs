@@ -68,13 +68,13 @@ pub const LAG_CAP_GAINS: i64 = 2;
 /// The bounds, next to DRR's (`L_max + 2Q` per unit of weight between two tenants backlogged in
 /// one shard; `drr_bound` in the core's tests): a tenant's service as DRR charges it is its
 /// weight times its shard's virtual time within that bound, so two tenants of two shards drift
-/// apart by at most DRR's bound plus the two shards' lags — the feedback holds a lag near `±G`
+/// apart by at most twice DRR's bound plus the two shards' lags — the feedback holds a lag near `±G`
 /// while the shard competes, past which the correction is at its stop and the lag moves only by
 /// what the shard starts out of headroom it already held. Stored lags are clamped to
 /// `±LAG_CAP_GAINS × G`, so no shard banks an unbounded claim; [`Lags::peak`] reports the largest
-/// lag an update found before clamping, and the simulator checks the node-wide gap against DRR's
-/// bound plus twice it (plus the fairness debts both bounds carry when runs take other than their
-/// estimates: `spindle_sim`'s `debt_allowance_units`).
+/// lag an update found before clamping, and the simulator checks the node-wide gap against twice
+/// DRR's bound plus twice it (plus the fairness debts both bounds carry when runs take other than
+/// their estimates: `spindle_sim`'s `debt_allowance_units`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Lags {
     /// Per shard: its virtual time at the last update.
@@ -105,7 +105,8 @@ impl Lags {
     }
 
     /// The largest |lag| an update found so far, before clamping (milli units per weight): two
-    /// tenants of two shards drift apart by at most DRR's bound plus twice this (see above).
+    /// tenants of two shards drift apart by at most twice DRR's bound plus twice this (see
+    /// above).
     pub fn peak(&self) -> i64 {
         self.peak
     }

@@ -616,6 +616,13 @@ impl Run<'_> {
         let actual = Units((t.estimate.fairness.milli() as f64 * t.run_multiplier) as u64);
         self.collector.on_succeeded(t, actual, now);
         self.sched.succeeded(now, task, token, actual);
+        self.observe_debt(task);
+    }
+
+    /// Shows the collector the scheduler's fairness debt with `task`'s tenant now: after a
+    /// run's correction, or an attempt's charge given back, the two things that move it away
+    /// from zero (paying it only brings it back).
+    fn observe_debt(&mut self, task: TaskId) {
         let t = &self.tasks[idx(task)];
         let debt = self
             .sched
@@ -628,6 +635,7 @@ impl Run<'_> {
     }
 
     fn on_requeue(&mut self, task: TaskId, outcome: FailOutcome) {
+        self.observe_debt(task);
         match outcome {
             FailOutcome::Requeued { eligible_at } => {
                 self.collector

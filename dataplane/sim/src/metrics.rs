@@ -82,10 +82,12 @@ impl PolicyReport {
         self.drr_bound_units + self.debt_allowance_units
     }
 
-    /// The bound the node-wide service gap is held to: the per-shard one plus the shards'
-    /// drift (`lag_allowance_units`).
+    /// The bound the node-wide service gap is held to: each of two tenants within DRR's bound of
+    /// its shard's virtual time (twice DRR's bound, where one shard needs it once: the two
+    /// tenants' rounds are not interleaved in one ring), plus the debts', plus the shards' drift
+    /// apart (`lag_allowance_units`).
     pub fn node_gap_bound_units(&self) -> f64 {
-        self.gap_bound_units() + self.lag_allowance_units
+        2.0 * self.drr_bound_units + self.debt_allowance_units + self.lag_allowance_units
     }
 }
 
@@ -488,7 +490,8 @@ impl Collector {
     }
 
     /// The scheduler's fairness debt with the task's tenant in its lane is `debt` now (after a
-    /// run's correction: a debt is largest then, and only paid down, toward zero, after).
+    /// run's correction or a charge given back: a debt is furthest from zero then, and only
+    /// paid down, toward zero, after).
     pub fn on_debt(&mut self, t: &SimTask, debt: i64) {
         let range = &mut self.debt_range[tl(t.tenant, t.lane)];
         *range = (range.0.min(debt), range.1.max(debt));

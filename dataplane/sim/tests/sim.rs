@@ -97,10 +97,10 @@ queued_tasks_max = 200
 "#
         ),
         expect![[r#"
-            spindle         accepted=443 completed=443 failed=0 share_error=0.000 jain=1.000 starved=0 overshoots=0 gap=4.0/5.0 node_gap=4.0/7.7 429s=0 rejected={"REJECT_PLATFORM_OVERLOADED": 4336}
-            fifo            accepted=580 completed=580 failed=0 share_error=2.795 jain=0.277 starved=3 overshoots=0 gap=147.0/5.0 node_gap=147.0/5.0 429s=0 rejected={"REJECT_PLATFORM_OVERLOADED": 4199}
-            wrr_count       accepted=580 completed=580 failed=0 share_error=0.000 jain=1.000 starved=0 overshoots=0 gap=1.0/5.0 node_gap=1.0/5.0 429s=0 rejected={"REJECT_PLATFORM_OVERLOADED": 4199}
-            global_priority accepted=580 completed=580 failed=0 share_error=2.795 jain=0.277 starved=3 overshoots=0 gap=147.0/5.0 node_gap=147.0/5.0 429s=0 rejected={"REJECT_PLATFORM_OVERLOADED": 4199}
+            spindle         accepted=443 completed=443 failed=0 share_error=0.000 jain=1.000 starved=0 overshoots=0 gap=4.0/5.0 node_gap=4.0/12.7 429s=0 rejected={"REJECT_PLATFORM_OVERLOADED": 4336}
+            fifo            accepted=580 completed=580 failed=0 share_error=2.795 jain=0.277 starved=3 overshoots=0 gap=147.0/5.0 node_gap=147.0/10.0 429s=0 rejected={"REJECT_PLATFORM_OVERLOADED": 4199}
+            wrr_count       accepted=580 completed=580 failed=0 share_error=0.000 jain=1.000 starved=0 overshoots=0 gap=1.0/5.0 node_gap=1.0/10.0 429s=0 rejected={"REJECT_PLATFORM_OVERLOADED": 4199}
+            global_priority accepted=580 completed=580 failed=0 share_error=2.795 jain=0.277 starved=3 overshoots=0 gap=147.0/5.0 node_gap=147.0/10.0 429s=0 rejected={"REJECT_PLATFORM_OVERLOADED": 4199}
         "#]],
     );
 }
@@ -137,10 +137,10 @@ mix = [{{ res = "720p", duration_s = 5 }}]
 "#
         ),
         expect![[r#"
-            spindle         accepted=623 completed=623 failed=0 share_error=0.000 jain=1.000 starved=0 overshoots=0 gap=3.0/5.0 node_gap=3.0/5.0 429s=0 rejected={"REJECT_TENANT_QUEUE_FULL": 294}
-            fifo            accepted=917 completed=917 failed=0 share_error=0.942 jain=0.530 starved=14 overshoots=0 gap=98.0/5.0 node_gap=98.0/5.0 429s=0 rejected={}
-            wrr_count       accepted=917 completed=917 failed=0 share_error=0.000 jain=1.000 starved=0 overshoots=0 gap=1.0/5.0 node_gap=1.0/5.0 429s=0 rejected={}
-            global_priority accepted=917 completed=917 failed=0 share_error=1.000 jain=0.500 starved=2 overshoots=0 gap=104.0/5.0 node_gap=104.0/5.0 429s=0 rejected={}
+            spindle         accepted=623 completed=623 failed=0 share_error=0.000 jain=1.000 starved=0 overshoots=0 gap=3.0/5.0 node_gap=3.0/10.0 429s=0 rejected={"REJECT_TENANT_QUEUE_FULL": 294}
+            fifo            accepted=917 completed=917 failed=0 share_error=0.942 jain=0.530 starved=14 overshoots=0 gap=98.0/5.0 node_gap=98.0/10.0 429s=0 rejected={}
+            wrr_count       accepted=917 completed=917 failed=0 share_error=0.000 jain=1.000 starved=0 overshoots=0 gap=1.0/5.0 node_gap=1.0/10.0 429s=0 rejected={}
+            global_priority accepted=917 completed=917 failed=0 share_error=1.000 jain=0.500 starved=2 overshoots=0 gap=104.0/5.0 node_gap=104.0/10.0 429s=0 rejected={}
         "#]],
     );
 }
@@ -172,10 +172,10 @@ arrival = { kind = "poisson", rate_per_s = 0.1 }
 mix = [{ res = "720p", duration_s = 5 }]
 "#,
         expect![[r#"
-            spindle         accepted=181 completed=181 failed=0 share_error=0.000 jain=1.000 starved=0 overshoots=0 gap=31.7/161.1 node_gap=31.7/161.1 429s=49 rejected={}
-            fifo            accepted=181 completed=181 failed=0 share_error=0.000 jain=1.000 starved=0 overshoots=0 gap=11.3/97.0 node_gap=11.3/97.0 429s=81 rejected={}
-            wrr_count       accepted=181 completed=181 failed=0 share_error=0.000 jain=1.000 starved=0 overshoots=0 gap=6.8/97.0 node_gap=6.8/97.0 429s=81 rejected={}
-            global_priority accepted=181 completed=181 failed=0 share_error=0.000 jain=1.000 starved=0 overshoots=0 gap=11.3/97.0 node_gap=11.3/97.0 429s=81 rejected={}
+            spindle         accepted=181 completed=181 failed=0 share_error=0.000 jain=1.000 starved=0 overshoots=0 gap=31.7/160.5 node_gap=31.7/257.5 429s=49 rejected={}
+            fifo            accepted=181 completed=181 failed=0 share_error=0.000 jain=1.000 starved=0 overshoots=0 gap=11.3/97.0 node_gap=11.3/194.0 429s=81 rejected={}
+            wrr_count       accepted=181 completed=181 failed=0 share_error=0.000 jain=1.000 starved=0 overshoots=0 gap=6.8/97.0 node_gap=6.8/194.0 429s=81 rejected={}
+            global_priority accepted=181 completed=181 failed=0 share_error=0.000 jain=1.000 starved=0 overshoots=0 gap=11.3/97.0 node_gap=11.3/194.0 429s=81 rejected={}
         "#]],
     );
 }
