@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 
 use spindle_core::fairness::GapTracker;
 use spindle_core::presets;
-use spindle_core::shard::{Poll, SubmitRequest};
+use spindle_core::shard::{Dispatch, Poll, SubmitRequest};
 use spindle_core::{
     FencingToken, Lane, ModelId, Shard, TaskId, TaskSpec, TenantId, Time, Units, UserId,
 };
@@ -30,6 +30,113 @@ fn max_gap(tenants: &[(u32, u32)], capacity: u64, quantum: u64, dispatches: usiz
     max_gap_refusing(tenants, capacity, quantum, dispatches, None)
 }
 
+/// A shard whose Standard lane of `capacity` units serves `tenants` (weight, task duration in
+/// s) with DRR's quantum and initial credit `quantum`, every tenant kept backlogged (eight tasks
+/// each, one more for each start), and the provider's tasks it started, oldest first.
+struct Backlogged {
+    shard: Shard,
+    durations: Vec<u32>,
+    next: u64,
+    running: VecDeque<(TaskId, usize, Units)>,
+}
+
+impl Backlogged {
+    fn new(tenants: &[(u32, u32)], capacity: u64, quantum: u64) -> Backlogged {
+        let mut policy = presets::small_node();
+        policy.lanes[Lane::Standard.index()].capacity = Units::whole(capacity);
+        policy.reserve.borrow_limit = Units::ZERO;
+        policy.drr.base_quantum = Units::whole(quantum);
+        policy.drr.initial_burst_credit = Units::whole(quantum);
+        policy.drr.burst_rounds = 2;
+        for p in &mut policy.providers {
+            p.rpm = presets::UNLIMITED_RATE;
+            p.concurrency = 1 << 20;
+        }
+        for (i, &(weight, _)) in tenants.iter().enumerate() {
+            policy.tenants.insert(
+                TenantId(i as u32 + 1),
+                presets::tenant(Lane::Standard, weight),
+            );
+        }
+        let mut b = Backlogged {
+            shard: Shard::new(policy, 1, Time::ZERO),
+            durations: tenants.iter().map(|&(_, d)| d).collect(),
+            next: 0,
+            running: VecDeque::new(),
+        };
+        for t in 0..tenants.len() {
+            for _ in 0..8 {
+                b.submit(t);
+            }
+        }
+        b
+    }
+
+    fn submit(&mut self, tenant: usize) {
+        self.next += 1;
+        let req = SubmitRequest {
+            task: TaskId(self.next),
+            tenant: TenantId(tenant as u32 + 1),
+            user: UserId(tenant as u32),
+            spec: spec(self.durations[tenant]),
+            band_hint: None,
+            deadline: None,
+        };
+        assert!(self
+            .shard
+            .handle_submit(Time::ZERO, req)
+            .unwrap()
+            .decision
+            .is_accepted());
+    }
+
+    /// The next start (claimed, its tenant given a new task); while the lane is full, the oldest
+    /// running task ends first, taking `actual(tenant, estimate)` units.
+    fn next_start(&mut self, actual: impl Fn(usize, Units) -> Units) -> Dispatch {
+        let d = loop {
+            match self.shard.poll_dispatch(Time::ZERO) {
+                Poll::Dispatch(d) => break d,
+                Poll::Yield => continue,
+                Poll::Expired(_) => unreachable!(),
+                Poll::Idle => {
+                    let (task, t, estimate) = self
+                        .running
+                        .pop_front()
+                        .expect("a full lane has running work");
+                    self.shard
+                        .handle_provider_succeeded(
+                            Time::ZERO,
+                            task,
+                            FencingToken(task.0),
+                            actual(t, estimate),
+                        )
+                        .unwrap();
+                    while let Some(m) = self.shard.poll_media(Time::ZERO) {
+                        self.shard
+                            .handle_media_done(m.task, FencingToken(m.task.0), true)
+                            .unwrap();
+                    }
+                }
+            }
+        };
+        self.shard
+            .handle_claim_granted(d.task, FencingToken(d.task.0))
+            .unwrap();
+        self.submit(d.tenant.0 as usize - 1);
+        d
+    }
+
+    /// The provider accepted start `d`: it runs until the lane is full again.
+    fn accepted(&mut self, d: &Dispatch) {
+        self.shard
+            .handle_provider_accepted(d.task, FencingToken(d.task.0))
+            .unwrap();
+        self.running
+            .push_back((d.task, d.tenant.0 as usize - 1, d.estimate.fairness));
+        self.shard.check_invariants();
+    }
+}
+
 /// `max_gap`, with every `n`-th attempt of tenant `t` (`refuse = Some((t, n))`) answered with a
 /// rate limit by the provider: never accepted, so never service; the task waits out its
 /// backoff (the clock stands still here: it never comes back) while the tenant's others go on.
@@ -40,80 +147,27 @@ fn max_gap_refusing(
     dispatches: usize,
     refuse: Option<(usize, usize)>,
 ) -> (f64, f64) {
-    let mut policy = presets::small_node();
-    policy.lanes[Lane::Standard.index()].capacity = Units::whole(capacity);
-    policy.reserve.borrow_limit = Units::ZERO;
-    policy.drr.base_quantum = Units::whole(quantum);
-    policy.drr.initial_burst_credit = Units::whole(quantum);
-    policy.drr.burst_rounds = 2;
-    for p in &mut policy.providers {
-        p.rpm = presets::UNLIMITED_RATE;
-        p.concurrency = 1 << 20;
-    }
-    for (i, &(weight, _)) in tenants.iter().enumerate() {
-        policy.tenants.insert(
-            TenantId(i as u32 + 1),
-            presets::tenant(Lane::Standard, weight),
-        );
-    }
-    let mut shard = Shard::new(policy, 1, Time::ZERO);
-    let mut next = 0u64;
-    let mut submit = |shard: &mut Shard, tenant: usize| {
-        next += 1;
-        let req = SubmitRequest {
-            task: TaskId(next),
-            tenant: TenantId(tenant as u32 + 1),
-            user: UserId(tenant as u32),
-            spec: spec(tenants[tenant].1),
-            band_hint: None,
-            deadline: None,
-        };
-        assert!(shard
-            .handle_submit(Time::ZERO, req)
-            .unwrap()
-            .decision
-            .is_accepted());
-    };
-    for t in 0..tenants.len() {
-        for _ in 0..8 {
-            submit(&mut shard, t);
-        }
-    }
+    let mut b = Backlogged::new(tenants, capacity, quantum);
     let mut gaps = GapTracker::new(tenants.len());
-    let mut running: VecDeque<(TaskId, Units)> = VecDeque::new();
     let mut max_cost: f64 = 0.0;
     let mut attempts = vec![0usize; tenants.len()];
     for _ in 0..dispatches {
-        let d = loop {
-            match shard.poll_dispatch(Time::ZERO) {
-                Poll::Dispatch(d) => break d,
-                Poll::Yield => continue,
-                Poll::Expired(_) => unreachable!(),
-                Poll::Idle => {
-                    let (task, units) = running.pop_front().expect("a full lane has running work");
-                    // Without refusals, as the bound tests always ran (every task 1 milli-unit:
-                    // equal debts); with them, each task takes what it was estimated to, so
-                    // that the only debt is what refused attempts give back.
-                    let actual = if refuse.is_some() { units } else { Units(1) };
-                    shard
-                        .handle_provider_succeeded(Time::ZERO, task, FencingToken(task.0), actual)
-                        .unwrap();
-                    while let Some(m) = shard.poll_media(Time::ZERO) {
-                        shard
-                            .handle_media_done(m.task, FencingToken(m.task.0), true)
-                            .unwrap();
-                    }
+        // Without refusals, as the bound tests always ran (every task 1 milli-unit: equal
+        // debts); with them, each task takes what it was estimated to, so that the only debt is
+        // what refused attempts give back.
+        let d = b.next_start(
+            |_, estimate| {
+                if refuse.is_some() {
+                    estimate
+                } else {
+                    Units(1)
                 }
-            }
-        };
-        shard
-            .handle_claim_granted(d.task, FencingToken(d.task.0))
-            .unwrap();
+            },
+        );
         let t = d.tenant.0 as usize - 1;
         attempts[t] += 1;
-        submit(&mut shard, t);
         if refuse.is_some_and(|(r, n)| r == t && attempts[t] % n == 0) {
-            let refused = shard.handle_provider_failed(
+            let refused = b.shard.handle_provider_failed(
                 Time::ZERO,
                 d.task,
                 FencingToken(d.task.0),
@@ -121,17 +175,13 @@ fn max_gap_refusing(
                 1_000,
             );
             assert!(refused.is_ok(), "{refused:?}");
-            shard.check_invariants();
+            b.shard.check_invariants();
             continue;
         }
-        shard
-            .handle_provider_accepted(d.task, FencingToken(d.task.0))
-            .unwrap();
-        running.push_back((d.task, d.estimate.fairness));
+        b.accepted(&d);
         let cost = d.estimate.fairness.as_f64();
         max_cost = max_cost.max(cost);
         gaps.serve(t, cost / f64::from(tenants[t].0));
-        shard.check_invariants();
     }
     (gaps.max_gap(), max_cost + 2.0 * quantum as f64)
 }
@@ -161,95 +211,36 @@ fn attempts_the_provider_never_accepted_are_not_charged() {
 /// A tenant whose runs take half their estimates is refunded the rest as fairness debt, paid out
 /// of its later quanta: what it consumes (its runs' real units) keeps pace with the others'.
 /// Before, a refund that lifted its credit past the deficit cap was dropped, so the tenant lost
-/// part of every refund and fell behind without bound (here 4,284 units consumed against the
-/// others' 5,712 after 10,000 starts; now within DRR's bound plus one task's correction and what
+/// part of every refund and fell behind without bound (here 4,286 units consumed against the
+/// others' 5,714 after 10,000 starts; now within DRR's bound plus one task's correction and what
 /// is still running).
 #[test]
 fn refunds_of_runs_shorter_than_estimated_are_not_lost_at_the_cap() {
     let quantum = 2;
-    let mut policy = presets::small_node();
-    policy.lanes[Lane::Standard.index()].capacity = Units::whole(4);
-    policy.reserve.borrow_limit = Units::ZERO;
-    policy.drr.base_quantum = Units::whole(quantum);
-    policy.drr.initial_burst_credit = Units::whole(quantum);
-    policy.drr.burst_rounds = 2;
-    for p in &mut policy.providers {
-        p.rpm = presets::UNLIMITED_RATE;
-        p.concurrency = 1 << 20;
-    }
-    let tenants = 3;
-    for i in 0..tenants {
-        policy
-            .tenants
-            .insert(TenantId(i + 1), presets::tenant(Lane::Standard, 1));
-    }
-    let debt_cap = policy.drr.debt_cap_per_task.as_f64();
-    let mut shard = Shard::new(policy, 1, Time::ZERO);
-    let mut next = 0u64;
-    let mut submit = |shard: &mut Shard, tenant: u32| {
-        next += 1;
-        let req = SubmitRequest {
-            task: TaskId(next),
-            tenant: TenantId(tenant + 1),
-            user: UserId(tenant),
-            spec: spec(10),
-            band_hint: None,
-            deadline: None,
-        };
-        assert!(shard
-            .handle_submit(Time::ZERO, req)
-            .unwrap()
-            .decision
-            .is_accepted());
-    };
-    for t in 0..tenants {
-        for _ in 0..8 {
-            submit(&mut shard, t);
+    let capacity = 4;
+    let mut b = Backlogged::new(&[(1, 10); 3], capacity, quantum);
+    let debt_cap = b.shard.policy().drr.debt_cap_per_task.as_f64();
+    // Tenant 0's runs take half their estimates; the others' exactly theirs.
+    let actual = |t: usize, estimate: Units| {
+        if t == 0 {
+            Units(estimate.milli() / 2)
+        } else {
+            estimate
         }
-    }
-    let mut consumed = vec![0.0; tenants as usize];
-    let mut running: VecDeque<(TaskId, u32, Units)> = VecDeque::new();
+    };
+    // What each tenant's runs take, counted at their starts.
+    let mut consumed = [0.0; 3];
     let mut max_cost: f64 = 0.0;
     for _ in 0..10_000 {
-        let d = loop {
-            match shard.poll_dispatch(Time::ZERO) {
-                Poll::Dispatch(d) => break d,
-                Poll::Yield => continue,
-                Poll::Expired(_) => unreachable!(),
-                Poll::Idle => {
-                    let (task, t, estimate) = running.pop_front().expect("a full lane runs");
-                    // Tenant 0's runs take half their estimates; the others' exactly theirs.
-                    let actual = if t == 0 {
-                        Units(estimate.milli() / 2)
-                    } else {
-                        estimate
-                    };
-                    consumed[t as usize] += actual.as_f64();
-                    shard
-                        .handle_provider_succeeded(Time::ZERO, task, FencingToken(task.0), actual)
-                        .unwrap();
-                    while let Some(m) = shard.poll_media(Time::ZERO) {
-                        shard
-                            .handle_media_done(m.task, FencingToken(m.task.0), true)
-                            .unwrap();
-                    }
-                }
-            }
-        };
-        shard
-            .handle_claim_granted(d.task, FencingToken(d.task.0))
-            .unwrap();
-        shard
-            .handle_provider_accepted(d.task, FencingToken(d.task.0))
-            .unwrap();
-        let t = d.tenant.0 - 1;
-        submit(&mut shard, t);
-        running.push_back((d.task, t, d.estimate.fairness));
+        let d = b.next_start(actual);
+        b.accepted(&d);
+        let t = d.tenant.0 as usize - 1;
+        consumed[t] += actual(t, d.estimate.fairness).as_f64();
         max_cost = max_cost.max(d.estimate.fairness.as_f64());
-        shard.check_invariants();
     }
-    // What still runs was charged but is not counted yet: at most the lane's capacity each.
-    let bound = max_cost + 2.0 * quantum as f64 + debt_cap + 4.0 * max_cost;
+    // DRR's bound, one task's correction, and the runs still going (whose debts are not known
+    // yet): at most the lane's capacity of them.
+    let bound = max_cost + 2.0 * quantum as f64 + debt_cap + capacity as f64 * max_cost;
     let (lo, hi) = consumed
         .iter()
         .fold((f64::MAX, f64::MIN), |(lo, hi), &c| (lo.min(c), hi.max(c)));
