@@ -430,7 +430,8 @@ impl Run<'_> {
             live_provider_jobs: 0,
         });
         self.in_flight += 1;
-        self.collector.on_queued(&self.tasks[idx(task)], task, now);
+        self.collector
+            .on_queued(&self.tasks[idx(task)], task, now, now);
     }
 
     /// Drains every dispatch and media start the scheduler has now, and books the next wake.
@@ -638,8 +639,12 @@ impl Run<'_> {
         self.observe_debt(task);
         match outcome {
             FailOutcome::Requeued { eligible_at } => {
-                self.collector
-                    .on_queued(&self.tasks[idx(task)], task, eligible_at.max(self.now));
+                self.collector.on_queued(
+                    &self.tasks[idx(task)],
+                    task,
+                    eligible_at.max(self.now),
+                    self.now,
+                );
             }
             FailOutcome::Failed | FailOutcome::Canceled => {
                 self.collector.failed += 1;

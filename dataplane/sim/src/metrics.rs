@@ -2,7 +2,8 @@
 //! resource each task holds (the limit checker), served units per tenant, backlog samples, head
 //! waits (starvation), and wait percentiles.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, VecDeque};
 
 use serde::Serialize;
 use spindle_core::admission::Decision;
@@ -179,6 +180,8 @@ pub(crate) struct Collector {
     /// (when, tenant, lane, backlogged): each time a tenant's queue in a lane became non-empty
     /// or empty (before the window's end), for the service gap over exact intervals.
     backlog_events: Vec<(Time, u32, u8, bool)>,
+    /// Retries backing off: (eligible at, tenant-lane), queued from then.
+    backing_off: BinaryHeap<Reverse<(Time, usize)>>,
     debt_cap_milli: i64,
     heads: HashMap<usize, (BTreeSet<(Time, TaskId)>, Time)>,
     queued_at: HashMap<TaskId, Time>,
@@ -300,6 +303,7 @@ impl Collector {
             served: vec![0; tenants.len() * Lane::COUNT],
             service_events: Vec::new(),
             backlog_events: Vec::new(),
+            backing_off: BinaryHeap::new(),
             heads: HashMap::new(),
             queued_at: HashMap::new(),
             starved: 0,
@@ -414,13 +418,16 @@ impl Collector {
         *self.decisions.entry(decision).or_default() += 1;
     }
 
-    /// The task is waiting for dispatch from `at` (its submit, or its retry's eligibility).
-    pub fn on_queued(&mut self, t: &SimTask, task: TaskId, at: Time) {
+    /// The task is waiting for dispatch from `at` (its submit, or its retry's eligibility), told
+    /// at `now`. A retry backing off until a later `at` is not in its tenant's queue before then
+    /// (the scheduler cannot serve it): its tenant is not backlogged for it until `at`.
+    pub fn on_queued(&mut self, t: &SimTask, task: TaskId, at: Time, now: Time) {
+        self.settle(now);
         let key = tl(t.tenant, t.lane);
-        self.queued[key] += 1;
-        if self.queued[key] == 1 && at < self.window.1 {
-            self.backlog_events
-                .push((at, t.tenant, t.lane.index() as u8, true));
+        if at > now {
+            self.backing_off.push(Reverse((at, key)));
+        } else {
+            self.count_queued(key, at);
         }
         let (set, head_since) = self
             .heads
@@ -433,8 +440,28 @@ impl Collector {
         self.queued_at.insert(task, at);
     }
 
+    /// Counts the retries whose backoff ended by `now` as queued.
+    fn settle(&mut self, now: Time) {
+        while let Some(&Reverse((at, key))) = self.backing_off.peek() {
+            if at > now {
+                break;
+            }
+            self.backing_off.pop();
+            self.count_queued(key, at);
+        }
+    }
+
+    fn count_queued(&mut self, key: usize, at: Time) {
+        self.queued[key] += 1;
+        if self.queued[key] == 1 && at < self.window.1 {
+            let (tenant, lane) = ((key / Lane::COUNT) as u32, (key % Lane::COUNT) as u8);
+            self.backlog_events.push((at, tenant, lane, true));
+        }
+    }
+
     /// The task left the queue (dispatched or expired).
     pub fn on_dequeued(&mut self, t: &SimTask, task: TaskId, now: Time) {
+        self.settle(now);
         let key = tl(t.tenant, t.lane);
         self.queued[key] -= 1;
         if self.queued[key] == 0 && now < self.window.1 {
@@ -502,6 +529,7 @@ impl Collector {
     }
 
     pub fn sample(&mut self, now: Time) {
+        self.settle(now);
         if now < self.window.0 || now >= self.window.1 {
             return;
         }

@@ -172,7 +172,7 @@ arrival = { kind = "poisson", rate_per_s = 0.1 }
 mix = [{ res = "720p", duration_s = 5 }]
 "#,
         expect![[r#"
-            spindle         accepted=181 completed=181 failed=0 share_error=0.000 jain=1.000 starved=0 overshoots=0 gap=31.7/160.5 node_gap=31.7/257.5 429s=49 rejected={}
+            spindle         accepted=181 completed=181 failed=0 share_error=0.000 jain=1.000 starved=0 overshoots=0 gap=30.7/160.5 node_gap=30.7/257.5 429s=49 rejected={}
             fifo            accepted=181 completed=181 failed=0 share_error=0.000 jain=1.000 starved=0 overshoots=0 gap=11.3/97.0 node_gap=11.3/194.0 429s=81 rejected={}
             wrr_count       accepted=181 completed=181 failed=0 share_error=0.000 jain=1.000 starved=0 overshoots=0 gap=6.8/97.0 node_gap=6.8/194.0 429s=81 rejected={}
             global_priority accepted=181 completed=181 failed=0 share_error=0.000 jain=1.000 starved=0 overshoots=0 gap=11.3/97.0 node_gap=11.3/194.0 429s=81 rejected={}
