@@ -117,12 +117,14 @@ impl SpindleNode {
         f(&mut self.shards[i])
     }
 
-    /// The split rule (`spindle_core::share`) applied to every node-wide limit that can bind —
-    /// except a limit whose shards bring the same loads (used, weight, share) as its last split
-    /// was computed from: the split is a function of them, and the shares it gave are those
-    /// loads' (theirs unchanged), so it would set every share to what it already is. Setting a
-    /// share to its own value changes nothing (a bucket's refill does not depend on when it
-    /// runs).
+    /// The split rule (`spindle_core::share`, corrected by the shards' lags) applied to every
+    /// node-wide limit that can bind — except a limit whose shards bring the same loads (used,
+    /// weight, share, virtual time, refusals) as its last split was computed from: the shares it
+    /// gave are those loads' (theirs unchanged), and the lags would not move, so it would set
+    /// every share to what it already is. Setting a share to its own value changes nothing (a
+    /// bucket's refill does not depend on when it runs). One difference from the node, which
+    /// updates the lags every tick: here a skipped split is no update, so a shard's refusal is
+    /// remembered for `REFUSED_MEMORY` splits that were not skipped.
     fn resplit(&mut self, now: Time) {
         let limits = match self.split_ids.take() {
             Some(limits) => limits,
