@@ -77,6 +77,12 @@ pub struct Config {
     /// Lease of running attempts and of partitions.
     #[serde(default = "default_lease_ms")]
     pub lease_ms: u32,
+    /// Uptime after which this node also takes partitions it does not prefer when they are
+    /// free or expired (default: one lease). Until then only its `owned_partitions` are
+    /// taken, so every node of a starting cluster has that long to take its own; a cluster
+    /// whose nodes start slowly (a busy machine, an image pull) sets it longer.
+    #[serde(default)]
+    pub takeover_grace_ms: Option<u32>,
     /// PostgreSQL's `statement_timeout` for the node's sessions (a batch is one statement).
     #[serde(default = "default_postgres_statement_timeout_ms")]
     pub postgres_statement_timeout_ms: u32,
@@ -90,7 +96,7 @@ pub struct Config {
     pub drain_ms: u64,
     /// Rows per control-plane batch (default 1024; at most the store's limit): calls carry
     /// what waits, so this bounds them only under load, where larger calls share PostgreSQL's
-    /// fixed cost per call among more rows (docs/benchmarks.md, "Seventeenth round").
+    /// fixed cost per call among more rows (docs/benchmarks/journal.md, "Seventeenth round").
     #[serde(default = "default_batch_max")]
     pub batch_max: usize,
     /// Pairs of control-plane pipelines (a submit connection and a claim-and-report
@@ -104,7 +110,7 @@ pub struct Config {
     /// fuller call (`batch_max` rows); 0: a call starts as soon as anything waits. A finish
     /// becomes durable (and visible, and its slots free) up to this much later; PostgreSQL's
     /// fixed cost per call is shared by more reports, and fewer report calls compete with the
-    /// submits for the CPU (docs/benchmarks.md, "Seventeenth round").
+    /// submits for the CPU (docs/benchmarks/journal.md, "Seventeenth round").
     #[serde(default = "default_report_hold_us")]
     pub report_hold_us: u32,
     /// How long a new submit may be expected to wait for its commit (or the accepted work
@@ -157,7 +163,7 @@ pub struct Config {
     /// default), each shard its share, a second's worth at once. Past it a shard holds the
     /// connection it accepted until the rate allows, the next ones waiting in the kernel's
     /// backlog: a reconnect storm's TLS handshakes (~0.25 ms of CPU each) then take at most
-    /// this much of the CPU the running work needs (docs/benchmarks.md).
+    /// this much of the CPU the running work needs (docs/benchmarks/journal.md).
     #[serde(default)]
     pub connection_rate_max: u32,
     /// Connections the HTTP port (metrics, probes, admin API, provider callbacks) holds at
@@ -234,7 +240,7 @@ pub struct Config {
     #[serde(default = "default_counter_check_s")]
     pub counter_check_s: u64,
     /// Whether a check that finds drift repairs it at once (`Db::rebuild_counters`, audited as
-    /// the node's): every counter is derived from what live attempts hold (DESIGN §2.5, §8),
+    /// the node's): every counter is derived from what live attempts hold (design.md §2.5, §8),
     /// and a counter below it lets claims past a limit. false: drift is only logged and
     /// counted, for an admin's `spindlectl rebuild-counters`.
     #[serde(default = "default_counter_repair")]
@@ -682,6 +688,10 @@ impl Config {
         );
         anyhow::ensure!(self.lease_ms >= 1_000, "lease_ms must be at least 1000");
         anyhow::ensure!(
+            self.takeover_grace_ms.is_none_or(|g| g <= 3_600_000),
+            "takeover_grace_ms must be at most 3600000 (an hour)"
+        );
+        anyhow::ensure!(
             (1..=CONNECTIONS_MAX).contains(&self.connections_max),
             "connections_max must be 1..={CONNECTIONS_MAX}, not {}",
             self.connections_max
@@ -774,8 +784,8 @@ impl Config {
                 );
             }
         }
-        // What the tenants' (and lanes') sections make of the policy (their quotas, say) is checked as the
-        // policy store checks it.
+        // What the tenants' (and lanes') sections make of the policy (their quotas, say) is checked
+        // as the policy store checks it.
         crate::policy(self)
             .validate()
             .map_err(|e| anyhow::anyhow!("the configured policy: {e}"))?;

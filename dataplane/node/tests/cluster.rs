@@ -32,6 +32,7 @@ owned_partitions = {owned}
 # Long enough that a node starved of CPU on a busy 2-core CI machine keeps its partitions: this
 # test is about sharing the provider, takeover has tests of its own (takeover.rs).
 lease_ms = 6000
+takeover_grace_ms = 600000
 provider_concurrency = 3
 provider_rpm = 600
 lane_capacity_units = 100000
@@ -218,6 +219,8 @@ shards = 2
 partitions = 2
 owned_partitions = [{owned}]
 lease_ms = 1500
+# Neither node takes the other's partition however slowly it starts (a busy machine).
+takeover_grace_ms = 600000
 provider_concurrency = {concurrency}
 provider_rpm = {rpm}
 lane_capacity_units = 100000

@@ -227,7 +227,7 @@ async fn a_node_without_a_relay_keeps_what_another_nodes_relay_has_to_send() {
     rx.refuse(true);
     let relay_config = config(&rx.url(), 10).replace(
         "partitions = 8\n",
-        "partitions = 2\nowned_partitions = [0]\nlease_ms = 1000\n",
+        "partitions = 2\nowned_partitions = [0]\nlease_ms = 3000\ntakeover_grace_ms = 600000\n",
     );
     let plain_config = r#"
 node_id = "plain-node"
@@ -236,7 +236,10 @@ http_listen = "127.0.0.1:0"
 shards = 2
 partitions = 2
 owned_partitions = [1]
-lease_ms = 1000
+# Neither node takes the other's partition however slowly it starts (a busy machine), and a
+# renewal late by two seconds keeps the lease.
+lease_ms = 3000
+takeover_grace_ms = 600000
 local_provider_time_scale = 0.0001
 retention_finished_s = 1
 retention_events_s = 1

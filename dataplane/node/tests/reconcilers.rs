@@ -294,7 +294,11 @@ async fn each_partitions_attempts_are_reconciled_by_its_owner_only() {
         mock::node_config(id, &m, "\n[reconcile]\nattempts_every_ms = 500\n")
             .replace(
                 "partitions = 8\n",
-                &format!("partitions = 8\nowned_partitions = [{owned}]\n"),
+                // Neither node takes the other's partition while both start, however slowly (a
+                // busy machine); node b takes node a's over once node a is gone.
+                &format!(
+                    "partitions = 8\nowned_partitions = [{owned}]\ntakeover_grace_ms = 8000\n"
+                ),
             )
             .replace(
                 "[[tenants]]\nid = 1\ncredential = \"tenant-1-credential\"\n",

@@ -13,8 +13,9 @@ use super::pipeline::reconnect;
 use super::restore::{load_restores, recover_attempts, Followed};
 
 /// Renews this node's partition leases every third of a lease, and takes partitions over:
-/// its preferred ones whenever they are free or expired, and after one lease of uptime (time
-/// for every node of a starting cluster to take its own) any other free or expired one. A
+/// its preferred ones whenever they are free or expired, and after `takeover_grace_ms` of uptime
+/// (one lease by default: time for every node of a starting cluster to take its own) any other
+/// free or expired one. A
 /// partition taken over has its previous owner's live attempts resolved and its QUEUED tasks
 /// sent to the shards before the node serves its tenants; a partition lost (another node took
 /// it after this node's lease lapsed) stops being served.
@@ -49,7 +50,11 @@ impl LeaseLoop {
             if self.admin.is_closed() {
                 self.admin = reconnect(&self.db_config, &self.metrics).await;
             }
-            let grace_over = started.elapsed().as_millis() > u128::from(self.config.lease_ms);
+            let grace = self
+                .config
+                .takeover_grace_ms
+                .unwrap_or(self.config.lease_ms);
+            let grace_over = started.elapsed().as_millis() > u128::from(grace);
             let wanted = if grace_over {
                 &everything
             } else {

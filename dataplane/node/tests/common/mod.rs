@@ -80,9 +80,10 @@ pub async fn start_on(conninfo: &str, config_text: &str) -> Daemon {
 }
 
 /// Starts one spindled per configuration on `test`'s database, every one before any is waited
-/// for (bounded), in order. Nodes of one cluster come up together this way: a node takes any
-/// free partition after one lease of uptime, and one slow to start (a busy machine) would
-/// find the partitions it prefers taken by those started before it.
+/// for (bounded), in order. A node takes any free partition after `takeover_grace_ms` of
+/// uptime (one lease by default), so one slow to start (a busy machine) can find the
+/// partitions it prefers taken: configurations whose tests depend on where a partition lives
+/// set that grace long.
 pub async fn start_together(test: &TestDb, configs: &[String]) -> Vec<Daemon> {
     let conninfo = &test.config().conninfo;
     let starting: Vec<Starting> = configs.iter().map(|c| spawn_on(conninfo, c)).collect();
