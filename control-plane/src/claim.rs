@@ -55,7 +55,7 @@ pub enum ClaimRefusal {
     UnknownPool(PoolShard),
 }
 
-/// Joins a claim's pool keys into one text for `spindle_claim` (migration 7), which splits it
+/// Joins a claim's pool keys into one text for `spindle_claim` (`sql/functions/spindle_claim.sql`), which splits it
 /// into the attempt's `res_pool` without aggregating the flat demand arrays per claim. Pool
 /// keys never contain control characters (checked in `validate`).
 const POOL_KEY_SEPARATOR: char = '\u{1f}';

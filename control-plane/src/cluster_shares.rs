@@ -1,6 +1,6 @@
 //! What a cluster's nodes share beyond PostgreSQL's own counters — each provider account's RPM
 //! and concurrency, the platform's cost per minute — divided among them by backlogged weight
-//! (DESIGN §3, "Fairness across shards and nodes"): a node whose tenants wait gets the part the
+//! (design.md §3, "Fairness across shards and nodes"): a node whose tenants wait gets the part the
 //! others do not need, an idle one keeps a standby part, and the parts never add up to more than
 //! the whole.
 //!

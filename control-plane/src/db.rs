@@ -399,7 +399,7 @@ async fn prepare(client: &Client) -> Result<Statements, StoreError> {
             )
             .await?,
         // A claim's pool shard is the one it prefers; `spindle_pick_shards` moves demands whose
-        // shard is full to another shard of their pool with room (migration 15).
+        // shard is full to another shard of their pool with room (`spindle_pick_shards`).
         submit_claim: client
             .prepare(
                 "SELECT * FROM spindle_submit_claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \

@@ -52,16 +52,17 @@ impl Default for EmbeddedOptions {
             // New WAL segments are created sparse instead of written full of zeroes first:
             // while the WAL grows (a fresh server, before checkpoints recycle segments) every
             // 16 MB segment's zero-fill and sync stalled every commit behind it. Measured
-            // (docs/benchmarks.md): submit ack p99 at 10k tasks/s 54–56 → 29 ms, completions
-            // −4 % while the WAL grows; recycled segments make both the same afterwards.
-            // Durability is unchanged: a commit's WAL is synced with fdatasync either way.
+            // (docs/benchmarks/journal.md): submit ack p99 at 10k tasks/s 54–56 → 29 ms,
+            // completions −4 % while the WAL grows; recycled segments make both the same
+            // afterwards. Durability is unchanged: a commit's WAL is synced with fdatasync either
+            // way.
             //
             // Backends start the write-back of the pages they write every 256 kB
             // (`sync_file_range`) instead of leaving them dirty in the kernel's cache, where
             // they piled up until the 30 s expiry (dirty_expire_centisecs) wrote them back at
             // once: ~280 MB in one second, every commit's flush queued behind it. Measured
-            // (docs/benchmarks.md, "Ninth round"): 45 s at 7,000 tasks/s, ack p99 over the run
-            // 266–333 → 27–50 ms, the worst second's 577–680 → 252–360 ms, the same
+            // (docs/benchmarks/journal.md, "Ninth round"): 45 s at 7,000 tasks/s, ack p99 over the
+            // run 266–333 → 27–50 ms, the worst second's 577–680 → 252–360 ms, the same
             // completions and PostgreSQL CPU.
             settings: vec![
                 ("wal_init_zero".into(), "off".into()),
@@ -115,7 +116,7 @@ impl EmbeddedPostgres {
         }
         let data = pg.data_dir();
         // The "C" locale whatever the environment's: text compares and sorts by bytes, the
-        // same on every machine, and without the collation functions' cost (migration 18).
+        // same on every machine, and without the collation functions' cost (the key column is `COLLATE "C"`).
         pg.run(
             "initdb",
             &[

@@ -196,7 +196,7 @@ pub struct Starved {
     pub waited_ms: u64,
 }
 
-/// A live attempt lives in its task's row (migration 5); its request key is derived from
+/// A live attempt lives in its task's row (in the baseline schema); its request key is derived from
 /// (task, attempt no). Nothing indexes live attempts (an index there would make every claim and
 /// finish a non-HOT update): these queries walk the task table, and run at start, at takeover
 /// and in the reconciler, never on the hot path.

@@ -1,4 +1,4 @@
-//! An operator puts FAILED tasks back in their queues (DESIGN §5: FAILED → QUEUED is the
+//! An operator puts FAILED tasks back in their queues (design.md §5: FAILED → QUEUED is the
 //! operator's move only), after the cause of the failures went away.
 //!
 //! In one transaction per call: the tasks are locked; each one FAILED in a partition the caller
@@ -197,7 +197,7 @@ impl Db {
                     tx.query(
                         &format!(
                             // The attempt that ended the task leaves its row for the
-                            // history first (migration 12): the next claim overwrites the
+                            // history first: the next claim overwrites the
                             // row's attempt columns.
                             "WITH kept AS (
                                  INSERT INTO attempt_history

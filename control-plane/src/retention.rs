@@ -93,7 +93,7 @@ impl Db {
                         SELECT (SELECT count(*) FROM walked), (SELECT max(task_id) FROM walked),
                                (SELECT count(*) FROM gone),
                                -- Ended attempts: the history's, and those kept in their task's
-                               -- row (migration 12).
+                               -- row.
                                (SELECT count(*) FROM history)
                                  + (SELECT count(*) FROM gone WHERE gone.kept),
                                EXISTS (SELECT 1 FROM walked WHERE created_at >= now()

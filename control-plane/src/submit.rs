@@ -112,7 +112,7 @@ impl Db {
         self.submit(None, batch, policy_version).await
     }
 
-    /// [`Db::submit_batch`] for `node`, fenced by its leases (migration 11): a row whose
+    /// [`Db::submit_batch`] for `node`, fenced by its leases (`spindle_submit_leased`): a row whose
     /// partition `node` does not hold now is answered [`SubmitOutcome::PartitionNotOwned`] and
     /// not written.
     pub async fn submit_batch_as(
@@ -127,7 +127,7 @@ impl Db {
 
     /// [`Db::submit_batch_as`] where row `i` may carry its task's first claim (`claims[i]`,
     /// at expected version 0), taken in the same transaction when the whole batch can be
-    /// (migration 14): one transaction instead of a submit and then a claim, and the claimed
+    /// (`spindle_submit_claim`): one transaction instead of a submit and then a claim, and the claimed
     /// rows written once. `lease_ms` is the attempts' lease, as for [`Db::claim_batch`].
     pub async fn submit_claim_batch_as(
         &self,

@@ -7,7 +7,7 @@ use spindle_core::TaskState;
 
 use crate::error::StoreError;
 
-/// Ids in one block of `reserve_task_ids` (the sequence's increment in migration 1).
+/// Ids in one block of `reserve_task_ids` (the sequence's increment in the baseline schema).
 pub const TASK_ID_BLOCK: u64 = 4096;
 
 /// Tenants hash into partitions; a node owns partitions through leases.

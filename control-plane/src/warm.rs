@@ -5,8 +5,8 @@
 //! statement in it the first time that statement runs. On this project's machine the first
 //! claimed submit of a session took 10–14 ms, and the calls after it 0.4–0.6 ms. Half of that
 //! was the compile (a call with empty arrays took 2.5–4.8 ms) and half the plans
-//! (docs/benchmarks.md, "A connection's first calls"). A node paid that on each connection for
-//! its first frames, and again after every reconnect. Now a connection that will carry the hot
+//! (docs/benchmarks/journal.md, "A connection's first calls"). A node paid that on each connection
+//! for its first frames, and again after every reconnect. Now a connection that will carry the hot
 //! path first runs that path on made-up tasks, inside a transaction it rolls back:
 //!
 //! - a claimed submit and an unclaimed one in one batch;

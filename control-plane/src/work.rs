@@ -1,4 +1,4 @@
-//! A node's reports and claims in one call (`spindle_work`, migration 22): the reports first,
+//! A node's reports and claims in one call (`spindle_work`): the reports first,
 //! then the claims, in one transaction — so a claim sees the slots the reports before it
 //! released, and a slot freed by a short job is taken again at the cost of one call, not of a
 //! report call and then a claim call.

@@ -846,7 +846,7 @@ async fn a_multi_step_report_checks_every_hop_and_writes_once() {
 
 /// A report batch in no particular task order is answered row by row for each row's own task,
 /// on the fast path (every row current) and on the row-by-row one (a stale row among them),
-/// and its outbox row lists each task with its own new state (migration 16 builds both from one
+/// and its outbox row lists each task with its own new state (the report builds both from one
 /// sort of the batch).
 #[tokio::test]
 async fn a_report_batch_in_any_order_answers_each_row_for_its_own_task() {

@@ -1,5 +1,5 @@
 //! A claim names the pool shard it prefers; when that shard has no room the database charges
-//! the next shard of the same pool that has (migration 15). A pool refuses only when none of
+//! the next shard of the same pool that has (`spindle_pick_shards`). A pool refuses only when none of
 //! its shards has room, and what a task holds goes back to the shard that was charged.
 
 mod common;

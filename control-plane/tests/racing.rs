@@ -2,7 +2,7 @@
 //! never goes above capacity, and the grants the callers saw are exactly the attempts and
 //! reservations PostgreSQL holds: none lost, none duplicated. The pool is split over shards and
 //! each racer prefers its own, so claims spill to other shards whenever the preferred one is
-//! full (migration 15) while the others race for them.
+//! full (`spindle_pick_shards`) while the others race for them.
 
 mod common;
 

@@ -42,14 +42,14 @@ async fn an_applied_migration_that_changed_is_an_error_not_a_rerun() {
             err,
             StoreError::MigrationChanged {
                 version: 1,
-                name: "schema"
+                name: "baseline"
             }
         ),
         "{err:?}"
     );
 }
 
-/// Version 18: an idempotency key compares as bytes whatever the database's collation. In a
+/// An idempotency key compares as bytes whatever the database's collation. In a
 /// database created with ICU's en-US (which puts "a" before "B"), the keys come out of their
 /// index in byte order ("B" first), and a resubmit of a key still finds its task.
 #[tokio::test]
@@ -134,116 +134,121 @@ async fn the_stored_transition_whitelist_is_the_cores() {
     }
 }
 
-/// Version 5 moves live attempts and their reservations into their task rows, ended attempts
-/// into the history and events into batches: a database with work in flight at version 4 comes
-/// out with the same facts, readable under the old names, and the work goes on.
-#[tokio::test]
-async fn version_5_carries_work_in_flight_over() {
-    let test = TestDb::new().await;
-    let mut sql = test.sql().await.unwrap();
-    migrate::apply_through(&mut sql, 4).await.unwrap();
-    sql.batch_execute(
-        "INSERT INTO node (node_id) VALUES ('n');
-         INSERT INTO partition_lease VALUES (0, 'n', now() + interval '1 hour', 1);
-         INSERT INTO resource_pool_shard (pool_key, shard, capacity, used)
-              VALUES ('p', 0, 10, 2), ('q', 0, 10, 1);
-         INSERT INTO task (task_id, tenant_id, user_id, idempotency_key, payload, partition, lane,
-                           band, state, version, policy_version, cost_estimate_milli,
-                           fairness_milli, attempt_no, current_attempt, current_fencing)
-              VALUES (1, 7, 70, 'live', '\\x01', 0, 2, 2, 'RUNNING', 3, 1, 100, 10, 2, 12, 22),
-                     (2, 7, 70, 'done', '\\x02', 0, 2, 2, 'SUCCEEDED', 4, 1, 100, 10, 1, NULL,
-                      NULL);
-         INSERT INTO task_attempt (attempt_id, task_id, attempt_no, fencing_token, node_id,
-                                   provider, provider_request_key, lease_until, ended_at, outcome)
-              VALUES (11, 1, 1, 21, 'n', 'acme', 'spindle-1-1', now(), now(), 'QUEUED'),
-                     (12, 1, 2, 22, 'n', 'acme', 'spindle-1-2', now() + interval '1 hour', NULL,
-                      NULL),
-                     (13, 2, 1, 23, 'n', 'acme', 'spindle-2-1', now(), now(), 'SUCCEEDED');
-         INSERT INTO resource_reservation (attempt_id, pool_key, shard, task_id, amount, status,
-                                           fencing_token)
-              VALUES (12, 'p', 0, 1, 2, 'ACTIVE', 22), (12, 'q', 0, 1, 1, 'ACTIVE', 22),
-                     (13, 'p', 0, 2, 2, 'RELEASED', 23);
-         INSERT INTO outbox_event (task_id, tenant_id, kind, body, delivered_at)
-              VALUES (2, 7, 'DISPATCHING', '{}', now()),
-                     (2, 7, 'SUCCEEDED', '{\"reason\": \"moved\"}', NULL);",
-    )
-    .await
-    .unwrap();
-    let mut db = test.open().await;
-    let active: Vec<(String, i64)> = sql
-        .query(
-            "SELECT pool_key, amount FROM resource_reservation
-              WHERE status = 'ACTIVE' AND attempt_id = 12 ORDER BY pool_key",
-            &[],
-        )
-        .await
+/// Every file under `sql/functions/` is carried ([`migrate::FUNCTIONS`]) under its own name and
+/// holds one `CREATE OR REPLACE FUNCTION` of the function it is named after; no migration calls
+/// one of them (a later version of the file may change what it does).
+#[test]
+fn each_function_has_its_own_file_and_no_migration_calls_one() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("sql/functions");
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
         .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
-    assert_eq!(active, vec![("p".into(), 2), ("q".into(), 1)]);
-    let attempts: Vec<(i64, i32, Option<String>)> = sql
-        .query(
-            "SELECT attempt_id, attempt_no, outcome FROM task_attempt ORDER BY attempt_id",
-            &[],
-        )
-        .await
-        .unwrap()
+    files.sort();
+    let mut carried: Vec<String> = migrate::FUNCTIONS
         .iter()
-        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .map(|f| format!("{}.sql", f.name))
         .collect();
+    carried.sort();
     assert_eq!(
-        attempts,
-        vec![
-            (11, 1, Some("QUEUED".into())),
-            (12, 2, None),
-            (13, 1, Some("SUCCEEDED".into())),
-        ]
+        files, carried,
+        "sql/functions/ and migrate::FUNCTIONS differ"
     );
-    assert!(db.rebuild_counters().await.unwrap().is_empty(), "no drift");
-    assert_eq!(
-        db.pending_events().await.unwrap(),
-        1,
-        "the undelivered event"
-    );
-    let live = db
-        .live_attempts_in(&[spindle_control::PartitionId(0)], None, 10)
-        .await
-        .unwrap();
-    assert_eq!(live.len(), 1);
-    assert_eq!(live[0].request_key, "spindle-1-2");
-    // The live attempt finishes and gives back what it held.
-    let done = db
-        .report_batch(&[spindle_control::Report::new(
-            spindle_core::TaskId(1),
-            Some(live[0].token),
-            spindle_control::ReportAction::Finish {
-                state: TaskState::Failed,
-                cost_actual_milli: None,
-                reason: Some("migrated".into()),
-                result: None,
-            },
-        )])
-        .await
-        .unwrap();
-    assert!(
-        matches!(
-            done[0],
-            spindle_control::ReportResult::Applied { released: 2, .. }
-        ),
-        "{done:?}"
-    );
-    let used: Vec<i64> = common::column(
-        &sql,
-        "SELECT used FROM resource_pool_shard ORDER BY pool_key",
-    )
-    .await;
-    assert_eq!(used, vec![0, 0]);
+    for f in migrate::FUNCTIONS {
+        let creates = f.sql.matches("CREATE OR REPLACE FUNCTION ").count()
+            + f.sql.matches("CREATE FUNCTION ").count();
+        assert_eq!(creates, 1, "{}.sql creates {creates} functions", f.name);
+        assert!(
+            f.sql
+                .contains(&format!("CREATE OR REPLACE FUNCTION {}(", f.name)),
+            "{}.sql does not create {}",
+            f.name,
+            f.name
+        );
+    }
+    for m in migrate::MIGRATIONS {
+        for f in migrate::FUNCTIONS {
+            // As a word: spindle_submit is a prefix of spindle_submit_claim.
+            let called = m.sql.match_indices(f.name).any(|(i, _)| {
+                !m.sql[i + f.name.len()..].starts_with(|c: char| c == '_' || c.is_alphanumeric())
+            });
+            assert!(!called, "migration {} names function {}", m.version, f.name);
+        }
+    }
 }
 
-/// Version 9: the functions every batch runs plan once per session (generic plans), and keep
-/// the settings that make those plans probe indexes instead of scanning (version 15's pick of
-/// pool shards too).
+/// The functions of a store of one name, as `(signature, result, body)`.
+async fn signatures(sql: &tokio_postgres::Client, name: &str) -> Vec<(String, String, String)> {
+    sql.query(
+        "SELECT oid::regprocedure::text, pg_get_function_result(oid), prosrc FROM pg_proc
+          WHERE proname = $1 ORDER BY 1",
+        &[&name],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| (r.get(0), r.get(1), r.get(2)))
+    .collect()
+}
+
+/// A function whose file changed is created again at the next start, whatever changed in it:
+/// the body (replaced in place), the parameter types (a new overload; the old one dropped) or
+/// the result (`CREATE OR REPLACE` cannot; dropped and created). Each case is set up by making
+/// the store hold another version and its recorded checksum stale, as an older binary's would.
+#[tokio::test]
+async fn a_changed_function_file_replaces_the_function_at_the_next_start() {
+    let test = TestDb::new().await;
+    test.open().await;
+    let sql = test.sql().await.unwrap();
+    let name = "spindle_renew";
+    let carried = signatures(&sql, name).await;
+    assert_eq!(carried.len(), 1, "{carried:?}");
+    let older_versions = [
+        // Another body.
+        "CREATE OR REPLACE FUNCTION spindle_renew(p_task bigint[], p_token bigint[],
+                                                 p_lease_ms bigint)
+         RETURNS TABLE(o_attempt bigint) LANGUAGE sql AS 'SELECT NULL::bigint WHERE false'",
+        // Other parameter types: an overload beside the carried one, which is dropped here.
+        "DROP FUNCTION spindle_renew(bigint[], bigint[], bigint);
+         CREATE FUNCTION spindle_renew(p_task integer[]) RETURNS TABLE(o_attempt bigint)
+         LANGUAGE sql AS 'SELECT NULL::bigint WHERE false'",
+        // Another result.
+        "DROP FUNCTION spindle_renew(bigint[], bigint[], bigint);
+         CREATE FUNCTION spindle_renew(p_task bigint[], p_token bigint[], p_lease_ms bigint)
+         RETURNS integer LANGUAGE sql AS 'SELECT 1'",
+    ];
+    for older in older_versions {
+        sql.batch_execute(older).await.unwrap();
+        sql.execute(
+            "UPDATE schema_functions SET checksum = 0 WHERE name = $1",
+            &[&name],
+        )
+        .await
+        .unwrap();
+        assert_ne!(signatures(&sql, name).await, carried, "{older}");
+        Db::open(test.config()).await.unwrap();
+        assert_eq!(signatures(&sql, name).await, carried, "after {older}");
+        let body: String = sql
+            .query_one("SELECT prosrc FROM pg_proc WHERE proname = $1", &[&name])
+            .await
+            .unwrap()
+            .get(0);
+        assert!(body.contains("attempt_lease_until"), "{body}");
+    }
+    // Recorded and unchanged: left alone (a hand-made body stays until the file changes).
+    sql.batch_execute(older_versions[0]).await.unwrap();
+    Db::open(test.config()).await.unwrap();
+    let body: String = sql
+        .query_one("SELECT prosrc FROM pg_proc WHERE proname = $1", &[&name])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(body.contains("WHERE false"), "{body}");
+}
+
+/// The functions every batch runs plan once per session (generic plans), and keep
+/// the settings that make those plans probe indexes instead of scanning (the pick of pool shards
+/// too).
 #[tokio::test]
 async fn the_batch_functions_use_generic_plans_over_index_probes() {
     let test = TestDb::new().await;
@@ -283,10 +288,10 @@ async fn the_batch_functions_use_generic_plans_over_index_probes() {
 
 /// The header of `control-plane/schema.sql`, ahead of the dump.
 const SNAPSHOT_HEADER: &str = "\
--- The schema the migrations build, as one file to read: every table, index and function as it
--- stands after the last migration (a function restated by several migrations is here once, in
--- its latest form). Generated by `pg_dump --schema-only` of a freshly migrated database; do not
--- edit. The migrations are the source; after adding one, rewrite this file with
+-- The schema a node builds, as one file to read: every table, index and function as it stands
+-- after the migrations (migrations/) and the functions (sql/functions/). Generated by
+-- `pg_dump --schema-only` of a freshly migrated database; do not edit. Those two folders are
+-- the source; after changing either, rewrite this file with
 --     SPINDLE_BLESS=1 cargo nextest run -p spindle-control -E 'test(schema_snapshot)'
 -- (the test `the_schema_snapshot_is_what_the_migrations_build` fails while it is stale).
 ";

@@ -1,4 +1,4 @@
-//! A submit that carries its tasks' first claims (migration 14): taken in the submit's
+//! A submit that carries its tasks' first claims (`spindle_submit_claim`): taken in the submit's
 //! transaction when the whole batch can be, else the batch is submitted unclaimed with the
 //! answers a plain submit gives — never half of each.
 
