@@ -40,7 +40,7 @@ pub struct RelayReport {
 }
 
 /// The body of event `i` of an outbox row: each key of the row's details holds an array with
-/// one entry per event, or a value every event of the row shares (as `spindle_event_body`).
+/// one entry per event, or a value every event of the row shares (as the `outbox_event` view reads it).
 /// Each array entry belongs to one event only, so it is moved out, not copied.
 fn event_body(details: &mut Value, i: usize) -> Value {
     let Value::Object(keys) = details else {

@@ -1,4 +1,4 @@
-//! spindle's client protocol (DESIGN §7): the FlatBuffers schema `fbs/spindle.fbs` is the one
+//! spindle's client protocol (design.md §7): the FlatBuffers schema `fbs/spindle.fbs` is the one
 //! source of truth; `src/generated/` is what `flatc --rust` makes of it (a test checks it is
 //! current: regenerate with `scripts/gen-wire`). On top: length-prefixed framing
 //! ([`frame::FrameReader`]), verification with tight limits and semantic validation into owned

@@ -1,4 +1,4 @@
-//! Admission decisions (DESIGN §4, seed 000 §18.11): every outcome is a value with a reason.
+//! Admission decisions (design.md §4): every outcome is a value with a reason.
 
 use std::fmt;
 
@@ -154,7 +154,7 @@ impl fmt::Display for RejectReason {
     }
 }
 
-/// A coarse position: exact positions are unstable under fair scheduling (seed 000 §18.11.1).
+/// A coarse position: exact positions are unstable under fair scheduling (design.md §4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum QueueLevel {

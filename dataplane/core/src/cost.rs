@@ -1,4 +1,4 @@
-//! Cost estimation from the model capability matrix (DESIGN §4 "Resource units", seed 000 §18.7).
+//! Cost estimation from the model capability matrix (design.md §4, "Resource units").
 //!
 //! `fairness_units = max(provider_s / provider_s_base, cost / cost_base, gpu_s / gpu_s_base)`: the
 //! dominant bottleneck, used only to choose between tenants. The per-dimension demands (provider
@@ -90,7 +90,7 @@ pub struct ModelCapability {
     pub providers: Vec<ProviderId>,
 }
 
-/// The denominators of the fairness unit (seed 000 §18.7.1: 30 s, 0.1 cost, 30 GPU s).
+/// The denominators of the fairness unit (design.md §4: 30 s, 0.1 cost, 30 GPU s).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CostBases {
     pub provider_ms: u64,
@@ -113,7 +113,8 @@ impl Default for CostBases {
 // Four bytes, not one: placed last in a `CostEstimate`, a one-byte class left seven bytes
 // of padding that copies of the estimate moved as a byte and two overlapping 4-byte moves,
 // and reading the admission's copy back then waited on a store-forwarding stall (perf
-// annotate: 29 % of `handle_submit`'s samples on that load; docs/benchmarks.md, eighth round).
+// annotate: 29 % of `handle_submit`'s samples on that load; docs/benchmarks/journal.md, eighth
+// round).
 #[repr(u32)]
 pub enum ResourceClass {
     Standard,
@@ -278,7 +279,7 @@ pub fn estimate(
     })
 }
 
-/// The dominant resource's share of its base (seed 000 §18.7.1), in milli-units, at least 1.
+/// The dominant resource's share of its base (design.md §4), in milli-units, at least 1.
 fn fairness_milli(provider_ms: u64, cost_milli: u64, media_gpu_ms: u64, bases: &CostBases) -> u64 {
     (provider_ms * MILLI_PER_UNIT / bases.provider_ms)
         .max(cost_milli * MILLI_PER_UNIT / bases.cost_milli)

@@ -53,7 +53,7 @@ id!(
     PolicyVersion(u64)
 );
 
-/// Service classes (DESIGN §4). Order is the index into per-lane arrays.
+/// Service classes (design.md §4). Order is the index into per-lane arrays.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum Lane {

@@ -1,4 +1,4 @@
-//! Every limit of DESIGN §4 as a non-blocking, all-or-nothing try-acquire in a fixed order.
+//! Every limit of design.md §4 as a non-blocking, all-or-nothing try-acquire in a fixed order.
 //!
 //! A [`Ledger`] holds semaphores (concurrency, running units, queued counts) and token buckets
 //! (submit rates, RPM, cost per minute), each behind a dense [`LimitId`]. A [`Demand`] lists the

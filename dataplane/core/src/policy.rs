@@ -1,5 +1,5 @@
-//! Scheduling policy: lanes, tenants, DRR and aging parameters, providers, the capability matrix and
-//! node capacities. Plain data, validated once. A newer policy version changes single objects
+//! Scheduling policy: lanes, tenants, DRR and aging parameters, providers, the capability matrix
+//! and node capacities. Plain data, validated once. A newer policy version changes single objects
 //! ([`PolicyPatch`]), each checked before it is applied; provider accounts and models are fixed
 //! at start in number and name (their ids index the shard's limits), their values are not.
 
@@ -17,8 +17,8 @@ use crate::limits::{
 use crate::units::Units;
 
 /// A token bucket: `per_minute` tokens refill continuously, at most `burst` stored. A tenant's or
-/// user's submit rate keeps bursts exactly up to [`crate::ledger::SUBMIT_BURST_MAX`] (307 million submits);
-/// a larger one, like the presets' unlimited rate, is held at that.
+/// user's submit rate keeps bursts exactly up to [`crate::ledger::SUBMIT_BURST_MAX`] (307 million
+/// submits); a larger one, like the presets' unlimited rate, is held at that.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RateSpec {
     pub per_minute: u64,
@@ -101,8 +101,8 @@ pub struct TenantPolicy {
     pub wait_overflow: WaitOverflow,
     pub allowed_classes: Vec<ResourceClass>,
     pub user: UserPolicy,
-    /// Cancels it may send: each one is stored in PostgreSQL before it is answered (seed 000
-    /// §18.19.3: a flood of create-then-cancel). Unlimited where a stored policy predates it.
+    /// Cancels it may send: each one is stored in PostgreSQL before it is answered (design.md
+    /// §4: a flood of create-then-cancel). Unlimited where a stored policy predates it.
     #[serde(default = "unlimited_rate")]
     pub cancel_rate: RateSpec,
     /// Status reads answered from PostgreSQL — a task no shard holds live (ended, or another
@@ -220,7 +220,7 @@ pub struct Policy {
     pub tenants: HashMap<TenantId, TenantPolicy>,
 }
 
-/// Estimates that follow what a model's tasks really cost (seed 000 §18.17.7: a large task's
+/// Estimates that follow what a model's tasks really cost (design.md §4: a large task's
 /// misestimate is calibrated with the historical P95 of actual consumption). Each shard keeps,
 /// per model, the ratio of reported to estimated cost of its last completions; once it has
 /// `samples_min` of them, new tasks of the model are priced at the window's 95th percentile of

@@ -1,5 +1,5 @@
-//! Ready-made policies for tests, benches and the simulator's defaults. Values follow seed 000
-//! §18.5.1 scaled down; nothing here is used by the node in production.
+//! Ready-made policies for tests, benches and the simulator's defaults. Values follow
+//! design.md §4 scaled down; nothing here is used by the node in production.
 
 use std::collections::HashMap;
 

@@ -6,7 +6,7 @@
 //! queue is a few words, a queued task needs no allocation of its own, and a pick reads the task
 //! it is about to start and nothing besides.
 //!
-//! Aging is computed from band head timestamps when a choice is made (seed 000 §18.6.6): no task
+//! Aging is computed from band head timestamps when a choice is made (design.md §4): no task
 //! is ever rewritten as time passes.
 
 use crate::ids::Band;
@@ -256,7 +256,8 @@ mod tests {
         );
         q.push_back(&mut t, Band::P2, 1);
         let step = 100_000 * 1_000_000; // 100 s
-                                        // At 255 s and 260 s the P4 head has aged 2 steps, to P2, and is older than the P2 head.
+                                        // At 255 s and 260 s the P4 head has aged 2 steps, to P2,
+                                        // and is older than the P2 head.
         assert_eq!(
             q.best_band(&t, Time::from_ms(260_000), step),
             Some(Band::P4)

@@ -1,4 +1,4 @@
-//! The split rule for node-wide limits (DESIGN §3 "Fairness across shards and nodes").
+//! The split rule for node-wide limits (design.md §3 "Fairness across shards and nodes").
 //!
 //! DRR inside a shard is fair only among that shard's tenants, so a resource several shards share
 //! is split among them in proportion to the summed weight of their *backlogged* tenants. A share
@@ -68,9 +68,9 @@ pub const LAG_CAP_GAINS: i64 = 2;
 /// The bounds, next to DRR's (`L_max + 2Q` per unit of weight between two tenants backlogged in
 /// one shard; `drr_bound` in the core's tests): a tenant's service as DRR charges it is its
 /// weight times its shard's virtual time within that bound, so two tenants of two shards drift
-/// apart by at most twice DRR's bound plus the two shards' lags — the feedback holds a lag near `±G`
-/// while the shard competes, past which the correction is at its stop and the lag moves only by
-/// what the shard starts out of headroom it already held. Stored lags are clamped to
+/// apart by at most twice DRR's bound plus the two shards' lags — the feedback holds a lag near
+/// `±G` while the shard competes, past which the correction is at its stop and the lag moves only
+/// by what the shard starts out of headroom it already held. Stored lags are clamped to
 /// `±LAG_CAP_GAINS × G`, so no shard banks an unbounded claim; [`Lags::peak`] reports the largest
 /// lag an update found before clamping, and the simulator checks the node-wide gap against twice
 /// DRR's bound plus twice it (plus the fairness debts both bounds carry when runs take other than

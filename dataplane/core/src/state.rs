@@ -1,4 +1,4 @@
-//! The task state machine of DESIGN §5 as an explicit whitelist, with compare-and-set on
+//! The task state machine of design.md §5 as an explicit whitelist, with compare-and-set on
 //! `(state, version)`. Terminal states stay terminal; FAILED → QUEUED only by an operator.
 
 use std::fmt;

@@ -1,4 +1,4 @@
-//! The tenant breaker (seed 000 §18.19.3: an abnormal tenant is cut off). A tenant whose
+//! The tenant breaker (design.md §4: an abnormal tenant is cut off). A tenant whose
 //! requests keep being refused — submitted tasks rejected at admission, cancels and reads past
 //! their rate, frames that do not decode — faster than `[breaker] refusals_per_s` for longer
 //! than its burst is suspended for a cooldown: the connection that tripped it and then each of
@@ -9,7 +9,7 @@
 //!
 //! Each rejection costs the node little, but a client that retries at once, in a loop, takes
 //! its shard's core from the other tenants there (a shard answers ~100,000 rejections a second,
-//! docs/benchmarks.md): the breaker makes it reconnect, and refuses it, instead.
+//! docs/benchmarks/journal.md): the breaker makes it reconnect, and refuses it, instead.
 //!
 //! Refusals are counted where the tenant's connections are served, on the shard owning it
 //! (a connection that could not be handed over counts on the shard that accepted it); the

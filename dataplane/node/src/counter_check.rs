@@ -3,7 +3,7 @@
 //! read-only snapshot (`Db::check_counters`). Drift is logged per counter and counted
 //! (`spindle_counter_drift_shards`, `spindle_counter_drift_budgets`) and, with
 //! `counter_repair` (the default), repaired at once: `Db::rebuild_counters` recomputes every
-//! counter under the pool rows' locks (DESIGN §8: counter drift → rebuild from ACTIVE
+//! counter under the pool rows' locks (design.md §8: counter drift → rebuild from ACTIVE
 //! reservations), audited as the node's, counted in `spindle_counter_repairs_total`. A snapshot
 //! never shows a claim or release in flight as drift (each moves the counter and the task row
 //! in one transaction), so a repair follows only real drift.

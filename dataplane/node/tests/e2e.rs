@@ -332,7 +332,7 @@ async fn batches_across_task_id_blocks_all_complete() {
     );
 }
 
-/// DESIGN §3: a node-wide limit is split among shards by backlogged weight. Tenant 1 lives on
+/// design.md §3: a node-wide limit is split among shards by backlogged weight. Tenant 1 lives on
 /// shard 1 and is the only one with work: it gets both providers whole (2 × 4 slots), not the
 /// half of each its shard starts with — and never more than the 8.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

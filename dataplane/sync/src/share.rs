@@ -1,4 +1,4 @@
-//! Node-wide limits sub-leased to shards (DESIGN §3, "Fairness across shards and nodes").
+//! Node-wide limits sub-leased to shards (design.md §3, "Fairness across shards and nodes").
 //!
 //! Each limit's capacity is split into the shards' holdings and a free pool. A shard's holding
 //! is the capacity its core may use; only that shard changes it, and only through the free pool:

@@ -214,7 +214,7 @@ pub const ENUM_VALUES_DECISION: [Decision; 10] = [
   Decision::RejectQuotaExhausted,
 ];
 
-/// Admission decisions (DESIGN §4), in the core's order.
+/// Admission decisions (design.md §4), in the core's order.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 #[repr(transparent)]
 pub struct Decision(pub u8);
@@ -336,7 +336,7 @@ pub const ENUM_VALUES_TASK_STATE: [TaskState; 11] = [
   TaskState::Expired,
 ];
 
-/// Task states (DESIGN §5).
+/// Task states (design.md §5).
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 #[repr(transparent)]
 pub struct TaskState(pub u8);
@@ -3679,8 +3679,8 @@ pub unsafe fn root_as_request_frame_unchecked(buf: &[u8]) -> RequestFrame<'_> {
   unsafe { ::flatbuffers::root_unchecked::<RequestFrame>(buf) }
 }
 #[inline]
-/// Assumes, without verification, that a buffer of bytes contains a size prefixed RequestFrame and returns it.
-/// # Safety
+/// Assumes, without verification, that a buffer of bytes contains a size prefixed RequestFrame and
+/// returns it. # Safety
 /// Callers must trust the given bytes do indeed contain a valid size prefixed `RequestFrame`.
 pub unsafe fn size_prefixed_root_as_request_frame_unchecked(buf: &[u8]) -> RequestFrame<'_> {
   unsafe { ::flatbuffers::size_prefixed_root_unchecked::<RequestFrame>(buf) }

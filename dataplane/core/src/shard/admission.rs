@@ -338,7 +338,7 @@ impl Shard {
         Ok(*self.estimates.get(estimate))
     }
 
-    /// Queued units ahead in the lane over its measured service rate (seed 000 §18.11.3).
+    /// Queued units ahead in the lane over its measured service rate (design.md §4).
     fn expected_lane_wait_ms(&self, lane: Lane, now: Time) -> u64 {
         let rt = &self.lanes[lane.index()];
         wait_ms(rt.queued_units_milli, rt.rate_milli_per_s(now))

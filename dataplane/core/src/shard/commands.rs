@@ -1,7 +1,7 @@
 //! A tenant's commands other than submits that cost PostgreSQL a call — cancels, each stored
 //! before it is answered, and status reads of tasks no shard holds live — each kind under a
-//! rate of the tenant's own (`TenantPolicy::cancel_rate`, `store_read_rate`; seed 000
-//! §18.19.3: a flood of create-then-cancel, or of polling, must not take the node's
+//! rate of the tenant's own (`TenantPolicy::cancel_rate`, `store_read_rate`; design.md §4: a
+//! flood of create-then-cancel, or of polling, must not take the node's
 //! PostgreSQL connections from the other tenants). What a shard answers from memory (a live
 //! task's status, a cancel of a task it does not hold) spends nothing.
 

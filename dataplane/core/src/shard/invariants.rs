@@ -5,7 +5,7 @@ use super::*;
 
 impl Shard {
     /// Recomputes every counter from the tasks and compares: the in-memory form of "counters are
-    /// derived" (DESIGN §2.5). O(tasks + limits): for tests and the simulator.
+    /// derived" (design.md §2.5). O(tasks + limits): for tests and the simulator.
     pub fn check_invariants(&self) {
         let within = self.over_capacity == 0;
         self.ledger.check_invariants(within);

@@ -100,9 +100,10 @@ impl Shard {
 
     /// The node limits the provider stage holds, in id order: running counts and units per lane,
     /// model, provider and high-cost class (semaphores), then RPM and cost tokens — the lane's
-    /// own budget's, or the platform's — (buckets). The tenant's and user's running limits and the tenant's cost bucket are its
-    /// other part. A need that does not apply (no borrowing, not high-cost) is there with zero,
-    /// which always fits and releases nothing, so the shape is fixed and built in place.
+    /// own budget's, or the platform's — (buckets). The tenant's and user's running limits and the
+    /// tenant's cost bucket are its other part. A need that does not apply (no borrowing, not
+    /// high-cost) is there with zero, which always fits and releases nothing, so the shape is fixed
+    /// and built in place.
     #[inline]
     pub(super) fn provider_demand(
         &self,
@@ -205,7 +206,7 @@ impl Shard {
     }
 
     /// Lane capacity a task of `lane` may use, in preference order: its own pool, then what it
-    /// may borrow (DESIGN §4: enterprise reserve with headroom; best effort on leftovers only).
+    /// may borrow (design.md §4: enterprise reserve with headroom; best effort on leftovers only).
     pub(super) fn lane_options(&self, lane: Lane, units: u64) -> ([CapacityMode; 3], usize) {
         let mut options = [CapacityMode::Normal; 3];
         let mut n = 1;

@@ -1,4 +1,4 @@
-//! The node's parts of the limits it shares with the cluster (DESIGN §3: a provider account's
+//! The node's parts of the limits it shares with the cluster (design.md §3: a provider account's
 //! RPM and concurrency, the platform's cost per minute): every second (or third of a lease, if
 //! shorter), what its shards published on the board per limit — the backlogged weight that
 //! wants it and what they use — goes to PostgreSQL and its parts come back

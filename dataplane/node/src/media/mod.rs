@@ -140,8 +140,8 @@ impl MediaConfig {
     }
 }
 
-/// One job: the task's video at `input_url` (`http://` or `https://`, fetched into the output directory
-/// under the job's quota, or `file://`).
+/// One job: the task's video at `input_url` (`http://` or `https://`, fetched into the output
+/// directory under the job's quota, or `file://`).
 #[derive(Debug)]
 pub struct MediaJob {
     pub shard: usize,
@@ -816,7 +816,7 @@ fn accel(p: &spindle_gpu::Placement) -> Accel {
     }
 }
 
-/// The share of the whole ladder at which the media stage reports its milestone (DESIGN §5's
+/// The share of the whole ladder at which the media stage reports its milestone (design.md §5's
 /// 90 %: the task's last milestone before it ends).
 pub const MEDIA_MILESTONE_PCT: u8 = 90;
 

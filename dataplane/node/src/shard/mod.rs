@@ -160,7 +160,7 @@ pub use subscriptions::{
     SUBSCRIPTIONS_MAX, SUBSCRIPTIONS_PER_TASK_MAX, SUBSCRIPTIONS_PER_TENANT_MAX,
 };
 
-/// Progress milestone of a state (DESIGN §5: 10/30/60/90/100).
+/// Progress milestone of a state (design.md §5: 10/30/60/90/100).
 fn progress_of(state: TaskState) -> u8 {
     match state {
         TaskState::Created | TaskState::Queued => 0,
@@ -222,7 +222,7 @@ struct Meta {
     committed: bool,
     /// Set when the core dispatches the task. Boxed, as `attempt` is: most live tasks are
     /// queued and hold neither, and this record is most of a queued task's memory in the node
-    /// (docs/benchmarks.md, "Memory per queued task").
+    /// (docs/benchmarks/journal.md, "Memory per queued task").
     estimate: Option<Box<CostEstimate>>,
     /// When it was admitted (or restored): its queue wait ends at dispatch.
     queued_at: Time,
@@ -437,7 +437,7 @@ pub struct SplitBoard {
 }
 
 /// Node limit `key` at board place `k` as the cluster shares it: a provider account's RPM and
-/// concurrency, the platform's cost per minute (DESIGN §3: divided among nodes by backlogged
+/// concurrency, the platform's cost per minute (design.md §3: divided among nodes by backlogged
 /// weight); `None` for a limit each node has to itself.
 fn shared_limit(
     k: usize,
@@ -996,9 +996,9 @@ fn apply_policy(s: &mut ShardState, patch: spindle_core::policy::PolicyPatch) {
     }
 }
 
-/// Moves this shard's parts of the node-wide limits toward their split-rule targets (DESIGN §3):
-/// publishes its load, lets shard 0 set every shard's target from the last loads, and takes or
-/// gives back units through the board's free pool, never below what it uses.
+/// Moves this shard's parts of the node-wide limits toward their split-rule targets (design.md
+/// §3): publishes its load, lets shard 0 set every shard's target from the last loads, and takes
+/// or gives back units through the board's free pool, never below what it uses.
 fn resplit(s: &mut ShardState) {
     let now = s.now();
     for (k, &(id, full)) in s.split_limits.iter().enumerate() {
@@ -1217,7 +1217,7 @@ fn publish_gauges(s: &ShardState) {
 #[cfg(test)]
 mod tests {
     /// A queued task's record here is, with the core's, what the node holds per queued task
-    /// (`benches/node/memory`; docs/benchmarks.md, "Memory per queued task"). What only a
+    /// (`benches/node/memory`; docs/benchmarks/journal.md, "Memory per queued task"). What only a
     /// dispatched task needs is boxed: 80 bytes, 224 before.
     #[test]
     fn a_queued_tasks_record_stays_small() {

@@ -147,7 +147,7 @@ pub(super) async fn submit_to_provider(
 }
 
 /// Ends the attempt of a task canceled between its grant and its start, which is then never
-/// sent to a provider (DESIGN §8); false when the task was not canceled.
+/// sent to a provider (design.md §8); false when the task was not canceled.
 fn canceled_before_sent(s: &mut ShardState, task: TaskId, token: FencingToken) -> bool {
     if s.core.task_state(task) != Some(TaskState::Canceled) {
         return false;
@@ -485,7 +485,7 @@ pub(super) async fn run_local(
         Duration::from_secs_f64(modelled_ms as f64 / 1_000.0 * s.time_scale)
     };
     // A zero wait (a time scale of 0: the node benches) registers no timer: 0.3 µs of a
-    // shard's CPU per task (docs/benchmarks.md, "Sixteenth round").
+    // shard's CPU per task (docs/benchmarks/journal.md, "Sixteenth round").
     if !wait.is_zero() {
         glommio::timer::sleep(wait).await;
     }

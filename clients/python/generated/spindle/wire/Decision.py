@@ -2,7 +2,7 @@
 
 # namespace: wire
 
-# Admission decisions (DESIGN §4), in the core's order.
+# Admission decisions (design.md §4), in the core's order.
 class Decision(object):
     Accepted = 0
     AcceptedBestEffort = 1

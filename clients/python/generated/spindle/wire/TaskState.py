@@ -2,7 +2,7 @@
 
 # namespace: wire
 
-# Task states (DESIGN §5).
+# Task states (design.md §5).
 class TaskState(object):
     Created = 0
     Queued = 1
