@@ -1,5 +1,5 @@
 -- For `benches/node/run RATE BATCH benches/node/no-autovacuum.sql`: the hot tables with
--- autovacuum off, as on a server whose vacuum lags far behind (docs/benchmarks.md, "vacuum").
+-- autovacuum off, as on a server whose vacuum lags far behind (docs/benchmarks/journal.md, "vacuum").
 ALTER TABLE task SET (autovacuum_enabled = off, toast.autovacuum_enabled = off);
 ALTER TABLE outbox_batch SET (autovacuum_enabled = off, toast.autovacuum_enabled = off);
 ALTER TABLE attempt_history SET (autovacuum_enabled = off);

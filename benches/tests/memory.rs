@@ -1,7 +1,7 @@
 //! Memory per queued task, measured with a counting allocator on a shard holding 100,000 tasks
 #![allow(unsafe_code)] // a counting allocator is the only way to measure heap use here
 //! queued by 10,000 tenants. The bound (512 bytes, issue 2) is a limit of the design, so it is
-//! asserted here; the measured figure is printed and recorded in docs/benchmarks.md.
+//! asserted here; the measured figure is printed and recorded in docs/benchmarks/journal.md.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};

@@ -4,7 +4,8 @@
 //!
 //! The scheduler knows some of its next reads ahead: after a dispatch, the task that is now its
 //! tenant's head. (Hinting the tenant the ring serves next as well made the 10k-tenant pair
-//! ~10 % slower once the records were in line order — docs/benchmarks.md — and was removed.)
+//! ~10 % slower once the records were in line order — docs/benchmarks/journal.md — and was
+//! removed.)
 
 /// Hints that `value`'s first cache line will be read soon. A no-op off x86-64.
 #[inline(always)]

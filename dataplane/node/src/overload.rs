@@ -43,8 +43,8 @@ use spindle_core::TenantId;
 
 /// What a call is assumed to cost before any has been measured, and the prior the fitted model
 /// leans on where the calls seen say little (all of one size): 1 ms a call and 20 µs a row,
-/// about what a submit call cost on the 2-core development machine (docs/benchmarks.md, round
-/// 35).
+/// about what a submit call cost on the 2-core development machine (docs/benchmarks/journal.md,
+/// round 35).
 const PRIOR_FIXED_NS: f64 = 1_000_000.0;
 const PRIOR_ROW_NS: f64 = 20_000.0;
 /// Weight of the prior's two points against the decayed weight of the calls seen (which tends
@@ -71,7 +71,7 @@ const RETRY_AFTER_MAX_MS: u64 = 10_000;
 /// The work path's waits are held to this many ack budgets: they delay completions, not
 /// acknowledgements, and a report call waits for a fuller batch (`report_hold_us`) by design.
 /// At two, the work path's levels held the node's goodput at saturation lower (25,478 against
-/// 28,640 tasks a second at twice the maximum, budget 50 ms, one spell; docs/benchmarks.md,
+/// 28,640 tasks a second at twice the maximum, budget 50 ms, one spell; docs/benchmarks/journal.md,
 /// "Goodput under overload").
 pub const WORK_BUDGETS: f64 = 4.0;
 
@@ -442,9 +442,9 @@ pub fn verdict(submit: f64, work: f64, x: f64, draw: f64) -> Option<Shed> {
 /// queue that stays): the per-tenant levels apply only while one does. It stands once the
 /// pressure has stayed at or over the heaviest senders' level ([`LEVEL_MIN`]) for
 /// [`STANDING_INTERVAL`] — less the further over it is, by the square: a sixty-fourth of it at
-/// eight times the level — and until an interval passes without a frame at that level. Outside, every tenant
-/// is admitted up to the whole budget: a hiccup of the store under a light load refuses no
-/// one, however unevenly its few tenants send.
+/// eight times the level — and until an interval passes without a frame at that level. Outside,
+/// every tenant is admitted up to the whole budget: a hiccup of the store under a light load
+/// refuses no one, however unevenly its few tenants send.
 #[derive(Debug, Clone, Copy)]
 pub struct Standing {
     /// Since when every frame judged found the pressure at or over the level.

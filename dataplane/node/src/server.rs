@@ -5,8 +5,8 @@
 //! command is answered when the shard answers — in any order, matched by request id. A submit
 //! is admitted right in the connection's task (it runs on its tenant's shard): one that needs
 //! nothing of PostgreSQL — refused, or every task rejected — is answered from there, without a
-//! hop through the shard's inbox (docs/benchmarks.md, "Twentieth round"); accepted tasks go on
-//! to their group commit in a task of their own, which queues the answer for the socket the
+//! hop through the shard's inbox (docs/benchmarks/journal.md, "Twentieth round"); accepted tasks go
+//! on to their group commit in a task of their own, which queues the answer for the socket the
 //! moment it is known.
 
 use std::collections::HashMap;

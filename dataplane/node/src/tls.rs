@@ -312,7 +312,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Link<S> {
     /// the session (in rustls' buffers, or in ours) for the first reads. A client that speaks
     /// the protocol without TLS is reported as [`Accepted::Plain`], nothing written to it (the
     /// caller tells it in a frame it can read). The key agreement and signature run on this
-    /// thread (~0.2 ms of a shard's CPU per connection: docs/benchmarks.md).
+    /// thread (~0.2 ms of a shard's CPU per connection: docs/benchmarks/journal.md).
     pub async fn accept_tls(&mut self, config: Arc<ServerConfig>) -> io::Result<Accepted> {
         let conn = rustls::ServerConnection::new(config).map_err(tls_error)?;
         let s = RefCell::new(Session {

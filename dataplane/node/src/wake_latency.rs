@@ -6,7 +6,7 @@
 //! idle. On a virtual machine whose idle CPUs halt (this project's bench machines: the
 //! `haltpoll` idle driver with guest polling off), each such wake-up goes through the
 //! hypervisor: a one-row insert and commit answered in 2.1–3.1 ms at 300 a second and in 0.8 ms
-//! with this request at 0 µs, which keeps idle CPUs polling instead (docs/benchmarks.md,
+//! with this request at 0 µs, which keeps idle CPUs polling instead (docs/benchmarks/journal.md,
 //! "Thirteenth round"). The price is CPUs that spin while idle (power, and host CPU on a shared
 //! machine), so it is off unless `cpu_wake_latency_us` is set.
 //!

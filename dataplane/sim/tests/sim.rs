@@ -457,7 +457,7 @@ fn many_shards_are_as_fair_as_one() {
 /// from its share than twice DRR's bound per weight, the worst share error within 0.01 of the
 /// same trace's on one shard (`random::check`) — with the
 /// core's invariants checked along the way. A run longer than the test command's is recorded
-/// in docs/benchmarks.md (`spindle-sim --random 1000 --seed 1`).
+/// in docs/benchmarks/journal.md (`spindle-sim --random 1000 --seed 1`).
 #[test]
 fn fifty_random_scenarios_keep_spindles_promises() {
     let options = RunOptions {

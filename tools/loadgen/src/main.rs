@@ -347,7 +347,7 @@ fn drive(
     // One thread: the generator shares the machine with what it measures, and two workers
     // woke each other for every frame — 61k context switches in a 10 s run at 20,000 tasks/s
     // against 17k on one thread, 10.8–11.5 against 6.6–6.9 µs of CPU per task, sends no later
-    // (docs/benchmarks.md, "Sixteenth round").
+    // (docs/benchmarks/journal.md, "Sixteenth round").
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

@@ -4,7 +4,7 @@
 //! latency (which runs from the intended send time). A pacer sleeps on a Linux timerfd, the
 //! OS's high-resolution timer, registered with the runtime's own event loop: the runtime's
 //! thread wakes at the deadline itself. (A pacing thread that woke the runtime through a
-//! channel, as before, cost two more thread switches per frame: docs/benchmarks.md,
+//! channel, as before, cost two more thread switches per frame: docs/benchmarks/journal.md,
 //! "Sixteenth round".)
 
 use std::os::fd::{AsFd, AsRawFd, RawFd};

@@ -462,7 +462,7 @@ const PROVIDER_POOL_SHARD_UNITS_MIN: u64 = 16;
 /// transaction that charges or gives back a row locks it to its commit: one row made every
 /// shard of every node queue behind each other's commit flush. Each node shard asks for rows of
 /// its own first ([`preferred_pool_shard`]) and the database charges another only when that one
-/// is full (migration 15), so the pool refuses only when all of it is taken.
+/// is full (`spindle_pick_shards`), so the pool refuses only when all of it is taken.
 pub fn provider_pool_shards(concurrency: u64) -> u16 {
     (concurrency / PROVIDER_POOL_SHARD_UNITS_MIN).clamp(1, PROVIDER_POOL_SHARDS_MAX) as u16
 }
@@ -474,8 +474,9 @@ pub fn provider_pool_shards(concurrency: u64) -> u16 {
 /// different rows. A claim locks its row to its commit and so does the report that gives it
 /// back: with one row per shard, a shard's submits (which carry its claims) waited for its
 /// reports of the tasks claimed by the call before, on the same row, to flush (0.8–1.1 ms a
-/// call at 5,000 single-task frames a second: docs/benchmarks.md, "Thirteenth round"). Taking
-/// turns, the report gives back the rows of the calls before while the submit charges the next.
+/// call at 5,000 single-task frames a second: docs/benchmarks/journal.md, "Thirteenth round").
+/// Taking turns, the report gives back the rows of the calls before while the submit charges the
+/// next.
 pub fn preferred_pool_shard(node: &str, index: usize, shards: usize, turn: u64, rows: u16) -> u16 {
     let salt = spindle_control::fnv1a(node.as_bytes());
     let step = (shards.max(1) as u64).wrapping_mul(turn);

@@ -356,7 +356,7 @@ pub(crate) async fn commit(state: &SharedShard, admitted: Admitted, reply: impl 
     // is. (Left to the pump that follows the message which brought them, the pick came
     // too late when this submit awaited before admitting — a new block of task ids: its
     // tasks waited for the next message or tick, and a shard found backlogged at a tick
-    // took the node's shared provider limits from one that was not: docs/benchmarks.md,
+    // took the node's shared provider limits from one that was not: docs/benchmarks/journal.md,
     // "Tenth round".)
     pump(state).await;
     let (cp, rows) = {
