@@ -1,0 +1,146 @@
+//! The crate graph keeps its layers (ARCHITECTURE.md, "Architecture invariants"): every
+//! dependency between the workspace's crates points to a lower layer, and the pure crates use
+//! no runtime, network, database or media library. Read from `cargo metadata`, so a new crate
+//! or a new dependency is checked the day it appears.
+
+use std::collections::BTreeMap;
+
+/// The layers, lowest first. A crate may depend only on crates of lower layers.
+const LAYERS: &[&[&str]] = &[
+    // Pure, and the bottom: scheduling, cross-thread counters, the allocator.
+    &["spindle-core", "spindle-sync", "spindle-alloc"],
+    // Pure, on the core: the protocol, the simulator.
+    &["spindle-wire", "spindle-sim"],
+    // Shell libraries, each owning one outside thing: PostgreSQL, providers' HTTP, GPUs, the
+    // client's socket.
+    &[
+        "spindle-control",
+        "spindle-providers",
+        "spindle-gpu",
+        "spindle-client",
+    ],
+    // FFmpeg, on the GPU ledger.
+    &["spindle-transcode"],
+    // The daemon: wires the libraries together.
+    &["spindle-node"],
+    // Tools and checks on top: nothing depends on them.
+    &["spindle-loadgen", "spindle-benches", "spindle-loom-tests"],
+];
+
+/// Crates that must stay pure (ARCHITECTURE.md): none of these libraries in their normal
+/// dependencies.
+const PURE: &[&str] = &[
+    "spindle-core",
+    "spindle-sync",
+    "spindle-wire",
+    "spindle-sim",
+];
+const IMPURE_LIBRARIES: &[&str] = &[
+    "tokio",
+    "glommio",
+    "tokio-postgres",
+    "hyper",
+    "rustls",
+    "ffmpeg-next",
+    "nvml-wrapper",
+    "libloading",
+    "libc",
+];
+
+/// A workspace crate's dependencies that are not dev-dependencies: (name, is in the workspace).
+type Graph = BTreeMap<String, Vec<String>>;
+
+fn layer_of(name: &str) -> Option<usize> {
+    LAYERS.iter().position(|l| l.contains(&name))
+}
+
+/// Every broken rule of `graph` (workspace crates → their normal and build dependencies), as
+/// one line each.
+fn violations(graph: &Graph) -> Vec<String> {
+    let mut found = Vec::new();
+    for (krate, deps) in graph {
+        let Some(own) = layer_of(krate) else {
+            found.push(format!(
+                "{krate} is in no layer: place it in LAYERS (and ARCHITECTURE.md)"
+            ));
+            continue;
+        };
+        for dep in deps {
+            if let Some(theirs) = layer_of(dep) {
+                if theirs >= own {
+                    found.push(format!(
+                        "{krate} (layer {own}) depends on {dep} (layer {theirs}): dependencies \
+                         point down only"
+                    ));
+                }
+            } else if graph.contains_key(dep) {
+                found.push(format!("{dep} is in no layer"));
+            } else if PURE.contains(&krate.as_str()) && IMPURE_LIBRARIES.contains(&dep.as_str()) {
+                found.push(format!("{krate} is pure and depends on {dep}"));
+            }
+        }
+    }
+    found
+}
+
+fn workspace_graph() -> Graph {
+    let out = std::process::Command::new(env!("CARGO"))
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--no-deps",
+            "--offline",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("running cargo metadata");
+    assert!(
+        out.status.success(),
+        "cargo metadata: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let metadata: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let mut graph = Graph::new();
+    for package in metadata["packages"].as_array().unwrap() {
+        let deps = package["dependencies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|d| d["kind"].as_str() != Some("dev"))
+            .map(|d| d["name"].as_str().unwrap().to_string())
+            .collect();
+        graph.insert(package["name"].as_str().unwrap().to_string(), deps);
+    }
+    graph
+}
+
+#[test]
+fn every_dependency_points_to_a_lower_layer() {
+    let graph = workspace_graph();
+    assert!(
+        graph.contains_key("spindle-node") && graph.len() >= 10,
+        "{graph:?}"
+    );
+    let found = violations(&graph);
+    assert!(found.is_empty(), "{}", found.join("\n"));
+}
+
+/// The check itself: an upward edge, a crate outside every layer and a pure crate on a runtime
+/// are each reported.
+#[test]
+fn the_layer_check_reports_what_breaks_it() {
+    let mut graph = workspace_graph();
+    assert!(violations(&graph).is_empty());
+    graph
+        .get_mut("spindle-core")
+        .unwrap()
+        .push("spindle-node".into());
+    graph.insert("spindle-new".into(), vec!["spindle-core".into()]);
+    graph.get_mut("spindle-sim").unwrap().push("tokio".into());
+    let found = violations(&graph);
+    assert_eq!(found.len(), 3, "{found:#?}");
+    assert!(found[0].contains("spindle-core (layer 0) depends on spindle-node"));
+    assert!(found[1].contains("spindle-new is in no layer"));
+    assert!(found[2].contains("spindle-sim is pure and depends on tokio"));
+}
