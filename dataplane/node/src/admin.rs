@@ -17,25 +17,10 @@ use spindle_control::{Db, DbConfig};
 use spindle_core::{TaskId, TenantId};
 
 use crate::config::partition_of;
+pub use spindle_node_base::config::{AdminToken, Role};
+
 use crate::live_policy::LivePolicy;
 use crate::metrics::Metrics;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Role {
-    Viewer,
-    Operator,
-    Admin,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AdminToken {
-    /// Who the token belongs to (the audit log's actor).
-    pub name: String,
-    pub token: String,
-    pub role: Role,
-}
 
 /// What the admin endpoints share.
 pub struct Admin {

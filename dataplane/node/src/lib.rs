@@ -10,10 +10,8 @@
 pub mod admin;
 pub mod auth_guard;
 pub mod breaker;
-pub mod config;
 pub mod control;
 pub mod counter_check;
-pub mod credential;
 pub mod dispatch;
 pub mod health;
 pub mod http;
@@ -30,6 +28,9 @@ pub mod systemd;
 pub mod tls;
 pub mod wake_latency;
 
+pub use spindle_node_base::policy::policy;
+pub use spindle_node_base::{config, credential};
+
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -38,7 +39,6 @@ use std::sync::mpsc as std_mpsc;
 use anyhow::Context;
 use glommio::{LocalExecutorBuilder, Placement};
 use spindle_control::{DbConfig, EmbeddedOptions, EmbeddedPostgres};
-use spindle_core::{presets, Policy, TenantId};
 
 use crate::config::Config;
 use crate::server::ConnCtx;
@@ -46,77 +46,6 @@ use crate::shard::{ShardMsg, ShardSetup, ShardState, SHARD_QUEUE_MAX};
 
 /// The embedded PostgreSQL, when the node runs one; stopped on the way out.
 static EMBEDDED: std::sync::Mutex<Option<EmbeddedPostgres>> = std::sync::Mutex::new(None);
-
-/// The configured policy: the small-node preset with node-wide limits lifted and the configured
-/// tenants. The node runs with this and the policy store's objects over it
-/// ([`live_policy`]).
-pub fn policy(config: &Config) -> Policy {
-    let mut policy = presets::small_node();
-    presets::lift_node_limits(&mut policy);
-    for p in &mut policy.providers {
-        p.concurrency = config.provider_concurrency;
-        // The node keeps 5 % below the contract's rate and half below its burst (a provider
-        // allows about a second's worth): requests leave here paced (`dispatch`) but reach the
-        // provider with network jitter, and a provider counting in its own clock must never
-        // see more than the contract.
-        let per_minute = (config.provider_rpm * 95 / 100).max(1);
-        p.rpm = spindle_core::policy::RateSpec {
-            per_minute,
-            burst: (per_minute / 120).max(1),
-        };
-    }
-    for lane in [
-        spindle_core::Lane::PaidShared,
-        spindle_core::Lane::Standard,
-        spindle_core::Lane::Expensive,
-    ] {
-        policy.lanes[lane.index()].capacity =
-            spindle_core::Units::whole(config.lane_capacity_units);
-    }
-    for (lane, section) in &config.lanes {
-        section.apply(&mut policy.lanes[lane.index()]);
-    }
-    if let Some(media) = &config.media {
-        policy.node.media_workers = media.workers as u64;
-    }
-    if let Some(per_minute) = config.platform_cost_per_minute_milli {
-        policy.node.platform_cost_per_minute = spindle_core::policy::RateSpec {
-            per_minute,
-            burst: (per_minute / 10).max(1),
-        };
-    }
-    policy.calibration.samples_min = config.cost_calibration_samples;
-    policy.retry.backoff_base_ms = config.retry_backoff_base_ms;
-    policy.retry.backoff_max_ms = config.retry_backoff_max_ms;
-    for t in &config.tenants {
-        let mut tenant = presets::tenant(t.lane, t.weight);
-        if let Some(per_minute) = t.submit_per_minute {
-            tenant.submit_rate = spindle_core::policy::RateSpec {
-                per_minute,
-                burst: (per_minute / 60).max(1),
-            };
-        }
-        if let Some(max) = t.queued_tasks_max {
-            tenant.queued_tasks_max = max;
-        }
-        let tenth = |per_minute: u64| spindle_core::policy::RateSpec {
-            per_minute,
-            burst: (per_minute / 10).max(1),
-        };
-        tenant.cancel_rate = tenth(t.cancel_per_minute);
-        if let Some(per_minute) = t.cost_per_minute_milli {
-            tenant.cost_per_minute = tenth(per_minute);
-        }
-        t.user.apply(&mut tenant.user);
-        tenant.quotas = t.quotas.clone();
-        tenant.utc_offset_min = t.utc_offset_min;
-        if let Some(per_minute) = t.store_reads_per_minute {
-            tenant.store_read_rate = tenth(per_minute);
-        }
-        policy.tenants.insert(TenantId(t.id), tenant);
-    }
-    policy
-}
 
 /// Runs the node until the process is stopped. A failed start stops the embedded PostgreSQL
 /// it may have begun.
@@ -139,7 +68,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
     // Both listeners' TLS, read once (before anything starts: an unusable file stops here).
     let (listener_tls, certificates) = match &config.tls {
         Some(t) => {
-            let l = t.server()?;
+            let l = crate::tls::Listeners::from_config(t)?;
             (Some((l.protocol, l.http)), Some(l.certificates))
         }
         None => (None, None),

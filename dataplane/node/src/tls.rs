@@ -15,32 +15,15 @@
 
 use std::cell::RefCell;
 use std::io::{self, Read, Write};
-use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::{Arc, Mutex, RwLock};
 
 use futures_util::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 pub use rustls::ServerConfig;
+pub use spindle_node_base::config::{TlsConfig, CLIENT_CAS_MAX};
 
 /// Ciphertext read from the socket at once: a whole TLS record and its overhead.
 const CIPHER_CHUNK: usize = 16 * 1024 + 512;
-
-/// The `[tls]` section: the certificate (chain, PEM) and private key (PEM) both listeners
-/// present.
-#[derive(Debug, Clone, PartialEq, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TlsConfig {
-    pub cert_file: PathBuf,
-    pub key_file: PathBuf,
-    /// Client certificates (mTLS) on the client protocol's port: a client must present one
-    /// that chains to these CA certificates (PEM, at most [`CLIENT_CAS_MAX`]). The HTTP port
-    /// asks for none (probes, scrapers; its admin API has its tokens).
-    #[serde(default)]
-    pub client_ca_file: Option<PathBuf>,
-}
-
-/// CA certificates one `client_ca_file` may hold.
-pub const CLIENT_CAS_MAX: usize = spindle_providers::tls::EXTRA_ROOTS_MAX;
 
 /// Both listeners' rustls configurations and the certificate they present.
 pub struct Listeners {
@@ -56,39 +39,14 @@ pub struct Listeners {
 /// certbot, …) is in use for new connections within this, without a restart.
 pub const RELOAD_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
-impl TlsConfig {
-    /// The files' bytes; an error names the file.
-    fn read(&self) -> anyhow::Result<(Vec<u8>, Vec<u8>)> {
-        let read = |what: &str, path: &PathBuf| {
-            std::fs::read(path).map_err(|e| anyhow::anyhow!("tls.{what}: {}: {e}", path.display()))
-        };
-        Ok((
-            read("cert_file", &self.cert_file)?,
-            read("key_file", &self.key_file)?,
-        ))
-    }
-
-    /// The certificate and key as rustls uses them: the key must be the certificate's.
-    fn certified(&self, cert: &[u8], key: &[u8]) -> anyhow::Result<rustls::sign::CertifiedKey> {
-        let named = |e: String| {
-            anyhow::anyhow!(
-                "tls: {} with {}: {e}",
-                self.cert_file.display(),
-                self.key_file.display()
-            )
-        };
-        let (chain, key) = spindle_providers::tls::pem_chain_and_key(cert, key).map_err(named)?;
-        rustls::sign::CertifiedKey::from_der(chain, key, &spindle_providers::tls::crypto())
-            .map_err(|e| named(e.to_string()))
-    }
-
-    /// The listeners' rustls configurations and the certificate they present (for
-    /// [`Certificates::reload`]); an error names the files and what is wrong with them.
-    pub fn server(&self) -> anyhow::Result<Listeners> {
-        let (cert, key) = self.read()?;
-        let current = self.certified(&cert, &key)?;
+impl Listeners {
+    /// Both listeners' rustls configurations from `[tls]`, and the certificate they present
+    /// (for [`Certificates::reload`]); an error names the files and what is wrong with them.
+    pub fn from_config(config: &TlsConfig) -> anyhow::Result<Listeners> {
+        let (cert, key) = config.read()?;
+        let current = config.certified(&cert, &key)?;
         let certs = Arc::new(Certificates {
-            files: self.clone(),
+            files: config.clone(),
             loaded: Mutex::new((cert, key)),
             current: RwLock::new(Arc::new(current)),
         });
@@ -102,23 +60,13 @@ impl TlsConfig {
                 .with_no_client_auth()
                 .with_cert_resolver(certs.clone()),
         );
-        let protocol = match &self.client_ca_file {
+        let protocol = match config.client_verifier()? {
             None => http.clone(),
-            Some(path) => {
-                let roots = spindle_providers::tls::pem_roots_file(path)
-                    .map_err(|e| anyhow::anyhow!("tls.client_ca_file: {e}"))?;
-                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-                    Arc::new(roots),
-                    spindle_providers::tls::crypto(),
-                )
-                .build()
-                .map_err(|e| anyhow::anyhow!("tls.client_ca_file: {}: {e}", path.display()))?;
-                Arc::new(
-                    builder()
-                        .with_client_cert_verifier(verifier)
-                        .with_cert_resolver(certs.clone()),
-                )
-            }
+            Some(verifier) => Arc::new(
+                builder()
+                    .with_client_cert_verifier(verifier)
+                    .with_cert_resolver(certs.clone()),
+            ),
         };
         Ok(Listeners {
             protocol,

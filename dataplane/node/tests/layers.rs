@@ -21,6 +21,9 @@ const LAYERS: &[&[&str]] = &[
     ],
     // FFmpeg, on the GPU ledger.
     &["spindle-transcode"],
+    // The node's floor: its configuration as plain data, the policy derived from it,
+    // credentials, routing. Nothing in it runs.
+    &["spindle-node-base"],
     // The daemon: wires the libraries together.
     &["spindle-node"],
     // Tools and checks on top: nothing depends on them.

@@ -1,6 +1,27 @@
 //! spindled's configuration: a TOML file (see `spindled.example.toml`), every field overridable
 //! by a command-line flag or a `SPINDLE_*` environment variable.
 
+mod admin;
+mod breaker;
+mod events;
+mod media;
+mod provider;
+mod reconcile;
+mod tls;
+mod upload;
+
+pub use admin::{AdminToken, Role};
+pub use breaker::BreakerConfig;
+pub use events::EventsConfig;
+pub use media::{DeclarationPolicy, MediaConfig, OUTPUT_URL_BYTES_MAX};
+pub use provider::ProviderConfig;
+pub use reconcile::{Job, ReconcileConfig};
+pub use tls::{TlsConfig, CLIENT_CAS_MAX};
+pub use upload::{
+    KeySource, UploadConfig, UPLOAD_ATTEMPTS_MAX, UPLOAD_PARTS_IN_FLIGHT_MAX, UPLOAD_PART_MB_MAX,
+    UPLOAD_PREFIX_BYTES_MAX,
+};
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -117,7 +138,7 @@ pub struct Config {
     /// ahead of it for its claims and reports, twice this) before the node refuses it at once,
     /// `REJECT_PLATFORM_OVERLOADED` with a `retry_after_ms` hint, instead of queueing it. The
     /// tenants sending the most for their weight are refused first, from an eighth of it,
-    /// and the quietest only past twice it (`crate::overload`). 0: never refused for the
+    /// and the quietest only past twice it (`spindle_node::overload`). 0: never refused for the
     /// durable path's load.
     #[serde(default = "default_ack_budget_ms")]
     pub ack_budget_ms: u32,
@@ -170,7 +191,7 @@ pub struct Config {
     /// once (1..=65536). A new one past it closes the oldest that is not in a request (idle
     /// between requests, or still sending its head); with every one in a request it is
     /// answered `503` with `retry-after: 1` (closed at once over TLS), counted in
-    /// `spindle_http_connections_refused_total` (`crate::http`).
+    /// `spindle_http_connections_refused_total` (`spindle_node::http`).
     #[serde(default = "default_http_connections_max")]
     pub http_connections_max: usize,
     /// Backoff before the first retry of a failed attempt (doubling per retry, × a jitter of
@@ -182,14 +203,14 @@ pub struct Config {
     /// An HTTP provider (the generic async-job API). Without it the in-process local provider
     /// runs every task after its modelled time.
     #[serde(default)]
-    pub provider: Option<crate::dispatch::ProviderConfig>,
+    pub provider: Option<ProviderConfig>,
     /// The media stage (probe and transcode of each finished job's video on worker threads).
     /// Without it the media step completes at once.
     #[serde(default)]
-    pub media: Option<crate::media::MediaConfig>,
+    pub media: Option<MediaConfig>,
     /// Tokens of the admin API on the HTTP port (none: the admin API answers 404).
     #[serde(default)]
-    pub admin_tokens: Vec<crate::admin::AdminToken>,
+    pub admin_tokens: Vec<AdminToken>,
     /// Microseconds a shard's executor keeps polling after it runs out of work before it
     /// sleeps: a wake-up from another thread (a connection on another executor, an answer from
     /// the control plane) then costs nothing instead of tens of microseconds. 0 turns it off
@@ -197,7 +218,7 @@ pub struct Config {
     #[serde(default = "default_idle_spin_us")]
     pub idle_spin_us: u64,
     /// Microseconds within which an idle CPU must be able to run again, asked of the kernel for
-    /// as long as the node runs (Linux PM QoS: [`crate::wake_latency`]). Unset: not asked. 0
+    /// as long as the node runs (Linux PM QoS: `spindle_node::wake_latency`). Unset: not asked. 0
     /// keeps idle CPUs polling — on a virtual machine whose idle CPUs halt, each wake-up of a
     /// commit's path otherwise goes through the hypervisor.
     #[serde(default)]
@@ -228,7 +249,7 @@ pub struct Config {
     /// The event relay: where the outbox's events are posted. None: events stay in
     /// PostgreSQL (for `retention_events_s`).
     #[serde(default)]
-    pub events: Option<crate::relay::EventsConfig>,
+    pub events: Option<EventsConfig>,
     /// Rows of the task table one retention pass looks at (passes run after each lease renewal,
     /// for up to a quarter of the renewal interval).
     #[serde(default = "default_retention_scan_rows")]
@@ -245,10 +266,10 @@ pub struct Config {
     /// counted, for an admin's `spindlectl rebuild-counters`.
     #[serde(default = "default_counter_repair")]
     pub counter_repair: bool,
-    /// The reconcilers' periods and bounds (`crate::reconciler`): lapsed and stuck attempts,
+    /// The reconcilers' periods and bounds (`spindle_node::reconciler`): lapsed and stuck attempts,
     /// orphan provider jobs, provider cost drift, starving tasks.
     #[serde(default)]
-    pub reconcile: crate::reconciler::ReconcileConfig,
+    pub reconcile: ReconcileConfig,
     /// Completions with a reported cost a model needs before its new tasks are priced at what
     /// its tasks really cost (the 95th percentile of reported over estimated cost of its last
     /// 64, within ×0.5..×4: `spindle_core::policy::CalibrationPolicy`); 0 turns it off.
@@ -275,13 +296,13 @@ pub struct Config {
     #[serde(default)]
     pub tenants: Vec<TenantConfig>,
     /// The tenant breaker: a tenant whose requests are refused faster than this for longer
-    /// than its burst is suspended for a cooldown (`crate::breaker`).
+    /// than its burst is suspended for a cooldown (`spindle_node::breaker`).
     #[serde(default)]
-    pub breaker: crate::breaker::BreakerConfig,
+    pub breaker: BreakerConfig,
     /// TLS on the client protocol's port and the HTTP port, with this certificate and key;
     /// both plain without it.
     #[serde(default)]
-    pub tls: Option<crate::tls::TlsConfig>,
+    pub tls: Option<TlsConfig>,
     #[serde(skip)]
     pub ready_file: Option<PathBuf>,
 }
@@ -786,7 +807,7 @@ impl Config {
         }
         // What the tenants' (and lanes') sections make of the policy (their quotas, say) is checked
         // as the policy store checks it.
-        crate::policy(self)
+        crate::policy::policy(self)
             .validate()
             .map_err(|e| anyhow::anyhow!("the configured policy: {e}"))?;
         // A restart or takeover counts the current periods' consumption from the ended tasks
@@ -805,7 +826,7 @@ impl Config {
             e.check()?;
         }
         if let Some(t) = &self.tls {
-            t.server()?;
+            t.check()?;
         }
         anyhow::ensure!(
             self.postgres_wait_s <= 7 * 86_400,
@@ -907,7 +928,9 @@ mod tests {
     use super::*;
 
     fn load(file: &str) -> anyhow::Result<Config> {
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../node")
+            .join(file);
         Config::load(&Args::file(path, None))
     }
 
@@ -922,7 +945,7 @@ mod tests {
     /// The example's commented-out sections are valid too, once uncommented.
     #[test]
     fn the_examples_optional_sections_load() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../node");
         let text = std::fs::read_to_string(dir.join("spindled.example.toml")).unwrap();
         let uncommented: String = text
             .lines()
@@ -986,7 +1009,7 @@ mod tests {
     /// file's source, so a new field without documentation fails here).
     #[test]
     fn the_operations_guide_lists_every_key() {
-        let source = include_str!("config.rs");
+        let source = include_str!("mod.rs");
         let body = source
             .split("pub struct Config {")
             .nth(1)

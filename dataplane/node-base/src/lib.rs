@@ -1,0 +1,9 @@
+//! The node's floor, below every other part of `spindled` (ARCHITECTURE.md, "Architecture
+//! invariants"): the configuration as plain data — each section with its `check()`, and the
+//! lower-layer values it derives (TLS roots, a bucket's description) — the policy a node runs
+//! with, tenant credentials, and which partition and shard a tenant lives on. Nothing here
+//! runs: listeners, threads and connections are built by their owners from this.
+
+pub mod config;
+pub mod credential;
+pub mod policy;
