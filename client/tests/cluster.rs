@@ -3,7 +3,7 @@
 //! `ClusterClient` fails over within its window and not past it, and does not retry a
 //! refusal no other node would answer otherwise, gives a subscribed task that ended during a
 //! failover as its end, and keeps no more subscriptions than its bound. (Its failover from a killed node to the one that takes over,
-//! requests and subscriptions, with real nodes: `dataplane/node/tests/takeover.rs`.)
+//! requests and subscriptions, with real nodes: `dataplane/spindled/tests/takeover.rs`.)
 
 use std::net::SocketAddr;
 

@@ -6,4 +6,5 @@
 
 pub mod config;
 pub mod credential;
+pub mod exposition;
 pub mod policy;

@@ -1,10 +1,10 @@
 //! The periodic counter check: every `counter_check_s`, each pool shard's `used` against its
 //! ACTIVE reservations and each tenant's reserved budget against its open ledger cycles, in one
 //! read-only snapshot (`Db::check_counters`). Drift is logged per counter and counted
-//! (`spindle_counter_drift_shards`, `spindle_counter_drift_budgets`) and, with
+//! (`spindle_reservation_drift_shards`, `spindle_reservation_drift_budgets`) and, with
 //! `counter_repair` (the default), repaired at once: `Db::rebuild_counters` recomputes every
 //! counter under the pool rows' locks (design.md §8: counter drift → rebuild from ACTIVE
-//! reservations), audited as the node's, counted in `spindle_counter_repairs_total`. A snapshot
+//! reservations), audited as the node's, counted in `spindle_reservation_repairs_total`. A snapshot
 //! never shows a claim or release in flight as drift (each moves the counter and the task row
 //! in one transaction), so a repair follows only real drift.
 //!

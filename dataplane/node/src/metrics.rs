@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use spindle_core::{Band, Decision, Lane};
+use spindle_node_base::exposition::{label, Exposition};
 use spindle_sync::ShareBoard;
 
 /// Control-plane batch latency buckets (µs), Prometheus-style cumulative.
@@ -639,10 +640,24 @@ impl Metrics {
         }
     }
 
-    /// Prometheus text exposition.
+    /// Prometheus text exposition: every family once, grouped, with its help and type
+    /// ([`Exposition`] checks; a test runs `promtool check metrics` on a live node's).
     pub fn render(&self) -> String {
-        let mut out = String::new();
-        let w = &mut out;
+        let mut w = String::new();
+        self.render_tasks(&mut w);
+        self.render_quotas(&mut w);
+        self.render_cluster(&mut w);
+        self.render_shards(&mut w);
+        self.render_provider(&mut w);
+        self.render_media(&mut w);
+        self.render_waits(&mut w);
+        self.render_limits_and_policy(&mut w);
+        Exposition::group(&w).text
+    }
+
+    /// Admissions, completions, claims, the overload gate, calls in doubt, retention and
+    /// restore, the checks of reservations, the reconcilers.
+    fn render_tasks(&self, w: &mut String) {
         let _ = writeln!(w, "# HELP spindle_admissions_total Submits by admission decision.\n# TYPE spindle_admissions_total counter");
         for d in Decision::ALL {
             let _ = writeln!(
@@ -655,15 +670,15 @@ impl Metrics {
         self.render_overload(w);
         let _ = writeln!(
             w,
-            "# TYPE spindle_tasks_completed_total counter\nspindle_tasks_completed_total {}",
+            "# HELP spindle_tasks_completed_total Tasks this node saw end, whatever their end.\n# TYPE spindle_tasks_completed_total counter\nspindle_tasks_completed_total {}",
             self.completed.load(Ordering::Relaxed)
         );
         let _ = writeln!(
             w,
-            "# TYPE spindle_tasks_succeeded_total counter\nspindle_tasks_succeeded_total {}",
+            "# HELP spindle_tasks_succeeded_total Tasks whose SUCCEEDED is committed in PostgreSQL.\n# TYPE spindle_tasks_succeeded_total counter\nspindle_tasks_succeeded_total {}",
             self.succeeded_durable.load(Ordering::Relaxed)
         );
-        let _ = writeln!(w, "# TYPE spindle_claims_total counter");
+        let _ = writeln!(w, "# HELP spindle_claims_total Claims the store granted or refused.\n# TYPE spindle_claims_total counter");
         let _ = writeln!(
             w,
             "spindle_claims_total{{result=\"granted\"}} {}",
@@ -691,16 +706,20 @@ impl Metrics {
         );
         let _ = writeln!(
             w,
-            "# HELP spindle_counter_checks_total Checks of the pool counters against their reservations.\n# TYPE spindle_counter_checks_total counter\nspindle_counter_checks_total {}",
+            "# HELP spindle_reservation_checks_total Checks of the pool counters against their reservations.\n# TYPE spindle_reservation_checks_total counter\nspindle_reservation_checks_total {}",
             self.counter_checks.load(Ordering::Relaxed)
         );
         let _ = writeln!(
             w,
-            "# HELP spindle_counter_check_failures_total Counter checks that failed (the store unreachable or too slow).\n# TYPE spindle_counter_check_failures_total counter\nspindle_counter_check_failures_total {}\n# HELP spindle_dead_letters Tasks in the dead-letter list (ended FAILED) at the last check.\n# TYPE spindle_dead_letters gauge\nspindle_dead_letters {}",
+            "# HELP spindle_reservation_check_failures_total Counter checks that failed (the store unreachable or too slow).\n# TYPE spindle_reservation_check_failures_total counter\nspindle_reservation_check_failures_total {}\n# HELP spindle_dead_letters Tasks in the dead-letter list (ended FAILED) at the last check.\n# TYPE spindle_dead_letters gauge\nspindle_dead_letters {}",
             self.counter_check_failures.load(Ordering::Relaxed),
             self.dead_letters.load(Ordering::Relaxed)
         );
         self.render_reconcilers(w);
+    }
+
+    /// Quotas and the cluster's queues.
+    fn render_quotas(&self, w: &mut String) {
         for (name, help, moves) in [
             (
                 "spindle_quota_charged_total",
@@ -736,7 +755,7 @@ impl Metrics {
         {
             let _ = writeln!(
                 w,
-                "# HELP spindle_queued_tasks QUEUED tasks that may start now, the cluster's, by lane and band (at the last check).\n# TYPE spindle_queued_tasks gauge\n# HELP spindle_queued_oldest_seconds How long the oldest of them has waited since its submission.\n# TYPE spindle_queued_oldest_seconds gauge"
+                "# HELP spindle_cluster_queued_tasks QUEUED tasks that may start now, the cluster's, by lane and band (at the last check).\n# TYPE spindle_cluster_queued_tasks gauge\n# HELP spindle_queued_oldest_seconds How long the oldest of them has waited since its submission.\n# TYPE spindle_queued_oldest_seconds gauge"
             );
             let ages = self
                 .queue_ages
@@ -751,7 +770,7 @@ impl Metrics {
                 };
                 let _ = writeln!(
                     w,
-                    "spindle_queued_tasks{{lane=\"{}\",band=\"{band}\"}} {}\nspindle_queued_oldest_seconds{{lane=\"{}\",band=\"{band}\"}} {:.3}",
+                    "spindle_cluster_queued_tasks{{lane=\"{}\",band=\"{band}\"}} {}\nspindle_queued_oldest_seconds{{lane=\"{}\",band=\"{band}\"}} {:.3}",
                     lane.name(),
                     a.queued,
                     lane.name(),
@@ -759,19 +778,24 @@ impl Metrics {
                 );
             }
         }
+    }
+
+    /// The checks' drift and repairs, partitions, the event relay, connections, the breaker and
+    /// Hello throttling.
+    fn render_cluster(&self, w: &mut String) {
         let _ = writeln!(
             w,
-            "# HELP spindle_counter_drift_shards Pool shards whose counter differed from their reservations at the last check.\n# TYPE spindle_counter_drift_shards gauge\nspindle_counter_drift_shards {}",
+            "# HELP spindle_reservation_drift_shards Pool shards whose counter differed from their reservations at the last check.\n# TYPE spindle_reservation_drift_shards gauge\nspindle_reservation_drift_shards {}",
             self.counter_drift_shards.load(Ordering::Relaxed)
         );
         let _ = writeln!(
             w,
-            "# HELP spindle_counter_drift_budgets Tenants whose reserved budget differed from their open reservations at the last check.\n# TYPE spindle_counter_drift_budgets gauge\nspindle_counter_drift_budgets {}",
+            "# HELP spindle_reservation_drift_budgets Tenants whose reserved budget differed from their open reservations at the last check.\n# TYPE spindle_reservation_drift_budgets gauge\nspindle_reservation_drift_budgets {}",
             self.counter_drift_budgets.load(Ordering::Relaxed)
         );
         let _ = writeln!(
             w,
-            "# HELP spindle_counter_repairs_total Repairs the periodic check made of drifted counters (counter_repair).\n# TYPE spindle_counter_repairs_total counter\nspindle_counter_repairs_total {}",
+            "# HELP spindle_reservation_repairs_total Repairs the periodic check made of drifted counters (counter_repair).\n# TYPE spindle_reservation_repairs_total counter\nspindle_reservation_repairs_total {}",
             self.counter_repairs.load(Ordering::Relaxed)
         );
         let _ = writeln!(
@@ -854,6 +878,10 @@ impl Metrics {
             "outcome",
             ["failed", "refused", "delayed"].into_iter().zip(self.auth.iter()),
         );
+    }
+
+    /// Each shard's queues, live tasks and inputs, and the control plane's batches.
+    fn render_shards(&self, w: &mut String) {
         self.per_shard(
             w,
             "spindle_connections_served_total",
@@ -861,7 +889,7 @@ impl Metrics {
             "Authenticated client connections served, per shard (the shard owning the connection's tenant).",
             |g| &g.connections,
         );
-        let _ = writeln!(w, "# HELP spindle_queued_tasks Queued tasks per shard and lane.\n# TYPE spindle_queued_tasks gauge");
+        let _ = writeln!(w, "# HELP spindle_queued_tasks Queued tasks per shard and lane.\n# TYPE spindle_queued_tasks gauge\n# HELP spindle_queued_units Queued cost units per shard and lane.\n# TYPE spindle_queued_units gauge\n# HELP spindle_live_tasks Tasks a shard holds live (queued or running).\n# TYPE spindle_live_tasks gauge");
         for (i, g) in self.shards.iter().enumerate() {
             for lane in Lane::ALL {
                 let _ = writeln!(
@@ -897,7 +925,7 @@ impl Metrics {
             "Live tasks whose input is read back from PostgreSQL at dispatch (past task_inputs_mb), per shard.",
             |g| &g.inputs_stored,
         );
-        let _ = writeln!(w, "# HELP spindle_control_batch_seconds Control-plane batch latency by kind.\n# TYPE spindle_control_batch_seconds histogram");
+        let _ = writeln!(w, "# HELP spindle_control_batch_seconds Control-plane batch latency by kind.\n# TYPE spindle_control_batch_seconds histogram\n# HELP spindle_control_batch_rows_total Rows the control plane's batches carried, by kind.\n# TYPE spindle_control_batch_rows_total counter");
         for (kind, h) in KINDS.iter().zip(&self.batches) {
             h.render(
                 w,
@@ -910,6 +938,10 @@ impl Metrics {
                 h.rows.load(Ordering::Relaxed)
             );
         }
+    }
+
+    /// Provider submits, callbacks, pacing, resolution, penalties and health.
+    fn render_provider(&self, w: &mut String) {
         counters(
             w,
             "spindle_provider_submits_total",
@@ -976,12 +1008,14 @@ impl Metrics {
             for (name, _, _) in health.snapshot() {
                 let _ = writeln!(
                     w,
-                    "spindle_provider_penalized{{provider=\"{name}\"}} {}",
+                    "spindle_provider_penalized{{provider=\"{}\"}} {}",
+                    label(&name),
                     u8::from(penalized.contains(&name))
                 );
             }
-            let _ = writeln!(w, "# HELP spindle_provider_circuit_open Whether a provider account's circuit is open (no new work), and how often it opened.\n# TYPE spindle_provider_circuit_open gauge");
+            let _ = writeln!(w, "# HELP spindle_provider_circuit_open Whether a provider account's circuit is open (no new work).\n# TYPE spindle_provider_circuit_open gauge\n# HELP spindle_provider_circuit_opened_total How often a provider account's circuit opened.\n# TYPE spindle_provider_circuit_opened_total counter");
             for (name, open, opened) in health.snapshot() {
+                let name = label(&name);
                 let _ = writeln!(
                     w,
                     "spindle_provider_circuit_open{{provider=\"{name}\"}} {}",
@@ -993,13 +1027,17 @@ impl Metrics {
                 );
             }
         }
+    }
+
+    /// The media stage, and the node's submit answer times.
+    fn render_media(&self, w: &mut String) {
         if let Some(media) = self.media.get() {
             let (source, why) = match &media.inventory.source {
                 spindle_gpu::Source::Nvml { driver } => ("nvml", driver.clone()),
                 spindle_gpu::Source::Declared { why } => ("declared", why.clone()),
             };
             let _ = writeln!(w, "# HELP spindle_media_inventory Where the media inventory came from (declared: NVML unavailable, the detail says why).\n# TYPE spindle_media_inventory gauge");
-            let detail = why.replace(['"', '\\', '\n'], " ");
+            let detail = label(&why);
             let _ = writeln!(
                 w,
                 "spindle_media_inventory{{source=\"{source}\",detail=\"{detail}\",gpus=\"{}\"}} 1",
@@ -1091,6 +1129,11 @@ impl Metrics {
             "outcome",
             ["rejected", "accepted"].iter().zip(&self.answers),
         );
+    }
+
+    /// Queue waits, submit to dispatch and to running, and the tenants' running units and
+    /// weights.
+    fn render_waits(&self, w: &mut String) {
         let _ = writeln!(w, "# HELP spindle_dispatch_wait_seconds Admission to dispatch, by lane and band.\n# TYPE spindle_dispatch_wait_seconds histogram");
         for lane in Lane::ALL {
             for band in Band::ALL {
@@ -1127,10 +1170,34 @@ impl Metrics {
                 );
             }
         }
+    }
+
+    /// The node-wide limits and their shards' parts, the cluster's shares, the policy in force,
+    /// reports, live nodes, readiness.
+    fn render_limits_and_policy(&self, w: &mut String) {
         if let Some(split) = self.split.get() {
-            let _ = writeln!(w, "# HELP spindle_node_limit_capacity Node-wide limits (slots, or requests per minute) and each shard's part of them: held, used, and the backlogged weight that asks for it.\n# TYPE spindle_node_limit_capacity gauge");
+            let _ = writeln!(w, "# HELP spindle_node_limit_capacity Node-wide limits (slots, or requests per minute).\n# TYPE spindle_node_limit_capacity gauge");
+            for (name, help) in [
+                ("free", "What no shard holds of each node-wide limit."),
+                (
+                    "owed",
+                    "What shards must give back of each node-wide limit to meet their targets.",
+                ),
+                ("held", "Each shard's part of each node-wide limit."),
+                (
+                    "used",
+                    "What each shard uses of its part of each node-wide limit.",
+                ),
+                (
+                    "weight",
+                    "The backlogged weight each shard asks its part of each node-wide limit for.",
+                ),
+            ] {
+                let _ = writeln!(w, "# HELP spindle_node_limit_{name} {help}\n# TYPE spindle_node_limit_{name} gauge");
+            }
             let names = split.names.lock().map(|n| n.clone()).unwrap_or_default();
             for (k, name) in names.iter().enumerate() {
+                let name = label(name);
                 let _ = writeln!(
                     w,
                     "spindle_node_limit_capacity{{limit=\"{name}\"}} {}",
@@ -1158,7 +1225,7 @@ impl Metrics {
                 let _ = writeln!(
                     w,
                     "spindle_cluster_share{{limit=\"{}\"}} {}",
-                    l.name,
+                    label(&l.name),
                     split.ownership.share(l.place).unwrap_or(0)
                 );
             }
@@ -1170,12 +1237,12 @@ impl Metrics {
         );
         let _ = writeln!(
             w,
-            "# TYPE spindle_policy_version gauge\nspindle_policy_version {}",
+            "# HELP spindle_policy_version The policy version in force.\n# TYPE spindle_policy_version gauge\nspindle_policy_version {}",
             self.policy_version.load(Ordering::Relaxed)
         );
         if let Some(live) = self.live.get() {
             let policy = live.current();
-            let _ = writeln!(w, "# HELP spindle_lane_open 1 while a lane admits new work.\n# TYPE spindle_lane_open gauge");
+            let _ = writeln!(w, "# HELP spindle_lane_open 1 while a lane admits new work.\n# TYPE spindle_lane_open gauge\n# HELP spindle_lane_weight A lane's weight among the lanes with work.\n# TYPE spindle_lane_weight gauge");
             for lane in spindle_core::Lane::ALL {
                 let _ = writeln!(
                     w,
@@ -1187,7 +1254,7 @@ impl Metrics {
         }
         let _ = writeln!(
             w,
-            "# TYPE spindle_policy_objects_skipped gauge\nspindle_policy_objects_skipped {}",
+            "# HELP spindle_policy_objects_skipped Stored policy objects the node could not take.\n# TYPE spindle_policy_objects_skipped gauge\nspindle_policy_objects_skipped {}",
             self.policy_skipped.load(Ordering::Relaxed)
         );
         let _ = writeln!(
@@ -1198,15 +1265,14 @@ impl Metrics {
         );
         let _ = writeln!(
             w,
-            "# TYPE spindle_live_nodes gauge\nspindle_live_nodes {}",
+            "# HELP spindle_live_nodes Nodes heard from within a lease, this one included.\n# TYPE spindle_live_nodes gauge\nspindle_live_nodes {}",
             self.live_nodes.load(Ordering::Relaxed)
         );
         let _ = writeln!(
             w,
-            "# TYPE spindle_ready gauge\nspindle_ready {}",
+            "# HELP spindle_ready 1 while the node is ready (serving, PostgreSQL reachable, not stopping).\n# TYPE spindle_ready gauge\nspindle_ready {}",
             u8::from(self.ready())
         );
-        out
     }
 }
 
@@ -1219,4 +1285,33 @@ pub struct ReconcilerCounts {
     pub repairs: AtomicU64,
     /// What the last completed pass found.
     pub last_findings: AtomicU64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every family the node renders has its help and type, once: without the grouping a
+    /// family written in two places would be declared twice (as `spindle_queued_tasks` was).
+    #[test]
+    fn every_family_is_declared_once_with_its_help_and_type() {
+        let metrics = Metrics::new(2);
+        let mut raw = String::new();
+        metrics.render_tasks(&mut raw);
+        metrics.render_quotas(&mut raw);
+        metrics.render_cluster(&mut raw);
+        metrics.render_shards(&mut raw);
+        metrics.render_provider(&mut raw);
+        metrics.render_media(&mut raw);
+        metrics.render_waits(&mut raw);
+        metrics.render_limits_and_policy(&mut raw);
+        let grouped = Exposition::group(&raw);
+        assert!(grouped.problems.is_empty(), "{:#?}", grouped.problems);
+        assert_eq!(grouped.text, metrics.render());
+        assert!(
+            grouped.text.matches("# TYPE ").count() > 60,
+            "{}",
+            grouped.text
+        );
+    }
 }

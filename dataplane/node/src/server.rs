@@ -218,7 +218,7 @@ impl AcceptPace {
 /// How long a shard (or the HTTP port's loop) pauses after a failed accept (out of
 /// descriptors, say) before the next: the error is logged once a pause, not in a loop that
 /// holds the thread.
-pub(crate) const ACCEPT_ERROR_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
+pub const ACCEPT_ERROR_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// Takes this shard's new connections for ever: each one served, or refused past
 /// `connections_max`, no faster than `per_s` a second (0: no bound).

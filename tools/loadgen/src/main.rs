@@ -468,7 +468,7 @@ fn start_node(
     std::thread::Builder::new()
         .name(thread.clone())
         .spawn(move || {
-            if let Err(e) = spindle_node::run(config) {
+            if let Err(e) = spindled::run(config) {
                 eprintln!("{thread} stopped: {e:#}");
             }
         })?;

@@ -191,7 +191,7 @@ pub struct Config {
     /// once (1..=65536). A new one past it closes the oldest that is not in a request (idle
     /// between requests, or still sending its head); with every one in a request it is
     /// answered `503` with `retry-after: 1` (closed at once over TLS), counted in
-    /// `spindle_http_connections_refused_total` (`spindle_node::http`).
+    /// `spindle_http_connections_refused_total` (`spindle_node_http::serve`).
     #[serde(default = "default_http_connections_max")]
     pub http_connections_max: usize,
     /// Backoff before the first retry of a failed attempt (doubling per retry, × a jitter of
@@ -256,7 +256,7 @@ pub struct Config {
     pub retention_scan_rows: usize,
     /// Seconds between checks that every pool counter equals the sum of its ACTIVE
     /// reservations (a read-only snapshot that walks the task table once; drift is logged,
-    /// counted in `spindle_counter_drift_shards`, and repaired with `counter_repair`).
+    /// counted in `spindle_reservation_drift_shards`, and repaired with `counter_repair`).
     /// 0 turns the check off.
     #[serde(default = "default_counter_check_s")]
     pub counter_check_s: u64,
@@ -663,6 +663,16 @@ impl Config {
     }
 
     fn check(&self) -> anyhow::Result<()> {
+        self.check_listeners_and_store()?;
+        self.check_limits()?;
+        self.check_sections()?;
+        self.check_admin_and_partitions()?;
+        self.check_tenants()?;
+        Ok(())
+    }
+
+    /// Addresses, shards and partitions, the store's timeouts, batches and pipelines.
+    fn check_listeners_and_store(&self) -> anyhow::Result<()> {
         if let Some(a) = &self.advertise {
             anyhow::ensure!(
                 a.len() <= spindle_wire::limits::ADDRESS_BYTES_MAX
@@ -738,6 +748,11 @@ impl Config {
             "http_connections_max must be 1..={HTTP_CONNECTIONS_MAX}, not {}",
             self.http_connections_max
         );
+        Ok(())
+    }
+
+    /// Connections, rates, budgets, retention and the periodic checks.
+    fn check_limits(&self) -> anyhow::Result<()> {
         anyhow::ensure!(
             self.connection_rate_max <= CONNECTION_RATE_MAX,
             "connection_rate_max must be 0..={CONNECTION_RATE_MAX}, not {}",
@@ -797,6 +812,11 @@ impl Config {
             "counter_check_s must be 0..={COUNTER_CHECK_S_MAX}"
         );
         self.reconcile.check()?;
+        Ok(())
+    }
+
+    /// Lanes, the policy the configuration makes, and the optional sections.
+    fn check_sections(&self) -> anyhow::Result<()> {
         for (lane, l) in &self.lanes {
             if let Some(units) = l.capacity_units {
                 anyhow::ensure!(
@@ -828,6 +848,11 @@ impl Config {
         if let Some(t) = &self.tls {
             t.check()?;
         }
+        Ok(())
+    }
+
+    /// Admin tokens, the wait for PostgreSQL and the owned partitions.
+    fn check_admin_and_partitions(&self) -> anyhow::Result<()> {
         anyhow::ensure!(
             self.postgres_wait_s <= 7 * 86_400,
             "postgres_wait_s must be 0..=604800"
@@ -865,6 +890,11 @@ impl Config {
                 );
             }
         }
+        Ok(())
+    }
+
+    /// The tenants: unique ids, credentials of some strength, their limits' bounds.
+    fn check_tenants(&self) -> anyhow::Result<()> {
         let mut ids: Vec<u32> = self.tenants.iter().map(|t| t.id).collect();
         ids.sort_unstable();
         ids.dedup();

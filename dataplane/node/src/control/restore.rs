@@ -23,7 +23,7 @@ pub struct Restore {
 impl Restore {
     /// A stored task as its shard takes it back, queued (a live attempt and a stored cancel
     /// are the caller's to add); `Err` when its stored request cannot be read.
-    pub(crate) fn queued(q: &spindle_control::reconcile::QueuedTask) -> anyhow::Result<Restore> {
+    pub fn queued(q: &spindle_control::reconcile::QueuedTask) -> anyhow::Result<Restore> {
         let (request, input, deadline_at) = restore_request(q)?;
         Ok(Restore {
             request,

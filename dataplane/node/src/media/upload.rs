@@ -386,8 +386,8 @@ const DELETE_TIMEOUT: Duration = Duration::from_secs(10);
 #[cfg(test)]
 mod tests {
     use super::super::MediaConfig;
-    use spindle_providers::temporary_keys::Issuer;
     use super::*;
+    use spindle_providers::temporary_keys::Issuer;
 
     #[test]
     fn a_sweep_and_a_later_attempt_take_only_keys_named_as_renditions_are() {

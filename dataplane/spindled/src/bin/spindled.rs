@@ -31,5 +31,5 @@ fn main() -> anyhow::Result<()> {
         }
     }
     let config = Config::load(&args)?;
-    spindle_node::run(config)
+    spindled::run(config)
 }

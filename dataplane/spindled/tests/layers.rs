@@ -24,8 +24,12 @@ const LAYERS: &[&[&str]] = &[
     // The node's floor: its configuration as plain data, the policy derived from it,
     // credentials, routing. Nothing in it runs.
     &["spindle-node-base"],
-    // The daemon: wires the libraries together.
+    // The node's runtime: shards, the control plane's thread, provider and media workers.
     &["spindle-node"],
+    // The HTTP port, above what it serves.
+    &["spindle-node-http"],
+    // The daemon: wiring only.
+    &["spindled"],
     // Tools and checks on top: nothing depends on them.
     &["spindle-loadgen", "spindle-benches", "spindle-loom-tests"],
 ];
@@ -122,7 +126,7 @@ fn workspace_graph() -> Graph {
 fn every_dependency_points_to_a_lower_layer() {
     let graph = workspace_graph();
     assert!(
-        graph.contains_key("spindle-node") && graph.len() >= 10,
+        graph.contains_key("spindled") && graph.len() >= 10,
         "{graph:?}"
     );
     let found = violations(&graph);
@@ -138,12 +142,12 @@ fn the_layer_check_reports_what_breaks_it() {
     graph
         .get_mut("spindle-core")
         .unwrap()
-        .push("spindle-node".into());
+        .push("spindled".into());
     graph.insert("spindle-new".into(), vec!["spindle-core".into()]);
     graph.get_mut("spindle-sim").unwrap().push("tokio".into());
     let found = violations(&graph);
     assert_eq!(found.len(), 3, "{found:#?}");
-    assert!(found[0].contains("spindle-core (layer 0) depends on spindle-node"));
+    assert!(found[0].contains("spindle-core (layer 0) depends on spindled"));
     assert!(found[1].contains("spindle-new is in no layer"));
     assert!(found[2].contains("spindle-sim is pure and depends on tokio"));
 }

@@ -311,8 +311,11 @@ async fn until_checked(daemon: &Daemon, done: impl Fn(u64, u64) -> bool) -> (u64
     let (checks, drifted) = poll_until(
         std::time::Duration::from_secs(30),
         async || {
-            let checks = metric(daemon, "spindle_counter_checks_total").await;
-            (checks, metric(daemon, "spindle_counter_drift_shards").await)
+            let checks = metric(daemon, "spindle_reservation_checks_total").await;
+            (
+                checks,
+                metric(daemon, "spindle_reservation_drift_shards").await,
+            )
         },
         |&(checks, drifted)| done(checks, drifted),
     )
@@ -382,7 +385,7 @@ async fn the_periodic_counter_check_repairs_the_drift_it_finds() {
     drift_one_pool(&sql, 2).await;
     let repaired = poll_until(
         std::time::Duration::from_secs(30),
-        async || metric(&daemon, "spindle_counter_repairs_total").await,
+        async || metric(&daemon, "spindle_reservation_repairs_total").await,
         |&n| n >= 1,
     )
     .await;
@@ -398,7 +401,10 @@ async fn the_periodic_counter_check_repairs_the_drift_it_finds() {
     assert_eq!(audited, 1);
     let (seen, _) = until_checked(&daemon, |c, drifted| c > checks + 1 && drifted == 0).await;
     until_checked(&daemon, |c, drifted| c > seen && drifted == 0).await;
-    assert_eq!(metric(&daemon, "spindle_counter_repairs_total").await, 1);
+    assert_eq!(
+        metric(&daemon, "spindle_reservation_repairs_total").await,
+        1
+    );
 }
 
 /// An operator cancels any tenant's tasks with spindlectl: one queued and one running end

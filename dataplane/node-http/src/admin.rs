@@ -16,11 +16,11 @@ use spindle_control::query::StoredTask;
 use spindle_control::{Db, DbConfig};
 use spindle_core::{TaskId, TenantId};
 
-use crate::config::partition_of;
+use spindle_node::config::partition_of;
 pub use spindle_node_base::config::{AdminToken, Role};
 
-use crate::live_policy::LivePolicy;
-use crate::metrics::Metrics;
+use spindle_node::live_policy::LivePolicy;
+use spindle_node::metrics::Metrics;
 
 /// What the admin endpoints share.
 pub struct Admin {
@@ -40,9 +40,9 @@ const REFUSALS_LOGGED_PER_S: u64 = 5;
 
 /// How the admin API reaches the shards: requeued tasks go back to the shard that owns them.
 pub struct Shards {
-    pub config: crate::config::Config,
-    pub ownership: Arc<crate::ownership::Ownership>,
-    pub inboxes: Vec<tokio::sync::mpsc::Sender<crate::shard::ShardMsg>>,
+    pub config: spindle_node::config::Config,
+    pub ownership: Arc<spindle_node::ownership::Ownership>,
+    pub inboxes: Vec<tokio::sync::mpsc::Sender<spindle_node::shard::ShardMsg>>,
 }
 
 /// An admin answer: HTTP status line and JSON body.
@@ -86,6 +86,28 @@ impl TasksBody {
             .copied()
             .map(spindle_core::TaskId)
             .collect()
+    }
+}
+
+/// The role route `what` (`method` and its path's `segments`) needs, or the answer to a route
+/// that does not exist.
+fn needed_role(method: &str, segments: &[&str], what: &str) -> Result<Role, Answer> {
+    let not_found = |error: String| Err(answer("404 Not Found", json!({ "error": error })));
+    match (method, segments) {
+        ("GET", ["admin", "v1", "policy" | "audit" | "counters"]) => Ok(Role::Viewer),
+        ("GET", ["admin", "v1", "tasks", _] | ["admin", "v1", "dead-letters"]) => Ok(Role::Viewer),
+        ("GET", ["admin", "v1", "quotas", _]) => Ok(Role::Viewer),
+        ("POST", ["admin", "v1", "quotas", _, "reset"]) => Ok(Role::Operator),
+        ("PUT" | "DELETE", ["admin", "v1", "policy", kind, _]) => match object(kind) {
+            Some(PolicyObject::Tenant | PolicyObject::Lane) => Ok(Role::Operator),
+            Some(_) => Ok(Role::Admin),
+            None => not_found(format!("no policy object kind {kind:?}")),
+        },
+        ("POST", ["admin", "v1", "drain"]) => Ok(Role::Admin),
+        ("POST", ["admin", "v1", "tasks", "requeue"]) => Ok(Role::Operator),
+        ("POST", ["admin", "v1", "tasks", "cancel"]) => Ok(Role::Operator),
+        ("POST", ["admin", "v1", "counters", "rebuild"]) => Ok(Role::Admin),
+        _ => not_found(what.to_string()),
     }
 }
 
@@ -147,7 +169,7 @@ impl Admin {
         let presented = authorization?.strip_prefix("Bearer ")?.trim();
         let mut found = None;
         for t in &self.tokens {
-            if crate::credential::matches_configured(&t.token, presented) {
+            if spindle_node::credential::matches_configured(&t.token, presented) {
                 found = Some(t);
             }
         }
@@ -172,7 +194,7 @@ impl Admin {
     ) -> Result<
         (
             spindle_core::TenantId,
-            &tokio::sync::mpsc::Sender<crate::shard::ShardMsg>,
+            &tokio::sync::mpsc::Sender<spindle_node::shard::ShardMsg>,
         ),
         Answer,
     > {
@@ -185,7 +207,7 @@ impl Admin {
             let why = format!("{tenant:?} is not a tenant of this node's configuration");
             return Err(answer("404 Not Found", json!({ "error": why })));
         };
-        let partition = crate::config::partition_of(tenant, config.partitions);
+        let partition = spindle_node::config::partition_of(tenant, config.partitions);
         if !self.shards.ownership.owns(partition) {
             let owner = self.shards.ownership.owner_of(partition);
             let why = match &owner {
@@ -210,7 +232,7 @@ impl Admin {
         };
         let (reply, report) = tokio::sync::oneshot::channel();
         let asked = inbox
-            .send(crate::shard::ShardMsg::Quotas { tenant, reply })
+            .send(spindle_node::shard::ShardMsg::Quotas { tenant, reply })
             .await;
         let (Ok(()), Ok((now_ms, report))) = (asked, report.await) else {
             return answer(
@@ -269,7 +291,7 @@ impl Admin {
             .map_or(0, |d| d.as_millis() as u64);
         let (reply, done) = tokio::sync::oneshot::channel();
         let sent = inbox
-            .send(crate::shard::ShardMsg::ResetQuotas {
+            .send(spindle_node::shard::ShardMsg::ResetQuotas {
                 tenant,
                 floor_unix_ms,
                 reply,
@@ -322,26 +344,9 @@ impl Admin {
             .trim_matches('/')
             .split('/')
             .collect();
-        let needed = match (method, segments.as_slice()) {
-            ("GET", ["admin", "v1", "policy" | "audit" | "counters"]) => Role::Viewer,
-            ("GET", ["admin", "v1", "tasks", _] | ["admin", "v1", "dead-letters"]) => Role::Viewer,
-            ("GET", ["admin", "v1", "quotas", _]) => Role::Viewer,
-            ("POST", ["admin", "v1", "quotas", _, "reset"]) => Role::Operator,
-            ("PUT" | "DELETE", ["admin", "v1", "policy", kind, _]) => match object(kind) {
-                Some(PolicyObject::Tenant | PolicyObject::Lane) => Role::Operator,
-                Some(_) => Role::Admin,
-                None => {
-                    return answer(
-                        "404 Not Found",
-                        json!({ "error": format!("no policy object kind {kind:?}") }),
-                    )
-                }
-            },
-            ("POST", ["admin", "v1", "drain"]) => Role::Admin,
-            ("POST", ["admin", "v1", "tasks", "requeue"]) => Role::Operator,
-            ("POST", ["admin", "v1", "tasks", "cancel"]) => Role::Operator,
-            ("POST", ["admin", "v1", "counters", "rebuild"]) => Role::Admin,
-            _ => return answer("404 Not Found", json!({ "error": what })),
+        let needed = match needed_role(method, &segments, &what) {
+            Ok(role) => role,
+            Err(refused) => return refused,
         };
         if holder.role < needed {
             let why = format!(
@@ -399,80 +404,8 @@ impl Admin {
                 }
             }
             (_, [_, _, "policy", kind, key]) => {
-                let change: ChangeBody = match serde_json::from_slice(body) {
-                    Ok(c) => c,
-                    Err(e) => {
-                        return answer(
-                            "400 Bad Request",
-                            json!({ "error": format!("expected {{reason, body}}: {e}") }),
-                        )
-                    }
-                };
-                if change.reason.trim().is_empty() {
-                    return self
-                        .refuse(
-                            "400 Bad Request",
-                            &actor,
-                            &what,
-                            "a change needs a reason".into(),
-                        )
-                        .await;
-                }
-                let kind = object(kind).expect("checked above");
-                if method == "DELETE" {
-                    if let Err(why) = self.live.check_delete(kind, key) {
-                        let why = format!("{} {key}: {why}", kind.name());
-                        return self.refuse("400 Bad Request", &actor, &what, why).await;
-                    }
-                }
-                if let (Some(body), "PUT") = (&change.body, method) {
-                    // Refused before anything is written: what the node could not take over
-                    // what is stored.
-                    let stored = match self.with_db(async |db| db.policy_snapshot().await).await {
-                        Ok(stored) => stored,
-                        Err(e) => {
-                            return answer(
-                                "503 Service Unavailable",
-                                json!({ "error": e.to_string() }),
-                            )
-                        }
-                    };
-                    let checked = kind.patch(key, body).and_then(|p| {
-                        self.live.check_over(stored.0, &stored.1, &p)?;
-                        match &p {
-                            spindle_core::policy::PolicyPatch::Tenant(t, policy) => self
-                                .shards
-                                .config
-                                .check_quota_retention(t.0, &policy.quotas),
-                            _ => Ok(()),
-                        }
-                    });
-                    if let Err(why) = checked {
-                        let why = format!("{} {key}: {why}", kind.name());
-                        return self.refuse("400 Bad Request", &actor, &what, why).await;
-                    }
-                }
-                let change = PolicyChange {
-                    object: kind,
-                    key: (*key).to_string(),
-                    body: if method == "DELETE" {
-                        None
-                    } else {
-                        change.body
-                    },
-                    actor,
-                    reason: change.reason,
-                };
-                match self
-                    .with_db(async |db| db.change_policy(&change).await)
+                self.change_policy(method, kind, key, actor, &what, body)
                     .await
-                {
-                    Ok(version) => answer("200 OK", json!({ "version": version.0 })),
-                    Err(e) if e.is_unavailable() => {
-                        answer("503 Service Unavailable", json!({ "error": e.to_string() }))
-                    }
-                    Err(e) => answer("400 Bad Request", json!({ "error": e.to_string() })),
-                }
             }
             ("GET", [_, _, "quotas", tenant]) => self.quotas(tenant).await,
             ("POST", [_, _, "quotas", tenant, "reset"]) => {
@@ -481,32 +414,7 @@ impl Admin {
             ("POST", [_, _, "tasks", "requeue"]) => self.requeue(&actor, &what, body).await,
             ("POST", [_, _, "tasks", "cancel"]) => self.cancel(&actor, &what, body).await,
             ("POST", [_, _, "counters", "rebuild"]) => {
-                let Ok(request) = serde_json::from_slice::<ReasonBody>(body) else {
-                    let why = "expected {reason}".to_string();
-                    return self.refuse("400 Bad Request", &actor, &what, why).await;
-                };
-                if request.reason.trim().is_empty() {
-                    let why = "a rebuild needs a reason".to_string();
-                    return self.refuse("400 Bad Request", &actor, &what, why).await;
-                }
-                let rebuilt = self
-                    .with_db(async |db| {
-                        let drift = db.rebuild_counters().await?;
-                        let why = crate::counter_check::rebuild_reason(&request.reason, &drift);
-                        db.audit_action(&actor, "counters", "rebuild", &why).await?;
-                        Ok(drift)
-                    })
-                    .await;
-                match rebuilt {
-                    Ok(drift) => {
-                        let (pools, budgets) = drift_json(&drift);
-                        answer(
-                            "200 OK",
-                            json!({ "repaired": pools, "budgets_repaired": budgets }),
-                        )
-                    }
-                    Err(e) => answer("503 Service Unavailable", json!({ "error": e.to_string() })),
-                }
+                self.rebuild_counters(&actor, &what, body).await
             }
             ("GET", [_, _, "dead-letters"]) => {
                 // A page of FAILED tasks: `after` (a task id, 0 to start), `scan` (rows read).
@@ -593,6 +501,121 @@ impl Admin {
         }
     }
 
+    /// `PUT` or `DELETE` of policy object `kind` `key` with `{reason, body}`: checked as the
+    /// node would take it, then stored with its audit row.
+    async fn change_policy(
+        &self,
+        method: &str,
+        kind: &str,
+        key: &str,
+        actor: String,
+        what: &str,
+        body: &[u8],
+    ) -> Answer {
+        let change: ChangeBody = match serde_json::from_slice(body) {
+            Ok(c) => c,
+            Err(e) => {
+                return answer(
+                    "400 Bad Request",
+                    json!({ "error": format!("expected {{reason, body}}: {e}") }),
+                )
+            }
+        };
+        if change.reason.trim().is_empty() {
+            return self
+                .refuse(
+                    "400 Bad Request",
+                    &actor,
+                    what,
+                    "a change needs a reason".into(),
+                )
+                .await;
+        }
+        let kind = object(kind).expect("checked above");
+        if method == "DELETE" {
+            if let Err(why) = self.live.check_delete(kind, key) {
+                let why = format!("{} {key}: {why}", kind.name());
+                return self.refuse("400 Bad Request", &actor, what, why).await;
+            }
+        }
+        if let (Some(body), "PUT") = (&change.body, method) {
+            // Refused before anything is written: what the node could not take over
+            // what is stored.
+            let stored = match self.with_db(async |db| db.policy_snapshot().await).await {
+                Ok(stored) => stored,
+                Err(e) => {
+                    return answer("503 Service Unavailable", json!({ "error": e.to_string() }))
+                }
+            };
+            let checked = kind.patch(key, body).and_then(|p| {
+                self.live.check_over(stored.0, &stored.1, &p)?;
+                match &p {
+                    spindle_core::policy::PolicyPatch::Tenant(t, policy) => self
+                        .shards
+                        .config
+                        .check_quota_retention(t.0, &policy.quotas),
+                    _ => Ok(()),
+                }
+            });
+            if let Err(why) = checked {
+                let why = format!("{} {key}: {why}", kind.name());
+                return self.refuse("400 Bad Request", &actor, what, why).await;
+            }
+        }
+        let change = PolicyChange {
+            object: kind,
+            key: (*key).to_string(),
+            body: if method == "DELETE" {
+                None
+            } else {
+                change.body
+            },
+            actor,
+            reason: change.reason,
+        };
+        match self
+            .with_db(async |db| db.change_policy(&change).await)
+            .await
+        {
+            Ok(version) => answer("200 OK", json!({ "version": version.0 })),
+            Err(e) if e.is_unavailable() => {
+                answer("503 Service Unavailable", json!({ "error": e.to_string() }))
+            }
+            Err(e) => answer("400 Bad Request", json!({ "error": e.to_string() })),
+        }
+    }
+
+    /// `POST /admin/v1/counters/rebuild` with `{reason}`: every pool counter and reserved budget
+    /// rebuilt from what live attempts hold, audited with the drift it repaired.
+    async fn rebuild_counters(&self, actor: &str, what: &str, body: &[u8]) -> Answer {
+        let Ok(request) = serde_json::from_slice::<ReasonBody>(body) else {
+            let why = "expected {reason}".to_string();
+            return self.refuse("400 Bad Request", actor, what, why).await;
+        };
+        if request.reason.trim().is_empty() {
+            let why = "a rebuild needs a reason".to_string();
+            return self.refuse("400 Bad Request", actor, what, why).await;
+        }
+        let rebuilt = self
+            .with_db(async |db| {
+                let drift = db.rebuild_counters().await?;
+                let why = spindle_node::counter_check::rebuild_reason(&request.reason, &drift);
+                db.audit_action(actor, "counters", "rebuild", &why).await?;
+                Ok(drift)
+            })
+            .await;
+        match rebuilt {
+            Ok(drift) => {
+                let (pools, budgets) = drift_json(&drift);
+                answer(
+                    "200 OK",
+                    json!({ "repaired": pools, "budgets_repaired": budgets }),
+                )
+            }
+            Err(e) => answer("503 Service Unavailable", json!({ "error": e.to_string() })),
+        }
+    }
+
     /// A `{tasks, reason}` body with tasks and a reason, or its refusal (audited).
     async fn tasks_body(&self, actor: &str, what: &str, body: &[u8]) -> Result<TasksBody, Answer> {
         match serde_json::from_slice::<TasksBody>(body) {
@@ -629,7 +652,7 @@ impl Admin {
         let mut found: Vec<Option<spindle_wire::Response>> = vec![None; tasks.len()];
         for inbox in &self.shards.inboxes {
             let (tx, rx) = tokio::sync::oneshot::channel();
-            let msg = crate::shard::ShardMsg::AdminCancel {
+            let msg = spindle_node::shard::ShardMsg::AdminCancel {
                 tasks: tasks.clone(),
                 reply: tx,
             };
@@ -760,12 +783,12 @@ impl Admin {
             }
         };
         let config = &self.shards.config;
-        let mut per_shard = crate::control::ShardRestores::per_shard(config.shards);
+        let mut per_shard = spindle_node::control::ShardRestores::per_shard(config.shards);
         let mut answers = Vec::with_capacity(outcomes.len());
         for (task, outcome) in tasks.iter().zip(outcomes) {
             let mut take_back = |q: &spindle_control::reconcile::QueuedTask, name| {
                 let to = &mut per_shard[config.shard_of(q.tenant.0)];
-                match crate::control::Restore::queued(q) {
+                match spindle_node::control::Restore::queued(q) {
                     Ok(restore) => {
                         to.tasks.push(restore);
                         (name, Value::Null)
@@ -774,7 +797,7 @@ impl Admin {
                     // again, with the reason.
                     Err(e) => {
                         let reason = format!("{e:#}");
-                        to.unrestorable.push(crate::control::Unrestorable {
+                        to.unrestorable.push(spindle_node::control::Unrestorable {
                             task: q.task,
                             token: None,
                             reason: reason.clone(),
@@ -807,7 +830,7 @@ impl Admin {
         for (inbox, batch) in self.shards.inboxes.iter().zip(per_shard) {
             if !batch.is_empty()
                 && inbox
-                    .send(crate::shard::ShardMsg::Restore(batch))
+                    .send(spindle_node::shard::ShardMsg::Restore(batch))
                     .await
                     .is_err()
             {

@@ -24,10 +24,10 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::sync::oneshot;
 
-use crate::metrics::Metrics;
+use spindle_node::metrics::Metrics;
 
 /// Where provider callbacks go, once the provider thread runs.
-pub type CallbackSink = Arc<std::sync::OnceLock<Arc<crate::dispatch::Dispatcher>>>;
+pub type CallbackSink = Arc<std::sync::OnceLock<Arc<spindle_node::dispatch::Dispatcher>>>;
 
 /// The operator dashboard: one static page, its script and its style, that read `/metrics`
 /// (and, signed in with a viewer token, the audit log) and redraw every second. No build step,
@@ -171,7 +171,7 @@ pub async fn serve(
                 // Out of descriptors, say: this runtime is the control plane's, so the loop
                 // pauses rather than taking its thread from the pipelines.
                 tracing::warn!("http accept: {e}");
-                tokio::time::sleep(crate::server::ACCEPT_ERROR_PAUSE).await;
+                tokio::time::sleep(spindle_node::server::ACCEPT_ERROR_PAUSE).await;
                 continue;
             }
         };

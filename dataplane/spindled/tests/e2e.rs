@@ -790,6 +790,57 @@ async fn the_alert_rules_name_only_metrics_a_node_serves() {
     assert!(named >= 6, "{named} metric names in the rules");
 }
 
+/// A live node's exposition passes `promtool check metrics` (Debian's `prometheus` package; the
+/// test command installs it): every family typed once, with its help, names and labels well
+/// formed, counters named `_total`. Read after work ran, so that the per-tenant, per-limit and
+/// histogram series are there too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_nodes_metrics_pass_promtool() {
+    let test = TestDb::new().await;
+    let config = common::config_scaled("0.001", "counter_check_s = 1");
+    let daemon = common::start_with(&test, &config).await;
+    let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
+        .await
+        .unwrap();
+    let mut accepted = Vec::new();
+    for i in 0..5 {
+        let a = client.submit(task(&format!("promtool-{i}"))).await.unwrap();
+        assert!(a.decision.is_accepted(), "{a:?}");
+        accepted.push(a.task.0 as i64);
+    }
+    let sql = test.sql().await.unwrap();
+    assert_eq!(common::wait_all_succeeded(&sql, &accepted).await, 5);
+    let (_, metrics) = http_get(daemon.http, "/metrics").await;
+    let mut promtool = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian's prometheus package) on PATH");
+    use std::io::Write as _;
+    promtool
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(metrics.as_bytes())
+        .unwrap();
+    let out = promtool.wait_with_output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && said.trim().is_empty(),
+        "promtool: {said}"
+    );
+    assert!(
+        metrics.lines().filter(|l| l.starts_with("# TYPE ")).count() > 60,
+        "{metrics}"
+    );
+}
+
 /// The queues' ages, for the starvation alert: QUEUED tasks that wait behind busy slots are
 /// counted by lane and band, with how long the oldest has waited.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -804,7 +855,7 @@ async fn queued_tasks_and_the_oldest_wait_are_exported_by_lane_and_band() {
         let a = client.submit(task(&format!("busy{i}"))).await.unwrap();
         assert!(a.decision.is_accepted(), "{a:?}");
     }
-    let series = "spindle_queued_tasks{lane=\"STANDARD\",band=\"P3\"}";
+    let series = "spindle_cluster_queued_tasks{lane=\"STANDARD\",band=\"P3\"}";
     let queued = poll_until(
         Duration::from_secs(10),
         async || metric(&daemon, series).await,
