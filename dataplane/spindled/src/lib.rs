@@ -70,7 +70,9 @@ fn run_node(config: Config) -> anyhow::Result<()> {
         ownership: ownership.clone(),
         inboxes: channels.senders.clone(),
         callbacks: callbacks.clone(),
-        listeners: listeners.as_ref().map(|l| (l.http.clone(), l.certificates.clone())),
+        listeners: listeners
+            .as_ref()
+            .map(|l| (l.http.clone(), l.certificates.clone())),
     })?;
     let callback_base = format!(
         "{}://{http_addr}",
@@ -118,18 +120,21 @@ fn run_node(config: Config) -> anyhow::Result<()> {
         ownership,
         workers,
         // Each shard takes its share of the node's connection rate (0: no bound).
-        accepts_per_s: u64::from(config.connection_rate_max)
-            .div_ceil(u64::from(config.shards)),
+        accepts_per_s: u64::from(config.connection_rate_max).div_ceil(u64::from(config.shards)),
         config: config.clone(),
     };
     let mut handles = Vec::new();
     let mut addr: SocketAddr = config.listen;
     let mut restores = std::mem::take(&mut started.restores).into_iter();
-    let shards = channels.inboxes.into_iter().zip(channels.handoff_inboxes).zip(
-        std::mem::take(&mut started.pipes)
-            .into_iter()
-            .zip(std::mem::take(&mut started.id_blocks)),
-    );
+    let shards = channels
+        .inboxes
+        .into_iter()
+        .zip(channels.handoff_inboxes)
+        .zip(
+            std::mem::take(&mut started.pipes)
+                .into_iter()
+                .zip(std::mem::take(&mut started.id_blocks)),
+        );
     for (i, ((inbox, handoffs_in), (pipes, ids))) in shards.enumerate() {
         let own = ShardOwn {
             index: i,
@@ -288,9 +293,7 @@ fn start_control_plane(parts: ControlParts) -> anyhow::Result<(control::Started,
             });
         })
         .context("spawning the control plane thread")?;
-    started_rx
-        .recv()
-        .context("the control plane thread died")?
+    started_rx.recv().context("the control plane thread died")?
 }
 
 /// The provider thread and the media workers, where configured.
