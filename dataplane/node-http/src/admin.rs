@@ -5,6 +5,8 @@
 //! everything and drains. Every change needs a reason and goes through the control plane's
 //! policy store (new version, object row and audit row in one transaction); every refused call
 //! is audited as refused.
+//!
+//! Long file: one handler per admin route, each with its checks and its audit row.
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -2,6 +2,9 @@
 //! unreachable or the node is stopping) and `/metrics` in Prometheus text format. Shards and
 //! pipelines write plain atomics; the HTTP task reads them. The one lock is each shard's
 //! per-tenant table, written every 10 shard ticks (200 ms).
+//!
+//! Long file: every counter the node keeps and its exposition, a few lines a family. The next
+//! step moves the rendering into `spindle-node-http`, from a snapshot of these counters.
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};

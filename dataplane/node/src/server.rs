@@ -8,6 +8,9 @@
 //! hop through the shard's inbox (docs/benchmarks/journal.md, "Twentieth round"); accepted tasks go
 //! on to their group commit in a task of their own, which queues the answer for the socket the
 //! moment it is known.
+//!
+//! Long file: a connection's whole life on a shard (accept and its bounds, the greeting, the
+//! hand-over to its tenant's shard, serving), each step handing its state to the next.
 
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -873,52 +876,9 @@ async fn serve_tenant(
                 let _ = out_tx.send(frame(id, Response::Error(e))).await;
                 break 'conn;
             }
-            let route = match request.body {
-                Request::Hello(_) => {
-                    let e = WireError::new(
-                        ErrorCode::AlreadyAuthenticated,
-                        "Hello was already accepted",
-                    );
-                    let _ = out_tx.send(frame(id, Response::Error(e))).await;
-                    continue;
-                }
-                Request::Submit(task) => submit_route(&ctx, t, vec![task], false),
-                Request::SubmitBatch(tasks) => submit_route(&ctx, t, tasks, true),
-                Request::Get(task) => to_shard(|reply| ShardMsg::Get {
-                    tenant: t,
-                    task,
-                    reply,
-                }),
-                Request::Cancel(task) => to_shard(|reply| ShardMsg::Cancel {
-                    tenant: t,
-                    task,
-                    reply,
-                }),
-                Request::Subscribe(task) => {
-                    if let Some(set) = &mut subscribed {
-                        set.insert(task);
-                        if set.len() > 2 * crate::shard::SUBSCRIPTIONS_PER_TENANT_MAX {
-                            subscribed = None;
-                        }
-                    }
-                    to_shard(|reply| ShardMsg::Subscribe {
-                        tenant: t,
-                        task,
-                        request_id: id,
-                        out: out_tx.clone(),
-                        reply,
-                    })
-                }
-                Request::Unsubscribe(task) => {
-                    if let Some(set) = &mut subscribed {
-                        set.remove(&task);
-                    }
-                    to_shard(|reply| ShardMsg::Unsubscribe {
-                        task,
-                        out: out_tx.clone(),
-                        reply,
-                    })
-                }
+            let Some(route) = route_of(&ctx, t, id, request.body, &mut subscribed, &out_tx).await
+            else {
+                continue;
             };
             let pending = match route {
                 Route::Answered(body) => {
@@ -943,38 +903,8 @@ async fn serve_tenant(
                 metrics: ctx.metrics.clone(),
                 permit: Some(permit),
             };
-            match pending {
-                Pending::Shard(msg, reply) => {
-                    if ctx.shard_of(t).send(msg).await.is_err() {
-                        let e = WireError::new(ErrorCode::Draining, "the node is stopping");
-                        let _ = out_tx.send(frame(id, Response::Error(e))).await;
-                        break 'conn;
-                    }
-                    let ctx = ctx.clone();
-                    glommio::spawn_local(async move {
-                        let body = reply.await.unwrap_or_else(|_| {
-                            Response::Error(WireError::new(
-                                ErrorCode::Internal,
-                                "the shard dropped the request",
-                            ))
-                        });
-                        // Past its rate: a refusal (the connection's next request sees a
-                        // suspension it trips).
-                        if matches!(&body, Response::Error(e) if e.code == ErrorCode::RateLimited) {
-                            ctx.breaker.refused(t, 1, std::time::Instant::now());
-                        }
-                        answer.send(body).await;
-                    })
-                    .detach();
-                }
-                Pending::Commit(admitted) => {
-                    // The commit answers the moment its outcome is known, from its own task.
-                    let local = ctx.local.clone();
-                    glommio::spawn_local(async move {
-                        crate::shard::commit(&local, admitted, |body| answer.send_now(body)).await;
-                    })
-                    .detach();
-                }
+            if !send_pending(&ctx, t, pending, answer).await {
+                break 'conn;
             }
         }
         let n = match reader.read(&mut buf).await {
@@ -1001,6 +931,104 @@ async fn serve_tenant(
     }
     drop(out_tx);
     let _ = writer_task.await;
+}
+
+/// Where request `id`'s `body` goes: answered here, or to the tenant's shard (`None`: answered
+/// already, nothing else to do). Keeps the connection's `subscribed` tasks.
+async fn route_of(
+    ctx: &Rc<ConnCtx>,
+    t: TenantId,
+    id: u64,
+    body: Request,
+    subscribed: &mut Option<std::collections::HashSet<spindle_core::TaskId>>,
+    out_tx: &mpsc::Sender<Vec<u8>>,
+) -> Option<Route> {
+    Some(match body {
+        Request::Hello(_) => {
+            let e = WireError::new(
+                ErrorCode::AlreadyAuthenticated,
+                "Hello was already accepted",
+            );
+            let _ = out_tx.send(frame(id, Response::Error(e))).await;
+            return None;
+        }
+        Request::Submit(task) => submit_route(ctx, t, vec![task], false),
+        Request::SubmitBatch(tasks) => submit_route(ctx, t, tasks, true),
+        Request::Get(task) => to_shard(|reply| ShardMsg::Get {
+            tenant: t,
+            task,
+            reply,
+        }),
+        Request::Cancel(task) => to_shard(|reply| ShardMsg::Cancel {
+            tenant: t,
+            task,
+            reply,
+        }),
+        Request::Subscribe(task) => {
+            if let Some(set) = subscribed {
+                set.insert(task);
+                if set.len() > 2 * crate::shard::SUBSCRIPTIONS_PER_TENANT_MAX {
+                    *subscribed = None;
+                }
+            }
+            to_shard(|reply| ShardMsg::Subscribe {
+                tenant: t,
+                task,
+                request_id: id,
+                out: out_tx.clone(),
+                reply,
+            })
+        }
+        Request::Unsubscribe(task) => {
+            if let Some(set) = subscribed {
+                set.remove(&task);
+            }
+            to_shard(|reply| ShardMsg::Unsubscribe {
+                task,
+                out: out_tx.clone(),
+                reply,
+            })
+        }
+    })
+}
+
+/// Sends a request that waits to its shard, or to its group commit: `false` when the shard is
+/// gone (the node is stopping) and the connection ends.
+async fn send_pending(ctx: &Rc<ConnCtx>, t: TenantId, pending: Pending, answer: Answer) -> bool {
+    match pending {
+        Pending::Shard(msg, reply) => {
+            if ctx.shard_of(t).send(msg).await.is_err() {
+                let e = WireError::new(ErrorCode::Draining, "the node is stopping");
+                let _ = answer.out.send(frame(answer.id, Response::Error(e))).await;
+                return false;
+            }
+            let ctx = ctx.clone();
+            glommio::spawn_local(async move {
+                let body = reply.await.unwrap_or_else(|_| {
+                    Response::Error(WireError::new(
+                        ErrorCode::Internal,
+                        "the shard dropped the request",
+                    ))
+                });
+                // Past its rate: a refusal (the connection's next request sees a
+                // suspension it trips).
+                if matches!(&body, Response::Error(e) if e.code == ErrorCode::RateLimited) {
+                    ctx.breaker.refused(t, 1, std::time::Instant::now());
+                }
+                answer.send(body).await;
+            })
+            .detach();
+        }
+        Pending::Commit(admitted) => {
+            // The commit answers the moment its outcome is known, from its own task.
+            let local = ctx.local.clone();
+            glommio::spawn_local(async move {
+                crate::shard::commit(&local, admitted, |body| answer.send_now(body)).await;
+            })
+            .detach();
+        }
+    }
+    true
 }
 
 #[cfg(test)]

@@ -1,5 +1,8 @@
 //! spindled's configuration: a TOML file (see `spindled.example.toml`), every field overridable
 //! by a command-line flag or a `SPINDLE_*` environment variable.
+//!
+//! Long file: every top-level field with its default, its bound and its check; the sections
+//! have files of their own.
 
 mod admin;
 mod breaker;

@@ -220,6 +220,68 @@ pub async fn start(
 ) -> anyhow::Result<Started> {
     let mut admin = wait_for_store(db_config, metrics, config.postgres_wait_s).await?;
     let policy = live.load(&mut admin, metrics).await?;
+    register(&admin, config).await?;
+    let (preferred, held) = take_partitions(&admin, config).await?;
+    for p in &policy.providers {
+        set_provider_pool(&admin, &p.name, p.concurrency).await?;
+    }
+    recover_attempts(&admin, &held, &Followed::new(config, &policy)).await?;
+    let restores = load_restores(&admin, config, &policy, &held).await?;
+    for p in &held {
+        ownership.set(*p, true);
+    }
+    ownership.set_owners(&admin.partition_owners().await?, &config.node_id);
+    metrics.live_nodes.store(
+        u64::from(admin.live_nodes(config.lease_ms).await?),
+        std::sync::atomic::Ordering::Relaxed,
+    );
+    let split = first_shares(&mut admin, config, &policy, ownership).await?;
+    let warm = warm_up(config, &policy, &held);
+    let pipes = open_pipelines(config, db_config, metrics, warm).await?;
+    let mut id_blocks = Vec::new();
+    for _ in 0..config.shards {
+        id_blocks.push(admin.reserve_task_ids().await?);
+    }
+    let lease = LeaseLoop {
+        admin,
+        config: config.clone(),
+        db_config: db_config.clone(),
+        metrics: metrics.clone(),
+        ownership: ownership.clone(),
+        live: live.clone(),
+        preferred,
+        prune_from: None,
+        relays_seen: Vec::new(),
+    };
+    spawn_background(
+        config,
+        db_config,
+        live,
+        metrics,
+        ownership,
+        lease,
+        shard_inboxes,
+    )?;
+    let (reads, read_rx) = mpsc::channel(READ_QUEUE_MAX);
+    tokio::spawn(reader(
+        Db::open_with_backoff(db_config).await?,
+        db_config.clone(),
+        metrics.clone(),
+        read_rx,
+    ));
+    Ok(Started {
+        policy,
+        reads,
+        pipes,
+        id_blocks,
+        restores,
+        split: Some(split),
+    })
+}
+
+/// Registers the node (its client address, whether it relays events), and warns when other
+/// nodes relay the cluster's events and this one has no `[events]`.
+async fn register(admin: &Db, config: &crate::config::Config) -> anyhow::Result<()> {
     admin
         .register_node(&config.node_id, &config.client_address(config.listen))
         .await?;
@@ -243,6 +305,14 @@ pub async fn start(
              cluster the same [events]"
         );
     }
+    Ok(())
+}
+
+/// Takes this node's preferred partitions where they are free: returns them and those held.
+async fn take_partitions(
+    admin: &Db,
+    config: &crate::config::Config,
+) -> anyhow::Result<(Vec<PartitionId>, Vec<PartitionId>)> {
     admin.ensure_partitions(config.partitions).await?;
     let preferred = preferred_partitions(config);
     let held: Vec<PartitionId> = admin
@@ -259,23 +329,21 @@ pub async fn start(
             preferred.len()
         );
     }
-    for p in &policy.providers {
-        set_provider_pool(&admin, &p.name, p.concurrency).await?;
-    }
-    recover_attempts(&admin, &held, &Followed::new(config, &policy)).await?;
-    let restores = load_restores(&admin, config, &policy, &held).await?;
-    for p in &held {
-        ownership.set(*p, true);
-    }
-    ownership.set_owners(&admin.partition_owners().await?, &config.node_id);
-    metrics.live_nodes.store(
-        u64::from(admin.live_nodes(config.lease_ms).await?),
-        std::sync::atomic::Ordering::Relaxed,
-    );
+    Ok((preferred, held))
+}
+
+/// The node-wide limits' board, and the node's first parts of what it shares with the
+/// cluster.
+async fn first_shares(
+    admin: &mut Db,
+    config: &crate::config::Config,
+    policy: &spindle_core::Policy,
+    ownership: &Arc<Ownership>,
+) -> anyhow::Result<crate::shard::SplitBoard> {
     // The node's parts of what it shares with the cluster before it serves: it holds none until
     // the first allotment (nothing of its own waits yet: it asks for its standby part, or an
     // even one; what its resumed attempts run comes with the next round).
-    let split = crate::shard::split_board(&policy, config.shards);
+    let split = crate::shard::split_board(policy, config.shards);
     ownership.init_shares(split.board.limits(), split.shared.clone());
     let idle: Vec<Want> = split
         .shared
@@ -294,9 +362,17 @@ pub async fn start(
     for (l, part) in split.shared.iter().zip(parts) {
         ownership.set_share(l.place, part);
     }
-    // What the pipelines' connections run before they serve: a partition this node holds and
-    // its first provider account (without either there is no hot path to warm).
-    let warm = match (held.first(), policy.providers.first()) {
+    Ok(split)
+}
+
+/// What the pipelines' connections run before they serve: a partition this node holds and its
+/// first provider account (without either there is no hot path to warm).
+fn warm_up(
+    config: &crate::config::Config,
+    policy: &spindle_core::Policy,
+    held: &[PartitionId],
+) -> Option<Arc<spindle_control::WarmUp>> {
+    match (held.first(), policy.providers.first()) {
         (Some(&partition), Some(provider)) => Some(Arc::new(spindle_control::WarmUp {
             node: config.node_id.clone(),
             lease_ms: config.lease_ms,
@@ -306,9 +382,17 @@ pub async fn start(
             policy_version: policy.version,
         })),
         _ => None,
-    };
+    }
+}
+
+/// The pairs of pipelines (submits; claims and reports), each shard's the pair `i % pairs`.
+async fn open_pipelines(
+    config: &crate::config::Config,
+    db_config: &DbConfig,
+    metrics: &Arc<Metrics>,
+    warm: Option<Arc<spindle_control::WarmUp>>,
+) -> anyhow::Result<Vec<Pipes>> {
     let mut pipes = Vec::new();
-    let mut id_blocks = Vec::new();
     let open_pipeline = async |submit_calls: Option<Arc<AtomicU64>>,
                                report_hold: Duration,
                                gauge: Arc<PathGauge>|
@@ -352,22 +436,20 @@ pub async fn start(
     let pipes: Vec<Pipes> = (0..config.shards as usize)
         .map(|i| pipes[i % pipes.len()].clone())
         .collect();
-    for _ in 0..config.shards {
-        id_blocks.push(admin.reserve_task_ids().await?);
-    }
-    // The admin connection renews the partition leases for the life of the node and takes
-    // over partitions whose owner went away.
-    let lease = LeaseLoop {
-        admin,
-        config: config.clone(),
-        db_config: db_config.clone(),
-        metrics: metrics.clone(),
-        ownership: ownership.clone(),
-        live: live.clone(),
-        preferred,
-        prune_from: None,
-        relays_seen: Vec::new(),
-    };
+    Ok(pipes)
+}
+
+/// The control plane's background work: lease renewal and takeover (on the admin connection),
+/// the policy watcher, the reconcilers, the cluster's shares, the counter check, the relay.
+fn spawn_background(
+    config: &crate::config::Config,
+    db_config: &DbConfig,
+    live: &Arc<crate::live_policy::LivePolicy>,
+    metrics: &Arc<Metrics>,
+    ownership: &Arc<Ownership>,
+    lease: LeaseLoop,
+    shard_inboxes: Vec<mpsc::Sender<crate::shard::ShardMsg>>,
+) -> anyhow::Result<()> {
     tokio::spawn(crate::live_policy::watch(
         db_config.clone(),
         config.clone(),
@@ -412,21 +494,7 @@ pub async fn start(
             metrics.clone(),
         ));
     }
-    let (reads, read_rx) = mpsc::channel(READ_QUEUE_MAX);
-    tokio::spawn(reader(
-        Db::open_with_backoff(db_config).await?,
-        db_config.clone(),
-        metrics.clone(),
-        read_rx,
-    ));
-    Ok(Started {
-        policy,
-        reads,
-        pipes,
-        id_blocks,
-        restores,
-        split: Some(split),
-    })
+    Ok(())
 }
 
 /// The partitions a node takes at start: the configured ones, else all of them.

@@ -11,6 +11,9 @@
 //! `submit` admits and stores submits, `claims` pumps the core's dispatches into claims and
 //! applies their answers, `provider` and `media` run those stages, `reports` sends what
 //! happened.
+//!
+//! Long file: the shard's state, its records and its loop are the one unit every stage reads;
+//! the stages live in files of their own (submit, claims, provider, media, reports, commands).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
