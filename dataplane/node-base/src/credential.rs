@@ -12,6 +12,7 @@
 //! plain SHA-256 suffices for such tokens: what a slow hash protects is a guessable secret,
 //! which this check refuses.
 
+pub use crate::limits::CHARS_MAX;
 use sha2::{Digest, Sha256};
 
 /// The fewest characters a credential may have.
@@ -20,8 +21,6 @@ pub const CHARS_MIN: usize = 16;
 pub const DISTINCT_MIN: usize = 8;
 /// The fewest bits a credential must carry by [`estimated_bits`].
 pub const BITS_MIN: f64 = 64.0;
-/// The longest credential taken (a Hello's credential is bounded by its frame anyway).
-pub const CHARS_MAX: usize = 1024;
 
 const HASHED_PREFIX: &str = "sha256:";
 

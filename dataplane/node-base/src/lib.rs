@@ -7,4 +7,5 @@
 pub mod config;
 pub mod credential;
 pub mod exposition;
+pub mod limits;
 pub mod policy;

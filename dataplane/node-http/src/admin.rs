@@ -23,6 +23,7 @@ pub use spindle_node_base::config::{AdminToken, Role};
 
 use spindle_node::live_policy::LivePolicy;
 use spindle_node::metrics::Metrics;
+pub use spindle_node_base::limits::CANCEL_TASKS_MAX;
 
 /// What the admin endpoints share.
 pub struct Admin {
@@ -69,9 +70,6 @@ struct ChangeBody {
 struct ReasonBody {
     reason: String,
 }
-
-/// Tasks one `POST /admin/v1/tasks/cancel` may name.
-pub const CANCEL_TASKS_MAX: usize = 1_000;
 
 /// `{tasks, reason}`: a requeue's or an operator's cancel.
 #[derive(Deserialize)]

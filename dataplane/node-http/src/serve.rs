@@ -25,6 +25,8 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::sync::oneshot;
 
 use spindle_node::metrics::Metrics;
+use spindle_node_base::limits::HEAD_BYTES_MAX;
+pub use spindle_node_base::limits::REPLAYS_MAX;
 
 /// Where provider callbacks go, once the provider thread runs.
 pub type CallbackSink = Arc<std::sync::OnceLock<Arc<spindle_node::dispatch::Dispatcher>>>;
@@ -45,8 +47,6 @@ const SESSION_S: u32 = 3_600;
 
 /// How long a request's head (its line and headers) may take to arrive.
 pub const HEAD_WITHIN: Duration = Duration::from_secs(5);
-/// Bytes of a request's head.
-const HEAD_BYTES_MAX: usize = 8 * 1024;
 /// A shard whose loop has not ticked for this long makes `/livez` fail.
 pub const LIVENESS_STALE: Duration = Duration::from_secs(10);
 
@@ -63,10 +63,6 @@ pub struct Port {
     /// The provider callbacks seen within their window (`Replays`).
     pub seen: Mutex<Replays>,
 }
-
-/// Callbacks remembered at most (past it the oldest are forgotten: a replay then still meets
-/// the window).
-pub const REPLAYS_MAX: usize = 65_536;
 
 /// The signature tags of the callbacks taken within the window, oldest first: one seen again
 /// is not acted on twice.

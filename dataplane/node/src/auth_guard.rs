@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use spindle_core::ledger::TokenBucket;
 use spindle_core::policy::RateSpec;
 use spindle_core::Time;
+pub use spindle_node_base::limits::{COOLDOWN_MAX, TRACKED_MAX};
 
 /// Failed Hellos one address may make: a burst of ten, then five a second.
 pub const ADDRESS_FAILURES: RateSpec = RateSpec {
@@ -33,11 +34,8 @@ pub const TENANT_FAILURES: RateSpec = RateSpec {
 };
 /// The first cooldown, and the longest.
 pub const COOLDOWN: Duration = Duration::from_secs(10);
-pub const COOLDOWN_MAX: Duration = Duration::from_secs(600);
 /// How long a throttled tenant's Hellos wait before they are answered.
 pub const TENANT_DELAY: Duration = Duration::from_millis(500);
-/// Addresses and tenants tracked at most each.
-pub const TRACKED_MAX: usize = 16_384;
 /// Failures logged a second (a second's worth at once).
 const LOGGED_PER_S: u64 = 5;
 

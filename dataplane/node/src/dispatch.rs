@@ -29,17 +29,8 @@ use tokio::sync::mpsc;
 pub use spindle_node_base::config::ProviderConfig;
 
 use crate::shard::ShardMsg;
-
-/// Calls waiting for the provider thread before shards wait.
-pub const CALLS_QUEUE_MAX: usize = 16_384;
-/// Queries by request key in one round after an unknown outcome. A round without any answer
-/// goes back to the shard, which keeps the reservation and starts another round after the last
-/// polling stage (an attempt in doubt is never given up: only the provider can settle it).
-const RESOLVE_TRIES_MAX: u32 = 20;
-/// Polls after a job outlived its watch and was canceled, waiting for the provider to show it
-/// ended (a callback ends the watch too). Past them the watch stops, and the attempt keeps its
-/// reservation: the provider never said the job ended.
-const POLLS_AFTER_CANCEL_MAX: u32 = 100;
+pub use spindle_node_base::limits::CALLS_QUEUE_MAX;
+use spindle_node_base::limits::{POLLS_AFTER_CANCEL_MAX, RESOLVE_TRIES_MAX};
 
 /// What a shard asks of the provider.
 #[derive(Debug)]

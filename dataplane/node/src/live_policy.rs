@@ -29,12 +29,10 @@ use tokio::sync::mpsc;
 
 use crate::metrics::Metrics;
 use crate::shard::ShardMsg;
+pub use spindle_node_base::limits::ADDED_WHILE_RUNNING_MAX;
 
 /// How often a node looks for a newer policy version.
 const POLICY_POLL: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Provider accounts a running node takes beyond those it started with, and as many models.
-pub const ADDED_WHILE_RUNNING_MAX: usize = 64;
 
 /// Node-wide limits the shards' share board holds room for, beyond the starting policy's: a
 /// provider account's concurrency and RPM, a model's running tasks and units.

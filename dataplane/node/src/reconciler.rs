@@ -34,6 +34,7 @@ pub use spindle_node_base::config::{Job, ReconcileConfig};
 
 use crate::metrics::Metrics;
 use crate::shard::ShardMsg;
+use spindle_node_base::limits::PROVIDER_REQUESTS_MAX;
 
 /// What the reconcilers work with.
 pub struct Reconcilers {
@@ -62,9 +63,6 @@ struct Cursors {
     /// The task the costs pass goes on after.
     costs: Option<TaskId>,
 }
-
-/// Calls the reconcilers make at the provider at once.
-const PROVIDER_REQUESTS_MAX: usize = 16;
 
 impl Reconcilers {
     /// The provider client the reconcilers ask, for `config`'s provider.

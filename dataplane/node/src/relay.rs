@@ -24,6 +24,7 @@ use spindle_providers::{Webhook, WebhookError};
 pub use spindle_node_base::config::EventsConfig;
 
 use crate::metrics::Metrics;
+use spindle_node_base::limits::BACKOFF_MAX;
 
 /// One event as posted (borrowed from the relay's batch: nothing is copied to write it).
 #[derive(serde::Serialize)]
@@ -68,8 +69,6 @@ impl EventSink for WebhookSink {
 
 /// How often the pending events are counted (the count reads the pending outbox rows).
 const COUNT_EVERY: Duration = Duration::from_secs(1);
-/// The longest wait between tries of a refused batch.
-const BACKOFF_MAX: Duration = Duration::from_secs(10);
 
 /// Runs the relay for the life of the node.
 pub async fn run(db_config: DbConfig, config: EventsConfig, metrics: Arc<Metrics>) {

@@ -26,9 +26,9 @@ use tokio::sync::{mpsc, oneshot};
 use crate::breaker::Verdict;
 use crate::shard::ShardMsg;
 use crate::tls::{Accepted, Link, Session};
+use spindle_node_base::limits::OUTBOUND_QUEUE_MAX;
+pub use spindle_node_base::limits::{HANDOFF_QUEUE_MAX, REFUSING_MAX};
 
-/// Encoded frames waiting for the socket, per connection.
-const OUTBOUND_QUEUE_MAX: usize = 1024;
 const READ_CHUNK: usize = 64 * 1024;
 /// Encoded frames joined into one write while more are queued, up to this many bytes.
 const WRITE_COALESCE_BYTES: usize = 64 * 1024;
@@ -41,9 +41,6 @@ type Stream = glommio::net::TcpStream;
 /// A refused plain connection is told why within this (its Hello read, the error written), then
 /// closed; a client that sends nothing is closed at its end.
 pub const REFUSE_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
-/// Refused connections one shard tells why at once; past it (a flood past the bound) they are
-/// closed without a word.
-pub const REFUSING_MAX: usize = 256;
 /// Refused TLS connections one shard handshakes with a second to tell them why (a second's
 /// worth at once): at ~0.25 ms of CPU a handshake, at most ~1 % of the shard's core, however
 /// many are refused. Past it they are closed at once.
@@ -646,9 +643,6 @@ pub struct Handoff {
     frames: FrameReader,
     slot: ConnSlot,
 }
-
-/// Connections waiting to be taken up by one shard.
-pub const HANDOFF_QUEUE_MAX: usize = 1024;
 
 /// Hands `stream` to shard `owner`, or gives it back when that cannot be done now.
 #[allow(clippy::result_large_err)]

@@ -28,15 +28,10 @@ pub use upload::{
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
+pub use crate::limits::{CONNECTIONS_MAX, CONNECTION_RATE_MAX, HTTP_CONNECTIONS_MAX};
+use crate::limits::{COUNTER_CHECK_S_MAX, CPU_WAKE_LATENCY_US_MAX, TASK_INPUTS_MB_MAX};
 use serde::Deserialize;
 use spindle_core::Lane;
-
-/// The longest interval between counter checks (`counter_check_s`): a day.
-const COUNTER_CHECK_S_MAX: u64 = 24 * 3600;
-/// The longest CPU wake-up latency worth asking for: a second (PM QoS takes up to i32::MAX µs).
-const CPU_WAKE_LATENCY_US_MAX: u32 = 1_000_000;
-/// The most `task_inputs_mb` takes (1 TiB).
-const TASK_INPUTS_MB_MAX: u32 = 1 << 20;
 
 #[derive(Debug, Clone, clap::Parser)]
 #[command(name = "spindled", about = "spindle's node daemon")]
@@ -527,12 +522,6 @@ fn default_hello_timeout_ms() -> u32 {
 fn default_http_connections_max() -> usize {
     1_024
 }
-/// The most `http_connections_max` takes.
-pub const HTTP_CONNECTIONS_MAX: usize = 65_536;
-/// The most `connections_max` takes.
-pub const CONNECTIONS_MAX: usize = 1 << 20;
-/// The most `connection_rate_max` takes.
-pub const CONNECTION_RATE_MAX: u32 = 1_000_000;
 fn default_provider_concurrency() -> u64 {
     100
 }

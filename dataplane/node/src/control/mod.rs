@@ -40,9 +40,8 @@ use tokio::sync::{mpsc, oneshot};
 use crate::metrics::Metrics;
 use crate::overload::{PathGauge, Queued};
 use crate::ownership::Ownership;
-
-/// Messages one pipeline takes at once before it pushes back.
-pub const PIPELINE_QUEUE_MAX: usize = 4096;
+pub use spindle_node_base::limits::PIPELINE_QUEUE_MAX;
+use spindle_node_base::limits::{PROVIDER_POOL_SHARDS_MAX, STORE_WAIT_DELAY_MAX};
 
 pub type Reply<T> = oneshot::Sender<Result<Vec<T>, StoreError>>;
 
@@ -205,8 +204,6 @@ async fn wait_for_store(
 
 /// How often a node waiting for PostgreSQL at its start says so in the log.
 const STORE_WAIT_LOG: std::time::Duration = std::time::Duration::from_secs(10);
-/// The longest pause between two attempts of a starting node to reach PostgreSQL.
-const STORE_WAIT_DELAY_MAX: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Opens the pipelines' connections (migrating on the first), registers the node, takes the
 /// partitions and the pools, and starts the pipelines on `rt`.
@@ -521,8 +518,6 @@ pub async fn set_provider_pool(db: &Db, name: &str, concurrency: u64) -> Result<
     .await
 }
 
-/// Rows a provider account's pool is split into, at most.
-const PROVIDER_POOL_SHARDS_MAX: u64 = 16;
 /// Units a row of a provider's pool holds, at least (a smaller pool has fewer rows).
 const PROVIDER_POOL_SHARD_UNITS_MIN: u64 = 16;
 

@@ -11,7 +11,9 @@ use tokio::sync::{mpsc, oneshot};
 use crate::metrics::Metrics;
 use crate::overload::{CallModel, PathGauge};
 
-use super::{CpMsg, Reply, PIPELINE_QUEUE_MAX};
+use super::{CpMsg, Reply};
+use spindle_node_base::limits::BACKLOG_MAX;
+pub use spindle_node_base::limits::READ_QUEUE_MAX;
 
 /// What one pipeline runs with.
 pub struct PipelineSetup {
@@ -226,9 +228,6 @@ pub(crate) async fn reconnect(config: &DbConfig, metrics: &Metrics) -> Db {
         }
     }
 }
-
-/// Messages one pipeline looks at when it forms the next batch.
-const BACKLOG_MAX: usize = 4 * PIPELINE_QUEUE_MAX;
 
 /// The next batch to run. What a shard waits on to go on goes first: behind submits it could
 /// wait as long as any shard of the pair kept submitting — a block of task ids, then the reads
@@ -509,9 +508,6 @@ impl ReadMsg {
         }
     }
 }
-
-/// Reads waiting before senders wait.
-pub const READ_QUEUE_MAX: usize = 16_384;
 
 pub(super) async fn reader(
     mut db: Db,

@@ -1,6 +1,7 @@
 //! What a starting owner (or one taking partitions over) takes back from PostgreSQL.
 
 use spindle_control::{Db, PartitionId, Report};
+use spindle_node_base::limits::RECOVER_REREADS_MAX;
 
 /// A task from PostgreSQL for its shard: a QUEUED one, or one whose live attempt the shard
 /// follows at the provider.
@@ -131,10 +132,6 @@ impl Followed {
         self.providers.contains(&a.provider) && (self.media || !past_provider)
     }
 }
-
-/// How many times in a row [`recover_attempts`] reads a page again because rows changed
-/// under it before it gives up (the start, or the takeover round, is then retried).
-const RECOVER_REREADS_MAX: u32 = 8;
 
 /// Resolves the previous owner's live attempts in `mine` that are not followed (see
 /// [`Followed`]): in the provider stage they are requeued (a new attempt runs them); past it

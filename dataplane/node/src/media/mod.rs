@@ -18,15 +18,13 @@ pub use spindle_node_base::config::{DeclarationPolicy, MediaConfig, OUTPUT_URL_B
 use crate::shard::ShardMsg;
 
 mod upload;
+use spindle_node_base::limits::DISCARDS_QUEUED_MAX;
+pub use spindle_node_base::limits::MEDIA_QUEUE_MAX;
 use upload::{upload_all, Upload};
 pub use upload::{
     UploadConfig, UPLOAD_ATTEMPTS_MAX, UPLOAD_PARTS_IN_FLIGHT_MAX, UPLOAD_PART_MB_MAX,
     UPLOAD_PREFIX_BYTES_MAX,
 };
-
-/// Jobs waiting for a worker before the shard refuses more (the task then fails with the
-/// reason; nothing waits unbounded).
-pub const MEDIA_QUEUE_MAX: usize = 1024;
 
 /// One job: the task's video at `input_url` (`http://` or `https://`, fetched into the output
 /// directory under the job's quota, or `file://`).
@@ -184,10 +182,6 @@ enum Discard {
     /// holds the task).
     Attempt(TaskId, FencingToken),
 }
-
-/// Jobs' objects waiting for the bucket's thread to delete them: past this, more are left to
-/// a lifecycle rule (and logged).
-const DISCARDS_QUEUED_MAX: usize = 256;
 
 /// How often the bucket is swept for multipart uploads left open (at start, then this often).
 pub const SWEEP_EVERY: Duration = Duration::from_secs(3600);

@@ -16,6 +16,7 @@ pub use spindle_node_base::config::{
 };
 
 use super::{MediaStats, Uploaded, STAGE_UPLOAD};
+use spindle_node_base::limits::SWEEP_PAGES_MAX;
 
 /// How long a trade of the web identity at STS, or a read of the instance profile's keys, may
 /// take.
@@ -238,9 +239,6 @@ const _: () = assert!(
     spindle_core::limits::ATTEMPTS_MAX * 8
         <= spindle_providers::object_store::LIST_PAGE_MAX * TASK_KEYS_PAGES
 );
-
-/// Pages of open uploads one sweep reads (S3's 1,000 uploads each).
-const SWEEP_PAGES_MAX: u32 = 10;
 
 /// A rendition's key under `prefix`, `task-<task>-<token>-<height>p.mp4`, read: its task and
 /// its attempt's fencing token; `None` for any other key.

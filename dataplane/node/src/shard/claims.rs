@@ -2,6 +2,7 @@
 //! (granted, refused, in doubt).
 
 use super::*;
+use spindle_node_base::limits::IN_DOUBT_PAUSE_MAX;
 
 /// Drains the core's dispatches into one claim message and handles the answers.
 pub(super) async fn pump(state: &SharedShard) {
@@ -196,7 +197,6 @@ const LEASE_RECHECKS_PER_LEASE: u32 = 6;
 /// How many times a shard asks for the rows of calls in doubt before it leaves them to a
 /// restart or a takeover (with pauses doubling up to `IN_DOUBT_PAUSE_MAX`: ~30 minutes).
 pub(super) const IN_DOUBT_LOOKUPS_MAX: u32 = 1_000;
-const IN_DOUBT_PAUSE_MAX: Duration = Duration::from_secs(2);
 
 /// The rows of `tasks` as they are now, read down `cp` (it reconnects as it needs) in at most
 /// `tries`; `None` when PostgreSQL did not answer in them, or the pipeline stopped.

@@ -64,10 +64,6 @@ pub use submit::StoredRequest;
 use submit::*;
 pub(crate) use submit::{commit, decide_now, Admitted, Decided};
 
-/// Inputs one shard buffers before senders wait.
-pub const SHARD_QUEUE_MAX: usize = 8192;
-/// Dispatches one pump sends as one claim message.
-const CLAIMS_PER_PUMP_MAX: usize = 512;
 /// How often the shard looks at its timers (retries, aging) without other input.
 const TICK: Duration = Duration::from_millis(20);
 /// Ticks between two publications of per-tenant running work (every 200 ms).
@@ -158,6 +154,8 @@ pub enum ShardMsg {
     },
 }
 
+use spindle_node_base::limits::CLAIMS_PER_PUMP_MAX;
+pub use spindle_node_base::limits::SHARD_QUEUE_MAX;
 use subscriptions::{Subscriber, Subscriptions};
 pub use subscriptions::{
     SUBSCRIPTIONS_MAX, SUBSCRIPTIONS_PER_TASK_MAX, SUBSCRIPTIONS_PER_TENANT_MAX,

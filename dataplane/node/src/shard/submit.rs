@@ -1,6 +1,7 @@
 //! Submits: admission by the core, the group-committed insert, and the answers.
 
 use super::*;
+pub use spindle_node_base::limits::STORED_REQUEST_BYTES_MAX;
 
 async fn next_task_id(state: &SharedShard) -> Result<TaskId, StoreError> {
     if let Some(id) = state.borrow_mut().ids.next() {
@@ -29,9 +30,6 @@ pub struct StoredRequest {
     pub input: Option<Box<serde_json::value::RawValue>>,
 }
 
-/// The largest stored request: every field at its widest, and the largest input. The store
-/// takes it (`tests::the_largest_request_fits_the_store`).
-pub const STORED_REQUEST_BYTES_MAX: usize = spindle_wire::limits::INPUT_BYTES_MAX + 512;
 const _: () = assert!(STORED_REQUEST_BYTES_MAX <= spindle_control::limits::PAYLOAD_BYTES_MAX);
 
 /// The stored request of `t`: its JSON as `StoredRequest` writes it. The input, one JSON value

@@ -7,13 +7,10 @@ use std::collections::HashMap;
 
 use spindle_core::hash::RunMap;
 use spindle_core::{TaskId, TenantId};
+pub use spindle_node_base::limits::{
+    SUBSCRIPTIONS_MAX, SUBSCRIPTIONS_PER_TASK_MAX, SUBSCRIPTIONS_PER_TENANT_MAX,
+};
 use tokio::sync::mpsc;
-
-/// Subscriptions one shard holds, per task, and per tenant (a tenant's connections are all
-/// served by the shard that owns it).
-pub const SUBSCRIPTIONS_MAX: usize = 100_000;
-pub const SUBSCRIPTIONS_PER_TASK_MAX: usize = 16;
-pub const SUBSCRIPTIONS_PER_TENANT_MAX: usize = 10_000;
 
 pub(super) struct Subscriber {
     pub request_id: u64,
