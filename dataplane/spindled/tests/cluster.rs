@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{poll_until, task, wait_all_succeeded, Daemon};
+use common::{poll_until, task, wait_all_succeeded, Daemon, NodeConfig};
 use spindle_client::Client;
 use spindle_control::testing::TestDb;
 use spindle_core::TenantId;
@@ -21,37 +21,25 @@ const ACCOUNTS: [&str; 2] = [
 const TENANTS: u32 = 6;
 
 fn config(node: &str, owned: &str, provider: &str) -> String {
-    let mut c = format!(
-        r#"
-node_id = "{node}"
-listen = "127.0.0.1:0"
-http_listen = "127.0.0.1:0"
-shards = 2
-partitions = 6
-owned_partitions = {owned}
-# Long enough that a node starved of CPU on a busy 2-core CI machine keeps its partitions: this
-# test is about sharing the provider, takeover has tests of its own (takeover.rs).
-lease_ms = 6000
-takeover_grace_ms = 600000
-provider_concurrency = 3
-provider_rpm = 600
-lane_capacity_units = 100000
-retry_backoff_base_ms = 50
-retry_backoff_max_ms = 500
-
-[provider]
-url = "{provider}"
-secret = "{SECRET}"
-timeout_ms = 1000
-poll_ms = [200, 400]
-"#
-    );
-    for t in 1..=TENANTS {
-        c.push_str(&format!(
-            "\n[[tenants]]\nid = {t}\ncredential = \"tenant-{t}-credential\"\n"
-        ));
-    }
-    c
+    NodeConfig::new()
+        .node_id(node)
+        .partitions(6)
+        .tenants(1..=TENANTS)
+        .set("owned_partitions", owned)
+        .set("takeover_grace_ms", 600_000)
+        // Long enough that a node starved of CPU on a busy 2-core CI machine keeps its
+        // partitions: this test is about sharing the provider, takeover has tests of its own.
+        .set("lease_ms", 6000)
+        .set("provider_concurrency", 3)
+        .set("provider_rpm", 600)
+        .set("lane_capacity_units", 100_000)
+        .set("retry_backoff_base_ms", 50)
+        .set("retry_backoff_max_ms", 500)
+        .section(&format!(
+            "[provider]\nurl = \"{provider}\"\nsecret = \"{SECRET}\"\ntimeout_ms = 1000\n\
+             poll_ms = [200, 400]"
+        ))
+        .toml()
 }
 
 /// The mock with both accounts, each of `concurrency` slots and `rpm` requests a minute.
@@ -210,36 +198,19 @@ async fn count_in(sql: &tokio_postgres::Client, ids: &[i64], state: &str) -> i64
 /// Node `node` of a pair on the mock at `url`, serving partition `owned` of two (tenant `t`
 /// lives on partition `t % 2`), with the accounts' `concurrency` and `rpm`.
 fn pair_config(url: &str, node: &str, owned: u32, concurrency: u32, rpm: u32) -> String {
-    format!(
-        r#"
-node_id = "{node}"
-listen = "127.0.0.1:0"
-http_listen = "127.0.0.1:0"
-shards = 2
-partitions = 2
-owned_partitions = [{owned}]
-lease_ms = 1500
-# Neither node takes the other's partition however slowly it starts (a busy machine).
-takeover_grace_ms = 600000
-provider_concurrency = {concurrency}
-provider_rpm = {rpm}
-lane_capacity_units = 100000
-
-[provider]
-url = "{url}"
-secret = "{SECRET}"
-timeout_ms = 1000
-poll_ms = [200, 400]
-
-[[tenants]]
-id = 1
-credential = "tenant-1-credential"
-
-[[tenants]]
-id = 2
-credential = "tenant-2-credential"
-"#
-    )
+    NodeConfig::new()
+        .node_id(node)
+        .partitions(2)
+        .owns(&[owned])
+        .set("lease_ms", 1500)
+        .set("provider_concurrency", concurrency)
+        .set("provider_rpm", rpm)
+        .set("lane_capacity_units", 100_000)
+        .section(&format!(
+            "[provider]\nurl = \"{url}\"\nsecret = \"{SECRET}\"\ntimeout_ms = 1000\n\
+             poll_ms = [200, 400]"
+        ))
+        .toml()
 }
 
 /// The mock with accounts of `slots` slots (and RPM to spare) and jobs of `job_ms`, and two

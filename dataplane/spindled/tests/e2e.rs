@@ -753,6 +753,12 @@ async fn the_expected_start_is_counted_from_the_answer() {
     assert_eq!(second.queue_level, 0, "{second:?}");
 }
 
+/// The configuration builder's default is the configuration the tests share.
+#[test]
+fn the_config_builders_default_is_the_shared_config() {
+    common::config::assert_the_default_is_the_shared_config();
+}
+
 /// The shipped alert rules (deploy/prometheus) name only series a node serves: a renamed
 /// metric would leave an alert that can never fire.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

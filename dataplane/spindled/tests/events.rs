@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{http_get, poll_until, start_with, task, Daemon};
+use common::{http_get, poll_until, start_with, task, Daemon, NodeConfig};
 use spindle_client::Client;
 use spindle_control::testing::TestDb;
 use spindle_core::{Decision, TaskId, TenantId};
@@ -17,27 +17,14 @@ use spindle_providers::EventReceiver;
 const SECRET: &str = "events-secret";
 
 fn config(url: &str, pending_max: u64) -> String {
-    format!(
-        r#"
-node_id = "events-node"
-listen = "127.0.0.1:0"
-http_listen = "127.0.0.1:0"
-shards = 2
-partitions = 8
-local_provider_time_scale = 0.0001
-
-[events]
-url = "{url}"
-secret = "{SECRET}"
-timeout_ms = 500
-idle_ms = 20
-pending_max = {pending_max}
-
-[[tenants]]
-id = 1
-credential = "tenant-1-credential"
-"#
-    )
+    NodeConfig::new()
+        .node_id("events-node")
+        .tenants([1])
+        .section(&format!(
+            "[events]\nurl = \"{url}\"\nsecret = \"{SECRET}\"\ntimeout_ms = 500\nidle_ms = 20\n\
+             pending_max = {pending_max}"
+        ))
+        .toml()
 }
 
 async fn receiver() -> EventReceiver {
@@ -225,30 +212,25 @@ async fn a_node_without_a_relay_keeps_what_another_nodes_relay_has_to_send() {
     let test = TestDb::new().await;
     let rx = receiver().await;
     rx.refuse(true);
-    let relay_config = config(&rx.url(), 10).replace(
-        "partitions = 8\n",
-        "partitions = 2\nowned_partitions = [0]\nlease_ms = 3000\ntakeover_grace_ms = 600000\n",
-    );
-    let plain_config = r#"
-node_id = "plain-node"
-listen = "127.0.0.1:0"
-http_listen = "127.0.0.1:0"
-shards = 2
-partitions = 2
-owned_partitions = [1]
-# Neither node takes the other's partition however slowly it starts (a busy machine), and a
-# renewal late by two seconds keeps the lease.
-lease_ms = 3000
-takeover_grace_ms = 600000
-local_provider_time_scale = 0.0001
-retention_finished_s = 1
-retention_events_s = 1
-
-[[tenants]]
-id = 1
-credential = "tenant-1-credential"
-"#;
-    let mut nodes = common::start_together(&test, &[relay_config, plain_config.to_string()]).await;
+    // Neither node takes the other's partition however slowly it starts (a busy machine), and
+    // a renewal late by two seconds keeps the lease.
+    let relay_config = config(&rx.url(), 10)
+        .replace("partitions = 8\n", "partitions = 2\n")
+        .replace(
+            "local_provider_time_scale",
+            "owned_partitions = [0]\nlease_ms = 3000\ntakeover_grace_ms = 600000\n\
+             local_provider_time_scale",
+        );
+    let plain_config = NodeConfig::new()
+        .node_id("plain-node")
+        .partitions(2)
+        .tenants([1])
+        .owns(&[1])
+        .set("lease_ms", 3000)
+        .set("retention_finished_s", 1)
+        .set("retention_events_s", 1)
+        .toml();
+    let mut nodes = common::start_together(&test, &[relay_config, plain_config]).await;
     let (plain, relay) = (nodes.pop().unwrap(), nodes.pop().unwrap());
     // Tenant 1 lives on partition 1: the plain node's.
     let ids: Vec<i64> = submit(&plain, "k", 20)

@@ -9,34 +9,19 @@ mod common;
 
 use std::time::Duration;
 
-use common::{poll_until, start_with, task};
+use common::{poll_until, start_with, task, NodeConfig};
 use spindle_client::{Client, ClientError, ClusterClient};
 use spindle_control::testing::TestDb;
 use spindle_core::TenantId;
 use spindle_wire::ErrorCode;
 
 fn config(node: &str, log: &std::path::Path) -> String {
-    format!(
-        r#"
-node_id = "{node}"
-listen = "127.0.0.1:0"
-http_listen = "127.0.0.1:0"
-shards = 2
-partitions = 8
-lease_ms = 1500
-local_provider_time_scale = 0.05
-local_provider_log = "{}"
-
-[[tenants]]
-id = 1
-credential = "tenant-1-credential"
-
-[[tenants]]
-id = 2
-credential = "tenant-2-credential"
-"#,
-        log.display()
-    )
+    NodeConfig::new()
+        .node_id(node)
+        .time_scale(0.05)
+        .set("lease_ms", 1500)
+        .set_str("local_provider_log", &log.display().to_string())
+        .toml()
 }
 
 /// A client of `tenant` on `node` once the node serves the tenant's partition (bounded: 20 s),
@@ -247,24 +232,15 @@ async fn claims_refused_while_the_nodes_own_lease_lapsed_wait_for_its_renewal() 
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("executions.log");
     // One provider slot and short tasks: claims keep coming, one at a time.
-    let config = format!(
-        r#"
-node_id = "lapse-node"
-listen = "127.0.0.1:0"
-http_listen = "127.0.0.1:0"
-shards = 1
-partitions = 8
-lease_ms = 1500
-provider_concurrency = 1
-local_provider_time_scale = 0.005
-local_provider_log = "{}"
-
-[[tenants]]
-id = 1
-credential = "tenant-1-credential"
-"#,
-        log.display()
-    );
+    let config = NodeConfig::new()
+        .node_id("lapse-node")
+        .shards(1)
+        .time_scale(0.005)
+        .tenants([1])
+        .set("lease_ms", 1500)
+        .set("provider_concurrency", 1)
+        .set_str("local_provider_log", &log.display().to_string())
+        .toml();
     let daemon = start_with(&test, &config).await;
     let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
@@ -309,22 +285,13 @@ credential = "tenant-1-credential"
 async fn a_takeover_fails_a_task_it_cannot_read_and_serves_the_partition() {
     let test = TestDb::new().await;
     let node = |name: &str, scale: f64, concurrency: u64| {
-        format!(
-            r#"
-node_id = "{name}"
-listen = "127.0.0.1:0"
-http_listen = "127.0.0.1:0"
-shards = 2
-partitions = 8
-lease_ms = 1500
-local_provider_time_scale = {scale}
-provider_concurrency = {concurrency}
-
-[[tenants]]
-id = 1
-credential = "tenant-1-credential"
-"#
-        )
+        NodeConfig::new()
+            .node_id(name)
+            .time_scale(scale)
+            .tenants([1])
+            .set("lease_ms", 1500)
+            .set("provider_concurrency", concurrency)
+            .toml()
     };
     // Slow jobs and two slots on A: most of its work stays QUEUED.
     let mut a = start_with(&test, &node("node-a", 10.0, 2)).await;

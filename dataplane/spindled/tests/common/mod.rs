@@ -1,7 +1,10 @@
 //! Starting spindled as a process on a fresh database, and small request helpers.
 #![allow(dead_code)]
 
+pub mod config;
 pub mod mock;
+
+pub use config::NodeConfig;
 
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
@@ -56,10 +59,10 @@ credential = "tenant-2-credential"
 /// `CONFIG` with the local provider's time scale set to `scale` (its tasks then take their
 /// modelled time × `scale`) and `extra` settings added.
 pub fn config_scaled(scale: &str, extra: &str) -> String {
-    CONFIG.replace(
-        "local_provider_time_scale = 0.0001",
-        &format!("local_provider_time_scale = {scale}\n{extra}"),
-    )
+    let mut text = NodeConfig::new().time_scale(scale).toml();
+    let at = text.find("\n\n[[tenants]]").expect("the tenants come last");
+    text.insert_str(at + 1, &format!("{extra}\n"));
+    text
 }
 
 /// Starts spindled on a fresh database and waits (bounded) until it serves.

@@ -1,0 +1,120 @@
+//! A node's configuration for tests, built instead of pasted: the defaults every test shares
+//! (loopback listeners on free ports, two shards, eight partitions, a fast local provider, two
+//! tenants) and a call per thing a test changes. `toml()` writes the file spindled reads.
+
+/// The configuration a test node starts with.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    node_id: String,
+    shards: u32,
+    partitions: u32,
+    time_scale: String,
+    tenants: Vec<u32>,
+    /// Top-level `key = value` lines beyond the defaults, in order.
+    settings: Vec<String>,
+    /// Sections (`[provider]`, `[events]`, …) written after the settings.
+    sections: Vec<String>,
+}
+
+impl Default for NodeConfig {
+    fn default() -> NodeConfig {
+        NodeConfig {
+            node_id: "test-node".into(),
+            shards: 2,
+            partitions: 8,
+            time_scale: "0.0001".into(),
+            tenants: vec![1, 2],
+            settings: Vec::new(),
+            sections: Vec::new(),
+        }
+    }
+}
+
+impl NodeConfig {
+    pub fn new() -> NodeConfig {
+        NodeConfig::default()
+    }
+
+    pub fn node_id(mut self, id: &str) -> NodeConfig {
+        self.node_id = id.into();
+        self
+    }
+
+    pub fn shards(mut self, n: u32) -> NodeConfig {
+        self.shards = n;
+        self
+    }
+
+    pub fn partitions(mut self, n: u32) -> NodeConfig {
+        self.partitions = n;
+        self
+    }
+
+    /// The local provider's jobs take their modelled time × `scale`.
+    pub fn time_scale(mut self, scale: impl ToString) -> NodeConfig {
+        self.time_scale = scale.to_string();
+        self
+    }
+
+    /// Tenants `ids`, each with the credential `tenant-<id>-credential`.
+    pub fn tenants(mut self, ids: impl IntoIterator<Item = u32>) -> NodeConfig {
+        self.tenants = ids.into_iter().collect();
+        self
+    }
+
+    /// The partitions this node takes at start, and a takeover grace long enough that it takes
+    /// no other while a cluster's nodes start, however slowly (a busy machine).
+    pub fn owns(self, partitions: &[u32]) -> NodeConfig {
+        let list: Vec<String> = partitions.iter().map(u32::to_string).collect();
+        self.set("owned_partitions", format!("[{}]", list.join(", ")))
+            .set("takeover_grace_ms", 600_000)
+    }
+
+    /// A top-level setting, its value written as TOML (a string must come quoted).
+    pub fn set(mut self, key: &str, value: impl ToString) -> NodeConfig {
+        self.settings.push(format!("{key} = {}", value.to_string()));
+        self
+    }
+
+    /// A top-level string setting.
+    pub fn set_str(self, key: &str, value: &str) -> NodeConfig {
+        self.set(key, format!("{value:?}"))
+    }
+
+    /// A whole section, as TOML text starting with its header.
+    pub fn section(mut self, text: &str) -> NodeConfig {
+        self.sections.push(text.trim().to_string());
+        self
+    }
+
+    /// The configuration file's text.
+    pub fn toml(&self) -> String {
+        let mut out = format!(
+            "node_id = {:?}\nlisten = \"127.0.0.1:0\"\nhttp_listen = \"127.0.0.1:0\"\n\
+             shards = {}\npartitions = {}\nlocal_provider_time_scale = {}\n",
+            self.node_id, self.shards, self.partitions, self.time_scale
+        );
+        for s in &self.settings {
+            out.push_str(s);
+            out.push('\n');
+        }
+        for s in &self.sections {
+            out.push('\n');
+            out.push_str(s);
+            out.push('\n');
+        }
+        for t in &self.tenants {
+            out.push_str(&format!(
+                "\n[[tenants]]\nid = {t}\ncredential = \"tenant-{t}-credential\"\n"
+            ));
+        }
+        out
+    }
+}
+
+/// The builder's default is `CONFIG` (run by one test, `e2e.rs`).
+pub fn assert_the_default_is_the_shared_config() {
+    let built: toml::Value = toml::from_str(&NodeConfig::new().toml()).unwrap();
+    let pasted: toml::Value = toml::from_str(super::CONFIG).unwrap();
+    assert_eq!(built, pasted);
+}
