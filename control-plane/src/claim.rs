@@ -5,7 +5,7 @@
 
 use spindle_core::{AttemptId, FencingToken, TaskId, TaskState};
 
-use crate::db::Db;
+use crate::db::{Call, Db};
 use crate::error::{
     check_answered, check_batch_len, check_text, to_i64, BatchTasks, InputError, StoreError,
 };
@@ -201,7 +201,10 @@ impl Db {
             vec![&node, &lease_ms, &task, &version];
         params.extend(a.params());
         let rows = self
-            .answered(true, self.client().query(&self.stmts.claim, &params))
+            .answered(
+                Call::Writes,
+                self.client().query(&self.stmts.claim, &params),
+            )
             .await?;
         check_answered("claim", &rows, batch.len())?;
         rows.iter()

@@ -34,7 +34,7 @@
 //! slots, for their work to end. A node's first allotment precedes its first request (at its
 //! start it holds nothing) — so a node that joins a busy cluster starts with what is free.
 
-use crate::db::Db;
+use crate::db::{Call, Db};
 use crate::error::{check_batch_len, check_text, StoreError};
 
 /// A whole rate, in parts per million.
@@ -175,7 +175,7 @@ impl Db {
         let used: Vec<i64> = wants.iter().map(|w| big(w.used)).collect();
         let deadline = self.within(6);
         deadline
-            .run(true, async {
+            .run(Call::Writes, async {
                 let tx = self.client_mut().transaction().await?;
                 tx.execute("SELECT pg_advisory_xact_lock($1)", &[&ALLOT_LOCK])
                     .await?;

@@ -76,6 +76,15 @@ pub struct Db {
     given_up: Arc<AtomicBool>,
 }
 
+/// What a call to PostgreSQL does, which decides what its lost answer means: a read that went
+/// unanswered is only unavailable; a call that writes and was sent may have committed, so it is
+/// in doubt (its rows are read back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Call {
+    Reads,
+    Writes,
+}
+
 /// How long one unit of work on a connection may go unanswered, and what giving up on it does:
 /// the connection is marked given up and its task aborted, so every later call fails at once.
 /// Owned (a few handles), so that a unit of work can borrow the connection mutably while its
@@ -108,10 +117,11 @@ impl Deadline {
     }
 
     /// Awaits `work` for at most the deadline. Past it the connection is given up and the work
-    /// fails `Unavailable` — or `InDoubt` if it `changes` rows and was sent on a live connection.
+    /// fails `Unavailable` — or `InDoubt` if it writes ([`Call::Writes`]) and was sent on a live
+    /// connection.
     pub(crate) async fn run<T>(
         self,
-        changes: bool,
+        call: Call,
         work: impl std::future::Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         if self.given_up.load(Ordering::Relaxed) {
@@ -130,7 +140,7 @@ impl Deadline {
                     self.within.as_millis()
                 );
                 tracing::warn!("PostgreSQL: {text}");
-                Err(if changes && self.open {
+                Err(if call == Call::Writes && self.open {
                     StoreError::InDoubt(text)
                 } else {
                     StoreError::Unavailable(text)
@@ -173,7 +183,7 @@ impl Db {
         let ready = async {
             migrate::apply_bounded(&mut client, &deadline).await?;
             deadline(Statements::COUNT)
-                .run(false, prepare(&client))
+                .run(Call::Reads, prepare(&client))
                 .await
         }
         .await;
@@ -199,20 +209,20 @@ impl Db {
     /// and answers, so a longer silence is a connection that went dead without closing, or a
     /// server that stopped answering — a backend stuck on I/O, a paused machine — which TCP
     /// keepalive cannot tell from a live one). Past it the connection is given up (every later
-    /// call fails `Unavailable` until the caller opens a new one). A call that `changes` rows
-    /// and was sent on a live connection is in doubt when it fails without the server's
+    /// call fails `Unavailable` until the caller opens a new one). A call that writes
+    /// ([`Call::Writes`]) and was sent on a live connection is in doubt when it fails without the server's
     /// answer, whether the connection broke or went silent.
     pub(crate) async fn answered<T>(
         &self,
-        changes: bool,
+        kind: Call,
         call: impl std::future::Future<Output = Result<T, tokio_postgres::Error>>,
     ) -> Result<T, StoreError> {
         let deadline = self.within(1);
         let open = deadline.open;
         deadline
-            .run(changes, async {
+            .run(kind, async {
                 call.await.map_err(|e| {
-                    if changes {
+                    if kind == Call::Writes {
                         crate::error::sent_call_error(e, open)
                     } else {
                         e.into()
@@ -263,7 +273,7 @@ impl Db {
     /// The backend's process id (for operators and for tests that terminate it).
     pub async fn backend_pid(&self) -> Result<i32, StoreError> {
         let call = self.client.query_one("SELECT pg_backend_pid()", &[]);
-        Ok(self.answered(false, call).await?.get(0))
+        Ok(self.answered(Call::Reads, call).await?.get(0))
     }
 
     pub fn client(&self) -> &Client {

@@ -12,7 +12,7 @@ use std::future::Future;
 use serde_json::Value;
 use spindle_core::{TaskId, TaskState, TenantId};
 
-use crate::db::Db;
+use crate::db::{Call, Db};
 use crate::error::{check_text, StoreError};
 use crate::limits::{NAME_BYTES_MAX, SCAN_MAX};
 
@@ -100,7 +100,7 @@ impl Db {
         let results_deadline = self.within(1);
         let mut tx = None;
         let rows = read_deadline
-            .run(false, async {
+            .run(Call::Reads, async {
                 let t = tx.insert(self.client_mut().transaction().await?);
                 let alone: bool = t
                     .query_one("SELECT pg_try_advisory_xact_lock($1)", &[&RELAY_LOCK])
@@ -155,7 +155,7 @@ impl Db {
             .collect();
         if !succeeded.is_empty() {
             let rows = results_deadline
-                .run(false, async {
+                .run(Call::Reads, async {
                     Ok(tx
                         .query(
                             "SELECT task_id, result FROM task
@@ -187,7 +187,7 @@ impl Db {
         }
         let (ids, counts): (Vec<i64>, Vec<i32>) = progress.into_iter().unzip();
         write_deadline
-            .run(true, async {
+            .run(Call::Writes, async {
                 tx.execute(
                     "UPDATE outbox_batch b SET delivered = p.delivered,
                             delivered_at = CASE WHEN p.delivered = cardinality(b.tasks)
@@ -221,7 +221,7 @@ impl Db {
         // never reads the recent part of the table, however much of it there is.
         let n = self
             .answered(
-                true,
+                Call::Writes,
                 self.client().execute(
                     "WITH walked AS MATERIALIZED (
                             SELECT batch_id FROM outbox_batch ORDER BY batch_id LIMIT $1)
@@ -246,7 +246,7 @@ impl Db {
         crate::error::check_scan(scan)?;
         let keep_ms = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX);
         self.answered(
-            true,
+            Call::Writes,
             self.client().execute(
                 "WITH walked AS MATERIALIZED (
                         SELECT audit_id FROM audit_log ORDER BY audit_id LIMIT $1)
@@ -264,7 +264,7 @@ impl Db {
         check_text(0, "consumer", consumer, NAME_BYTES_MAX)?;
         let n = self
             .answered(
-                true,
+                Call::Writes,
                 self.client().execute(
                     "INSERT INTO consumed_event (consumer, event_id) VALUES ($1, $2)
                      ON CONFLICT DO NOTHING",
@@ -279,7 +279,7 @@ impl Db {
     pub async fn pending_events(&self) -> Result<u64, StoreError> {
         let n: i64 = self
             .answered(
-                false,
+                Call::Reads,
                 self.client().query_one(
                     "SELECT coalesce(sum(cardinality(tasks) - delivered), 0)::bigint
                        FROM outbox_batch WHERE delivered_at IS NULL",

@@ -3,7 +3,7 @@
 
 use spindle_core::{AttemptId, FencingToken, TaskId};
 
-use crate::db::Db;
+use crate::db::{Call, Db};
 use crate::error::{check_batch_len, check_text, StoreError};
 use crate::limits::{NAME_BYTES_MAX, PARTITIONS_MAX};
 use crate::types::PartitionId;
@@ -39,7 +39,7 @@ impl Db {
     pub async fn register_node(&self, node: &str, address: &str) -> Result<(), StoreError> {
         check_text(0, "node", node, NAME_BYTES_MAX)?;
         self.answered(
-            true,
+            Call::Writes,
             self.client().execute(
                 "INSERT INTO node (node_id, address) VALUES ($1, $2)
                  ON CONFLICT (node_id) DO UPDATE
@@ -58,7 +58,7 @@ impl Db {
     pub async fn set_relay(&self, node: &str, pending_max: Option<u64>) -> Result<(), StoreError> {
         let bound = pending_max.map(|n| i64::try_from(n).unwrap_or(i64::MAX));
         let sql = "UPDATE node SET relay_pending_max = $2 WHERE node_id = $1";
-        self.answered(true, self.client().execute(sql, &[&node, &bound]))
+        self.answered(Call::Writes, self.client().execute(sql, &[&node, &bound]))
             .await?;
         Ok(())
     }
@@ -78,7 +78,10 @@ impl Db {
                            OR heartbeat_at > now() - $2::bigint * interval '1 millisecond')
                     ORDER BY node_id";
         let rows = self
-            .answered(false, self.client().query(sql, &[&except, &within_ms]))
+            .answered(
+                Call::Reads,
+                self.client().query(sql, &[&except, &within_ms]),
+            )
             .await?;
         Ok(rows
             .iter()
@@ -88,7 +91,7 @@ impl Db {
 
     pub async fn heartbeat(&self, node: &str) -> Result<(), StoreError> {
         let sql = "UPDATE node SET heartbeat_at = now() WHERE node_id = $1";
-        self.answered(true, self.client().execute(sql, &[&node]))
+        self.answered(Call::Writes, self.client().execute(sql, &[&node]))
             .await?;
         Ok(())
     }
@@ -104,7 +107,7 @@ impl Db {
             .into());
         }
         self.answered(
-            true,
+            Call::Writes,
             self.client().execute(
                 "INSERT INTO partition_lease (partition)
                  SELECT generate_series(0, $1 - 1) ON CONFLICT DO NOTHING",
@@ -128,7 +131,10 @@ impl Db {
         let wanted: Vec<i32> = wanted.iter().map(|p| p.0 as i32).collect();
         let ttl = f64::from(ttl_ms);
         let rows = self
-            .answered(true, self.client().query(ACQUIRE, &[&node, &wanted, &ttl]))
+            .answered(
+                Call::Writes,
+                self.client().query(ACQUIRE, &[&node, &wanted, &ttl]),
+            )
             .await?;
         let mut held: Vec<PartitionLease> = rows
             .iter()
@@ -146,7 +152,7 @@ impl Db {
     pub async fn partition_owners(&self) -> Result<Vec<PartitionOwner>, StoreError> {
         let rows = self
             .answered(
-                false,
+                Call::Reads,
                 self.client().query(
                     "SELECT l.partition, l.owner_node, n.address
                    FROM partition_lease l
@@ -174,7 +180,7 @@ impl Db {
                     WHERE state = 'UP'
                       AND heartbeat_at > now() - $1::float8 * interval '1 millisecond'";
         let row = self
-            .answered(false, self.client().query_one(sql, &[&within]))
+            .answered(Call::Reads, self.client().query_one(sql, &[&within]))
             .await?;
         Ok(row.get::<_, i64>(0) as u32)
     }
@@ -182,14 +188,14 @@ impl Db {
     pub async fn release_partitions(&self, node: &str) -> Result<u64, StoreError> {
         let sql = "UPDATE partition_lease SET lease_until = '-infinity', owner_node = NULL
                     WHERE owner_node = $1";
-        self.answered(true, self.client().execute(sql, &[&node]))
+        self.answered(Call::Writes, self.client().execute(sql, &[&node]))
             .await
     }
 
     /// Marks a node DOWN after a drain.
     pub async fn deregister_node(&self, node: &str) -> Result<(), StoreError> {
         self.answered(
-            true,
+            Call::Writes,
             self.client().execute(
                 "UPDATE node SET state = 'DOWN' WHERE node_id = $1",
                 &[&node],
@@ -211,7 +217,7 @@ impl Db {
         let tokens: Vec<i64> = attempts.iter().map(|(_, t)| t.0 as i64).collect();
         let rows = self
             .answered(
-                true,
+                Call::Writes,
                 self.client()
                     .query(&self.stmts.renew, &[&ids, &tokens, &i64::from(ttl_ms)]),
             )

@@ -8,7 +8,7 @@
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, Transaction};
 
-use crate::db::Deadline;
+use crate::db::{Call, Deadline};
 use crate::error::StoreError;
 
 /// The advisory lock key all spindle migrators share ("spindle" in ASCII, as a number).
@@ -122,7 +122,7 @@ async fn run(
         work: impl std::future::Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         match deadline {
-            Some(d) => d(statements).run(false, work).await,
+            Some(d) => d(statements).run(Call::Reads, work).await,
             None => work.await,
         }
     }

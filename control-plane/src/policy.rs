@@ -11,7 +11,7 @@ use spindle_core::policy::{PolicyPatch, ProviderPolicy};
 use spindle_core::{Lane, PolicyVersion, TenantId};
 use tokio_postgres::Transaction;
 
-use crate::db::Db;
+use crate::db::{Call, Db};
 use crate::error::{check_text, InputError, StoreError};
 use crate::limits::{NAME_BYTES_MAX, REASON_BYTES_MAX};
 
@@ -161,7 +161,7 @@ impl Db {
         let (table, key_col, cast) = change.object.table();
         let deadline = self.within(6);
         deadline
-            .run(true, async {
+            .run(Call::Writes, async {
                 let tx = self.client_mut().transaction().await?;
                 let version = bump_version(&tx).await?;
                 let old: Option<Value> = tx
@@ -214,7 +214,7 @@ impl Db {
         let read = self
             .client()
             .query_one("SELECT version FROM policy_version", &[]);
-        let v: i64 = self.answered(false, read).await?.get(0);
+        let v: i64 = self.answered(Call::Reads, read).await?.get(0);
         Ok(PolicyVersion(v as u64))
     }
 
@@ -222,7 +222,7 @@ impl Db {
     pub async fn policy_snapshot(&mut self) -> Result<(PolicyVersion, Vec<PolicyRow>), StoreError> {
         let deadline = self.within(8);
         deadline
-            .run(false, async {
+            .run(Call::Reads, async {
                 let tx = self.read_snapshot().await?;
                 let version = current_version(&tx).await?;
                 let mut rows = Vec::new();
@@ -255,7 +255,7 @@ impl Db {
     pub async fn audit_log(&self, limit: u32) -> Result<Vec<AuditEntry>, StoreError> {
         let rows = self
             .answered(
-                false,
+                Call::Reads,
                 self.client().query(
                     "SELECT actor, object_kind, object_key, old_value, new_value, reason,
                              policy_version, at
@@ -304,7 +304,7 @@ impl Db {
         let why: String = why.chars().take(REASON_BYTES_MAX).collect();
         let deadline = self.within(4);
         deadline
-            .run(true, async {
+            .run(Call::Writes, async {
                 let tx = self.client_mut().transaction().await?;
                 let version = current_version(&tx).await?;
                 audit(
@@ -343,7 +343,7 @@ impl Db {
         check_text(0, "reason", reason, REASON_BYTES_MAX)?;
         let deadline = self.within(4);
         deadline
-            .run(true, async {
+            .run(Call::Writes, async {
                 let tx = self.client_mut().transaction().await?;
                 let at: std::time::SystemTime = tx
                     .query_one(
@@ -387,7 +387,7 @@ impl Db {
         let budget = crate::error::to_i64(0, "budget_milli", budget_milli)?;
         let deadline = self.within(6);
         deadline
-            .run(true, async {
+            .run(Call::Writes, async {
                 let tx = self.client_mut().transaction().await?;
                 let version = bump_version(&tx).await?;
                 let old: Option<i64> = tx

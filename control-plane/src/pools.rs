@@ -1,7 +1,7 @@
 //! Pooled resources (provider accounts, platform cost per minute, …) as sharded rows. The sum of
 //! a pool's shard capacities is its capacity; claims charge one shard each.
 
-use crate::db::Db;
+use crate::db::{Call, Db};
 use crate::error::{check_text, InputError, StoreError};
 use crate::limits::{POOL_KEY_BYTES_MAX, POOL_SHARDS_MAX};
 use crate::types::PoolShard;
@@ -39,7 +39,7 @@ impl Db {
             .map(|i| shard_capacity(capacity, shards, i) as i64)
             .collect();
         self.answered(
-            true,
+            Call::Writes,
             self.client().execute(
                 "INSERT INTO resource_pool_shard (pool_key, shard, capacity)
                  SELECT $1, s, c FROM unnest($2::smallint[], $3::bigint[]) AS d (s, c)
@@ -51,7 +51,7 @@ impl Db {
         .await?;
         // Shards beyond the new count keep their usage but get no new grants.
         self.answered(
-            true,
+            Call::Writes,
             self.client().execute(
                 "UPDATE resource_pool_shard SET capacity = 0
                   WHERE pool_key = $1 AND shard >= $2",
@@ -66,7 +66,7 @@ impl Db {
     pub async fn pool_usage(&self, pool: &str) -> Result<Vec<ShardUsage>, StoreError> {
         let rows = self
             .answered(
-                false,
+                Call::Reads,
                 self.client().query(
                     "SELECT shard, capacity, used FROM resource_pool_shard
                         WHERE pool_key = $1 ORDER BY shard",

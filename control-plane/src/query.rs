@@ -4,7 +4,7 @@
 use spindle_core::{AttemptId, FencingToken, TaskId, TaskState, TenantId};
 
 use crate::claim::{request_key, ClaimRefusal, ClaimResult};
-use crate::db::Db;
+use crate::db::{Call, Db};
 use crate::error::StoreError;
 use crate::types::parse_state;
 
@@ -102,7 +102,7 @@ impl Db {
         let ids: Vec<i64> = tasks.iter().map(|t| t.0 as i64).collect();
         let rows = self
             .answered(
-                false,
+                Call::Reads,
                 self.client().query(
                     "SELECT task_id, tenant_id, state, version, attempt_no, cost_estimate_milli,
                         cost_actual_milli, failure_reason, result, cancel_requested
@@ -160,7 +160,7 @@ impl Db {
               ORDER BY c.ord"
         );
         let rows = self
-            .answered(false, self.client().query(&sql, &[&ids]))
+            .answered(Call::Reads, self.client().query(&sql, &[&ids]))
             .await?;
         crate::error::check_answered(what, &rows, tasks.len())?;
         Ok(rows)
@@ -177,7 +177,7 @@ impl Db {
         crate::error::check_scan(scan)?;
         let rows = self
             .answered(
-                false,
+                Call::Reads,
                 self.client().query(
                     "SELECT task_id, state = 'FAILED' FROM task WHERE task_id > $1
                       ORDER BY task_id LIMIT $2",
@@ -212,7 +212,7 @@ impl Db {
         let ids: Vec<i64> = tasks.iter().map(|t| t.0 as i64).collect();
         let rows = self
             .answered(
-                true,
+                Call::Writes,
                 self.client().query(
                     "UPDATE task SET cancel_requested = true
                       WHERE task_id = ANY ($1)

@@ -8,7 +8,7 @@
 
 use spindle_core::{AttemptId, FencingToken, TaskId, TaskState, TenantId};
 
-use crate::db::Db;
+use crate::db::{Call, Db};
 use crate::error::StoreError;
 use crate::limits::SCAN_MAX;
 use crate::types::{parse_state, PartitionId, PoolShard};
@@ -228,7 +228,7 @@ impl Db {
         let (parts, after_task) = page_args(partitions, after)?;
         let rows = self
             .answered(
-                false,
+                Call::Reads,
                 self.client().query(
                     &format!(
                         "SELECT {LIVE_ATTEMPT_COLUMNS}
@@ -250,7 +250,7 @@ impl Db {
     pub async fn rebuild_counters(&mut self) -> Result<Counters, StoreError> {
         let deadline = self.within(6);
         deadline
-            .run(true, async {
+            .run(Call::Writes, async {
                 let tx = self.client_mut().transaction().await?;
                 tx.execute(
                     "SELECT 1 FROM resource_pool_shard ORDER BY pool_key, shard FOR UPDATE",
@@ -297,7 +297,7 @@ impl Db {
     pub async fn check_counters(&mut self) -> Result<Counters, StoreError> {
         let deadline = self.within(4);
         deadline
-            .run(false, async {
+            .run(Call::Reads, async {
                 let tx = self.read_snapshot().await?;
                 let sql = format!(
                     "WITH {POOL_DERIVED}
@@ -323,7 +323,7 @@ impl Db {
     pub async fn dead_letter_count(&mut self) -> Result<u64, StoreError> {
         let deadline = self.within(1);
         deadline
-            .run(false, async {
+            .run(Call::Reads, async {
                 let row = self
                     .client()
                     .query_one("SELECT count(*) FROM task WHERE state = 'FAILED'", &[])
@@ -339,7 +339,7 @@ impl Db {
     pub async fn queue_ages(&mut self) -> Result<Vec<QueueAge>, StoreError> {
         let deadline = self.within(1);
         deadline
-            .run(false, async {
+            .run(Call::Reads, async {
                 let rows = self
                     .client()
                     .query(
@@ -381,7 +381,7 @@ impl Db {
         let (parts, after_task) = page_args(partitions, after)?;
         let rows = self
             .answered(
-                false,
+                Call::Reads,
                 self.client().query(
                     &format!(
                         "SELECT {OWNED_COLUMNS}
@@ -413,7 +413,7 @@ impl Db {
         let (parts, _) = page_args(partitions, None)?;
         let rows = self
             .answered(
-                false,
+                Call::Reads,
                 self.client().query(
                     &format!(
                         "SELECT {OWNED_COLUMNS}
@@ -451,7 +451,7 @@ impl Db {
         let tenants = tenant_args(tenants)?;
         let rows = self
             .answered(
-                false,
+                Call::Reads,
                 self.client().query(
                     "SELECT tenant_id, user_id,
                             (convert_from(payload, 'UTF8')::jsonb #>> '{spec,model}')::int,
@@ -492,7 +492,7 @@ impl Db {
         let tenants = tenant_args(tenants)?;
         let rows = self
             .answered(
-                false,
+                Call::Reads,
                 self.client().query(
                     "SELECT tenant_id, reset_at FROM quota_reset WHERE tenant_id = ANY ($1)",
                     &[&tenants],
@@ -544,7 +544,7 @@ impl Db {
         let (parts, after_task) = page_args(partitions, after)?;
         let rows = self
             .answered(
-                false,
+                Call::Reads,
                 self.client().query(
                     "SELECT task_id, attempt_provider,
                             'spindle-' || task_id || '-' || attempt_no, cost_actual_milli
@@ -578,7 +578,7 @@ impl Db {
         let (parts, _) = page_args(partitions, None)?;
         let rows = self
             .answered(
-                false,
+                Call::Reads,
                 self.client().query(
                     "SELECT task_id, tenant_id,
                               (extract(epoch FROM now() - created_at) * 1000)::bigint

@@ -5,7 +5,7 @@
 use spindle_core::state::Actor;
 use spindle_core::{FencingToken, TaskId, TaskState};
 
-use crate::db::Db;
+use crate::db::{Call, Db};
 use crate::error::{check_answered, check_batch_len, to_i64, BatchTasks, InputError, StoreError};
 use crate::limits::{REASON_BYTES_MAX, RESULT_BYTES_MAX};
 use crate::types::parse_state;
@@ -235,7 +235,7 @@ impl Db {
             return Ok(());
         }
         self.answered(
-            true,
+            Call::Writes,
             self.client().execute(
                 "UPDATE task t SET result = r.result
                    FROM unnest($1::bigint[], $2::bigint[], $3::text[]) AS r (task, token, result)
@@ -258,7 +258,7 @@ impl Db {
         let columns = ReportColumns::new(batch);
         let rows = self
             .answered(
-                true,
+                Call::Writes,
                 self.client().query(&self.stmts.report, &columns.params()),
             )
             .await?;

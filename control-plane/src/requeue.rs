@@ -15,7 +15,7 @@ use std::collections::HashMap;
 
 use spindle_core::{TaskId, TaskState, TenantId};
 
-use crate::db::Db;
+use crate::db::{Call, Db};
 use crate::error::{check_batch_len, check_text, BatchTasks, StoreError};
 use crate::limits::{NAME_BYTES_MAX, REASON_BYTES_MAX};
 use crate::reconcile::{queued_task, QueuedTask, QUEUED_COLUMNS};
@@ -78,7 +78,7 @@ impl Db {
         let parts: Vec<i32> = partitions.iter().map(|p| p.0 as i32).collect();
         let deadline = self.within(12);
         deadline
-            .run(true, async {
+            .run(Call::Writes, async {
                 let tx = self.client_mut().transaction().await?;
                 let rows = tx
                     .query(
@@ -300,7 +300,7 @@ impl Db {
         let ids: Vec<i64> = tasks.iter().map(|t| t.0 as i64).collect();
         Ok(self
             .answered(
-                false,
+                Call::Reads,
                 self.client().query(
                     "SELECT task_id, tenant_id FROM task WHERE task_id = ANY ($1)",
                     &[&ids],

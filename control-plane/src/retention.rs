@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use spindle_core::TaskId;
 
-use crate::db::Db;
+use crate::db::{Call, Db};
 use crate::error::{check_scan, StoreError};
 use crate::types::PartitionId;
 
@@ -66,7 +66,7 @@ impl Db {
         // the walk read it (an operator requeued a FAILED one) is checked again as it is now.
         let row = self
             .answered(
-                true,
+                Call::Writes,
                 self.client().query_one(
                     "WITH walked AS MATERIALIZED (
                             SELECT task_id, created_at FROM task WHERE task_id > $1

@@ -4,7 +4,7 @@
 use spindle_core::{Band, Lane, PolicyVersion, TaskId, TaskState, TenantId, UserId};
 
 use crate::claim::{granted, validate_claim, ClaimArrays, ClaimRequest, ClaimResult};
-use crate::db::Db;
+use crate::db::{Call, Db};
 use crate::error::{
     check_answered, check_batch_len, check_text, to_i64, BatchTasks, InputError, StoreError,
 };
@@ -91,7 +91,7 @@ impl Db {
         // A block lost with its answer is a gap in the ids, nothing more: not in doubt.
         let start: i64 = self
             .answered(
-                false,
+                Call::Reads,
                 self.client()
                     .query_one("SELECT nextval('task_id_block')", &[]),
             )
@@ -151,7 +151,10 @@ impl Db {
         params.insert(0, &node);
         params.extend(a.params());
         let rows = self
-            .answered(true, self.client().query(&self.stmts.submit_claim, &params))
+            .answered(
+                Call::Writes,
+                self.client().query(&self.stmts.submit_claim, &params),
+            )
             .await?;
         check_answered("submit", &rows, batch.len())?;
         rows.iter()
@@ -191,7 +194,7 @@ impl Db {
             None => &self.stmts.submit,
         };
         let rows = self
-            .answered(true, self.client().query(statement, &params))
+            .answered(Call::Writes, self.client().query(statement, &params))
             .await?;
         check_answered("submit", &rows, batch.len())?;
         rows.iter().map(outcome).collect()

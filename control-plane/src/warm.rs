@@ -20,6 +20,7 @@
 //! that shard therefore wait that long, once, when this node starts or reconnects. It waits
 //! for a lock itself no longer than `WARM_LOCK_WAIT` (200 ms), and fails past it.
 
+use crate::db::Call;
 use spindle_core::{Band, Lane, PolicyVersion, TaskId, TaskState, TenantId, UserId};
 
 use crate::claim::{ClaimRequest, ClaimResult, Demand};
@@ -69,13 +70,13 @@ impl Db {
             "BEGIN; SET LOCAL lock_timeout = {}",
             WARM_LOCK_WAIT.as_millis()
         );
-        self.answered(false, self.client().batch_execute(&begin))
+        self.answered(Call::Reads, self.client().batch_execute(&begin))
             .await?;
         let ran = self.hot_path(w).await;
         // Rolled back whatever happened above; a failed statement has aborted the
         // transaction, which the rollback ends too.
         let rolled_back = self
-            .answered(false, self.client().batch_execute("ROLLBACK"))
+            .answered(Call::Reads, self.client().batch_execute("ROLLBACK"))
             .await;
         rolled_back?;
         ran

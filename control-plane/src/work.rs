@@ -4,7 +4,7 @@
 //! report call and then a claim call.
 
 use crate::claim::{claim_result, ClaimArrays, ClaimRequest, ClaimResult};
-use crate::db::Db;
+use crate::db::{Call, Db};
 use crate::error::{check_answered, StoreError};
 use crate::report::{report_result, Report, ReportColumns, ReportResult};
 
@@ -43,7 +43,7 @@ impl Db {
         ]);
         params.extend(a.params());
         let rows = self
-            .answered(true, self.client().query(&self.stmts.work, &params))
+            .answered(Call::Writes, self.client().query(&self.stmts.work, &params))
             .await?;
         check_answered("work", &rows, reports.len() + claims.len())?;
         let (report_rows, claim_rows) = rows.split_at(reports.len());
