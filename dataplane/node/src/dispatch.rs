@@ -222,20 +222,12 @@ pub fn start(
     });
     let (tx, mut rx) = mpsc::channel::<Call>(CALLS_QUEUE_MAX);
     let d = dispatcher.clone();
-    std::thread::Builder::new()
-        .name("provider-io".into())
-        .spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("tokio runtime");
-            rt.block_on(async move {
-                while let Some(call) = rx.recv().await {
-                    let d = d.clone();
-                    tokio::spawn(async move { d.run(call).await });
-                }
-            });
-        })?;
+    crate::runtime::spawn_thread("provider-io", move || async move {
+        while let Some(call) = rx.recv().await {
+            let d = d.clone();
+            tokio::spawn(async move { d.run(call).await });
+        }
+    })?;
     Ok(DispatchHandle {
         calls: tx,
         dispatcher,

@@ -18,6 +18,7 @@ pub mod overload;
 pub mod ownership;
 pub mod reconciler;
 pub mod relay;
+pub mod runtime;
 pub mod server;
 pub mod shard;
 pub mod systemd;

@@ -24,7 +24,7 @@ use spindle_node::server::ConnCtx;
 use spindle_node::shard::{ShardMsg, ShardSetup, ShardState, SHARD_QUEUE_MAX};
 use spindle_node::{
     auth_guard, breaker, control, dispatch, health, live_policy, media, metrics, overload,
-    ownership, policy, server, shard, systemd, tls, wake_latency,
+    ownership, policy, runtime, server, shard, systemd, tls, wake_latency,
 };
 use spindle_node_http::{admin, serve as http};
 
@@ -252,47 +252,38 @@ fn start_control_plane(parts: ControlParts) -> anyhow::Result<(control::Started,
         Some((http, certs)) => (Some(tokio_rustls::TlsAcceptor::from(http)), Some(certs)),
         None => (None, None),
     };
-    std::thread::Builder::new()
-        .name("control-plane".into())
-        .spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("tokio runtime");
-            rt.block_on(async move {
-                let started = async {
-                    let http = tokio::net::TcpListener::bind(config.http_listen)
-                        .await
-                        .with_context(|| format!("binding {}", config.http_listen))?;
-                    let http_addr = http.local_addr()?;
-                    if let Some(certs) = certificates {
-                        tokio::spawn(certs.watch());
-                    }
-                    tokio::spawn(http::serve(
-                        http,
-                        http_tls,
-                        config.http_connections_max,
-                        Arc::new(http::Port {
-                            metrics: metrics.clone(),
-                            sink: callbacks,
-                            admin,
-                            seen: Default::default(),
-                        }),
-                    ));
-                    let started =
-                        control::start(&config, &db_config, &live, &metrics, &ownership, inboxes)
-                            .await?;
-                    anyhow::Ok((started, http_addr))
-                }
-                .await;
-                let ok = started.is_ok();
-                let _ = started_tx.send(started);
-                if ok {
-                    wait_for_stop(&config, &db_config, &metrics).await;
-                }
-            });
-        })
-        .context("spawning the control plane thread")?;
+    runtime::spawn_thread("control-plane", move || async move {
+        let started = async {
+            let http = tokio::net::TcpListener::bind(config.http_listen)
+                .await
+                .with_context(|| format!("binding {}", config.http_listen))?;
+            let http_addr = http.local_addr()?;
+            if let Some(certs) = certificates {
+                tokio::spawn(certs.watch());
+            }
+            tokio::spawn(http::serve(
+                http,
+                http_tls,
+                config.http_connections_max,
+                Arc::new(http::Port {
+                    metrics: metrics.clone(),
+                    sink: callbacks,
+                    admin,
+                    seen: Default::default(),
+                }),
+            ));
+            let started =
+                control::start(&config, &db_config, &live, &metrics, &ownership, inboxes).await?;
+            anyhow::Ok((started, http_addr))
+        }
+        .await;
+        let ok = started.is_ok();
+        let _ = started_tx.send(started);
+        if ok {
+            wait_for_stop(&config, &db_config, &metrics).await;
+        }
+    })
+    .context("spawning the control plane thread")?;
     started_rx.recv().context("the control plane thread died")?
 }
 
@@ -579,14 +570,11 @@ fn announce(
 }
 
 fn register_address(node: &str, addr: SocketAddr, db_config: &DbConfig) -> anyhow::Result<()> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(async {
+    runtime::block_on(async {
         let db = spindle_control::Db::open(db_config).await?;
         db.register_node(node, &addr.to_string()).await?;
         anyhow::Ok(())
-    })
+    })?
 }
 
 /// Waits for SIGTERM or SIGINT; then refuses new submits (Draining), stops dispatching, waits
