@@ -3679,8 +3679,8 @@ pub unsafe fn root_as_request_frame_unchecked(buf: &[u8]) -> RequestFrame<'_> {
   unsafe { ::flatbuffers::root_unchecked::<RequestFrame>(buf) }
 }
 #[inline]
-/// Assumes, without verification, that a buffer of bytes contains a size prefixed RequestFrame and
-/// returns it. # Safety
+/// Assumes, without verification, that a buffer of bytes contains a size prefixed RequestFrame and returns it.
+/// # Safety
 /// Callers must trust the given bytes do indeed contain a valid size prefixed `RequestFrame`.
 pub unsafe fn size_prefixed_root_as_request_frame_unchecked(buf: &[u8]) -> RequestFrame<'_> {
   unsafe { ::flatbuffers::size_prefixed_root_unchecked::<RequestFrame>(buf) }
