@@ -377,32 +377,7 @@ impl Admin {
                     Err(e) => answer("503 Service Unavailable", json!({ "error": e.to_string() })),
                 }
             }
-            ("GET", [_, _, "audit"]) => {
-                let limit = query_param(path, "limit")
-                    .and_then(|v| v.parse::<u32>().ok())
-                    .unwrap_or(50)
-                    .min(1_000);
-                match self.with_db(async |db| db.audit_log(limit).await).await {
-                    Ok(entries) => answer(
-                        "200 OK",
-                        json!(entries
-                            .iter()
-                            .map(|e| json!({
-                                "actor": e.actor,
-                                "object": e.object,
-                                "key": e.key,
-                                "old": e.old,
-                                "new": e.new,
-                                "reason": e.reason,
-                                "version": e.version.0,
-                                "at_ms": e.at.duration_since(std::time::UNIX_EPOCH)
-                                    .map_or(0, |d| d.as_millis() as u64),
-                            }))
-                            .collect::<Vec<_>>()),
-                    ),
-                    Err(e) => answer("503 Service Unavailable", json!({ "error": e.to_string() })),
-                }
-            }
+            ("GET", [_, _, "audit"]) => self.audit(path).await,
             (_, [_, _, "policy", kind, key]) => {
                 self.change_policy(method, kind, key, actor, &what, body)
                     .await
@@ -416,51 +391,8 @@ impl Admin {
             ("POST", [_, _, "counters", "rebuild"]) => {
                 self.rebuild_counters(&actor, &what, body).await
             }
-            ("GET", [_, _, "dead-letters"]) => {
-                // A page of FAILED tasks: `after` (a task id, 0 to start), `scan` (rows read).
-                let after = query_param(path, "after")
-                    .and_then(|v| v.parse::<u64>().ok())
-                    .unwrap_or(0);
-                let scan = query_param(path, "scan")
-                    .and_then(|v| v.parse::<usize>().ok())
-                    .unwrap_or(spindle_control::limits::SCAN_MAX)
-                    .clamp(1, spindle_control::limits::SCAN_MAX);
-                let after = spindle_core::TaskId(after);
-                match self
-                    .with_db(async |db| db.failed_tasks(after, scan).await)
-                    .await
-                {
-                    Ok((tasks, next)) => answer(
-                        "200 OK",
-                        json!({
-                            "tasks": tasks.iter().map(|(tenant, t)| task_json(*tenant, t)).collect::<Vec<_>>(),
-                            "next_after": next.map(|t| t.0),
-                        }),
-                    ),
-                    Err(e) => answer("503 Service Unavailable", json!({ "error": e.to_string() })),
-                }
-            }
-            ("GET", [_, _, "tasks", id]) => {
-                // Any tenant's task as stored (what an operator looks at before a requeue).
-                let Some(id) = id.parse::<u64>().ok().filter(|&id| id > 0) else {
-                    let why = format!("{id:?} is not a task id");
-                    return answer("400 Bad Request", json!({ "error": why }));
-                };
-                let task = spindle_core::TaskId(id);
-                match self
-                    .with_db(async |db| db.task_statuses(&[task]).await)
-                    .await
-                {
-                    Ok(found) => match found.into_iter().next() {
-                        Some((tenant, t)) => answer("200 OK", task_json(tenant, &t)),
-                        None => answer(
-                            "404 Not Found",
-                            json!({ "error": format!("task {id} not found") }),
-                        ),
-                    },
-                    Err(e) => answer("503 Service Unavailable", json!({ "error": e.to_string() })),
-                }
-            }
+            ("GET", [_, _, "dead-letters"]) => self.dead_letters(path).await,
+            ("GET", [_, _, "tasks", id]) => self.stored_task(id).await,
             ("GET", [_, _, "counters"]) => {
                 // The nodes' periodic check, on demand: read-only, nothing locked or repaired.
                 match self.with_db(async |db| db.check_counters().await).await {
@@ -498,6 +430,83 @@ impl Admin {
                 answer("200 OK", json!({ "draining": true }))
             }
             _ => answer("404 Not Found", json!({ "error": what })),
+        }
+    }
+
+    /// `GET /admin/v1/audit?limit=N`: the newest audit rows (50 by default, 1,000 at most).
+    async fn audit(&self, path: &str) -> Answer {
+        let limit = query_param(path, "limit")
+            .and_then(|v| v.parse::<u32>().ok())
+            .unwrap_or(50)
+            .min(1_000);
+        match self.with_db(async |db| db.audit_log(limit).await).await {
+            Ok(entries) => answer(
+                "200 OK",
+                json!(entries
+                    .iter()
+                    .map(|e| json!({
+                        "actor": e.actor,
+                        "object": e.object,
+                        "key": e.key,
+                        "old": e.old,
+                        "new": e.new,
+                        "reason": e.reason,
+                        "version": e.version.0,
+                        "at_ms": e.at.duration_since(std::time::UNIX_EPOCH)
+                            .map_or(0, |d| d.as_millis() as u64),
+                    }))
+                    .collect::<Vec<_>>()),
+            ),
+            Err(e) => answer("503 Service Unavailable", json!({ "error": e.to_string() })),
+        }
+    }
+
+    /// `GET /admin/v1/dead-letters?after=ID&scan=N`: a page of FAILED tasks.
+    async fn dead_letters(&self, path: &str) -> Answer {
+        // A page of FAILED tasks: `after` (a task id, 0 to start), `scan` (rows read).
+        let after = query_param(path, "after")
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+        let scan = query_param(path, "scan")
+            .and_then(|v| v.parse::<usize>().ok())
+            .unwrap_or(spindle_control::limits::SCAN_MAX)
+            .clamp(1, spindle_control::limits::SCAN_MAX);
+        let after = spindle_core::TaskId(after);
+        match self
+            .with_db(async |db| db.failed_tasks(after, scan).await)
+            .await
+        {
+            Ok((tasks, next)) => answer(
+                "200 OK",
+                json!({
+                    "tasks": tasks.iter().map(|(tenant, t)| task_json(*tenant, t)).collect::<Vec<_>>(),
+                    "next_after": next.map(|t| t.0),
+                }),
+            ),
+            Err(e) => answer("503 Service Unavailable", json!({ "error": e.to_string() })),
+        }
+    }
+
+    /// `GET /admin/v1/tasks/ID`: any tenant's task as stored.
+    async fn stored_task(&self, id: &str) -> Answer {
+        // Any tenant's task as stored (what an operator looks at before a requeue).
+        let Some(id) = id.parse::<u64>().ok().filter(|&id| id > 0) else {
+            let why = format!("{id:?} is not a task id");
+            return answer("400 Bad Request", json!({ "error": why }));
+        };
+        let task = spindle_core::TaskId(id);
+        match self
+            .with_db(async |db| db.task_statuses(&[task]).await)
+            .await
+        {
+            Ok(found) => match found.into_iter().next() {
+                Some((tenant, t)) => answer("200 OK", task_json(tenant, &t)),
+                None => answer(
+                    "404 Not Found",
+                    json!({ "error": format!("task {id} not found") }),
+                ),
+            },
+            Err(e) => answer("503 Service Unavailable", json!({ "error": e.to_string() })),
         }
     }
 

@@ -418,16 +418,7 @@ fn spawn_shard(
 ) -> anyhow::Result<(SocketAddr, glommio::ExecutorJoinHandle<()>)> {
     let i = own.index;
     let config = wiring.config.clone();
-    let log = match &config.local_provider_log {
-        Some(path) => Some(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .with_context(|| format!("opening {}", path.display()))?,
-        ),
-        None => None,
-    };
+    let log = local_provider_log(&config)?;
     let (bound_tx, bound_rx) = std_mpsc::channel();
     let policy = wiring.policy.clone();
     let senders = wiring.senders.clone();
@@ -531,6 +522,19 @@ fn spawn_shard(
         .context("a shard died while binding")?
         .map_err(|e| anyhow::anyhow!("binding {addr}: {e}"))?;
     Ok((bound, handle))
+}
+
+/// The local provider's log of executions (`local_provider_log`), opened to append.
+fn local_provider_log(config: &Config) -> anyhow::Result<Option<std::fs::File>> {
+    let Some(path) = &config.local_provider_log else {
+        return Ok(None);
+    };
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    Ok(Some(file))
 }
 
 /// Says the node serves: its address registered where the port was chosen at bind, the log,

@@ -205,6 +205,11 @@ enum Command {
         spike_at: u64,
         #[arg(long, default_value_t = 3)]
         spike_seconds: u64,
+        /// The node's `ack_budget_ms` (default: the node's own): past it a submit is refused as
+        /// overloaded. A test on a machine busy with other work sets it long, so that the
+        /// demo shows fairness rather than that machine's load.
+        #[arg(long)]
+        ack_budget_ms: Option<u32>,
         #[command(flatten)]
         common: Common,
     },
@@ -238,6 +243,7 @@ fn main() -> anyhow::Result<()> {
             spike,
             spike_at,
             spike_seconds,
+            ack_budget_ms,
             common,
         } => {
             anyhow::ensure!(
@@ -250,7 +256,7 @@ fn main() -> anyhow::Result<()> {
                 // The demo's whole rate: the loud tenant's 100× and nine quiet ones.
                 rate: spike * quiet_rate * 109.0,
             });
-            demo(quiet_rate, spike, &common)
+            demo(quiet_rate, spike, ack_budget_ms, &common)
         }
         Command::OverloadPlot { curve, out } => {
             let text = std::fs::read_to_string(&curve)
@@ -374,7 +380,12 @@ const DEMO_QUEUED_MAX: u64 = 1_000;
 /// Set once the demo is over: the in-process node's logs stop (its database is going away).
 static QUIET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-fn demo(quiet_rate: f64, spike: Option<workload::Spike>, common: &Common) -> anyhow::Result<()> {
+fn demo(
+    quiet_rate: f64,
+    spike: Option<workload::Spike>,
+    ack_budget_ms: Option<u32>,
+    common: &Common,
+) -> anyhow::Result<()> {
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::Layer;
@@ -417,8 +428,9 @@ fn demo(quiet_rate: f64, spike: Option<workload::Spike>, common: &Common) -> any
             spike: if t == 1 { spike } else { None },
         });
     }
+    let budget = ack_budget_ms.map_or(String::new(), |ms| format!("ack_budget_ms = {ms}\n"));
     let config_text = format!(
-        "node_id = \"demo\"\nlisten = \"127.0.0.1:0\"\nhttp_listen = \"127.0.0.1:0\"\npostgres = \"{}\"\nlocal_provider_time_scale = 0.01\n\n{tenants_toml}",
+        "node_id = \"demo\"\nlisten = \"127.0.0.1:0\"\nhttp_listen = \"127.0.0.1:0\"\npostgres = \"{}\"\nlocal_provider_time_scale = 0.01\n{budget}\n{tenants_toml}",
         pg.conninfo("postgres")
     );
     let config: spindle_node::config::Config = toml_config(&config_text, &ready)?;

@@ -230,35 +230,7 @@ impl MediaPool {
             None => None,
         };
         if matches!(inventory.source, Source::Nvml { .. }) {
-            let (latest, ledger, start) = (latest.clone(), ledger.clone(), inventory.clone());
-            let declared = declared.clone();
-            std::thread::Builder::new()
-                .name("gpu-inventory".into())
-                .spawn(move || loop {
-                    std::thread::sleep(INVENTORY_REFRESH);
-                    let mut now = Inventory::discover(&declared);
-                    // The encoders asked at start stand (a session per device per refresh
-                    // would cost more than it tells).
-                    for d in &mut now.devices {
-                        if let Some(first) = start.devices.iter().find(|f| f.index == d.index) {
-                            d.nvenc_sessions = first.nvenc_sessions;
-                        }
-                    }
-                    // A GPU that went missing takes no new media work (what runs on it ends
-                    // as it will); one that is back takes work again.
-                    for (device, online) in ledger.apply_refresh(&now) {
-                        if online {
-                            tracing::warn!("GPU {device} is back: media work is placed on it");
-                        } else {
-                            tracing::error!(
-                                "GPU {device} is missing: no new media work goes to it"
-                            );
-                        }
-                    }
-                    if let Ok(mut l) = latest.lock() {
-                        *l = now;
-                    }
-                })?;
+            watch_inventory(&declared, &inventory, &ledger, &latest)?;
         }
         let dir = config
             .output_dir
@@ -307,59 +279,9 @@ impl MediaPool {
                         return;
                     };
                     let fetch = Fetch { rt, tls, upload };
-                    loop {
-                        let (job, submitted) = match rx.lock() {
-                            Ok(r) => match r.recv() {
-                                Ok(j) => j,
-                                Err(_) => return,
-                            },
-                            Err(_) => return,
-                        };
-                        stats.queued.fetch_sub(1, Ordering::Relaxed);
-                        stats.running.fetch_add(1, Ordering::Relaxed);
-                        let cancel = cancels
-                            .lock()
-                            .ok()
-                            .and_then(|c| c.get(&job.task).cloned())
-                            .unwrap_or_default();
-                        // Progress is best effort: a full shard inbox drops it (the end
-                        // still comes, on the blocking send below).
-                        let inbox = shards.get(job.shard).cloned();
-                        let progress = |pct: u8| {
-                            if let Some(inbox) = &inbox {
-                                let _ = inbox.try_send(ShardMsg::MediaProgress {
-                                    task: job.task,
-                                    token: job.token,
-                                    pct,
-                                });
-                            }
-                        };
-                        let canceled = cancel.clone();
-                        let outcome = run(
-                            &job, &config, &ledger, &devices, &dir, cancel, &fetch, &progress,
-                            &stats, submitted,
-                        );
-                        stats.running.fetch_sub(1, Ordering::Relaxed);
-                        // A job canceled once it could no longer stop (its upload running)
-                        // ends done, but its task canceled: counted as canceled.
-                        let ended = match &outcome {
-                            _ if canceled.load(Ordering::Relaxed) => 2,
-                            MediaOutcome::Done { .. } => 0,
-                            MediaOutcome::Failed { .. } => 1,
-                        };
-                        stats.ended[ended].fetch_add(1, Ordering::Relaxed);
-                        if let Ok(mut c) = cancels.lock() {
-                            c.remove(&job.task);
-                        }
-                        let event = MediaEvent {
-                            task: job.task,
-                            token: job.token,
-                            outcome,
-                        };
-                        if let Some(inbox) = shards.get(job.shard) {
-                            let _ = inbox.blocking_send(ShardMsg::Media(event));
-                        }
-                    }
+                    work(
+                        &rx, &shards, &ledger, &devices, &dir, &config, &cancels, &fetch, &stats,
+                    );
                 })?;
         }
         Ok(MediaPool {
@@ -481,36 +403,9 @@ fn run(
     stats.time(STAGE_WAIT, submitted);
     let quota = config.quota_mb << 20;
     let fetched = dir.join(format!("input-{}-{}", job.task.0, job.token.0));
-    let input = if let Some(path) = job.input_url.strip_prefix("file://") {
-        match local_input(path, config.fetch_root.as_deref()) {
-            Ok(p) => p,
-            Err(why) => return failed(why, false),
-        }
-    } else if spindle_providers::tls::is_http_url(&job.input_url) {
-        let timeout = deadline.saturating_duration_since(Instant::now());
-        let started = Instant::now();
-        let sources = spindle_providers::sources::Sources::only(&config.fetch_hosts);
-        let got = fetch.rt.block_on(spindle_providers::download_from(
-            &job.input_url,
-            &fetched,
-            quota,
-            timeout,
-            &fetch.tls,
-            &sources,
-        ));
-        stats.time(STAGE_FETCH, started);
-        match got {
-            Ok(_) => fetched.clone(),
-            Err(e) => return failed(format!("fetch: {e}"), e.is_retryable()),
-        }
-    } else {
-        return failed(
-            format!(
-                "unsupported media URL {:?} (http://, https:// or file://)",
-                job.input_url
-            ),
-            false,
-        );
+    let input = match input_of(job, config, fetch, &fetched, deadline, quota, stats) {
+        Ok(path) => path,
+        Err(refused) => return refused,
     };
     let started = Instant::now();
     let ladder = |accel| {
@@ -556,39 +451,9 @@ fn run(
                 outputs, probed, ..
             },
             Some(upload),
-        ) => match upload_all(&fetch.rt, upload, &outputs, deadline, &cancel, stats) {
-            Ok(Some(uploaded)) => {
-                if job.attempt_no != 1 {
-                    let deleted = upload.delete_superseded(&fetch.rt, job.task, job.token);
-                    stats.objects_deleted[DELETED_SUPERSEDED].fetch_add(deleted, Ordering::Relaxed);
-                }
-                let outputs = if upload.keep_local() {
-                    outputs
-                } else {
-                    for o in &outputs {
-                        let _ = std::fs::remove_file(o);
-                    }
-                    Vec::new()
-                };
-                MediaOutcome::Done {
-                    outputs,
-                    probed,
-                    uploaded: Some(uploaded),
-                }
-            }
-            Ok(None) => {
-                for o in &outputs {
-                    let _ = std::fs::remove_file(o);
-                }
-                failed(MediaError::Canceled.to_string(), false)
-            }
-            Err(e) => {
-                for o in &outputs {
-                    let _ = std::fs::remove_file(o);
-                }
-                failed(format!("upload: {e}"), e.is_retryable())
-            }
-        },
+        ) => put_renditions(
+            job, upload, outputs, probed, fetch, deadline, &cancel, stats,
+        ),
         (outcome, _) => outcome,
     }
 }
@@ -635,6 +500,203 @@ fn bucket_chores(
                 }
                 next_sweep = Some((Instant::now() + SWEEP_EVERY, older_than));
             }
+        }
+    }
+}
+
+/// The job's renditions put into the bucket: its result names them there (and keeps the local
+/// files only where asked); a canceled or failed upload leaves nothing behind.
+#[allow(clippy::too_many_arguments)]
+fn put_renditions(
+    job: &MediaJob,
+    upload: &Upload,
+    outputs: Vec<PathBuf>,
+    probed: spindle_transcode::MediaInfo,
+    fetch: &Fetch,
+    deadline: Instant,
+    cancel: &Arc<std::sync::atomic::AtomicBool>,
+    stats: &MediaStats,
+) -> MediaOutcome {
+    let failed = |reason: String, retryable: bool| MediaOutcome::Failed { reason, retryable };
+    match upload_all(&fetch.rt, upload, &outputs, deadline, cancel, stats) {
+        Ok(Some(uploaded)) => {
+            if job.attempt_no != 1 {
+                let deleted = upload.delete_superseded(&fetch.rt, job.task, job.token);
+                stats.objects_deleted[DELETED_SUPERSEDED].fetch_add(deleted, Ordering::Relaxed);
+            }
+            let outputs = if upload.keep_local() {
+                outputs
+            } else {
+                for o in &outputs {
+                    let _ = std::fs::remove_file(o);
+                }
+                Vec::new()
+            };
+            MediaOutcome::Done {
+                outputs,
+                probed,
+                uploaded: Some(uploaded),
+            }
+        }
+        Ok(None) => {
+            for o in &outputs {
+                let _ = std::fs::remove_file(o);
+            }
+            failed(MediaError::Canceled.to_string(), false)
+        }
+        Err(e) => {
+            for o in &outputs {
+                let _ = std::fs::remove_file(o);
+            }
+            failed(format!("upload: {e}"), e.is_retryable())
+        }
+    }
+}
+
+/// Where the job's input is read from: a local file under `fetch_root`, or the provider's video
+/// downloaded to `fetched`; `Err` is the job's failed outcome.
+fn input_of(
+    job: &MediaJob,
+    config: &MediaConfig,
+    fetch: &Fetch,
+    fetched: &std::path::Path,
+    deadline: Instant,
+    quota: u64,
+    stats: &MediaStats,
+) -> Result<PathBuf, MediaOutcome> {
+    let failed = |reason: String, retryable: bool| MediaOutcome::Failed { reason, retryable };
+    if let Some(path) = job.input_url.strip_prefix("file://") {
+        local_input(path, config.fetch_root.as_deref()).map_err(|why| failed(why, false))
+    } else if spindle_providers::tls::is_http_url(&job.input_url) {
+        let timeout = deadline.saturating_duration_since(Instant::now());
+        let started = Instant::now();
+        let sources = spindle_providers::sources::Sources::only(&config.fetch_hosts);
+        let got = fetch.rt.block_on(spindle_providers::download_from(
+            &job.input_url,
+            fetched,
+            quota,
+            timeout,
+            &fetch.tls,
+            &sources,
+        ));
+        stats.time(STAGE_FETCH, started);
+        match got {
+            Ok(_) => Ok(fetched.to_path_buf()),
+            Err(e) => Err(failed(format!("fetch: {e}"), e.is_retryable())),
+        }
+    } else {
+        Err(failed(
+            format!(
+                "unsupported media URL {:?} (http://, https:// or file://)",
+                job.input_url
+            ),
+            false,
+        ))
+    }
+}
+
+/// Reads the GPU inventory again every [`INVENTORY_REFRESH`] on a thread of its own: a GPU that
+/// went missing takes no new media work, one that is back takes work again.
+fn watch_inventory(
+    declared: &spindle_gpu::Declared,
+    inventory: &Arc<Inventory>,
+    ledger: &Arc<MediaLedger>,
+    latest: &Arc<Mutex<Inventory>>,
+) -> std::io::Result<()> {
+    let (latest, ledger, start) = (latest.clone(), ledger.clone(), inventory.clone());
+    let declared = declared.clone();
+    std::thread::Builder::new()
+        .name("gpu-inventory".into())
+        .spawn(move || loop {
+            std::thread::sleep(INVENTORY_REFRESH);
+            let mut now = Inventory::discover(&declared);
+            // The encoders asked at start stand (a session per device per refresh
+            // would cost more than it tells).
+            for d in &mut now.devices {
+                if let Some(first) = start.devices.iter().find(|f| f.index == d.index) {
+                    d.nvenc_sessions = first.nvenc_sessions;
+                }
+            }
+            // A GPU that went missing takes no new media work (what runs on it ends
+            // as it will); one that is back takes work again.
+            for (device, online) in ledger.apply_refresh(&now) {
+                if online {
+                    tracing::warn!("GPU {device} is back: media work is placed on it");
+                } else {
+                    tracing::error!("GPU {device} is missing: no new media work goes to it");
+                }
+            }
+            if let Ok(mut l) = latest.lock() {
+                *l = now;
+            }
+        })?;
+    Ok(())
+}
+
+/// A media worker's loop: takes the next job, runs it, and reports its end to its shard, until
+/// the pool's queue closes.
+#[allow(clippy::too_many_arguments)]
+fn work(
+    rx: &Mutex<std::sync::mpsc::Receiver<(MediaJob, Instant)>>,
+    shards: &[mpsc::Sender<ShardMsg>],
+    ledger: &Arc<MediaLedger>,
+    devices: &[u32],
+    dir: &std::path::Path,
+    config: &MediaConfig,
+    cancels: &Mutex<std::collections::HashMap<TaskId, Arc<std::sync::atomic::AtomicBool>>>,
+    fetch: &Fetch,
+    stats: &MediaStats,
+) {
+    loop {
+        let (job, submitted) = match rx.lock() {
+            Ok(r) => match r.recv() {
+                Ok(j) => j,
+                Err(_) => return,
+            },
+            Err(_) => return,
+        };
+        stats.queued.fetch_sub(1, Ordering::Relaxed);
+        stats.running.fetch_add(1, Ordering::Relaxed);
+        let cancel = cancels
+            .lock()
+            .ok()
+            .and_then(|c| c.get(&job.task).cloned())
+            .unwrap_or_default();
+        // Progress is best effort: a full shard inbox drops it (the end
+        // still comes, on the blocking send below).
+        let inbox = shards.get(job.shard).cloned();
+        let progress = |pct: u8| {
+            if let Some(inbox) = &inbox {
+                let _ = inbox.try_send(ShardMsg::MediaProgress {
+                    task: job.task,
+                    token: job.token,
+                    pct,
+                });
+            }
+        };
+        let canceled = cancel.clone();
+        let outcome = run(
+            &job, &config, &ledger, &devices, &dir, cancel, &fetch, &progress, &stats, submitted,
+        );
+        stats.running.fetch_sub(1, Ordering::Relaxed);
+        // A job canceled once it could no longer stop (its upload running)
+        // ends done, but its task canceled: counted as canceled.
+        let ended = match &outcome {
+            _ if canceled.load(Ordering::Relaxed) => 2,
+            MediaOutcome::Done { .. } => 0,
+            MediaOutcome::Failed { .. } => 1,
+        };
+        stats.ended[ended].fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut c) = cancels.lock() {
+            c.remove(&job.task);
+        }
+        let event = MediaEvent {
+            task: job.task,
+            token: job.token,
+            outcome,
+        };
+        if let Some(inbox) = shards.get(job.shard) {
+            let _ = inbox.blocking_send(ShardMsg::Media(event));
         }
     }
 }

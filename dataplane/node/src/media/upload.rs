@@ -420,15 +420,17 @@ mod tests {
         toml::from_str::<MediaConfig>(text)?.check()
     }
 
-    /// `[media.upload]`'s bounds and credentials are checked at load, each named.
+    /// A `[media]` section with an `[upload]` to an S3 bucket with keys, and `rest`.
+    fn upload(rest: &str) -> String {
+        format!(
+            "[upload]\nurl = \"https://b.s3.eu-west-1.amazonaws.com\"\nregion = \"eu-west-1\"\n\
+             access_key_id = \"AKID\"\nsecret_access_key = \"s\"\n{rest}"
+        )
+    }
+
+    /// `[media.upload]`'s credentials are checked at load, each missing or doubled one named.
     #[test]
     fn the_upload_section_is_checked_at_load() {
-        let upload = |rest: &str| {
-            format!(
-                "[upload]\nurl = \"https://b.s3.eu-west-1.amazonaws.com\"\nregion = \"eu-west-1\"\n\
-                 access_key_id = \"AKID\"\nsecret_access_key = \"s\"\n{rest}"
-            )
-        };
         checked(&upload("prefix = \"renditions/\"\nattempts = 10\n")).unwrap();
         // Keys from a credentials file, not beside it; a profile only with one.
         let dir = tempfile::tempdir().unwrap();
@@ -476,6 +478,15 @@ mod tests {
             e,
             "media.upload.profile names a profile of credentials_file, which is not set"
         );
+    }
+
+    /// Where no keys are given, a web identity (STS in the bucket's region by default) or the
+    /// instance profile; half a pair of keys is named, not taken for none.
+    #[test]
+    fn the_upload_sections_other_key_sources_are_checked_at_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "a web identity token").unwrap();
         // A web identity where no keys are given: STS in the bucket's region by default.
         let no_keys = |rest: &str| {
             format!(
@@ -563,6 +574,12 @@ imds_url = \"http://127.0.0.1:1338\"\n",
                 "media.upload.access_key_id is not set (nor AWS_ACCESS_KEY_ID)"
             );
         }
+    }
+
+    /// `[media.upload]`'s storage class and encryption become the objects' headers, and its
+    /// bounds are checked at load, each named.
+    #[test]
+    fn the_upload_sections_headers_and_bounds_are_checked_at_load() {
         // Storage class and encryption become the headers objects are created with.
         let kms = upload(
             "storage_class = \"STANDARD_IA\"\nserver_side_encryption = \"aws:kms\"\n\

@@ -734,140 +734,141 @@ impl ShardState {
 
 /// Runs the shard until its inbox closes.
 pub async fn run(state: SharedShard, mut inbox: mpsc::Receiver<ShardMsg>) {
-    let ticker = {
-        let state = state.clone();
-        glommio::spawn_local(async move {
-            for tick in 0u64.. {
-                glommio::timer::sleep(TICK).await;
-                resplit(&mut state.borrow_mut());
-                {
-                    let mut s = state.borrow_mut();
-                    s.gate.tick(Instant::now());
-                    // Idle user records go (a tenant cycling user ids holds a bounded number).
-                    let now = s.now();
-                    s.core.sweep_users(now, USER_SWEEP_PER_TICK);
-                    s.metrics.beat(s.index);
-                    let g = &s.metrics.shards[s.index];
-                    let relaxed = std::sync::atomic::Ordering::Relaxed;
-                    g.gate_calibration_milli
-                        .store((s.gate.calibration() * 1e3) as u64, relaxed);
-                    g.gate_tenants
-                        .store(s.gate.active_tenants() as u64, relaxed);
-                    g.subscriptions.store(s.subs.total() as u64, relaxed);
-                }
-                if tick % TENANT_TICKS == 0 {
-                    publish_tenants(&state.borrow());
-                }
-                let renew_ticks = state.borrow().renew_ticks;
-                if tick % renew_ticks == renew_ticks - 1 {
-                    renew_attempts(&state).await;
-                }
-                pump(&state).await;
-            }
-        })
-        .detach()
-    };
+    let ticker = glommio::spawn_local(tick(state.clone())).detach();
     while let Some(msg) = inbox.recv().await {
-        match msg {
-            ShardMsg::Submit {
-                tenant,
-                tasks,
-                batch,
-                reply,
-            } => {
-                let state = state.clone();
-                glommio::spawn_local(
-                    async move { submit(&state, tenant, tasks, batch, reply).await },
-                )
-                .detach();
-            }
-            ShardMsg::Get {
-                tenant,
-                task,
-                reply,
-            } => {
-                let state = state.clone();
-                glommio::spawn_local(async move { get(&state, tenant, task, reply).await })
-                    .detach();
-            }
-            ShardMsg::Cancel {
-                tenant,
-                task,
-                reply,
-            } => cancel(&state, tenant, task, reply),
-            ShardMsg::AdminCancel { tasks, reply } => {
-                let state = state.clone();
-                glommio::spawn_local(async move { admin_cancel(&state, tasks, reply).await })
-                    .detach();
-            }
-            ShardMsg::Subscribe {
-                tenant,
-                task,
-                request_id,
-                out,
-                reply,
-            } => subscribe(&state, tenant, task, request_id, out, reply),
-            ShardMsg::Provider(event) => {
-                let state = state.clone();
-                glommio::spawn_local(async move { provider_event(&state, event).await }).detach();
-            }
-            ShardMsg::Policy(patch) => apply_policy(&mut state.borrow_mut(), patch),
-            ShardMsg::PolicyVersion(version) => {
-                state.borrow_mut().core.set_policy_version(version);
-            }
-            ShardMsg::Media(event) => {
-                media_event(&mut state.borrow_mut(), event);
-                pump(&state).await;
-            }
-            ShardMsg::MediaProgress { task, token, pct } => {
-                let mut s = state.borrow_mut();
-                // Only the live attempt's job, while its media stage runs.
-                let current = s.meta.get(&task).is_some_and(|m| m.token == Some(token));
-                if current && s.core.task_state(task) == Some(TaskState::MediaProcessing) {
-                    notify_at(&mut s, task, TaskState::MediaProcessing, pct, None);
-                }
-            }
-            ShardMsg::Restore(restores) => {
-                let mut s = state.borrow_mut();
-                let done = s.restore(restores);
-                s.send_calls(done.calls);
-            }
-            ShardMsg::Reconcile { found, reply } => {
-                let done = state.borrow_mut().reconcile(found);
-                let _ = reply.send(done);
-            }
-            ShardMsg::Quotas { tenant, reply } => {
-                let s = state.borrow();
-                let now = s.now();
-                let _ = reply.send((s.core.quota_clock_ms(now), s.core.quota_report(tenant, now)));
-            }
-            ShardMsg::ResetQuotas {
-                tenant,
-                floor_unix_ms,
-                reply,
-            } => {
-                state
-                    .borrow_mut()
-                    .core
-                    .set_quota_floor(tenant, floor_unix_ms);
-                let _ = reply.send(());
-            }
-            ShardMsg::Unsubscribe { task, out, reply } => {
-                let mut s = state.borrow_mut();
-                s.subs
-                    .retain(task, false, |sub| !sub.out.same_channel(&out));
-                let _ = reply.send(Response::Unsubscribed(task));
-            }
-            ShardMsg::Disconnected { tasks, out } => {
-                state
-                    .borrow_mut()
-                    .subs
-                    .drop_connection(tasks.as_deref(), &out);
-            }
-        }
+        handle(&state, msg).await;
         pump(&state).await;
     }
     drop(ticker);
+}
+
+/// The shard's clock: every [`TICK`] the node-wide limits are split again, the gate, user
+/// records and gauges kept, the tenants published, attempts renewed and work pumped.
+async fn tick(state: SharedShard) {
+    for tick in 0u64.. {
+        glommio::timer::sleep(TICK).await;
+        resplit(&mut state.borrow_mut());
+        {
+            let mut s = state.borrow_mut();
+            s.gate.tick(Instant::now());
+            // Idle user records go (a tenant cycling user ids holds a bounded number).
+            let now = s.now();
+            s.core.sweep_users(now, USER_SWEEP_PER_TICK);
+            s.metrics.beat(s.index);
+            let g = &s.metrics.shards[s.index];
+            let relaxed = std::sync::atomic::Ordering::Relaxed;
+            g.gate_calibration_milli
+                .store((s.gate.calibration() * 1e3) as u64, relaxed);
+            g.gate_tenants
+                .store(s.gate.active_tenants() as u64, relaxed);
+            g.subscriptions.store(s.subs.total() as u64, relaxed);
+        }
+        if tick % TENANT_TICKS == 0 {
+            publish_tenants(&state.borrow());
+        }
+        let renew_ticks = state.borrow().renew_ticks;
+        if tick % renew_ticks == renew_ticks - 1 {
+            renew_attempts(&state).await;
+        }
+        pump(&state).await;
+    }
+}
+
+/// One message from the shard's inbox.
+async fn handle(state: &SharedShard, msg: ShardMsg) {
+    match msg {
+        ShardMsg::Submit {
+            tenant,
+            tasks,
+            batch,
+            reply,
+        } => {
+            let state = state.clone();
+            glommio::spawn_local(async move { submit(&state, tenant, tasks, batch, reply).await })
+                .detach();
+        }
+        ShardMsg::Get {
+            tenant,
+            task,
+            reply,
+        } => {
+            let state = state.clone();
+            glommio::spawn_local(async move { get(&state, tenant, task, reply).await }).detach();
+        }
+        ShardMsg::Cancel {
+            tenant,
+            task,
+            reply,
+        } => cancel(state, tenant, task, reply),
+        ShardMsg::AdminCancel { tasks, reply } => {
+            let state = state.clone();
+            glommio::spawn_local(async move { admin_cancel(&state, tasks, reply).await }).detach();
+        }
+        ShardMsg::Subscribe {
+            tenant,
+            task,
+            request_id,
+            out,
+            reply,
+        } => subscribe(state, tenant, task, request_id, out, reply),
+        ShardMsg::Provider(event) => {
+            let state = state.clone();
+            glommio::spawn_local(async move { provider_event(&state, event).await }).detach();
+        }
+        ShardMsg::Policy(patch) => apply_policy(&mut state.borrow_mut(), patch),
+        ShardMsg::PolicyVersion(version) => {
+            state.borrow_mut().core.set_policy_version(version);
+        }
+        ShardMsg::Media(event) => {
+            media_event(&mut state.borrow_mut(), event);
+            pump(state).await;
+        }
+        ShardMsg::MediaProgress { task, token, pct } => {
+            let mut s = state.borrow_mut();
+            // Only the live attempt's job, while its media stage runs.
+            let current = s.meta.get(&task).is_some_and(|m| m.token == Some(token));
+            if current && s.core.task_state(task) == Some(TaskState::MediaProcessing) {
+                notify_at(&mut s, task, TaskState::MediaProcessing, pct, None);
+            }
+        }
+        ShardMsg::Restore(restores) => {
+            let mut s = state.borrow_mut();
+            let done = s.restore(restores);
+            s.send_calls(done.calls);
+        }
+        ShardMsg::Reconcile { found, reply } => {
+            let done = state.borrow_mut().reconcile(found);
+            let _ = reply.send(done);
+        }
+        ShardMsg::Quotas { tenant, reply } => {
+            let s = state.borrow();
+            let now = s.now();
+            let _ = reply.send((s.core.quota_clock_ms(now), s.core.quota_report(tenant, now)));
+        }
+        ShardMsg::ResetQuotas {
+            tenant,
+            floor_unix_ms,
+            reply,
+        } => {
+            state
+                .borrow_mut()
+                .core
+                .set_quota_floor(tenant, floor_unix_ms);
+            let _ = reply.send(());
+        }
+        ShardMsg::Unsubscribe { task, out, reply } => {
+            let mut s = state.borrow_mut();
+            s.subs
+                .retain(task, false, |sub| !sub.out.same_channel(&out));
+            let _ = reply.send(Response::Unsubscribed(task));
+        }
+        ShardMsg::Disconnected { tasks, out } => {
+            state
+                .borrow_mut()
+                .subs
+                .drop_connection(tasks.as_deref(), &out);
+        }
+    }
 }
 
 /// Renews the leases of this shard's live attempts (every third of a lease), down the work

@@ -415,6 +415,29 @@ fn call(cli: &Cli, method: &str, path: &str, body: Option<&Value>) -> anyhow::Re
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let (status, value) = match &cli.command {
+        Command::Policy { .. }
+        | Command::Lane { .. }
+        | Command::Tenant { .. }
+        | Command::Quota { .. }
+        | Command::Add { .. } => policy_command(&cli)?,
+        _ => node_command(&cli)?,
+    };
+    let refused = !(200..300).contains(&status);
+    if cli.json {
+        println!("{}", serde_json::to_string_pretty(&value)?);
+    } else if !refused {
+        // A refusal is its error line alone, not a report of fields it does not have.
+        print_human(&cli.command, &value);
+    }
+    if refused {
+        anyhow::bail!("the node refused ({status}): {}", value["error"]);
+    }
+    Ok(())
+}
+
+/// The commands that read or change the policy store (policy objects, lanes, tenants, quotas).
+fn policy_command(cli: &Cli) -> anyhow::Result<(u16, Value)> {
+    Ok(match &cli.command {
         Command::Policy {
             action: PolicyAction::Show,
         } => call(&cli, "GET", "/admin/v1/policy", None)?,
@@ -527,6 +550,13 @@ fn main() -> anyhow::Result<()> {
                 Some(&json!({ "reason": reason, "body": body })),
             )?
         }
+        _ => anyhow::bail!("not a command of this kind"),
+    })
+}
+
+/// The commands about the node's work: audit, drain, counters, tasks, dead letters.
+fn node_command(cli: &Cli) -> anyhow::Result<(u16, Value)> {
+    Ok(match &cli.command {
         Command::Audit { limit } => {
             call(&cli, "GET", &format!("/admin/v1/audit?limit={limit}"), None)?
         }
@@ -562,18 +592,8 @@ fn main() -> anyhow::Result<()> {
             "/admin/v1/tasks/cancel",
             Some(&json!({ "tasks": tasks, "reason": reason })),
         )?,
-    };
-    let refused = !(200..300).contains(&status);
-    if cli.json {
-        println!("{}", serde_json::to_string_pretty(&value)?);
-    } else if !refused {
-        // A refusal is its error line alone, not a report of fields it does not have.
-        print_human(&cli.command, &value);
-    }
-    if refused {
-        anyhow::bail!("the node refused ({status}): {}", value["error"]);
-    }
-    Ok(())
+        _ => anyhow::bail!("not a command of this kind"),
+    })
 }
 
 /// A text the node sent, as it is shown on a terminal: control characters (a terminal's escape
