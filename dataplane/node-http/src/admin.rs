@@ -797,7 +797,7 @@ impl Admin {
         for (task, outcome) in tasks.iter().zip(outcomes) {
             let mut take_back = |q: &spindle_control::reconcile::QueuedTask, name| {
                 let to = &mut per_shard[config.shard_of(q.tenant.0)];
-                match spindle_node::control::Restore::queued(q) {
+                match spindle_node::control::restore_queued(q) {
                     Ok(restore) => {
                         to.tasks.push(restore);
                         (name, Value::Null)

@@ -31,6 +31,7 @@ pub use spindle_node_base::config::ProviderConfig;
 use crate::shard::ShardMsg;
 pub use spindle_node_base::limits::CALLS_QUEUE_MAX;
 use spindle_node_base::limits::{POLLS_AFTER_CANCEL_MAX, RESOLVE_TRIES_MAX};
+pub use spindle_node_base::messages::ProviderEvent;
 
 /// What a shard asks of the provider.
 #[derive(Debug)]
@@ -70,29 +71,6 @@ pub enum Call {
     },
     /// Best effort: the task was canceled while the provider ran it.
     Cancel { account: String, job_id: String },
-}
-
-/// What comes back to the shard.
-#[derive(Debug)]
-pub enum ProviderEvent {
-    Submitted {
-        task: TaskId,
-        token: FencingToken,
-        result: Result<JobView, SubmitError>,
-    },
-    Resolved {
-        task: TaskId,
-        token: FencingToken,
-        /// `None`: every query of the round failed; the attempt stays SUBMIT_UNKNOWN and is
-        /// asked about again later.
-        lookup: Option<Lookup>,
-    },
-    /// The job reached a final state (by callback or by poll).
-    Finished {
-        task: TaskId,
-        token: FencingToken,
-        view: JobView,
-    },
 }
 
 /// A shard's send bucket for one account; its lock is FIFO, so submits leave in the order

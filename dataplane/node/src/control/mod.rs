@@ -22,7 +22,7 @@ pub(crate) use pipeline::reconnect;
 pub use pipeline::{pipeline, InputUnread, PipelineSetup, ReadMsg, StoredInput, READ_QUEUE_MAX};
 pub(crate) use restore::owned_restore;
 use restore::{load_restores, recover_attempts, Followed};
-pub use restore::{LiveRestore, Restore, ShardRestores, Unrestorable};
+pub use restore::{queued as restore_queued, LiveRestore, Restore, ShardRestores, Unrestorable};
 use spindle_control::cluster_shares::Want;
 
 use std::sync::atomic::AtomicU64;

@@ -2,105 +2,21 @@
 
 use spindle_control::{Db, PartitionId, Report};
 use spindle_node_base::limits::RECOVER_REREADS_MAX;
+pub use spindle_node_base::messages::{LiveRestore, Restore, ShardRestores, Unrestorable};
 
-/// A task from PostgreSQL for its shard: a QUEUED one, or one whose live attempt the shard
-/// follows at the provider.
-pub struct Restore {
-    pub request: spindle_core::RestoreRequest,
-    pub version: u32,
-    /// Set for a live attempt (`request.attempts_before` is then its number).
-    pub live: Option<LiveRestore>,
-    /// Its client canceled it (stored, not yet ended): the shard cancels it once it is back.
-    pub cancel: bool,
-    /// What to generate, for the provider, if the client sent it (`SubmitTask.input`).
-    pub input: Option<Box<str>>,
-    /// When its deadline passes (its submission's time plus the deadline it was sent with):
-    /// a queued task put back still expires then, and at once if that is past.
-    pub deadline_at: Option<std::time::SystemTime>,
-    /// When it was submitted: its tenant's quotas count it in that period.
-    pub submitted_at: std::time::SystemTime,
-}
-
-impl Restore {
-    /// A stored task as its shard takes it back, queued (a live attempt and a stored cancel
-    /// are the caller's to add); `Err` when its stored request cannot be read.
-    pub fn queued(q: &spindle_control::reconcile::QueuedTask) -> anyhow::Result<Restore> {
-        let (request, input, deadline_at) = restore_request(q)?;
-        Ok(Restore {
-            request,
-            version: q.version,
-            live: None,
-            cancel: false,
-            input,
-            deadline_at,
-            submitted_at: q.created_at,
-        })
-    }
-}
-
-/// A stored task that cannot be put back as it is (its request unreadable, its live attempt's
-/// provider gone from the policy, or refused by the shard's core: tenant or model no longer in
-/// the policy, a spec the model no longer takes, attempts used up). Its shard fails it in
-/// PostgreSQL with `reason` rather than leave it QUEUED and unserved, or stop the node.
-#[derive(Debug)]
-pub struct Unrestorable {
-    pub task: spindle_core::TaskId,
-    /// The live attempt's token, for one that had an attempt.
-    pub token: Option<spindle_core::FencingToken>,
-    pub reason: String,
-}
-
-impl Unrestorable {
-    /// `task` (with its live attempt's `token`, if it had one), refused by the shard's core.
-    pub fn refused(
-        task: spindle_core::TaskId,
-        token: Option<spindle_core::FencingToken>,
-        why: impl std::fmt::Display,
-    ) -> Unrestorable {
-        Unrestorable {
-            task,
-            token,
-            reason: format!("task {task}: {why}"),
-        }
-    }
-}
-
-/// What one shard takes back from PostgreSQL.
-#[derive(Default)]
-pub struct ShardRestores {
-    pub tasks: Vec<Restore>,
-    pub unrestorable: Vec<Unrestorable>,
-    /// Tenants with periodic quotas whose partitions come back: their counts start again from
-    /// what PostgreSQL holds — the tasks put back, and `consumed`.
-    pub quota_tenants: Vec<spindle_core::TenantId>,
-    /// What their ended tasks consumed in the periods still running.
-    pub consumed: Vec<spindle_control::reconcile::Consumed>,
-    /// For those whose counts an operator reset: the floor (unix ms) before which nothing
-    /// counts.
-    pub quota_floors: Vec<(spindle_core::TenantId, u64)>,
-}
-
-impl ShardRestores {
-    /// One empty set for each of `shards` shards.
-    pub fn per_shard(shards: u32) -> Vec<ShardRestores> {
-        (0..shards).map(|_| ShardRestores::default()).collect()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.tasks.is_empty() && self.unrestorable.is_empty() && self.quota_tenants.is_empty()
-    }
-}
-
-/// A live attempt at the HTTP provider, resumed instead of submitted again.
-pub struct LiveRestore {
-    pub provider: spindle_core::ProviderId,
-    pub token: spindle_core::FencingToken,
-    /// As stored: DISPATCHING, SUBMIT_UNKNOWN, RUNNING, PROVIDER_SUCCEEDED or
-    /// MEDIA_PROCESSING.
-    pub stored: spindle_core::TaskState,
-    pub request_key: String,
-    /// How long ago the attempt started (its lane's execution timeout counts from then).
-    pub running_ms: u64,
+/// A stored task as its shard takes it back, queued (a live attempt and a stored cancel are the
+/// caller's to add); `Err` when its stored request cannot be read.
+pub fn queued(q: &spindle_control::reconcile::QueuedTask) -> anyhow::Result<Restore> {
+    let (request, input, deadline_at) = restore_request(q)?;
+    Ok(Restore {
+        request,
+        version: q.version,
+        live: None,
+        cancel: false,
+        input,
+        deadline_at,
+        submitted_at: q.created_at,
+    })
 }
 
 /// Which live attempts a (re)starting owner follows instead of ending them.
@@ -354,7 +270,7 @@ pub(crate) fn owned_restore(
         token,
         reason,
     };
-    let mut restore = Restore::queued(&o.task).map_err(|e| unrestorable(format!("{e:#}")))?;
+    let mut restore = queued(&o.task).map_err(|e| unrestorable(format!("{e:#}")))?;
     let live = match o.live {
         None => None,
         Some(l) => {

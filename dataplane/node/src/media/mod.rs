@@ -20,6 +20,7 @@ use crate::shard::ShardMsg;
 mod upload;
 use spindle_node_base::limits::DISCARDS_QUEUED_MAX;
 pub use spindle_node_base::limits::MEDIA_QUEUE_MAX;
+pub use spindle_node_base::messages::{MediaEvent, MediaOutcome, Uploaded};
 use upload::{upload_all, Upload};
 pub use upload::{
     UploadConfig, UPLOAD_ATTEMPTS_MAX, UPLOAD_PARTS_IN_FLIGHT_MAX, UPLOAD_PART_MB_MAX,
@@ -40,37 +41,6 @@ pub struct MediaJob {
     /// What the task declared, when a video beyond it fails the task (`declaration =
     /// "reject"`): the job then fails once probed, before any rendition is made.
     pub reject_beyond: Option<spindle_core::TaskSpec>,
-}
-
-#[derive(Debug)]
-pub enum MediaOutcome {
-    Done {
-        /// One file per rendition, in the ladder's order (none once uploaded, unless
-        /// `keep_local`).
-        outputs: Vec<PathBuf>,
-        /// What the video really is.
-        probed: spindle_transcode::MediaInfo,
-        /// With `[media.upload]`: the uploaded objects, in the ladder's order.
-        uploaded: Option<Vec<Uploaded>>,
-    },
-    Failed {
-        reason: String,
-        retryable: bool,
-    },
-}
-
-/// A rendition put into the bucket: its key, and the URL a result names it by.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Uploaded {
-    pub key: String,
-    pub url: String,
-}
-
-#[derive(Debug)]
-pub struct MediaEvent {
-    pub task: TaskId,
-    pub token: FencingToken,
-    pub outcome: MediaOutcome,
 }
 
 /// How media jobs end, as `/metrics` counts them.

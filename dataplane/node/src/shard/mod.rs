@@ -58,8 +58,8 @@ use commands::*;
 use inputs::{Input, Inputs};
 use media::*;
 use provider::*;
-pub use reconcile::Reconciled;
 use reports::*;
+pub use spindle_node_base::messages::Reconciled;
 pub use submit::StoredRequest;
 use submit::*;
 pub(crate) use submit::{commit, decide_now, Admitted, Decided};
@@ -71,91 +71,9 @@ const TENANT_TICKS: u64 = 10;
 /// User records the core looks at for idle ones each tick (200,000 a second).
 const USER_SWEEP_PER_TICK: usize = 4_096;
 
-pub enum ShardMsg {
-    Submit {
-        tenant: TenantId,
-        tasks: Vec<SubmitTask>,
-        batch: bool,
-        reply: oneshot::Sender<Response>,
-    },
-    Get {
-        tenant: TenantId,
-        task: TaskId,
-        reply: oneshot::Sender<Response>,
-    },
-    Cancel {
-        tenant: TenantId,
-        task: TaskId,
-        reply: oneshot::Sender<Response>,
-    },
-    /// An operator's cancel of `tasks`, whatever their tenant (`POST /admin/v1/tasks/cancel`):
-    /// each one this shard holds live is canceled as its client's cancel is (stored first),
-    /// outside the tenant's cancel rate; the answer has one entry per task, `None` for one not
-    /// held here.
-    AdminCancel {
-        tasks: Vec<TaskId>,
-        reply: oneshot::Sender<Vec<Option<Response>>>,
-    },
-    /// Events of `task` go to `out` (the connection's frame queue) tagged `request_id`.
-    Subscribe {
-        tenant: TenantId,
-        task: TaskId,
-        request_id: u64,
-        out: mpsc::Sender<Vec<u8>>,
-        reply: oneshot::Sender<Response>,
-    },
-    /// Stored tasks to put back (of partitions this node just took over, or requeued by an
-    /// operator), and those to fail as not restorable.
-    Restore(crate::control::ShardRestores),
-    /// Live attempts the attempts reconciler found lapsed or stuck in PostgreSQL: those this
-    /// shard does not hold are followed again, or ended or requeued where they cannot be
-    /// ([`ShardState::reconcile`]).
-    Reconcile {
-        found: crate::control::ShardRestores,
-        reply: oneshot::Sender<Reconciled>,
-    },
-    /// What `tenant` consumed of its quotas in the running periods (the admin API).
-    Quotas {
-        tenant: TenantId,
-        reply: oneshot::Sender<(u64, Vec<spindle_core::shard::QuotaReport>)>,
-    },
-    /// An operator reset `tenant`'s quota counts as of `floor_unix_ms` (stored already).
-    ResetQuotas {
-        tenant: TenantId,
-        floor_unix_ms: u64,
-        reply: oneshot::Sender<()>,
-    },
-    /// An answer from the provider thread.
-    Provider(crate::dispatch::ProviderEvent),
-    /// A media job ended.
-    Media(crate::media::MediaEvent),
-    /// A media job of `task`'s attempt `token` passed a progress milestone.
-    MediaProgress {
-        task: TaskId,
-        token: FencingToken,
-        pct: u8,
-    },
-    /// One object of a newer policy version (applies to new work; see [`crate::live_policy`]).
-    Policy(spindle_core::policy::PolicyPatch),
-    /// Every object of this version has been sent: tasks admitted from now on carry it.
-    PolicyVersion(spindle_core::PolicyVersion),
-    /// Removes this connection's subscriptions of `task` (a connection is one tenant's, so
-    /// nothing else can be touched).
-    Unsubscribe {
-        task: TaskId,
-        out: mpsc::Sender<Vec<u8>>,
-        reply: oneshot::Sender<Response>,
-    },
-    /// A connection closed: its subscriptions (of `tasks`, or — `None` — of any task) go at
-    /// once, and with them its frame queue's last senders.
-    Disconnected {
-        tasks: Option<Vec<TaskId>>,
-        out: mpsc::Sender<Vec<u8>>,
-    },
-}
-
 use spindle_node_base::limits::CLAIMS_PER_PUMP_MAX;
 pub use spindle_node_base::limits::SHARD_QUEUE_MAX;
+pub use spindle_node_base::messages::ShardMsg;
 use subscriptions::{Subscriber, Subscriptions};
 pub use subscriptions::{
     SUBSCRIPTIONS_MAX, SUBSCRIPTIONS_PER_TASK_MAX, SUBSCRIPTIONS_PER_TENANT_MAX,

@@ -8,29 +8,7 @@
 
 use super::*;
 use crate::control::Unrestorable;
-
-/// What one shard did with the attempts the reconciler handed it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Reconciled {
-    /// Held here already: nothing to do.
-    pub in_hand: u32,
-    /// Followed again: a query by request key decides (a job found is watched to its end,
-    /// one the provider never got runs as a new attempt).
-    pub resumed: u32,
-    /// Not followable and still in the provider stage: requeued, in the RECOVERY lane.
-    pub requeued: u32,
-    /// Not followable and past the provider stage: completed.
-    pub completed: u32,
-    /// Could not be taken back (failed with the reason).
-    pub failed: u32,
-}
-
-impl Reconciled {
-    /// What was repaired (everything but what was in hand).
-    pub fn repairs(&self) -> u32 {
-        self.resumed + self.requeued + self.completed + self.failed
-    }
-}
+use spindle_node_base::messages::Reconciled;
 
 impl ShardState {
     /// Takes the attempts of `found` that nobody holds (see the module's comment).
