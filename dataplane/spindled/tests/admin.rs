@@ -5,26 +5,19 @@
 mod common;
 
 use common::{
-    admin_tokens, ctl, http_get, metric, poll_until, start_with, Daemon, ADMIN_TOKEN,
+    admin_tokens, ctl, http_get, metric, poll_until, start_with, Daemon, NodeConfig, ADMIN_TOKEN,
     OPERATOR_TOKEN, VIEWER_TOKEN,
 };
 use spindle_control::testing::TestDb;
 
-const CONFIG: &str = r#"
-node_id = "admin-node"
-listen = "127.0.0.1:0"
-http_listen = "127.0.0.1:0"
-shards = 2
-partitions = 8
-
-[[tenants]]
-id = 1
-credential = "tenant-1-credential"
-"#;
-
 /// The node with the admin API's three roles.
 fn config() -> String {
-    format!("{CONFIG}{}", admin_tokens())
+    NodeConfig::new()
+        .node_id("admin-node")
+        .time_scale(0.001)
+        .tenants([1])
+        .section(&admin_tokens())
+        .toml()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -415,11 +408,13 @@ async fn an_operator_cancels_a_tenants_tasks_and_a_viewer_may_not() {
     let test = TestDb::new().await;
     // Tasks that run for their modelled time (tens of seconds) on one slot per account: the
     // first two run, the third waits.
-    let config = CONFIG.replacen(
-        "partitions = 8\n",
-        "partitions = 8\nlocal_provider_time_scale = 1.0\nprovider_concurrency = 1\n",
-        1,
-    ) + &admin_tokens();
+    let config = NodeConfig::new()
+        .node_id("admin-node")
+        .time_scale(1.0)
+        .tenants([1])
+        .set("provider_concurrency", 1)
+        .section(&admin_tokens())
+        .toml();
     let daemon = start_with(&test, &config).await;
     let http = daemon.http;
     let client = spindle_client::Client::connect(
@@ -514,9 +509,11 @@ async fn an_operator_cancels_a_tenants_tasks_and_a_viewer_may_not() {
 async fn a_node_names_the_node_that_serves_a_task_it_does_not() {
     let test = TestDb::new().await;
     let config = |node: &str| {
-        common::config_scaled("1.0", "")
-            .replace("node_id = \"test-node\"", &format!("node_id = \"{node}\""))
-            + &admin_tokens()
+        NodeConfig::new()
+            .node_id(node)
+            .time_scale(1.0)
+            .section(&admin_tokens())
+            .toml()
     };
     // A owns every partition once it serves; B, started after, owns none while A lives.
     let a = start_with(&test, &config("node-a")).await;

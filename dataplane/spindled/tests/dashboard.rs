@@ -8,27 +8,19 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{admin_tokens, start_with, task, OPERATOR_TOKEN, VIEWER_TOKEN};
+use common::{admin_tokens, start_with, task, NodeConfig, OPERATOR_TOKEN, VIEWER_TOKEN};
 use spindle_client::Client;
 use spindle_control::testing::TestDb;
 use spindle_core::TenantId;
 
-const CONFIG: &str = r#"
-node_id = "dash-node"
-listen = "127.0.0.1:0"
-http_listen = "127.0.0.1:0"
-shards = 2
-partitions = 8
-local_provider_time_scale = 0.01
-
-[[tenants]]
-id = 1
-credential = "tenant-1-credential"
-"#;
-
 /// The node with the admin API's three roles.
 fn config() -> String {
-    format!("{CONFIG}{}", admin_tokens())
+    NodeConfig::new()
+        .node_id("dash-node")
+        .time_scale(0.01)
+        .tenants([1])
+        .section(&admin_tokens())
+        .toml()
 }
 
 /// The page's DOM after its scripts ran (Chromium's virtual time lets its timers fire).

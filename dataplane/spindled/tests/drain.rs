@@ -7,7 +7,7 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{poll_until, read_i64, start_with, task};
+use common::{poll_until, read_i64, start_with, task, NodeConfig};
 use spindle_client::{Client, ClientError};
 use spindle_control::testing::TestDb;
 use spindle_core::TenantId;
@@ -17,21 +17,16 @@ use spindle_wire::ErrorCode;
 async fn sigterm_drains_running_work_and_releases_partitions() {
     let test = TestDb::new().await;
     // Tasks run 1.5 s; the lane runs 4 at a time, so most of 20 wait in the queue.
-    let config = r#"
-node_id = "drain-node"
-listen = "127.0.0.1:0"
-http_listen = "127.0.0.1:0"
-shards = 1
-partitions = 4
-local_provider_time_scale = 0.05
-lane_capacity_units = 4
-drain_ms = 20000
-
-[[tenants]]
-id = 1
-credential = "tenant-1-credential"
-"#;
-    let mut daemon = start_with(&test, config).await;
+    let config = NodeConfig::new()
+        .node_id("drain-node")
+        .shards(1)
+        .partitions(4)
+        .time_scale(0.05)
+        .tenants([1])
+        .set("lane_capacity_units", 4)
+        .set("drain_ms", 20_000)
+        .toml();
+    let mut daemon = start_with(&test, &config).await;
     let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();

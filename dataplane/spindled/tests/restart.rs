@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{start_with, submit_accepted, task};
+use common::{start_with, submit_accepted, task, NodeConfig};
 use spindle_client::Client;
 use spindle_control::testing::TestDb;
 use spindle_core::TenantId;
@@ -13,26 +13,11 @@ async fn kill_9_under_load_then_restart_completes_every_acked_task_exactly_once(
     let test = TestDb::new().await;
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("executions.log");
-    let config = format!(
-        r#"
-node_id = "restart-node"
-listen = "127.0.0.1:0"
-http_listen = "127.0.0.1:0"
-shards = 2
-partitions = 8
-local_provider_time_scale = 0.05
-local_provider_log = "{}"
-
-[[tenants]]
-id = 1
-credential = "tenant-1-credential"
-
-[[tenants]]
-id = 2
-credential = "tenant-2-credential"
-"#,
-        log.display()
-    );
+    let config = NodeConfig::new()
+        .node_id("restart-node")
+        .time_scale(0.05)
+        .set_str("local_provider_log", &log.display().to_string())
+        .toml();
 
     let mut daemon = start_with(&test, &config).await;
     let acked = submit_accepted(
