@@ -2,6 +2,10 @@
 //! job's video, probe it and transcode it to the configured rendition, each job holding the
 //! media units the ledger placed it on (GPU engines where the inventory has them, CPU slots
 //! otherwise). Results go back to the task's shard, carrying the attempt's fencing token.
+//!
+//! Long file: the pool, the workers' loop and one job's way from fetch through the ladder to
+//! its upload, which share the job's state and its stage metrics; the bucket's puts and
+//! listings are in `upload.rs`.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
