@@ -379,7 +379,7 @@ fn run(
     let fetched = dir.join(format!("input-{}-{}", job.task.0, job.token.0));
     let input = match input_of(job, config, fetch, &fetched, deadline, quota, stats) {
         Ok(path) => path,
-        Err(refused) => return refused,
+        Err((reason, retryable)) => return failed(reason, retryable),
     };
     let started = Instant::now();
     let ladder = |accel| {
@@ -528,7 +528,7 @@ fn put_renditions(
 }
 
 /// Where the job's input is read from: a local file under `fetch_root`, or the provider's video
-/// downloaded to `fetched`; `Err` is the job's failed outcome.
+/// downloaded to `fetched`; `Err` is why the job fails, and whether a retry may do better.
 fn input_of(
     job: &MediaJob,
     config: &MediaConfig,
@@ -537,10 +537,9 @@ fn input_of(
     deadline: Instant,
     quota: u64,
     stats: &MediaStats,
-) -> Result<PathBuf, MediaOutcome> {
-    let failed = |reason: String, retryable: bool| MediaOutcome::Failed { reason, retryable };
+) -> Result<PathBuf, (String, bool)> {
     if let Some(path) = job.input_url.strip_prefix("file://") {
-        local_input(path, config.fetch_root.as_deref()).map_err(|why| failed(why, false))
+        local_input(path, config.fetch_root.as_deref()).map_err(|why| (why, false))
     } else if spindle_providers::tls::is_http_url(&job.input_url) {
         let timeout = deadline.saturating_duration_since(Instant::now());
         let started = Instant::now();
@@ -556,10 +555,10 @@ fn input_of(
         stats.time(STAGE_FETCH, started);
         match got {
             Ok(_) => Ok(fetched.to_path_buf()),
-            Err(e) => Err(failed(format!("fetch: {e}"), e.is_retryable())),
+            Err(e) => Err((format!("fetch: {e}"), e.is_retryable())),
         }
     } else {
-        Err(failed(
+        Err((
             format!(
                 "unsupported media URL {:?} (http://, https:// or file://)",
                 job.input_url
@@ -650,7 +649,7 @@ fn work(
         };
         let canceled = cancel.clone();
         let outcome = run(
-            &job, &config, &ledger, &devices, &dir, cancel, &fetch, &progress, &stats, submitted,
+            &job, config, ledger, devices, dir, cancel, fetch, &progress, stats, submitted,
         );
         stats.running.fetch_sub(1, Ordering::Relaxed);
         // A job canceled once it could no longer stop (its upload running)

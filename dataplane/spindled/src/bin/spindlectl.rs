@@ -440,7 +440,7 @@ fn policy_command(cli: &Cli) -> anyhow::Result<(u16, Value)> {
     Ok(match &cli.command {
         Command::Policy {
             action: PolicyAction::Show,
-        } => call(&cli, "GET", "/admin/v1/policy", None)?,
+        } => call(cli, "GET", "/admin/v1/policy", None)?,
         Command::Policy {
             action:
                 PolicyAction::Set {
@@ -456,7 +456,7 @@ fn policy_command(cli: &Cli) -> anyhow::Result<(u16, Value)> {
                 .with_context(|| format!("{} is not JSON", body.display()))?;
             let path = format!("/admin/v1/policy/{object}/{key}");
             call(
-                &cli,
+                cli,
                 "PUT",
                 &path,
                 Some(&json!({ "reason": reason, "body": body })),
@@ -471,7 +471,7 @@ fn policy_command(cli: &Cli) -> anyhow::Result<(u16, Value)> {
                 },
         } => {
             let path = format!("/admin/v1/policy/{object}/{key}");
-            call(&cli, "DELETE", &path, Some(&json!({ "reason": reason })))?
+            call(cli, "DELETE", &path, Some(&json!({ "reason": reason })))?
         }
         Command::Lane { action } => {
             let (lane, open, reason) = match action {
@@ -484,7 +484,7 @@ fn policy_command(cli: &Cli) -> anyhow::Result<(u16, Value)> {
                 .with_context(|| format!("no lane {lane:?}; lanes are {}", LANES.join(", ")))?;
             let path = format!("/admin/v1/policy/lane/{lane}");
             let effective = |p: &Value| p["lanes"][index].clone();
-            switch(&cli, effective, "open", open.into(), &path, reason)
+            switch(cli, effective, "open", open.into(), &path, reason)
                 .with_context(|| format!("lane {lane}"))?
         }
         Command::Tenant { action } => {
@@ -494,19 +494,12 @@ fn policy_command(cli: &Cli) -> anyhow::Result<(u16, Value)> {
             };
             let path = format!("/admin/v1/policy/tenant_policy/{tenant}");
             let effective = |p: &Value| p["tenants"][tenant.to_string()].clone();
-            switch(
-                &cli,
-                effective,
-                "suspended",
-                suspended.into(),
-                &path,
-                reason,
-            )
-            .with_context(|| format!("tenant {tenant}"))?
+            switch(cli, effective, "suspended", suspended.into(), &path, reason)
+                .with_context(|| format!("tenant {tenant}"))?
         }
         Command::Quota { action } => match action {
             QuotaAction::Show { tenant } => {
-                call(&cli, "GET", &format!("/admin/v1/quotas/{tenant}"), None)?
+                call(cli, "GET", &format!("/admin/v1/quotas/{tenant}"), None)?
             }
             QuotaAction::Set {
                 tenant,
@@ -524,18 +517,18 @@ fn policy_command(cli: &Cli) -> anyhow::Result<(u16, Value)> {
                 );
                 let path = format!("/admin/v1/policy/tenant_policy/{tenant}");
                 let effective = |p: &Value| p["tenants"][tenant.to_string()].clone();
-                switch(&cli, effective, "quotas", quotas, &path, reason)
+                switch(cli, effective, "quotas", quotas, &path, reason)
                     .with_context(|| format!("tenant {tenant}"))?
             }
             QuotaAction::Reset { tenant, reason } => call(
-                &cli,
+                cli,
                 "POST",
                 &format!("/admin/v1/quotas/{tenant}/reset"),
                 Some(&json!({ "reason": reason })),
             )?,
         },
         Command::Add { what } => {
-            let (status, policy) = call(&cli, "GET", "/admin/v1/policy", None)?;
+            let (status, policy) = call(cli, "GET", "/admin/v1/policy", None)?;
             if !(200..300).contains(&status) {
                 anyhow::bail!("reading the policy ({status}): {}", policy["error"]);
             }
@@ -544,7 +537,7 @@ fn policy_command(cli: &Cli) -> anyhow::Result<(u16, Value)> {
                 AddAction::Provider { reason, .. } | AddAction::Model { reason, .. } => reason,
             };
             call(
-                &cli,
+                cli,
                 "PUT",
                 &format!("/admin/v1/policy/{object}/{key}"),
                 Some(&json!({ "reason": reason, "body": body })),
@@ -558,36 +551,36 @@ fn policy_command(cli: &Cli) -> anyhow::Result<(u16, Value)> {
 fn node_command(cli: &Cli) -> anyhow::Result<(u16, Value)> {
     Ok(match &cli.command {
         Command::Audit { limit } => {
-            call(&cli, "GET", &format!("/admin/v1/audit?limit={limit}"), None)?
+            call(cli, "GET", &format!("/admin/v1/audit?limit={limit}"), None)?
         }
         Command::Drain { reason } => call(
-            &cli,
+            cli,
             "POST",
             "/admin/v1/drain",
             Some(&json!({ "reason": reason })),
         )?,
-        Command::CheckCounters => call(&cli, "GET", "/admin/v1/counters", None)?,
-        Command::Task { task } => call(&cli, "GET", &format!("/admin/v1/tasks/{task}"), None)?,
+        Command::CheckCounters => call(cli, "GET", "/admin/v1/counters", None)?,
+        Command::Task { task } => call(cli, "GET", &format!("/admin/v1/tasks/{task}"), None)?,
         Command::DeadLetters { after, scan } => call(
-            &cli,
+            cli,
             "GET",
             &format!("/admin/v1/dead-letters?after={after}&scan={scan}"),
             None,
         )?,
         Command::RebuildCounters { reason } => call(
-            &cli,
+            cli,
             "POST",
             "/admin/v1/counters/rebuild",
             Some(&json!({ "reason": reason })),
         )?,
         Command::Requeue { tasks, reason } => call(
-            &cli,
+            cli,
             "POST",
             "/admin/v1/tasks/requeue",
             Some(&json!({ "tasks": tasks, "reason": reason })),
         )?,
         Command::Cancel { tasks, reason } => call(
-            &cli,
+            cli,
             "POST",
             "/admin/v1/tasks/cancel",
             Some(&json!({ "tasks": tasks, "reason": reason })),
