@@ -646,6 +646,11 @@ impl Metrics {
     /// Prometheus text exposition: every family once, grouped, with its help and type
     /// ([`Exposition`] checks; a test runs `promtool check metrics` on a live node's).
     pub fn render(&self) -> String {
+        Exposition::group(&self.sections()).text
+    }
+
+    /// Every section's text as written, before it is grouped by family.
+    fn sections(&self) -> String {
         let mut w = String::new();
         self.render_tasks(&mut w);
         self.render_quotas(&mut w);
@@ -655,7 +660,7 @@ impl Metrics {
         self.render_media(&mut w);
         self.render_waits(&mut w);
         self.render_limits_and_policy(&mut w);
-        Exposition::group(&w).text
+        w
     }
 
     /// Admissions, completions, claims, the overload gate, calls in doubt, retention and
@@ -1299,16 +1304,7 @@ mod tests {
     #[test]
     fn every_family_is_declared_once_with_its_help_and_type() {
         let metrics = Metrics::new(2);
-        let mut raw = String::new();
-        metrics.render_tasks(&mut raw);
-        metrics.render_quotas(&mut raw);
-        metrics.render_cluster(&mut raw);
-        metrics.render_shards(&mut raw);
-        metrics.render_provider(&mut raw);
-        metrics.render_media(&mut raw);
-        metrics.render_waits(&mut raw);
-        metrics.render_limits_and_policy(&mut raw);
-        let grouped = Exposition::group(&raw);
+        let grouped = Exposition::group(&metrics.sections());
         assert!(grouped.problems.is_empty(), "{:#?}", grouped.problems);
         assert_eq!(grouped.text, metrics.render());
         assert!(

@@ -17,6 +17,11 @@ use spindle_providers::EventReceiver;
 const SECRET: &str = "events-secret";
 
 fn config(url: &str, pending_max: u64) -> String {
+    node(url, pending_max).toml()
+}
+
+/// The node relaying to `url`, its backlog bound `pending_max`.
+fn node(url: &str, pending_max: u64) -> NodeConfig {
     NodeConfig::new()
         .node_id("events-node")
         .tenants([1])
@@ -24,7 +29,6 @@ fn config(url: &str, pending_max: u64) -> String {
             "[events]\nurl = \"{url}\"\nsecret = \"{SECRET}\"\ntimeout_ms = 500\nidle_ms = 20\n\
              pending_max = {pending_max}"
         ))
-        .toml()
 }
 
 async fn receiver() -> EventReceiver {
@@ -214,13 +218,11 @@ async fn a_node_without_a_relay_keeps_what_another_nodes_relay_has_to_send() {
     rx.refuse(true);
     // Neither node takes the other's partition however slowly it starts (a busy machine), and
     // a renewal late by two seconds keeps the lease.
-    let relay_config = config(&rx.url(), 10)
-        .replace("partitions = 8\n", "partitions = 2\n")
-        .replace(
-            "local_provider_time_scale",
-            "owned_partitions = [0]\nlease_ms = 3000\ntakeover_grace_ms = 600000\n\
-             local_provider_time_scale",
-        );
+    let relay_config = node(&rx.url(), 10)
+        .partitions(2)
+        .owns(&[0])
+        .set("lease_ms", 3000)
+        .toml();
     let plain_config = NodeConfig::new()
         .node_id("plain-node")
         .partitions(2)

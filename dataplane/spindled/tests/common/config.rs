@@ -81,6 +81,14 @@ impl NodeConfig {
         self.set(key, format!("{value:?}"))
     }
 
+    /// Top-level settings as TOML lines, written as they are.
+    pub fn lines(mut self, text: &str) -> NodeConfig {
+        if !text.trim().is_empty() {
+            self.settings.push(text.trim_end().to_string());
+        }
+        self
+    }
+
     /// A whole section, as TOML text starting with its header.
     pub fn section(mut self, text: &str) -> NodeConfig {
         self.sections.push(text.trim().to_string());

@@ -59,10 +59,7 @@ credential = "tenant-2-credential"
 /// `CONFIG` with the local provider's time scale set to `scale` (its tasks then take their
 /// modelled time × `scale`) and `extra` settings added.
 pub fn config_scaled(scale: &str, extra: &str) -> String {
-    let mut text = NodeConfig::new().time_scale(scale).toml();
-    let at = text.find("\n\n[[tenants]]").expect("the tenants come last");
-    text.insert_str(at + 1, &format!("{extra}\n"));
-    text
+    NodeConfig::new().time_scale(scale).lines(extra).toml()
 }
 
 /// Starts spindled on a fresh database and waits (bounded) until it serves.
