@@ -1,4 +1,4 @@
-//! The reconcilers' queries (the node schedules them: `spindle_node::reconciler`). Each is
+//! The reconcilers' queries (the node schedules them: `spindle_node_control::reconciler`). Each is
 //! bounded by `SCAN_MAX` rows per pass and safe to run on several nodes at once: they read, and
 //! what a reconciler changes goes through the fenced batch functions or locks what it changes.
 //!

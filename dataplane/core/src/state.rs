@@ -55,7 +55,7 @@ impl TaskState {
         use TaskState::*;
         match (self, to) {
             (Created, Queued | Canceled | Expired) => true,
-            // FAILED: a stored task the node cannot put back (see `spindle-node`'s restore).
+            // FAILED: a stored task the node cannot put back (see `spindle-node-control`'s restore).
             (Queued, Dispatching | Canceled | Expired | Failed) => true,
             (Dispatching, Running | SubmitUnknown | Queued | Failed | Canceled) => true,
             (SubmitUnknown, Running | Queued | Failed | Canceled) => true,

@@ -26,6 +26,15 @@ pub fn label(value: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// A part of the node that writes its own families (a collector, in the words of Prometheus's
+/// client libraries): the counters every part writes (`metrics::Metrics`), and the parts that
+/// keep state of their own (the media pool, the live policy). The HTTP port renders a list of
+/// them ([`Exposition::collect`]); none of them knows the others.
+pub trait Collect: Send + Sync {
+    /// Appends this part's families, as exposition text, to `w`.
+    fn collect(&self, w: &mut String);
+}
+
 /// One family as read.
 #[derive(Default)]
 struct Family {
@@ -43,6 +52,15 @@ pub struct Exposition {
 }
 
 impl Exposition {
+    /// Every part's families, grouped.
+    pub fn collect(parts: &[&dyn Collect]) -> Exposition {
+        let mut raw = String::new();
+        for part in parts {
+            part.collect(&mut raw);
+        }
+        Exposition::group(&raw)
+    }
+
     /// Regroups `raw` (lines of exposition text) by family.
     pub fn group(raw: &str) -> Exposition {
         let mut families: Vec<Family> = Vec::new();

@@ -74,7 +74,7 @@ pub enum ShardMsg {
         token: FencingToken,
         pct: u8,
     },
-    /// One object of a newer policy version (applies to new work; see `spindle_node::live_policy`).
+    /// One object of a newer policy version (applies to new work; see `spindle_node_control::live_policy`).
     Policy(spindle_core::policy::PolicyPatch),
     /// Every object of this version has been sent: tasks admitted from now on carry it.
     PolicyVersion(spindle_core::PolicyVersion),
@@ -251,4 +251,20 @@ pub struct LiveRestore {
     pub request_key: String,
     /// How long ago the attempt started (its lane's execution timeout counts from then).
     pub running_ms: u64,
+}
+
+/// What a task's payload holds: the client's request as the node read it. Its JSON is what a
+/// replay is compared with, and what a restart rebuilds the task from.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct StoredRequest {
+    pub user: u32,
+    pub spec: spindle_core::TaskSpec,
+    pub band_hint: Option<spindle_core::Band>,
+    pub deadline_ms: Option<u32>,
+    /// What to generate, for the provider: the client's JSON value, embedded as it came (not
+    /// escaped into a string, so the payload is the input's size plus the rest's, within
+    /// `STORED_REQUEST_BYTES_MAX`). Absent when the client sent none, so such a task's
+    /// payload is what it was before inputs existed (and a replay of it still matches).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input: Option<Box<serde_json::value::RawValue>>,
 }

@@ -8,7 +8,7 @@ use crate::config::Config;
 
 /// The configured policy: the small-node preset with node-wide limits lifted and the configured
 /// tenants. The node runs with this and the policy store's objects over it
-/// (`spindle_node::live_policy`).
+/// (`spindle_node_control::live_policy`).
 pub fn policy(config: &Config) -> Policy {
     let mut policy = presets::small_node();
     presets::lift_node_limits(&mut policy);

@@ -18,12 +18,12 @@ use spindle_control::query::StoredTask;
 use spindle_control::{Db, DbConfig};
 use spindle_core::{TaskId, TenantId};
 
-use spindle_node::config::partition_of;
+use spindle_node_base::config::partition_of;
 pub use spindle_node_base::config::{AdminToken, Role};
 
-use spindle_node::live_policy::LivePolicy;
-use spindle_node::metrics::Metrics;
 pub use spindle_node_base::limits::CANCEL_TASKS_MAX;
+use spindle_node_base::metrics::Metrics;
+use spindle_node_control::live_policy::LivePolicy;
 
 /// What the admin endpoints share.
 pub struct Admin {
@@ -43,9 +43,9 @@ const REFUSALS_LOGGED_PER_S: u64 = 5;
 
 /// How the admin API reaches the shards: requeued tasks go back to the shard that owns them.
 pub struct Shards {
-    pub config: spindle_node::config::Config,
-    pub ownership: Arc<spindle_node::ownership::Ownership>,
-    pub inboxes: Vec<tokio::sync::mpsc::Sender<spindle_node::shard::ShardMsg>>,
+    pub config: spindle_node_base::config::Config,
+    pub ownership: Arc<spindle_node_base::ownership::Ownership>,
+    pub inboxes: Vec<tokio::sync::mpsc::Sender<spindle_node_base::messages::ShardMsg>>,
 }
 
 /// An admin answer: HTTP status line and JSON body.
@@ -169,7 +169,7 @@ impl Admin {
         let presented = authorization?.strip_prefix("Bearer ")?.trim();
         let mut found = None;
         for t in &self.tokens {
-            if spindle_node::credential::matches_configured(&t.token, presented) {
+            if spindle_node_base::credential::matches_configured(&t.token, presented) {
                 found = Some(t);
             }
         }
@@ -194,7 +194,7 @@ impl Admin {
     ) -> Result<
         (
             spindle_core::TenantId,
-            &tokio::sync::mpsc::Sender<spindle_node::shard::ShardMsg>,
+            &tokio::sync::mpsc::Sender<spindle_node_base::messages::ShardMsg>,
         ),
         Answer,
     > {
@@ -207,7 +207,7 @@ impl Admin {
             let why = format!("{tenant:?} is not a tenant of this node's configuration");
             return Err(answer("404 Not Found", json!({ "error": why })));
         };
-        let partition = spindle_node::config::partition_of(tenant, config.partitions);
+        let partition = spindle_node_base::config::partition_of(tenant, config.partitions);
         if !self.shards.ownership.owns(partition) {
             let owner = self.shards.ownership.owner_of(partition);
             let why = match &owner {
@@ -232,7 +232,7 @@ impl Admin {
         };
         let (reply, report) = tokio::sync::oneshot::channel();
         let asked = inbox
-            .send(spindle_node::shard::ShardMsg::Quotas { tenant, reply })
+            .send(spindle_node_base::messages::ShardMsg::Quotas { tenant, reply })
             .await;
         let (Ok(()), Ok((now_ms, report))) = (asked, report.await) else {
             return answer(
@@ -291,7 +291,7 @@ impl Admin {
             .map_or(0, |d| d.as_millis() as u64);
         let (reply, done) = tokio::sync::oneshot::channel();
         let sent = inbox
-            .send(spindle_node::shard::ShardMsg::ResetQuotas {
+            .send(spindle_node_base::messages::ShardMsg::ResetQuotas {
                 tenant,
                 floor_unix_ms,
                 reply,
@@ -608,7 +608,8 @@ impl Admin {
         let rebuilt = self
             .with_db(async |db| {
                 let drift = db.rebuild_counters().await?;
-                let why = spindle_node::counter_check::rebuild_reason(&request.reason, &drift);
+                let why =
+                    spindle_node_control::counter_check::rebuild_reason(&request.reason, &drift);
                 db.audit_action(actor, "counters", "rebuild", &why).await?;
                 Ok(drift)
             })
@@ -661,7 +662,7 @@ impl Admin {
         let mut found: Vec<Option<spindle_wire::Response>> = vec![None; tasks.len()];
         for inbox in &self.shards.inboxes {
             let (tx, rx) = tokio::sync::oneshot::channel();
-            let msg = spindle_node::shard::ShardMsg::AdminCancel {
+            let msg = spindle_node_base::messages::ShardMsg::AdminCancel {
                 tasks: tasks.clone(),
                 reply: tx,
             };
@@ -792,12 +793,12 @@ impl Admin {
             }
         };
         let config = &self.shards.config;
-        let mut per_shard = spindle_node::control::ShardRestores::per_shard(config.shards);
+        let mut per_shard = spindle_node_control::control::ShardRestores::per_shard(config.shards);
         let mut answers = Vec::with_capacity(outcomes.len());
         for (task, outcome) in tasks.iter().zip(outcomes) {
             let mut take_back = |q: &spindle_control::reconcile::QueuedTask, name| {
                 let to = &mut per_shard[config.shard_of(q.tenant.0)];
-                match spindle_node::control::restore_queued(q) {
+                match spindle_node_control::control::restore_queued(q) {
                     Ok(restore) => {
                         to.tasks.push(restore);
                         (name, Value::Null)
@@ -806,11 +807,12 @@ impl Admin {
                     // again, with the reason.
                     Err(e) => {
                         let reason = format!("{e:#}");
-                        to.unrestorable.push(spindle_node::control::Unrestorable {
-                            task: q.task,
-                            token: None,
-                            reason: reason.clone(),
-                        });
+                        to.unrestorable
+                            .push(spindle_node_control::control::Unrestorable {
+                                task: q.task,
+                                token: None,
+                                reason: reason.clone(),
+                            });
                         ("requeued_unreadable", json!(reason))
                     }
                 }
@@ -839,7 +841,7 @@ impl Admin {
         for (inbox, batch) in self.shards.inboxes.iter().zip(per_shard) {
             if !batch.is_empty()
                 && inbox
-                    .send(spindle_node::shard::ShardMsg::Restore(batch))
+                    .send(spindle_node_base::messages::ShardMsg::Restore(batch))
                     .await
                     .is_err()
             {

@@ -24,12 +24,17 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::sync::oneshot;
 
-use spindle_node::metrics::Metrics;
+use spindle_node_base::exposition::{Collect, Exposition};
 use spindle_node_base::limits::HEAD_BYTES_MAX;
 pub use spindle_node_base::limits::REPLAYS_MAX;
+use spindle_node_base::metrics::Metrics;
+
+/// The parts rendered on `/metrics` besides the counters, added as the wiring starts them (the
+/// media workers start after the port).
+pub type Collectors = Arc<Mutex<Vec<Arc<dyn Collect>>>>;
 
 /// Where provider callbacks go, once the provider thread runs.
-pub type CallbackSink = Arc<std::sync::OnceLock<Arc<spindle_node::dispatch::Dispatcher>>>;
+pub type CallbackSink = Arc<std::sync::OnceLock<Arc<spindle_node_workers::dispatch::Dispatcher>>>;
 
 /// The operator dashboard: one static page, its script and its style, that read `/metrics`
 /// (and, signed in with a viewer token, the audit log) and redraw every second. No build step,
@@ -58,6 +63,9 @@ const HTTP_BUSY: &[u8] =
 /// What the port answers with.
 pub struct Port {
     pub metrics: Arc<Metrics>,
+    /// The parts that write their own families for `/metrics` besides the node's counters
+    /// (the live policy's lanes, the media pool): rendered after them, grouped by family.
+    pub collectors: Collectors,
     pub sink: CallbackSink,
     pub admin: Option<Arc<crate::admin::Admin>>,
     /// The provider callbacks seen within their window (`Replays`).
@@ -167,7 +175,7 @@ pub async fn serve(
                 // Out of descriptors, say: this runtime is the control plane's, so the loop
                 // pauses rather than taking its thread from the pipelines.
                 tracing::warn!("http accept: {e}");
-                tokio::time::sleep(spindle_node::server::ACCEPT_ERROR_PAUSE).await;
+                tokio::time::sleep(spindle_node_base::limits::ACCEPT_ERROR_PAUSE).await;
                 continue;
             }
         };
@@ -315,7 +323,14 @@ async fn answer(port: &Port, route: Route, req: Request<Incoming>) -> Response<F
             format!("not ready: {}\n", metrics.not_ready_why()),
         ),
         Route::Metrics => {
-            let mut r = text(StatusCode::OK, metrics.render());
+            let collectors = port
+                .collectors
+                .lock()
+                .map(|c| c.clone())
+                .unwrap_or_default();
+            let mut parts: Vec<&dyn Collect> = vec![&**metrics];
+            parts.extend(collectors.iter().map(|c| &**c));
+            let mut r = text(StatusCode::OK, Exposition::collect(&parts).text);
             r.headers_mut().insert(
                 CONTENT_TYPE,
                 HeaderValue::from_static("text/plain; version=0.0.4"),

@@ -2,11 +2,16 @@
 //! each part of the node from it — PostgreSQL (embedded or not), the control plane's thread,
 //! the provider and media workers, one glommio executor per shard with its listeners, the HTTP
 //! port — hands each the channels and shared state it needs, and waits for the end. What each
-//! part does is in its own crate: `spindle-node-base` (configuration, policy), `spindle-node`
-//! (shards, control plane, workers), `spindle-node-http` (the HTTP port).
+//! part does is in its own crate: `spindle-node-base` (configuration, policy, shared state),
+//! `spindle-node-workers` (provider I/O, media), `spindle-node-control` (the control plane),
+//! `spindle-node-shard` (the shards), `spindle-node-http` (the HTTP port). Two process-wide
+//! things are the daemon's own: systemd's notifications and the CPU wake-up latency it holds.
 
-pub use spindle_node::config;
-pub use spindle_node::credential;
+pub use spindle_node_base::config;
+pub use spindle_node_base::credential;
+
+pub mod systemd;
+pub mod wake_latency;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -19,14 +24,15 @@ use anyhow::Context;
 use glommio::{LocalExecutorBuilder, Placement};
 use spindle_control::{DbConfig, EmbeddedOptions, EmbeddedPostgres};
 
-use spindle_node::config::Config;
-use spindle_node::server::ConnCtx;
-use spindle_node::shard::{ShardMsg, ShardSetup, ShardState, SHARD_QUEUE_MAX};
-use spindle_node::{
-    auth_guard, breaker, control, dispatch, health, live_policy, media, metrics, overload,
-    ownership, policy, runtime, server, shard, systemd, tls, wake_latency,
-};
+use spindle_node_base::config::Config;
+use spindle_node_base::messages::ShardMsg;
+use spindle_node_base::{auth_guard, health, metrics, overload, ownership, policy::policy};
+use spindle_node_control::{control, live_policy};
 use spindle_node_http::{admin, serve as http};
+use spindle_node_shard::server::ConnCtx;
+use spindle_node_shard::shard::{ShardSetup, ShardState, SHARD_QUEUE_MAX};
+use spindle_node_shard::{breaker, server, shard, tls};
+use spindle_node_workers::{dispatch, media, runtime};
 
 /// The embedded PostgreSQL, when the node runs one; stopped on the way out.
 static EMBEDDED: std::sync::Mutex<Option<EmbeddedPostgres>> = std::sync::Mutex::new(None);
@@ -58,10 +64,10 @@ fn run_node(config: Config) -> anyhow::Result<()> {
     let live = live_policy::LivePolicy::new(policy(&config));
     let db_config = postgres(&config)?;
     let metrics = metrics::Metrics::new(config.shards as usize);
-    let _ = metrics.live.set(live.clone());
     let ownership = Arc::new(ownership::Ownership::new(config.partitions));
     let channels = Channels::new(config.shards);
     let callbacks: http::CallbackSink = Default::default();
+    let collectors: http::Collectors = Arc::new(std::sync::Mutex::new(vec![live.clone()]));
     let (mut started, http_addr) = start_control_plane(ControlParts {
         config: config.clone(),
         db_config: db_config.clone(),
@@ -70,6 +76,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
         ownership: ownership.clone(),
         inboxes: channels.senders.clone(),
         callbacks: callbacks.clone(),
+        collectors: collectors.clone(),
         listeners: listeners
             .as_ref()
             .map(|l| (l.http.clone(), l.certificates.clone())),
@@ -86,6 +93,10 @@ fn run_node(config: Config) -> anyhow::Result<()> {
         &callbacks,
         callback_base,
     )?;
+    if let Some(pool) = &workers.media {
+        let mut parts = collectors.lock().unwrap_or_else(|p| p.into_inner());
+        parts.push(Arc::new(pool.clone()));
+    }
     let split = started
         .split
         .take()
@@ -217,6 +228,7 @@ struct ControlParts {
     ownership: Arc<ownership::Ownership>,
     inboxes: Vec<tokio::sync::mpsc::Sender<ShardMsg>>,
     callbacks: http::CallbackSink,
+    collectors: http::Collectors,
     /// The HTTP port's TLS and the certificate it presents (reloaded on this thread).
     listeners: Option<(Arc<rustls::ServerConfig>, Arc<tls::Certificates>)>,
 }
@@ -233,6 +245,7 @@ fn start_control_plane(parts: ControlParts) -> anyhow::Result<(control::Started,
         ownership,
         inboxes,
         callbacks,
+        collectors,
         listeners,
     } = parts;
     let admin = (!config.admin_tokens.is_empty()).then(|| {
@@ -268,6 +281,7 @@ fn start_control_plane(parts: ControlParts) -> anyhow::Result<(control::Started,
                 Arc::new(http::Port {
                     metrics: metrics.clone(),
                     sink: callbacks,
+                    collectors,
                     admin,
                     seen: Default::default(),
                 }),
@@ -341,7 +355,6 @@ fn start_workers(
             let pool =
                 media::MediaPool::start(m, &config.node_id, shards.to_vec(), provider_tls.clone())
                     .context("starting the media workers")?;
-            let _ = metrics.media.set(pool.clone());
             Some(pool)
         }
         None => None,

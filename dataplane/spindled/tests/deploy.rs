@@ -46,7 +46,8 @@ fn the_kubernetes_manifests_are_consistent_with_the_node() {
     let path = dir.path().join("spindled.toml");
     std::fs::write(&path, toml_text).unwrap();
     let config =
-        spindle_node::config::Config::load(&spindle_node::config::Args::file(path, None)).unwrap();
+        spindle_node_base::config::Config::load(&spindle_node_base::config::Args::file(path, None))
+            .unwrap();
 
     let spec = &ds["spec"];
     let labels = &spec["template"]["metadata"]["labels"];
@@ -150,7 +151,8 @@ fn the_systemd_unit_is_a_notify_unit_that_outlasts_the_drain() {
     assert_eq!(get("Type"), "notify");
     assert!(get("WatchdogSec").ends_with('s'));
     let stop: u64 = get("TimeoutStopSec").trim_end_matches('s').parse().unwrap();
-    let example = std::fs::read_to_string(repo("dataplane/node/spindled.example.toml")).unwrap();
+    let example =
+        std::fs::read_to_string(repo("dataplane/spindled/spindled.example.toml")).unwrap();
     let drain_ms: u64 = example
         .lines()
         .find_map(|l| l.strip_prefix("drain_ms = "))

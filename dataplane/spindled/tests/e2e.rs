@@ -803,7 +803,16 @@ async fn the_alert_rules_name_only_metrics_a_node_serves() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_nodes_metrics_pass_promtool() {
     let test = TestDb::new().await;
-    let config = common::config_scaled("0.001", "counter_check_s = 1");
+    // With media workers, so that their families (the media pool's own) are checked too.
+    let out = tempfile::tempdir().unwrap();
+    let config = common::NodeConfig::new()
+        .time_scale("0.001")
+        .set("counter_check_s", 1)
+        .section(&format!(
+            "[media]\nworkers = 1\noutput_dir = \"{}\"",
+            out.path().display()
+        ))
+        .toml();
     let daemon = common::start_with(&test, &config).await;
     let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
@@ -845,6 +854,13 @@ async fn a_live_nodes_metrics_pass_promtool() {
         metrics.lines().filter(|l| l.starts_with("# TYPE ")).count() > 60,
         "{metrics}"
     );
+    // The parts with families of their own: the live policy's lanes, the media pool's.
+    for family in ["spindle_lane_open", "spindle_media_engine_units"] {
+        assert!(
+            metrics.contains(&format!("# TYPE {family} gauge")),
+            "{family}: {metrics}"
+        );
+    }
 }
 
 /// The queues' ages, for the starvation alert: QUEUED tasks that wait behind busy slots are

@@ -22,10 +22,14 @@ const LAYERS: &[&[&str]] = &[
     // FFmpeg, on the GPU ledger.
     &["spindle-transcode"],
     // The node's floor: its configuration as plain data, the policy derived from it,
-    // credentials, routing. Nothing in it runs.
+    // credentials, routing, the messages between its parts and the state they share. Nothing
+    // in it runs.
     &["spindle-node-base"],
-    // The node's runtime: shards, the control plane's thread, provider and media workers.
-    &["spindle-node"],
+    // The node's threads that serve the shards: provider and media workers; the control
+    // plane's thread (PostgreSQL). Neither knows the other.
+    &["spindle-node-workers", "spindle-node-control"],
+    // The shards: they send to the control plane and the workers, never the reverse.
+    &["spindle-node-shard"],
     // The HTTP port, above what it serves.
     &["spindle-node-http"],
     // The daemon: wiring only.
@@ -156,15 +160,14 @@ fn the_layer_check_reports_what_breaks_it() {
 fn node_sources() -> Vec<std::path::PathBuf> {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let mut files = Vec::new();
-    let mut dirs: Vec<std::path::PathBuf> = [
-        "dataplane/node-base/src",
-        "dataplane/node/src",
-        "dataplane/node-http/src",
-        "dataplane/spindled/src",
-    ]
-    .iter()
-    .map(|d| root.join(d))
-    .collect();
+    // Every `dataplane/node*` crate, and the daemon.
+    let mut dirs: Vec<std::path::PathBuf> = std::fs::read_dir(root.join("dataplane"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("node") || name == "spindled")
+        .map(|name| root.join("dataplane").join(name).join("src"))
+        .collect();
+    assert!(dirs.len() >= 6, "{dirs:?}");
     while let Some(dir) = dirs.pop() {
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();

@@ -1,4 +1,4 @@
-//! The reconcilers a node schedules (`spindle_node::reconciler`), on real PostgreSQL with the
+//! The reconcilers a node schedules (`spindle_node_control::reconciler`), on real PostgreSQL with the
 //! node as a process: attempts nobody follows are followed again or requeued through the
 //! RECOVERY lane without a request to the node, a job whose answer was lost is found by its
 //! request key and never submitted twice, orphan jobs are canceled at the provider, cost drift
@@ -30,7 +30,7 @@ async fn plant_attempt(
 ) -> FencingToken {
     let db = test.open().await;
     let t = common::task(&format!("planted-{task}"));
-    let payload = serde_json::to_vec(&spindle_node::shard::StoredRequest {
+    let payload = serde_json::to_vec(&spindle_node_base::messages::StoredRequest {
         user: 1,
         spec: t.spec,
         band_hint: t.band_hint,
@@ -38,7 +38,7 @@ async fn plant_attempt(
         input: None,
     })
     .unwrap();
-    let partition = spindle_node::config::partition_of(tenant, PARTITIONS);
+    let partition = spindle_node_base::config::partition_of(tenant, PARTITIONS);
     db.submit_batch(
         &[NewTask {
             task: TaskId(task),
@@ -56,7 +56,7 @@ async fn plant_attempt(
     )
     .await
     .unwrap();
-    let pool = spindle_node::control::provider_pool(account);
+    let pool = spindle_node_control::control::provider_pool(account);
     let claim = ClaimRequest {
         task: TaskId(task),
         expected_version: 0,
@@ -286,8 +286,8 @@ async fn each_partitions_attempts_are_reconciled_by_its_owner_only() {
     let (m, admin) = mock::mock(100).await;
     // Tenants 1 and 2 land in different partitions (of 8), owned by different nodes.
     let (p1, p2) = (
-        spindle_node::config::partition_of(1, PARTITIONS),
-        spindle_node::config::partition_of(2, PARTITIONS),
+        spindle_node_base::config::partition_of(1, PARTITIONS),
+        spindle_node_base::config::partition_of(2, PARTITIONS),
     );
     assert_ne!(p1, p2);
     let node = |id: &str, owned: u32| {

@@ -107,7 +107,7 @@ async fn over_tls_tenants_are_served_on_their_shards_and_plain_clients_are_told(
     for shard in 0..2u32 {
         let owned = clients
             .iter()
-            .filter(|(t, _)| spindle_node::config::shard_of(*t, 8, 2) == shard as usize)
+            .filter(|(t, _)| spindle_node_base::config::shard_of(*t, 8, 2) == shard as usize)
             .count() as u64;
         let served = common::metric_sum(
             &metrics,
@@ -508,7 +508,7 @@ async fn a_renewed_certificate_is_served_without_a_restart() {
     // connects, across more than one reload. (Each check with a fresh client configuration: a
     // client resumes its earlier TLS sessions, which are not certificate checks.)
     let started = std::time::Instant::now();
-    while started.elapsed() < 2 * spindle_node::tls::RELOAD_EVERY {
+    while started.elapsed() < 2 * spindle_node_shard::tls::RELOAD_EVERY {
         Client::connect_with(
             &addr,
             TenantId(2),
@@ -525,7 +525,7 @@ async fn a_renewed_certificate_is_served_without_a_restart() {
     std::fs::rename(dir.join("node.key.new"), dir.join("node.key")).unwrap();
 
     let reached = common::poll_until(
-        3 * spindle_node::tls::RELOAD_EVERY,
+        3 * spindle_node_shard::tls::RELOAD_EVERY,
         async || {
             Client::connect_with(
                 &addr,
@@ -615,7 +615,7 @@ async fn past_the_connection_bound_a_tls_connection_is_told_why_at_a_bounded_rat
     let elapsed = started.elapsed().as_secs_f64();
     let told_why = outcomes.into_iter().map(&told).filter(|t| *t).count();
     let shards = 2.0;
-    let rate = spindle_node::server::TLS_REFUSALS_PER_S as f64;
+    let rate = spindle_node_shard::server::TLS_REFUSALS_PER_S as f64;
     let most = (shards * rate * (1.0 + elapsed)).ceil() as usize;
     assert!(told_why >= 1, "none of the flood told why");
     assert!(

@@ -418,7 +418,7 @@ fn demo(
         tenants_toml.push_str(&format!(
             "[[tenants]]\nid = {t}\ncredential = \"{}\"\nqueued_tasks_max = {DEMO_QUEUED_MAX}\n\n",
             // Kept as its SHA-256, as a configuration should keep it.
-            spindle_node::credential::hashed_for_config(&format!("demo-credential-{t}"))
+            spindle_node_base::credential::hashed_for_config(&format!("demo-credential-{t}"))
                 .map_err(|e| anyhow::anyhow!("demo credential: {e}"))?
         ));
         loads.push(TenantLoad {
@@ -433,7 +433,7 @@ fn demo(
         "node_id = \"demo\"\nlisten = \"127.0.0.1:0\"\nhttp_listen = \"127.0.0.1:0\"\npostgres = \"{}\"\nlocal_provider_time_scale = 0.01\n{budget}\n{tenants_toml}",
         pg.conninfo("postgres")
     );
-    let config: spindle_node::config::Config = toml_config(&config_text, &ready)?;
+    let config: spindle_node_base::config::Config = toml_config(&config_text, &ready)?;
     println!(
         "demo: PostgreSQL {} (PGPASSFILE={}) ; spindled with 10 tenants (tenant 1 sends {:.0}/s, nine others {quiet_rate}/s each) for {} s",
         pg.conninfo_public("postgres"),
@@ -473,7 +473,7 @@ struct Serving {
 /// Runs spindled in this process on a thread named `name`; its addresses once it serves.
 fn start_node(
     name: &str,
-    config: spindle_node::config::Config,
+    config: spindle_node_base::config::Config,
     ready: &std::path::Path,
 ) -> anyhow::Result<Serving> {
     let thread = name.to_string();
@@ -533,7 +533,7 @@ fn quiet_logs() {
 fn toml_config(
     text: &str,
     ready: &std::path::Path,
-) -> anyhow::Result<spindle_node::config::Config> {
+) -> anyhow::Result<spindle_node_base::config::Config> {
     toml_config_at(text, ready, "spindled.toml")
 }
 
@@ -543,11 +543,11 @@ fn toml_config_at(
     text: &str,
     ready: &std::path::Path,
     file: &str,
-) -> anyhow::Result<spindle_node::config::Config> {
+) -> anyhow::Result<spindle_node_base::config::Config> {
     let path = ready.with_file_name(file);
     std::fs::write(&path, text)?;
-    let args = spindle_node::config::Args::file(path, Some(ready.to_path_buf()));
-    spindle_node::config::Config::load(&args)
+    let args = spindle_node_base::config::Args::file(path, Some(ready.to_path_buf()));
+    spindle_node_base::config::Config::load(&args)
 }
 
 fn tempfile_dir() -> anyhow::Result<PathBuf> {

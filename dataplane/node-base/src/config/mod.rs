@@ -136,7 +136,7 @@ pub struct Config {
     /// ahead of it for its claims and reports, twice this) before the node refuses it at once,
     /// `REJECT_PLATFORM_OVERLOADED` with a `retry_after_ms` hint, instead of queueing it. The
     /// tenants sending the most for their weight are refused first, from an eighth of it,
-    /// and the quietest only past twice it (`spindle_node::overload`). 0: never refused for the
+    /// and the quietest only past twice it (`spindle_node_base::overload`). 0: never refused for the
     /// durable path's load.
     #[serde(default = "default_ack_budget_ms")]
     pub ack_budget_ms: u32,
@@ -216,7 +216,7 @@ pub struct Config {
     #[serde(default = "default_idle_spin_us")]
     pub idle_spin_us: u64,
     /// Microseconds within which an idle CPU must be able to run again, asked of the kernel for
-    /// as long as the node runs (Linux PM QoS: `spindle_node::wake_latency`). Unset: not asked. 0
+    /// as long as the node runs (Linux PM QoS: `spindled::wake_latency`). Unset: not asked. 0
     /// keeps idle CPUs polling — on a virtual machine whose idle CPUs halt, each wake-up of a
     /// commit's path otherwise goes through the hypervisor.
     #[serde(default)]
@@ -264,7 +264,7 @@ pub struct Config {
     /// counted, for an admin's `spindlectl rebuild-counters`.
     #[serde(default = "default_counter_repair")]
     pub counter_repair: bool,
-    /// The reconcilers' periods and bounds (`spindle_node::reconciler`): lapsed and stuck attempts,
+    /// The reconcilers' periods and bounds (`spindle_node_control::reconciler`): lapsed and stuck attempts,
     /// orphan provider jobs, provider cost drift, starving tasks.
     #[serde(default)]
     pub reconcile: ReconcileConfig,
@@ -294,7 +294,7 @@ pub struct Config {
     #[serde(default)]
     pub tenants: Vec<TenantConfig>,
     /// The tenant breaker: a tenant whose requests are refused faster than this for longer
-    /// than its burst is suspended for a cooldown (`spindle_node::breaker`).
+    /// than its burst is suspended for a cooldown (`spindle_node_shard::breaker`).
     #[serde(default)]
     pub breaker: BreakerConfig,
     /// TLS on the client protocol's port and the HTTP port, with this certificate and key;
@@ -951,7 +951,7 @@ mod tests {
 
     fn load(file: &str) -> anyhow::Result<Config> {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../node")
+            .join("../spindled")
             .join(file);
         Config::load(&Args::file(path, None))
     }
@@ -967,7 +967,7 @@ mod tests {
     /// The example's commented-out sections are valid too, once uncommented.
     #[test]
     fn the_examples_optional_sections_load() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../node");
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../spindled");
         let text = std::fs::read_to_string(dir.join("spindled.example.toml")).unwrap();
         let uncommented: String = text
             .lines()

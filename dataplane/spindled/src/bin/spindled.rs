@@ -1,7 +1,7 @@
 //! `spindled`: see the crate docs and `spindled.example.toml`.
 
 use clap::Parser;
-use spindle_node::config::{Args, Config};
+use spindle_node_base::config::{Args, Config};
 
 // The shards' tables are large vectors read at random: on huge pages (see `spindle-alloc`).
 #[global_allocator]
@@ -22,7 +22,7 @@ fn main() -> anyhow::Result<()> {
         std::io::stdin().read_line(&mut secret)?;
         let secret = secret.strip_suffix('\n').unwrap_or(&secret);
         let secret = secret.strip_suffix('\r').unwrap_or(secret);
-        match spindle_node::credential::hashed_for_config(secret) {
+        match spindle_node_base::credential::hashed_for_config(secret) {
             Ok(line) => {
                 println!("{line}");
                 return Ok(());

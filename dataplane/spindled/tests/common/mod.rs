@@ -389,7 +389,7 @@ pub const ADMIN_TOKEN: &str = "admin-token-0123456789";
 /// `[[admin_tokens]]` for a viewer (vera), an operator (otto) and an admin (ada), to append to a
 /// node configuration. The admin's is written as its SHA-256, as an operator would keep it.
 pub fn admin_tokens() -> String {
-    let hashed = spindle_node::credential::hashed_for_config(ADMIN_TOKEN).unwrap();
+    let hashed = spindle_node_base::credential::hashed_for_config(ADMIN_TOKEN).unwrap();
     [
         ("vera", VIEWER_TOKEN, "viewer"),
         ("otto", OPERATOR_TOKEN, "operator"),
