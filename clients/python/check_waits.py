@@ -1,7 +1,9 @@
 """Reads the wait a node tells through the Python client, and checks it against the queue:
 in a steady lane (a standing queue, every provider slot busy), a batch's tasks are told when
 each will start — on the admission, and again on a read while they wait — and the deepest one
-starts within a tenth of both. Prints one line per check; exits non-zero on any surprise.
+starts within a quarter of both (what a loaded machine keeps with jobs of a second; see
+provider::the_expected_start_on_the_wire_is_within_a_quarter_of_the_actual_start). Prints one
+line per check; exits non-zero on any surprise.
 
     python3 clients/python/check_waits.py HOST PORT TENANT CREDENTIAL
 """
@@ -53,7 +55,7 @@ def main():
     now = time.monotonic()
     for (said, since) in ((told[-1], answered), (told_when_asked, asked)):
         actual_ms = (now - since) * 1000.0
-        assert abs(said - actual_ms) <= actual_ms / 10, f"told {said} ms, started after {actual_ms:.0f} ms"
+        assert abs(said - actual_ms) <= actual_ms / 4, f"told {said} ms, started after {actual_ms:.0f} ms"
     print("started as told")
 
 

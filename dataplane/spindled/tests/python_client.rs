@@ -248,12 +248,12 @@ async fn the_python_cluster_client_fails_over_when_its_node_dies() {
 
 /// The wait a node tells, read through the Python client and checked against the queue
 /// (`check_waits.py`): the same steady lane as `provider::the_expected_start_on_the_wire_…` —
-/// eight provider slots of the mock always busy with 400 ms jobs — and the deepest task of a
-/// batch starts within a tenth of what its admission and a read while it waited said.
+/// eight provider slots of the mock always busy with jobs of a second — and the deepest task of
+/// a batch starts within a quarter of what its admission and a read while it waited said.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_client_reads_an_expected_start_that_holds() {
     let test = TestDb::new().await;
-    let (m, _admin) = common::mock::mock(400).await;
+    let (m, _admin) = common::mock::mock(1_000).await;
     let config = common::mock::node_config("python-waits", &m, "").replace(
         "retry_backoff_max_ms = 200\n",
         "retry_backoff_max_ms = 200\ncost_calibration_samples = 0\n",
