@@ -84,9 +84,10 @@ async fn a_stalled_store_is_met_with_fast_refusals_and_acceptance_resumes_by_its
         metric_sum(&metrics, "spindle_overload_refused_total") > 0,
         "counted"
     );
-    // The Python client reads the refusal and its hint alike.
-    let line = python(daemon.addr, "refused", "py-refused");
-    assert!(line.starts_with("refused, retry after "), "{line}");
+    // The Python SDK reads the refusal and its hint alike, blocking and on asyncio.
+    let lines = python(daemon.addr, "refused", "py-refused");
+    assert!(lines[0].starts_with("blocking: refused, retry after "), "{lines:?}");
+    assert!(lines[1].starts_with("asyncio: refused, retry after "), "{lines:?}");
 
     // The store recovers: what was admitted is acknowledged as accepted — never refused
     // afterwards — and runs.
@@ -116,20 +117,17 @@ async fn a_stalled_store_is_met_with_fast_refusals_and_acceptance_resumes_by_its
     .await;
     assert!(accepted.decision.is_accepted(), "30 s: {accepted:?}");
     wait_for(&client, accepted.task, TaskState::Succeeded).await;
-    // The Python client's submit that honours the hint gets its task in.
-    let line = python(daemon.addr, "retrying", "py-retried");
-    assert!(line.starts_with("accepted task "), "{line}");
+    // The Python SDK's submit that honours the hint gets its task in (both clients).
+    let lines = python(daemon.addr, "retrying", "py-retried");
+    assert!(lines[0].starts_with("blocking: accepted task "), "{lines:?}");
+    assert!(lines[1].starts_with("asyncio: accepted task "), "{lines:?}");
 }
 
-/// `clients/python/check_overload.py` against `addr` as tenant 1 in `mode` with `key`: its
-/// line, after asserting that it succeeded.
-fn python(addr: std::net::SocketAddr, mode: &str, key: &str) -> String {
-    let script = format!(
-        "{}/../../clients/python/check_overload.py",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let out = std::process::Command::new("python3")
-        .arg(script)
+/// `clients/python/tests/check_overload.py`, run by the installed SDK, against `addr` as
+/// tenant 1 in `mode` with `key`: its two lines (blocking, asyncio), after asserting that it
+/// succeeded.
+fn python(addr: std::net::SocketAddr, mode: &str, key: &str) -> Vec<String> {
+    let out = common::python::script("check_overload.py")
         .args([
             &addr.ip().to_string(),
             &addr.port().to_string(),
@@ -138,9 +136,11 @@ fn python(addr: std::net::SocketAddr, mode: &str, key: &str) -> String {
         ])
         .args([mode, key])
         .output()
-        .expect("python3 runs (the test command installs the flatbuffers runtime)");
+        .expect("the SDK's python runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}{stderr}");
-    stdout.trim().to_string()
+    let lines: Vec<String> = stdout.lines().map(str::to_string).collect();
+    assert_eq!(lines.len(), 2, "{stdout}{stderr}");
+    lines
 }

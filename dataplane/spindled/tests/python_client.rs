@@ -13,28 +13,23 @@ use std::time::Duration;
 use common::{start, start_with};
 use spindle_control::testing::TestDb;
 
-/// `clients/python/check_client.py` against `addr` as tenant 1 with `extra` arguments: its
-/// lines, after asserting that it succeeded.
+/// `clients/python/tests/check_client.py` against `addr` as tenant 1 with `extra` arguments:
+/// its lines, after asserting that it succeeded.
 fn check_client(addr: SocketAddr, extra: &[&str]) -> Vec<String> {
     python("check_client.py", addr, extra)
 }
 
-/// `clients/python/SCRIPT` against `addr` as tenant 1 with `extra` arguments: its lines, after
-/// asserting that it succeeded.
+/// `clients/python/tests/SCRIPT`, run by the installed SDK, against `addr` as tenant 1 with
+/// `extra` arguments: its lines, after asserting that it succeeded.
 fn python(script: &str, addr: SocketAddr, extra: &[&str]) -> Vec<String> {
-    let script = format!(
-        "{}/../../clients/python/{script}",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let out = Command::new("python3")
-        .arg(script)
+    let out = common::python::script(script)
         .arg(addr.ip().to_string())
         .arg(addr.port().to_string())
         .arg("1")
         .arg("tenant-1-credential")
         .args(extra)
         .output()
-        .expect("python3 runs (the test command installs the flatbuffers runtime)");
+        .expect("the SDK's python runs");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -114,12 +109,7 @@ async fn the_python_client_speaks_tls_to_a_node_whose_port_does() {
     assert_eq!(lines.first().map(String::as_str), Some("served by node-a"));
     assert_checked(&lines[1..]);
     // Without TLS the node says so, and the client raises it.
-    let script = format!(
-        "{}/../../clients/python/check_client.py",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    let out = Command::new("python3")
-        .arg(script)
+    let out = common::python::script("check_client.py")
         .arg(daemon.addr.ip().to_string())
         .arg(daemon.addr.port().to_string())
         .args(["1", "tenant-1-credential"])
@@ -165,6 +155,30 @@ async fn the_python_client_follows_a_tasks_events_to_its_end() {
     assert_eq!(lines[3], "error EventsNotRead");
 }
 
+/// The SDK's asyncio client (`check_async.py`): twenty submits awaited at once on one
+/// connection each get their own answer, a batch's replay is the first task, a task is
+/// followed by its events to Succeeded, refusals raise their codes, and an unread event past
+/// the client's bound closes the connection with EventsNotRead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_asyncio_client_pipelines_follows_and_is_refused() {
+    let test = TestDb::new().await;
+    // Tasks run ~1 s at the local provider: the followed one is live when it is subscribed.
+    let daemon = start_with(&test, &common::config_scaled("0.05", "")).await;
+    let lines = python("check_async.py", daemon.addr, &[]);
+    assert_eq!(
+        lines,
+        [
+            "pipelined 20 submits",
+            "batch of 3, replays 1",
+            "followed to Succeeded",
+            "status Succeeded with a result",
+            "error NotFound",
+            "error NotFound",
+            "error EventsNotRead",
+        ]
+    );
+}
+
 /// Two nodes on one PostgreSQL, leases of 1.5 s: the Python cluster client (seeds A and B) is
 /// served by A, A is killed (-9), and its next submit is accepted by B once B holds the
 /// partition; the submit from before the kill, sent again, is a replay of the same task, both
@@ -180,12 +194,7 @@ async fn the_python_cluster_client_fails_over_when_its_node_dies() {
     };
     let mut a = start_with(&test, &config("node-a")).await;
     let b = start_with(&test, &config("node-b")).await;
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../clients/python/check_failover.py"
-    );
-    let mut child = Command::new("python3")
-        .arg(script)
+    let mut child = common::python::script("check_failover.py")
         .args([
             "1",
             "tenant-1-credential",
@@ -196,7 +205,7 @@ async fn the_python_cluster_client_fails_over_when_its_node_dies() {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("python3 runs");
+        .expect("the SDK's python runs");
     // Its lines arrive on a channel, so that every wait for one is bounded.
     let (lines_tx, mut lines) = tokio::sync::mpsc::unbounded_channel();
     let stdout = child.stdout.take().unwrap();
@@ -264,4 +273,74 @@ async fn the_python_client_reads_an_expected_start_that_holds() {
         .await
         .unwrap();
     assert_eq!(lines, ["steady", "told on the wire", "started as told"]);
+}
+
+/// The README's quickstart, as a new user runs it: its three lines (a node with the example
+/// configuration on its embedded PostgreSQL, `pip install clients/python` into a virtualenv,
+/// the example script), from the repository's root, with one change — the node is this test
+/// build's spindled, not a release build compiled on the spot. The script's task is accepted,
+/// followed through its states and ends Succeeded with its result printed.
+#[test]
+fn the_readmes_quickstart_runs() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let section = readme
+        .split("## Quickstart")
+        .nth(1)
+        .expect("README.md has a Quickstart section");
+    let block = section
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("the quickstart has a sh block");
+    let lines: Vec<&str> = block.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 3, "{block}");
+    let node = lines[0]
+        .strip_prefix("cargo run --release -p spindled --bin spindled -- ")
+        .and_then(|l| l.strip_suffix(" &"))
+        .unwrap_or_else(|| panic!("the first line starts the node in the background: {}", lines[0]));
+    let dir = tempfile::tempdir().unwrap();
+    let log = std::fs::File::create(dir.path().join("spindled.log")).unwrap();
+    let mut spindled = Command::new(env!("CARGO_BIN_EXE_spindled"))
+        .args(node.split_whitespace())
+        .current_dir(&root)
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let shell = |line: &str| {
+        Command::new("sh")
+            .args(["-c", line])
+            .current_dir(&root)
+            .output()
+            .unwrap()
+    };
+    let installed = shell(lines[1]);
+    let ran = installed.status.success().then(|| shell(lines[2]));
+    // The node stops on SIGTERM, and its embedded PostgreSQL with it.
+    let _ = Command::new("kill")
+        .args(["-TERM", &spindled.id().to_string()])
+        .status();
+    let _ = spindled.wait();
+    let node_log = std::fs::read_to_string(dir.path().join("spindled.log")).unwrap_or_default();
+    assert!(
+        installed.status.success(),
+        "{}: {}",
+        lines[1],
+        String::from_utf8_lossy(&installed.stderr)
+    );
+    let ran = ran.unwrap();
+    let out = String::from_utf8_lossy(&ran.stdout);
+    assert!(
+        ran.status.success(),
+        "{}: {out}{}\nnode: {node_log}",
+        lines[2],
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    let printed: Vec<&str> = out.lines().collect();
+    assert!(printed[0].contains(" accepted, expected to start in "), "{out}");
+    assert!(
+        printed.last().unwrap().starts_with("Succeeded: {"),
+        "the result is printed: {out}"
+    );
 }

@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod mock;
+pub mod python;
 
 pub use config::NodeConfig;
 

@@ -1,7 +1,7 @@
 """Drives a running spindled through the Python client: submit, read status until the task
 has run, and receive an error. Prints one line per step; exits non-zero on any surprise.
 
-    python3 clients/python/check_client.py HOST PORT TENANT CREDENTIAL [--cluster] [--tls-ca FILE
+    python3 clients/python/tests/check_client.py HOST PORT TENANT CREDENTIAL [--cluster] [--tls-ca FILE
         [--tls-cert FILE --tls-key FILE]]
 
 With --cluster, HOST:PORT may be any node of a cluster: the client connects through it

@@ -48,7 +48,7 @@ class SubmitTask(object):
         o = flatbuffers.number_types.UOffsetTFlags.py_type(self._tab.Offset(8))
         if o != 0:
             x = self._tab.Indirect(o + self._tab.Pos)
-            from spindle.wire.TaskSpec import TaskSpec
+            from spindle_client._wire.TaskSpec import TaskSpec
             obj = TaskSpec()
             obj.Init(self._tab.Bytes, x)
             return obj

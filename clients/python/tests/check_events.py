@@ -2,12 +2,11 @@
 the task ends, and is refused a subscription to a task that is not live. Prints one line per
 step; exits non-zero on any surprise.
 
-    python3 clients/python/check_events.py HOST PORT TENANT CREDENTIAL
+    python3 clients/python/tests/check_events.py HOST PORT TENANT CREDENTIAL
 """
 
 import sys
 
-import spindle_client
 from spindle_client import TERMINAL_STATES, Client, SpindleError
 
 
@@ -41,8 +40,8 @@ def main():
     client.close()
     # Events nobody reads are held only up to EVENTS_MAX (here none): then the connection is
     # closed with EventsNotRead rather than growing without bound.
-    spindle_client.EVENTS_MAX = 0
     unread = Client.connect(host, port, tenant, credential)
+    unread.events_max = 0
     late = unread.submit("python-unread", user=1, model=0, width=1280, height=720,
                          duration_ms=5000, fps=24)["task_id"]
     try:

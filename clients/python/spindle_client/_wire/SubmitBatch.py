@@ -35,7 +35,7 @@ class SubmitBatch(object):
             x = self._tab.Vector(o)
             x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
             x = self._tab.Indirect(x)
-            from spindle.wire.SubmitTask import SubmitTask
+            from spindle_client._wire.SubmitTask import SubmitTask
             obj = SubmitTask()
             obj.Init(self._tab.Bytes, x)
             return obj

@@ -5,7 +5,7 @@ does — sends the first submit again (a replay of the same task), reads the sec
 has run, and receives the watched task's end across the failover. Prints one line per
 step; exits non-zero on any surprise.
 
-    python3 clients/python/check_failover.py TENANT CREDENTIAL SEED [SEED...]
+    python3 clients/python/tests/check_failover.py TENANT CREDENTIAL SEED [SEED...]
 """
 
 import sys

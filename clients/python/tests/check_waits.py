@@ -5,7 +5,7 @@ starts within a quarter of both (what a loaded machine keeps with jobs of a seco
 provider::the_expected_start_on_the_wire_is_within_a_quarter_of_the_actual_start). Prints one
 line per check; exits non-zero on any surprise.
 
-    python3 clients/python/check_waits.py HOST PORT TENANT CREDENTIAL
+    python3 clients/python/tests/check_waits.py HOST PORT TENANT CREDENTIAL
 """
 
 import sys

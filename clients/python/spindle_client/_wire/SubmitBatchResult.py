@@ -35,7 +35,7 @@ class SubmitBatchResult(object):
             x = self._tab.Vector(o)
             x += flatbuffers.number_types.UOffsetTFlags.py_type(j) * 4
             x = self._tab.Indirect(x)
-            from spindle.wire.Admission import Admission
+            from spindle_client._wire.Admission import Admission
             obj = Admission()
             obj.Init(self._tab.Bytes, x)
             return obj
