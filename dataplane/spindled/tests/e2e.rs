@@ -338,26 +338,13 @@ async fn batches_across_task_id_blocks_all_complete() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lone_tenant_gets_the_whole_provider_not_its_shards_half() {
     let test = TestDb::new().await;
-    let config = r#"
-node_id = "test-node"
-listen = "127.0.0.1:0"
-http_listen = "127.0.0.1:0"
-shards = 2
-partitions = 8
-provider_concurrency = 4
-lane_capacity_units = 100000
-# Long enough that the tasks are still running when the test looks.
-local_provider_time_scale = 10.0
-
-[[tenants]]
-id = 1
-credential = "tenant-1-credential"
-
-[[tenants]]
-id = 2
-credential = "tenant-2-credential"
-"#;
-    let daemon = common::start_with(&test, config).await;
+    let config = common::NodeConfig::new()
+        .set("provider_concurrency", 4)
+        .set("lane_capacity_units", 100_000)
+        // Long enough that the tasks are still running when the test looks.
+        .time_scale("10.0")
+        .toml();
+    let daemon = common::start_with(&test, &config).await;
     let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();
@@ -409,20 +396,11 @@ credential = "tenant-2-credential"
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_over_its_submit_rate_is_rejected_at_admission() {
     let test = TestDb::new().await;
-    let config = r#"
-node_id = "test-node"
-listen = "127.0.0.1:0"
-http_listen = "127.0.0.1:0"
-shards = 2
-partitions = 8
-local_provider_time_scale = 0.0001
-
-[[tenants]]
-id = 1
-credential = "tenant-1-credential"
-submit_per_minute = 60
-"#;
-    let daemon = common::start_with(&test, config).await;
+    let config = common::NodeConfig::new()
+        .tenants([1])
+        .tenant_lines(1, "submit_per_minute = 60")
+        .toml();
+    let daemon = common::start_with(&test, &config).await;
     let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
         .unwrap();

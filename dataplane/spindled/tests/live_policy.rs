@@ -12,14 +12,8 @@ use spindle_client::Client;
 use spindle_control::testing::TestDb;
 use spindle_core::{Decision, TaskState, TenantId};
 
-const CONFIG: &str = r#"
-node_id = "policy-node"
-listen = "127.0.0.1:0"
-http_listen = "127.0.0.1:0"
-shards = 2
-partitions = 8
-local_provider_time_scale = 0.0001
-
+/// An operator and an admin token.
+const ADMIN_TOKENS: &str = r#"
 [[admin_tokens]]
 name = "otto"
 token = "operator-token-0123456789"
@@ -29,11 +23,18 @@ role = "operator"
 name = "ada"
 token = "admin-token-0123456789"
 role = "admin"
-
-[[tenants]]
-id = 1
-credential = "tenant-1-credential"
 "#;
+
+fn node() -> common::NodeConfig {
+    common::NodeConfig::new()
+        .node_id("policy-node")
+        .tenants([1])
+        .section(ADMIN_TOKENS)
+}
+
+fn config() -> String {
+    node().toml()
+}
 
 const PROVIDER: &str = "vendor-0:acct-1:us:video-model-0";
 
@@ -104,7 +105,7 @@ async fn within(what: &str, f: impl AsyncFnMut() -> bool) -> Duration {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lanes_providers_and_models_change_on_a_running_node() {
     let test = TestDb::new().await;
-    let daemon = start_with(&test, CONFIG).await;
+    let daemon = start_with(&test, &config()).await;
     let http = daemon.http;
     let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
@@ -310,7 +311,7 @@ async fn lanes_providers_and_models_change_on_a_running_node() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_provider_account_and_a_model_added_while_running_take_work() {
     let test = TestDb::new().await;
-    let daemon = start_with(&test, CONFIG).await;
+    let daemon = start_with(&test, &config()).await;
     let http = daemon.http;
     let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
@@ -439,7 +440,7 @@ async fn a_provider_account_and_a_model_added_while_running_take_work() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_suspended_tenant_takes_no_work_and_starts_none_until_it_is_resumed() {
     let test = TestDb::new().await;
-    let daemon = start_with(&test, CONFIG).await;
+    let daemon = start_with(&test, &config()).await;
     let http = daemon.http;
     let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
@@ -544,16 +545,11 @@ async fn a_suspended_tenant_takes_no_work_and_starts_none_until_it_is_resumed() 
 async fn each_tenants_user_limits_bind_per_user_and_change_live() {
     let test = TestDb::new().await;
     // Long tasks: a running one holds its user's running slot for the length of the test.
-    let config = CONFIG
-        .replace(
-            "local_provider_time_scale = 0.0001",
-            "local_provider_time_scale = 10.0",
-        )
-        .replace(
-            "credential = \"tenant-1-credential\"\n",
-            "credential = \"tenant-1-credential\"\n\n[tenants.user]\nsubmit_per_minute = 60\n\
-             running_tasks_max = 1\n\n[[tenants]]\nid = 2\ncredential = \"tenant-2-credential\"\n",
-        );
+    let config = node()
+        .time_scale("10.0")
+        .tenants([1, 2])
+        .tenant_lines(1, "[tenants.user]\nsubmit_per_minute = 60\nrunning_tasks_max = 1")
+        .toml();
     let daemon = start_with(&test, &config).await;
     let http = daemon.http;
     let (one, two) = common::both_tenants(&daemon).await;

@@ -24,33 +24,24 @@ async fn media_node(test: &TestDb, m: &MockProvider, out: &std::path::Path, medi
 /// The media tests' node configuration: the mock at `m`, renditions into `out`, `media` in
 /// its `[media]` section; tenant 1's section last.
 fn media_config(m: &MockProvider, out: &std::path::Path, media: &str) -> String {
-    format!(
-        r#"
-node_id = "media-node"
-listen = "127.0.0.1:0"
-http_listen = "127.0.0.1:0"
-shards = 2
-partitions = 8
-provider_concurrency = 4
-lane_capacity_units = 100000
+    media_node(m, out, media).toml()
+}
 
-[provider]
-url = "{}"
-secret = "{SECRET}"
-poll_ms = [100, 200]
-
-[media]
-workers = 1
-output_dir = "{}"
-{media}
-
-[[tenants]]
-id = 1
-credential = "tenant-1-credential"
-"#,
-        m.base_url(),
-        out.display()
-    )
+/// [`media_config`] as a builder.
+fn media_node(m: &MockProvider, out: &std::path::Path, media: &str) -> common::NodeConfig {
+    common::NodeConfig::new()
+        .node_id("media-node")
+        .tenants([1])
+        .set("provider_concurrency", 4)
+        .set("lane_capacity_units", 100_000)
+        .section(&format!(
+            "[provider]\nurl = \"{}\"\nsecret = \"{SECRET}\"\npoll_ms = [100, 200]",
+            m.base_url()
+        ))
+        .section(&format!(
+            "[media]\nworkers = 1\noutput_dir = \"{}\"\n{media}",
+            out.display()
+        ))
 }
 
 /// The rendition files each task's result names (`outputs`), as its client reads them.
@@ -315,12 +306,14 @@ async fn a_task_charged_as_probed_counts_that_in_its_quotas() {
     let m = MockProvider::serve(listener, cheap);
     let admin = m.client(Duration::from_secs(5));
     let media = "renditions = [240]\ndeclaration = \"correct\"";
-    let config = media_config(&m, &dir.path().join("out"), media).replace(
-        "partitions = 8\n",
-        "partitions = 8\nretention_finished_s = 3000000\n",
-    )
-        + "[[tenants.quotas]]\nscope = \"tenant\"\nperiod = \"month\"\ncost_milli = 100000000\n"
-        + &common::admin_tokens();
+    let config = media_node(&m, &dir.path().join("out"), media)
+        .set("retention_finished_s", 3_000_000)
+        .tenant_lines(
+            1,
+            "[[tenants.quotas]]\nscope = \"tenant\"\nperiod = \"month\"\ncost_milli = 100000000",
+        )
+        .section(&common::admin_tokens())
+        .toml();
     let daemon = start_with(&test, &config).await;
     let (ids, states) = run(&daemon, &test, "probed", 1).await;
     assert_eq!(states, ["SUCCEEDED"]);

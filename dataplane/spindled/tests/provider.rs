@@ -27,12 +27,12 @@ async fn node_named(test: &TestDb, provider: &MockProvider, id: &str) -> Daemon 
 /// after 1.5 s) give up after 1 s, leaving a second of doubt to act in; `provider_extra` as in
 /// `node_config`.
 async fn doubting_node(test: &TestDb, m: &MockProvider, provider_extra: &str) -> Daemon {
-    let config = node_config("provider-node", m, provider_extra);
-    start_with(
-        test,
-        &config.replace("timeout_ms = 400", "timeout_ms = 1000"),
-    )
-    .await
+    let config = node_config(
+        "provider-node",
+        m,
+        &format!("timeout_ms = 1000\n{provider_extra}"),
+    );
+    start_with(test, &config).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -162,11 +162,9 @@ async fn a_tasks_input_and_model_reach_the_provider_as_the_client_sent_them() {
 /// A node of 1 MiB for inputs (two shards: one shard holds 32 of [`big_inputs`]), a client of
 /// tenant 1, and the node's configuration.
 async fn inputs_node(test: &TestDb, m: &MockProvider) -> (Daemon, Client, String) {
-    let config = node_config("provider-node", m, "").replacen(
-        "shards = 2",
-        "shards = 2\ntask_inputs_mb = 1",
-        1,
-    );
+    let config = common::mock::node("provider-node", m, "")
+        .set("task_inputs_mb", 1)
+        .toml();
     let daemon = start_with(test, &config).await;
     let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
@@ -656,12 +654,8 @@ async fn a_job_stuck_at_the_provider_is_canceled_after_its_polls_and_fails_with_
     let test = TestDb::new().await;
     let (m, admin) = mock(600_000).await;
     set_fault(&admin, Fault::LostCallback).await;
-    let config = node_config("stuck-node", &m, "polls_max = 5");
-    let daemon = start_with(
-        &test,
-        &config.replace("poll_ms = [100, 200]", "poll_ms = [20]"),
-    )
-    .await;
+    let config = node_config("stuck-node", &m, "polls_max = 5\npoll_ms = [20]");
+    let daemon = start_with(&test, &config).await;
     let (ids, states) = run(&daemon, &test, "stuck", 2).await;
     assert_eq!(states, ["FAILED", "FAILED"]);
     let sql = test.sql().await.unwrap();
@@ -1266,11 +1260,9 @@ async fn a_failing_provider_opens_its_circuit_and_work_fails_over_to_a_compatibl
 async fn estimates_follow_what_the_provider_really_charges() {
     let test = TestDb::new().await;
     let (m, _) = mock(10).await;
-    let config = node_config("calibrating-node", &m, "").replacen(
-        "shards = 2\n",
-        "shards = 2\ncost_calibration_samples = 4\n",
-        1,
-    );
+    let config = common::mock::node("calibrating-node", &m, "")
+        .set("cost_calibration_samples", 4)
+        .toml();
     let daemon = start_with(&test, &config).await;
     let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await
@@ -1302,9 +1294,10 @@ async fn estimates_follow_what_the_provider_really_charges() {
 /// flush stall or a starved thread holds them).
 async fn stalled_at_full_rate(test: &TestDb, prefix: &str, n: usize) -> Stalled {
     let (m, admin) = mock_of(10, "64:600", None).await;
-    let config = node_config(&format!("{prefix}-node"), &m, "")
-        .replace("provider_concurrency = 4", "provider_concurrency = 64")
-        .replace("provider_rpm = 6000", "provider_rpm = 600");
+    let config = common::mock::node(&format!("{prefix}-node"), &m, "")
+        .set("provider_concurrency", 64)
+        .set("provider_rpm", 600)
+        .toml();
     let daemon = start_with(test, &config).await;
     let ids = submit(&daemon, prefix, n).await;
     tokio::time::sleep(Duration::from_millis(1_500)).await;
@@ -1463,10 +1456,9 @@ async fn the_expected_start_on_the_wire_is_within_a_quarter_of_the_actual_start(
     let (m, _admin) = mock(1_000).await;
     // Every task priced alike throughout (a calibration would price the later ones at what
     // the provider reports, not what the earlier ones were counted at).
-    let config = node_config("provider-node", &m, "").replace(
-        "retry_backoff_max_ms = 200\n",
-        "retry_backoff_max_ms = 200\ncost_calibration_samples = 0\n",
-    );
+    let config = common::mock::node("provider-node", &m, "")
+        .set("cost_calibration_samples", 0)
+        .toml();
     let daemon = start_with(&test, &config).await;
     let client = Client::connect(daemon.addr, TenantId(1), "tenant-1-credential")
         .await

@@ -263,10 +263,9 @@ async fn the_python_cluster_client_fails_over_when_its_node_dies() {
 async fn the_python_client_reads_an_expected_start_that_holds() {
     let test = TestDb::new().await;
     let (m, _admin) = common::mock::mock(1_000).await;
-    let config = common::mock::node_config("python-waits", &m, "").replace(
-        "retry_backoff_max_ms = 200\n",
-        "retry_backoff_max_ms = 200\ncost_calibration_samples = 0\n",
-    );
+    let config = common::mock::node("python-waits", &m, "")
+        .set("cost_calibration_samples", 0)
+        .toml();
     let daemon = start_with(&test, &config).await;
     let addr = daemon.addr;
     let lines = tokio::task::spawn_blocking(move || python("check_waits.py", addr, &[]))

@@ -15,27 +15,12 @@ use spindle_wire::ErrorCode;
 /// A node whose tenant 1 has `quotas` (TOML of `[[tenants.quotas]]` tables), with short leases
 /// (a takeover is quick) and ended tasks kept long enough for a month's quota.
 fn config(node: &str, quotas: &str) -> String {
-    format!(
-        r#"
-node_id = "{node}"
-listen = "127.0.0.1:0"
-http_listen = "127.0.0.1:0"
-shards = 2
-partitions = 8
-lease_ms = 1500
-local_provider_time_scale = 0.0001
-retention_finished_s = 3000000
-
-[[tenants]]
-id = 1
-credential = "tenant-1-credential"
-{quotas}
-
-[[tenants]]
-id = 2
-credential = "tenant-2-credential"
-"#
-    )
+    common::NodeConfig::new()
+        .node_id(node)
+        .set("lease_ms", 1500)
+        .set("retention_finished_s", 3_000_000)
+        .tenant_lines(1, quotas)
+        .toml()
 }
 
 /// Tenant 1 may start three tasks a day, and each of its users one a minute: a user's second

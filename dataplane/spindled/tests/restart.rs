@@ -78,23 +78,16 @@ async fn kill_9_under_load_then_restart_completes_every_acked_task_exactly_once(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_fails_the_stored_tasks_it_cannot_put_back_and_serves_the_rest() {
     let test = TestDb::new().await;
-    let config = |tenants: &str, scale: f64, concurrency: u64| {
-        format!(
-            r#"
-node_id = "unrestorable-node"
-listen = "127.0.0.1:0"
-http_listen = "127.0.0.1:0"
-shards = 2
-partitions = 8
-local_provider_time_scale = {scale}
-provider_concurrency = {concurrency}
-{tenants}"#
-        )
+    let config = |tenants: &[u32], scale: f64, concurrency: u64| {
+        common::NodeConfig::new()
+            .node_id("unrestorable-node")
+            .tenants(tenants.iter().copied())
+            .time_scale(scale)
+            .set("provider_concurrency", concurrency)
+            .toml()
     };
-    let both =
-        "[[tenants]]\nid = 1\ncredential = \"tenant-1-credential\"\n\n[[tenants]]\nid = 2\ncredential = \"tenant-2-credential\"\n";
     // Slow jobs and two slots: most of the work is QUEUED when the node dies.
-    let mut daemon = start_with(&test, &config(both, 10.0, 2)).await;
+    let mut daemon = start_with(&test, &config(&[1, 2], 10.0, 2)).await;
     let mut acked = [Vec::new(), Vec::new()];
     for (i, (tenant, credential)) in [(1u32, "tenant-1-credential"), (2, "tenant-2-credential")]
         .into_iter()
@@ -127,8 +120,7 @@ provider_concurrency = {concurrency}
         .get(0);
 
     // Restarted without tenant 2, with fast jobs.
-    let only_one = "[[tenants]]\nid = 1\ncredential = \"tenant-1-credential\"\n";
-    let restarted = start_with(&test, &config(only_one, 0.001, 100)).await;
+    let restarted = start_with(&test, &config(&[1], 0.001, 100)).await;
     let served: Vec<i64> = acked[0].iter().copied().filter(|&t| t != broken).collect();
     assert_eq!(
         common::wait_all_succeeded(&sql, &served).await,

@@ -10,6 +10,8 @@ pub struct NodeConfig {
     partitions: u32,
     time_scale: String,
     tenants: Vec<u32>,
+    /// TOML lines written inside a tenant's table (its limits, its `[[tenants.quotas]]`).
+    tenant_lines: Vec<(u32, String)>,
     /// Top-level `key = value` lines beyond the defaults, in order.
     settings: Vec<String>,
     /// Sections (`[provider]`, `[events]`, …) written after the settings.
@@ -24,6 +26,7 @@ impl Default for NodeConfig {
             partitions: 8,
             time_scale: "0.0001".into(),
             tenants: vec![1, 2],
+            tenant_lines: Vec::new(),
             settings: Vec::new(),
             sections: Vec::new(),
         }
@@ -62,6 +65,13 @@ impl NodeConfig {
         self
     }
 
+    /// Lines for tenant `id`'s table, after its id and credential: settings (`submit_per_minute
+    /// = 60`) and its sub-tables (`[[tenants.quotas]]`).
+    pub fn tenant_lines(mut self, id: u32, text: &str) -> NodeConfig {
+        self.tenant_lines.push((id, text.trim().to_string()));
+        self
+    }
+
     /// The partitions this node takes at start, and a takeover grace long enough that it takes
     /// no other while a cluster's nodes start, however slowly (a busy machine).
     pub fn owns(self, partitions: &[u32]) -> NodeConfig {
@@ -70,9 +80,12 @@ impl NodeConfig {
             .set("takeover_grace_ms", 600_000)
     }
 
-    /// A top-level setting, its value written as TOML (a string must come quoted).
+    /// A top-level setting, its value written as TOML (a string must come quoted); it replaces
+    /// an earlier `set` of the same key.
     pub fn set(mut self, key: &str, value: impl ToString) -> NodeConfig {
-        self.settings.push(format!("{key} = {}", value.to_string()));
+        let prefix = format!("{key} = ");
+        self.settings.retain(|line| !line.starts_with(&prefix));
+        self.settings.push(format!("{prefix}{}", value.to_string()));
         self
     }
 
@@ -115,6 +128,10 @@ impl NodeConfig {
             out.push_str(&format!(
                 "\n[[tenants]]\nid = {t}\ncredential = \"tenant-{t}-credential\"\n"
             ));
+            for (_, lines) in self.tenant_lines.iter().filter(|(id, _)| id == t) {
+                out.push_str(lines);
+                out.push('\n');
+            }
         }
         out
     }

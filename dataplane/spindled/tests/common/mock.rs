@@ -255,31 +255,32 @@ pub async fn submitted(admin: &HttpProvider, task: TaskId) -> spindle_providers:
 
 /// The provider tests' node configuration, with `provider_extra` in its `[provider]` section.
 pub fn node_config(id: &str, provider: &MockProvider, provider_extra: &str) -> String {
-    format!(
-        r#"
-node_id = "{id}"
-lease_ms = 3000
-listen = "127.0.0.1:0"
-http_listen = "127.0.0.1:0"
-shards = 2
-partitions = 8
-provider_concurrency = 4
-provider_rpm = 6000
-lane_capacity_units = 100000
-retry_backoff_base_ms = 20
-retry_backoff_max_ms = 200
+    node(id, provider, provider_extra).toml()
+}
 
-[provider]
-url = "{}"
-secret = "{SECRET}"
-timeout_ms = 400
-poll_ms = [100, 200]
-{provider_extra}
-
-[[tenants]]
-id = 1
-credential = "tenant-1-credential"
-"#,
-        provider.base_url()
-    )
+/// [`node_config`] as a builder, for tests that change more. A key in `provider_extra`
+/// replaces the section's own (`timeout_ms = 400`, `poll_ms = [100, 200]`).
+pub fn node(id: &str, provider: &MockProvider, provider_extra: &str) -> super::NodeConfig {
+    let extra_keys: Vec<&str> = provider_extra
+        .lines()
+        .filter_map(|l| l.split_once('=').map(|(k, _)| k.trim()))
+        .collect();
+    let defaults: String = [("timeout_ms", "400"), ("poll_ms", "[100, 200]")]
+        .iter()
+        .filter(|(k, _)| !extra_keys.contains(k))
+        .map(|(k, v)| format!("{k} = {v}\n"))
+        .collect();
+    super::NodeConfig::new()
+        .node_id(id)
+        .tenants([1])
+        .set("lease_ms", 3000)
+        .set("provider_concurrency", 4)
+        .set("provider_rpm", 6000)
+        .set("lane_capacity_units", 100_000)
+        .set("retry_backoff_base_ms", 20)
+        .set("retry_backoff_max_ms", 200)
+        .section(&format!(
+            "[provider]\nurl = \"{}\"\nsecret = \"{SECRET}\"\n{defaults}{provider_extra}",
+            provider.base_url()
+        ))
 }
