@@ -1,5 +1,6 @@
-//! spindled's configuration: a TOML file (see `spindled.example.toml`), every field overridable
-//! by a command-line flag or a `SPINDLE_*` environment variable.
+//! spindled's configuration: a TOML file (see `spindled.example.toml`); every field settable
+//! by a `SPINDLE_*` environment variable and every secret from a file (`sources`); the most
+//! used also by a command-line flag.
 //!
 //! Long file: every top-level field with its default, its bound and its check; the sections
 //! have files of their own.
@@ -10,6 +11,7 @@ mod events;
 mod media;
 mod provider;
 mod reconcile;
+pub mod sources;
 mod tls;
 mod upload;
 
@@ -596,14 +598,34 @@ pub fn retention_window(seconds: u64) -> Option<std::time::Duration> {
 impl Config {
     /// The file (if any), then flags and environment on top; checks the result.
     pub fn load(args: &Args) -> anyhow::Result<Config> {
+        Config::load_with(args, std::env::vars())
+    }
+
+    /// [`Config::load`] with `vars` for the process's environment: the file, then the
+    /// `SPINDLE_*` variables among `vars`, then secrets read from their files, then the flags.
+    pub fn load_with(
+        args: &Args,
+        vars: impl IntoIterator<Item = (String, String)>,
+    ) -> anyhow::Result<Config> {
         let text = match &args.config {
             Some(path) => std::fs::read_to_string(path)
                 .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?,
             None => String::new(),
         };
-        let mut config: Config = toml::from_str(&text).map_err(|e| match &args.config {
+        let from = |e: &dyn std::fmt::Display| match &args.config {
             Some(path) => anyhow::anyhow!("{}: {e}", path.display()),
             None => anyhow::anyhow!("{e}"),
+        };
+        let mut doc: toml::Table = toml::from_str(&text).map_err(|e| from(&e))?;
+        let applied = sources::overlay_env(&mut doc, vars, sources::fields_of::<Config>())?;
+        let mut doc = toml::Value::Table(doc);
+        sources::read_secret_files(&mut doc, "")?;
+        let mut config = Config::deserialize(doc).map_err(|e| {
+            if applied.is_empty() {
+                from(&e)
+            } else {
+                from(&format!("{e} (with {})", applied.join(", ")))
+            }
         })?;
         if let Some(v) = args.listen {
             config.listen = v;
@@ -964,9 +986,9 @@ mod tests {
         Config::load(&Args::file(path, None))
     }
 
-    /// The example's commented-out sections are valid too, once uncommented.
-    #[test]
-    fn the_examples_optional_sections_load() {
+    /// The example with its commented-out sections and fields uncommented, its [tls] files
+    /// made in `tmp`: a configuration that sets (nearly) every field.
+    fn full_example(tmp: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../spindled");
         let text = std::fs::read_to_string(dir.join("spindled.example.toml")).unwrap();
         let uncommented: String = text
@@ -984,19 +1006,27 @@ mod tests {
             })
             .map(|l| format!("{l}\n"))
             .collect();
-        let tmp = tempfile::tempdir().unwrap();
         // The [tls] files, made here where the example names its own.
         let rcgen::CertifiedKey { cert, key_pair } =
             rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
-        let (c, k) = (tmp.path().join("node.pem"), tmp.path().join("node.key"));
+        let (c, k) = (tmp.join("node.pem"), tmp.join("node.key"));
         std::fs::write(&c, cert.pem()).unwrap();
         std::fs::write(&k, key_pair.serialize_pem()).unwrap();
         let uncommented = uncommented
             .replace("/etc/spindle/node.pem", &c.display().to_string())
             .replace("/etc/spindle/node.key", &k.display().to_string())
             .replace("/etc/spindle/clients-ca.pem", &c.display().to_string());
-        let path = tmp.path().join("full.toml");
+        let path = tmp.join("full.toml");
         std::fs::write(&path, uncommented).unwrap();
+        (path, k)
+    }
+
+    /// The example's commented-out sections are valid too, once uncommented.
+    #[test]
+    fn the_examples_optional_sections_load() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (path, k) = full_example(tmp.path());
+        let c = tmp.path().join("node.pem");
         let full = Config::load(&Args::file(path, None)).unwrap();
         assert_eq!(full.tls.as_ref().map(|t| &t.key_file), Some(&k));
         assert_eq!(
@@ -1009,6 +1039,107 @@ mod tests {
         assert_eq!(events.pending_max, 1_000_000);
         assert_eq!(full.admin_tokens.len(), 1);
         assert!(full.local_provider_log.is_some());
+    }
+
+    /// The variables `SPINDLE_…` naming every key of `table` (sections' keys with `__`), each
+    /// set to its value as TOML writes it (arrays, and maps keyed by names — `lanes` —, whole).
+    fn as_variables(table: &toml::Table, path: &str, out: &mut Vec<(String, String)>) {
+        for (k, v) in table {
+            let name = format!("{path}{}", k.to_ascii_uppercase());
+            match v {
+                toml::Value::Table(t) if k != "lanes" => {
+                    as_variables(t, &format!("{name}__"), out)
+                }
+                v => out.push((format!("{}{name}", sources::PREFIX), v.to_string())),
+            }
+        }
+    }
+
+    /// Every field the full example sets — it sets every top-level field of the configuration
+    /// — set instead by `SPINDLE_*` variables on an empty file gives the same configuration;
+    /// variables that are not the node's are left alone.
+    #[test]
+    fn every_field_can_come_from_a_variable() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (path, _) = full_example(tmp.path());
+        let text = std::fs::read_to_string(&path).unwrap();
+        let doc: toml::Table = toml::from_str(&text).unwrap();
+        let unset: Vec<&str> = sources::fields_of::<Config>()
+            .iter()
+            .copied()
+            .filter(|f| !doc.contains_key(*f))
+            .collect();
+        assert!(unset.is_empty(), "the full example leaves {unset:?} unset");
+        let mut vars = Vec::new();
+        as_variables(&doc, "", &mut vars);
+        assert!(vars.len() > 60, "{}", vars.len());
+        vars.push(("SPINDLE_TEST_PG".into(), "host=elsewhere".into()));
+        vars.push(("SPINDLE_CONFIG".into(), "/not/read".into()));
+        let empty = tmp.path().join("empty.toml");
+        std::fs::write(&empty, "").unwrap();
+        let from_file = Config::load_with(&Args::file(path, None), []).unwrap();
+        let from_vars = Config::load_with(&Args::file(empty, None), vars).unwrap();
+        assert_eq!(format!("{from_vars:?}"), format!("{from_file:?}"));
+    }
+
+    /// A variable wins over the file; a bad value is refused naming the variable.
+    #[test]
+    fn a_variable_overrides_the_file_and_a_bad_one_is_named() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("c.toml");
+        std::fs::write(&path, "lease_ms = 5000\n[provider]\nurl = \"http://a\"\nsecret = \"s\"\n")
+            .unwrap();
+        let args = Args::file(path, None);
+        let vars = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+            v.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect()
+        };
+        let c = Config::load_with(
+            &args,
+            vars(&[("SPINDLE_LEASE_MS", "7000"), ("SPINDLE_PROVIDER__URL", "http://b:8080")]),
+        )
+        .unwrap();
+        assert_eq!(c.lease_ms, 7000);
+        assert_eq!(c.provider.unwrap().url, "http://b:8080");
+        let e = Config::load_with(&args, vars(&[("SPINDLE_LEASE_MS", "soon")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("lease_ms") && e.contains("SPINDLE_LEASE_MS"), "{e}");
+        let e = Config::load_with(&args, vars(&[("SPINDLE_PROVIDER__URLL", "http://c")]))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("urll") && e.contains("SPINDLE_PROVIDER__URLL"), "{e}");
+    }
+
+    /// Each secret may come from a file, at any depth (a tenant's credential, the provider's
+    /// secret, an admin token); both forms of one is refused, naming it.
+    #[test]
+    fn secrets_come_from_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let secret = |name: &str, text: &str| {
+            let p = tmp.path().join(name);
+            std::fs::write(&p, text).unwrap();
+            p.display().to_string()
+        };
+        let (cred, prov, admin) = (
+            secret("cred", "tenant-9-credential-from-a-file\n"),
+            secret("prov", "provider-secret-from-a-file"),
+            secret("admin", "admin-token-from-a-file-0123\n"),
+        );
+        let text = format!(
+            "[provider]\nurl = \"http://p\"\nsecret_file = \"{prov}\"\n\n\
+             [[admin_tokens]]\nname = \"ops\"\ntoken_file = \"{admin}\"\nrole = \"admin\"\n\n\
+             [[tenants]]\nid = 9\ncredential_file = \"{cred}\"\n"
+        );
+        let c = load_text(&text).unwrap();
+        assert_eq!(c.tenants[0].credential, "tenant-9-credential-from-a-file");
+        assert_eq!(c.provider.unwrap().secret, "provider-secret-from-a-file");
+        assert_eq!(c.admin_tokens[0].token, "admin-token-from-a-file-0123");
+        let both = text.replace("credential_file", "credential = \"x\"\ncredential_file");
+        let e = load_text(&both).unwrap_err().to_string();
+        assert!(e.contains("tenants[0].credential_file"), "{e}");
+        let missing = text.replace(&cred, "/nonexistent/cred");
+        let e = format!("{:#}", load_text(&missing).unwrap_err());
+        assert!(e.contains("/nonexistent/cred"), "{e}");
     }
 
     #[test]
