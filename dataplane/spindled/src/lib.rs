@@ -34,6 +34,12 @@ use spindle_node_shard::shard::{ShardSetup, ShardState, SHARD_QUEUE_MAX};
 use spindle_node_shard::{breaker, server, shard, tls};
 use spindle_node_workers::{dispatch, media, runtime};
 
+/// Marks an error as the configuration's (it cannot run as written): `spindled` exits with 78
+/// for it, which its systemd unit does not restart.
+#[derive(Debug, thiserror::Error)]
+#[error("the configuration cannot run")]
+pub struct ConfigError;
+
 /// The embedded PostgreSQL, when the node runs one; stopped on the way out.
 static EMBEDDED: std::sync::Mutex<Option<EmbeddedPostgres>> = std::sync::Mutex::new(None);
 
@@ -60,7 +66,8 @@ fn run_node(config: Config) -> anyhow::Result<()> {
         .tls
         .as_ref()
         .map(tls::Listeners::from_config)
-        .transpose()?;
+        .transpose()
+        .map_err(|e| e.context(ConfigError))?;
     let live = live_policy::LivePolicy::new(policy(&config));
     let db_config = postgres(&config)?;
     let metrics = metrics::Metrics::new(config.shards as usize);

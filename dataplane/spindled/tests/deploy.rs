@@ -165,4 +165,43 @@ fn the_systemd_unit_is_a_notify_unit_that_outlasts_the_drain() {
     assert_eq!(get("LimitMEMLOCK"), "infinity");
     assert!(get("LimitNOFILE").parse::<u64>().unwrap() >= 65_536);
     assert_eq!(get("KillSignal"), "SIGTERM");
+    // A configuration that cannot run is not restarted forever (see the test below).
+    assert_eq!(get("RestartPreventExitStatus"), "78");
+}
+
+/// A configuration that cannot run — a value of the wrong type in the file, a misspelt
+/// variable, an unreadable TLS key — stops spindled with 78 (EX_CONFIG) and a line naming the
+/// problem; `--version` answers on both binaries.
+#[test]
+fn a_configuration_that_cannot_run_exits_78_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |text: &str, vars: &[(&str, &str)]| {
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, text).unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_spindled"))
+            .arg("--config")
+            .arg(&path)
+            .envs(vars.iter().copied())
+            .env("RUST_LOG", "error")
+            .output()
+            .unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (code, said) = run("lease_ms = \"soon\"\n", &[]);
+    assert_eq!(code, Some(78), "{said}");
+    assert!(said.contains("lease_ms"), "{said}");
+    let (code, said) = run("", &[("SPINDLE_BREAKER__COOLDOWN", "5")]);
+    assert_eq!(code, Some(78), "{said}");
+    assert!(said.contains("SPINDLE_BREAKER__COOLDOWN"), "{said}");
+    let (code, said) = run(
+        "[tls]\ncert_file = \"/nonexistent/node.pem\"\nkey_file = \"/nonexistent/node.key\"\n",
+        &[],
+    );
+    assert_eq!(code, Some(78), "{said}");
+    assert!(said.contains("/nonexistent/node"), "{said}");
+    for bin in [env!("CARGO_BIN_EXE_spindled"), env!("CARGO_BIN_EXE_spindlectl")] {
+        let out = std::process::Command::new(bin).arg("--version").output().unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success() && said.contains(env!("CARGO_PKG_VERSION")), "{said}");
+    }
 }

@@ -9,6 +9,7 @@ use spindle_providers::{AccountSpec, MockConfig, MockProvider};
 
 #[derive(Debug, Parser)]
 #[command(
+    version,
     name = "spindle-mock-provider",
     about = "A provider for tests, the loadgen and the demo"
 )]

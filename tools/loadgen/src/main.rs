@@ -25,6 +25,7 @@ use crate::workload::{Arrival, TenantLoad};
 #[derive(Parser)]
 #[command(
     name = "spindle-loadgen",
+    version,
     about = "Open-loop load generator for spindled"
 )]
 struct Cli {

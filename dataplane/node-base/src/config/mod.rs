@@ -36,7 +36,7 @@ use serde::Deserialize;
 use spindle_core::Lane;
 
 #[derive(Debug, Clone, clap::Parser)]
-#[command(name = "spindled", about = "spindle's node daemon")]
+#[command(name = "spindled", version, about = "spindle's node daemon")]
 pub struct Args {
     /// The configuration file (TOML).
     #[arg(long, env = "SPINDLE_CONFIG")]

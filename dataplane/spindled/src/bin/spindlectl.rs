@@ -30,6 +30,7 @@ use serde_json::{json, Value};
 #[derive(Parser)]
 #[command(
     name = "spindlectl",
+    version,
     about = "Administer a spindled node over its HTTP port"
 )]
 struct Cli {

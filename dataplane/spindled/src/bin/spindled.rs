@@ -7,7 +7,22 @@ use spindle_node_base::config::{Args, Config};
 #[global_allocator]
 static ALLOC: spindle_alloc::HugePages = spindle_alloc::HugePages;
 
-fn main() -> anyhow::Result<()> {
+/// The exit status of a configuration that cannot run (sysexits' EX_CONFIG): the systemd unit
+/// does not restart a node that exits with it (`RestartPreventExitStatus=78`).
+const EXIT_CONFIG: u8 = 78;
+
+fn main() -> std::process::ExitCode {
+    match run() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            let config = e.downcast_ref::<spindled::ConfigError>().is_some();
+            tracing::error!("{e:#}");
+            std::process::ExitCode::from(if config { EXIT_CONFIG } else { 1 })
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     // RUST_LOG filters (default: info).
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -30,6 +45,6 @@ fn main() -> anyhow::Result<()> {
             Err(e) => anyhow::bail!("{e}"),
         }
     }
-    let config = Config::load(&args)?;
+    let config = Config::load(&args).map_err(|e| e.context(spindled::ConfigError))?;
     spindled::run(config)
 }
