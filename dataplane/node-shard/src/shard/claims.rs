@@ -71,7 +71,7 @@ pub(super) async fn pump(state: &SharedShard) {
                     }
                     Poll::Expired(task) => {
                         let committed = remove_meta(s, &task).is_some_and(|m| m.committed);
-                        notify(s, task, TaskState::Expired);
+                        // Its subscribers hear the end once it is stored.
                         if committed {
                             send_reports(s, [expired(task)]);
                         } else {
@@ -126,7 +126,6 @@ fn granted(
         }
         Ok(ClaimOutcome::Canceled) => {
             remove_meta(s, &task);
-            notify(s, task, TaskState::Canceled);
             let end = finish(task, Some(token), TaskState::Canceled, None);
             send_reports(s, [end]);
             false

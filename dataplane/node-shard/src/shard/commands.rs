@@ -118,7 +118,10 @@ pub(super) fn subscribe(
         .meta
         .get(&task)
         .is_some_and(|m| m.tenant == tenant && m.committed);
-    let Some(current) = live.then(|| s.core.task_state(task)).flatten() else {
+    let current = live.then(|| s.core.task_state(task)).flatten();
+    // Ended here and its end not yet stored: the end is told once it is.
+    let ending = s.ending.get(&task) == Some(&tenant);
+    if current.is_none() && !ending {
         drop(s);
         return answer_error(
             reply,
@@ -137,7 +140,9 @@ pub(super) fn subscribe(
     }
     // The answer, and the current state as the first event (either may reach the client first).
     let _ = reply.send(Response::Subscribed(task));
-    notify(&mut s, task, current);
+    if let Some(current) = current {
+        notify(&mut s, task, current);
+    }
 }
 
 /// Whether `task` is `tenant`'s and held by this shard with its submit committed.
@@ -277,7 +282,6 @@ pub(super) fn cancel_held(
     }
     if !running {
         remove_meta(s, &task);
-        notify(s, task, TaskState::Canceled);
         send_reports(s, [finish(task, None, TaskState::Canceled, None)]);
     }
     Ok(())

@@ -94,7 +94,7 @@ pub(super) fn media_finished(
         (CompleteOutcome::Canceled, _) => (TaskState::Canceled, None, None, None),
         (_, result) => (TaskState::Failed, None, result.err(), None),
     };
-    notify_at(s, task, state, progress_of(state), produced.as_deref());
+    // Its subscribers hear the end once it is stored (`reports::ended_durably`).
     let action = ReportAction::Finish {
         state,
         cost_actual_milli: cost,

@@ -238,6 +238,9 @@ pub struct ShardState {
     ready_claims: Vec<ClaimRequest>,
     /// Tasks that expired in the queue before their submit committed.
     expired_uncommitted: RunSet<TaskId>,
+    /// Tasks ended here whose end is not yet stored (their finish report is unanswered), by
+    /// tenant: a subscription to one is taken, and hears the end once it is stored.
+    ending: RunMap<TaskId, TenantId>,
     time_scale: f64,
     /// Reports waiting for the next flush (every pump).
     outbox: Vec<Report>,
@@ -368,6 +371,7 @@ impl ShardState {
             held_claims: RunMap::default(),
             ready_claims: Vec::new(),
             expired_uncommitted: Default::default(),
+            ending: Default::default(),
             reads: setup.reads,
             ids: setup.ids,
             partitions: setup.partitions,
@@ -776,6 +780,10 @@ fn count_in_doubt(state: &SharedShard) {
 fn remove_meta(s: &mut ShardState, task: &TaskId) -> Option<Meta> {
     let meta = s.meta.remove(task);
     s.inputs.release(*task);
+    if let Some(m) = meta.as_ref().filter(|m| m.committed) {
+        // Its finish report follows (or it is forgotten, `forget`, which takes it out again).
+        s.ending.insert(*task, m.tenant);
+    }
     if let Some(m) = &meta {
         if let Some(e) = &m.estimate {
             s.running.stop(m.tenant, e.fairness.milli());
@@ -787,6 +795,7 @@ fn remove_meta(s: &mut ShardState, task: &TaskId) -> Option<Meta> {
 /// Drops a task that never became durable (or was a replay).
 fn forget(s: &mut ShardState, task: TaskId) {
     remove_meta(s, &task);
+    s.ending.remove(&task);
     // A cancel of a task the core already let go of is nothing to do.
     let _ = s.core.handle_cancel(task);
     s.expired_uncommitted.remove(&task);

@@ -425,7 +425,6 @@ pub(super) fn after_failure(
         }
         FailOutcome::Failed => {
             remove_meta(s, &task);
-            notify(s, task, TaskState::Failed);
             ReportAction::Finish {
                 state: TaskState::Failed,
                 cost_actual_milli: None,
@@ -435,7 +434,6 @@ pub(super) fn after_failure(
         }
         FailOutcome::Canceled => {
             remove_meta(s, &task);
-            notify(s, task, TaskState::Canceled);
             ReportAction::Finish {
                 state: TaskState::Canceled,
                 cost_actual_milli: None,
@@ -530,7 +528,6 @@ pub(super) fn provider_succeeded(
         Ok(CompleteOutcome::Canceled) => {
             // Canceled while running: its reservation is released now; persist the end.
             remove_meta(s, &task);
-            notify(s, task, TaskState::Canceled);
             send_reports(s, [finish(task, Some(token), TaskState::Canceled, None)]);
             return;
         }

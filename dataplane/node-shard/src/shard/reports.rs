@@ -164,6 +164,7 @@ pub(super) async fn send_reports_now(shared: SharedShard, reports: Vec<Report>) 
             &batch,
             answer.as_ref().ok().and_then(|a| a.as_ref().ok()),
         );
+        let answer_lost = !matches!(answer, Ok(Ok(_)));
         let settled = match answer {
             Ok(Ok(results)) => {
                 let refused = results
@@ -199,6 +200,10 @@ pub(super) async fn send_reports_now(shared: SharedShard, reports: Vec<Report>) 
             let mut s = shared.borrow_mut();
             for r in &batch {
                 s.reporting.remove(&r.task);
+                // A batch refused whole, or lost: no end of it is stored to tell.
+                if answer_lost && matches!(r.action, ReportAction::Finish { .. }) {
+                    drop_subscribers(&mut s, r.task);
+                }
             }
         } else {
             retry.extend(batch);
@@ -277,6 +282,11 @@ pub(super) fn answered(
             }
         }
     }
+    if let Some(results) = results {
+        for (r, result) in reports.iter().zip(results) {
+            ended_durably(s, r, result);
+        }
+    }
     for (i, r) in reports.iter().enumerate() {
         let Some(m) = s.meta.get_mut(&r.task) else {
             continue;
@@ -293,6 +303,46 @@ pub(super) fn answered(
             }
         }
     }
+}
+
+/// A task's end reaches its subscribers once PostgreSQL holds it: a client that reads the task
+/// after the event finds the end there, result included (the shard forgets an ended task when
+/// it sends the report, and a read of a task it does not hold goes to PostgreSQL). The end
+/// told is the stored one: this report's, or — a finish applied before, unheard — the state
+/// it found. A finish PostgreSQL refused (another attempt holds the task) ends nothing here:
+/// the subscriptions are dropped, and the node holding the task tells its own.
+fn ended_durably(s: &mut ShardState, r: &Report, result: &ReportResult) {
+    let ReportAction::Finish {
+        state,
+        result: produced,
+        ..
+    } = &r.action
+    else {
+        return;
+    };
+    s.ending.remove(&r.task);
+    match result {
+        ReportResult::Applied { .. } => {
+            notify_at(s, r.task, *state, progress_of(*state), produced.as_deref())
+        }
+        ReportResult::StaleToken {
+            current: None,
+            state: stored,
+        } if stored.is_terminal() => notify_at(
+            s,
+            r.task,
+            *stored,
+            progress_of(*stored),
+            (stored == state).then_some(produced.as_deref()).flatten(),
+        ),
+        _ => drop_subscribers(s, r.task),
+    }
+}
+
+/// Drops `task`'s subscriptions without an event (its end is not this node's to tell).
+pub(super) fn drop_subscribers(s: &mut ShardState, task: TaskId) {
+    s.ending.remove(&task);
+    s.subs.retain(task, true, |_| true);
 }
 
 /// Folds each task's consecutive reports where they fold (`Report::then`) and puts the rest in
