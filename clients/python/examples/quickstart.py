@@ -44,7 +44,9 @@ def main() -> None:
             state = event["state"]
             print(f"{state} {event['progress_pct']}%")
         status = client.get(task)
-        print(f"{status['state']}: {status['result']}")
+        # The built-in local provider makes no video: its result is None. A real provider's
+        # is its output URL; the media stage's, the renditions.
+        print(f"{status['state']}; result: {status['result']}")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ async def main():
         followed = await client.submit("aio-followed", input={"prompt": "a lighthouse"}, **SPEC)
         task = followed["task_id"]
         states = []
+        end_result = None
         try:
             await client.subscribe(task)
         except SpindleError as e:
@@ -44,12 +45,15 @@ async def main():
             assert event is not None, f"no event within 60 s after {states}"
             assert event["task_id"] == task, event
             states.append(event["state"])
+            end_result = event["result"]
         assert states[-1] == "Succeeded", states
         print(f"followed to {states[-1]}")
 
+        # Read after the end's event, the task is found ended, with the event's result (the
+        # node tells an end once it is stored).
         status = await client.get(task)
-        assert status["state"] == "Succeeded" and status["result"] is not None, status
-        print("status Succeeded with a result")
+        assert status["state"] == "Succeeded" and status["result"] == end_result, (status, end_result)
+        print("status Succeeded as told")
 
         for bad in (task, 999_999_999):
             try:

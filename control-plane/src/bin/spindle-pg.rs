@@ -10,7 +10,10 @@ use spindle_control::{EmbeddedOptions, EmbeddedPostgres};
 use tokio::signal::unix::{signal, SignalKind};
 
 #[derive(Parser)]
-#[command(version, about = "A private PostgreSQL for spindle's tests and benches")]
+#[command(
+    version,
+    about = "A private PostgreSQL for spindle's tests and benches"
+)]
 struct Args {
     #[command(subcommand)]
     command: Command,

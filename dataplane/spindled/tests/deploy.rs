@@ -185,7 +185,10 @@ fn a_configuration_that_cannot_run_exits_78_naming_it() {
             .env("RUST_LOG", "error")
             .output()
             .unwrap();
-        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     };
     let (code, said) = run("lease_ms = \"soon\"\n", &[]);
     assert_eq!(code, Some(78), "{said}");
@@ -199,9 +202,18 @@ fn a_configuration_that_cannot_run_exits_78_naming_it() {
     );
     assert_eq!(code, Some(78), "{said}");
     assert!(said.contains("/nonexistent/node"), "{said}");
-    for bin in [env!("CARGO_BIN_EXE_spindled"), env!("CARGO_BIN_EXE_spindlectl")] {
-        let out = std::process::Command::new(bin).arg("--version").output().unwrap();
+    for bin in [
+        env!("CARGO_BIN_EXE_spindled"),
+        env!("CARGO_BIN_EXE_spindlectl"),
+    ] {
+        let out = std::process::Command::new(bin)
+            .arg("--version")
+            .output()
+            .unwrap();
         let said = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success() && said.contains(env!("CARGO_PKG_VERSION")), "{said}");
+        assert!(
+            out.status.success() && said.contains(env!("CARGO_PKG_VERSION")),
+            "{said}"
+        );
     }
 }

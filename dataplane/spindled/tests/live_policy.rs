@@ -548,7 +548,10 @@ async fn each_tenants_user_limits_bind_per_user_and_change_live() {
     let config = node()
         .time_scale("10.0")
         .tenants([1, 2])
-        .tenant_lines(1, "[tenants.user]\nsubmit_per_minute = 60\nrunning_tasks_max = 1")
+        .tenant_lines(
+            1,
+            "[tenants.user]\nsubmit_per_minute = 60\nrunning_tasks_max = 1",
+        )
         .toml();
     let daemon = start_with(&test, &config).await;
     let http = daemon.http;

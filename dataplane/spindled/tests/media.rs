@@ -24,11 +24,11 @@ async fn media_node(test: &TestDb, m: &MockProvider, out: &std::path::Path, medi
 /// The media tests' node configuration: the mock at `m`, renditions into `out`, `media` in
 /// its `[media]` section; tenant 1's section last.
 fn media_config(m: &MockProvider, out: &std::path::Path, media: &str) -> String {
-    media_node(m, out, media).toml()
+    media_builder(m, out, media).toml()
 }
 
 /// [`media_config`] as a builder.
-fn media_node(m: &MockProvider, out: &std::path::Path, media: &str) -> common::NodeConfig {
+fn media_builder(m: &MockProvider, out: &std::path::Path, media: &str) -> common::NodeConfig {
     common::NodeConfig::new()
         .node_id("media-node")
         .tenants([1])
@@ -306,7 +306,7 @@ async fn a_task_charged_as_probed_counts_that_in_its_quotas() {
     let m = MockProvider::serve(listener, cheap);
     let admin = m.client(Duration::from_secs(5));
     let media = "renditions = [240]\ndeclaration = \"correct\"";
-    let config = media_node(&m, &dir.path().join("out"), media)
+    let config = media_builder(&m, &dir.path().join("out"), media)
         .set("retention_finished_s", 3_000_000)
         .tenant_lines(
             1,

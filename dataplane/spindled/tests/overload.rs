@@ -86,8 +86,14 @@ async fn a_stalled_store_is_met_with_fast_refusals_and_acceptance_resumes_by_its
     );
     // The Python SDK reads the refusal and its hint alike, blocking and on asyncio.
     let lines = python(daemon.addr, "refused", "py-refused");
-    assert!(lines[0].starts_with("blocking: refused, retry after "), "{lines:?}");
-    assert!(lines[1].starts_with("asyncio: refused, retry after "), "{lines:?}");
+    assert!(
+        lines[0].starts_with("blocking: refused, retry after "),
+        "{lines:?}"
+    );
+    assert!(
+        lines[1].starts_with("asyncio: refused, retry after "),
+        "{lines:?}"
+    );
 
     // The store recovers: what was admitted is acknowledged as accepted — never refused
     // afterwards — and runs.
@@ -119,7 +125,10 @@ async fn a_stalled_store_is_met_with_fast_refusals_and_acceptance_resumes_by_its
     wait_for(&client, accepted.task, TaskState::Succeeded).await;
     // The Python SDK's submit that honours the hint gets its task in (both clients).
     let lines = python(daemon.addr, "retrying", "py-retried");
-    assert!(lines[0].starts_with("blocking: accepted task "), "{lines:?}");
+    assert!(
+        lines[0].starts_with("blocking: accepted task "),
+        "{lines:?}"
+    );
     assert!(lines[1].starts_with("asyncio: accepted task "), "{lines:?}");
 }
 

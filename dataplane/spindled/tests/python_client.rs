@@ -157,8 +157,10 @@ async fn the_python_client_follows_a_tasks_events_to_its_end() {
 
 /// The SDK's asyncio client (`check_async.py`): twenty submits awaited at once on one
 /// connection each get their own answer, a batch's replay is the first task, a task is
-/// followed by its events to Succeeded, refusals raise their codes, and an unread event past
-/// the client's bound closes the connection with EventsNotRead.
+/// followed by its events to Succeeded and read right after as the event said (the node tells
+/// an end once it is stored: before, the read found it still RUNNING in PostgreSQL), refusals
+/// raise their codes, and an unread event past the client's bound closes the connection with
+/// EventsNotRead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_python_asyncio_client_pipelines_follows_and_is_refused() {
     let test = TestDb::new().await;
@@ -171,7 +173,7 @@ async fn the_python_asyncio_client_pipelines_follows_and_is_refused() {
             "pipelined 20 submits",
             "batch of 3, replays 1",
             "followed to Succeeded",
-            "status Succeeded with a result",
+            "status Succeeded as told",
             "error NotFound",
             "error NotFound",
             "error EventsNotRead",
@@ -297,7 +299,12 @@ fn the_readmes_quickstart_runs() {
     let node = lines[0]
         .strip_prefix("cargo run --release -p spindled --bin spindled -- ")
         .and_then(|l| l.strip_suffix(" &"))
-        .unwrap_or_else(|| panic!("the first line starts the node in the background: {}", lines[0]));
+        .unwrap_or_else(|| {
+            panic!(
+                "the first line starts the node in the background: {}",
+                lines[0]
+            )
+        });
     let dir = tempfile::tempdir().unwrap();
     let log = std::fs::File::create(dir.path().join("spindled.log")).unwrap();
     let mut spindled = Command::new(env!("CARGO_BIN_EXE_spindled"))
@@ -337,9 +344,16 @@ fn the_readmes_quickstart_runs() {
         String::from_utf8_lossy(&ran.stderr)
     );
     let printed: Vec<&str> = out.lines().collect();
-    assert!(printed[0].contains(" accepted, expected to start in "), "{out}");
     assert!(
-        printed.last().unwrap().starts_with("Succeeded: {"),
-        "the result is printed: {out}"
+        printed[0].contains(" accepted, expected to start in "),
+        "{out}"
+    );
+    assert!(
+        printed.iter().any(|l| l.starts_with("Running ")),
+        "a state on the way is printed: {out}"
+    );
+    assert!(
+        printed.last().unwrap().starts_with("Succeeded; result: "),
+        "the end and its result are printed: {out}"
     );
 }

@@ -1047,9 +1047,7 @@ mod tests {
         for (k, v) in table {
             let name = format!("{path}{}", k.to_ascii_uppercase());
             match v {
-                toml::Value::Table(t) if k != "lanes" => {
-                    as_variables(t, &format!("{name}__"), out)
-                }
+                toml::Value::Table(t) if k != "lanes" => as_variables(t, &format!("{name}__"), out),
                 v => out.push((format!("{}{name}", sources::PREFIX), v.to_string())),
             }
         }
@@ -1087,15 +1085,23 @@ mod tests {
     fn a_variable_overrides_the_file_and_a_bad_one_is_named() {
         let tmp = tempfile::tempdir().unwrap();
         let path = tmp.path().join("c.toml");
-        std::fs::write(&path, "lease_ms = 5000\n[provider]\nurl = \"http://a\"\nsecret = \"s\"\n")
-            .unwrap();
+        std::fs::write(
+            &path,
+            "lease_ms = 5000\n[provider]\nurl = \"http://a\"\nsecret = \"s\"\n",
+        )
+        .unwrap();
         let args = Args::file(path, None);
         let vars = |v: &[(&str, &str)]| -> Vec<(String, String)> {
-            v.iter().map(|(a, b)| (a.to_string(), b.to_string())).collect()
+            v.iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect()
         };
         let c = Config::load_with(
             &args,
-            vars(&[("SPINDLE_LEASE_MS", "7000"), ("SPINDLE_PROVIDER__URL", "http://b:8080")]),
+            vars(&[
+                ("SPINDLE_LEASE_MS", "7000"),
+                ("SPINDLE_PROVIDER__URL", "http://b:8080"),
+            ]),
         )
         .unwrap();
         assert_eq!(c.lease_ms, 7000);
@@ -1103,11 +1109,17 @@ mod tests {
         let e = Config::load_with(&args, vars(&[("SPINDLE_LEASE_MS", "soon")]))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("lease_ms") && e.contains("SPINDLE_LEASE_MS"), "{e}");
+        assert!(
+            e.contains("lease_ms") && e.contains("SPINDLE_LEASE_MS"),
+            "{e}"
+        );
         let e = Config::load_with(&args, vars(&[("SPINDLE_PROVIDER__URLL", "http://c")]))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("urll") && e.contains("SPINDLE_PROVIDER__URLL"), "{e}");
+        assert!(
+            e.contains("urll") && e.contains("SPINDLE_PROVIDER__URLL"),
+            "{e}"
+        );
     }
 
     /// Each secret may come from a file, at any depth (a tenant's credential, the provider's

@@ -78,7 +78,9 @@ pub fn fields_of<'de, T: Deserialize<'de>>() -> &'static [&'static str] {
 /// A variable's value as TOML: a value that parses, else the text as a string.
 fn value_of(raw: &str) -> toml::Value {
     match toml::from_str::<toml::Table>(&format!("v = {raw}")) {
-        Ok(mut t) => t.remove("v").unwrap_or_else(|| toml::Value::String(raw.into())),
+        Ok(mut t) => t
+            .remove("v")
+            .unwrap_or_else(|| toml::Value::String(raw.into())),
         Err(_) => toml::Value::String(raw.into()),
     }
 }
@@ -135,7 +137,11 @@ pub fn read_secret_files(value: &mut toml::Value, at: &str) -> anyhow::Result<()
                 let Some(path) = table.remove(&file_key) else {
                     continue;
                 };
-                let here = if at.is_empty() { file_key } else { format!("{at}.{file_key}") };
+                let here = if at.is_empty() {
+                    file_key
+                } else {
+                    format!("{at}.{file_key}")
+                };
                 if table.contains_key(key) {
                     bail!("{here}: `{key}` is given too; give the secret one way");
                 }
@@ -156,7 +162,11 @@ pub fn read_secret_files(value: &mut toml::Value, at: &str) -> anyhow::Result<()
                 table.insert(key.to_string(), toml::Value::String(secret.to_string()));
             }
             for (k, v) in table.iter_mut() {
-                let here = if at.is_empty() { k.clone() } else { format!("{at}.{k}") };
+                let here = if at.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{at}.{k}")
+                };
                 read_secret_files(v, &here)?;
             }
         }

@@ -46,9 +46,7 @@ fn digest() -> u64 {
 }
 
 fn run(what: &str, command: &mut Command) {
-    let out = command
-        .output()
-        .unwrap_or_else(|e| panic!("{what}: {e}"));
+    let out = command.output().unwrap_or_else(|e| panic!("{what}: {e}"));
     assert!(
         out.status.success(),
         "{what}: {}{}",
