@@ -132,9 +132,9 @@ fn every_response_round_trips() {
         Response::Error(
             WireError::new(
                 ErrorCode::WrongNode,
-                "tenant 1 is served by node a at 10.0.0.7:7471",
+                "tenant 1 is served by node a at 10.0.0.7:7070",
             )
-            .redirecting_to("10.0.0.7:7471"),
+            .redirecting_to("10.0.0.7:7070"),
         ),
     ];
     for body in bodies {

@@ -3,7 +3,7 @@
 connection at once (up to IN_FLIGHT_MAX), each answer matched to its request by id; events of
 subscribed tasks are kept for `next_event` (at most EVENTS_MAX unread).
 
-    async with await AsyncClient.connect("127.0.0.1", 7470, tenant=1,
+    async with await AsyncClient.connect("127.0.0.1", 7070, tenant=1,
                                          credential="tenant-1-credential") as client:
         admission = await client.submit("order-17", user=3, model=0, width=1280,
                                         height=720, duration_ms=5000, fps=24)

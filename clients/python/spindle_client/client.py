@@ -30,7 +30,7 @@ T = TypeVar("T")
 class Client:
     """One authenticated connection to one node.
 
-        client = Client.connect("127.0.0.1", 7470, tenant=1, credential="tenant-1-credential")
+        client = Client.connect("127.0.0.1", 7070, tenant=1, credential="tenant-1-credential")
         admission = client.submit("order-17", user=3, model=0, width=1280, height=720,
                                   duration_ms=5000, fps=24)
         status = client.get(admission["task_id"])
@@ -274,7 +274,7 @@ class ClusterClient:
     hold live within about a second is given as its state then and no longer followed. The
     milestones passed during the gap are not replayed.
 
-        cluster = ClusterClient(["10.0.0.5:7470", "10.0.0.6:7470"], tenant=1,
+        cluster = ClusterClient(["10.0.0.5:7070", "10.0.0.6:7070"], tenant=1,
                                 credential="secret")
         admission = cluster.submit("order-17", user=3, model=0, width=1280, height=720,
                                    duration_ms=5000, fps=24)

@@ -222,23 +222,23 @@ mod tests {
         };
         ownership.set_owners(
             &[
-                owner(1, "a", "10.0.0.7:7470"),
-                owner(2, "b", "0.0.0.0:7470"),
-                owner(3, "c", "spindled-2.spindled:7470"),
+                owner(1, "a", "10.0.0.7:7070"),
+                owner(2, "b", "0.0.0.0:7070"),
+                owner(3, "c", "spindled-2.spindled:7070"),
             ],
             "me",
         );
         let redirect = |p| ownership.refusal(p, p).redirect;
-        assert_eq!(redirect(1).as_deref(), Some("10.0.0.7:7470"));
+        assert_eq!(redirect(1).as_deref(), Some("10.0.0.7:7070"));
         assert_eq!(
             redirect(2),
             None,
             "a wildcard would send the client to itself"
         );
-        assert_eq!(redirect(3).as_deref(), Some("spindled-2.spindled:7470"));
+        assert_eq!(redirect(3).as_deref(), Some("spindled-2.spindled:7070"));
         assert_eq!(redirect(0), None, "no owner known");
         let named = ownership.refusal(2, 2);
         assert_eq!(named.code, ErrorCode::WrongNode);
-        assert!(named.message.contains("node b at 0.0.0.0:7470"), "{named}");
+        assert!(named.message.contains("node b at 0.0.0.0:7070"), "{named}");
     }
 }

@@ -1,6 +1,6 @@
 //! spindlectl: the admin API of a spindled node from the command line.
 //!
-//!   spindlectl --node 127.0.0.1:7472 --token $TOKEN policy show
+//!   spindlectl --node 127.0.0.1:7072 --token $TOKEN policy show
 //!   spindlectl … policy set tenant 42 --body tenant.json --reason "raise the queue cap"
 //!   spindlectl … policy delete lane BEST_EFFORT --reason "back to the configured lane"
 //!   spindlectl … add provider vendor-2:acct-1:us:video-model-0 --concurrency 8 --rpm 600 \
