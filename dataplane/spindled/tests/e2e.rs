@@ -839,6 +839,40 @@ async fn a_live_nodes_metrics_pass_promtool() {
             "{family}: {metrics}"
         );
     }
+    // The Grafana dashboard and the alert rules read only what a node exports.
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("deploy/grafana/spindle.json")).unwrap(),
+    )
+    .unwrap();
+    let mut expressions: Vec<String> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().unwrap().iter())
+        .map(|t| t["expr"].as_str().unwrap().to_string())
+        .collect();
+    assert!(expressions.len() >= 16, "{expressions:?}");
+    let alerts: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(root.join("deploy/prometheus/spindle-alerts.yml")).unwrap(),
+    )
+    .unwrap();
+    for group in alerts["groups"].as_sequence().unwrap() {
+        for rule in group["rules"].as_sequence().unwrap() {
+            expressions.push(rule["expr"].as_str().unwrap().to_string());
+        }
+    }
+    let problems = common::unknown_series(&metrics, &expressions);
+    assert!(problems.is_empty(), "{problems:#?}");
+    // The check finds a metric no node exports, and a label its samples do not carry.
+    let wrong = common::unknown_series(
+        &metrics,
+        &[
+            "rate(spindle_no_such_total[1m])".into(),
+            "sum by (colour) (spindle_admissions_total)".into(),
+        ],
+    );
+    assert_eq!(wrong.len(), 2, "{wrong:#?}");
 }
 
 /// The queues' ages, for the starvation alert: QUEUED tasks that wait behind busy slots are

@@ -66,6 +66,18 @@ pub struct Args {
     /// `sha256:…` form to write as the tenant's `credential`; then exit.
     #[arg(long)]
     pub hash_credential: bool,
+    /// How the log is written to standard error: `text` (coloured only on a terminal), or
+    /// `json`, one object a line with the event's fields (`task`, `tenant`, … where the event
+    /// names them) for a log collector.
+    #[arg(long, env = "SPINDLE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// [`Args::log_format`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -586,6 +598,7 @@ impl Args {
             node_id: None,
             ready_file,
             hash_credential: false,
+            log_format: LogFormat::Text,
         }
     }
 }
@@ -1436,16 +1449,16 @@ mod tests {
 
     #[test]
     fn an_advertised_address_is_host_and_port() {
-        for bad in ["nohost", ":7470", "host:0", "host:70000", "host:"] {
+        for bad in ["nohost", ":7070", "host:0", "host:70000", "host:"] {
             let e = load_text(&format!("advertise = \"{bad}\"\n")).unwrap_err();
             assert!(
                 e.to_string().starts_with("advertise must be \"host:port\""),
                 "{bad}: {e}"
             );
         }
-        let long = format!("advertise = \"{}:7470\"\n", "h".repeat(260));
+        let long = format!("advertise = \"{}:7070\"\n", "h".repeat(260));
         assert!(load_text(&long).is_err());
-        for good in ["10.0.0.7:7470", "spindled-0.spindled:7470", "[::1]:7470"] {
+        for good in ["10.0.0.7:7070", "spindled-0.spindled:7070", "[::1]:7070"] {
             let config = load_text(&format!("advertise = \"{good}\"\n")).unwrap();
             assert_eq!(config.client_address(config.listen), good);
         }

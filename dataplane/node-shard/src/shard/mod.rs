@@ -125,7 +125,7 @@ fn notify_at(
         match sub.out.try_send(frame) {
             Ok(()) => true,
             Err(e) => {
-                tracing::warn!("dropping a subscriber of task {task}: {e}");
+                tracing::warn!(task = %task, "dropping a subscriber of task {task}: {e}");
                 false
             }
         }
@@ -438,7 +438,7 @@ impl ShardState {
                 // Held here already (an operator's requeue asked again, a lease re-taken after
                 // it lapsed): nothing to put back.
                 Err(spindle_core::SubmitError::DuplicateTask(_)) => {
-                    tracing::debug!("{task} is here already");
+                    tracing::debug!(task = %task, "{task} is here already");
                 }
                 Err(e) => unrestorable.push(spindle_node_control::control::Unrestorable::refused(
                     task, token, e,
@@ -454,7 +454,7 @@ impl ShardState {
     /// the query by request key finds it.
     fn cancel_put_back(&mut self, task: TaskId) {
         if let Err(e) = cancel_held(self, task) {
-            tracing::warn!("canceling {task} put back: {e}");
+            tracing::warn!(task = %task, "canceling {task} put back: {e}");
         }
     }
 
@@ -472,7 +472,7 @@ impl ShardState {
         let reports = tasks
             .into_iter()
             .map(|u| {
-                tracing::error!("cannot put back {}; failing it: {}", u.task, u.reason);
+                tracing::error!(task = %u.task, "cannot put back {}; failing it: {}", u.task, u.reason);
                 let action = ReportAction::Finish {
                     state: TaskState::Failed,
                     cost_actual_milli: None,
@@ -803,7 +803,7 @@ fn forget(s: &mut ShardState, task: TaskId) {
         // Dispatched already: its claim is never sent; the core gives its holdings back.
         let now = s.now();
         if let Err(e) = s.core.handle_claim_refused(now, task) {
-            tracing::warn!("dropping the claim of {task}: {e}");
+            tracing::warn!(task = %task, "dropping the claim of {task}: {e}");
         }
     }
 }

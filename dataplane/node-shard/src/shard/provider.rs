@@ -95,7 +95,7 @@ pub(super) async fn submit_to_provider(
             }
         };
         let Some(provider) = s.core.task_provider(task) else {
-            tracing::warn!("{task}: granted without a provider");
+            tracing::warn!(task = %task, "{task}: granted without a provider");
             return;
         };
         let policy = s.core.policy();
@@ -142,7 +142,7 @@ pub(super) async fn submit_to_provider(
         }
     };
     if d.calls.send(call).await.is_err() {
-        tracing::warn!("{task}: the provider thread stopped; the reconciler resolves it");
+        tracing::warn!(task = %task, "{task}: the provider thread stopped; the reconciler resolves it");
     }
 }
 
@@ -232,7 +232,7 @@ pub(super) async fn provider_event(
                     .provider_unresolved
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let again = d.resolve_again_after();
-                tracing::warn!("{task}: outcome still unknown; asked again in {again:?}");
+                tracing::warn!(task = %task, "{task}: outcome still unknown; asked again in {again:?}");
                 let state = state.clone();
                 let d = d.clone();
                 glommio::spawn_local(async move {
@@ -264,7 +264,9 @@ pub(super) async fn provider_event(
                         let why = view.error.unwrap_or_else(|| format!("{:?}", view.state));
                         failed(s, now, task, token, f, &format!("provider: {why}"));
                     }
-                    _ => tracing::warn!("{task}: a non-final job reported as finished"),
+                    _ => {
+                        tracing::warn!(task = %task, "{task}: a non-final job reported as finished")
+                    }
                 }
                 None
             }
@@ -296,7 +298,7 @@ pub(super) fn accepted(
     if !was_running {
         if let Err(e) = s.core.handle_provider_accepted(task, token) {
             // A stale token (an older attempt's answer): nothing of ours to change.
-            tracing::warn!("provider accepted {task}: {e}");
+            tracing::warn!(task = %task, "provider accepted {task}: {e}");
             return None;
         }
     }
@@ -340,7 +342,7 @@ pub(super) fn unknown(
     token: FencingToken,
 ) -> Option<spindle_node_workers::dispatch::Call> {
     if let Err(e) = s.core.handle_submit_unknown(task, token) {
-        tracing::warn!("submit unknown {task}: {e}");
+        tracing::warn!(task = %task, "submit unknown {task}: {e}");
         return None;
     }
     let resolve = s
@@ -392,7 +394,7 @@ pub(super) fn failed(
         .handle_provider_failed(now, task, token, failure, jitter)
     {
         Ok(outcome) => after_failure(s, now, task, token, outcome, why),
-        Err(e) => tracing::warn!("provider failed {task}: {e}"),
+        Err(e) => tracing::warn!(task = %task, "provider failed {task}: {e}"),
     }
 }
 
@@ -466,7 +468,7 @@ pub(super) async fn run_local(
             }
         }
         if let Err(e) = s.core.handle_provider_accepted(task, token) {
-            tracing::warn!("provider accepted {task}: {e}");
+            tracing::warn!(task = %task, "provider accepted {task}: {e}");
             return;
         }
         notify(&mut s, task, TaskState::Running);
@@ -532,11 +534,11 @@ pub(super) fn provider_succeeded(
             return;
         }
         Ok(other) => {
-            tracing::warn!("{task} ended at the provider step: {other:?}");
+            tracing::warn!(task = %task, "{task} ended at the provider step: {other:?}");
             return;
         }
         Err(e) => {
-            tracing::warn!("provider succeeded {task}: {e}");
+            tracing::warn!(task = %task, "provider succeeded {task}: {e}");
             return;
         }
     }

@@ -177,7 +177,7 @@ pub(super) async fn send_reports_now(shared: SharedShard, reports: Vec<Report>) 
                         .fetch_add(refused as u64, std::sync::atomic::Ordering::Relaxed);
                     for (r, result) in batch.iter().zip(&results) {
                         if !matches!(result, ReportResult::Applied { .. }) {
-                            tracing::warn!("report for task {} not applied: {result:?}", r.task);
+                            tracing::warn!(task = %r.task, "report for task {} not applied: {result:?}", r.task);
                         }
                     }
                 }

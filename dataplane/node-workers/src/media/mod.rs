@@ -698,7 +698,7 @@ fn place_by(
         match spindle_gpu::place(ledger, devices, TRANSCODE_DEMAND, None) {
             Ok(p) => return Ok(p),
             Err(e) if Instant::now() < deadline => {
-                tracing::debug!("media job for {task} waits: {e}");
+                tracing::debug!(task = %task, "media job for {task} waits: {e}");
                 std::thread::sleep(Duration::from_millis(20));
             }
             Err(e) => return Err(format!("no media capacity: {e}")),

@@ -207,7 +207,7 @@ impl Upload {
         let (bucket, keys) = match listed {
             Ok(listed) => listed,
             Err(e) => {
-                tracing::warn!("media: {task}'s renditions under {under} stay: {e}");
+                tracing::warn!(task = %task, "media: {task}'s renditions under {under} stay: {e}");
                 return 0;
             }
         };

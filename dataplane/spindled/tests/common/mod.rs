@@ -492,3 +492,59 @@ pub fn client_ca(
     std::fs::write(&paths.2, key.serialize_pem()).unwrap();
     paths
 }
+
+/// What `expressions` (PromQL) name that `exposition` (a node's /metrics) does not have: a
+/// metric whose family is not declared (a histogram's `_bucket`, `_sum` and `_count` are its
+/// family's), or a label of a `by (…)` that no sample of the expression's metrics carries
+/// (where they have samples).
+pub fn unknown_series(exposition: &str, expressions: &[String]) -> Vec<String> {
+    let mut families: Vec<(String, String)> = Vec::new();
+    for line in exposition.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut it = rest.split_whitespace();
+            if let (Some(name), Some(kind)) = (it.next(), it.next()) {
+                families.push((name.to_string(), kind.to_string()));
+            }
+        }
+    }
+    let exported = |name: &str| {
+        families.iter().any(|(f, kind)| {
+            name == f
+                || (kind == "histogram"
+                    && ["_bucket", "_sum", "_count"]
+                        .iter()
+                        .any(|s| name.strip_suffix(s) == Some(f.as_str())))
+        })
+    };
+    let mut problems = Vec::new();
+    for expr in expressions {
+        let names: Vec<&str> = expr
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| w.starts_with("spindle_"))
+            .collect();
+        for name in &names {
+            if !exported(name) {
+                problems.push(format!("{name} (in {expr}) is not exported"));
+            }
+        }
+        // Labels are checked where the expression's metrics have samples here (some have
+        // them only with work queued or running, or a GPU).
+        let sampled = exposition
+            .lines()
+            .any(|l| !l.starts_with('#') && names.iter().any(|n| l.starts_with(n)));
+        for clause in expr.split("by (").skip(1).filter(|_| sampled) {
+            let labels = clause.split(')').next().unwrap_or("");
+            for label in labels.split(',').map(str::trim).filter(|l| *l != "le") {
+                let carried = exposition.lines().any(|l| {
+                    names.iter().any(|n| l.starts_with(n)) && l.contains(&format!("{label}=\""))
+                });
+                if !carried {
+                    problems.push(format!(
+                        "no sample of {names:?} has label {label} (in {expr})"
+                    ));
+                }
+            }
+        }
+    }
+    problems
+}
