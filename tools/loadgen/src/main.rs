@@ -125,9 +125,9 @@ impl TlsArgs {
 enum Command {
     /// Drive a running node (or a cluster through any of its nodes).
     Run {
-        /// A node's client address; a tenant another node serves is sent there (WrongNode's
-        /// redirect).
-        #[arg(long)]
+        /// A node's client address (host:port, a name or an address); a tenant another node
+        /// serves is sent there (WrongNode's redirect).
+        #[arg(long, value_parser = spindle_node_base::config::address)]
         addr: SocketAddr,
         /// `ID:CREDENTIAL:RATE`, one per tenant.
         #[arg(long = "tenant", required = true)]
@@ -136,7 +136,7 @@ enum Command {
         /// counter (`spindle_tasks_succeeded_total`), sampled every 100 ms, instead of by asking
         /// for every task until it ends — which loads the node it measures. Every accepted task
         /// is still checked once, after the measurement.
-        #[arg(long)]
+        #[arg(long, value_parser = spindle_node_base::config::address)]
         metrics: Option<SocketAddr>,
         #[command(flatten)]
         tls: TlsArgs,

@@ -42,10 +42,10 @@ pub struct Args {
     #[arg(long, env = "SPINDLE_CONFIG")]
     pub config: Option<PathBuf>,
     /// Address to serve the client protocol on (port 0: any free port).
-    #[arg(long, env = "SPINDLE_LISTEN")]
+    #[arg(long, env = "SPINDLE_LISTEN", value_parser = address)]
     pub listen: Option<SocketAddr>,
     /// Address of /livez, /readyz and /metrics.
-    #[arg(long, env = "SPINDLE_HTTP_LISTEN")]
+    #[arg(long, env = "SPINDLE_HTTP_LISTEN", value_parser = address)]
     pub http_listen: Option<SocketAddr>,
     /// The client address other nodes send this node's tenants to ("host:port").
     #[arg(long, env = "SPINDLE_ADVERTISE")]
@@ -85,7 +85,7 @@ pub enum LogFormat {
 pub struct Config {
     #[serde(default = "default_node_id")]
     pub node_id: String,
-    #[serde(default = "default_listen")]
+    #[serde(default = "default_listen", deserialize_with = "deserialize_address")]
     pub listen: SocketAddr,
     /// The client address ("host:port") other nodes name when they send this node's tenants
     /// here (`WrongNode`'s redirect); default: the address `listen` bound. Set it where
@@ -94,7 +94,10 @@ pub struct Config {
     #[serde(default)]
     pub advertise: Option<String>,
     /// `/livez`, `/readyz` and `/metrics` (port 0: any free port).
-    #[serde(default = "default_http_listen")]
+    #[serde(
+        default = "default_http_listen",
+        deserialize_with = "deserialize_address"
+    )]
     pub http_listen: SocketAddr,
     #[serde(default = "default_postgres")]
     pub postgres: String,
@@ -469,6 +472,31 @@ fn default_cancel_per_minute() -> u64 {
 fn default_node_id() -> String {
     "node-1".into()
 }
+/// `host:port` as a socket address: an address (`10.0.0.7:7070`, `[::1]:7070`) as it is, a
+/// name (`localhost:7070`, `spindled-0.spindled:7070`) resolved now, its first address taken.
+/// Every address spindle's programs take goes through this.
+pub fn address(text: &str) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    if let Ok(a) = text.parse() {
+        return Ok(a);
+    }
+    let (host, port) = text
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{text:?} is not host:port"))?;
+    if host.is_empty() || port.parse::<u16>().is_err() {
+        return Err(format!("{text:?} is not host:port"));
+    }
+    text.to_socket_addrs()
+        .map_err(|e| format!("{text}: {e}"))?
+        .next()
+        .ok_or_else(|| format!("{text}: the name has no address"))
+}
+
+fn deserialize_address<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
+    let text = String::deserialize(d)?;
+    address(&text).map_err(serde::de::Error::custom)
+}
+
 fn default_listen() -> SocketAddr {
     "127.0.0.1:7070".parse().expect("literal address")
 }
@@ -1091,6 +1119,20 @@ mod tests {
         let from_file = Config::load_with(&Args::file(path, None), []).unwrap();
         let from_vars = Config::load_with(&Args::file(empty, None), vars).unwrap();
         assert_eq!(format!("{from_vars:?}"), format!("{from_file:?}"));
+    }
+
+    /// Addresses take names as well as addresses (resolved at load), and say what is wrong.
+    #[test]
+    fn addresses_take_host_names() {
+        assert_eq!(address("10.0.0.7:7070").unwrap().port(), 7070);
+        assert_eq!(address("[::1]:7072").unwrap().port(), 7072);
+        let named = address("localhost:7070").unwrap();
+        assert!(named.ip().is_loopback() && named.port() == 7070, "{named}");
+        for bad in ["localhost", ":7070", "localhost:port", "localhost:70000"] {
+            assert!(address(bad).unwrap_err().contains("host:port"), "{bad}");
+        }
+        let c = load_text("listen = \"localhost:0\"\nhttp_listen = \"localhost:0\"\n").unwrap();
+        assert!(c.listen.ip().is_loopback() && c.http_listen.ip().is_loopback());
     }
 
     /// A variable wins over the file; a bad value is refused naming the variable.

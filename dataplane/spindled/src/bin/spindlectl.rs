@@ -35,7 +35,7 @@ use serde_json::{json, Value};
 )]
 struct Cli {
     /// The node's HTTP address (its /metrics port).
-    #[arg(long, env = "SPINDLE_ADMIN_NODE")]
+    #[arg(long, env = "SPINDLE_ADMIN_NODE", value_parser = spindle_node_base::config::address)]
     node: SocketAddr,
     /// An admin token from the node's configuration.
     #[arg(long, env = "SPINDLE_ADMIN_TOKEN", hide_env_values = true)]
