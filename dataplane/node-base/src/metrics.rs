@@ -1043,6 +1043,8 @@ impl Metrics {
         self.running
             .render(w, "spindle_submit_running_seconds", "provider=\"any\"");
         let _ = writeln!(w, "# HELP spindle_tenant_running_units Cost units a tenant runs now, per shard.\n# TYPE spindle_tenant_running_units gauge");
+        let _ = writeln!(w, "# HELP spindle_tenant_running_tasks Tasks a tenant runs now, per shard.\n# TYPE spindle_tenant_running_tasks gauge");
+        let _ = writeln!(w, "# HELP spindle_tenant_weight A running tenant's DRR weight, per shard.\n# TYPE spindle_tenant_weight gauge");
         for (i, g) in self.shards.iter().enumerate() {
             let tenants = g.tenants.lock().map(|t| t.clone()).unwrap_or_default();
             for t in tenants {
@@ -1189,10 +1191,34 @@ mod tests {
     use super::*;
 
     /// Every family the node renders has its help and type, once: without the grouping a
-    /// family written in two places would be declared twice (as `spindle_queued_tasks` was).
+    /// family written in two places would be declared twice (as `spindle_queued_tasks` was);
+    /// a running tenant's families lacked their help (promtool saw it on a loaded machine).
     #[test]
     fn every_family_is_declared_once_with_its_help_and_type() {
         let metrics = Metrics::new(2);
+        // The families written only while there is something to write: a running tenant, a
+        // penalized account, a queue's age.
+        *metrics.shards[1].tenants.lock().unwrap() = vec![TenantRunning {
+            tenant: 7,
+            tasks: 2,
+            units_milli: 1_500,
+            weight: 3,
+        }];
+        metrics.shards[0]
+            .penalized
+            .lock()
+            .unwrap()
+            .push("vendor-0:acct-1".into());
+        metrics
+            .queue_ages
+            .lock()
+            .unwrap()
+            .push(spindle_control::reconcile::QueueAge {
+                lane: 1,
+                band: 3,
+                queued: 4,
+                oldest_s: 12.5,
+            });
         let grouped = Exposition::collect(&[&*metrics]);
         assert!(grouped.problems.is_empty(), "{:#?}", grouped.problems);
         assert!(
