@@ -180,9 +180,10 @@ fn refused(s: &mut ShardState, now: Time, task: TaskId, why: ClaimRefusal) {
             | ClaimRefusal::PartitionNotOwned(_)
     ) {
         // Its submit never committed (a replay, a conflict), another writer moved it, or its
-        // partition went to another node: it is not ours to run.
+        // partition went to another node: it is not ours to run, nor its end ours to tell.
         let _ = s.core.handle_cancel(task);
         remove_meta(s, &task);
+        drop_subscribers(s, task);
     }
     if let Err(e) = s.core.handle_claim_refused(now, task) {
         tracing::warn!(task = %task, "claim refused for {task}: {e}");
