@@ -23,7 +23,8 @@ def check(mode, a, client_name):
     if mode == "refused":
         assert a["decision"] == REJECT_PLATFORM_OVERLOADED, a
         assert a["retry_after_ms"] > 0, a
-        assert "budget" in (a["reason"] or ""), a
+        # Why, in words (the gate's budget, or the stalled store's own refusal).
+        assert a["reason"], a
         print(f"{client_name}: refused, retry after {a['retry_after_ms']} ms: {a['reason']}")
     else:
         assert a["decision"] == ACCEPTED, a
