@@ -90,7 +90,7 @@ impl TasksBody {
 }
 
 /// Every admin route: its method, its path (`{name}`: any one segment) and the least role it
-/// needs (a policy object's kind may need more: [`needed_role`]). `docs/admin-openapi.yaml`
+/// needs (a policy object's kind may need more: `needed_role`). `docs/admin-openapi.yaml`
 /// describes these routes and no others (a test compares both ways).
 pub const ROUTES: [(&str, &str, Role); 13] = [
     ("GET", "/admin/v1/policy", Role::Viewer),
