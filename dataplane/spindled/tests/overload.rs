@@ -25,6 +25,10 @@ async fn a_stalled_store_is_met_with_fast_refusals_and_acceptance_resumes_by_its
     assert!(first.decision.is_accepted(), "{first:?}");
     wait_for(&client, first.task, TaskState::Succeeded).await;
 
+    // The SDK's virtualenv made before the lock is taken: a clean clone makes it on first use
+    // (pip, seconds), and the lock must be released before the node's `lock_timeout` (5 s)
+    // turns the admitted frames' waiting call into a refusal.
+    common::python::sdk_python();
     // Another session holds the task table against inserts: every submit call now waits.
     let sql = test.sql().await.unwrap();
     sql.batch_execute("BEGIN; LOCK TABLE task IN EXCLUSIVE MODE")
@@ -97,13 +101,15 @@ async fn a_stalled_store_is_met_with_fast_refusals_and_acceptance_resumes_by_its
 
     // The store recovers: what was admitted is acknowledged as accepted — never refused
     // afterwards — and runs.
+    let stalled_for = held.elapsed();
     sql.batch_execute("ROLLBACK").await.unwrap();
     assert!(!waiting.is_empty(), "the first frames were admitted");
     for answer in waiting {
         let a = answer.await.unwrap();
         assert!(
             a.decision.is_accepted(),
-            "an admitted task was refused: {a:?}"
+            "an admitted task was refused (the store stalled for {stalled_for:?}; the node's \
+             lock_timeout is 5 s): {a:?}"
         );
         wait_for(&client, a.task, TaskState::Succeeded).await;
     }
