@@ -82,6 +82,8 @@ pub struct HttpProvider {
     timeout: Duration,
     /// One permit per call open at once, when bounded ([`HttpProvider::with_requests_max`]).
     open: Option<std::sync::Arc<tokio::sync::Semaphore>>,
+    /// The `authorization` header every call carries (a vendor's API key), if any.
+    authorization: Option<hyper::header::HeaderValue>,
 }
 
 pub(crate) enum Sent {
@@ -101,7 +103,18 @@ impl HttpProvider {
             client: crate::tls::client(&crate::tls::public_roots(), timeout),
             timeout,
             open: None,
+            authorization: None,
         }
+    }
+
+    /// Sends `value` as the `authorization` header of every call (`Bearer …`, `Key …`); a
+    /// value no header may hold (a line break in a key file, say) is refused here, by name.
+    pub fn with_authorization(mut self, value: &str) -> Result<HttpProvider, String> {
+        let mut v = hyper::header::HeaderValue::from_str(value)
+            .map_err(|_| "the API key holds characters no HTTP header may carry".to_string())?;
+        v.set_sensitive(true);
+        self.authorization = Some(v);
+        Ok(self)
     }
 
     /// Checks `https://` peers against `tls`'s roots instead (a private CA's among them:
@@ -134,33 +147,65 @@ impl HttpProvider {
 
     /// One request and its answer, bounded by the timeout.
     async fn exchange(&self, method: &str, path: &str, body: Option<Vec<u8>>) -> Sent {
-        let request = hyper::Request::builder()
+        self.exchange_hinted(method, path, body).await.0
+    }
+
+    /// A call in its turn, with the answer's `Retry-After` ([`Self::exchange_hinted`]).
+    pub(crate) async fn call_hinted(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> (Sent, Option<u64>) {
+        let _open = self.turn().await;
+        self.exchange_hinted(method, path, body).await
+    }
+
+    /// One request and its answer, bounded by the timeout; with the answer's `Retry-After`
+    /// in ms (seconds or an HTTP date), when it has one.
+    async fn exchange_hinted(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> (Sent, Option<u64>) {
+        let mut request = hyper::Request::builder()
             .method(method)
             .uri(format!("{}{path}", self.base))
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from(body.unwrap_or_default())));
-        let request = match request {
+            .header("content-type", "application/json");
+        if let Some(auth) = &self.authorization {
+            request = request.header(hyper::header::AUTHORIZATION, auth.clone());
+        }
+        let request = match request.body(Full::new(Bytes::from(body.unwrap_or_default()))) {
             Ok(r) => r,
-            Err(e) => return Sent::Unsent(format!("bad request: {e}")),
+            Err(e) => return (Sent::Unsent(format!("bad request: {e}")), None),
         };
         let exchange = async {
             let response = match self.client.request(request).await {
                 Ok(r) => r,
-                Err(e) if e.is_connect() => return Sent::Unsent(crate::tls::describe(&e)),
-                Err(e) => return Sent::NoAnswer(crate::tls::describe(&e)),
+                Err(e) if e.is_connect() => return (Sent::Unsent(crate::tls::describe(&e)), None),
+                Err(e) => return (Sent::NoAnswer(crate::tls::describe(&e)), None),
             };
             let status = response.status();
+            let hint = response
+                .headers()
+                .get(hyper::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(retry_after_ms);
             match Limited::new(response.into_body(), BODY_BYTES_MAX)
                 .collect()
                 .await
             {
-                Ok(b) => Sent::Answer(status, b.to_bytes()),
-                Err(e) => Sent::NoAnswer(format!("reading the answer: {e}")),
+                Ok(b) => (Sent::Answer(status, b.to_bytes()), hint),
+                Err(e) => (Sent::NoAnswer(format!("reading the answer: {e}")), None),
             }
         };
         match tokio::time::timeout(self.timeout, exchange).await {
             Ok(sent) => sent,
-            Err(_) => Sent::NoAnswer(format!("no answer within {:?}", self.timeout)),
+            Err(_) => (
+                Sent::NoAnswer(format!("no answer within {:?}", self.timeout)),
+                None,
+            ),
         }
     }
 
@@ -173,11 +218,23 @@ impl HttpProvider {
         withdrawn: &std::sync::atomic::AtomicBool,
     ) -> Result<JobView, SubmitError> {
         let body = serde_json::to_vec(s).map_err(|e| SubmitError::NotSent(e.to_string()))?;
+        let (sent, hint) = self.send_unless("/v1/jobs", body, withdrawn).await?;
+        submit_answer(sent, hint)
+    }
+
+    /// POSTs `body` to `path` in its turn — unless `withdrawn` is set by then: nothing is
+    /// sent and the answer is [`SubmitError::Withdrawn`]. With the answer's `Retry-After`.
+    pub(crate) async fn send_unless(
+        &self,
+        path: &str,
+        body: Vec<u8>,
+        withdrawn: &std::sync::atomic::AtomicBool,
+    ) -> Result<(Sent, Option<u64>), SubmitError> {
         let _open = self.turn().await;
         if withdrawn.load(std::sync::atomic::Ordering::Acquire) {
             return Err(SubmitError::Withdrawn);
         }
-        submit_answer(self.exchange("POST", "/v1/jobs", Some(body)).await)
+        Ok(self.exchange_hinted("POST", path, Some(body)).await)
     }
 
     async fn lookup(&self, method: &str, path: &str) -> Result<Lookup, QueryError> {
@@ -225,8 +282,22 @@ impl HttpProvider {
     }
 }
 
-/// What a submit's exchange says about the job.
-fn submit_answer(sent: Sent) -> Result<JobView, SubmitError> {
+/// A `Retry-After` value in ms: delay-seconds, or an HTTP date (0 when it has passed).
+pub(crate) fn retry_after_ms(value: &str) -> Option<u64> {
+    let value = value.trim();
+    if let Ok(s) = value.parse::<u64>() {
+        return Some(s.saturating_mul(1_000));
+    }
+    let at = httpdate::parse_http_date(value).ok()?;
+    Some(
+        at.duration_since(std::time::SystemTime::now())
+            .map_or(0, |d| d.as_millis() as u64),
+    )
+}
+
+/// What a submit's exchange says about the job; `hint` is the answer's `Retry-After`, which
+/// a 429 without a hint in its body goes by.
+fn submit_answer(sent: Sent, hint: Option<u64>) -> Result<JobView, SubmitError> {
     match sent {
         Sent::Answer(status, body) if status.is_success() => serde_json::from_slice(&body)
             // It answered success: accepted, but we cannot read what. Ask by key.
@@ -239,7 +310,7 @@ fn submit_answer(sent: Sent) -> Result<JobView, SubmitError> {
             );
             match status.as_u16() {
                 429 => Err(SubmitError::RateLimited {
-                    retry_after_ms: problem.and_then(|p| p.retry_after_ms),
+                    retry_after_ms: problem.and_then(|p| p.retry_after_ms).or(hint),
                 }),
                 400..=499 => Err(SubmitError::Refused {
                     kind: problem.map_or(
@@ -278,7 +349,8 @@ pub(crate) fn encode(v: &str) -> String {
 impl AsyncJobProvider for HttpProvider {
     async fn submit(&self, s: &Submission) -> Result<JobView, SubmitError> {
         let body = serde_json::to_vec(s).map_err(|e| SubmitError::NotSent(e.to_string()))?;
-        submit_answer(self.call("POST", "/v1/jobs", Some(body)).await)
+        let (sent, hint) = self.call_hinted("POST", "/v1/jobs", Some(body)).await;
+        submit_answer(sent, hint)
     }
 
     async fn job(&self, _account: &str, job_id: &str) -> Result<Lookup, QueryError> {

@@ -77,7 +77,7 @@ pub const PROVIDER_RESULTS: [&str; 6] = [
 /// Provider callbacks and polls: progress, final (ended a watch), ignored (nobody watched:
 /// a duplicate or late one), polled (a poll found the end), bad_signature, outside_window (its
 /// signed time too far from now), replayed (taken already within the window).
-pub const CALLBACK_KINDS: [&str; 7] = [
+pub const CALLBACK_KINDS: [&str; 10] = [
     "progress",
     "final",
     "ignored",
@@ -85,6 +85,11 @@ pub const CALLBACK_KINDS: [&str; 7] = [
     "bad_signature",
     "outside_window",
     "replayed",
+    // A vendor's callback that named an attempt in doubt, MiniMax's URL check echoed, and
+    // one that could not be read.
+    "resolved",
+    "challenge",
+    "unreadable",
 ];
 
 /// A cumulative histogram of microseconds, with a row count for batch histograms.

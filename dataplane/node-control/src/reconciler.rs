@@ -44,7 +44,8 @@ pub struct Reconcilers {
     pub ownership: Arc<spindle_node_base::ownership::Ownership>,
     pub live: Arc<crate::live_policy::LivePolicy>,
     pub shards: Vec<mpsc::Sender<ShardMsg>>,
-    /// The provider's API (none with the local provider: no orphans or costs to look at).
+    /// The provider's API (none with the local provider or a vendor's API: no orphans or costs
+    /// to look at).
     pub provider: Option<HttpProvider>,
 }
 
@@ -69,7 +70,13 @@ impl Reconcilers {
     pub fn provider_client(
         config: &spindle_node_base::config::Config,
     ) -> anyhow::Result<Option<HttpProvider>> {
-        let Some(p) = &config.provider else {
+        // The orphans and costs passes read spindle's API (its live-jobs listing and the cost it
+        // reports per job); a vendor's API has neither in that form.
+        let Some(p) = config
+            .provider
+            .as_ref()
+            .filter(|p| p.vendor == spindle_providers::Vendor::Spindle)
+        else {
             return Ok(None);
         };
         Ok(Some(

@@ -368,7 +368,20 @@ async fn answer(port: &Port, route: Route, req: Request<Incoming>) -> Response<F
                     .map(str::to_string)
             };
             if route == Route::Callback {
-                let (status, body) = callback(port, &body, header("x-signature").as_deref()).await;
+                let (status, body) = match port.sink.get() {
+                    Some(d) if d.vendor() != spindle_providers::Vendor::Spindle => {
+                        let (status, body) = vendor_callback(d, &parts, &body).await;
+                        if body.starts_with('{') {
+                            // MiniMax's challenge, echoed as the JSON it came as.
+                            let mut r = text(status, body);
+                            r.headers_mut()
+                                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                            return r;
+                        }
+                        (status, body)
+                    }
+                    _ => callback(port, &body, header("x-signature").as_deref()).await,
+                };
                 return text(status, body);
             }
             let Some(admin) = &port.admin else {
@@ -526,6 +539,30 @@ fn status_of(line: &str) -> StatusCode {
         .and_then(|c| c.parse::<u16>().ok())
         .and_then(|c| StatusCode::from_u16(c).ok())
         .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+}
+
+/// A vendor's callback, checked and acted on by the dispatcher (`Dispatcher::on_vendor_callback`).
+async fn vendor_callback(
+    dispatcher: &spindle_node_workers::dispatch::Dispatcher,
+    parts: &hyper::http::request::Parts,
+    body: &[u8],
+) -> (StatusCode, String) {
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let (status, answer) = dispatcher
+        .on_vendor_callback(&spindle_providers::vendors::CallbackIn {
+            headers: &parts.headers,
+            query: parts.uri.query().unwrap_or(""),
+            body,
+            now_ms,
+            window_ms: dispatcher.callback_window_ms(),
+        })
+        .await;
+    (
+        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        answer,
+    )
 }
 
 /// A provider callback: its signature and the time it was signed first — outside the window,

@@ -23,7 +23,10 @@ use std::time::{Duration, Instant};
 use spindle_core::ledger::TokenBucket;
 use spindle_core::policy::RateSpec;
 use spindle_core::{FencingToken, TaskId, Time};
-use spindle_providers::{AsyncJobProvider, HttpProvider, JobView, Lookup, Submission, SubmitError};
+use spindle_providers::vendors::{Callback, CallbackIn};
+use spindle_providers::{
+    AsyncJobProvider, JobView, Lookup, Provider, Submission, SubmitError, Vendor,
+};
 use tokio::sync::mpsc;
 
 pub use spindle_node_base::config::ProviderConfig;
@@ -111,6 +114,7 @@ impl Drop for Waiting<'_> {
 
 struct Watched {
     shard: usize,
+    account: String,
     task: TaskId,
     token: FencingToken,
     /// The job was given up — it outlived `polls_max` polls, or its lane's execution timeout —
@@ -118,9 +122,29 @@ struct Watched {
     given_up: Option<String>,
 }
 
+/// Callbacks of a vendor without a lookup by key that named a key no watch or resolve was
+/// waiting for yet (a submit whose answer is still on its way back, say): kept, oldest
+/// dropped first past [`KEYED_MAX`], for the resolve that comes to ask.
+#[derive(Default)]
+struct Keyed {
+    /// Request key → the job its callback named.
+    jobs: HashMap<String, String>,
+    order: std::collections::VecDeque<String>,
+    /// Resolves waiting for the callback that names their key.
+    waiting: HashMap<String, tokio::sync::oneshot::Sender<String>>,
+    /// Jobs a resolve found ended already, for the watch that follows (which then ends at
+    /// once instead of at its first poll), oldest dropped first past [`KEYED_MAX`].
+    ended: HashMap<String, JobView>,
+    ended_order: std::collections::VecDeque<String>,
+}
+
+/// Keys [`Keyed`] remembers.
+pub const KEYED_MAX: usize = 16_384;
+
 /// The provider thread's shared state: the client, the shards' inboxes, the watched jobs.
 pub struct Dispatcher {
-    provider: HttpProvider,
+    provider: Provider,
+    keyed: Mutex<Keyed>,
     config: ProviderConfig,
     shards: Vec<mpsc::Sender<ShardMsg>>,
     watched: Mutex<HashMap<String, Watched>>,
@@ -187,9 +211,8 @@ pub fn start(
 ) -> anyhow::Result<DispatchHandle> {
     let base = config.callback_base.clone().unwrap_or(http_base);
     let dispatcher = Arc::new(Dispatcher {
-        provider: HttpProvider::new(&config.url, Duration::from_millis(config.timeout_ms))
-            .with_tls(tls)
-            .with_requests_max(config.requests_max),
+        provider: config.provider(tls)?,
+        keyed: Mutex::new(Keyed::default()),
         callback_url: format!("{}/v1/provider/callback", base.trim_end_matches('/')),
         config,
         shards,
@@ -287,6 +310,20 @@ impl Dispatcher {
                 if let Some(rate) = pace {
                     self.paced(&submission.account, shard, rate).await;
                 }
+                let mut submission = submission;
+                if let Some(id) = self.config.models.get(&submission.model) {
+                    submission.model = id.clone();
+                }
+                if self.provider.vendor() != Vendor::Spindle {
+                    // A vendor's callback names its attempt by the URL it was given.
+                    submission.callback_url = submission.callback_url.map(|base| {
+                        spindle_providers::vendors::callback_url(
+                            &base,
+                            &submission.request_key,
+                            self.secret(),
+                        )
+                    });
+                }
                 let result = self.provider.submit_unless(&submission, &withdrawn).await;
                 if result != Err(SubmitError::Withdrawn) {
                     let definite = !matches!(
@@ -321,6 +358,11 @@ impl Dispatcher {
                 request_key,
             } => {
                 let lookup = self.resolve(&account, &request_key, task.0).await;
+                if let Some(Lookup::Found(view)) = &lookup {
+                    if view.state.is_final() {
+                        self.ended(view.clone());
+                    }
+                }
                 self.send(
                     shard,
                     ProviderEvent::Resolved {
@@ -345,13 +387,18 @@ impl Dispatcher {
                     job_id.clone(),
                     Watched {
                         shard,
+                        account: account.clone(),
                         task,
                         token,
                         given_up: None,
                     },
                 );
+                let ended = self.keyed().ended.remove(&job_id);
                 if cancel {
                     self.cancel(&account, &job_id).await;
+                } else if let Some(view) = ended {
+                    self.finish(view).await;
+                    return;
                 }
                 self.poll(&account, &job_id, timeout).await;
             }
@@ -365,6 +412,9 @@ impl Dispatcher {
     /// waits one call timeout, and a "not found" must hold again two timeouts later. `None`
     /// when no query got an answer.
     async fn resolve(&self, account: &str, request_key: &str, seed: u64) -> Option<Lookup> {
+        if !self.provider.finds_by_key() {
+            return self.resolve_by_callback(account, request_key).await;
+        }
         let timeout = Duration::from_millis(self.config.timeout_ms);
         tokio::time::sleep(timeout).await;
         let mut not_found_once = false;
@@ -384,6 +434,74 @@ impl Dispatcher {
             }
         }
         None
+    }
+
+    /// Finds an attempt in doubt at a vendor that cannot be asked by key: by the callback that
+    /// names its key (the vendor calls back when the job it took changes), within one round
+    /// of the staged polls; `None` (asked again later) when none came.
+    async fn resolve_by_callback(&self, account: &str, request_key: &str) -> Option<Lookup> {
+        let rx = {
+            let mut k = self.keyed();
+            match k.jobs.remove(request_key) {
+                Some(job) => Err(job),
+                None => {
+                    let (tx, rx) = tokio::sync::oneshot::channel();
+                    k.waiting.insert(request_key.to_string(), tx);
+                    Ok(rx)
+                }
+            }
+        };
+        let job_id = match rx {
+            Err(job) => job,
+            Ok(rx) => {
+                let round = self.stage(u32::MAX, 0) * RESOLVE_TRIES_MAX;
+                let named = tokio::time::timeout(round, rx).await;
+                self.keyed().waiting.remove(request_key);
+                named.ok()?.ok()?
+            }
+        };
+        match self.provider.job(account, &job_id).await {
+            Ok(Lookup::Found(mut view)) => {
+                view.request_key = request_key.to_string();
+                Some(Lookup::Found(view))
+            }
+            // The callback named it: a job the vendor cannot show now is asked about again.
+            Ok(Lookup::NotFound) | Err(_) => {
+                self.remember(request_key, &job_id);
+                None
+            }
+        }
+    }
+
+    /// Keeps a job found ended for the watch that follows (bounded).
+    fn ended(&self, view: JobView) {
+        let mut k = self.keyed();
+        let id = view.job_id.clone();
+        if k.ended.insert(id.clone(), view).is_none() {
+            k.ended_order.push_back(id);
+        }
+        while k.ended_order.len() > KEYED_MAX {
+            if let Some(old) = k.ended_order.pop_front() {
+                k.ended.remove(&old);
+            }
+        }
+    }
+
+    fn keyed(&self) -> std::sync::MutexGuard<'_, Keyed> {
+        self.keyed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keeps a callback's job for the resolve of `key` that comes later (bounded).
+    fn remember(&self, key: &str, job_id: &str) {
+        let mut k = self.keyed();
+        if k.jobs.insert(key.to_string(), job_id.to_string()).is_none() {
+            k.order.push_back(key.to_string());
+        }
+        while k.order.len() > KEYED_MAX {
+            if let Some(old) = k.order.pop_front() {
+                k.jobs.remove(&old);
+            }
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Watched>> {
@@ -507,6 +625,57 @@ impl Dispatcher {
 
     pub fn secret(&self) -> &[u8] {
         self.config.secret.as_bytes()
+    }
+
+    /// Which API the provider speaks: spindle's callbacks are job views signed with
+    /// `x-signature` ([`Dispatcher::on_callback`]); a vendor's go to
+    /// [`Dispatcher::on_vendor_callback`].
+    pub fn vendor(&self) -> Vendor {
+        self.provider.vendor()
+    }
+
+    /// A vendor's callback: checked as the vendor signs (and by the token of the URL the node
+    /// gave), then taken as a reason to ask — the job named is asked for now, and its end, if
+    /// it ended, ends its watch; a resolve waiting for the key hears of the job. The status and
+    /// body to answer with.
+    pub async fn on_vendor_callback(&self, c: &CallbackIn<'_>) -> (u16, String) {
+        let (job_id, key) = match self.provider.callback(self.secret(), c) {
+            Err(e) => {
+                let (kind, status) = e.kind();
+                self.metrics.callback(kind);
+                return (status, format!("{e}\n"));
+            }
+            Ok(Callback::Challenge(echo)) => {
+                self.metrics.callback("challenge");
+                return (200, echo);
+            }
+            Ok(Callback::Changed {
+                job_id,
+                request_key,
+            }) => (job_id, request_key),
+        };
+        if let Some(tx) = self.keyed().waiting.remove(&key) {
+            self.metrics.callback("resolved");
+            let _ = tx.send(job_id);
+            return (200, "ok\n".into());
+        }
+        let account = self.lock().get(&job_id).map(|w| w.account.clone());
+        let Some(account) = account else {
+            // No watch yet: the answer to its submit has not come back (or never will).
+            self.metrics.callback("ignored");
+            self.remember(&key, &job_id);
+            return (200, "ok\n".into());
+        };
+        match self.provider.job(&account, &job_id).await {
+            Ok(Lookup::Found(view)) if view.state.is_final() => {
+                self.metrics.callback("final");
+                self.finish(view).await;
+            }
+            Ok(_) => self.metrics.callback("progress"),
+            // The watch's polls will ask again.
+            Err(e) => tracing::warn!("{job_id}: asked after its callback: {e}"),
+        }
+        (200, "ok\n".into())
     }
 
     /// The callbacks' window, in ms.

@@ -6,14 +6,37 @@ use std::sync::Arc;
 #[derive(Debug, Clone, PartialEq, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ProviderConfig {
-    /// Base URL of the generic provider API (the mock provider speaks it): `http://` or
-    /// `https://` (its certificate checked against the public web's roots, and `ca_file`'s).
+    /// Which API the provider speaks: `spindle` (the generic API, which the mock provider
+    /// speaks), `replicate`, `fal` or `minimax` (docs/providers.md has a table per vendor).
+    #[serde(default)]
+    pub vendor: spindle_providers::Vendor,
+    /// Base URL of the provider's API: `http://` or `https://` (its certificate checked against
+    /// the public web's roots, and `ca_file`'s). The vendors': `https://api.replicate.com`,
+    /// `https://queue.fal.run`, `https://api.minimax.io`.
     pub url: String,
+    /// The vendor's API key (`token_file` reads it from a file); a vendor needs one, spindle's
+    /// API takes none.
+    #[serde(default)]
+    pub token: Option<String>,
+    /// fal.ai: the JSON Web Key Set its webhooks are signed with (saved from
+    /// `https://rest.alpha.fal.ai/.well-known/jwks.json`).
+    #[serde(default)]
+    pub jwks_file: Option<std::path::PathBuf>,
+    /// The vendor's model id for each of spindle's model names (`"video-model-0" =
+    /// "minimax/video-01"`); a model not named here is sent under its own name.
+    #[serde(default)]
+    pub models: std::collections::BTreeMap<String, String>,
+    /// Replicate: how far back a submit whose answer never came is looked for in the
+    /// predictions list (by the key its webhook URL names).
+    #[serde(default = "default_lookup_window_s")]
+    pub lookup_window_s: u64,
     /// PEM certificates of a private CA that the provider's `https://` certificates (its API's
     /// and its videos') may chain to, beside the public web's roots.
     #[serde(default)]
     pub ca_file: Option<std::path::PathBuf>,
-    /// The secret callbacks are signed with.
+    /// The secret callbacks are signed with: spindle's API signs with it; Replicate's is the
+    /// account's webhook signing secret (`whsec_…`); for fal and MiniMax it keys the token each
+    /// attempt's callback URL carries.
     pub secret: String,
     /// Each HTTP call gives up after this; a submit without an answer is SUBMIT_UNKNOWN.
     #[serde(default = "default_timeout_ms")]
@@ -39,6 +62,10 @@ pub struct ProviderConfig {
     /// asks about every live attempt, say) opens.
     #[serde(default = "default_requests_max")]
     pub requests_max: usize,
+}
+
+fn default_lookup_window_s() -> u64 {
+    86_400
 }
 
 fn default_callback_window_s() -> u64 {
@@ -91,7 +118,65 @@ impl ProviderConfig {
             (1..=65_536).contains(&self.requests_max),
             "provider.requests_max must be 1..=65536"
         );
+        anyhow::ensure!(
+            (60..=30 * 86_400).contains(&self.lookup_window_s),
+            "provider.lookup_window_s must be 60..=2592000"
+        );
+        self.provider(&*self.tls()?)?;
         Ok(())
+    }
+
+    /// The client for the configured API; every error names the key at fault.
+    pub fn provider(
+        &self,
+        tls: &spindle_providers::tls::ClientConfig,
+    ) -> anyhow::Result<spindle_providers::Provider> {
+        use spindle_providers::vendors::{fal::Fal, minimax::Minimax, replicate::Replicate};
+        use spindle_providers::{Provider, Vendor};
+        let http = spindle_providers::HttpProvider::new(
+            &self.url,
+            std::time::Duration::from_millis(self.timeout_ms),
+        )
+        .with_tls(tls)
+        .with_requests_max(self.requests_max);
+        let token = || {
+            self.token
+                .as_deref()
+                .filter(|t| !t.is_empty())
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "provider.token (or token_file) must hold the {} API key",
+                        self.vendor.name()
+                    )
+                })
+        };
+        let named = |e: String| anyhow::anyhow!("provider: {e}");
+        Ok(match self.vendor {
+            Vendor::Spindle => {
+                anyhow::ensure!(
+                    self.token.is_none() && self.jwks_file.is_none(),
+                    "provider.token and provider.jwks_file are for vendors' APIs (vendor = ...)"
+                );
+                Provider::Spindle(http)
+            }
+            Vendor::Replicate => Provider::Replicate(
+                Replicate::new(http, token()?, &self.secret, self.lookup_window_s)
+                    .map_err(named)?,
+            ),
+            Vendor::Fal => {
+                let path = self.jwks_file.as_ref().ok_or_else(|| {
+                    anyhow::anyhow!("provider.jwks_file must name fal's webhook key set")
+                })?;
+                let jwks = std::fs::read(path)
+                    .map_err(|e| anyhow::anyhow!("provider.jwks_file {}: {e}", path.display()))?;
+                Provider::Fal(
+                    Fal::new(http, token()?, &jwks).map_err(|e| {
+                        anyhow::anyhow!("provider.jwks_file {}: {e}", path.display())
+                    })?,
+                )
+            }
+            Vendor::Minimax => Provider::Minimax(Minimax::new(http, token()?).map_err(named)?),
+        })
     }
 
     /// The roots the provider's `https://` certificates are checked against: the public
@@ -99,5 +184,64 @@ impl ProviderConfig {
     pub fn tls(&self) -> anyhow::Result<Arc<spindle_providers::tls::ClientConfig>> {
         spindle_providers::tls::roots_with(self.ca_file.as_deref())
             .map_err(|e| anyhow::anyhow!("provider.ca_file: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn section(extra: &str) -> ProviderConfig {
+        toml::from_str(&format!(
+            "url = \"https://api.example.com\"\nsecret = \"whsec_C2FVsBQIhrscChlQIMV+b5sSYspob7oD\"\n{extra}"
+        ))
+        .unwrap()
+    }
+
+    fn refusal(extra: &str) -> String {
+        section(extra).check().unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_vendors_section_is_checked_key_by_key() {
+        section("").check().unwrap();
+        section("vendor = \"replicate\"\ntoken = \"r8_x\"")
+            .check()
+            .unwrap();
+        section("vendor = \"minimax\"\ntoken = \"k\"")
+            .check()
+            .unwrap();
+        assert!(
+            refusal("vendor = \"replicate\"").contains("provider.token (or token_file)"),
+            "a vendor needs its API key"
+        );
+        assert!(refusal("token = \"k\"").contains("are for vendors' APIs"));
+        let e = toml::from_str::<ProviderConfig>(
+            "url = \"https://x\"\nsecret = \"s\"\nvendor = \"replicate\"\ntoken = \"k\"",
+        )
+        .unwrap()
+        .check()
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("whsec_"),
+            "Replicate's secret is its signing secret: {e}"
+        );
+        assert!(refusal("vendor = \"fal\"\ntoken = \"k\"").contains("provider.jwks_file"));
+        let dir = tempfile::tempdir().unwrap();
+        let jwks = dir.path().join("jwks.json");
+        std::fs::write(&jwks, r#"{"keys": []}"#).unwrap();
+        let e = refusal(&format!(
+            "vendor = \"fal\"\ntoken = \"k\"\njwks_file = \"{}\"",
+            jwks.display()
+        ));
+        assert!(e.contains("no Ed25519 key"), "{e}");
+        assert!(refusal("vendor = \"minimax\"\ntoken = \"line\\nbreak\"").contains("API key"));
+        assert!(
+            toml::from_str::<ProviderConfig>("url = \"x\"\nsecret = \"s\"\nvendor = \"acme\"")
+                .unwrap_err()
+                .to_string()
+                .contains("unknown variant")
+        );
     }
 }
