@@ -10,7 +10,7 @@ mod common;
 use std::time::Duration;
 
 use common::mock::{held, wait_final};
-use common::{http_get, metric_sum, start_with, Daemon};
+use common::{http_get, metric_sum, start_with_env, Daemon};
 use spindle_client::Client;
 use spindle_control::testing::TestDb;
 use spindle_core::{TaskId, TenantId};
@@ -58,7 +58,8 @@ async fn node(test: &TestDb, standin: &Standin, vendor: Vendor, dir: &std::path:
         .set("retry_backoff_base_ms", 20)
         .set("retry_backoff_max_ms", 200)
         .section(&section);
-    start_with(test, &config.toml()).await
+    // The JSON log, whose task lines carry tenant, task and attempt as keys.
+    start_with_env(test, &config.toml(), &[("SPINDLE_LOG_FORMAT", "json")]).await
 }
 
 /// Submits `n` tasks with a prompt as their input (what the vendors' video models take), all
@@ -159,6 +160,28 @@ async fn runs_on(vendor: Vendor) {
         (0, 0, 0),
         "{vendor:?}: every reservation given back"
     );
+
+    // Each submit in doubt was logged as a JSON object naming its tenant, task and attempt.
+    let log = daemon.log();
+    let doubted: Vec<serde_json::Value> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|l| {
+            l["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("no answer to its submit"))
+        })
+        .collect();
+    assert_eq!(doubted.len(), 3, "{log}");
+    for line in &doubted {
+        assert_eq!(
+            (&line["tenant"], &line["attempt"]),
+            (&1.into(), &1.into()),
+            "{line}"
+        );
+        let named = line["task"].as_str().unwrap_or_default().to_string();
+        assert!(ids.iter().any(|t| t.to_string() == named), "{line} {ids:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

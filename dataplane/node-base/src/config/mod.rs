@@ -67,8 +67,9 @@ pub struct Args {
     #[arg(long)]
     pub hash_credential: bool,
     /// How the log is written to standard error: `text` (coloured only on a terminal), or
-    /// `json`, one object a line with the event's fields (`task`, `tenant`, … where the event
-    /// names them) for a log collector.
+    /// `json`, one object a line with the event's fields for a log collector: an event about a
+    /// task carries `tenant`, `task` and `attempt` as keys (the shards' events), others what
+    /// they name.
     #[arg(long, env = "SPINDLE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 }

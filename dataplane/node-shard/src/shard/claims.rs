@@ -131,7 +131,7 @@ fn granted(
             false
         }
         Err(e) => {
-            tracing::warn!(task = %task, "claim granted for {task}: {e}");
+            task_event!(warn, s, task, "claim granted for {task}: {e}");
             false
         }
     }
@@ -154,7 +154,7 @@ fn refused(s: &mut ShardState, now: Time, task: TaskId, why: ClaimRefusal) {
             m.db_version = version;
         }
         if let Err(e) = s.core.handle_claim_refused(now, task) {
-            tracing::warn!(task = %task, "claim refused for {task}: {e}");
+            task_event!(warn, s, task, "claim refused for {task}: {e}");
         }
         return;
     }
@@ -168,7 +168,7 @@ fn refused(s: &mut ShardState, now: Time, task: TaskId, why: ClaimRefusal) {
             let wait_ms = u64::from(s.lease_ms / LEASE_RECHECKS_PER_LEASE).max(1);
             let at = now.plus_ns(wait_ms * 1_000_000);
             if let Err(e) = s.core.handle_claim_refused_until(task, at) {
-                tracing::warn!(task = %task, "claim refused for {task}: {e}");
+                task_event!(warn, s, task, "claim refused for {task}: {e}");
             }
             return;
         }
@@ -186,7 +186,7 @@ fn refused(s: &mut ShardState, now: Time, task: TaskId, why: ClaimRefusal) {
         drop_subscribers(s, task);
     }
     if let Err(e) = s.core.handle_claim_refused(now, task) {
-        tracing::warn!(task = %task, "claim refused for {task}: {e}");
+        task_event!(warn, s, task, "claim refused for {task}: {e}");
     }
 }
 
@@ -284,7 +284,7 @@ async fn claim(state: &SharedShard, claims: Vec<ClaimRequest>) {
                 Some(ClaimResult::Refused(why)) => refused(&mut s, now, task, why),
                 None => {
                     if let Err(e) = s.core.handle_claim_refused(now, task) {
-                        tracing::warn!(task = %task, "requeue of {task}: {e}");
+                        task_event!(warn, s, task, "requeue of {task}: {e}");
                     }
                 }
             }

@@ -277,7 +277,12 @@ pub(super) fn cancel_held(
     if let (Some(d), Some((account, job_id))) = (&s.dispatch, at_provider) {
         let call = spindle_node_workers::dispatch::Call::Cancel { account, job_id };
         if d.calls.try_send(call).is_err() {
-            tracing::warn!(task = %task, "{task}: provider cancel not sent (queue full); it runs out");
+            task_event!(
+                warn,
+                s,
+                task,
+                "{task}: provider cancel not sent (queue full); it runs out"
+            );
         }
     }
     if !running {

@@ -78,7 +78,7 @@ pub(super) fn media_finished(
     let outcome = match s.core.handle_media_done(task, token, result.is_ok()) {
         Ok(o) => o,
         Err(e) => {
-            tracing::warn!(task = %task, "media done {task}: {e}");
+            task_event!(warn, s, task, "media done {task}: {e}");
             return None;
         }
     };
@@ -146,7 +146,13 @@ pub(super) fn media_event(s: &mut ShardState, event: spindle_node_workers::media
         (Ok(None), _) => Ok(produced),
         (Ok(Some((why, _))), Some(DeclarationPolicy::Reject)) => Err(why),
         (Ok(Some((why, corrected))), _) => {
-            tracing::info!(task = %event.task, "{}: {why}; charged as probed", event.task);
+            task_event!(
+                info,
+                s,
+                event.task,
+                "{}: {why}; charged as probed",
+                event.task
+            );
             if let Some(e) = s
                 .meta
                 .get_mut(&event.task)

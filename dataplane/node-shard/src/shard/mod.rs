@@ -44,6 +44,16 @@ use spindle_node_control::control::{
     StoredInput,
 };
 
+/// Logs an event about a task with its tenant, task and attempt as fields (a JSON log carries
+/// each as a key): `task_event!(warn, s, task, "{task}: …")`, `s` the shard's state.
+macro_rules! task_event {
+    ($level:ident, $s:expr, $task:expr, $($arg:tt)+) => {{
+        let task: spindle_core::TaskId = $task;
+        let (tenant, attempt) = $s.log_fields(task);
+        tracing::$level!(tenant, task = %task, attempt, $($arg)+)
+    }};
+}
+
 mod claims;
 mod commands;
 mod inputs;
@@ -120,12 +130,13 @@ fn notify_at(
         at_ms,
         result: result.map(str::to_string),
     };
+    let (tenant, attempt) = s.log_fields(task);
     s.subs.retain(task, state.is_terminal(), |sub| {
         let frame = crate::server::frame(sub.request_id, Response::Event(event.clone()));
         match sub.out.try_send(frame) {
             Ok(()) => true,
             Err(e) => {
-                tracing::warn!(task = %task, "dropping a subscriber of task {task}: {e}");
+                tracing::warn!(tenant, task = %task, attempt, "dropping a subscriber of task {task}: {e}");
                 false
             }
         }
@@ -324,6 +335,14 @@ pub struct ShardSetup {
 }
 
 impl ShardState {
+    /// A task's tenant and attempt number, for its log lines (`None` once it left the shard).
+    fn log_fields(&self, task: TaskId) -> (Option<u32>, Option<u32>) {
+        (
+            self.meta.get(&task).map(|m| m.tenant.0),
+            self.core.task_attempt_no(task),
+        )
+    }
+
     pub fn new(setup: ShardSetup) -> ShardState {
         let epoch = Instant::now();
         let mut core = Shard::new(setup.policy.clone(), setup.shards, Time::ZERO);
@@ -438,7 +457,7 @@ impl ShardState {
                 // Held here already (an operator's requeue asked again, a lease re-taken after
                 // it lapsed): nothing to put back.
                 Err(spindle_core::SubmitError::DuplicateTask(_)) => {
-                    tracing::debug!(task = %task, "{task} is here already");
+                    task_event!(debug, self, task, "{task} is here already");
                 }
                 Err(e) => unrestorable.push(spindle_node_control::control::Unrestorable::refused(
                     task, token, e,
@@ -454,7 +473,7 @@ impl ShardState {
     /// the query by request key finds it.
     fn cancel_put_back(&mut self, task: TaskId) {
         if let Err(e) = cancel_held(self, task) {
-            tracing::warn!(task = %task, "canceling {task} put back: {e}");
+            task_event!(warn, self, task, "canceling {task} put back: {e}");
         }
     }
 
@@ -472,7 +491,14 @@ impl ShardState {
         let reports = tasks
             .into_iter()
             .map(|u| {
-                tracing::error!(task = %u.task, "cannot put back {}; failing it: {}", u.task, u.reason);
+                task_event!(
+                    error,
+                    self,
+                    u.task,
+                    "cannot put back {}; failing it: {}",
+                    u.task,
+                    u.reason
+                );
                 let action = ReportAction::Finish {
                     state: TaskState::Failed,
                     cost_actual_milli: None,
@@ -803,7 +829,7 @@ fn forget(s: &mut ShardState, task: TaskId) {
         // Dispatched already: its claim is never sent; the core gives its holdings back.
         let now = s.now();
         if let Err(e) = s.core.handle_claim_refused(now, task) {
-            tracing::warn!(task = %task, "dropping the claim of {task}: {e}");
+            task_event!(warn, s, task, "dropping the claim of {task}: {e}");
         }
     }
 }

@@ -95,7 +95,7 @@ pub(super) async fn submit_to_provider(
             }
         };
         let Some(provider) = s.core.task_provider(task) else {
-            tracing::warn!(task = %task, "{task}: granted without a provider");
+            task_event!(warn, s, task, "{task}: granted without a provider");
             return;
         };
         let policy = s.core.policy();
@@ -232,7 +232,12 @@ pub(super) async fn provider_event(
                     .provider_unresolved
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let again = d.resolve_again_after();
-                tracing::warn!(task = %task, "{task}: outcome still unknown; asked again in {again:?}");
+                task_event!(
+                    warn,
+                    s,
+                    task,
+                    "{task}: outcome still unknown; asked again in {again:?}"
+                );
                 let state = state.clone();
                 let d = d.clone();
                 glommio::spawn_local(async move {
@@ -265,7 +270,12 @@ pub(super) async fn provider_event(
                         failed(s, now, task, token, f, &format!("provider: {why}"));
                     }
                     _ => {
-                        tracing::warn!(task = %task, "{task}: a non-final job reported as finished")
+                        task_event!(
+                            warn,
+                            s,
+                            task,
+                            "{task}: a non-final job reported as finished"
+                        )
                     }
                 }
                 None
@@ -298,7 +308,7 @@ pub(super) fn accepted(
     if !was_running {
         if let Err(e) = s.core.handle_provider_accepted(task, token) {
             // A stale token (an older attempt's answer): nothing of ours to change.
-            tracing::warn!(task = %task, "provider accepted {task}: {e}");
+            task_event!(warn, s, task, "provider accepted {task}: {e}");
             return None;
         }
     }
@@ -342,9 +352,15 @@ pub(super) fn unknown(
     token: FencingToken,
 ) -> Option<spindle_node_workers::dispatch::Call> {
     if let Err(e) = s.core.handle_submit_unknown(task, token) {
-        tracing::warn!(task = %task, "submit unknown {task}: {e}");
+        task_event!(warn, s, task, "submit unknown {task}: {e}");
         return None;
     }
+    task_event!(
+        info,
+        s,
+        task,
+        "{task}: no answer to its submit; asking the provider by its request key"
+    );
     let resolve = s
         .meta
         .get(&task)
@@ -394,7 +410,7 @@ pub(super) fn failed(
         .handle_provider_failed(now, task, token, failure, jitter)
     {
         Ok(outcome) => after_failure(s, now, task, token, outcome, why),
-        Err(e) => tracing::warn!(task = %task, "provider failed {task}: {e}"),
+        Err(e) => task_event!(warn, s, task, "provider failed {task}: {e}"),
     }
 }
 
@@ -468,7 +484,7 @@ pub(super) async fn run_local(
             }
         }
         if let Err(e) = s.core.handle_provider_accepted(task, token) {
-            tracing::warn!(task = %task, "provider accepted {task}: {e}");
+            task_event!(warn, s, task, "provider accepted {task}: {e}");
             return;
         }
         notify(&mut s, task, TaskState::Running);
@@ -534,11 +550,16 @@ pub(super) fn provider_succeeded(
             return;
         }
         Ok(other) => {
-            tracing::warn!(task = %task, "{task} ended at the provider step: {other:?}");
+            task_event!(
+                warn,
+                s,
+                task,
+                "{task} ended at the provider step: {other:?}"
+            );
             return;
         }
         Err(e) => {
-            tracing::warn!(task = %task, "provider succeeded {task}: {e}");
+            task_event!(warn, s, task, "provider succeeded {task}: {e}");
             return;
         }
     }

@@ -45,7 +45,12 @@ impl ShardState {
             let followed = self.dispatch.is_some() && (self.media.is_some() || !past_provider);
             r.request.lane = spindle_core::Lane::Recovery;
             if followed {
-                tracing::info!(task = %task, "{task}: its attempt had nobody following it; asking its provider");
+                task_event!(
+                    info,
+                    self,
+                    task,
+                    "{task}: its attempt had nobody following it; asking its provider"
+                );
                 let cancel = r.cancel;
                 match self.restore_one(now, r) {
                     Ok(call) => {
@@ -65,7 +70,12 @@ impl ShardState {
                 if stored == TaskState::ProviderSucceeded {
                     end.via = vec![TaskState::MediaProcessing];
                 }
-                tracing::info!(task = %task, "{task}: its attempt had nobody following it; completing it");
+                task_event!(
+                    info,
+                    self,
+                    task,
+                    "{task}: its attempt had nobody following it; completing it"
+                );
                 send_reports(self, [end]);
                 done.completed += 1;
                 continue;
@@ -81,7 +91,12 @@ impl ShardState {
             r.live = None;
             match self.restore_one(now, r) {
                 Ok(_) => {
-                    tracing::info!(task = %task, "{task}: its attempt had nobody following it; requeued");
+                    task_event!(
+                        info,
+                        self,
+                        task,
+                        "{task}: its attempt had nobody following it; requeued"
+                    );
                     // Its claim waits for this report (it counts in the task's pending ones).
                     let requeue = ReportAction::Requeue {
                         delay_ms: 0,

@@ -27,9 +27,14 @@ pub struct Daemon {
 impl Daemon {
     /// The last `n` lines the daemon logged (for failure messages).
     pub fn log_tail(&self, n: usize) -> String {
-        let text = std::fs::read_to_string(self._dir.path().join("stderr.log")).unwrap_or_default();
+        let text = self.log();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
+    /// Everything the daemon logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self._dir.path().join("stderr.log")).unwrap_or_default()
     }
 }
 
@@ -80,6 +85,14 @@ pub async fn start_on(conninfo: &str, config_text: &str) -> Daemon {
         .await
 }
 
+/// [`start_with`], the daemon's environment holding `vars` too (`SPINDLE_LOG_FORMAT`, say).
+#[allow(dead_code)]
+pub async fn start_with_env(test: &TestDb, config_text: &str, vars: &[(&str, &str)]) -> Daemon {
+    spawn_with_env(&test.config().conninfo, config_text, vars)
+        .serving(Duration::from_secs(30))
+        .await
+}
+
 /// Starts one spindled per configuration on `test`'s database, every one before any is waited
 /// for (bounded), in order. A node takes any free partition after `takeover_grace_ms` of
 /// uptime (one lease by default), so one slow to start (a busy machine) can find the
@@ -104,6 +117,11 @@ pub struct Starting {
 
 /// Starts spindled with `config` (TOML) on the database `conninfo` names, without waiting.
 pub fn spawn_on(conninfo: &str, config_text: &str) -> Starting {
+    spawn_with_env(conninfo, config_text, &[])
+}
+
+/// [`spawn_on`], the daemon's environment holding `vars` too.
+pub fn spawn_with_env(conninfo: &str, config_text: &str, vars: &[(&str, &str)]) -> Starting {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("spindled.toml");
     // The overload gate's commit-wait budget is a latency target; a debug build sharing two
@@ -123,6 +141,7 @@ pub fn spawn_on(conninfo: &str, config_text: &str) -> Starting {
         .arg(conninfo)
         .arg("--ready-file")
         .arg(&ready)
+        .envs(vars.iter().copied())
         .stdout(Stdio::null())
         // A file, not a pipe: nobody drains a pipe while the test runs, and a full one would
         // stall the daemon's logging.
