@@ -4,7 +4,7 @@
 //! receiver can refuse one sent outside a window and remember the ones it saw inside it: a
 //! captured callback cannot be replayed later.
 
-use hmac::{Hmac, Mac};
+use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 
 pub const HEADER: &str = "x-signature";

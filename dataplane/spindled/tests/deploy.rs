@@ -322,6 +322,24 @@ fn a_configuration_that_cannot_run_exits_78_naming_it() {
     }
 }
 
+/// The dependencies pass `cargo deny` (`scripts/deny`: advisories from the RustSec snapshot in
+/// deny/advisories/, licences, duplicate majors, sources; every exception in deny.toml with its
+/// reason); without the exception for bitmaps' advisory it fails, naming the advisory.
+#[test]
+fn the_dependencies_pass_cargo_deny() {
+    let script = repo("scripts/deny").display().to_string();
+    let deny = |f: &std::path::Path| check("SPINDLE_DENY", &script, &[], f);
+    passes_and_a_broken_copy_fails(
+        deny,
+        &repo("deny.toml"),
+        (
+            "{ id = \"RUSTSEC-2026-0247\"",
+            "# { id = \"RUSTSEC-2026-0247\"",
+        ),
+        "RUSTSEC-2026-0247",
+    );
+}
+
 /// The Dockerfile passes hadolint (`.hadolint.yaml`: the one rule off, with its reason) and
 /// runs unprivileged; one built on a `latest` image does not pass.
 #[test]
