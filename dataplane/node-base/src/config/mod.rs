@@ -481,16 +481,20 @@ pub fn address(text: &str) -> Result<SocketAddr, String> {
     if let Ok(a) = text.parse() {
         return Ok(a);
     }
-    let (host, port) = text
-        .rsplit_once(':')
-        .ok_or_else(|| format!("{text:?} is not host:port"))?;
-    if host.is_empty() || port.parse::<u16>().is_err() {
-        return Err(format!("{text:?} is not host:port"));
-    }
+    host_port(text).ok_or_else(|| format!("{text:?} is not host:port"))?;
     text.to_socket_addrs()
         .map_err(|e| format!("{text}: {e}"))?
         .next()
         .ok_or_else(|| format!("{text}: the name has no address"))
+}
+
+/// `host:port` split at its last colon: a host that is not empty and a port (a bracketed IPv6
+/// host keeps its brackets). What [`address`] resolves (port 0: any free one) and `advertise`
+/// sends (never port 0).
+pub fn host_port(text: &str) -> Option<(&str, u16)> {
+    let (host, port) = text.rsplit_once(':')?;
+    let port = port.parse::<u16>().ok()?;
+    (!host.is_empty()).then_some((host, port))
 }
 
 fn deserialize_address<'de, D: serde::Deserializer<'de>>(d: D) -> Result<SocketAddr, D::Error> {
@@ -732,9 +736,7 @@ impl Config {
         if let Some(a) = &self.advertise {
             anyhow::ensure!(
                 a.len() <= spindle_wire::limits::ADDRESS_BYTES_MAX
-                    && a.rsplit_once(':').is_some_and(|(host, port)| {
-                        !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0)
-                    }),
+                    && host_port(a).is_some_and(|(_, port)| port != 0),
                 "advertise must be \"host:port\" (a port 1..=65535, at most {} bytes), not {a:?}",
                 spindle_wire::limits::ADDRESS_BYTES_MAX
             );
