@@ -368,21 +368,7 @@ async fn answer(port: &Port, route: Route, req: Request<Incoming>) -> Response<F
                     .map(str::to_string)
             };
             if route == Route::Callback {
-                let (status, body) = match port.sink.get() {
-                    Some(d) if d.vendor() != spindle_providers::Vendor::Spindle => {
-                        let (status, body) = vendor_callback(d, &parts, &body).await;
-                        if body.starts_with('{') {
-                            // MiniMax's challenge, echoed as the JSON it came as.
-                            let mut r = text(status, body);
-                            r.headers_mut()
-                                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-                            return r;
-                        }
-                        (status, body)
-                    }
-                    _ => callback(port, &body, header("x-signature").as_deref()).await,
-                };
-                return text(status, body);
+                return callback_route(port, &parts, &body).await;
             }
             let Some(admin) = &port.admin else {
                 return text(StatusCode::NOT_FOUND, "no admin tokens configured\n".into());
@@ -539,6 +525,35 @@ fn status_of(line: &str) -> StatusCode {
         .and_then(|c| c.parse::<u16>().ok())
         .and_then(|c| StatusCode::from_u16(c).ok())
         .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+}
+
+/// `POST /v1/provider/callback`: spindle's API's signed job views, or a vendor's callback.
+async fn callback_route(
+    port: &Port,
+    parts: &hyper::http::request::Parts,
+    body: &[u8],
+) -> Response<Full<Bytes>> {
+    let (status, answer) = match port.sink.get() {
+        Some(d) if d.vendor() != spindle_providers::Vendor::Spindle => {
+            let (status, answer) = vendor_callback(d, parts, body).await;
+            if answer.starts_with('{') {
+                // MiniMax's challenge, echoed as the JSON it came as.
+                let mut r = text(status, answer);
+                r.headers_mut()
+                    .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                return r;
+            }
+            (status, answer)
+        }
+        _ => {
+            let signature = parts
+                .headers
+                .get(spindle_providers::signature::HEADER)
+                .and_then(|v| v.to_str().ok());
+            callback(port, body, signature).await
+        }
+    };
+    text(status, answer)
 }
 
 /// A vendor's callback, checked and acted on by the dispatcher (`Dispatcher::on_vendor_callback`).

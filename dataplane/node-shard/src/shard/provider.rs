@@ -228,28 +228,7 @@ pub(super) async fn provider_event(
                 token,
                 lookup: None,
             } => {
-                s.metrics
-                    .provider_unresolved
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let again = d.resolve_again_after();
-                task_event!(
-                    warn,
-                    s,
-                    task,
-                    "{task}: outcome still unknown; asked again in {again:?}"
-                );
-                let state = state.clone();
-                let d = d.clone();
-                glommio::spawn_local(async move {
-                    glommio::timer::sleep(again).await;
-                    let call = in_doubt(&state.borrow(), task, token);
-                    if let Some(call) = call {
-                        if d.calls.send(call).await.is_err() {
-                            tracing::warn!("the provider thread stopped");
-                        }
-                    }
-                })
-                .detach();
+                ask_again(state, s, &d, task, token);
                 None
             }
             ProviderEvent::Finished { task, token, view } => {
@@ -288,6 +267,39 @@ pub(super) async fn provider_event(
         }
     }
     pump(state).await;
+}
+
+/// A round of queries found nothing about an attempt in doubt: it keeps every reservation and
+/// is asked about again after the last polling stage.
+fn ask_again(
+    state: &SharedShard,
+    s: &ShardState,
+    d: &spindle_node_workers::dispatch::DispatchHandle,
+    task: TaskId,
+    token: FencingToken,
+) {
+    s.metrics
+        .provider_unresolved
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let again = d.resolve_again_after();
+    task_event!(
+        warn,
+        s,
+        task,
+        "{task}: outcome still unknown; asked again in {again:?}"
+    );
+    let state = state.clone();
+    let d = d.clone();
+    glommio::spawn_local(async move {
+        glommio::timer::sleep(again).await;
+        let call = in_doubt(&state.borrow(), task, token);
+        if let Some(call) = call {
+            if d.calls.send(call).await.is_err() {
+                tracing::warn!("the provider thread stopped");
+            }
+        }
+    })
+    .detach();
 }
 
 /// The provider took the attempt: RUNNING, then watch the job — asking the provider to stop it
