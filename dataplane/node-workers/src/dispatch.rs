@@ -138,7 +138,7 @@ struct Keyed {
     ended_order: std::collections::VecDeque<String>,
 }
 
-/// Keys [`Keyed`] remembers.
+/// Keys the dispatcher remembers for resolves (callbacks that came first, jobs found ended).
 pub const KEYED_MAX: usize = 16_384;
 
 /// The provider thread's shared state: the client, the shards' inboxes, the watched jobs.
