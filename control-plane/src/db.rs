@@ -35,6 +35,22 @@ pub struct DbConfig {
     pub backoff_initial_ms: u32,
     pub backoff_max_ms: u32,
     pub application_name: String,
+    /// What a connection to a primary without a synchronous standby does.
+    pub sync_standby: SyncStandby,
+}
+
+/// Whether a primary must have a synchronous standby: with one, a commit PostgreSQL
+/// acknowledged is on two servers, and a failover to the standby loses none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SyncStandby {
+    /// Not looked at (a private server, tests, tools).
+    #[default]
+    Ignore,
+    /// Looked at on every connection; a primary without one is used, and a warning says so.
+    Warn,
+    /// A primary without one is not used: the connection fails `Unavailable`, naming why, and
+    /// is tried again as any unreachable server is.
+    Require,
 }
 
 impl DbConfig {
@@ -49,6 +65,7 @@ impl DbConfig {
             backoff_initial_ms: 50,
             backoff_max_ms: 2_000,
             application_name: "spindle".into(),
+            sync_standby: SyncStandby::Ignore,
         }
     }
 }
@@ -131,6 +148,13 @@ impl Deadline {
             ));
         }
         match tokio::time::timeout(self.within, work).await {
+            Ok(Err(e)) if e.is_read_only() => {
+                // The server became a standby under this connection (a failover demoted it):
+                // given up, so that the caller connects again and finds the primary.
+                self.given_up.store(true, Ordering::Relaxed);
+                self.connection.abort();
+                Err(e)
+            }
             Ok(answer) => answer,
             Err(_) => {
                 self.given_up.store(true, Ordering::Relaxed);
@@ -181,6 +205,9 @@ impl Db {
             )
         };
         let ready = async {
+            deadline(1)
+                .run(Call::Reads, server_role(&client, config.sync_standby))
+                .await?;
             migrate::apply_bounded(&mut client, &deadline).await?;
             deadline(Statements::COUNT)
                 .run(Call::Reads, prepare(&client))
@@ -365,6 +392,51 @@ async fn connect(config: &DbConfig) -> Result<(Client, JoinHandle<()>), StoreErr
         }
     };
     Ok((client, handle))
+}
+
+/// The first thing asked of a new connection: is the server a primary (a standby — a host of a
+/// multi-host conninfo that is not the primary now, an old primary that came back as a
+/// standby — is never used: `Unavailable`, and the caller tries again), and, as
+/// `sync_standby` asks, does it commit synchronously to a standby.
+async fn server_role(client: &Client, sync_standby: SyncStandby) -> Result<(), StoreError> {
+    let row = client
+        .query_one(
+            "SELECT pg_is_in_recovery(), current_setting('synchronous_standby_names'), \
+             current_setting('synchronous_commit')",
+            &[],
+        )
+        .await?;
+    let (standby, names, commit): (bool, String, String) = (row.get(0), row.get(1), row.get(2));
+    if standby {
+        return Err(StoreError::Unavailable(
+            "the server is a standby (in recovery), not the primary: not used".into(),
+        ));
+    }
+    if sync_standby == SyncStandby::Ignore {
+        return Ok(());
+    }
+    let missing = if names.trim().is_empty() {
+        Some("synchronous_standby_names is empty".to_string())
+    } else if matches!(commit.as_str(), "off" | "local") {
+        Some(format!("synchronous_commit is {commit}"))
+    } else {
+        None
+    };
+    match (missing, sync_standby) {
+        (None, _) => Ok(()),
+        (Some(why), SyncStandby::Require) => Err(StoreError::Unavailable(format!(
+            "the primary commits without a synchronous standby ({why}) and \
+             require_sync_standby is set: not used"
+        ))),
+        (Some(why), _) => {
+            tracing::warn!(
+                "PostgreSQL commits without a synchronous standby ({why}): a commit it \
+                 acknowledged can be lost when it fails over (require_sync_standby refuses such \
+                 a primary)"
+            );
+            Ok(())
+        }
+    }
 }
 
 /// Runs a connection's I/O; its end is logged here, and callers see it through the client

@@ -37,7 +37,15 @@ pub enum StoreError {
     Corrupt(String),
 }
 
+/// SQLSTATE `read_only_sql_transaction`.
+const READ_ONLY: &str = "25006";
+
 impl StoreError {
+    /// A write refused by a read-only server (SQLSTATE 25006): the connection is to a standby.
+    pub fn is_read_only(&self) -> bool {
+        matches!(self, StoreError::Unavailable(text) if text.starts_with(READ_ONLY))
+    }
+
     /// PostgreSQL could not be reached, before the call or under it.
     pub fn is_unavailable(&self) -> bool {
         matches!(self, StoreError::Unavailable(_) | StoreError::InDoubt(_))
@@ -75,6 +83,11 @@ impl From<tokio_postgres::Error> for StoreError {
         // 53300: too many connections.
         if code.starts_with("08") || code.starts_with("57P") || code == "53300" {
             return StoreError::Unavailable(format!("{code}: {}", db.message()));
+        }
+        // 25006: a write on a server that is read-only — a standby, or an old primary a
+        // failover demoted. Nothing was committed; the primary is elsewhere.
+        if code == READ_ONLY {
+            return StoreError::Unavailable(format!("{READ_ONLY}: {}", db.message()));
         }
         // 40001 serialization failure, 40P01 deadlock, 57014 statement timeout / canceled,
         // 55P03 lock not available.

@@ -6,6 +6,7 @@
 //! Every hot path is one PL/pgSQL function call per batch (one round trip, one transaction) with
 //! a result row per input row; see `migrations/` for the SQL and its lock order.
 
+pub mod autofailover;
 pub mod claim;
 pub mod cluster_shares;
 pub mod db;
@@ -30,7 +31,7 @@ pub mod warm;
 pub mod work;
 
 pub use claim::{ClaimRefusal, ClaimRequest, ClaimResult, Demand};
-pub use db::{Db, DbConfig};
+pub use db::{Db, DbConfig, SyncStandby};
 pub use embedded::{EmbedError, EmbeddedOptions, EmbeddedPostgres};
 pub use error::{InputError, StoreError};
 pub use report::{Report, ReportAction, ReportResult};

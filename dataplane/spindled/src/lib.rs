@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use glommio::{LocalExecutorBuilder, Placement};
-use spindle_control::{DbConfig, EmbeddedOptions, EmbeddedPostgres};
+use spindle_control::{DbConfig, EmbeddedOptions, EmbeddedPostgres, SyncStandby};
 
 use spindle_node_base::config::Config;
 use spindle_node_base::messages::ShardMsg;
@@ -191,9 +191,17 @@ fn postgres(config: &Config) -> anyhow::Result<DbConfig> {
     } else {
         config.postgres.clone()
     };
+    let sync_standby = if config.postgres == "embedded" {
+        SyncStandby::Ignore
+    } else if config.require_sync_standby {
+        SyncStandby::Require
+    } else {
+        SyncStandby::Warn
+    };
     Ok(DbConfig {
         statement_timeout_ms: config.postgres_statement_timeout_ms,
         answer_grace_ms: config.postgres_answer_grace_ms,
+        sync_standby,
         ..DbConfig::new(conninfo)
     })
 }

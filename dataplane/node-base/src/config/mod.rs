@@ -128,6 +128,13 @@ pub struct Config {
     /// then in doubt and the node reads its rows back.
     #[serde(default = "default_postgres_answer_grace_ms")]
     pub postgres_answer_grace_ms: u32,
+    /// A primary that commits without a synchronous standby (`synchronous_standby_names`
+    /// empty, or `synchronous_commit` off or local) is not used: the node waits, not ready,
+    /// saying why, until it has one. Without it such a primary is used with a warning on each
+    /// connection (an acknowledged commit may then be lost in a failover). Not looked at with
+    /// the embedded server.
+    #[serde(default)]
+    pub require_sync_standby: bool,
     /// On SIGTERM: how long running work may take to finish before the node exits anyway.
     #[serde(default = "default_drain_ms")]
     pub drain_ms: u64,

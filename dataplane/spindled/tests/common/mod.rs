@@ -152,6 +152,23 @@ pub fn spawn_with_env(conninfo: &str, config_text: &str, vars: &[(&str, &str)]) 
 }
 
 impl Starting {
+    /// Waits (bounded by `within`) until the node's log holds `needle`; whether it did. The
+    /// node is not ready meanwhile (asserted): a test of a node that must not start serving.
+    #[allow(dead_code)]
+    pub async fn logs_before_serving(&mut self, needle: &str, within: Duration) -> bool {
+        let began = std::time::Instant::now();
+        while began.elapsed() < within {
+            assert!(!self.ready.exists(), "the node got ready");
+            let log =
+                std::fs::read_to_string(self.dir.path().join("stderr.log")).unwrap_or_default();
+            if log.contains(needle) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    }
+
     /// Waits (bounded by `within`) until the node serves.
     pub async fn serving(mut self, within: Duration) -> Daemon {
         let began = std::time::Instant::now();
