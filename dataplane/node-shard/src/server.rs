@@ -309,6 +309,8 @@ pub struct ConnCtx {
     pub handoffs: Vec<mpsc::Sender<Handoff>>,
     /// Each tenant's credential, as its digest (`spindle_node_base::credential`).
     pub credentials: HashMap<u32, spindle_node_base::credential::Credential>,
+    /// Tenants other cells serve: their cell's name and address (`cells`).
+    pub other_cells: std::sync::Arc<HashMap<u32, (String, String)>>,
     pub partitions: u32,
     pub inflight_max: usize,
     pub metrics: std::sync::Arc<spindle_node_base::metrics::Metrics>,
@@ -567,6 +569,20 @@ async fn hello(
                 let _ = stream.write_all(&no).await;
                 return None;
             }
+        }
+        if let Some((cell, address)) = ctx.other_cells.get(&h.tenant.0) {
+            // Another cell's tenant: sent there before anything is checked here (that cell
+            // authenticates it).
+            let e = WireError::new(
+                ErrorCode::WrongNode,
+                format!("tenant {} is served by cell {cell} at {address}", h.tenant),
+            )
+            .redirecting_to(address.clone());
+            ctx.metrics
+                .wrong_node
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let _ = stream.write_all(&frame(id, Response::Error(e))).await;
+            return None;
         }
         if !ctx.authenticate(h.tenant, &h.credential) {
             ctx.auth.lock().unwrap_or_else(|p| p.into_inner()).failed(

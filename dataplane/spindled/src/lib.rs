@@ -126,6 +126,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
         senders: channels.senders.clone(),
         handoffs: channels.handoff_senders.clone(),
         credentials: tenant_credentials(&config)?,
+        other_cells: Arc::new(config.other_cells()),
         connections: server::Connections::new(config.connections_max, metrics.clone()),
         tls: listeners.as_ref().map(|l| l.protocol.clone()),
         reads: started.reads.clone(),
@@ -415,6 +416,8 @@ struct ShardWiring {
     senders: Vec<tokio::sync::mpsc::Sender<ShardMsg>>,
     handoffs: Vec<tokio::sync::mpsc::Sender<server::Handoff>>,
     credentials: HashMap<u32, credential::Credential>,
+    /// Tenant → (cell, address) of the tenants other cells serve.
+    other_cells: Arc<HashMap<u32, (String, String)>>,
     connections: Arc<server::Connections>,
     tls: Option<Arc<rustls::ServerConfig>>,
     reads: tokio::sync::mpsc::Sender<control::ReadMsg>,
@@ -452,6 +455,7 @@ fn spawn_shard(
     let senders = wiring.senders.clone();
     let handoffs = wiring.handoffs.clone();
     let credentials = wiring.credentials.clone();
+    let other_cells = wiring.other_cells.clone();
     let connections = wiring.connections.clone();
     let listener_tls = wiring.tls.clone();
     let reads = wiring.reads.clone();
@@ -518,6 +522,7 @@ fn spawn_shard(
                 shards: senders,
                 handoffs,
                 credentials,
+                other_cells: other_cells.clone(),
                 partitions: config.partitions,
                 inflight_max: config.connection_inflight_max,
                 ownership,

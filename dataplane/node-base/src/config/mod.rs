@@ -318,6 +318,11 @@ pub struct Config {
     pub lanes: std::collections::BTreeMap<Lane, LaneConfig>,
     #[serde(default)]
     pub tenants: Vec<TenantConfig>,
+    /// Other cells — each its own nodes and PostgreSQL — and the tenants they serve: a client
+    /// of one of those tenants that reaches this node is sent to its cell (`WrongNode`,
+    /// redirecting to the cell's address) before it is authenticated (docs/scaling.md).
+    #[serde(default)]
+    pub cells: Vec<CellConfig>,
     /// The tenant breaker: a tenant whose requests are refused faster than this for longer
     /// than its burst is suspended for a cooldown (`spindle_node_shard::breaker`).
     #[serde(default)]
@@ -735,6 +740,7 @@ impl Config {
         self.check_sections()?;
         self.check_admin_and_partitions()?;
         self.check_tenants()?;
+        self.check_cells()?;
         Ok(())
     }
 
@@ -959,6 +965,62 @@ impl Config {
     }
 
     /// The tenants: unique ids, credentials of some strength, their limits' bounds.
+    /// Each cell named once, reached at a `host:port`, and no tenant in two places.
+    fn check_cells(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(
+            self.cells.len() <= CELLS_MAX,
+            "at most {CELLS_MAX} cells, not {}",
+            self.cells.len()
+        );
+        let mut names = std::collections::HashSet::new();
+        let mut seen: std::collections::HashSet<u32> = self.tenants.iter().map(|t| t.id).collect();
+        let mut total = 0usize;
+        for c in &self.cells {
+            anyhow::ensure!(
+                !c.name.is_empty() && c.name.len() <= 64 && names.insert(c.name.as_str()),
+                "cells: a cell's name is 1..=64 bytes and named once, not {:?}",
+                c.name
+            );
+            anyhow::ensure!(
+                c.address.len() <= spindle_wire::limits::ADDRESS_BYTES_MAX
+                    && host_port(&c.address).is_some_and(|(_, port)| port != 0),
+                "cells: cell {:?}'s address must be \"host:port\", not {:?}",
+                c.name,
+                c.address
+            );
+            anyhow::ensure!(
+                !c.tenants.is_empty(),
+                "cells: cell {:?} names no tenant",
+                c.name
+            );
+            total += c.tenants.len();
+            anyhow::ensure!(
+                total <= CELL_TENANTS_MAX,
+                "cells: at most {CELL_TENANTS_MAX} tenants in all"
+            );
+            for &t in &c.tenants {
+                anyhow::ensure!(
+                    t != 0 && seen.insert(t),
+                    "cells: tenant {t} of cell {:?} is also served here or by another cell",
+                    c.name
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Tenant → (cell, address) of the tenants other cells serve.
+    pub fn other_cells(&self) -> std::collections::HashMap<u32, (String, String)> {
+        self.cells
+            .iter()
+            .flat_map(|c| {
+                c.tenants
+                    .iter()
+                    .map(|&t| (t, (c.name.clone(), c.address.clone())))
+            })
+            .collect()
+    }
+
     fn check_tenants(&self) -> anyhow::Result<()> {
         let mut ids: Vec<u32> = self.tenants.iter().map(|t| t.id).collect();
         ids.sort_unstable();
@@ -1005,6 +1067,21 @@ impl Config {
     pub fn shard_of(&self, tenant: u32) -> usize {
         shard_of(tenant, self.partitions, self.shards)
     }
+}
+
+/// Cells a node may name.
+pub const CELLS_MAX: usize = 1_024;
+/// Tenants the cells may name in all.
+pub const CELL_TENANTS_MAX: usize = 1_000_000;
+
+/// Another cell: its name, the client address its nodes are reached at (a load balancer or
+/// one node's `advertise`; a cluster client finds the rest by `WrongNode`), its tenants.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CellConfig {
+    pub name: String,
+    pub address: String,
+    pub tenants: Vec<u32>,
 }
 
 /// Tenants hash to partitions: the partition `tenant` is in, of `partitions`.
@@ -1129,6 +1206,44 @@ mod tests {
         let from_file = Config::load_with(&Args::file(path, None), []).unwrap();
         let from_vars = Config::load_with(&Args::file(empty, None), vars).unwrap();
         assert_eq!(format!("{from_vars:?}"), format!("{from_file:?}"));
+    }
+
+    /// Cells name each tenant once, beside this node's, at a `host:port`.
+    #[test]
+    fn cells_are_checked() {
+        let tenant = "[[tenants]]\nid = 1\ncredential = \"a-credential-of-some-length\"\n";
+        let cell = |name: &str, address: &str, tenants: &str| {
+            format!("[[cells]]\nname = {name:?}\naddress = {address:?}\ntenants = {tenants}\n")
+        };
+        let ok = load_text(&format!(
+            "{tenant}{}",
+            cell("b", "b.internal:7070", "[2, 3]")
+        ))
+        .unwrap();
+        assert_eq!(
+            ok.other_cells()[&3],
+            ("b".to_string(), "b.internal:7070".to_string())
+        );
+        for (bad, named) in [
+            (cell("b", "b.internal:7070", "[1]"), "tenant 1"),
+            (cell("b", "b.internal", "[2]"), "host:port"),
+            (cell("b", "b.internal:0", "[2]"), "host:port"),
+            (cell("", "b.internal:7070", "[2]"), "name"),
+            (cell("b", "b.internal:7070", "[]"), "names no tenant"),
+            (
+                format!("{}{}", cell("b", "b:1", "[2]"), cell("c", "c:1", "[2]")),
+                "tenant 2",
+            ),
+            (
+                format!("{}{}", cell("b", "b:1", "[2]"), cell("b", "c:1", "[3]")),
+                "name",
+            ),
+        ] {
+            let e = load_text(&format!("{tenant}{bad}"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(named), "{bad}: {e}");
+        }
     }
 
     /// Addresses take names as well as addresses (resolved at load), and say what is wrong.
