@@ -336,6 +336,22 @@ pub struct ConnCtx {
 }
 
 impl ConnCtx {
+    /// Another cell's tenant is sent there (`WrongNode`, redirecting to its cell's address)
+    /// before anything is checked here: that cell authenticates it. Counted as a wrong node.
+    fn other_cell(&self, tenant: TenantId) -> Option<WireError> {
+        let (cell, address) = self.other_cells.get(&tenant.0)?;
+        self.metrics
+            .wrong_node
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Some(
+            WireError::new(
+                ErrorCode::WrongNode,
+                format!("tenant {tenant} is served by cell {cell} at {address}"),
+            )
+            .redirecting_to(address.clone()),
+        )
+    }
+
     /// The shard that owns `tenant`.
     fn owner_of(&self, tenant: TenantId) -> usize {
         spindle_node_base::config::shard_of(tenant.0, self.partitions, self.shards.len() as u32)
@@ -570,17 +586,7 @@ async fn hello(
                 return None;
             }
         }
-        if let Some((cell, address)) = ctx.other_cells.get(&h.tenant.0) {
-            // Another cell's tenant: sent there before anything is checked here (that cell
-            // authenticates it).
-            let e = WireError::new(
-                ErrorCode::WrongNode,
-                format!("tenant {} is served by cell {cell} at {address}", h.tenant),
-            )
-            .redirecting_to(address.clone());
-            ctx.metrics
-                .wrong_node
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Some(e) = ctx.other_cell(h.tenant) {
             let _ = stream.write_all(&frame(id, Response::Error(e))).await;
             return None;
         }

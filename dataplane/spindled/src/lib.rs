@@ -104,23 +104,7 @@ fn run_node(config: Config) -> anyhow::Result<()> {
         let mut parts = collectors.lock().unwrap_or_else(|p| p.into_inner());
         parts.push(Arc::new(pool.clone()));
     }
-    let split = started
-        .split
-        .take()
-        .context("the control plane split no board")?;
-    let board = Arc::new(split.board);
-    let _ = metrics.split.set(metrics::SplitView {
-        names: std::sync::Mutex::new(split.names),
-        board: board.clone(),
-        ownership: ownership.clone(),
-    });
-    let _ = metrics.paths.set(
-        started
-            .pipes
-            .iter()
-            .map(|p| (p.submit_gauge.clone(), p.work_gauge.clone()))
-            .collect(),
-    );
+    let board = show_split_and_paths(&mut started, &metrics, &ownership)?;
     let wiring = ShardWiring {
         policy: started.policy.clone(),
         senders: channels.senders.clone(),
@@ -407,6 +391,33 @@ fn tenant_credentials(config: &Config) -> anyhow::Result<HashMap<u32, credential
         );
     }
     Ok(credentials)
+}
+
+/// Takes the control plane's split board for the shards, and hands it and the pipelines'
+/// gauges to `/metrics`.
+fn show_split_and_paths(
+    started: &mut control::Started,
+    metrics: &Arc<metrics::Metrics>,
+    ownership: &Arc<ownership::Ownership>,
+) -> anyhow::Result<Arc<spindle_sync::ShareBoard>> {
+    let split = started
+        .split
+        .take()
+        .context("the control plane split no board")?;
+    let board = Arc::new(split.board);
+    let _ = metrics.split.set(metrics::SplitView {
+        names: std::sync::Mutex::new(split.names),
+        board: board.clone(),
+        ownership: ownership.clone(),
+    });
+    let _ = metrics.paths.set(
+        started
+            .pipes
+            .iter()
+            .map(|p| (p.submit_gauge.clone(), p.work_gauge.clone()))
+            .collect(),
+    );
+    Ok(board)
 }
 
 /// What every shard is started with (each takes its own clones).

@@ -272,4 +272,5 @@ async fn a_node_requiring_a_synchronous_standby_does_not_serve_without_one() {
             .await,
         "the node named why it waits"
     );
+    starting.kill();
 }

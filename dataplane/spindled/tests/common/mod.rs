@@ -169,6 +169,13 @@ impl Starting {
         false
     }
 
+    /// Stops the node that was never to serve.
+    #[allow(dead_code)]
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
     /// Waits (bounded by `within`) until the node serves.
     pub async fn serving(mut self, within: Duration) -> Daemon {
         let began = std::time::Instant::now();
