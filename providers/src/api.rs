@@ -73,6 +73,23 @@ pub struct JobView {
     pub output_url: Option<String>,
 }
 
+impl JobView {
+    /// A job just taken: queued, its ids and nothing more known yet.
+    pub fn queued(job_id: impl Into<String>, account: &str, request_key: &str) -> JobView {
+        JobView {
+            job_id: job_id.into(),
+            account: account.to_string(),
+            request_key: request_key.to_string(),
+            state: JobState::Queued,
+            progress: 0,
+            cost_milli: None,
+            error: None,
+            retryable: false,
+            output_url: None,
+        }
+    }
+}
+
 /// Most jobs one page of a listing holds.
 pub const JOB_PAGE_MAX: usize = 1_000;
 

@@ -75,10 +75,10 @@ impl Fal {
                 }
                 let q: Queued = serde_json::from_slice(&body)
                     .map_err(|e| SubmitError::Unknown(format!("unreadable acceptance: {e}")))?;
-                Ok(job_view(
+                Ok(JobView::queued(
                     format!("{app}|{}", q.request_id),
-                    s,
-                    JobState::Queued,
+                    &s.account,
+                    &s.request_key,
                 ))
             }
             Sent::Answer(status, body) => {
@@ -116,17 +116,7 @@ impl Fal {
             }
             Sent::Unsent(e) | Sent::NoAnswer(e) => return Err(QueryError(e)),
         };
-        let mut view = JobView {
-            job_id: job_id.to_string(),
-            account: account.to_string(),
-            request_key: String::new(),
-            state: JobState::Queued,
-            progress: 0,
-            cost_milli: None,
-            error: None,
-            retryable: false,
-            output_url: None,
-        };
+        let mut view = JobView::queued(job_id, account, "");
         match status.as_str() {
             "IN_QUEUE" => {}
             "IN_PROGRESS" => {
@@ -295,20 +285,6 @@ fn detail(body: &[u8]) -> String {
         }) => s,
         Ok(Detail { detail }) => detail.to_string(),
         Err(_) => excerpt(body),
-    }
-}
-
-fn job_view(job_id: String, s: &Submission, state: JobState) -> JobView {
-    JobView {
-        job_id,
-        account: s.account.clone(),
-        request_key: s.request_key.clone(),
-        state,
-        progress: 0,
-        cost_milli: None,
-        error: None,
-        retryable: false,
-        output_url: None,
     }
 }
 

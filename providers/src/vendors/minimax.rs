@@ -116,17 +116,7 @@ impl Minimax {
                 q.base_resp.status_code, q.base_resp.status_msg
             )));
         }
-        let mut view = JobView {
-            job_id: task_id.to_string(),
-            account: account.to_string(),
-            request_key: String::new(),
-            state: JobState::Queued,
-            progress: 0,
-            cost_milli: None,
-            error: None,
-            retryable: false,
-            output_url: None,
-        };
+        let mut view = JobView::queued(task_id, account, "");
         match q.status.as_str() {
             "Preparing" | "Queueing" => {}
             "Processing" => {
@@ -208,17 +198,9 @@ fn submit_answer(sent: Sent, hint: Option<u64>, s: &Submission) -> Result<JobVie
                 });
             }
             match c.task_id {
-                Some(task_id) if !task_id.is_empty() => Ok(JobView {
-                    job_id: task_id,
-                    account: s.account.clone(),
-                    request_key: s.request_key.clone(),
-                    state: JobState::Queued,
-                    progress: 0,
-                    cost_milli: None,
-                    error: None,
-                    retryable: false,
-                    output_url: None,
-                }),
+                Some(task_id) if !task_id.is_empty() => {
+                    Ok(JobView::queued(task_id, &s.account, &s.request_key))
+                }
                 _ => Err(SubmitError::Unknown(
                     "success without a task_id: unreadable acceptance".into(),
                 )),
