@@ -91,6 +91,17 @@ async fn first_accepted_after(load: &Mutex<Load>, since: Instant, within: Durati
     panic!("no submit accepted within {within:?} of the failover");
 }
 
+/// Pool counters equal what the ACTIVE reservations hold, and reserved budgets what the open
+/// ledger cycles add up to, in one snapshot of the primary (the node's own counter check).
+async fn assert_counters_hold(conninfo: &str, when: &str) {
+    let mut db = Db::open(&DbConfig::new(conninfo)).await.unwrap();
+    let drift = db.check_counters().await.unwrap();
+    assert!(
+        drift.pools.is_empty() && drift.budgets.is_empty(),
+        "{when}: counters drifted from the reservations: {drift:?}"
+    );
+}
+
 async fn sql(conninfo: &str) -> tokio_postgres::Client {
     let (client, connection) = tokio_postgres::connect(conninfo, tokio_postgres::NoTls)
         .await
@@ -150,6 +161,7 @@ async fn acknowledged_tasks_outlive_planned_and_unplanned_failovers() {
     let at = Instant::now();
     let planned = first_accepted_after(&load, at, Duration::from_secs(60)).await;
     eprintln!("planned failover: first accepted submit {planned:?} after it completed");
+    assert_counters_hold(&ha.lock().unwrap().conninfo(), "after the planned failover").await;
     let now_primary = ha.lock().unwrap().primary();
     assert_eq!(now_primary, Some(1 - primary), "the standby took over");
 
@@ -175,6 +187,7 @@ async fn acknowledged_tasks_outlive_planned_and_unplanned_failovers() {
         let took = first_accepted_after(&load, at, Duration::from_secs(90)).await;
         eprintln!("unplanned failover {round}: first accepted submit {took:?} after the kill");
         times.push(took);
+        assert_counters_hold(&conninfo, &format!("after unplanned failover {round}")).await;
         let h = ha.clone();
         tokio::task::spawn_blocking(move || {
             let mut ha = h.lock().unwrap();
