@@ -161,7 +161,7 @@ async fn acknowledged_tasks_outlive_planned_and_unplanned_failovers() {
     let at = Instant::now();
     let planned = first_accepted_after(&load, at, Duration::from_secs(60)).await;
     eprintln!("planned failover: first accepted submit {planned:?} after it completed");
-    assert_counters_hold(&ha.lock().unwrap().conninfo(), "after the planned failover").await;
+    assert_counters_hold(&conninfo, "after the planned failover").await;
     let now_primary = ha.lock().unwrap().primary();
     assert_eq!(now_primary, Some(1 - primary), "the standby took over");
 
