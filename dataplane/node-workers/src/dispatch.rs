@@ -123,19 +123,55 @@ struct Watched {
 }
 
 /// Callbacks of a vendor without a lookup by key that named a key no watch or resolve was
-/// waiting for yet (a submit whose answer is still on its way back, say): kept, oldest
-/// dropped first past [`KEYED_MAX`], for the resolve that comes to ask.
+/// waiting for yet (a submit whose answer is still on its way back, say): kept, the newest
+/// [`KEYED_MAX`], for the resolve that comes to ask.
 #[derive(Default)]
 struct Keyed {
     /// Request key → the job its callback named.
-    jobs: HashMap<String, String>,
-    order: std::collections::VecDeque<String>,
+    jobs: Recent<String>,
     /// Resolves waiting for the callback that names their key.
     waiting: HashMap<String, tokio::sync::oneshot::Sender<String>>,
     /// Jobs a resolve found ended already, for the watch that follows (which then ends at
-    /// once instead of at its first poll), oldest dropped first past [`KEYED_MAX`].
-    ended: HashMap<String, JobView>,
-    ended_order: std::collections::VecDeque<String>,
+    /// once instead of at its first poll).
+    ended: Recent<JobView>,
+}
+
+/// A map that keeps its newest [`KEYED_MAX`] entries, the oldest dropped first.
+struct Recent<V> {
+    entries: HashMap<String, (V, u64)>,
+    /// Keys in the order they were put, each with the put's number: an entry taken and put
+    /// again is dropped by its own turn, not by the turn of the value it replaced.
+    order: std::collections::VecDeque<(String, u64)>,
+    puts: u64,
+}
+
+impl<V> Default for Recent<V> {
+    fn default() -> Self {
+        Recent {
+            entries: HashMap::new(),
+            order: std::collections::VecDeque::new(),
+            puts: 0,
+        }
+    }
+}
+
+impl<V> Recent<V> {
+    fn put(&mut self, key: String, value: V) {
+        self.puts += 1;
+        self.order.push_back((key.clone(), self.puts));
+        self.entries.insert(key, (value, self.puts));
+        while self.order.len() > KEYED_MAX {
+            if let Some((old, put)) = self.order.pop_front() {
+                if self.entries.get(&old).is_some_and(|(_, p)| *p == put) {
+                    self.entries.remove(&old);
+                }
+            }
+        }
+    }
+
+    fn take(&mut self, key: &str) -> Option<V> {
+        self.entries.remove(key).map(|(v, _)| v)
+    }
 }
 
 /// Keys the dispatcher remembers for resolves (callbacks that came first, jobs found ended).
@@ -393,7 +429,7 @@ impl Dispatcher {
                         given_up: None,
                     },
                 );
-                let ended = self.keyed().ended.remove(&job_id);
+                let ended = self.keyed().ended.take(&job_id);
                 if cancel {
                     self.cancel(&account, &job_id).await;
                 } else if let Some(view) = ended {
@@ -442,7 +478,7 @@ impl Dispatcher {
     async fn resolve_by_callback(&self, account: &str, request_key: &str) -> Option<Lookup> {
         let rx = {
             let mut k = self.keyed();
-            match k.jobs.remove(request_key) {
+            match k.jobs.take(request_key) {
                 Some(job) => Err(job),
                 None => {
                     let (tx, rx) = tokio::sync::oneshot::channel();
@@ -475,16 +511,7 @@ impl Dispatcher {
 
     /// Keeps a job found ended for the watch that follows (bounded).
     fn ended(&self, view: JobView) {
-        let mut k = self.keyed();
-        let id = view.job_id.clone();
-        if k.ended.insert(id.clone(), view).is_none() {
-            k.ended_order.push_back(id);
-        }
-        while k.ended_order.len() > KEYED_MAX {
-            if let Some(old) = k.ended_order.pop_front() {
-                k.ended.remove(&old);
-            }
-        }
+        self.keyed().ended.put(view.job_id.clone(), view);
     }
 
     fn keyed(&self) -> std::sync::MutexGuard<'_, Keyed> {
@@ -493,15 +520,7 @@ impl Dispatcher {
 
     /// Keeps a callback's job for the resolve of `key` that comes later (bounded).
     fn remember(&self, key: &str, job_id: &str) {
-        let mut k = self.keyed();
-        if k.jobs.insert(key.to_string(), job_id.to_string()).is_none() {
-            k.order.push_back(key.to_string());
-        }
-        while k.order.len() > KEYED_MAX {
-            if let Some(old) = k.order.pop_front() {
-                k.jobs.remove(&old);
-            }
-        }
+        self.keyed().jobs.put(key.to_string(), job_id.to_string());
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Watched>> {
@@ -681,5 +700,37 @@ impl Dispatcher {
     /// The callbacks' window, in ms.
     pub fn callback_window_ms(&self) -> u64 {
         self.config.callback_window_s.saturating_mul(1_000)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recent_keeps_the_newest_and_a_key_put_again_keeps_its_own_turn() {
+        let mut r = Recent::default();
+        r.put("a".into(), 1);
+        assert_eq!(r.take("a"), Some(1));
+        // Put again after it was taken: the old turn at the front must not drop the new value.
+        r.put("a".into(), 2);
+        for i in 0..KEYED_MAX - 1 {
+            r.put(format!("k{i}"), 0);
+        }
+        assert_eq!(
+            r.take("a"),
+            Some(2),
+            "dropped by the turn of the value it replaced"
+        );
+        r.put("b".into(), 3);
+        for i in 0..KEYED_MAX {
+            r.put(format!("m{i}"), 0);
+        }
+        assert_eq!(
+            r.take("b"),
+            None,
+            "past KEYED_MAX newer entries the oldest goes"
+        );
+        assert!(r.entries.len() <= KEYED_MAX && r.order.len() <= KEYED_MAX);
     }
 }
