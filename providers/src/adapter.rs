@@ -333,6 +333,33 @@ fn submit_answer(sent: Sent, hint: Option<u64>) -> Result<JobView, SubmitError> 
     }
 }
 
+/// `%XX`-decoded `text`; `None` where it is not valid encoding of UTF-8.
+pub(crate) fn decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = text.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// The value of `name` in a URL query or a form (`a=1&b=2`; `+` is a space, `%2B` a plus);
+/// `None` when absent or not UTF-8 once decoded.
+pub fn query_value(query: &str, name: &str) -> Option<String> {
+    query.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (k == name).then(|| decode(&v.replace('+', " "))).flatten()
+    })
+}
+
 /// Percent-encodes a query value (request keys and accounts are short ASCII in practice).
 pub(crate) fn encode(v: &str) -> String {
     let mut out = String::with_capacity(v.len());

@@ -10,6 +10,7 @@
 //! is always refused, a completion that fails after its `200`), so tests can show what the
 //! uploader does then.
 
+use crate::adapter::decode as percent_decode;
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
@@ -368,24 +369,6 @@ fn ok(status: StatusCode, etag: Option<&str>, body: String) -> Response<Full<Byt
         answer.headers_mut().insert(hyper::header::ETAG, etag);
     }
     answer
-}
-
-/// `%XX`-decoded `text`; `None` where it is not valid encoding of UTF-8.
-pub(crate) fn percent_decode(text: &str) -> Option<String> {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = text.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
 }
 
 /// The request's query as decoded (name, value) pairs.

@@ -89,13 +89,7 @@ impl FakeSts {
 
 fn answer(state: &State, body: &[u8]) -> Response<Full<Bytes>> {
     let form = String::from_utf8_lossy(body);
-    let field = |name: &str| {
-        form.split('&').find_map(|pair| {
-            let (n, v) = pair.split_once('=')?;
-            // A form's `+` is a space; `%2B` a plus.
-            (n == name).then(|| crate::fake_s3::percent_decode(&v.replace('+', " ")))?
-        })
-    };
+    let field = |name: &str| crate::adapter::query_value(&form, name);
     let refuse = |status: StatusCode, code: &str| {
         state.refused.fetch_add(1, Ordering::Relaxed);
         let mut a = Response::new(Full::new(Bytes::from(format!(

@@ -79,35 +79,25 @@ pub fn verify_at(
     Ok(Signed { at_ms, tag })
 }
 
-/// The 32 bytes of `sha256=<64 hex digits>`.
-fn tag_of(header: &str) -> Option<[u8; 32]> {
-    let hex = header.strip_prefix("sha256=")?;
-    if hex.len() != 64 {
+/// The bytes of lower- or upper-case hex; `None` for an odd length or a non-hex digit.
+pub(crate) fn unhex(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 {
         return None;
     }
-    let mut tag = [0u8; 32];
-    for (i, byte) in tag.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(tag)
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+/// The 32 bytes of `sha256=<64 hex digits>`.
+fn tag_of(header: &str) -> Option<[u8; 32]> {
+    unhex(header.strip_prefix("sha256=")?)?.try_into().ok()
 }
 
 /// Whether `header` is the signature of `body` under `secret`.
 pub fn verify(secret: &[u8], body: &[u8], header: &str) -> bool {
-    let Some(hex) = header.strip_prefix("sha256=") else {
-        return false;
-    };
-    if hex.len() != 64 {
-        return false;
-    }
-    let mut tag = [0u8; 32];
-    for (i, byte) in tag.iter_mut().enumerate() {
-        match u8::from_str_radix(&hex[2 * i..2 * i + 2], 16) {
-            Ok(b) => *byte = b,
-            Err(_) => return false,
-        }
-    }
-    mac(secret, body).verify_slice(&tag).is_ok()
+    tag_of(header).is_some_and(|tag| mac(secret, body).verify_slice(&tag).is_ok())
 }
 
 #[cfg(test)]

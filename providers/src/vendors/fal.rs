@@ -170,11 +170,10 @@ impl Fal {
         let request_key = super::checked_key(c.query, secret)?;
         let app = super::query_value(c.query, APP_PARAM)
             .ok_or_else(|| CallbackRefused::Unreadable("the callback URL names no app".into()))?;
-        let header = |name| c.header(name).ok_or(CallbackRefused::BadSignature);
-        let request_id = header("x-fal-webhook-request-id")?;
-        let user_id = header("x-fal-webhook-user-id")?;
-        let at = header("x-fal-webhook-timestamp")?;
-        let signature = super::unhex(header("x-fal-webhook-signature")?)
+        let request_id = c.signed_header("x-fal-webhook-request-id")?;
+        let user_id = c.signed_header("x-fal-webhook-user-id")?;
+        let at = c.signed_header("x-fal-webhook-timestamp")?;
+        let signature = crate::signature::unhex(c.signed_header("x-fal-webhook-signature")?)
             .ok_or(CallbackRefused::BadSignature)?;
         let message = signed_message(request_id, user_id, at, c.body);
         let good = self.keys.iter().any(|k| {

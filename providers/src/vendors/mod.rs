@@ -86,59 +86,17 @@ pub fn callback_url(base: &str, key: &str, secret: &[u8]) -> String {
     )
 }
 
-/// The value of `name` in a URL query (`a=1&b=2`, percent-decoded); `None` when absent or
-/// not UTF-8 once decoded.
-pub fn query_value(query: &str, name: &str) -> Option<String> {
-    query.split('&').find_map(|pair| {
-        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        (k == name).then(|| percent_decode(v)).flatten()
-    })
-}
-
-fn percent_decode(v: &str) -> Option<String> {
-    let bytes = v.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        match bytes[i] {
-            b'%' if i + 2 < bytes.len() => {
-                let h = std::str::from_utf8(&bytes[i + 1..i + 3]).ok()?;
-                out.push(u8::from_str_radix(h, 16).ok()?);
-                i += 3;
-            }
-            b'%' => return None,
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            b => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).ok()
-}
+pub use crate::adapter::query_value;
 
 /// The request key a callback's URL names, once its token checks out.
 pub fn checked_key(query: &str, secret: &[u8]) -> Result<String, CallbackRefused> {
     let key = query_value(query, KEY_PARAM).ok_or(CallbackRefused::NoKey)?;
     let given = query_value(query, TOKEN_PARAM).ok_or(CallbackRefused::BadToken)?;
-    let given = unhex(&given).ok_or(CallbackRefused::BadToken)?;
+    let given = crate::signature::unhex(&given).ok_or(CallbackRefused::BadToken)?;
     crate::signature::mac(secret, key.as_bytes())
         .verify_slice(&given)
         .map_err(|_| CallbackRefused::BadToken)?;
     Ok(key)
-}
-
-pub(crate) fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
-        return None;
-    }
-    (0..s.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
-        .collect()
 }
 
 /// A vendor's callback as it reached the node.
@@ -154,8 +112,12 @@ pub struct CallbackIn<'a> {
 }
 
 impl CallbackIn<'_> {
-    pub(crate) fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|v| v.to_str().ok())
+    /// A header the signature check needs: missing or unreadable, the signature is bad.
+    pub(crate) fn signed_header(&self, name: &str) -> Result<&str, CallbackRefused> {
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .ok_or(CallbackRefused::BadSignature)
     }
 
     /// Refuses a signed time (unix seconds) outside the window.

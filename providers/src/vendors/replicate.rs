@@ -150,15 +150,9 @@ impl Replicate {
         c: &CallbackIn,
     ) -> Result<Callback, CallbackRefused> {
         let request_key = super::checked_key(c.query, secret)?;
-        let id = c
-            .header("webhook-id")
-            .ok_or(CallbackRefused::BadSignature)?;
-        let at = c
-            .header("webhook-timestamp")
-            .ok_or(CallbackRefused::BadSignature)?;
-        let signatures = c
-            .header("webhook-signature")
-            .ok_or(CallbackRefused::BadSignature)?;
+        let id = c.signed_header("webhook-id")?;
+        let at = c.signed_header("webhook-timestamp")?;
+        let signatures = c.signed_header("webhook-signature")?;
         let good = signatures.split(' ').any(|entry| {
             let Some(sig) = entry.strip_prefix("v1,") else {
                 return false;
