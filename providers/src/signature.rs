@@ -105,6 +105,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_signature_header_of_non_hex_text_is_refused_not_a_panic() {
+        // 64 bytes, the length of a tag, but not hex; the second byte cuts a character.
+        let header = format!("sha256=a{}", "\u{20ac}".repeat(21));
+        assert!(!verify(b"secret", b"body", &header));
+        assert_eq!(unhex("0aFf"), Some(vec![0x0a, 0xff]));
+        assert_eq!(unhex("0a0"), None);
+    }
+
+    #[test]
     fn a_signature_verifies_only_its_own_body_and_secret() {
         let s = sign(b"k", b"{\"a\":1}");
         assert!(verify(b"k", b"{\"a\":1}", &s));
